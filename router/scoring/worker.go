@@ -1,0 +1,165 @@
+// Package scoring chooses the engine instance (worker) that serves a request.
+//
+// A Selector applies one of three policies to the healthy workers of a model:
+// round_robin, least_load, or weighted, where each worker's score is
+// Σ wᵢ·termᵢ over Terms that each return a value in [0, 1]. Terms live in a
+// Registry built once by the router; adding a term is one file that implements
+// Term plus one line where the router builds its Registry.
+package scoring
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Worker is one engine instance serving one model, as discovered in Consul or
+// Nomad. The descriptive fields never change for the life of a Worker value;
+// Live is shared between successive discovery snapshots of the same instance
+// (same ID) so signals survive pool updates.
+type Worker struct {
+	ID               string // service instance id, unique in the cluster
+	Model            string // oasis_model
+	Engine           string // oasis_engine: vllm|sglang|llama_cpp|trtllm|openai_compat|sim
+	Role             string // oasis_role: both|prefill|decode
+	Address          string // host:port of the OpenAI API
+	Node             string // oasis_node: Nomad node id
+	BlockSize        int    // oasis_block_size, tokens per KV block (0 if unknown)
+	KVEventsEndpoint string // oasis_kv_events, e.g. tcp://10.0.0.1:5557; "" if none
+	MetricsPath      string // oasis_metrics_path, e.g. /metrics
+	Tags             []string
+
+	Live *Live
+}
+
+// Signals returns the worker's current live signals. A Worker without Live
+// (built by hand in a test) reports zero load and no engine metrics.
+func (w *Worker) Signals() Signals {
+	if w.Live == nil {
+		return Signals{}
+	}
+	return w.Live.Snapshot()
+}
+
+// Signals is a point-in-time copy of what the router knows about a worker's load.
+type Signals struct {
+	// Tracked by the router itself, always current.
+	InFlight       int64 // requests this router has sent and not finished
+	InFlightTokens int64 // estimated prompt+max output tokens of those requests
+
+	// Scraped from the engine's metrics endpoint; valid when EngineMetrics.
+	EngineMetrics bool
+	Running       float64 // requests the engine is running (all clients)
+	Waiting       float64 // requests queued in the engine
+	KVUsage       float64 // fraction of KV cache blocks in use, 0..1
+	ScrapedAt     time.Time
+
+	// Power efficiency; valid when HasPower.
+	HasPower        bool
+	PowerWatts      float64 // GPU power attributed to this worker
+	TokensPerJoule  float64 // smoothed generated tokens per joule
+	GenTokensPerSec float64 // recent generation throughput
+}
+
+// Load is the number of requests occupying the worker: the router's own
+// in-flight count, or what the engine reports running+waiting when that is
+// larger (other routers or clients share the engine).
+func (s Signals) Load() float64 {
+	l := float64(s.InFlight)
+	if s.EngineMetrics {
+		l = math.Max(l, s.Running+s.Waiting)
+	}
+	return l
+}
+
+// Live holds a worker's mutable signals. It is safe for concurrent use: the
+// proxy updates in-flight counters on every request, the scraper updates
+// engine figures on its own schedule.
+type Live struct {
+	inFlight       atomic.Int64
+	inFlightTokens atomic.Int64
+
+	mu sync.RWMutex
+	s  Signals // engine and power fields only
+}
+
+// NewLive returns empty live signals.
+func NewLive() *Live { return &Live{} }
+
+// Begin records a request sent to the worker; call the returned func when it ends.
+func (l *Live) Begin(tokens int64) (end func()) {
+	l.inFlight.Add(1)
+	l.inFlightTokens.Add(tokens)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.inFlight.Add(-1)
+			l.inFlightTokens.Add(-tokens)
+		})
+	}
+}
+
+// SetEngine stores freshly scraped engine metrics.
+func (l *Live) SetEngine(running, waiting, kvUsage float64, at time.Time) {
+	l.mu.Lock()
+	l.s.EngineMetrics = true
+	l.s.Running, l.s.Waiting, l.s.KVUsage, l.s.ScrapedAt = running, waiting, kvUsage, at
+	l.mu.Unlock()
+}
+
+// ClearEngine marks the engine metrics unknown (scrape failed).
+func (l *Live) ClearEngine() {
+	l.mu.Lock()
+	l.s.EngineMetrics = false
+	l.mu.Unlock()
+}
+
+// SetPower stores the worker's power figures.
+func (l *Live) SetPower(watts, tokensPerSec, tokensPerJoule float64) {
+	l.mu.Lock()
+	l.s.HasPower = true
+	l.s.PowerWatts, l.s.GenTokensPerSec, l.s.TokensPerJoule = watts, tokensPerSec, tokensPerJoule
+	l.mu.Unlock()
+}
+
+// Snapshot copies the current signals.
+func (l *Live) Snapshot() Signals {
+	l.mu.RLock()
+	s := l.s
+	l.mu.RUnlock()
+	s.InFlight = l.inFlight.Load()
+	s.InFlightTokens = l.inFlightTokens.Load()
+	return s
+}
+
+// Request is what the scoring sees of a client request.
+type Request struct {
+	Model  string // the body's "model"
+	Path   string // e.g. /v1/chat/completions
+	Body   []byte // the unmodified client body; do not mutate
+	Stream bool
+	// EstimatedTokens approximates prompt + maximum output tokens; the router
+	// uses it for its in-flight token count.
+	EstimatedTokens int64
+
+	// Tokenize, when set, turns the request's prompt into the model's token
+	// ids. Terms never call it directly: PromptTokens runs it at most once per
+	// request however many terms ask.
+	Tokenize func(ctx context.Context, r *Request) ([]uint32, error)
+
+	tokOnce sync.Once
+	tokens  []uint32
+	tokErr  error
+}
+
+// PromptTokens returns the prompt's token ids, tokenizing on first use.
+// It returns (nil, nil) when the router has no tokenizer for this request.
+func (r *Request) PromptTokens(ctx context.Context) ([]uint32, error) {
+	if r.Tokenize == nil {
+		return nil, nil
+	}
+	r.tokOnce.Do(func() { r.tokens, r.tokErr = r.Tokenize(ctx, r) })
+	return r.tokens, r.tokErr
+}
