@@ -1,0 +1,412 @@
+// Package config holds the llm task driver's plugin and task configuration:
+// the hclspec schemas Nomad checks job files against, the Go structs they
+// decode into, and the validation that names the offending field and lists
+// what is allowed.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+)
+
+// Engine names accepted in the task config's "engine" field.
+const (
+	EngineVLLM         = "vllm"
+	EngineSGLang       = "sglang"
+	EngineLlamaCpp     = "llama_cpp"
+	EngineTRTLLM       = "trtllm"
+	EngineOpenAICompat = "openai_compat"
+	EngineSim          = "sim"
+)
+
+// Roles accepted in "role".
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// KV offload modes accepted in "kv_offload".
+const (
+	OffloadNone     = "none"
+	OffloadNative   = "native"
+	OffloadLMCache  = "lmcache"
+	OffloadKVCached = "kvcached"
+	OffloadNIXL     = "nixl"
+	OffloadHiCache  = "hicache"
+	OffloadKVBM     = "kvbm"
+)
+
+// Engines, Roles and Offloads list every accepted value in documentation order.
+var (
+	Engines  = []string{EngineVLLM, EngineSGLang, EngineLlamaCpp, EngineTRTLLM, EngineOpenAICompat, EngineSim}
+	Roles    = []string{RoleBoth, RolePrefill, RoleDecode}
+	Offloads = []string{OffloadNone, OffloadNative, OffloadLMCache, OffloadKVCached, OffloadNIXL, OffloadHiCache, OffloadKVBM}
+)
+
+// Defaults applied by Normalize.
+const (
+	DefaultBlockSize        = 16
+	DefaultKVCachedAddress  = "127.0.0.1:6380"
+	DefaultFingerprintEvery = 30 * time.Second
+)
+
+// PluginSpec is the schema of plugin "nomad-driver-llm" { config { ... } }.
+var PluginSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+	"binaries": hclspec.NewAttr("binaries", "map(string)", false),
+	"fingerprint_period": hclspec.NewDefault(
+		hclspec.NewAttr("fingerprint_period", "string", false),
+		hclspec.NewLiteral(`"30s"`),
+	),
+})
+
+// PluginConfig is the decoded plugin block.
+type PluginConfig struct {
+	// Binaries maps an engine name to the executable that runs it (for
+	// sglang: a Python interpreter, or a launcher script).
+	Binaries          map[string]string `codec:"binaries"`
+	FingerprintPeriod string            `codec:"fingerprint_period"`
+}
+
+// Validate checks the plugin config and returns the fingerprint period.
+func (p *PluginConfig) Validate() (time.Duration, error) {
+	var errs []error
+	for engine := range p.Binaries {
+		if !slices.Contains(Engines, engine) || engine == EngineOpenAICompat {
+			errs = append(errs, fieldErr("binaries", "unknown engine key %q; allowed: %s", engine,
+				strings.Join(slices.DeleteFunc(slices.Clone(Engines), func(e string) bool { return e == EngineOpenAICompat }), ", ")))
+		}
+	}
+	period := DefaultFingerprintEvery
+	if p.FingerprintPeriod != "" {
+		d, err := time.ParseDuration(p.FingerprintPeriod)
+		switch {
+		case err != nil:
+			errs = append(errs, fieldErr("fingerprint_period", "%q is not a duration (e.g. \"30s\")", p.FingerprintPeriod))
+		case d < time.Second:
+			errs = append(errs, fieldErr("fingerprint_period", "%s is shorter than the 1s minimum", d))
+		default:
+			period = d
+		}
+	}
+	return period, errors.Join(errs...)
+}
+
+// TaskSpec is the schema of a task's config block; Nomad's client checks
+// types and unknown attributes against it before StartTask is called.
+var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
+	"engine":                 hclspec.NewAttr("engine", "string", true),
+	"model":                  hclspec.NewAttr("model", "string", false),
+	"served_model_name":      hclspec.NewAttr("served_model_name", "string", false),
+	"port":                   hclspec.NewAttr("port", "string", false),
+	"tensor_parallel_size":   hclspec.NewAttr("tensor_parallel_size", "number", false),
+	"max_model_len":          hclspec.NewAttr("max_model_len", "number", false),
+	"gpu_memory_utilization": hclspec.NewAttr("gpu_memory_utilization", "number", false),
+	"role":                   hclspec.NewAttr("role", "string", false),
+	"kv_offload":             hclspec.NewAttr("kv_offload", "string", false),
+	"kv_offload_size_gb":     hclspec.NewAttr("kv_offload_size_gb", "number", false),
+	"kv_events":              hclspec.NewAttr("kv_events", "bool", false),
+	"kv_events_port":         hclspec.NewAttr("kv_events_port", "string", false),
+	"block_size":             hclspec.NewAttr("block_size", "number", false),
+	"kvcached_address":       hclspec.NewAttr("kvcached_address", "string", false),
+	"nixl_side_channel_port": hclspec.NewAttr("nixl_side_channel_port", "string", false),
+	"bootstrap_port":         hclspec.NewAttr("bootstrap_port", "string", false),
+	"endpoint":               hclspec.NewAttr("endpoint", "string", false),
+	"health_timeout":         hclspec.NewAttr("health_timeout", "string", false),
+	"extra_args":             hclspec.NewAttr("extra_args", "list(string)", false),
+	"extra_env":              hclspec.NewAttr("extra_env", "map(string)", false),
+	"binary":                 hclspec.NewAttr("binary", "string", false),
+})
+
+// TaskConfig is a task's decoded config block. Zero values mean "not set";
+// Normalize fills in defaults.
+type TaskConfig struct {
+	Engine               string  `codec:"engine"`
+	Model                string  `codec:"model"`
+	ServedModelName      string  `codec:"served_model_name"`
+	Port                 string  `codec:"port"`
+	TensorParallelSize   int     `codec:"tensor_parallel_size"`
+	MaxModelLen          int     `codec:"max_model_len"`
+	GPUMemoryUtilization float64 `codec:"gpu_memory_utilization"`
+	Role                 string  `codec:"role"`
+	KVOffload            string  `codec:"kv_offload"`
+	KVOffloadSizeGB      float64 `codec:"kv_offload_size_gb"`
+	// KVEvents is a pointer so that "unset" (default on where the engine
+	// publishes events) differs from an explicit false.
+	KVEvents            *bool             `codec:"kv_events"`
+	KVEventsPort        string            `codec:"kv_events_port"`
+	BlockSize           int               `codec:"block_size"`
+	KVCachedAddress     string            `codec:"kvcached_address"`
+	NIXLSideChannelPort string            `codec:"nixl_side_channel_port"`
+	BootstrapPort       string            `codec:"bootstrap_port"`
+	Endpoint            string            `codec:"endpoint"`
+	HealthTimeout       string            `codec:"health_timeout"`
+	ExtraArgs           []string          `codec:"extra_args"`
+	ExtraEnv            map[string]string `codec:"extra_env"`
+	Binary              string            `codec:"binary"`
+}
+
+// FieldError is a validation error about one task config field.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Normalize returns a copy with defaults filled in: role both, offload none,
+// served name = model, TP 1, block size 16 where the engine has one, the
+// node-local kvcached address, and KV events on where the engine publishes them.
+func (c TaskConfig) Normalize() TaskConfig {
+	if c.Role == "" {
+		c.Role = RoleBoth
+	}
+	if c.KVOffload == "" {
+		c.KVOffload = OffloadNone
+	}
+	if c.ServedModelName == "" {
+		c.ServedModelName = c.Model
+	}
+	if c.TensorParallelSize == 0 {
+		c.TensorParallelSize = 1
+	}
+	if c.BlockSize == 0 && HasBlockSize(c.Engine) {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.KVCachedAddress == "" && c.KVOffload == OffloadKVCached {
+		c.KVCachedAddress = DefaultKVCachedAddress
+	}
+	if c.KVEvents == nil {
+		on := SupportsKVEvents(c.Engine)
+		c.KVEvents = &on
+	}
+	return c
+}
+
+// EventsOn reports whether KV events are enabled (after Normalize).
+func (c TaskConfig) EventsOn() bool { return c.KVEvents != nil && *c.KVEvents }
+
+// SupportsKVEvents reports whether the driver renders ZMQ KV events for engine.
+func SupportsKVEvents(engine string) bool {
+	switch engine {
+	case EngineVLLM, EngineSim, EngineSGLang:
+		return true
+	}
+	return false
+}
+
+// HasBlockSize reports whether the engine takes a KV block (page) size flag.
+func HasBlockSize(engine string) bool {
+	switch engine {
+	case EngineVLLM, EngineSim, EngineSGLang:
+		return true
+	}
+	return false
+}
+
+// IsGPUEngine reports whether the engine needs reserved GPUs for its
+// tensor-parallel ranks. llama.cpp runs on CPU too; sim and openai_compat need none.
+func IsGPUEngine(engine string) bool {
+	switch engine {
+	case EngineVLLM, EngineSGLang, EngineTRTLLM:
+		return true
+	}
+	return false
+}
+
+// Disaggregated reports whether the role is one half of a prefill/decode pair.
+func (c TaskConfig) Disaggregated() bool { return c.Role == RolePrefill || c.Role == RoleDecode }
+
+// HealthTimeoutOrDefault is how long the driver waits for the engine's
+// health endpoint before reporting "health failing" (default 15 minutes:
+// large models take long to load).
+func (c TaskConfig) HealthTimeoutOrDefault() time.Duration {
+	if d, err := time.ParseDuration(c.HealthTimeout); err == nil && d > 0 {
+		return d
+	}
+	return 15 * time.Minute
+}
+
+// Validate checks a normalized config on its own (no ports or devices) and
+// returns every problem found, each naming its field and what is allowed.
+func (c TaskConfig) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	if !slices.Contains(Engines, c.Engine) {
+		add(fieldErr("engine", "unknown engine %q; allowed: %s", c.Engine, strings.Join(Engines, ", ")))
+		return errors.Join(errs...)
+	}
+	if !slices.Contains(Roles, c.Role) {
+		add(fieldErr("role", "unknown role %q; allowed: %s", c.Role, strings.Join(Roles, ", ")))
+	}
+	if !slices.Contains(Offloads, c.KVOffload) {
+		add(fieldErr("kv_offload", "unknown kv_offload %q; allowed: %s", c.KVOffload, strings.Join(Offloads, ", ")))
+	}
+	if len(errs) == 0 {
+		add(CheckCombination(c.Engine, c.KVOffload, c.Role))
+	}
+
+	if strings.TrimSpace(c.Model) == "" {
+		add(fieldErr("model", "is required (a model name or path the engine loads; for openai_compat the remote model name)"))
+	}
+
+	if c.Engine == EngineOpenAICompat {
+		add(validateEndpoint(c.Endpoint))
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"port", c.Port != ""},
+			{"tensor_parallel_size", c.TensorParallelSize != 1},
+			{"max_model_len", c.MaxModelLen != 0},
+			{"gpu_memory_utilization", c.GPUMemoryUtilization != 0},
+			{"kv_offload_size_gb", c.KVOffloadSizeGB != 0},
+			{"kv_events_port", c.KVEventsPort != ""},
+			{"block_size", c.BlockSize != 0},
+			{"nixl_side_channel_port", c.NIXLSideChannelPort != ""},
+			{"bootstrap_port", c.BootstrapPort != ""},
+			{"extra_args", len(c.ExtraArgs) != 0},
+			{"extra_env", len(c.ExtraEnv) != 0},
+			{"binary", c.Binary != ""},
+		} {
+			if f.set {
+				add(fieldErr(f.name, "not used by engine openai_compat, which runs no process (it only checks endpoint)"))
+			}
+		}
+		if c.EventsOn() {
+			add(fieldErr("kv_events", "engine openai_compat publishes no KV events; remove kv_events or set it to false"))
+		}
+		return errors.Join(errs...)
+	}
+
+	if c.Endpoint != "" {
+		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
+	}
+	if c.Port == "" {
+		add(fieldErr("port", "is required: the label of a port in the group's network block (e.g. port = \"http\")"))
+	}
+	if c.TensorParallelSize < 1 {
+		add(fieldErr("tensor_parallel_size", "must be at least 1, got %d", c.TensorParallelSize))
+	}
+	if c.Engine == EngineLlamaCpp && c.TensorParallelSize != 1 {
+		add(fieldErr("tensor_parallel_size", "engine llama_cpp has no tensor parallelism (it spreads layers over all visible GPUs); allowed: 1"))
+	}
+	if c.MaxModelLen < 0 {
+		add(fieldErr("max_model_len", "must not be negative, got %d", c.MaxModelLen))
+	}
+	if c.GPUMemoryUtilization < 0 || c.GPUMemoryUtilization > 1 {
+		add(fieldErr("gpu_memory_utilization", "must be in (0, 1], got %g", c.GPUMemoryUtilization))
+	}
+	if c.GPUMemoryUtilization != 0 && c.Engine == EngineLlamaCpp {
+		add(fieldErr("gpu_memory_utilization", "not supported by engine llama_cpp"))
+	}
+	if c.ServedModelName != c.Model && c.Engine == EngineTRTLLM {
+		add(fieldErr("served_model_name", "engine trtllm serves the model under its own name; leave served_model_name unset or equal to model"))
+	}
+	if c.BlockSize < 0 || (c.BlockSize != 0 && !HasBlockSize(c.Engine)) {
+		if c.BlockSize < 0 {
+			add(fieldErr("block_size", "must be positive, got %d", c.BlockSize))
+		} else {
+			add(fieldErr("block_size", "not rendered for engine %s; allowed for: vllm, sglang, sim", c.Engine))
+		}
+	}
+	if c.BlockSize > 0 && c.BlockSize&(c.BlockSize-1) != 0 && (c.Engine == EngineVLLM || c.Engine == EngineSim) {
+		add(fieldErr("block_size", "vLLM block sizes are powers of two, got %d", c.BlockSize))
+	}
+
+	// KV events.
+	if c.EventsOn() {
+		if !SupportsKVEvents(c.Engine) {
+			add(fieldErr("kv_events", "engine %s publishes no ZMQ KV events; allowed for: vllm, sglang, sim", c.Engine))
+		} else if c.KVEventsPort == "" {
+			add(fieldErr("kv_events_port", "engine %s publishes KV events by default and needs a port label for its ZMQ endpoint; set kv_events_port (e.g. \"kv\") or kv_events = false", c.Engine))
+		}
+	} else if c.KVEventsPort != "" {
+		add(fieldErr("kv_events_port", "set while kv_events = false; remove one of them"))
+	}
+
+	// Offload sizing.
+	switch c.KVOffload {
+	case OffloadNative, OffloadLMCache, OffloadKVBM:
+		if c.KVOffloadSizeGB <= 0 {
+			add(fieldErr("kv_offload_size_gb", "kv_offload = %q needs the CPU cache size in GiB (> 0)", c.KVOffload))
+		}
+	case OffloadKVCached, OffloadHiCache:
+		if c.KVOffloadSizeGB < 0 {
+			add(fieldErr("kv_offload_size_gb", "must not be negative, got %g", c.KVOffloadSizeGB))
+		}
+	default:
+		if c.KVOffloadSizeGB != 0 {
+			add(fieldErr("kv_offload_size_gb", "set while kv_offload = %q offloads nothing; allowed with: native, lmcache, kvcached, hicache, kvbm", c.KVOffload))
+		}
+	}
+	if c.KVOffload == OffloadKVCached && c.KVCachedAddress != "" {
+		if _, _, err := splitHostPort(c.KVCachedAddress); err != nil {
+			add(fieldErr("kvcached_address", "%q is not host:port: %v", c.KVCachedAddress, err))
+		}
+	} else if c.KVOffload != OffloadKVCached && c.KVCachedAddress != "" {
+		add(fieldErr("kvcached_address", "only used with kv_offload = \"kvcached\""))
+	}
+
+	// Disaggregation ports.
+	usesNIXLSideChannel := c.Disaggregated() && (c.Engine == EngineVLLM || c.Engine == EngineSim)
+	if usesNIXLSideChannel && c.NIXLSideChannelPort == "" {
+		add(fieldErr("nixl_side_channel_port", "role %q on engine %s transfers KV over NIXL and needs a port label for its side channel", c.Role, c.Engine))
+	}
+	if !usesNIXLSideChannel && c.NIXLSideChannelPort != "" {
+		add(fieldErr("nixl_side_channel_port", "only used by vllm/sim with role prefill or decode"))
+	}
+	usesBootstrap := c.Engine == EngineSGLang && c.Role == RolePrefill
+	if usesBootstrap && c.BootstrapPort == "" {
+		add(fieldErr("bootstrap_port", "sglang prefill servers need a port label for --disaggregation-bootstrap-port"))
+	}
+	if !usesBootstrap && c.BootstrapPort != "" {
+		add(fieldErr("bootstrap_port", "only used by sglang with role prefill"))
+	}
+
+	if c.HealthTimeout != "" {
+		if d, err := time.ParseDuration(c.HealthTimeout); err != nil || d <= 0 {
+			add(fieldErr("health_timeout", "%q is not a positive duration (e.g. \"10m\")", c.HealthTimeout))
+		}
+	}
+	for k := range c.ExtraEnv {
+		if k == "" || strings.ContainsAny(k, "= \t\n") {
+			add(fieldErr("extra_env", "invalid variable name %q", k))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validateEndpoint(endpoint string) error {
+	if endpoint == "" {
+		return fieldErr("endpoint", "is required for engine openai_compat: the remote API base URL, e.g. \"https://api.example.com/v1\"")
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fieldErr("endpoint", "%q is not an http(s) URL with a host", endpoint)
+	}
+	return nil
+}
+
+func splitHostPort(addr string) (string, string, error) {
+	i := strings.LastIndexByte(addr, ':')
+	if i <= 0 || i == len(addr)-1 {
+		return "", "", errors.New("missing host or port")
+	}
+	return addr[:i], addr[i+1:], nil
+}

@@ -1,0 +1,204 @@
+package render
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+)
+
+// connector is one vLLM --kv-transfer-config connector.
+type connector struct {
+	KVConnector            string         `json:"kv_connector"`
+	KVRole                 string         `json:"kv_role"`
+	KVConnectorModulePath  string         `json:"kv_connector_module_path,omitempty"`
+	KVConnectorExtraConfig map[string]any `json:"kv_connector_extra_config,omitempty"`
+}
+
+// kvEventsConfig is --kv-events-config. vLLM needs enable_kv_cache_events;
+// SGLang has no such field (a publisher turns events on).
+type kvEventsConfig struct {
+	EnableKVCacheEvents *bool  `json:"enable_kv_cache_events,omitempty"`
+	Publisher           string `json:"publisher"`
+	Endpoint            string `json:"endpoint"`
+	Topic               string `json:"topic"`
+}
+
+// KVEventsTopic is the ZMQ topic engines publish KV events on.
+const KVEventsTopic = "kv-events"
+
+const gib = 1 << 30
+
+func bindEndpoint(p Port) string {
+	host := p.HostIP
+	if host == "" {
+		host = "*"
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return fmt.Sprintf("tcp://%s:%d", host, p.Value)
+}
+
+func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port int) error {
+	a := []string{bin, "serve", c.Model}
+	if host != "" {
+		a = append(a, "--host", host)
+	}
+	a = append(a, "--port", itoa(port),
+		"--served-model-name", c.ServedModelName,
+		"--tensor-parallel-size", itoa(c.TensorParallelSize))
+	if c.MaxModelLen > 0 {
+		a = append(a, "--max-model-len", itoa(c.MaxModelLen))
+	}
+	if c.GPUMemoryUtilization > 0 {
+		a = append(a, "--gpu-memory-utilization", ftoa(c.GPUMemoryUtilization))
+	}
+	a = append(a, "--block-size", itoa(c.BlockSize))
+
+	var conns []connector
+	if c.Disaggregated() {
+		// Both halves of a P/D pair run NIXL as kv_both; the proxy's
+		// kv_transfer_params decide who sends and who receives.
+		conns = append(conns, connector{KVConnector: "NixlConnector", KVRole: "kv_both"})
+		side := in.Ports[c.NIXLSideChannelPort]
+		p.Env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = connectHost(side.HostIP)
+		p.Env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = itoa(side.Value)
+	}
+	offloadFlags := []string(nil)
+	switch c.KVOffload {
+	case config.OffloadNative:
+		if c.Disaggregated() {
+			// --kv-offloading-* would replace the NIXL connector: stack instead.
+			conns = append(conns, connector{KVConnector: "OffloadingConnector", KVRole: "kv_both",
+				KVConnectorExtraConfig: map[string]any{"cpu_bytes_to_use": int64(c.KVOffloadSizeGB * gib)}})
+		} else {
+			offloadFlags = []string{"--kv-offloading-backend", "native", "--kv-offloading-size", ftoa(c.KVOffloadSizeGB)}
+		}
+	case config.OffloadLMCache, config.OffloadKVCached:
+		conns = append(conns, connector{KVConnector: "LMCacheConnectorV1", KVRole: "kv_both"})
+		writeLMCacheConfig(p, c, in)
+	case config.OffloadKVBM:
+		conns = append(conns, connector{KVConnector: "DynamoConnector", KVRole: "kv_both",
+			KVConnectorModulePath: "kvbm.vllm_integration.connector"})
+		p.Env["DYN_KVBM_CPU_CACHE_GB"] = ftoa(c.KVOffloadSizeGB)
+	}
+	switch len(conns) {
+	case 0:
+	case 1:
+		a = append(a, "--kv-transfer-config", mustJSON(conns[0]))
+	default:
+		a = append(a, "--kv-transfer-config", mustJSON(connector{KVConnector: "MultiConnector", KVRole: "kv_both",
+			KVConnectorExtraConfig: map[string]any{"connectors": conns}}))
+	}
+	a = append(a, offloadFlags...)
+
+	if c.EventsOn() {
+		on := true
+		a = append(a, "--kv-events-config", mustJSON(kvEventsConfig{EnableKVCacheEvents: &on,
+			Publisher: "zmq", Endpoint: bindEndpoint(in.Ports[c.KVEventsPort]), Topic: KVEventsTopic}))
+	}
+	p.Argv = a
+	return nil
+}
+
+func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port int) error {
+	a := []string{bin}
+	if isPython(bin) {
+		a = append(a, "-m", "sglang.launch_server")
+	}
+	a = append(a, "--model-path", c.Model, "--served-model-name", c.ServedModelName)
+	if host != "" {
+		a = append(a, "--host", host)
+	}
+	a = append(a, "--port", itoa(port), "--tp-size", itoa(c.TensorParallelSize))
+	if c.MaxModelLen > 0 {
+		a = append(a, "--context-length", itoa(c.MaxModelLen))
+	}
+	if c.GPUMemoryUtilization > 0 {
+		a = append(a, "--mem-fraction-static", ftoa(c.GPUMemoryUtilization))
+	}
+	a = append(a, "--page-size", itoa(c.BlockSize), "--enable-metrics")
+	switch c.KVOffload {
+	case config.OffloadHiCache:
+		a = append(a, "--enable-hierarchical-cache", "--hicache-write-policy", "write_through")
+		if c.KVOffloadSizeGB > 0 {
+			a = append(a, "--hicache-size", ftoa(c.KVOffloadSizeGB))
+		}
+	case config.OffloadLMCache, config.OffloadKVCached:
+		a = append(a, "--enable-lmcache")
+		writeLMCacheConfig(p, c, in)
+	}
+	if c.Disaggregated() {
+		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", "nixl")
+		if c.Role == config.RolePrefill {
+			a = append(a, "--disaggregation-bootstrap-port", itoa(in.Ports[c.BootstrapPort].Value))
+		}
+	}
+	if c.EventsOn() {
+		a = append(a, "--kv-events-config", mustJSON(kvEventsConfig{
+			Publisher: "zmq", Endpoint: bindEndpoint(in.Ports[c.KVEventsPort]), Topic: KVEventsTopic}))
+	}
+	p.Argv = a
+	return nil
+}
+
+func renderLlamaCpp(p *Plan, c config.TaskConfig, in Input, bin, host string, port int) {
+	a := []string{bin, "-m", c.Model}
+	if host != "" {
+		a = append(a, "--host", host)
+	}
+	// Always pass --port: llama-server's default moved between releases.
+	a = append(a, "--port", itoa(port), "-a", c.ServedModelName)
+	if c.MaxModelLen > 0 {
+		a = append(a, "-c", itoa(c.MaxModelLen))
+	}
+	if len(in.GPUs) > 0 {
+		a = append(a, "-ngl", "999")
+	}
+	p.Argv = append(a, "--metrics")
+}
+
+func renderTRTLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port int) {
+	p.MetricsPath = "/prometheus/metrics"
+	a := []string{bin, "serve", c.Model}
+	if host != "" {
+		a = append(a, "--host", host)
+	}
+	a = append(a, "--port", itoa(port), "--backend", "pytorch", "--tp_size", itoa(c.TensorParallelSize))
+	if c.MaxModelLen > 0 {
+		a = append(a, "--max_seq_len", itoa(c.MaxModelLen))
+	}
+	if c.GPUMemoryUtilization > 0 {
+		a = append(a, "--kv_cache_free_gpu_memory_fraction", ftoa(c.GPUMemoryUtilization))
+	}
+	if c.KVOffload == config.OffloadNative {
+		f := localFile(in, TRTLLMOptionsName, fmt.Sprintf(
+			"# Written by the Oasis llm driver (kv_offload = \"native\").\nkv_cache_config:\n  enable_block_reuse: true\n  host_cache_size: %d\n",
+			int64(c.KVOffloadSizeGB*gib)))
+		p.Files = append(p.Files, f)
+		a = append(a, "--extra_llm_api_options", f.Path)
+	}
+	p.Argv = a
+}
+
+// writeLMCacheConfig writes LMCache's YAML into the task dir. kvcached is
+// LMCache with its remote tier on the node-local oasis-kvcached (Redis
+// protocol); sha256_cbor keys are stable across processes and hosts.
+func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload = %q).\n", c.KVOffload)
+	fmt.Fprintf(&b, "chunk_size: %d\n", lmcacheChunkSize)
+	if c.KVOffloadSizeGB > 0 {
+		fmt.Fprintf(&b, "local_cpu: true\nmax_local_cpu_size: %s\n", ftoa(c.KVOffloadSizeGB))
+	} else {
+		b.WriteString("local_cpu: false\n")
+	}
+	if c.KVOffload == config.OffloadKVCached {
+		fmt.Fprintf(&b, "remote_url: \"redis://%s\"\nremote_serde: naive\n", c.KVCachedAddress)
+	}
+	b.WriteString("pre_caching_hash_algorithm: sha256_cbor\n")
+	f := localFile(in, LMCacheConfigName, b.String())
+	p.Files = append(p.Files, f)
+	p.Env["LMCACHE_CONFIG_FILE"] = f.Path
+}

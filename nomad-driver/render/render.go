@@ -1,0 +1,260 @@
+// Package render turns a task's config, its allocated ports and its
+// reserved GPUs into the exact command line, environment and files an
+// inference engine is started with. Render is pure: no I/O, no clock, so
+// every engine × kv_offload × role combination is pinned by a golden file.
+package render
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+)
+
+// Port is one allocated port of the task's group network.
+type Port struct {
+	HostIP string
+	Value  int
+}
+
+// Input is everything a rendering depends on.
+type Input struct {
+	// Config is the task's config block as decoded; Render normalizes it.
+	Config config.TaskConfig
+	// Binary is the resolved engine executable (for sglang a Python
+	// interpreter or a launcher); empty renders the engine's default name.
+	Binary string
+	// Ports maps the group network's port labels to their allocation.
+	Ports map[string]Port
+	// GPUs are the device ids the device plugin reserved for the task (its
+	// NVIDIA_VISIBLE_DEVICES); see GPUsFromEnv.
+	GPUs []string
+	// LocalDir is the task's local directory, where files are written.
+	LocalDir string
+}
+
+// File is a file written into the task's local directory before start.
+type File struct {
+	Path    string // absolute path (LocalDir joined with the name)
+	Content []byte
+}
+
+// Plan is what the driver launches.
+type Plan struct {
+	// Config is the normalized config the plan was rendered from.
+	Config config.TaskConfig
+	// NoProcess is true for openai_compat: nothing is launched, HealthURL is watched.
+	NoProcess bool
+	Argv      []string
+	// Env holds the variables the driver adds to (and overrides in) the task env.
+	Env   map[string]string
+	Files []File
+	// HealthURL answers 200 when the engine is ready.
+	HealthURL string
+	// MetricsPath is where the engine serves Prometheus metrics.
+	MetricsPath string
+	// KVEventsEndpoint is the ZMQ PUB endpoint, empty when events are off.
+	KVEventsEndpoint string
+}
+
+// DefaultBinary is the executable looked up on PATH when neither the task
+// nor the plugin config names one.
+func DefaultBinary(engine string) string {
+	switch engine {
+	case config.EngineVLLM:
+		return "vllm"
+	case config.EngineSGLang:
+		return "python3"
+	case config.EngineLlamaCpp:
+		return "llama-server"
+	case config.EngineTRTLLM:
+		return "trtllm-serve"
+	case config.EngineSim:
+		return "oasis-sim"
+	}
+	return ""
+}
+
+// GPUsFromEnv returns the device ids in NVIDIA_VISIBLE_DEVICES; "all",
+// "none", "void" and empty reserve nothing countable.
+func GPUsFromEnv(env map[string]string) []string {
+	v := strings.TrimSpace(env["NVIDIA_VISIBLE_DEVICES"])
+	switch v {
+	case "", "none", "void", "all":
+		return nil
+	}
+	var ids []string
+	for _, id := range strings.Split(v, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// lmcacheChunkSize is LMCache's default chunk (tokens); kvcached keys follow it.
+const lmcacheChunkSize = 256
+
+// File names written into the task's local directory.
+const (
+	LMCacheConfigName = "lmcache.yaml"
+	TRTLLMOptionsName = "extra_llm_api_options.yaml"
+)
+
+// Render validates the input and renders the engine's launch plan. Every
+// error names the field at fault and what is allowed.
+func Render(in Input) (*Plan, error) {
+	c := in.Config.Normalize()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkRuntime(c, in); err != nil {
+		return nil, err
+	}
+	if err := checkExtraArgs(c); err != nil {
+		return nil, err
+	}
+
+	p := &Plan{Config: c, Env: map[string]string{}, MetricsPath: "/metrics"}
+	if c.Engine == config.EngineOpenAICompat {
+		p.NoProcess = true
+		p.HealthURL = strings.TrimRight(c.Endpoint, "/") + "/models"
+		return p, nil
+	}
+
+	port := in.Ports[c.Port]
+	host := port.HostIP
+	p.HealthURL = "http://" + net.JoinHostPort(connectHost(host), strconv.Itoa(port.Value)) + "/health"
+	if c.EventsOn() {
+		ev := in.Ports[c.KVEventsPort]
+		p.KVEventsEndpoint = "tcp://" + net.JoinHostPort(ev.HostIP, strconv.Itoa(ev.Value))
+	}
+	if len(in.GPUs) > 0 {
+		p.Env["CUDA_VISIBLE_DEVICES"] = strings.Join(in.GPUs, ",")
+	}
+	for k, v := range c.ExtraEnv {
+		p.Env[k] = v
+	}
+
+	bin := in.Binary
+	if bin == "" {
+		bin = DefaultBinary(c.Engine)
+	}
+	var err error
+	switch c.Engine {
+	case config.EngineVLLM, config.EngineSim:
+		err = renderVLLM(p, c, in, bin, host, port.Value)
+	case config.EngineSGLang:
+		err = renderSGLang(p, c, in, bin, host, port.Value)
+	case config.EngineLlamaCpp:
+		renderLlamaCpp(p, c, in, bin, host, port.Value)
+	case config.EngineTRTLLM:
+		renderTRTLLM(p, c, in, bin, host, port.Value)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.Argv = append(p.Argv, c.ExtraArgs...)
+	return p, nil
+}
+
+// connectHost is the address the driver dials for health checks.
+func connectHost(host string) string {
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		return "127.0.0.1"
+	}
+	return host
+}
+
+// checkRuntime checks what needs the allocation: port labels and GPUs.
+func checkRuntime(c config.TaskConfig, in Input) error {
+	var errs []error
+	labels := func() string {
+		var l []string
+		for k := range in.Ports {
+			l = append(l, k)
+		}
+		if len(l) == 0 {
+			return "none (the group has no network ports)"
+		}
+		slices.Sort(l)
+		return strings.Join(l, ", ")
+	}
+	for _, f := range []struct{ field, label string }{
+		{"port", c.Port},
+		{"kv_events_port", c.KVEventsPort},
+		{"nixl_side_channel_port", c.NIXLSideChannelPort},
+		{"bootstrap_port", c.BootstrapPort},
+	} {
+		if f.label == "" {
+			continue
+		}
+		if _, ok := in.Ports[f.label]; !ok {
+			errs = append(errs, &config.FieldError{Field: f.field,
+				Msg: fmt.Sprintf("port label %q is not in the group's network block; labels: %s", f.label, labels())})
+		}
+	}
+	if config.IsGPUEngine(c.Engine) && c.TensorParallelSize > len(in.GPUs) {
+		errs = append(errs, &config.FieldError{Field: "tensor_parallel_size",
+			Msg: fmt.Sprintf("%d is larger than the %d GPU(s) reserved for the task (NVIDIA_VISIBLE_DEVICES=%q); reserve them with a device \"nvidia/gpu\" { count = %d } block",
+				c.TensorParallelSize, len(in.GPUs), strings.Join(in.GPUs, ","), c.TensorParallelSize)})
+	}
+	return errors.Join(errs...)
+}
+
+// renderedFlags are the flags the driver owns per engine; extra_args may not repeat them.
+var renderedFlags = map[string][]string{
+	config.EngineVLLM: {"--host", "--port", "--served-model-name", "--tensor-parallel-size", "-tp", "--max-model-len",
+		"--gpu-memory-utilization", "--block-size", "--kv-transfer-config", "--kv-events-config",
+		"--kv-offloading-backend", "--kv-offloading-size"},
+	config.EngineSGLang: {"--model-path", "--model", "--host", "--port", "--served-model-name", "--tp-size", "--tp",
+		"--context-length", "--mem-fraction-static", "--page-size", "--kv-events-config",
+		"--enable-hierarchical-cache", "--hicache-size", "--hicache-write-policy", "--enable-lmcache",
+		"--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port"},
+	config.EngineLlamaCpp: {"-m", "--model", "--host", "--port", "-a", "--alias", "-c", "--ctx-size", "-ngl", "--n-gpu-layers", "--gpu-layers"},
+	config.EngineTRTLLM:   {"--host", "--port", "--tp_size", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options"},
+}
+
+func checkExtraArgs(c config.TaskConfig) error {
+	family := c.Engine
+	if family == config.EngineSim {
+		family = config.EngineVLLM // sim renders exactly like vLLM
+	}
+	owned := renderedFlags[family]
+	for _, a := range c.ExtraArgs {
+		name, _, _ := strings.Cut(a, "=")
+		for _, f := range owned {
+			if name == f {
+				return &config.FieldError{Field: "extra_args", Msg: fmt.Sprintf(
+					"%q is rendered by the driver from the task config; set the matching field instead (owned flags for %s: %s)",
+					name, c.Engine, strings.Join(owned, " "))}
+			}
+		}
+	}
+	return nil
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("render: marshalling a fixed struct: %v", err)) // static types only
+	}
+	return string(b)
+}
+
+func localFile(in Input, name string, content string) File {
+	return File{Path: filepath.Join(in.LocalDir, name), Content: []byte(content)}
+}
+
+func isPython(bin string) bool { return strings.HasPrefix(path.Base(bin), "python") }

@@ -1,0 +1,285 @@
+package render
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+	"github.com/shoenig/test/must"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+var testPorts = map[string]Port{
+	"http":      {HostIP: "10.0.0.5", Value: 20001},
+	"kv":        {HostIP: "10.0.0.5", Value: 20002},
+	"nixl":      {HostIP: "10.0.0.5", Value: 20003},
+	"bootstrap": {HostIP: "10.0.0.5", Value: 20004},
+}
+
+const testLocalDir = "/alloc/task/local"
+
+// baseConfig is a config that is complete for the combination, so that a
+// golden error shows only what the combination itself is refused for.
+func baseConfig(engine, offload, role string) config.TaskConfig {
+	c := config.TaskConfig{Engine: engine, Model: "meta-llama/Llama-3.1-8B-Instruct", Port: "http",
+		KVOffload: offload, Role: role}
+	switch engine {
+	case config.EngineLlamaCpp:
+		c.Model = "/models/llama-3.1-8b-instruct-q4_k_m.gguf"
+		c.ServedModelName = "llama-3.1-8b"
+	case config.EngineOpenAICompat:
+		c.Port = ""
+		c.Endpoint = "https://api.example.com/v1"
+	}
+	if config.SupportsKVEvents(engine) {
+		c.KVEventsPort = "kv"
+	}
+	if (engine == config.EngineVLLM || engine == config.EngineSim) && role != config.RoleBoth {
+		c.NIXLSideChannelPort = "nixl"
+	}
+	if engine == config.EngineSGLang && role == config.RolePrefill {
+		c.BootstrapPort = "bootstrap"
+	}
+	switch offload {
+	case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached, config.OffloadHiCache:
+		c.KVOffloadSizeGB = 8
+	}
+	return c
+}
+
+func testInput(c config.TaskConfig) Input {
+	return Input{Config: c, Binary: "/opt/engines/" + DefaultBinary(c.Engine), Ports: testPorts,
+		GPUs: []string{"GPU-5e0d6d1c-0000-0000-0000-000000000001"}, LocalDir: testLocalDir}
+}
+
+// format renders a plan (or its error) as the golden text.
+func format(p *Plan, err error) string {
+	if err != nil {
+		return "error:\n" + indent(strings.ReplaceAll(err.Error(), "\n", "\n")) + "\n"
+	}
+	var b strings.Builder
+	if p.NoProcess {
+		b.WriteString("no process\n")
+	}
+	b.WriteString("argv:\n")
+	for _, a := range p.Argv {
+		fmt.Fprintf(&b, "  %s\n", a)
+	}
+	b.WriteString("env:\n")
+	var keys []string
+	for k := range p.Env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %s=%s\n", k, p.Env[k])
+	}
+	b.WriteString("files:\n")
+	for _, f := range p.Files {
+		fmt.Fprintf(&b, "  --- %s\n%s", f.Path, indent(string(f.Content)))
+	}
+	fmt.Fprintf(&b, "health: %s\nmetrics: %s\nkv_events: %s\n", p.HealthURL, p.MetricsPath, p.KVEventsEndpoint)
+	return b.String()
+}
+
+func indent(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = "    " + l
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		must.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+		must.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	must.NoError(t, err, must.Sprint("missing golden file; run go test ./nomad-driver/render -update"))
+	must.EqOp(t, string(want), got)
+}
+
+// TestRenderMatrix pins every engine × kv_offload × role combination:
+// valid ones to their exact argv, env and files, invalid ones to their error.
+func TestRenderMatrix(t *testing.T) {
+	for _, e := range config.Engines {
+		for _, o := range config.Offloads {
+			for _, r := range config.Roles {
+				name := e + "-" + o + "-" + r
+				t.Run(name, func(t *testing.T) {
+					p, err := Render(testInput(baseConfig(e, o, r)))
+					if config.Supported(e, o, r) {
+						must.NoError(t, err)
+					} else {
+						must.Error(t, err)
+						must.StrContains(t, err.Error(), "allowed")
+					}
+					checkGolden(t, filepath.Join("matrix", name), format(p, err))
+				})
+			}
+		}
+	}
+}
+
+// TestRenderCases pins renderings of the optional fields.
+func TestRenderCases(t *testing.T) {
+	twoGPUs := []string{"GPU-a", "GPU-b"}
+	cases := []struct {
+		name string
+		in   func() Input
+	}{
+		{"vllm-tp2-limits", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.TensorParallelSize, c.MaxModelLen, c.GPUMemoryUtilization, c.BlockSize = 2, 32768, 0.85, 32
+			in := testInput(c)
+			in.GPUs = twoGPUs
+			return in
+		}},
+		{"vllm-events-off-extra", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			off := false
+			c.KVEvents, c.KVEventsPort = &off, ""
+			c.ServedModelName = "llama"
+			c.ExtraArgs = []string{"--enable-prefix-caching", "--max-num-seqs=128"}
+			c.ExtraEnv = map[string]string{"HF_HOME": "/data/hf"}
+			return testInput(c)
+		}},
+		{"vllm-kvcached-remote-only", func() Input {
+			c := baseConfig("vllm", "kvcached", "both")
+			c.KVOffloadSizeGB, c.KVCachedAddress = 0, "10.0.0.5:16380"
+			return testInput(c)
+		}},
+		{"sim-no-gpus", func() Input {
+			in := testInput(baseConfig("sim", "none", "both"))
+			in.GPUs = nil
+			in.Binary = ""
+			return in
+		}},
+		{"sglang-launcher-tp2-hicache-ratio", func() Input {
+			c := baseConfig("sglang", "hicache", "both")
+			c.KVOffloadSizeGB, c.TensorParallelSize, c.MaxModelLen, c.GPUMemoryUtilization = 0, 2, 8192, 0.8
+			in := testInput(c)
+			in.Binary, in.GPUs = "/usr/local/bin/sglang-launch", twoGPUs
+			return in
+		}},
+		{"llama_cpp-cpu", func() Input {
+			c := baseConfig("llama_cpp", "none", "both")
+			c.MaxModelLen = 4096
+			in := testInput(c)
+			in.GPUs = nil
+			return in
+		}},
+		{"trtllm-limits", func() Input {
+			c := baseConfig("trtllm", "none", "both")
+			c.MaxModelLen, c.GPUMemoryUtilization = 16384, 0.9
+			return testInput(c)
+		}},
+		{"vllm-ipv6-any", func() Input {
+			in := testInput(baseConfig("vllm", "none", "both"))
+			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}}
+			return in
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Render(tc.in())
+			must.NoError(t, err)
+			checkGolden(t, filepath.Join("cases", tc.name), format(p, err))
+		})
+	}
+}
+
+// TestRenderBadInput: each mistake is an error naming its field and what is allowed.
+func TestRenderBadInput(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*Input)
+		field  string
+		want   string
+	}{
+		{"unknown engine", func(in *Input) { in.Config.Engine = "tgi" }, "engine", "allowed: vllm, sglang, llama_cpp, trtllm, openai_compat, sim"},
+		{"unknown offload", func(in *Input) { in.Config.KVOffload = "disk" }, "kv_offload", "allowed: none, native, lmcache, kvcached, nixl, hicache, kvbm"},
+		{"unknown role", func(in *Input) { in.Config.Role = "both-ways" }, "role", "allowed: both, prefill, decode"},
+		{"incompatible offload", func(in *Input) { in.Config.KVOffload = "hicache"; in.Config.KVOffloadSizeGB = 4 }, "kv_offload", "allowed for vllm with role both: none, native, lmcache, kvcached, kvbm"},
+		{"incompatible role", func(in *Input) { in.Config.KVOffload = "nixl" }, "role", "allowed roles: prefill, decode"},
+		{"missing model", func(in *Input) { in.Config.Model = " " }, "model", "is required"},
+		{"missing port", func(in *Input) { in.Config.Port = "" }, "port", "is required"},
+		{"tp larger than gpus", func(in *Input) { in.Config.TensorParallelSize = 4 }, "tensor_parallel_size", "larger than the 1 GPU(s) reserved"},
+		{"no gpus", func(in *Input) { in.GPUs = nil }, "tensor_parallel_size", "reserve them with a device"},
+		{"port label missing", func(in *Input) { in.Config.Port = "api" }, "port", `"api" is not in the group's network block; labels: bootstrap, http, kv, nixl`},
+		{"events label missing", func(in *Input) { in.Config.KVEventsPort = "zmq" }, "kv_events_port", `"zmq" is not in the group's network block`},
+		{"events without port", func(in *Input) { in.Config.KVEventsPort = "" }, "kv_events_port", "set kv_events_port"},
+		{"events on unsupported engine", func(in *Input) {
+			on := true
+			in.Config.Engine, in.Config.KVEvents, in.Config.KVEventsPort = "llama_cpp", &on, ""
+		}, "kv_events", "allowed for: vllm, sglang, sim"},
+		{"offload without size", func(in *Input) { in.Config.KVOffload = "lmcache" }, "kv_offload_size_gb", "needs the CPU cache size"},
+		{"size without offload", func(in *Input) { in.Config.KVOffloadSizeGB = 3 }, "kv_offload_size_gb", "allowed with: native, lmcache, kvcached, hicache, kvbm"},
+		{"gpu util out of range", func(in *Input) { in.Config.GPUMemoryUtilization = 1.5 }, "gpu_memory_utilization", "must be in (0, 1]"},
+		{"block size not power of two", func(in *Input) { in.Config.BlockSize = 24 }, "block_size", "powers of two"},
+		{"extra arg owned", func(in *Input) { in.Config.ExtraArgs = []string{"--port=9000"} }, "extra_args", `"--port" is rendered by the driver`},
+		{"disagg without nixl port", func(in *Input) { in.Config.Role = "prefill" }, "nixl_side_channel_port", "needs a port label"},
+		{"openai_compat without endpoint", func(in *Input) {
+			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o"}
+		}, "endpoint", "is required for engine openai_compat"},
+		{"openai_compat bad endpoint", func(in *Input) {
+			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: "ftp://x"}
+		}, "endpoint", "not an http(s) URL"},
+		{"openai_compat with process fields", func(in *Input) {
+			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: "http://h:1/v1", Port: "http"}
+		}, "port", "runs no process"},
+		{"endpoint on process engine", func(in *Input) { in.Config.Endpoint = "http://h:1" }, "endpoint", "only used by engine openai_compat"},
+		{"kvcached address bad", func(in *Input) {
+			in.Config.KVOffload, in.Config.KVCachedAddress = "kvcached", "localhost"
+		}, "kvcached_address", "not host:port"},
+		{"llama tp", func(in *Input) {
+			in.Config = baseConfig("llama_cpp", "none", "both")
+			in.Config.TensorParallelSize = 2
+		}, "tensor_parallel_size", "allowed: 1"},
+		{"bad health timeout", func(in *Input) { in.Config.HealthTimeout = "soon" }, "health_timeout", "not a positive duration"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := testInput(baseConfig("vllm", "none", "both"))
+			tc.mutate(&in)
+			p, err := Render(in)
+			must.Nil(t, p)
+			must.Error(t, err)
+			must.StrContains(t, err.Error(), tc.field+": ")
+			must.StrContains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestGPUsFromEnv(t *testing.T) {
+	for v, want := range map[string][]string{
+		"":               nil,
+		"all":            nil,
+		"void":           nil,
+		"GPU-a":          {"GPU-a"},
+		"GPU-a, GPU-b ,": {"GPU-a", "GPU-b"},
+	} {
+		must.Eq(t, want, GPUsFromEnv(map[string]string{"NVIDIA_VISIBLE_DEVICES": v}))
+	}
+}
+
+func TestPluginConfigValidate(t *testing.T) {
+	p := config.PluginConfig{Binaries: map[string]string{"sim": "/bin/sim"}}
+	d, err := p.Validate()
+	must.NoError(t, err)
+	must.Eq(t, config.DefaultFingerprintEvery, d)
+	p = config.PluginConfig{Binaries: map[string]string{"tgi": "/x"}, FingerprintPeriod: "often"}
+	_, err = p.Validate()
+	must.ErrorContains(t, err, `binaries: unknown engine key "tgi"`)
+	must.ErrorContains(t, err, "fingerprint_period")
+}
