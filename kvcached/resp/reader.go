@@ -1,0 +1,275 @@
+// Package resp reads Redis protocol (RESP2/RESP3) commands and writes replies.
+//
+// Clients send commands as arrays of bulk strings ("multibulk") or as inline
+// lines (what telnet and redis-cli in some modes send); both are accepted. The
+// reader never trusts a length it has not checked against its limits, so a
+// hostile or broken client costs at most the configured bulk limit in memory.
+package resp
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// Limits bound what one command may make the reader allocate.
+type Limits struct {
+	// MaxBulk is the largest bulk string accepted (Redis's proto-max-bulk-len).
+	MaxBulk int64
+	// MaxArgs is the most arguments one command may have.
+	MaxArgs int
+	// MaxInline is the longest inline command line.
+	MaxInline int
+}
+
+// DefaultLimits allows 64 MiB values, LMCache's largest chunk with headroom.
+var DefaultLimits = Limits{MaxBulk: 64<<20 + 4096, MaxArgs: 1 << 20, MaxInline: 64 << 10}
+
+// ProtocolError is a malformed stream the reader cannot resynchronise on: the
+// server replies with it and closes the connection.
+type ProtocolError struct{ Msg string }
+
+func (e *ProtocolError) Error() string { return "Protocol error: " + e.Msg }
+
+// TooLargeError reports a bulk argument over Limits.MaxBulk. The reader has
+// skipped the argument's bytes and the rest of the command, so the stream is
+// still in sync: the server replies with an error and carries on.
+type TooLargeError struct{ Len, Max int64 }
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("value of %d bytes exceeds the %d-byte limit (proto-max-bulk-len)", e.Len, e.Max)
+}
+
+// Reader parses commands from a client stream.
+type Reader struct {
+	br     *bufio.Reader
+	limits Limits
+}
+
+// NewReader returns a Reader over br with the given limits.
+func NewReader(br *bufio.Reader, limits Limits) *Reader {
+	return &Reader{br: br, limits: limits}
+}
+
+// Buffered reports how many bytes are already read and waiting: zero means the
+// client has no more pipelined commands queued, so replies should be flushed.
+func (r *Reader) Buffered() int { return r.br.Buffered() }
+
+// ReadCommand returns the next command's arguments. An empty inline line
+// yields a nil command and no error (Redis ignores it). Errors are io errors,
+// *ProtocolError (close the connection) or *TooLargeError (reply, continue).
+func (r *Reader) ReadCommand() ([][]byte, error) {
+	b, err := r.br.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	if b != '*' {
+		if err := r.br.UnreadByte(); err != nil {
+			return nil, err
+		}
+		return r.readInline()
+	}
+	n, err := r.readInt()
+	if err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		// "*0" and "*-1" are empty commands; Redis ignores them.
+		return nil, nil
+	}
+	if n > int64(r.limits.MaxArgs) {
+		return nil, &ProtocolError{Msg: fmt.Sprintf("invalid multibulk length %d", n)}
+	}
+	// Grow the slice as arguments arrive rather than trusting n up front.
+	args := make([][]byte, 0, min(n, 16))
+	var tooLarge error
+	for i := int64(0); i < n; i++ {
+		c, err := r.br.ReadByte()
+		if err != nil {
+			return nil, unexpectedEOF(err)
+		}
+		if c != '$' {
+			return nil, &ProtocolError{Msg: fmt.Sprintf("expected '$', got %q", c)}
+		}
+		l, err := r.readInt()
+		if err != nil {
+			return nil, err
+		}
+		if l < 0 {
+			return nil, &ProtocolError{Msg: fmt.Sprintf("invalid bulk length %d", l)}
+		}
+		if l > r.limits.MaxBulk {
+			if _, err := io.CopyN(io.Discard, r.br, l); err != nil {
+				return nil, unexpectedEOF(err)
+			}
+			tooLarge = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
+		} else {
+			arg := make([]byte, l)
+			if _, err := io.ReadFull(r.br, arg); err != nil {
+				return nil, unexpectedEOF(err)
+			}
+			if tooLarge == nil {
+				args = append(args, arg)
+			}
+		}
+		if err := r.expectCRLF(); err != nil {
+			return nil, err
+		}
+	}
+	if tooLarge != nil {
+		return nil, tooLarge
+	}
+	return args, nil
+}
+
+func unexpectedEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func (r *Reader) expectCRLF() error {
+	cr, err := r.br.ReadByte()
+	if err != nil {
+		return unexpectedEOF(err)
+	}
+	lf, err := r.br.ReadByte()
+	if err != nil {
+		return unexpectedEOF(err)
+	}
+	if cr != '\r' || lf != '\n' {
+		return &ProtocolError{Msg: "bulk string not terminated by CRLF"}
+	}
+	return nil
+}
+
+// readLine returns one CRLF-terminated line without the terminator, at most
+// max bytes long.
+func (r *Reader) readLine(max int) ([]byte, error) {
+	line, err := r.br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull || len(line) > max+2 {
+		return nil, &ProtocolError{Msg: "too big inline request"}
+	}
+	if err != nil {
+		return nil, unexpectedEOF(err)
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, nil
+}
+
+func (r *Reader) readInt() (int64, error) {
+	line, err := r.readLine(32)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(string(line), 10, 64)
+	if err != nil {
+		return 0, &ProtocolError{Msg: fmt.Sprintf("invalid length %q", line)}
+	}
+	return n, nil
+}
+
+func (r *Reader) readInline() ([][]byte, error) {
+	line, err := r.readLine(r.limits.MaxInline)
+	if err != nil {
+		return nil, err
+	}
+	args, err := splitInline(line)
+	if err != nil {
+		return nil, err
+	}
+	if len(args) > r.limits.MaxArgs {
+		return nil, &ProtocolError{Msg: "too many inline arguments"}
+	}
+	return args, nil
+}
+
+// splitInline splits an inline command on spaces, honouring double and
+// single quotes and the escapes redis-cli's own parser understands.
+func splitInline(line []byte) ([][]byte, error) {
+	var args [][]byte
+	i := 0
+	for {
+		for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+			i++
+		}
+		if i == len(line) {
+			return args, nil
+		}
+		var cur []byte
+		switch line[i] {
+		case '"':
+			i++
+			for {
+				if i >= len(line) {
+					return nil, &ProtocolError{Msg: "unbalanced quotes in request"}
+				}
+				c := line[i]
+				if c == '"' {
+					i++
+					break
+				}
+				if c == '\\' && i+1 < len(line) {
+					i++
+					switch e := line[i]; e {
+					case 'n':
+						c = '\n'
+					case 'r':
+						c = '\r'
+					case 't':
+						c = '\t'
+					case 'x':
+						if i+2 < len(line) {
+							if v, err := strconv.ParseUint(string(line[i+1:i+3]), 16, 8); err == nil {
+								c = byte(v)
+								i += 2
+								break
+							}
+						}
+						c = 'x'
+					default:
+						c = e
+					}
+				}
+				cur = append(cur, c)
+				i++
+			}
+		case '\'':
+			i++
+			for {
+				if i >= len(line) {
+					return nil, &ProtocolError{Msg: "unbalanced quotes in request"}
+				}
+				c := line[i]
+				if c == '\'' {
+					i++
+					break
+				}
+				if c == '\\' && i+1 < len(line) && line[i+1] == '\'' {
+					i++
+					c = '\''
+				}
+				cur = append(cur, c)
+				i++
+			}
+		default:
+			for i < len(line) && line[i] != ' ' && line[i] != '\t' {
+				cur = append(cur, line[i])
+				i++
+			}
+		}
+		if i < len(line) && line[i] != ' ' && line[i] != '\t' {
+			return nil, &ProtocolError{Msg: "unbalanced quotes in request"}
+		}
+		if cur == nil {
+			cur = []byte{}
+		}
+		args = append(args, cur)
+	}
+}

@@ -1,0 +1,164 @@
+package resp
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+func reader(s string, l Limits) *Reader {
+	return NewReader(bufio.NewReaderSize(strings.NewReader(s), 4096), l)
+}
+
+func strs(args [][]byte) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = string(a)
+	}
+	return out
+}
+
+func TestReadCommand(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string
+		want [][]string
+		err  string // substring of the error after the commands
+	}{
+		{name: "multibulk", in: "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", want: [][]string{{"GET", "k"}}},
+		{name: "pipelined", in: "*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$1\r\na\r\n$0\r\n\r\n", want: [][]string{{"PING"}, {"SET", "a", ""}}},
+		{name: "binary value", in: "*2\r\n$4\r\nECHO\r\n$4\r\n\r\n\x00\xff\r\n", want: [][]string{{"ECHO", "\r\n\x00\xff"}}},
+		{name: "inline", in: "SET k \"a b\\x41\\n\" 'c\\'d'\r\nPING\n", want: [][]string{{"SET", "k", "a bA\n", "c'd"}, {"PING"}}},
+		{name: "empty inline and empty array", in: "\r\n*0\r\nPING\r\n", want: [][]string{nil, nil, {"PING"}}},
+		{name: "bad bulk prefix", in: "*1\r\n+PING\r\n", err: "expected '$'"},
+		{name: "bad length", in: "*x\r\n", err: "invalid length"},
+		{name: "negative bulk", in: "*1\r\n$-5\r\n", err: "invalid bulk length"},
+		{name: "too many args", in: "*9999999\r\n", err: "invalid multibulk length"},
+		{name: "missing crlf", in: "*1\r\n$4\r\nPINGxx", err: "not terminated by CRLF"},
+		{name: "truncated", in: "*2\r\n$3\r\nGET\r\n$5\r\nab", err: "unexpected EOF"},
+		{name: "unbalanced quotes", in: "SET \"abc\r\n", err: "unbalanced quotes"},
+		{name: "text after quote", in: "SET \"a\"b\r\n", err: "unbalanced quotes"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := reader(tc.in, Limits{MaxBulk: 1 << 20, MaxArgs: 1000, MaxInline: 1024})
+			var got [][]string
+			var err error
+			for {
+				var args [][]byte
+				args, err = r.ReadCommand()
+				if err != nil {
+					break
+				}
+				if args == nil {
+					got = append(got, nil)
+				} else {
+					got = append(got, strs(args))
+				}
+			}
+			must.Eq(t, tc.want, got)
+			if tc.err == "" {
+				must.ErrorIs(t, err, io.EOF)
+			} else {
+				must.ErrorContains(t, err, tc.err)
+			}
+		})
+	}
+}
+
+func TestTooLargeKeepsStreamInSync(t *testing.T) {
+	big := strings.Repeat("x", 100)
+	in := "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100\r\n" + big + "\r\n*1\r\n$4\r\nPING\r\n"
+	r := reader(in, Limits{MaxBulk: 10, MaxArgs: 10, MaxInline: 100})
+	_, err := r.ReadCommand()
+	var tl *TooLargeError
+	must.True(t, errors.As(err, &tl))
+	must.Eq(t, int64(100), tl.Len)
+	args, err := r.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, []string{"PING"}, strs(args))
+}
+
+func TestInlineTooLong(t *testing.T) {
+	r := reader(strings.Repeat("a", 200)+"\r\n", Limits{MaxBulk: 10, MaxArgs: 10, MaxInline: 100})
+	_, err := r.ReadCommand()
+	var pe *ProtocolError
+	must.True(t, errors.As(err, &pe))
+}
+
+func TestWriter(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(bufio.NewWriter(&buf))
+	w.OK()
+	w.Int(-3)
+	w.Bulk([]byte("hi"))
+	w.Null()
+	w.Map(1)
+	w.Error("ERR bad\r\nthing")
+	w.Verbatim("a")
+	w.SetProtocol(3)
+	w.Null()
+	w.Map(1)
+	w.Verbatim("a")
+	must.Eq(t, 3, w.Protocol())
+	must.NoError(t, w.Flush())
+	must.Eq(t, "+OK\r\n:-3\r\n$2\r\nhi\r\n$-1\r\n*2\r\n-ERR bad  thing\r\n$1\r\na\r\n_\r\n%1\r\n=5\r\ntxt:a\r\n", buf.String())
+}
+
+// FuzzReadCommand feeds arbitrary bytes to the parser: it must never panic,
+// never return arguments past its limits, and a command it accepts must
+// round-trip through the multibulk encoding.
+func FuzzReadCommand(f *testing.F) {
+	for _, s := range []string{
+		"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+		"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n",
+		"PING\r\n",
+		"SET k \"v\\x00\" 'q'\r\n",
+		"*1\r\n$-1\r\n",
+		"*-1\r\n",
+		"*1\r\n$99999999999999999999\r\n",
+		"*2\r\n$3\r\nGET\r\n$40\r\nab",
+		"\r\n\r\n*0\r\n",
+		"HELLO 3\r\nAUTH default secret\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	limits := Limits{MaxBulk: 1024, MaxArgs: 64, MaxInline: 512}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := NewReader(bufio.NewReaderSize(bytes.NewReader(data), 64), limits)
+		for i := 0; i < 1000; i++ {
+			args, err := r.ReadCommand()
+			var tl *TooLargeError
+			if errors.As(err, &tl) {
+				continue
+			}
+			if err != nil {
+				return
+			}
+			if len(args) > limits.MaxArgs {
+				t.Fatalf("%d args over the limit", len(args))
+			}
+			if args == nil {
+				continue
+			}
+			var enc bytes.Buffer
+			w := NewWriter(bufio.NewWriter(&enc))
+			w.Array(len(args))
+			for _, a := range args {
+				if int64(len(a)) > limits.MaxBulk {
+					t.Fatalf("argument of %d bytes over the limit", len(a))
+				}
+				w.Bulk(a)
+			}
+			must.NoError(t, w.Flush())
+			again, err := NewReader(bufio.NewReader(&enc), limits).ReadCommand()
+			must.NoError(t, err)
+			must.Eq(t, strs(args), strs(again))
+		}
+	})
+}
