@@ -1,0 +1,222 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/hashicorp/go-hclog"
+)
+
+// Message is one received batch.
+type Message struct {
+	Topic string
+	Seq   int64
+	Batch EventBatch
+	// Missed counts sequence numbers skipped since the previous message (lost to the
+	// PUB socket's high-water mark or a reconnect): the subscriber's view of the engine's
+	// cache may be stale by that many batches. Use Replay to fetch them.
+	Missed int64
+	// Restarted is set when Seq did not increase: the publisher restarted, so every
+	// block previously reported by it must be treated as gone.
+	Restarted bool
+}
+
+// SubscriberConfig names the engine's endpoints.
+type SubscriberConfig struct {
+	// Endpoint is the engine's PUB endpoint to dial, e.g. "tcp://10.0.0.5:5557".
+	Endpoint string
+	// Topic filters by prefix; "" receives every topic.
+	Topic string
+	// ReplayEndpoint is the engine's replay ROUTER endpoint (optional, for Replay).
+	ReplayEndpoint string
+	Logger         hclog.Logger
+}
+
+// Subscriber receives EventBatches from one engine. It dials in the background and
+// keeps redialing, so it may be created before the engine starts.
+type Subscriber struct {
+	cfg    SubscriberConfig
+	log    hclog.Logger
+	cancel context.CancelFunc
+	sub    zmq4.Socket
+	msgs   chan recvd
+	done   chan struct{}
+
+	lastSeq int64 // -1 before the first message; only touched by Next
+}
+
+type recvd struct {
+	msg Message
+	err error
+}
+
+// NewSubscriber starts a subscriber. Close it to stop.
+func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("kv-events subscriber: endpoint is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Subscriber{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		cancel:  cancel,
+		sub:     zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(200*time.Millisecond), zmq4.WithAutomaticReconnect(true)),
+		msgs:    make(chan recvd, 1024),
+		done:    make(chan struct{}),
+		lastSeq: -1,
+	}
+	go s.run(ctx)
+	return s, nil
+}
+
+func (s *Subscriber) run(ctx context.Context) {
+	defer close(s.done)
+	if err := s.sub.Dial(s.cfg.Endpoint); err != nil {
+		if ctx.Err() == nil {
+			s.deliver(ctx, recvd{err: fmt.Errorf("dialing kv-events endpoint %q: %w", s.cfg.Endpoint, err)})
+		}
+		return
+	}
+	if err := s.sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
+		s.deliver(ctx, recvd{err: fmt.Errorf("subscribing to %q: %w", s.cfg.Topic, err)})
+		return
+	}
+	for {
+		m, err := s.sub.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Debug("kv-events receive failed", "endpoint", s.cfg.Endpoint, "error", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		msg, err := parseFrames(m.Frames)
+		if err != nil {
+			// A malformed message is reported and skipped; the stream goes on.
+			s.log.Warn("malformed kv-events message", "endpoint", s.cfg.Endpoint, "error", err)
+			continue
+		}
+		if !s.deliver(ctx, recvd{msg: msg}) {
+			return
+		}
+	}
+}
+
+func (s *Subscriber) deliver(ctx context.Context, r recvd) bool {
+	select {
+	case s.msgs <- r:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func parseFrames(frames [][]byte) (Message, error) {
+	if len(frames) != 3 {
+		return Message{}, fmt.Errorf("got %d frames, want 3", len(frames))
+	}
+	if len(frames[1]) != 8 {
+		return Message{}, fmt.Errorf("sequence frame has %d bytes, want 8", len(frames[1]))
+	}
+	b, err := Decode(frames[2])
+	if err != nil {
+		return Message{}, err
+	}
+	return Message{Topic: string(frames[0]), Seq: int64(binary.BigEndian.Uint64(frames[1])), Batch: b}, nil
+}
+
+// Next blocks until the next batch arrives, ctx ends, or the subscriber is closed.
+func (s *Subscriber) Next(ctx context.Context) (Message, error) {
+	select {
+	case r, ok := <-s.msgs:
+		if !ok {
+			return Message{}, errors.New("kv-events subscriber closed")
+		}
+		if r.err != nil {
+			return Message{}, r.err
+		}
+		m := r.msg
+		switch {
+		case s.lastSeq >= 0 && m.Seq <= s.lastSeq:
+			m.Restarted = true
+		case m.Seq > s.lastSeq+1 && s.lastSeq >= 0:
+			m.Missed = m.Seq - s.lastSeq - 1
+		}
+		s.lastSeq = m.Seq
+		return m, nil
+	case <-ctx.Done():
+		return Message{}, ctx.Err()
+	case <-s.done:
+		// Drain what is left before reporting the end.
+		select {
+		case r := <-s.msgs:
+			if r.err != nil {
+				return Message{}, r.err
+			}
+			return r.msg, nil
+		default:
+		}
+		return Message{}, errors.New("kv-events subscriber closed")
+	}
+}
+
+// Replay asks the engine's replay endpoint for every buffered batch with seq >= from.
+// It does not change what Next reports.
+func (s *Subscriber) Replay(ctx context.Context, from int64) ([]Message, error) {
+	if s.cfg.ReplayEndpoint == "" {
+		return nil, errors.New("kv-events replay: no replay endpoint configured")
+	}
+	return Replay(ctx, s.cfg.ReplayEndpoint, s.cfg.Topic, from)
+}
+
+// Replay fetches buffered batches with seq >= from from a replay endpoint.
+func Replay(ctx context.Context, endpoint, topic string, from int64) ([]Message, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dealer := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(3))
+	defer dealer.Close()
+	if err := dealer.Dial(endpoint); err != nil {
+		return nil, fmt.Errorf("dialing kv-events replay endpoint %q: %w", endpoint, err)
+	}
+	var seqb [8]byte
+	binary.BigEndian.PutUint64(seqb[:], uint64(from))
+	if err := dealer.SendMulti(zmq4.NewMsgFrom(nil, seqb[:])); err != nil {
+		return nil, fmt.Errorf("sending replay request: %w", err)
+	}
+	var out []Message
+	for {
+		m, err := dealer.Recv()
+		if err != nil {
+			return out, fmt.Errorf("receiving replay: %w", err)
+		}
+		// [empty delimiter, seq, payload]
+		if len(m.Frames) != 3 || len(m.Frames[1]) != 8 {
+			return out, fmt.Errorf("malformed replay message with %d frames", len(m.Frames))
+		}
+		seq := int64(binary.BigEndian.Uint64(m.Frames[1]))
+		if seq == -1 {
+			return out, nil
+		}
+		b, err := Decode(m.Frames[2])
+		if err != nil {
+			return out, fmt.Errorf("replayed batch %d: %w", seq, err)
+		}
+		out = append(out, Message{Topic: topic, Seq: seq, Batch: b})
+	}
+}
+
+// Close stops the subscriber.
+func (s *Subscriber) Close() error {
+	s.cancel()
+	err := s.sub.Close()
+	<-s.done
+	return err
+}
