@@ -1,0 +1,69 @@
+# Oasis: LLM inference orchestration native to Nomad and Consul.
+#
+#   make up      the whole local stack (Consul + Nomad + Oasis jobs on the simulator)
+#   make test    everything CI runs
+#
+# Real nomad and consul binaries are built once from tools/<name> and cached under
+# $(XDG_CACHE_HOME or ~/.cache)/oasis; bin/ links to them.
+
+GO        ?= go
+GOFLAGS   ?=
+PKGS_UNIT  = $(shell $(GO) list ./... | grep -v '/test/e2e')
+PKGS_E2E   = $(shell $(GO) list ./test/e2e/... | grep -v '/testbed$$' | grep -v '/cmd/')
+STATICCHECK = bin/staticcheck
+
+export GOFLAGS
+
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-routing up down clean gpu-check
+
+all: build
+
+## build: compile every Oasis command into bin/
+build:
+	@mkdir -p bin
+	$(GO) build -o bin/ ./cmd/...
+
+## hashistack: build (once) and link bin/nomad and bin/consul
+hashistack:
+	@scripts/hashistack.sh
+
+## deps: Debian packages tests talk to (redis-tools, redis-server, nginx), installed if missing
+deps:
+	@scripts/deps.sh
+
+## test: everything CI runs — vet, staticcheck, unit tests, e2e against real Nomad + Consul
+test: deps hashistack lint unit e2e
+
+## unit: fast tests, no Nomad/Consul agents
+unit:
+	$(GO) test -count=1 -timeout 15m $(PKGS_UNIT)
+
+## e2e: tests against the real Nomad + Consul test bed (one stack per package, run one at a time)
+e2e: hashistack
+	$(GO) test -count=1 -p 1 -timeout 30m $(PKGS_E2E)
+
+vet:
+	$(GO) vet ./...
+
+$(STATICCHECK): tools/staticcheck/go.mod tools/staticcheck/go.sum
+	@mkdir -p bin
+	cd tools/staticcheck && GOFLAGS=-mod=readonly $(GO) build -o ../../$(STATICCHECK) honnef.co/go/tools/cmd/staticcheck
+
+## lint: go vet plus pinned staticcheck
+lint: vet $(STATICCHECK)
+	$(STATICCHECK) ./...
+
+## bench: Go benchmarks of every package (bounded); peer comparisons are scripts in bench/
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x $(PKGS_UNIT)
+
+## up: start Consul + Nomad with the Oasis plugins and run jobs/ and the demo recipe
+up: hashistack
+	$(GO) run ./test/e2e/cmd/oasis-stack up
+
+## down: stop everything `make up` started
+down:
+	$(GO) run ./test/e2e/cmd/oasis-stack down
+
+clean:
+	rm -rf bin bench/out

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages some tests and benchmarks talk to (real Redis clients and server,
+# nginx as the router's peer), when they are missing and this is a Debian machine we may change.
+set -euo pipefail
+need=()
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v nginx >/dev/null 2>&1 || need+=(nginx)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+	echo "deps: missing ${need[*]}; install them with your package manager" >&2
+	exit 1
+fi
+echo "deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The packages start their system services; tests run their own instances on free ports.
+for svc in redis-server nginx; do
+	if command -v service >/dev/null 2>&1; then service "$svc" stop >/dev/null 2>&1 || true; fi
+done

@@ -1,0 +1,253 @@
+package testbed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	nomadapi "github.com/hashicorp/nomad/api"
+)
+
+// FreePorts reserves n distinct free TCP ports on 127.0.0.1. The listeners are closed before
+// returning, so a port can in principle be taken by someone else before it is used; holding all
+// n until the end at least keeps them distinct from each other.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	listeners := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("reserving a free port: %w", err)
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func (s *Stack) startConsul(ctx context.Context) error {
+	ports, err := FreePorts(4)
+	if err != nil {
+		return err
+	}
+	http, serfLAN, serfWAN, server := ports[0], ports[1], ports[2], ports[3]
+	config := map[string]any{
+		"node_name":   "oasis-testbed",
+		"bind_addr":   "127.0.0.1",
+		"client_addr": "127.0.0.1",
+		"log_level":   "warn",
+		"ports": map[string]int{
+			"http": http, "serf_lan": serfLAN, "serf_wan": serfWAN, "server": server,
+			"dns": -1, "grpc": -1, "grpc_tls": -1, "https": -1,
+		},
+	}
+	data, err := json.MarshalIndent(config, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding consul config: %w", err)
+	}
+	path := filepath.Join(s.Dir, "consul.json")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return fmt.Errorf("writing consul config: %w", err)
+	}
+	s.ConsulAddr = fmt.Sprintf("127.0.0.1:%d", http)
+	s.consul, err = startProcess(s.consulBin, []string{"agent", "-dev", "-config-file=" + path}, filepath.Join(s.Dir, "consul.log"))
+	if err != nil {
+		return err
+	}
+	cfg := consulapi.DefaultConfig()
+	cfg.Address = s.ConsulAddr
+	s.Consul, err = consulapi.NewClient(cfg)
+	if err != nil {
+		return fmt.Errorf("creating consul client: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	err = poll(ctx, 100*time.Millisecond, "consul leader", func() (bool, error) {
+		if s.consul.exited() {
+			return false, permanentError{errors.New("consul exited")}
+		}
+		leader, err := s.Consul.Status().Leader()
+		return err == nil && leader != "", err
+	})
+	if err != nil {
+		return fmt.Errorf("%w\nconsul log:\n%s", err, s.tail("consul.log"))
+	}
+	s.logf("testbed: consul ready at %s", s.ConsulAddr)
+	return nil
+}
+
+func (s *Stack) writeNomadConfig(opts Options) error {
+	ports, err := FreePorts(3)
+	if err != nil {
+		return err
+	}
+	http, rpc, serf := ports[0], ports[1], ports[2]
+	s.NomadAddr = fmt.Sprintf("http://127.0.0.1:%d", http)
+	llmConfig := opts.LLMPluginConfig
+	if llmConfig == "" {
+		llmConfig = fmt.Sprintf("binaries = { sim = %q }", s.Bin("oasis-sim"))
+	}
+	var plugins strings.Builder
+	if s.hasPlugin("nomad-driver-llm") {
+		fmt.Fprintf(&plugins, "plugin \"nomad-driver-llm\" {\n  config {\n    %s\n  }\n}\n", llmConfig)
+	}
+	if s.hasPlugin("nomad-device-gpu") {
+		plugins.WriteString("plugin \"nomad-device-gpu\" {\n  config {}\n}\n")
+	}
+	config := fmt.Sprintf(`name       = "oasis-testbed"
+data_dir   = %[1]q
+plugin_dir = %[2]q
+bind_addr  = "127.0.0.1"
+log_level  = "DEBUG"
+
+ports {
+  http = %[3]d
+  rpc  = %[4]d
+  serf = %[5]d
+}
+
+advertise {
+  http = "127.0.0.1:%[3]d"
+  rpc  = "127.0.0.1:%[4]d"
+  serf = "127.0.0.1:%[5]d"
+}
+
+server {
+  enabled          = true
+  bootstrap_expect = 1
+}
+
+client {
+  enabled           = true
+  servers           = ["127.0.0.1:%[4]d"]
+  network_interface = "lo"
+  cgroup_parent     = %[6]q
+  options = {
+    # AWS_CA_BUNDLE in this environment breaks the cloud fingerprinters (NOTES §3).
+    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
+  }
+}
+
+consul {
+  address = %[7]q
+}
+
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+
+%[8]s
+%[9]s
+`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.CgroupParent, s.ConsulAddr, plugins.String(), opts.NomadConfig)
+	s.nomadConfig = filepath.Join(s.Dir, "nomad.hcl")
+	if err := os.WriteFile(s.nomadConfig, []byte(config), 0o644); err != nil {
+		return fmt.Errorf("writing nomad config: %w", err)
+	}
+	cfg := nomadapi.DefaultConfig()
+	cfg.Address = s.NomadAddr
+	s.Nomad, err = nomadapi.NewClient(cfg)
+	if err != nil {
+		return fmt.Errorf("creating nomad client: %w", err)
+	}
+	return nil
+}
+
+func (s *Stack) startNomad(ctx context.Context, opts Options) error {
+	if err := s.writeNomadConfig(opts); err != nil {
+		return err
+	}
+	return s.launchNomad(ctx)
+}
+
+// launchNomad starts the agent on the existing configuration and data dir and waits for a
+// leader and a ready client node with a healthy raw_exec driver (and the llm driver detected,
+// when its plugin is installed).
+func (s *Stack) launchNomad(ctx context.Context) error {
+	var err error
+	s.nomad, err = startProcess(s.nomadBin, []string{"agent", "-config=" + s.nomadConfig}, filepath.Join(s.Dir, "nomad.log"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	err = poll(ctx, 200*time.Millisecond, "nomad client node ready", func() (bool, error) {
+		if s.nomad.exited() {
+			return false, permanentError{errors.New("nomad exited")}
+		}
+		// "keyring has not been initialized" and similar errors are transient right after start.
+		nodes, _, err := s.Nomad.Nodes().List(nil)
+		if err != nil {
+			return false, err
+		}
+		for _, n := range nodes {
+			if n.Status != "ready" {
+				continue
+			}
+			if d := n.Drivers["raw_exec"]; d == nil || !d.Healthy {
+				return false, nil
+			}
+			if s.hasPlugin("nomad-driver-llm") {
+				if d := n.Drivers["llm"]; d == nil || !d.Detected {
+					return false, nil
+				}
+			}
+			s.NodeID = n.ID
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w\nnomad log:\n%s", err, s.tail("nomad.log"))
+	}
+	s.logf("testbed: nomad ready at %s (node %s)", s.NomadAddr, s.NodeID)
+	return nil
+}
+
+// RestartNomad stops the Nomad agent and starts it again on the same data dir. Tasks keep
+// running across the restart (their executors are separate processes); the client recovers them.
+func (s *Stack) RestartNomad(ctx context.Context) error {
+	if err := stopProcess(s.nomad, 30*time.Second); err != nil {
+		return fmt.Errorf("stopping nomad: %w", err)
+	}
+	// Keep the first run's log for diagnosis.
+	if data, err := os.ReadFile(filepath.Join(s.Dir, "nomad.log")); err == nil {
+		f, ferr := os.OpenFile(filepath.Join(s.Dir, "nomad-previous.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if ferr == nil {
+			f.Write(data)
+			f.Close()
+		}
+	}
+	return s.launchNomad(ctx)
+}
+
+// NomadLog returns the last lines of the Nomad agent's log, for test failure messages.
+func (s *Stack) NomadLog() string { return s.tail("nomad.log") }
+
+// ConsulLog returns the last lines of the Consul agent's log.
+func (s *Stack) ConsulLog() string { return s.tail("consul.log") }
+
+func (s *Stack) tail(name string) string {
+	data, err := os.ReadFile(filepath.Join(s.Dir, name))
+	if err != nil {
+		return fmt.Sprintf("(no %s: %v)", name, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,207 @@
+package testbed
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+)
+
+// Close stops every job, the Nomad agent, any task or executor process the stack started, its
+// cgroups, the Consul agent, and removes Dir. It keeps going past errors and returns them all.
+// It is safe to call on a partially started stack.
+func (s *Stack) Close() error {
+	var errs []error
+	if s.nomad != nil && !s.nomad.exited() && s.Nomad != nil {
+		if err := s.stopAllJobs(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := stopProcess(s.nomad, 20*time.Second); err != nil {
+		errs = append(errs, fmt.Errorf("stopping nomad: %w", err))
+	}
+	// Consul goes after Nomad, which deregisters its services on the way out, and before the
+	// sweep below, which would otherwise find it by its command line.
+	if err := stopProcess(s.consul, 10*time.Second); err != nil {
+		errs = append(errs, fmt.Errorf("stopping consul: %w", err))
+	}
+	if err := s.killLeftovers(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.removeCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.unmountAll(); err != nil {
+		errs = append(errs, err)
+	}
+	if s.Dir != "" && os.Getenv("OASIS_TESTBED_KEEP") == "" {
+		if err := os.RemoveAll(s.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s: %w", s.Dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stopAllJobs deregisters and purges every job and waits (bounded) for their allocations to stop,
+// so tasks are ended by Nomad itself — honouring kill_timeout — before the agent goes away.
+func (s *Stack) stopAllJobs() error {
+	jobs, _, err := s.Nomad.Jobs().List(nil)
+	if err != nil {
+		return fmt.Errorf("listing jobs to stop: %w", err)
+	}
+	var allocIDs []string
+	for _, j := range jobs {
+		allocs, _, err := s.Nomad.Jobs().Allocations(j.ID, true, &nomadapi.QueryOptions{Namespace: j.Namespace})
+		if err == nil {
+			for _, a := range allocs {
+				allocIDs = append(allocIDs, a.ID)
+			}
+		}
+		if _, _, err := s.Nomad.Jobs().Deregister(j.ID, true, &nomadapi.WriteOptions{Namespace: j.Namespace}); err != nil {
+			return fmt.Errorf("stopping job %s: %w", j.ID, err)
+		}
+	}
+	return s.waitAllocsTerminal(allocIDs, 30*time.Second)
+}
+
+func (s *Stack) waitAllocsTerminal(ids []string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, id := range ids {
+		for {
+			a, _, err := s.Nomad.Allocations().Info(id, nil)
+			if err != nil || a.ClientTerminalStatus() {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("allocation %s still %s after %s", id, a.ClientStatus, timeout)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// killLeftovers SIGKILLs every process that belongs to this stack but outlived the agent: task
+// processes (working directory under Dir) and executors or plugins (command line naming Dir).
+func (s *Stack) killLeftovers() error {
+	if s.Dir == "" {
+		return nil
+	}
+	self := os.Getpid()
+	var errs []error
+	for range 3 {
+		pids := s.stackPIDs(self)
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("killing leftover process %d: %w", pid, err))
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if pids := s.stackPIDs(self); len(pids) > 0 {
+		errs = append(errs, fmt.Errorf("processes %v survived SIGKILL", pids))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Stack) stackPIDs(self int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	prefix := s.Dir + string(filepath.Separator)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && (cwd == s.Dir || strings.HasPrefix(cwd, prefix)) {
+			pids = append(pids, pid)
+			continue
+		}
+		if cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && bytes.Contains(cmdline, []byte(prefix)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// removeCgroups removes the client's cgroup tree, deepest first, from every hierarchy
+// (cgroups v1 controllers or the v2 unified tree).
+func (s *Stack) removeCgroups() error {
+	if s.CgroupParent == "" {
+		return nil
+	}
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.CgroupParent)
+	if v2 := filepath.Join("/sys/fs/cgroup", s.CgroupParent); isDir(v2) {
+		roots = append(roots, v2)
+	}
+	var errs []error
+	for _, root := range roots {
+		var dirs []string
+		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			var err error
+			for range 20 { // a cgroup is busy for a moment after its last process exits
+				if err = syscall.Rmdir(dirs[i]); err == nil || errors.Is(err, syscall.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", dirs[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountAll detaches any mount Nomad left under Dir (secrets tmpfs, alloc dir binds).
+func (s *Stack) unmountAll() error {
+	if s.Dir == "" {
+		return nil
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var mounts []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], s.Dir+string(filepath.Separator)) {
+			mounts = append(mounts, fields[4])
+		}
+	}
+	var errs []error
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := syscall.Unmount(mounts[i], syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", mounts[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}

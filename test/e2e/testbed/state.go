@@ -1,0 +1,99 @@
+package testbed
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	nomadapi "github.com/hashicorp/nomad/api"
+)
+
+// state is what a detached stack (`make up`) leaves on disk so another process (`make down`) can
+// stop it.
+type state struct {
+	Dir          string `json:"dir"`
+	BinDir       string `json:"bin_dir"`
+	PluginDir    string `json:"plugin_dir"`
+	ConsulAddr   string `json:"consul_addr"`
+	NomadAddr    string `json:"nomad_addr"`
+	NodeID       string `json:"node_id"`
+	CgroupParent string `json:"cgroup_parent"`
+	NomadPID     int    `json:"nomad_pid"`
+	ConsulPID    int    `json:"consul_pid"`
+}
+
+// Save writes what Load needs to find and stop this stack from another process.
+func (s *Stack) Save(path string) error {
+	st := state{
+		Dir: s.Dir, BinDir: s.BinDir, PluginDir: s.PluginDir, ConsulAddr: s.ConsulAddr,
+		NomadAddr: s.NomadAddr, NodeID: s.NodeID, CgroupParent: s.CgroupParent,
+	}
+	if s.nomad != nil {
+		st.NomadPID = s.nomad.pid
+	}
+	if s.consul != nil {
+		st.ConsulPID = s.consul.pid
+	}
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding stack state: %w", err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return fmt.Errorf("writing stack state: %w", err)
+	}
+	return nil
+}
+
+// Load reattaches to a stack saved by Save, for Close.
+func Load(path string) (*Stack, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading stack state: %w", err)
+	}
+	var st state
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("decoding stack state %s: %w", path, err)
+	}
+	if st.Dir == "" {
+		return nil, errors.New("stack state names no directory")
+	}
+	s := &Stack{
+		Dir: st.Dir, BinDir: st.BinDir, PluginDir: st.PluginDir, ConsulAddr: st.ConsulAddr,
+		NomadAddr: st.NomadAddr, NodeID: st.NodeID, CgroupParent: st.CgroupParent,
+		nomad: adopt(st.NomadPID), consul: adopt(st.ConsulPID), logf: func(string, ...any) {},
+	}
+	ccfg := consulapi.DefaultConfig()
+	ccfg.Address = s.ConsulAddr
+	if s.Consul, err = consulapi.NewClient(ccfg); err != nil {
+		return nil, fmt.Errorf("creating consul client: %w", err)
+	}
+	ncfg := nomadapi.DefaultConfig()
+	ncfg.Address = s.NomadAddr
+	if s.Nomad, err = nomadapi.NewClient(ncfg); err != nil {
+		return nil, fmt.Errorf("creating nomad client: %w", err)
+	}
+	return s, nil
+}
+
+// adopt wraps a process this program did not start; its exit is noticed by polling.
+func adopt(pid int) *process {
+	if pid <= 0 {
+		return nil
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		return nil
+	}
+	p := &process{pid: pid, proc: proc, done: make(chan struct{})}
+	go func() {
+		for syscall.Kill(pid, 0) == nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+		close(p.done)
+	}()
+	return p
+}

@@ -1,0 +1,327 @@
+// Package testbed runs a real Consul dev agent and a real Nomad agent (server and client in one
+// process) on free loopback ports, with the freshly built Oasis plugins loaded, for end-to-end
+// tests. One stack serves a whole test package (see Main); Close leaves no process, data
+// directory or cgroup behind.
+//
+// The binaries come from `make hashistack` (bin/nomad, bin/consul at the repository root) or from
+// OASIS_NOMAD_BIN / OASIS_CONSUL_BIN.
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	nomadapi "github.com/hashicorp/nomad/api"
+)
+
+// Options tunes a stack. The zero value is a complete stack.
+type Options struct {
+	// NomadConfig is extra agent HCL appended to the generated configuration.
+	NomadConfig string
+	// LLMPluginConfig replaces the body of the llm driver's plugin config block. Empty means
+	// `binaries = { sim = "<BinDir>/oasis-sim" }`.
+	LLMPluginConfig string
+	// Dir, when set, is where the stack lives (created if missing, must be empty); otherwise a
+	// new temporary directory. `make up` keeps its stack under the checkout's .oasis/.
+	Dir string
+	// Logf receives progress lines (testing.T.Logf or log.Printf). Nil is silent.
+	Logf func(format string, args ...any)
+}
+
+// Stack is one running Consul + Nomad pair.
+type Stack struct {
+	// Dir holds everything the stack writes: agent configs, logs, data, built binaries.
+	Dir string
+	// BinDir holds the Oasis binaries built from ./cmd/... for this stack.
+	BinDir string
+	// PluginDir is Nomad's plugin_dir: the Oasis plugin binaries.
+	PluginDir string
+	// ConsulAddr is Consul's HTTP address, host:port.
+	ConsulAddr string
+	// NomadAddr is Nomad's HTTP address as a URL.
+	NomadAddr string
+	Consul    *consulapi.Client
+	Nomad     *nomadapi.Client
+	// NodeID is the id of the stack's single Nomad client node.
+	NodeID string
+	// CgroupParent is the client's cgroup parent, unique to this stack so stacks never share
+	// (or clean up) each other's cgroups.
+	CgroupParent string
+
+	root        string
+	nomadBin    string
+	consulBin   string
+	nomadConfig string
+	consul      *process
+	nomad       *process
+	logf        func(string, ...any)
+}
+
+// Start builds the Oasis binaries, starts Consul and Nomad, and waits until Nomad has a leader
+// and its client node is ready. On error everything already started is torn down.
+func Start(ctx context.Context, opts Options) (s *Stack, err error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	nomadBin, err := hashiBinary(root, "nomad", "OASIS_NOMAD_BIN")
+	if err != nil {
+		return nil, err
+	}
+	consulBin, err := hashiBinary(root, "consul", "OASIS_CONSUL_BIN")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := stackDir(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	// Tasks and executors may run as other users; the tree must be traversable.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("opening stack directory: %w", err)
+	}
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	s = &Stack{
+		Dir:          dir,
+		BinDir:       filepath.Join(dir, "bin"),
+		PluginDir:    filepath.Join(dir, "plugins"),
+		CgroupParent: fmt.Sprintf("oasis-testbed-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6),
+		root:         root,
+		nomadBin:     nomadBin,
+		consulBin:    consulBin,
+		logf:         logf,
+	}
+	defer func() {
+		if err != nil {
+			if cerr := s.Close(); cerr != nil {
+				logf("testbed: cleanup after failed start: %v", cerr)
+			}
+			s = nil
+		}
+	}()
+
+	if err := s.buildOasis(ctx); err != nil {
+		return s, err
+	}
+	if err := s.startConsul(ctx); err != nil {
+		return s, err
+	}
+	if err := s.startNomad(ctx, opts); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+func stackDir(dir string) (string, error) {
+	if dir == "" {
+		dir, err := os.MkdirTemp("", "oasis-testbed-")
+		if err != nil {
+			return "", fmt.Errorf("creating stack directory: %w", err)
+		}
+		return dir, nil
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("resolving stack directory: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("creating stack directory: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("reading stack directory: %w", err)
+	}
+	if len(entries) > 0 {
+		return "", fmt.Errorf("stack directory %s is not empty (is a stack already up? `make down` stops it)", dir)
+	}
+	return dir, nil
+}
+
+// Bin returns the path of an Oasis binary built for this stack (for example "oasis-sim").
+func (s *Stack) Bin(name string) string { return filepath.Join(s.BinDir, name) }
+
+// RepoRoot finds the repository root: the nearest directory above the working directory whose
+// go.mod declares the Oasis module.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("finding repository root: %w", err)
+	}
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.HasPrefix(string(data), "module github.com/oasis-llm/oasis\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("finding repository root: no go.mod of github.com/oasis-llm/oasis above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func hashiBinary(root, name, env string) (string, error) {
+	path := os.Getenv(env)
+	if path == "" {
+		path = filepath.Join(root, "bin", name)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s binary not found at %s (run `make hashistack`, or set %s): %w", name, path, env, err)
+	}
+	return path, nil
+}
+
+// buildOasis builds every command under ./cmd into BinDir and copies the Nomad plugins into
+// PluginDir, so the agent always loads the code under test.
+func (s *Stack) buildOasis(ctx context.Context) error {
+	if err := os.MkdirAll(s.PluginDir, 0o755); err != nil {
+		return fmt.Errorf("creating plugin dir: %w", err)
+	}
+	if err := os.MkdirAll(s.BinDir, 0o755); err != nil {
+		return fmt.Errorf("creating bin dir: %w", err)
+	}
+	cmds, err := filepath.Glob(filepath.Join(s.root, "cmd", "*", "main.go"))
+	if err != nil || len(cmds) == 0 {
+		s.logf("testbed: no commands under cmd/ to build")
+		return nil
+	}
+	start := time.Now()
+	build := exec.CommandContext(ctx, "go", "build", "-o", s.BinDir+string(filepath.Separator), "./cmd/...")
+	build.Dir = s.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building Oasis commands: %w\n%s", err, out)
+	}
+	s.logf("testbed: built Oasis commands in %s", time.Since(start).Round(time.Millisecond))
+	for _, plugin := range []string{"nomad-driver-llm", "nomad-device-gpu"} {
+		src := s.Bin(plugin)
+		if _, err := os.Stat(src); err != nil {
+			continue
+		}
+		if err := copyFile(src, filepath.Join(s.PluginDir, plugin)); err != nil {
+			return fmt.Errorf("installing plugin %s: %w", plugin, err)
+		}
+	}
+	return nil
+}
+
+func (s *Stack) hasPlugin(name string) bool {
+	_, err := os.Stat(filepath.Join(s.PluginDir, name))
+	return err == nil
+}
+
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o755)
+}
+
+// process is an agent the stack started; done closes when it has exited.
+type process struct {
+	pid  int
+	proc *os.Process
+	done chan struct{}
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// startProcess runs an agent in its own process group with its output in logPath.
+func startProcess(bin string, args []string, logPath string) (*process, error) {
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("creating %s: %w", logPath, err)
+	}
+	// The child holds its own copy of the descriptor.
+	defer logFile.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// AWS_CA_BUNDLE makes Nomad's cloud fingerprinters fail at start (NOTES §3); the agents have
+	// no use for it.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "AWS_CA_BUNDLE=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", filepath.Base(bin), err)
+	}
+	p := &process{pid: cmd.Process.Pid, proc: cmd.Process, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stopProcess interrupts an agent and kills its process group if it has not exited within grace.
+func stopProcess(p *process, grace time.Duration) error {
+	if p == nil || p.exited() {
+		return nil
+	}
+	_ = p.proc.Signal(syscall.SIGINT)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("process %d did not exit after SIGKILL", p.pid)
+	}
+}
+
+// permanentError ends a poll at once: waiting longer cannot change the outcome.
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
+
+// poll calls check every interval until it reports done, returns a permanentError, or ctx ends.
+// Other errors are treated as transient and reported only if the wait times out.
+func poll(ctx context.Context, interval time.Duration, what string, check func() (bool, error)) error {
+	var last error
+	for {
+		ok, err := check()
+		if err == nil && ok {
+			return nil
+		}
+		var perm permanentError
+		if errors.As(err, &perm) {
+			return fmt.Errorf("waiting for %s: %w", what, perm.error)
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), last)
+			}
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case <-time.After(interval):
+		}
+	}
+}
