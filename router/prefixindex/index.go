@@ -116,14 +116,23 @@ const (
 // node is one (block, worker) entry. 32 bytes.
 type node struct {
 	digest uint64
-	stamp  int64  // last store, in the caller's clock (ns)
 	prev   uint32 // LRU list of the worker: towards most recent
 	next   uint32 // towards least recent; free-list link when free
 	holder uint32 // next node holding the same digest
+	stamp  uint32 // last store, caller's clock in ms (wraps; compared by difference)
+	wide   uint32 // on a digest's first holder: its holder bitsets, or 0
 	slot   uint16 // worker slot
 	tiers  Tier
 	_      uint8
 }
+
+// A digest held by many workers (a shared system prompt) would make Match walk
+// a long holder chain at every request. Past wideAt holders the first holder
+// also points at a "wide" record: one bitset of worker slots per tier, so
+// Match handles such a position with a few word operations.
+const wideAt = 4
+
+func msOf(ns int64) uint32 { return uint32(ns / 1e6) }
 
 type worker struct {
 	id       string
@@ -147,6 +156,13 @@ type Index struct {
 	shift   uint8 // 64 - log2(len(table))
 	digests int   // live distinct digests (table occupancy)
 
+	// Wide records: record r's tier t bitset is
+	// wide[(r*numTiers+t)*words : ...+words]. Record 0 is unused.
+	wide      []uint64
+	words     int // uint64 words per bitset
+	wideFree  []uint32
+	wideCount uint32 // records ever allocated, including 0
+
 	byID    map[string]*worker
 	bySlot  []*worker // index = slot; nil for a free slot
 	scratch sync.Pool // *matchScratch
@@ -162,6 +178,9 @@ func New(cfg Config) *Index {
 		byID: make(map[string]*worker),
 		hwm:  1, // index 0 is nilNode
 	}
+	ix.words = 1
+	ix.wide = make([]uint64, numTiers*ix.words)
+	ix.wideCount = 1
 	ix.initTable(1 << 10)
 	return ix
 }
@@ -287,6 +306,9 @@ func (ix *Index) AddWorker(id string, capacity int) error {
 		slot = len(ix.bySlot)
 		ix.bySlot = append(ix.bySlot, nil)
 	}
+	if slot >= ix.words*64 {
+		ix.growWords(slot/64 + 1)
+	}
 	w := &worker{id: id, slot: uint16(slot), capacity: capacity}
 	ix.bySlot[slot] = w
 	ix.byID[id] = w
@@ -349,21 +371,28 @@ func (ix *Index) Store(id string, tier Tier, digests []uint64, now int64) error 
 }
 
 func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
+	stamp := msOf(now)
 	s, found := ix.lookup(d)
+	holders := 0
 	if found {
-		for i := ix.table[s]; i != nilNode; {
+		first := ix.table[s]
+		for i := first; i != nilNode; {
 			n := ix.node(i)
 			if n.slot == w.slot {
 				n.tiers |= tier
-				n.stamp = now
+				n.stamp = stamp
 				ix.touch(w, i)
+				if r := ix.node(first).wide; r != 0 {
+					ix.setWide(r, w.slot, n.tiers)
+				}
 				return
 			}
+			holders++
 			i = n.holder
 		}
 	}
-	// New (block, worker) entry: make room first so the slab and table do
-	// not move under the slot we looked up.
+	// New (block, worker) entry: make room first, then look the slot up again,
+	// since eviction and growth move table slots.
 	if w.count >= w.capacity {
 		ix.unlink(w, w.tail)
 		s, found = ix.lookup(d)
@@ -374,12 +403,18 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 	}
 	i := ix.alloc()
 	n := ix.node(i)
-	n.digest, n.stamp, n.slot, n.tiers = d, now, w.slot, tier
+	n.digest, n.stamp, n.slot, n.tiers = d, stamp, w.slot, tier
 	if found {
 		// Chain behind the first holder: keeps the table slot unchanged.
-		first := ix.node(ix.table[s])
+		firstIdx := ix.table[s]
+		first := ix.node(firstIdx)
 		n.holder = first.holder
 		first.holder = i
+		if first.wide != 0 {
+			ix.setWide(first.wide, w.slot, tier)
+		} else if holders+1 >= wideAt {
+			first.wide = ix.allocWide(firstIdx)
+		}
 	} else {
 		ix.table[s] = i
 		ix.digests++
@@ -387,6 +422,57 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 	ix.pushFront(w, i)
 	w.count++
 	ix.used++
+}
+
+// setWide makes slot's bits in wide record r equal to tiers.
+func (ix *Index) setWide(r uint32, slot uint16, tiers Tier) {
+	word, bit := int(slot)/64, uint64(1)<<(slot%64)
+	base := int(r) * numTiers * ix.words
+	for t := 0; t < numTiers; t++ {
+		p := &ix.wide[base+t*ix.words+word]
+		if tiers&(1<<t) != 0 {
+			*p |= bit
+		} else {
+			*p &^= bit
+		}
+	}
+}
+
+// allocWide creates a wide record for the holder chain starting at first.
+func (ix *Index) allocWide(first uint32) uint32 {
+	var r uint32
+	if k := len(ix.wideFree); k > 0 {
+		r = ix.wideFree[k-1]
+		ix.wideFree = ix.wideFree[:k-1]
+	} else {
+		r = ix.wideCount
+		ix.wideCount++
+		ix.wide = append(ix.wide, make([]uint64, numTiers*ix.words)...)
+	}
+	for i := first; i != nilNode; {
+		n := ix.node(i)
+		ix.setWide(r, n.slot, n.tiers)
+		i = n.holder
+	}
+	return r
+}
+
+func (ix *Index) freeWide(r uint32) {
+	base := int(r) * numTiers * ix.words
+	clear(ix.wide[base : base+numTiers*ix.words])
+	ix.wideFree = append(ix.wideFree, r)
+}
+
+// growWords widens every wide record's bitsets to hold words*64 slots.
+func (ix *Index) growWords(words int) {
+	old, ow := ix.wide, ix.words
+	ix.wide = make([]uint64, int(ix.wideCount)*numTiers*words)
+	for r := 0; r < int(ix.wideCount); r++ {
+		for t := 0; t < numTiers; t++ {
+			copy(ix.wide[(r*numTiers+t)*words:], old[(r*numTiers+t)*ow:(r*numTiers+t+1)*ow])
+		}
+	}
+	ix.words = words
 }
 
 // Remove records that worker id no longer holds the digests in the given
@@ -407,12 +493,15 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64) error {
 		if !found {
 			continue
 		}
-		for i := ix.table[s]; i != nilNode; {
+		first := ix.table[s]
+		for i := first; i != nilNode; {
 			n := ix.node(i)
 			if n.slot == w.slot {
 				n.tiers &^= tier
 				if n.tiers == 0 {
 					ix.unlink(w, i)
+				} else if r := ix.node(first).wide; r != 0 {
+					ix.setWide(r, w.slot, n.tiers)
 				}
 				break
 			}
@@ -443,7 +532,8 @@ func (ix *Index) expire(w *worker, now int64) int {
 		return 0
 	}
 	n := 0
-	for w.tail != nilNode && now-ix.node(w.tail).stamp > ix.cfg.TTL {
+	ttl, stamp := uint32(ix.cfg.TTL/1e6), msOf(now)
+	for w.tail != nilNode && stamp-ix.node(w.tail).stamp > ttl {
 		ix.unlink(w, w.tail)
 		n++
 	}
@@ -457,10 +547,17 @@ func (ix *Index) unlink(w *worker, i uint32) {
 	s, found := ix.lookup(n.digest)
 	if found {
 		first := ix.table[s]
+		if r := ix.node(first).wide; r != 0 {
+			ix.setWide(r, n.slot, 0)
+		}
 		if first == i {
 			if n.holder != nilNode {
+				ix.node(n.holder).wide = n.wide
 				ix.table[s] = n.holder
 			} else {
+				if n.wide != 0 {
+					ix.freeWide(n.wide)
+				}
 				ix.deleteSlot(s)
 			}
 		} else {
@@ -532,14 +629,17 @@ type Match struct {
 
 type matchScratch struct {
 	matched []int32
-	weight  []float32
-	gpu     []int32
+	devW    []float32 // per worker: tier weight minus GPU weight, summed over non-GPU-only positions
+	devGPU  []int32   // per worker: matched positions not held in GPU
+	live    []uint64  // bitset: workers holding every position so far
+	ext     []uint64  // bitset: live workers holding the current position
 }
 
 // Match appends to out, for every worker holding at least the request's first
 // block, its longest held prefix. digests are the request's chained block
-// digests in order. now is the caller's clock (only used with a TTL).
-func (ix *Index) Match(digests []uint64, weights TierWeights, now int64, out []Match) []Match {
+// digests in order. With a TTL, expired entries are dropped by the sweeps in
+// Store and Expire, not here.
+func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Match {
 	if len(digests) == 0 {
 		return out
 	}
@@ -552,41 +652,111 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, now int64, out []M
 
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	nslots := len(ix.bySlot)
+	nslots, words := len(ix.bySlot), ix.words
 	if cap(sc.matched) < nslots {
 		sc.matched = make([]int32, nslots)
-		sc.weight = make([]float32, nslots)
-		sc.gpu = make([]int32, nslots)
+		sc.devW = make([]float32, nslots)
+		sc.devGPU = make([]int32, nslots)
 	}
-	matched, weight, gpu := sc.matched[:nslots], sc.weight[:nslots], sc.gpu[:nslots]
+	if cap(sc.live) < words {
+		sc.live = make([]uint64, words)
+		sc.ext = make([]uint64, words)
+	}
+	matched, devW, devGPU := sc.matched[:nslots], sc.devW[:nslots], sc.devGPU[:nslots]
+	live, ext := sc.live[:words], sc.ext[:words]
 	clear(matched)
-	clear(weight)
-	clear(gpu)
-	ttl := ix.cfg.TTL
-	// A worker extends its prefix at position pos only if it matched every
+	clear(devW)
+	clear(devGPU)
+	wGPU := wt[TierGPU]
+
+	// A worker extends its prefix at position pos only if it held every
 	// position before: that is what makes the match a prefix, and what keeps
-	// a block held at another position from counting.
+	// a block held at another position from counting. live is the set of
+	// workers still extending.
+	end := 0
 	for pos, d := range digests {
 		s, found := ix.lookup(d)
 		if !found {
 			break
 		}
+		clear(ext)
 		extended := false
-		for i := ix.table[s]; i != nilNode; {
-			n := ix.node(i)
-			i = n.holder
-			if matched[n.slot] != int32(pos) || (ttl > 0 && now-n.stamp > ttl) {
-				continue
+		first := ix.node(ix.table[s])
+		if r := first.wide; r != 0 {
+			base := int(r) * numTiers * words
+			gpu := ix.wide[base : base+words]
+			cpu := ix.wide[base+words : base+2*words]
+			disk := ix.wide[base+2*words : base+3*words]
+			peer := ix.wide[base+3*words : base+4*words]
+			for k := 0; k < words; k++ {
+				held := gpu[k] | cpu[k] | disk[k] | peer[k]
+				if pos > 0 {
+					held &= live[k]
+				}
+				ext[k] = held
+				extended = extended || held != 0
+				// Positions held other than in GPU alone adjust the weights.
+				for dev := held &^ (gpu[k] &^ (cpu[k] | disk[k] | peer[k])); dev != 0; dev &= dev - 1 {
+					b := bits.TrailingZeros64(dev)
+					slot := k*64 + b
+					bit := uint64(1) << b
+					var tiers Tier
+					if gpu[k]&bit != 0 {
+						tiers |= TierGPU
+					}
+					if cpu[k]&bit != 0 {
+						tiers |= TierCPU
+					}
+					if disk[k]&bit != 0 {
+						tiers |= TierDisk
+					}
+					if peer[k]&bit != 0 {
+						tiers |= TierPeer
+					}
+					devW[slot] += wt[tiers] - wGPU
+					if tiers&TierGPU == 0 {
+						devGPU[slot]++
+					}
+				}
 			}
-			matched[n.slot] = int32(pos + 1)
-			weight[n.slot] += wt[n.tiers&allTiers]
-			if n.tiers&TierGPU != 0 {
-				gpu[n.slot]++
+		} else {
+			for i := ix.table[s]; i != nilNode; {
+				n := ix.node(i)
+				i = n.holder
+				word, bit := n.slot/64, uint64(1)<<(n.slot%64)
+				if pos > 0 && live[word]&bit == 0 {
+					continue
+				}
+				ext[word] |= bit
+				extended = true
+				if n.tiers != TierGPU {
+					devW[n.slot] += wt[n.tiers&allTiers] - wGPU
+					if n.tiers&TierGPU == 0 {
+						devGPU[n.slot]++
+					}
+				}
 			}
-			extended = true
 		}
 		if !extended {
 			break
+		}
+		// Workers that were live and did not extend end their prefix here.
+		if pos > 0 {
+			for k := 0; k < words; k++ {
+				for gone := live[k] &^ ext[k]; gone != 0; gone &= gone - 1 {
+					matched[k*64+bits.TrailingZeros64(gone)] = int32(pos)
+				}
+			}
+		}
+		copy(live, ext)
+		end = pos + 1
+	}
+	if end == 0 {
+		return out
+	}
+	for k := 0; k < words; k++ {
+		for l := live[k]; l != 0; l &= l - 1 {
+			matched[k*64+bits.TrailingZeros64(l)] = int32(end)
 		}
 	}
 	for slot, m := range matched {
@@ -596,8 +766,8 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, now int64, out []M
 		out = append(out, Match{
 			Worker:    ix.bySlot[slot].id,
 			Blocks:    int(m),
-			Weighted:  float64(weight[slot]),
-			GPUBlocks: int(gpu[slot]),
+			Weighted:  float64(m)*float64(wGPU) + float64(devW[slot]),
+			GPUBlocks: int(m - devGPU[slot]),
 		})
 	}
 	return out
@@ -618,7 +788,7 @@ func (ix *Index) Stats() Stats {
 	defer ix.mu.RUnlock()
 	const nodeBytes = 32
 	b := int64(len(ix.chunks))*chunkSize*nodeBytes + int64(len(ix.table))*4
-	b += int64(len(ix.bySlot)) * (8 + 64)
+	b += int64(len(ix.wide))*8 + int64(len(ix.bySlot))*(8+64)
 	return Stats{Workers: len(ix.byID), Entries: ix.used, Digests: ix.digests, Bytes: b}
 }
 

@@ -1,0 +1,327 @@
+package prefixindex
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+func matchesByWorker(ms []Match) map[string]Match {
+	out := make(map[string]Match, len(ms))
+	for _, m := range ms {
+		out[m.Worker] = m
+	}
+	return out
+}
+
+func newIndex(t *testing.T, cfg Config, workers ...string) *Index {
+	t.Helper()
+	ix := New(cfg)
+	for _, w := range workers {
+		must.NoError(t, ix.AddWorker(w, 0))
+	}
+	return ix
+}
+
+func TestMatchLongestPrefixPerWorker(t *testing.T) {
+	ix := newIndex(t, Config{}, "a", "b", "c")
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1, 2, 3, 4}, 0))
+	must.NoError(t, ix.Store("b", TierGPU, []uint64{1, 2}, 0))
+	must.NoError(t, ix.Store("c", TierGPU, []uint64{9}, 0))
+
+	cases := []struct {
+		name    string
+		request []uint64
+		want    map[string]int
+	}{
+		{"full on a", []uint64{1, 2, 3, 4, 5}, map[string]int{"a": 4, "b": 2}},
+		{"short request", []uint64{1}, map[string]int{"a": 1, "b": 1}},
+		{"no first block", []uint64{7, 2, 3}, map[string]int{}},
+		{"other prefix", []uint64{9, 10}, map[string]int{"c": 1}},
+		{"empty", nil, map[string]int{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := matchesByWorker(ix.Match(tc.request, DefaultTierWeights(), nil))
+			must.MapLen(t, len(tc.want), got)
+			for w, blocks := range tc.want {
+				must.Eq(t, blocks, got[w].Blocks, must.Sprintf("worker %s", w))
+				must.Eq(t, float64(blocks), got[w].Weighted)
+				must.Eq(t, blocks, got[w].GPUBlocks)
+			}
+		})
+	}
+}
+
+// A worker holding a later block but missing an earlier one matches only up
+// to the gap: a block counts only at a position the worker holds a prefix to.
+func TestMatchStopsAtGap(t *testing.T) {
+	ix := newIndex(t, Config{}, "a", "b")
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1, 3, 4}, 0)) // lacks 2
+	must.NoError(t, ix.Store("b", TierGPU, []uint64{2, 3, 4}, 0)) // lacks 1
+	got := matchesByWorker(ix.Match([]uint64{1, 2, 3, 4}, DefaultTierWeights(), nil))
+	must.MapLen(t, 1, got)
+	must.Eq(t, 1, got["a"].Blocks)
+}
+
+func TestMatchTierWeights(t *testing.T) {
+	ix := newIndex(t, Config{}, "a")
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1}, 0))
+	must.NoError(t, ix.Store("a", TierCPU, []uint64{1, 2}, 0))
+	must.NoError(t, ix.Store("a", TierDisk, []uint64{3}, 0))
+	must.NoError(t, ix.Store("a", TierPeer, []uint64{4}, 0))
+	w := TierWeights{GPU: 1, CPU: 0.75, Disk: 0.25, Peer: 0.5}
+	m := ix.Match([]uint64{1, 2, 3, 4}, w, nil)
+	must.SliceLen(t, 1, m)
+	must.Eq(t, 4, m[0].Blocks)
+	must.Eq(t, 1, m[0].GPUBlocks)
+	must.Eq(t, 1+0.75+0.25+0.5, m[0].Weighted)
+	must.Eq(t, TierGPU|TierCPU, ix.Holds("a", 1))
+
+	// Dropping the GPU copy leaves the CPU copy.
+	must.NoError(t, ix.Remove("a", TierGPU, []uint64{1}))
+	must.Eq(t, TierCPU, ix.Holds("a", 1))
+	m = ix.Match([]uint64{1, 2}, w, nil)
+	must.Eq(t, 1.5, m[0].Weighted)
+	must.Eq(t, 0, m[0].GPUBlocks)
+	// Removing all tiers drops the entry.
+	must.NoError(t, ix.Remove("a", 0, []uint64{1}))
+	must.Eq(t, 0, ix.Holds("a", 1))
+	must.SliceLen(t, 0, ix.Match([]uint64{1, 2}, w, nil))
+}
+
+func TestCapacityEvictsLeastRecentlyStored(t *testing.T) {
+	ix := New(Config{})
+	must.NoError(t, ix.AddWorker("a", 3))
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1, 2, 3}, 0))
+	// Refresh 1: now 2 is the least recent.
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1}, 1))
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{4}, 2))
+	must.Eq(t, 3, ix.WorkerEntries("a"))
+	must.Eq(t, 0, ix.Holds("a", 2))
+	for _, d := range []uint64{1, 3, 4} {
+		must.Eq(t, TierGPU, ix.Holds("a", d))
+	}
+	// Shrinking capacity evicts down to it, oldest first.
+	must.NoError(t, ix.AddWorker("a", 1))
+	must.Eq(t, 1, ix.WorkerEntries("a"))
+	must.Eq(t, TierGPU, ix.Holds("a", 4))
+}
+
+func TestClearAndRemoveWorker(t *testing.T) {
+	ix := newIndex(t, Config{}, "a", "b")
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1, 2, 3}, 0))
+	must.NoError(t, ix.Store("b", TierGPU, []uint64{1, 2}, 0))
+	n, err := ix.ClearWorker("a")
+	must.NoError(t, err)
+	must.Eq(t, 3, n)
+	got := matchesByWorker(ix.Match([]uint64{1, 2, 3}, DefaultTierWeights(), nil))
+	must.MapLen(t, 1, got)
+	must.Eq(t, 2, got["b"].Blocks)
+	// Still registered: it can store again.
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1}, 0))
+
+	must.Eq(t, 2, ix.RemoveWorker("b"))
+	must.ErrorIs(t, ix.Store("b", TierGPU, []uint64{1}, 0), ErrUnknownWorker)
+	_, err = ix.ClearWorker("b")
+	must.ErrorIs(t, err, ErrUnknownWorker)
+	// A new worker reuses b's slot and sees none of b's entries.
+	must.NoError(t, ix.AddWorker("c", 0))
+	got = matchesByWorker(ix.Match([]uint64{1, 2}, DefaultTierWeights(), nil))
+	must.MapLen(t, 1, got)
+	must.Eq(t, 1, got["a"].Blocks)
+	st := ix.Stats()
+	must.Eq(t, 1, st.Entries)
+	must.Eq(t, 1, st.Digests)
+	must.Eq(t, 2, st.Workers)
+}
+
+func TestTTLExpires(t *testing.T) {
+	const ms = int64(1e6)
+	ix := newIndex(t, Config{TTL: 100 * ms}, "a", "b")
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{1, 2}, 0))
+	must.NoError(t, ix.Store("b", TierGPU, []uint64{1}, 50*ms))
+	must.Eq(t, 2, ix.Expire(120*ms))
+	must.Eq(t, 0, ix.WorkerEntries("a"))
+	got := matchesByWorker(ix.Match([]uint64{1, 2}, DefaultTierWeights(), nil))
+	must.MapLen(t, 1, got)
+	must.Eq(t, 1, got["b"].Blocks)
+	// A store refreshes the stamp.
+	must.NoError(t, ix.Store("b", TierGPU, []uint64{1}, 140*ms))
+	must.Eq(t, 0, ix.Expire(200*ms))
+	must.Eq(t, 1, ix.WorkerEntries("b"))
+	// A store sweeps the worker's expired entries.
+	must.NoError(t, ix.Store("b", TierGPU, []uint64{5}, 400*ms))
+	must.Eq(t, 1, ix.WorkerEntries("b"))
+	must.Eq(t, 0, ix.Holds("b", 1))
+}
+
+func TestInvalidTier(t *testing.T) {
+	ix := newIndex(t, Config{}, "a")
+	must.Error(t, ix.Store("a", 0, []uint64{1}, 0))
+	must.Error(t, ix.Store("a", Tier(0x80), []uint64{1}, 0))
+}
+
+// TestAgainstModel drives the index with random operations and compares every
+// answer with a plain map model, covering table growth, backward-shift
+// deletion and holder chains.
+func TestAgainstModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ix := New(Config{})
+	workers := []string{"w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7"}
+	weights := TierWeights{GPU: 1, CPU: 0.5, Disk: 0.25, Peer: 0.125}
+	wt := weights.table()
+	model := map[string]map[uint64]Tier{}
+	for _, w := range workers {
+		must.NoError(t, ix.AddWorker(w, 0))
+		model[w] = map[uint64]Tier{}
+	}
+	const keys = 3000
+	for step := 0; step < 60000; step++ {
+		w := workers[rng.IntN(len(workers))]
+		d := uint64(rng.IntN(keys))
+		if rng.IntN(2) == 0 {
+			d = uint64(rng.IntN(12)) // hot keys: many holders, wide records
+		}
+		tier := Tier(1 << rng.IntN(numTiers))
+		switch r := rng.IntN(100); {
+		case r < 55:
+			must.NoError(t, ix.Store(w, tier, []uint64{d}, 0))
+			model[w][d] |= tier
+		case r < 95:
+			must.NoError(t, ix.Remove(w, tier, []uint64{d}))
+			if model[w][d] &^= tier; model[w][d] == 0 {
+				delete(model[w], d)
+			}
+		case r < 96:
+			_, err := ix.ClearWorker(w)
+			must.NoError(t, err)
+			model[w] = map[uint64]Tier{}
+		case r < 98:
+			req := make([]uint64, 1+rng.IntN(6))
+			for i := range req {
+				req[i] = uint64(rng.IntN(12))
+			}
+			got := matchesByWorker(ix.Match(req, weights, nil))
+			for _, w := range workers {
+				blocks, weighted, gpu := 0, 0.0, 0
+				for _, k := range req {
+					tiers := model[w][k]
+					if tiers == 0 {
+						break
+					}
+					blocks++
+					weighted += float64(wt[tiers])
+					if tiers&TierGPU != 0 {
+						gpu++
+					}
+				}
+				m := got[w]
+				must.Eq(t, blocks, m.Blocks, must.Sprintf("step %d worker %s req %v", step, w, req))
+				must.Eq(t, gpu, m.GPUBlocks, must.Sprintf("step %d worker %s", step, w))
+				must.True(t, math.Abs(weighted-m.Weighted) < 1e-5, must.Sprintf("step %d worker %s weighted %v vs %v", step, w, weighted, m.Weighted))
+			}
+		default:
+			for i := 0; i < 5; i++ {
+				k := uint64(rng.IntN(keys))
+				for _, w := range workers {
+					must.Eq(t, model[w][k], ix.Holds(w, k), must.Sprintf("step %d worker %s key %d", step, w, k))
+				}
+			}
+		}
+	}
+	entries, digests := 0, map[uint64]bool{}
+	for _, w := range workers {
+		entries += len(model[w])
+		for k, tier := range model[w] {
+			must.Eq(t, tier, ix.Holds(w, k))
+			digests[k] = true
+		}
+		must.Eq(t, len(model[w]), ix.WorkerEntries(w))
+	}
+	st := ix.Stats()
+	must.Eq(t, entries, st.Entries)
+	must.Eq(t, len(digests), st.Digests)
+}
+
+// TestConcurrentMatchWhileApplying runs matches while a writer stores and
+// removes: every match must be a valid prefix of what some state held (the
+// full chain or nothing beyond it), never a torn answer. Run with -race.
+func TestConcurrentMatchWhileApplying(t *testing.T) {
+	ix := newIndex(t, Config{}, "a", "b")
+	chain := make([]uint64, 64)
+	for i := range chain {
+		chain[i] = uint64(1000 + i)
+	}
+	must.NoError(t, ix.Store("b", TierGPU, chain[:8], 0))
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 300; i++ {
+			_ = ix.Store("a", TierGPU, chain, int64(i))
+			_ = ix.Remove("a", 0, chain[32:])
+			_, _ = ix.ClearWorker("a")
+		}
+		close(stop)
+	}()
+	var bad []string
+	var mu sync.Mutex
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out []Match
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				out = ix.Match(chain, DefaultTierWeights(), out[:0])
+				for _, m := range out {
+					ok := (m.Worker == "a" && (m.Blocks == 64 || m.Blocks == 32)) || (m.Worker == "b" && m.Blocks == 8)
+					if !ok {
+						mu.Lock()
+						bad = append(bad, fmt.Sprintf("%+v", m))
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	must.SliceEmpty(t, bad)
+}
+
+func TestMatchManyWorkersSorted(t *testing.T) {
+	ix := New(Config{})
+	for i := 0; i < 300; i++ {
+		must.NoError(t, ix.AddWorker(fmt.Sprintf("w%03d", i), 0))
+		must.NoError(t, ix.Store(fmt.Sprintf("w%03d", i), TierGPU, []uint64{1, 2, 3}[:1+i%3], 0))
+	}
+	ms := ix.Match([]uint64{1, 2, 3}, DefaultTierWeights(), nil)
+	must.SliceLen(t, 300, ms)
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Worker < ms[j].Worker })
+	for i, m := range ms {
+		must.Eq(t, 1+i%3, m.Blocks)
+	}
+	must.True(t, slices.IsSortedFunc(ms, func(a, b Match) int { return cmpStr(a.Worker, b.Worker) }))
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
