@@ -80,6 +80,7 @@ func (s Signals) Load() float64 {
 type Live struct {
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
+	generated      atomic.Int64 // completion tokens from engine usage objects
 
 	mu sync.RWMutex
 	s  Signals // engine and power fields only
@@ -100,6 +101,12 @@ func (l *Live) Begin(tokens int64) (end func()) {
 		})
 	}
 }
+
+// AddGenerated counts completion tokens an engine reported in a usage object.
+func (l *Live) AddGenerated(n int64) { l.generated.Add(n) }
+
+// Generated returns the completion tokens counted by AddGenerated.
+func (l *Live) Generated() int64 { return l.generated.Load() }
 
 // SetEngine stores freshly scraped engine metrics.
 func (l *Live) SetEngine(running, waiting, kvUsage float64, at time.Time) {

@@ -1,0 +1,133 @@
+// Package admission caps concurrent requests per model, with a bounded queue
+// in front of the cap.
+package admission
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/policy"
+)
+
+// Refusal reasons.
+var (
+	ErrQueueFull    = errors.New("admission queue full")       // → 429
+	ErrQueueTimeout = errors.New("timed out waiting in queue") // → 503
+)
+
+// Controller admits requests per model under limits that may change at any
+// time (the policy document is reloaded live). The zero value is not usable;
+// call New.
+type Controller struct {
+	mu     sync.Mutex
+	models map[string]*gate
+}
+
+type gate struct {
+	inFlight int
+	waiters  []chan struct{} // FIFO; a closed channel means "you have a slot"
+}
+
+// New returns an empty controller.
+func New() *Controller { return &Controller{models: map[string]*gate{}} }
+
+// Acquire waits for an in-flight slot for model under lim. It returns a
+// release func on success. It fails at once with ErrQueueFull when the queue
+// is full, with ErrQueueTimeout after lim.QueueTimeout, or with ctx's error.
+func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limits) (release func(), err error) {
+	c.mu.Lock()
+	g := c.models[model]
+	if g == nil {
+		g = &gate{}
+		c.models[model] = g
+	}
+	c.fill(g, lim)
+	if lim.MaxInFlight <= 0 || (g.inFlight < lim.MaxInFlight && len(g.waiters) == 0) {
+		g.inFlight++
+		c.mu.Unlock()
+		return c.releaser(model, lim), nil
+	}
+	if len(g.waiters) >= lim.MaxQueue {
+		c.mu.Unlock()
+		return nil, ErrQueueFull
+	}
+	ch := make(chan struct{})
+	g.waiters = append(g.waiters, ch)
+	c.mu.Unlock()
+
+	var timeout <-chan time.Time
+	if lim.QueueTimeout > 0 {
+		t := time.NewTimer(lim.QueueTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ch:
+		return c.releaser(model, lim), nil
+	case <-timeout:
+		err = ErrQueueTimeout
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, w := range g.waiters {
+		if w == ch {
+			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
+			return nil, err
+		}
+	}
+	// Handed a slot while giving up: pass it on.
+	c.handOff(g, lim)
+	return nil, err
+}
+
+// Queued returns the number of requests waiting for model.
+func (c *Controller) Queued(model string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g := c.models[model]; g != nil {
+		return len(g.waiters)
+	}
+	return 0
+}
+
+// InFlight returns the admitted requests of model.
+func (c *Controller) InFlight(model string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g := c.models[model]; g != nil {
+		return g.inFlight
+	}
+	return 0
+}
+
+func (c *Controller) releaser(model string, lim policy.Limits) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.handOff(c.models[model], lim)
+		})
+	}
+}
+
+// handOff frees one slot and passes free slots to the oldest waiters.
+// Caller holds c.mu.
+func (c *Controller) handOff(g *gate, lim policy.Limits) {
+	g.inFlight--
+	c.fill(g, lim)
+}
+
+// fill admits waiters while there is room (limits may have grown since they
+// queued). Caller holds c.mu.
+func (c *Controller) fill(g *gate, lim policy.Limits) {
+	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < lim.MaxInFlight) {
+		g.inFlight++
+		close(g.waiters[0])
+		g.waiters = g.waiters[1:]
+	}
+}

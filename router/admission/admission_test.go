@@ -1,0 +1,121 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/router/policy"
+)
+
+func TestAcquire(t *testing.T) {
+	cases := []struct {
+		name     string
+		lim      policy.Limits
+		hold     int   // slots taken first
+		wantErr  error // for the next Acquire
+		wantWait bool
+	}{
+		{"unlimited", policy.Limits{}, 100, nil, false},
+		{"under cap", policy.Limits{MaxInFlight: 2, MaxQueue: 0}, 1, nil, false},
+		{"at cap, no queue", policy.Limits{MaxInFlight: 2, MaxQueue: 0}, 2, ErrQueueFull, false},
+		{"at cap, queue times out", policy.Limits{MaxInFlight: 1, MaxQueue: 1, QueueTimeout: 20 * time.Millisecond}, 1, ErrQueueTimeout, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New()
+			for range tc.hold {
+				_, err := c.Acquire(context.Background(), "m", tc.lim)
+				must.NoError(t, err)
+			}
+			start := time.Now()
+			_, err := c.Acquire(context.Background(), "m", tc.lim)
+			if tc.wantErr == nil {
+				must.NoError(t, err)
+			} else {
+				must.True(t, errors.Is(err, tc.wantErr), must.Sprintf("got %v", err))
+			}
+			if tc.wantWait {
+				must.GreaterEq(t, tc.lim.QueueTimeout, time.Since(start))
+			}
+			must.Eq(t, 0, c.Queued("m"))
+		})
+	}
+}
+
+func TestQueueFIFOHandOff(t *testing.T) {
+	c := New()
+	lim := policy.Limits{MaxInFlight: 1, MaxQueue: 2, QueueTimeout: time.Minute}
+	rel, err := c.Acquire(context.Background(), "m", lim)
+	must.NoError(t, err)
+	order := make(chan int, 2)
+	for i := range 2 {
+		go func() {
+			r, err := c.Acquire(context.Background(), "m", lim)
+			if err == nil {
+				order <- i
+				r()
+			}
+		}()
+		for c.Queued("m") != i+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Queue full now: a third is refused at once.
+	_, err = c.Acquire(context.Background(), "m", lim)
+	must.True(t, errors.Is(err, ErrQueueFull))
+	rel()
+	must.Eq(t, 0, <-order)
+	must.Eq(t, 1, <-order)
+	for c.InFlight("m") != 0 {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestCancelWhileQueued(t *testing.T) {
+	c := New()
+	lim := policy.Limits{MaxInFlight: 1, MaxQueue: 5, QueueTimeout: time.Minute}
+	rel, err := c.Acquire(context.Background(), "m", lim)
+	must.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { _, err := c.Acquire(ctx, "m", lim); done <- err }()
+	for c.Queued("m") != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	must.True(t, errors.Is(<-done, context.Canceled))
+	must.Eq(t, 0, c.Queued("m"))
+	rel()
+	must.Eq(t, 0, c.InFlight("m"))
+}
+
+func TestLimitsGrowAdmitsWaiters(t *testing.T) {
+	c := New()
+	small := policy.Limits{MaxInFlight: 1, MaxQueue: 5, QueueTimeout: time.Minute}
+	_, err := c.Acquire(context.Background(), "m", small)
+	must.NoError(t, err)
+	done := make(chan error)
+	go func() { _, err := c.Acquire(context.Background(), "m", small); done <- err }()
+	for c.Queued("m") != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	// A request under the larger (reloaded) limits admits the waiter too.
+	big := policy.Limits{MaxInFlight: 3, MaxQueue: 5, QueueTimeout: time.Minute}
+	_, err = c.Acquire(context.Background(), "m", big)
+	must.NoError(t, err)
+	must.NoError(t, <-done)
+	must.Eq(t, 3, c.InFlight("m"))
+}
+
+func TestModelsIndependent(t *testing.T) {
+	c := New()
+	lim := policy.Limits{MaxInFlight: 1}
+	_, err := c.Acquire(context.Background(), "a", lim)
+	must.NoError(t, err)
+	_, err = c.Acquire(context.Background(), "b", lim)
+	must.NoError(t, err)
+}

@@ -1,0 +1,177 @@
+// Package discovery maintains the router's pool of healthy engine instances
+// from Consul's health API or Nomad's native service discovery.
+package discovery
+
+import (
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// Service meta keys of the engine convention (ARCHITECTURE.md).
+const (
+	MetaModel       = "oasis_model"
+	MetaEngine      = "oasis_engine"
+	MetaRole        = "oasis_role"
+	MetaKVEvents    = "oasis_kv_events"
+	MetaMetricsPath = "oasis_metrics_path"
+	MetaBlockSize   = "oasis_block_size"
+	MetaNode        = "oasis_node"
+)
+
+// EngineService is the service name engines register as.
+const EngineService = "oasis-engine"
+
+// Instance is one healthy service instance as a source reports it.
+type Instance struct {
+	ID      string
+	Address string // host:port
+	Tags    []string
+	Meta    map[string]string
+}
+
+// Pool is the current set of healthy workers, grouped by model. Readers get
+// an immutable view; sources replace it whole.
+type Pool struct {
+	view atomic.Pointer[view]
+
+	mu     sync.Mutex               // serialises Set
+	live   map[string]*scoring.Live // by instance id; survives updates
+	known  map[string]struct{}      // every model ever seen, to tell 404 from 503
+	knownV atomic.Pointer[map[string]struct{}]
+	onSet  []func(workers []*scoring.Worker)
+}
+
+type view struct {
+	byModel map[string][]*scoring.Worker
+	all     []*scoring.Worker
+}
+
+// NewPool returns an empty pool.
+func NewPool() *Pool {
+	p := &Pool{live: map[string]*scoring.Live{}, known: map[string]struct{}{}}
+	p.view.Store(&view{byModel: map[string][]*scoring.Worker{}})
+	k := map[string]struct{}{}
+	p.knownV.Store(&k)
+	return p
+}
+
+// OnChange registers fn to be called (synchronously, under the pool's update
+// lock) with every new worker list. Register before any source runs.
+func (p *Pool) OnChange(fn func(workers []*scoring.Worker)) { p.onSet = append(p.onSet, fn) }
+
+// Workers returns the healthy workers serving model. The slice is shared: do not modify.
+func (p *Pool) Workers(model string) []*scoring.Worker { return p.view.Load().byModel[model] }
+
+// All returns every healthy worker.
+func (p *Pool) All() []*scoring.Worker { return p.view.Load().all }
+
+// Models returns the models with at least one healthy worker, sorted.
+func (p *Pool) Models() []string {
+	v := p.view.Load()
+	out := make([]string, 0, len(v.byModel))
+	for m := range v.byModel {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Known reports whether model has ever been served since the router started.
+func (p *Pool) Known(model string) bool {
+	_, ok := (*p.knownV.Load())[model]
+	return ok
+}
+
+// Set replaces the pool with instances. Instances without a model are ignored.
+func (p *Pool) Set(instances []Instance) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v := &view{byModel: map[string][]*scoring.Worker{}}
+	seen := make(map[string]struct{}, len(instances))
+	newKnown := false
+	for _, in := range instances {
+		w := workerOf(in)
+		if w.Model == "" || w.Address == "" {
+			continue
+		}
+		if _, dup := seen[w.ID]; dup {
+			continue
+		}
+		seen[w.ID] = struct{}{}
+		l, ok := p.live[w.ID]
+		if !ok {
+			l = scoring.NewLive()
+			p.live[w.ID] = l
+		}
+		w.Live = l
+		v.byModel[w.Model] = append(v.byModel[w.Model], w)
+		v.all = append(v.all, w)
+		if _, ok := p.known[w.Model]; !ok {
+			p.known[w.Model] = struct{}{}
+			newKnown = true
+		}
+	}
+	for id := range p.live {
+		if _, ok := seen[id]; !ok {
+			delete(p.live, id)
+		}
+	}
+	// Stable order so round_robin walks instances predictably.
+	for _, ws := range v.byModel {
+		slices.SortFunc(ws, func(a, b *scoring.Worker) int { return strings.Compare(a.ID, b.ID) })
+	}
+	if newKnown {
+		k := make(map[string]struct{}, len(p.known))
+		for m := range p.known {
+			k[m] = struct{}{}
+		}
+		p.knownV.Store(&k)
+	}
+	p.view.Store(v)
+	for _, fn := range p.onSet {
+		fn(v.all)
+	}
+}
+
+func workerOf(in Instance) *scoring.Worker {
+	meta := in.Meta
+	get := func(k string) string {
+		if v, ok := meta[k]; ok {
+			return v
+		}
+		// Tags "oasis_model=x" stand in for meta where a source has none.
+		for _, t := range in.Tags {
+			if v, ok := strings.CutPrefix(t, k+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	bs, _ := strconv.Atoi(get(MetaBlockSize))
+	mp := get(MetaMetricsPath)
+	if mp == "" {
+		mp = "/metrics"
+	}
+	role := get(MetaRole)
+	if role == "" {
+		role = "both"
+	}
+	return &scoring.Worker{
+		ID:               in.ID,
+		Model:            get(MetaModel),
+		Engine:           get(MetaEngine),
+		Role:             role,
+		Address:          in.Address,
+		Node:             get(MetaNode),
+		BlockSize:        bs,
+		KVEventsEndpoint: get(MetaKVEvents),
+		MetricsPath:      mp,
+		Tags:             in.Tags,
+	}
+}

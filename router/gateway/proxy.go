@@ -1,0 +1,330 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/admission"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// hopHeaders are connection-level headers a proxy must not forward (RFC 9110 §7.6.1).
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// proxy serves POST /v1/{chat/completions,completions,embeddings}.
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &outcome{g: g, start: start, status: http.StatusOK}
+	defer rec.done()
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			rec.fail(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+				"request body exceeds "+strconv.FormatInt(g.opts.MaxBodyBytes, 10)+" bytes", 0)
+			return
+		}
+		rec.status = 499
+		return
+	}
+	f, err := parseRequest(body)
+	if err != nil {
+		param := ""
+		if f.Model == "" {
+			param = "model"
+		}
+		rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", param, err.Error(), 0)
+		return
+	}
+	rec.model = f.Model
+
+	ctx := r.Context()
+	if v := r.Header.Get(DeadlineHeader); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms <= 0 {
+			rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_deadline", "",
+				DeadlineHeader+" must be a positive number of milliseconds", 0)
+			return
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		defer cancel()
+	}
+
+	if len(g.candidates(f.Model)) == 0 {
+		g.noWorker(w, rec, f.Model)
+		return
+	}
+	pol := g.opts.Policy.Current().For(f.Model)
+
+	release, err := g.opts.Admission.Acquire(ctx, f.Model, pol.Limits)
+	if err != nil {
+		switch {
+		case errors.Is(err, admission.ErrQueueFull):
+			g.m.AdmissionRefused.WithLabelValues(f.Model, "queue_full").Inc()
+			rec.fail(w, http.StatusTooManyRequests, "requests", "model_overloaded", "",
+				"too many requests queued for model "+strconv.Quote(f.Model), time.Second)
+		case errors.Is(err, admission.ErrQueueTimeout):
+			g.m.AdmissionRefused.WithLabelValues(f.Model, "queue_timeout").Inc()
+			rec.fail(w, http.StatusServiceUnavailable, "server_error", "queue_timeout", "",
+				"timed out waiting for capacity for model "+strconv.Quote(f.Model), time.Second)
+		default:
+			g.contextFailed(w, r, rec, "deadline expired while queued")
+		}
+		return
+	}
+	defer release()
+
+	req := &scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream,
+		EstimatedTokens: estimateTokens(len(body), f)}
+	if g.opts.Prepare != nil {
+		g.opts.Prepare(req)
+	}
+
+	reqID := r.Header.Get("X-Request-Id")
+	if reqID == "" {
+		reqID = newRequestID()
+	}
+	var tried []*scoring.Worker
+	for attempt := 0; attempt < 2; attempt++ {
+		cands := g.candidates(f.Model)
+		if len(tried) > 0 {
+			cands = slices.DeleteFunc(slices.Clone(cands), func(w *scoring.Worker) bool { return slices.Contains(tried, w) || sameID(tried, w) })
+		}
+		if len(cands) == 0 {
+			if attempt == 0 {
+				g.noWorker(w, rec, f.Model)
+			} else {
+				rec.fail(w, http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+					"the engine failed before responding and no other worker is available", 0)
+			}
+			return
+		}
+		t0 := time.Now()
+		d, err := g.opts.Selector.Pick(ctx, pol.Scoring, req, cands)
+		g.m.RoutingDecision.Observe(time.Since(t0).Seconds())
+		if err != nil {
+			g.log.Error("choosing worker failed", "model", f.Model, "error", err)
+			rec.fail(w, http.StatusInternalServerError, "server_error", "routing_failed", "", "choosing a worker failed", 0)
+			return
+		}
+		wk := d.Worker
+		tried = append(tried, wk)
+		rec.worker = wk.ID
+		retryable, err := g.forward(ctx, w, r, rec, wk, body, reqID, attempt == 0, f)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			g.contextFailed(w, r, rec, "deadline expired before the engine answered")
+			return
+		}
+		if !retryable {
+			if !rec.ttftDone {
+				rec.fail(w, http.StatusInternalServerError, "server_error", "internal_error", "", "building the upstream request failed", 0)
+			}
+			return
+		}
+		if attempt == 0 {
+			g.m.Retries.WithLabelValues(f.Model).Inc()
+			g.log.Warn("engine failed before the first byte; retrying on another worker",
+				"model", f.Model, "worker", wk.ID, "request_id", reqID, "error", err)
+			continue
+		}
+		rec.fail(w, http.StatusBadGateway, "server_error", "upstream_unavailable", "",
+			"the engine failed before responding: "+err.Error(), 0)
+	}
+}
+
+func sameID(tried []*scoring.Worker, w *scoring.Worker) bool {
+	for _, t := range tried {
+		if t.ID == w.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// candidates are the workers a request may go to directly: prefill-only
+// instances are left out when others exist.
+func (g *Gateway) candidates(model string) []*scoring.Worker {
+	ws := g.opts.Pool.Workers(model)
+	for _, w := range ws {
+		if w.Role == "prefill" {
+			return slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return w.Role == "prefill" })
+		}
+	}
+	return ws
+}
+
+func (g *Gateway) noWorker(w http.ResponseWriter, rec *outcome, model string) {
+	_, inPolicy := g.opts.Policy.Current().Models[model]
+	if g.opts.Pool.Known(model) || inPolicy {
+		rec.fail(w, http.StatusServiceUnavailable, "server_error", "no_healthy_worker", "",
+			"no healthy engine is serving model "+strconv.Quote(model), time.Second)
+		return
+	}
+	rec.fail(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"The model "+strconv.Quote(model)+" does not exist or no engine serves it", 0)
+}
+
+func (g *Gateway) contextFailed(w http.ResponseWriter, r *http.Request, rec *outcome, msg string) {
+	if r.Context().Err() != nil {
+		rec.status = 499 // client went away; nothing to send
+		return
+	}
+	g.m.AdmissionRefused.WithLabelValues(rec.model, "deadline").Inc()
+	rec.fail(w, http.StatusGatewayTimeout, "server_error", "deadline_exceeded", "", msg, 0)
+}
+
+// forward sends the request to one worker and copies the response back. It
+// returns retryable=true with an error when nothing was written to the client
+// and the failure was a connect error or a 5xx: the caller may try another
+// worker. A 5xx on the last attempt is passed to the client as the engine sent it.
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
+	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields) (retryable bool, err error) {
+	end := wk.Live.Begin(estimateTokens(len(body), f))
+	defer end()
+	gauge := g.m.WorkerInFlight.WithLabelValues(wk.Model, wk.ID)
+	gauge.Inc()
+	defer gauge.Dec()
+
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+wk.Address+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	copyHeaders(up.Header, r.Header)
+	if g.opts.Auth != nil {
+		up.Header.Del("Authorization") // the router's key is not the engine's
+	}
+	up.Header.Set("X-Request-Id", reqID)
+	up.ContentLength = int64(len(body))
+
+	resp, err := g.upstream.RoundTrip(up)
+	if err != nil {
+		return true, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 && mayRetry {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return true, errors.New("engine answered " + resp.Status)
+	}
+
+	h := w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set("X-Request-Id", reqID)
+	rec.status = resp.StatusCode
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	rec.firstByte()
+
+	usage := usageScanner{sse: f.Stream}
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			usage.feed(buf[:n])
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				rec.status = 499
+				return false, nil // client gone; ctx cancels the upstream
+			}
+			// One flush per read: engines write one SSE event per chunk, so
+			// every event reaches the client as soon as it arrives.
+			_ = rc.Flush()
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			if r.Context().Err() != nil {
+				rec.status = 499
+				return false, nil
+			}
+			// Bytes were sent: never retry. Abort so the client sees a broken
+			// response rather than a silently truncated one.
+			g.log.Warn("engine stream broke after the first byte", "worker", wk.ID, "request_id", reqID, "error", rerr)
+			rec.status = 502
+			rec.done()
+			panic(http.ErrAbortHandler)
+		}
+	}
+	if p, c, ok := usage.result(); ok {
+		g.m.Tokens.WithLabelValues(wk.Model, wk.ID, "prompt").Add(float64(p))
+		g.m.Tokens.WithLabelValues(wk.Model, wk.ID, "completion").Add(float64(c))
+		wk.Live.AddGenerated(int64(c))
+	}
+	return false, nil
+}
+
+func copyHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if slices.Contains(hopHeaders, k) {
+			continue
+		}
+		dst[k] = append(dst[k][:0:0], vs...)
+	}
+}
+
+// estimateTokens approximates prompt (≈4 bytes per token) plus output tokens.
+func estimateTokens(bodyLen int, f requestFields) int64 {
+	out := 256
+	if f.HasMaxTokens {
+		out = f.MaxTokens
+	}
+	return int64(bodyLen/4 + out)
+}
+
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// outcome records one request's metrics exactly once.
+type outcome struct {
+	g        *Gateway
+	start    time.Time
+	model    string
+	worker   string
+	status   int
+	ttftDone bool
+	recorded bool
+}
+
+func (o *outcome) firstByte() {
+	if !o.ttftDone {
+		o.ttftDone = true
+		o.g.m.TTFT.WithLabelValues(o.model).Observe(time.Since(o.start).Seconds())
+	}
+}
+
+func (o *outcome) fail(w http.ResponseWriter, status int, typ, code, param, msg string, retryAfter time.Duration) {
+	o.status = status
+	writeError(w, status, typ, code, param, msg, retryAfter)
+}
+
+func (o *outcome) done() {
+	if o.recorded {
+		return
+	}
+	o.recorded = true
+	model := o.model
+	if model == "" {
+		model = "_unparsed"
+	} else if !o.g.opts.Pool.Known(model) {
+		model = "_unknown" // bound label cardinality: clients choose model strings
+	}
+	o.g.m.Requests.WithLabelValues(model, strconv.Itoa(o.status), o.worker).Inc()
+	o.g.m.Duration.WithLabelValues(model).Observe(time.Since(o.start).Seconds())
+}

@@ -1,0 +1,74 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// usageScanner picks the engine's usage object out of a response as it
+// streams by, with bounded memory: for SSE it looks at complete "data:" lines
+// that mention "usage"; for a JSON body it keeps up to 1 MiB and parses at the end.
+type usageScanner struct {
+	sse    bool
+	line   []byte
+	body   []byte
+	over   bool
+	prompt int64
+	compl  int64
+	found  bool
+}
+
+const maxUsageBuf = 1 << 20
+
+type usageDoc struct {
+	Usage *struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+func (u *usageScanner) feed(p []byte) {
+	if !u.sse {
+		if !u.over && len(u.body)+len(p) <= maxUsageBuf {
+			u.body = append(u.body, p...)
+		} else {
+			u.over, u.body = true, nil
+		}
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if len(u.line)+len(p) <= maxUsageBuf {
+				u.line = append(u.line, p...)
+			}
+			return
+		}
+		u.line = append(u.line, p[:i]...)
+		u.sseLine(u.line)
+		u.line = u.line[:0]
+		p = p[i+1:]
+	}
+}
+
+func (u *usageScanner) sseLine(l []byte) {
+	data, ok := bytes.CutPrefix(l, []byte("data:"))
+	if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
+		return
+	}
+	u.parse(bytes.TrimSpace(data))
+}
+
+func (u *usageScanner) parse(b []byte) {
+	var d usageDoc
+	if json.Unmarshal(b, &d) == nil && d.Usage != nil {
+		u.prompt, u.compl, u.found = d.Usage.PromptTokens, d.Usage.CompletionTokens, true
+	}
+}
+
+func (u *usageScanner) result() (prompt, completion int64, ok bool) {
+	if !u.sse && !u.over && len(u.body) > 0 {
+		u.parse(u.body)
+	}
+	return u.prompt, u.compl, u.found
+}

@@ -1,0 +1,82 @@
+// Package metrics defines every Prometheus metric oasis-router exports, in one
+// place, registered on a registry the caller owns (never the default one).
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the router's instruments.
+type Metrics struct {
+	Requests         *prometheus.CounterVec   // model, status, worker
+	TTFT             *prometheus.HistogramVec // model
+	Duration         *prometheus.HistogramVec // model
+	RoutingDecision  prometheus.Histogram
+	WorkerInFlight   *prometheus.GaugeVec // model, worker
+	Workers          *prometheus.GaugeVec // model
+	Retries          *prometheus.CounterVec
+	AdmissionRefused *prometheus.CounterVec // model, reason
+	Queued           *prometheus.GaugeVec   // model
+	Tokens           *prometheus.CounterVec // model, worker, kind (prompt|completion), from engine usage
+
+	PolicyReloads prometheus.Counter
+	PolicyRejects prometheus.Counter
+
+	DiscoveryStale       prometheus.Gauge // 1 while the worker view could not be refreshed
+	DiscoveryLastSuccess prometheus.Gauge // unix seconds of the last successful refresh
+	DiscoveryErrors      prometheus.Counter
+
+	ScrapeErrors *prometheus.CounterVec // worker
+	RateLimited  prometheus.Counter
+	AuthFailures prometheus.Counter
+	KeyReloads   *prometheus.CounterVec // result
+}
+
+// New creates the instruments and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	const ns = "oasis_router"
+	lat := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
+			Help: "Requests by model, HTTP status and the worker that served them (\"\" when none did)."}, []string{"model", "status", "worker"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "time_to_first_byte_seconds",
+			Help: "From request arrival to the first response byte sent to the client (first token for streams).", Buckets: lat}, []string{"model"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "request_duration_seconds",
+			Help: "End-to-end request latency.", Buckets: lat}, []string{"model"}),
+		RoutingDecision: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "routing_decision_seconds",
+			Help: "Time to choose a worker.", Buckets: []float64{1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2}}),
+		WorkerInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "worker_in_flight",
+			Help: "Requests this router has in flight per worker."}, []string{"model", "worker"}),
+		Workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "workers",
+			Help: "Healthy workers per model in the current view."}, []string{"model"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_total",
+			Help: "Requests retried on another worker after a connect failure or a 5xx before the first byte."}, []string{"model"}),
+		AdmissionRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "admission_refused_total",
+			Help: "Requests refused by admission control (queue_full → 429, queue_timeout → 503, deadline → 504)."}, []string{"model", "reason"}),
+		Queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "queued",
+			Help: "Requests waiting for an in-flight slot."}, []string{"model"}),
+		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tokens_total",
+			Help: "Tokens reported in the engines' usage objects."}, []string{"model", "worker", "kind"}),
+		PolicyReloads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "policy_reloads_total",
+			Help: "Policy documents applied."}),
+		PolicyRejects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "policy_rejects_total",
+			Help: "Policy documents rejected as invalid (the last good one stays)."}),
+		DiscoveryStale: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "discovery_stale",
+			Help: "1 while the worker view could not be refreshed from Consul/Nomad and the last known pool is serving."}),
+		DiscoveryLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "discovery_last_success_timestamp_seconds",
+			Help: "Unix time of the last successful discovery query."}),
+		DiscoveryErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "discovery_errors_total",
+			Help: "Failed discovery queries."}),
+		ScrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_scrape_errors_total",
+			Help: "Failed scrapes of engine metrics."}, []string{"worker"}),
+		RateLimited: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "rate_limited_total",
+			Help: "Requests refused by a per-key rate limit."}),
+		AuthFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "auth_failures_total",
+			Help: "Requests with a missing or unknown API key."}),
+		KeyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "api_key_reloads_total",
+			Help: "API key set reloads by result (ok|rejected)."}, []string{"result"}),
+	}
+	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.RoutingDecision, m.WorkerInFlight, m.Workers,
+		m.Retries, m.AdmissionRefused, m.Queued, m.Tokens, m.PolicyReloads, m.PolicyRejects,
+		m.DiscoveryStale, m.DiscoveryLastSuccess, m.DiscoveryErrors, m.ScrapeErrors, m.RateLimited,
+		m.AuthFailures, m.KeyReloads)
+	return m
+}

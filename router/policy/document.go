@@ -1,0 +1,164 @@
+// Package policy reads, validates and watches the router's policy document in
+// Consul KV (default key oasis/router/policy).
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// Document is the policy as stored in Consul KV, JSON:
+//
+//	{
+//	  "policy": "weighted",
+//	  "weights": {"load": 1, "kv_capacity": 0.3, "power": 0.1},
+//	  "admission": {"max_in_flight": 256, "max_queue": 512, "queue_timeout": "10s"},
+//	  "models": {
+//	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
+//	  }
+//	}
+//
+// Per-model entries override only the fields they set.
+type Document struct {
+	Policy    string             `json:"policy"`
+	Weights   map[string]float64 `json:"weights,omitempty"`
+	Admission Admission          `json:"admission"`
+	Models    map[string]Model   `json:"models,omitempty"`
+}
+
+// Model overrides the document's defaults for one model.
+type Model struct {
+	Policy    string             `json:"policy,omitempty"`
+	Weights   map[string]float64 `json:"weights,omitempty"`
+	Admission *Admission         `json:"admission,omitempty"`
+}
+
+// Admission caps concurrency per model. Zero MaxInFlight means unlimited.
+// In a per-model override an omitted field inherits the default.
+type Admission struct {
+	MaxInFlight  *int    `json:"max_in_flight,omitempty"`
+	MaxQueue     *int    `json:"max_queue,omitempty"`
+	QueueTimeout *string `json:"queue_timeout,omitempty"` // Go duration, e.g. "10s"
+}
+
+// Limits are resolved admission settings.
+type Limits struct {
+	MaxInFlight  int           // 0: unlimited
+	MaxQueue     int           // requests that may wait for a slot; beyond → 429
+	QueueTimeout time.Duration // longest wait for a slot; beyond → 503
+}
+
+// Resolved is the policy that applies to one model.
+type Resolved struct {
+	Scoring scoring.Config
+	Limits  Limits
+}
+
+// Default is the document the router writes when none exists.
+func Default() *Document {
+	inflight, queue, timeout := 0, 1024, "30s"
+	return &Document{
+		Policy:    scoring.Weighted,
+		Weights:   map[string]float64{"load": 1, "kv_capacity": 0.25, "power": 0.1},
+		Admission: Admission{MaxInFlight: &inflight, MaxQueue: &queue, QueueTimeout: &timeout},
+	}
+}
+
+// Parse decodes and validates a document. Unknown fields are errors so a typo
+// never silently falls back to a default.
+func Parse(data []byte, reg *scoring.Registry) (*Document, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var d Document
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("decoding policy JSON: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("decoding policy JSON: data after the document")
+	}
+	if err := d.Validate(reg); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Validate checks every field, naming the first bad one.
+func (d *Document) Validate(reg *scoring.Registry) error {
+	if err := reg.Validate(scoring.Config{Policy: d.Policy, Weights: d.Weights}); err != nil {
+		return err
+	}
+	if err := d.Admission.validate("admission"); err != nil {
+		return err
+	}
+	for name, m := range d.Models {
+		if name == "" {
+			return errors.New("models: empty model name")
+		}
+		r := d.For(name)
+		if err := reg.Validate(r.Scoring); err != nil {
+			return fmt.Errorf("models.%s.%w", name, err)
+		}
+		if m.Admission != nil {
+			if err := m.Admission.validate("models." + name + ".admission"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (a Admission) validate(where string) error {
+	if a.MaxInFlight != nil && *a.MaxInFlight < 0 {
+		return fmt.Errorf("%s.max_in_flight: must be ≥ 0 (0 = unlimited), got %d", where, *a.MaxInFlight)
+	}
+	if a.MaxQueue != nil && *a.MaxQueue < 0 {
+		return fmt.Errorf("%s.max_queue: must be ≥ 0, got %d", where, *a.MaxQueue)
+	}
+	if a.QueueTimeout != nil {
+		d, err := time.ParseDuration(*a.QueueTimeout)
+		if err != nil || d < 0 {
+			return fmt.Errorf("%s.queue_timeout: want a duration ≥ 0 like \"10s\", got %q", where, *a.QueueTimeout)
+		}
+	}
+	return nil
+}
+
+// For resolves the policy of one model: the model's override fields on top of
+// the document's defaults.
+func (d *Document) For(model string) Resolved {
+	r := Resolved{Scoring: scoring.Config{Policy: d.Policy, Weights: d.Weights}}
+	r.Limits = d.Admission.apply(Limits{MaxQueue: 1024, QueueTimeout: 30 * time.Second})
+	if m, ok := d.Models[model]; ok {
+		if m.Policy != "" {
+			r.Scoring.Policy = m.Policy
+		}
+		if m.Weights != nil {
+			r.Scoring.Weights = m.Weights
+		}
+		if m.Admission != nil {
+			r.Limits = m.Admission.apply(r.Limits)
+		}
+	}
+	return r
+}
+
+func (a Admission) apply(l Limits) Limits {
+	if a.MaxInFlight != nil {
+		l.MaxInFlight = *a.MaxInFlight
+	}
+	if a.MaxQueue != nil {
+		l.MaxQueue = *a.MaxQueue
+	}
+	if a.QueueTimeout != nil {
+		if d, err := time.ParseDuration(*a.QueueTimeout); err == nil {
+			l.QueueTimeout = d
+		}
+	}
+	return l
+}

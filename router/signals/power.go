@@ -1,0 +1,67 @@
+package signals
+
+import (
+	"strings"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+)
+
+// NodePowerWatts sums the GPU power draw of every device instance in a Nomad
+// node's stats (GET /v1/client/stats?node_id=…, DeviceStats). A device plugin
+// reports power as a stat attribute whose name contains "power" and whose unit
+// is W or mW (nomad-device-nvidia: "Power usage", "W"); limits and energy
+// counters are skipped. ok is false when no device reports power.
+func NodePowerWatts(hs *nomadapi.HostStats) (watts float64, ok bool) {
+	if hs == nil {
+		return 0, false
+	}
+	for _, g := range hs.DeviceStats {
+		if g == nil {
+			continue
+		}
+		for _, inst := range g.InstanceStats {
+			if inst == nil {
+				continue
+			}
+			if w, found := powerIn(inst.Stats); found {
+				watts += w
+				ok = true
+			}
+		}
+	}
+	return watts, ok
+}
+
+// powerIn finds the first power-draw attribute in a stats tree.
+func powerIn(o *nomadapi.StatObject) (float64, bool) {
+	if o == nil {
+		return 0, false
+	}
+	for name, v := range o.Attributes {
+		n := strings.ToLower(name)
+		if !strings.Contains(n, "power") || strings.Contains(n, "limit") || strings.Contains(n, "energy") || v == nil {
+			continue
+		}
+		var x float64
+		switch {
+		case v.FloatNumeratorVal != nil:
+			x = *v.FloatNumeratorVal
+		case v.IntNumeratorVal != nil:
+			x = float64(*v.IntNumeratorVal)
+		default:
+			continue
+		}
+		switch v.Unit {
+		case "W":
+			return x, true
+		case "mW":
+			return x / 1000, true
+		}
+	}
+	for _, nested := range o.Nested {
+		if w, ok := powerIn(nested); ok {
+			return w, ok
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,206 @@
+package signals
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	nomadapi "github.com/hashicorp/nomad/api"
+
+	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// DefaultPowerMetrics are engine gauges, in watts, read as the engine's own
+// GPU power draw (oasis-sim exposes one; real engines do not).
+var DefaultPowerMetrics = []string{"oasis_sim_power_watts", "oasis_sim_gpu_power_watts"}
+
+// Scraper periodically reads every worker's metrics page and, when a Nomad
+// client is set, the GPU power of each worker's node, and stores the result
+// in the workers' Live signals.
+type Scraper struct {
+	Pool     *discovery.Pool
+	HTTP     *http.Client
+	Interval time.Duration // engine metrics (default 1s)
+	Log      hclog.Logger
+	Metrics  *metrics.Metrics
+
+	// Nomad, when set, is asked for node stats every PowerInterval (default 5s).
+	Nomad         *nomadapi.Client
+	PowerInterval time.Duration
+	PowerMetrics  []string // default DefaultPowerMetrics
+
+	mu    sync.Mutex
+	state map[string]*workerState // by worker id
+	nodeW map[string]float64      // node id → GPU watts
+}
+
+type workerState struct {
+	lastGen   float64 // engine generation-token counter at lastAt
+	lastOwn   int64   // router-counted generated tokens at lastAt
+	lastAt    time.Time
+	haveFirst bool
+	eff       float64 // smoothed tokens per joule
+}
+
+// Run scrapes until ctx ends.
+func (s *Scraper) Run(ctx context.Context) {
+	iv := s.Interval
+	if iv == 0 {
+		iv = time.Second
+	}
+	piv := s.PowerInterval
+	if piv == 0 {
+		piv = 5 * time.Second
+	}
+	if s.PowerMetrics == nil {
+		s.PowerMetrics = DefaultPowerMetrics
+	}
+	s.state = map[string]*workerState{}
+	s.nodeW = map[string]float64{}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	var lastPower time.Time
+	for {
+		if s.Nomad != nil && time.Since(lastPower) >= piv {
+			s.pollNodes(ctx)
+			lastPower = time.Now()
+		}
+		s.scrapeAll(ctx, iv)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Scraper) pollNodes(ctx context.Context) {
+	nodes := map[string]struct{}{}
+	for _, w := range s.Pool.All() {
+		if w.Node != "" {
+			nodes[w.Node] = struct{}{}
+		}
+	}
+	got := map[string]float64{}
+	for n := range nodes {
+		hs, err := s.Nomad.Nodes().Stats(n, (&nomadapi.QueryOptions{}).WithContext(ctx))
+		if err != nil {
+			s.Log.Debug("reading node stats failed", "node", n, "error", err)
+			continue
+		}
+		if w, ok := NodePowerWatts(hs); ok {
+			got[n] = w
+		}
+	}
+	s.mu.Lock()
+	s.nodeW = got
+	s.mu.Unlock()
+}
+
+func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {
+	workers := s.Pool.All()
+	perNode := map[string]int{}
+	for _, w := range workers {
+		perNode[w.Node]++
+	}
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.scrapeOne(ctx, w, timeout, perNode[w.Node])
+		}()
+	}
+	wg.Wait()
+	// Forget workers that left the pool.
+	s.mu.Lock()
+	live := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		live[w.ID] = true
+	}
+	for id := range s.state {
+		if !live[id] {
+			delete(s.state, id)
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time.Duration, sameNode int) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	em, err := s.fetch(ctx, w)
+	now := time.Now()
+	if err != nil {
+		w.Live.ClearEngine()
+		s.Metrics.ScrapeErrors.WithLabelValues(w.ID).Inc()
+		s.Log.Debug("scraping engine metrics failed", "worker", w.ID, "error", err)
+	} else if em.HasLoad {
+		w.Live.SetEngine(em.Running, em.Waiting, em.KVUsage, now)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state[w.ID]
+	if st == nil {
+		st = &workerState{}
+		s.state[w.ID] = st
+	}
+	// Power attributed to this worker: its own gauge, else its node's GPU
+	// power shared equally by the engines on that node.
+	watts, haveW := 0.0, false
+	if err == nil && em.HasPower {
+		watts, haveW = em.PowerWatts, true
+	} else if nw, ok := s.nodeW[w.Node]; ok && w.Node != "" && sameNode > 0 {
+		watts, haveW = nw/float64(sameNode), true
+	}
+	own := w.Live.Generated()
+	if st.haveFirst {
+		dt := now.Sub(st.lastAt).Seconds()
+		var gen float64
+		if err == nil && em.HasGenTokens {
+			gen = em.GenTokens - st.lastGen
+		} else {
+			gen = float64(own - st.lastOwn)
+		}
+		if dt > 0 && gen >= 0 && haveW {
+			tps := gen / dt
+			if tps > 0 && watts > 0 {
+				e := tps / watts
+				if st.eff == 0 {
+					st.eff = e
+				} else {
+					st.eff = 0.7*st.eff + 0.3*e
+				}
+			}
+			w.Live.SetPower(watts, tps, st.eff)
+		}
+	}
+	st.haveFirst = true
+	st.lastAt = now
+	st.lastOwn = own
+	if err == nil && em.HasGenTokens {
+		st.lastGen = em.GenTokens
+	}
+}
+
+func (s *Scraper) fetch(ctx context.Context, w *scoring.Worker) (EngineMetrics, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.Address+w.MetricsPath, nil)
+	if err != nil {
+		return EngineMetrics{}, err
+	}
+	resp, err := s.HTTP.Do(req)
+	if err != nil {
+		return EngineMetrics{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return EngineMetrics{}, fmt.Errorf("GET %s: %s", w.MetricsPath, resp.Status)
+	}
+	return ParseEngineMetrics(resp.Body, s.PowerMetrics)
+}
