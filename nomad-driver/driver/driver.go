@@ -1,0 +1,142 @@
+// Package driver is the Nomad task driver "llm": it renders an inference
+// engine's command line from the task config (package render), launches it
+// under Nomad's executor, watches its health endpoint and reports task
+// events, and reattaches to running engines after a Nomad client restart.
+package driver
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/client/lib/cpustats"
+	"github.com/hashicorp/nomad/drivers/shared/eventer"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
+	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+)
+
+const (
+	// PluginName is the driver name jobs use: driver = "llm".
+	PluginName = "llm"
+	// PluginVersion is reported in PluginInfo.
+	PluginVersion = "0.1.0"
+	// taskHandleVersion versions the driver state stored in task handles.
+	taskHandleVersion = 1
+)
+
+// Driver implements drivers.DriverPlugin.
+type Driver struct {
+	ctx     context.Context
+	logger  hclog.Logger
+	eventer *eventer.Eventer
+	tasks   *taskStore
+	probe   *prober
+
+	mu          sync.RWMutex
+	config      config.PluginConfig
+	period      time.Duration
+	nomadConfig *base.ClientDriverConfig
+	compute     cpustats.Compute
+	// fingerprintNow wakes the fingerprint loop after SetConfig.
+	fingerprintNow chan struct{}
+}
+
+// New returns the driver; ctx bounds its background work.
+func New(ctx context.Context, logger hclog.Logger) *Driver {
+	logger = logger.Named(PluginName)
+	return &Driver{
+		ctx:            ctx,
+		logger:         logger,
+		eventer:        eventer.NewEventer(ctx, logger),
+		tasks:          newTaskStore(),
+		probe:          newProber(),
+		period:         config.DefaultFingerprintEvery,
+		fingerprintNow: make(chan struct{}, 1),
+	}
+}
+
+var _ drivers.DriverPlugin = (*Driver)(nil)
+
+func (d *Driver) PluginInfo() (*base.PluginInfoResponse, error) {
+	return &base.PluginInfoResponse{
+		Type:              base.PluginTypeDriver,
+		PluginApiVersions: []string{drivers.ApiVersion010},
+		PluginVersion:     PluginVersion,
+		Name:              PluginName,
+	}, nil
+}
+
+func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return config.PluginSpec, nil }
+
+func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error) { return config.TaskSpec, nil }
+
+// SetConfig keeps the plugin config and the agent config: the executor
+// dereferences AgentConfig.Driver.Topology when it is created.
+func (d *Driver) SetConfig(cfg *base.Config) error {
+	var pc config.PluginConfig
+	if len(cfg.PluginConfig) != 0 {
+		if err := base.MsgPackDecode(cfg.PluginConfig, &pc); err != nil {
+			return fmt.Errorf("decoding plugin config: %w", err)
+		}
+	}
+	period, err := pc.Validate()
+	if err != nil {
+		return fmt.Errorf("plugin \"nomad-driver-llm\" config: %w", err)
+	}
+	d.mu.Lock()
+	d.config, d.period = pc, period
+	if cfg.AgentConfig != nil {
+		d.nomadConfig = cfg.AgentConfig.Driver
+		if d.nomadConfig != nil && d.nomadConfig.Topology != nil {
+			d.compute = cfg.AgentConfig.Compute()
+		}
+	}
+	d.mu.Unlock()
+	select {
+	case d.fingerprintNow <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (d *Driver) pluginConfig() (config.PluginConfig, *base.ClientDriverConfig, cpustats.Compute) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.config, d.nomadConfig, d.compute
+}
+
+func (d *Driver) Capabilities() (*drivers.Capabilities, error) {
+	return &drivers.Capabilities{
+		SendSignals: true,
+		Exec:        true,
+		FSIsolation: fsisolation.None,
+		// Engines bind the allocated host address:port; bridge networking
+		// would need the mapped "to" ports, which the renderer does not use.
+		NetIsolationModes: []drivers.NetIsolationMode{drivers.NetIsolationModeHost},
+		MountConfigs:      drivers.MountConfigSupportNone,
+	}, nil
+}
+
+func (d *Driver) TaskEvents(ctx context.Context) (<-chan *drivers.TaskEvent, error) {
+	return d.eventer.TaskEvents(ctx)
+}
+
+// emit sends a task event; Nomad shows Message in the task's event list.
+func (d *Driver) emit(tc *drivers.TaskConfig, msg string, annotations map[string]string) {
+	if err := d.eventer.EmitEvent(&drivers.TaskEvent{
+		TaskID:      tc.ID,
+		TaskName:    tc.Name,
+		AllocID:     tc.AllocID,
+		Timestamp:   time.Now(),
+		Message:     msg,
+		Annotations: annotations,
+	}); err != nil {
+		d.logger.Warn("emitting task event", "task_id", tc.ID, "error", err)
+	}
+}

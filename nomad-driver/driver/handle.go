@@ -1,0 +1,197 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/nomad/drivers/shared/executor"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+)
+
+// TaskState is stored in the task handle's driver state; RecoverTask
+// rebuilds the handle from it after a Nomad client restart.
+type TaskState struct {
+	// ReattachConfig reaches the executor supervising the engine; nil for
+	// openai_compat, which runs no process.
+	ReattachConfig *pstructs.ReattachConfig
+	TaskConfig     *drivers.TaskConfig
+	Pid            int
+	StartedAt      time.Time
+	Engine         string
+	Model          string
+	HealthURL      string
+	HealthTimeout  time.Duration
+	Remote         bool
+}
+
+// taskHandle tracks one running task.
+type taskHandle struct {
+	logger     hclog.Logger
+	taskConfig *drivers.TaskConfig
+	state      TaskState
+
+	// exec and pluginClient are nil for remote (openai_compat) tasks.
+	exec         executor.Executor
+	pluginClient *plugin.Client
+
+	// ctx is cancelled when the task ends or is stopped; it bounds the
+	// health watcher (and, for remote tasks, is the task's lifetime).
+	ctx    context.Context
+	cancel context.CancelFunc
+	doneCh chan struct{}
+	// stopping is set by StopTask/DestroyTask so an exit they caused is not
+	// reported as a crash.
+	stopping atomic.Bool
+
+	mu          sync.RWMutex
+	procState   drivers.TaskState
+	completedAt time.Time
+	exitResult  *drivers.ExitResult
+	health      string // "starting", "ready", "failing"
+	readyAfter  time.Duration
+}
+
+func newHandle(logger hclog.Logger, st TaskState) *taskHandle {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &taskHandle{
+		logger:     logger,
+		taskConfig: st.TaskConfig,
+		state:      st,
+		ctx:        ctx,
+		cancel:     cancel,
+		doneCh:     make(chan struct{}),
+		procState:  drivers.TaskStateRunning,
+		health:     "starting",
+	}
+}
+
+func (h *taskHandle) TaskStatus() *drivers.TaskStatus {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	attrs := map[string]string{
+		"engine":     h.state.Engine,
+		"health_url": h.state.HealthURL,
+		"health":     h.health,
+	}
+	if h.state.Pid != 0 {
+		attrs["pid"] = strconv.Itoa(h.state.Pid)
+	}
+	if h.readyAfter > 0 {
+		attrs["ready_after_ms"] = strconv.FormatInt(h.readyAfter.Milliseconds(), 10)
+	}
+	return &drivers.TaskStatus{
+		ID:               h.taskConfig.ID,
+		Name:             h.taskConfig.Name,
+		State:            h.procState,
+		StartedAt:        h.state.StartedAt,
+		CompletedAt:      h.completedAt,
+		ExitResult:       h.exitResult.Copy(),
+		DriverAttributes: attrs,
+	}
+}
+
+func (h *taskHandle) IsRunning() bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.procState == drivers.TaskStateRunning
+}
+
+func (h *taskHandle) setHealth(s string) {
+	h.mu.Lock()
+	h.health = s
+	h.mu.Unlock()
+}
+
+func (h *taskHandle) exited(res *drivers.ExitResult, at time.Time) {
+	h.mu.Lock()
+	h.procState = drivers.TaskStateExited
+	if res.Err != nil && res.ExitCode == 0 && res.Signal == 0 {
+		h.procState = drivers.TaskStateUnknown
+	}
+	h.exitResult = res
+	h.completedAt = at
+	h.mu.Unlock()
+}
+
+// result is the exit result once the task has ended.
+func (h *taskHandle) result() *drivers.ExitResult {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.exitResult.Copy()
+}
+
+// waitProcess blocks until the engine exits (run for process tasks).
+func (d *Driver) waitProcess(h *taskHandle) {
+	defer close(h.doneCh)
+	defer h.cancel()
+	ps, err := h.exec.Wait(context.Background())
+	now := time.Now()
+	if err != nil {
+		h.exited(&drivers.ExitResult{ExitCode: -1, Err: fmt.Errorf("executor: waiting on engine: %w", err)}, now)
+		return
+	}
+	h.exited(&drivers.ExitResult{ExitCode: ps.ExitCode, Signal: ps.Signal, OOMKilled: ps.OOMKilled}, ps.Time)
+	if h.stopping.Load() {
+		d.emit(h.taskConfig, fmt.Sprintf("Engine stopped (exit code %d, signal %d)", ps.ExitCode, ps.Signal), nil)
+		return
+	}
+	msg := fmt.Sprintf("Engine exited with code %d", ps.ExitCode)
+	if ps.Signal != 0 {
+		msg += fmt.Sprintf(" (signal %d)", ps.Signal)
+	}
+	// logmon copies the engine's stderr from its FIFO into the task's log
+	// files; give it a moment to flush the last lines.
+	time.Sleep(300 * time.Millisecond)
+	if lines := stderrTail(h.taskConfig, 20, 2048); lines != "" {
+		msg += "; last stderr lines:\n" + lines
+	}
+	d.emit(h.taskConfig, msg, map[string]string{"exit_code": strconv.Itoa(ps.ExitCode)})
+}
+
+// stderrTail returns the last lines of the task's newest rotated stderr log.
+func stderrTail(tc *drivers.TaskConfig, maxLines, maxBytes int) string {
+	if tc.AllocDir == "" {
+		return ""
+	}
+	logDir := tc.TaskDir().LogDir
+	matches, _ := filepath.Glob(filepath.Join(logDir, tc.Name+".stderr.*"))
+	if len(matches) == 0 {
+		return ""
+	}
+	idx := func(p string) int {
+		n, _ := strconv.Atoi(p[strings.LastIndexByte(p, '.')+1:])
+		return n
+	}
+	sort.Slice(matches, func(i, j int) bool { return idx(matches[i]) < idx(matches[j]) })
+	f, err := os.Open(matches[len(matches)-1])
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const window = 64 << 10
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-window, 0)
+	buf := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return ""
+	}
+	out := tail(string(buf), maxLines)
+	if len(out) > maxBytes {
+		out = out[len(out)-maxBytes:]
+	}
+	return out
+}

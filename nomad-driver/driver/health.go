@@ -1,0 +1,191 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/nomad/structs"
+	"github.com/hashicorp/nomad/plugins/drivers"
+)
+
+const (
+	// probeTimeout bounds one health request.
+	probeTimeout = 2 * time.Second
+	// steadyInterval is the health poll period once the engine is ready.
+	steadyInterval = 5 * time.Second
+	// failThreshold consecutive failed polls make "health failing".
+	failThreshold = 3
+	// remoteInterval is the openai_compat endpoint poll period.
+	remoteInterval = 10 * time.Second
+)
+
+// startupInterval polls fast at first so readiness is seen within tens of
+// milliseconds (the ≤200 ms driver-overhead budget), then backs off for
+// engines that load large models for minutes.
+func startupInterval(elapsed time.Duration) time.Duration {
+	switch {
+	case elapsed < 5*time.Second:
+		return 20 * time.Millisecond
+	case elapsed < time.Minute:
+		return 250 * time.Millisecond
+	default:
+		return time.Second
+	}
+}
+
+// probe GETs url; ok when the status satisfies accept.
+func probe(ctx context.Context, client *http.Client, url string, accept func(int) bool) (bool, string) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false, err.Error()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if !accept(resp.StatusCode) {
+		return false, "HTTP " + strconv.Itoa(resp.StatusCode)
+	}
+	return true, ""
+}
+
+func is200(code int) bool { return code == http.StatusOK }
+
+// reachable accepts any answer below 500: without the API key a remote
+// OpenAI API answers 401, which still proves it is up.
+func reachable(code int) bool { return code < http.StatusInternalServerError }
+
+func newHealthClient() *http.Client {
+	return &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+}
+
+// watchHealth reports readiness and health of a process task until it ends.
+func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
+	client := newHealthClient()
+	url := h.state.HealthURL
+	if !recovered {
+		start := h.state.StartedAt
+		deadline := start.Add(h.state.HealthTimeout)
+		warned := false
+		for {
+			ok, detail := probe(h.ctx, client, url, is200)
+			if ok {
+				after := time.Since(start)
+				h.mu.Lock()
+				h.health, h.readyAfter = "ready", after
+				h.mu.Unlock()
+				d.emit(h.taskConfig, fmt.Sprintf("Engine ready after %.1f s", after.Seconds()),
+					map[string]string{"ready_after_ms": strconv.FormatInt(after.Milliseconds(), 10)})
+				break
+			}
+			if !warned && time.Now().After(deadline) {
+				warned = true
+				h.setHealth("failing")
+				d.emit(h.taskConfig, fmt.Sprintf("Health failing: %s not ready after %s (%s)", url, h.state.HealthTimeout, detail), nil)
+			}
+			if !sleep(h.ctx, startupInterval(time.Since(start))) {
+				return
+			}
+		}
+	}
+	d.watchSteady(h, client, url, is200, h.logger)
+}
+
+// watchSteady polls a ready task and reports transitions to failing and back.
+// It returns when the task's context ends.
+func (d *Driver) watchSteady(h *taskHandle, client *http.Client, url string, accept func(int) bool, logger hclog.Logger) {
+	fails := 0
+	for sleep(h.ctx, steadyInterval) {
+		ok, detail := probe(h.ctx, client, url, accept)
+		if h.ctx.Err() != nil {
+			return
+		}
+		if ok {
+			if fails >= failThreshold {
+				d.emit(h.taskConfig, "Engine healthy again", nil)
+			}
+			fails = 0
+			h.setHealth("ready")
+			continue
+		}
+		fails++
+		logger.Debug("health check failed", "url", url, "detail", detail, "consecutive", fails)
+		if fails == failThreshold {
+			h.setHealth("failing")
+			d.emit(h.taskConfig, fmt.Sprintf("Health failing: %s (%s, %d checks in a row)", url, detail, fails), nil)
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// startRemote "starts" an openai_compat task: it checks the endpoint once
+// and then watches it; nothing runs locally.
+func (d *Driver) startRemote(cfg *drivers.TaskConfig, handle *drivers.TaskHandle, st TaskState, logger hclog.Logger) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+	ok, detail := probe(ctx, newHealthClient(), st.HealthURL, reachable)
+	cancel()
+	if !ok {
+		return nil, nil, structs.NewRecoverableError(
+			fmt.Errorf("endpoint: openai_compat endpoint unreachable (GET %s: %s)", st.HealthURL, detail), true)
+	}
+	st.StartedAt = start
+	if err := handle.SetDriverState(&st); err != nil {
+		return nil, nil, fmt.Errorf("storing driver state: %w", err)
+	}
+	h := newHandle(logger, st)
+	h.health, h.readyAfter = "ready", time.Since(start)
+	d.tasks.Set(cfg.ID, h)
+	d.emit(cfg, fmt.Sprintf("Remote endpoint %s ready after %.1f s", st.HealthURL, h.readyAfter.Seconds()), nil)
+	go d.watchRemote(h)
+	return handle, nil, nil
+}
+
+// watchRemote keeps an openai_compat task running while its endpoint
+// answers; failThreshold failures in a row end the task with exit code 1.
+func (d *Driver) watchRemote(h *taskHandle) {
+	defer close(h.doneCh)
+	client := newHealthClient()
+	fails := 0
+	for sleep(h.ctx, remoteInterval) {
+		ok, detail := probe(h.ctx, client, h.state.HealthURL, reachable)
+		if h.ctx.Err() != nil {
+			break
+		}
+		if ok {
+			fails = 0
+			h.setHealth("ready")
+			continue
+		}
+		fails++
+		if fails == failThreshold {
+			h.setHealth("failing")
+			msg := fmt.Sprintf("Health failing: remote endpoint %s (%s, %d checks in a row); stopping the task", h.state.HealthURL, detail, fails)
+			d.emit(h.taskConfig, msg, nil)
+			h.exited(&drivers.ExitResult{ExitCode: 1, Err: errors.New(msg)}, time.Now())
+			h.cancel()
+			return
+		}
+	}
+	h.exited(&drivers.ExitResult{}, time.Now())
+}

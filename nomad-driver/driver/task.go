@@ -1,0 +1,340 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/drivers/shared/executor"
+	"github.com/hashicorp/nomad/nomad/structs"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"golang.org/x/sys/unix"
+
+	cstructs "github.com/hashicorp/nomad/client/structs"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+	"github.com/oasis-llm/oasis/nomad-driver/render"
+)
+
+// ErrNoProcess is returned for process operations on openai_compat tasks.
+var ErrNoProcess = errors.New("engine openai_compat runs no process")
+
+// plan decodes and renders a task's config. Errors name the field at fault;
+// they are not recoverable: restarting cannot fix a job file.
+func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
+	var tc config.TaskConfig
+	if err := cfg.DecodeDriverConfig(&tc); err != nil {
+		return nil, fmt.Errorf("decoding llm task config: %w", err)
+	}
+	in := render.Input{
+		Config:   tc,
+		Ports:    map[string]render.Port{},
+		GPUs:     render.GPUsFromEnv(cfg.Env),
+		LocalDir: cfg.TaskDir().LocalDir,
+	}
+	if cfg.Resources != nil && cfg.Resources.Ports != nil {
+		for _, p := range *cfg.Resources.Ports {
+			in.Ports[p.Label] = render.Port{HostIP: p.HostIP, Value: p.Value}
+		}
+	}
+	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) {
+		pc, _, _ := d.pluginConfig()
+		bin, err := resolveBinary(tc.Engine, tc.Binary, pc)
+		if err != nil {
+			field := "binary"
+			if tc.Binary == "" {
+				field = "engine"
+			}
+			return nil, &config.FieldError{Field: field, Msg: err.Error() +
+				" (set the task's binary, or binaries in the plugin config)"}
+		}
+		in.Binary = bin
+	}
+	p, err := render.Render(in)
+	if err != nil {
+		return nil, fmt.Errorf("invalid llm task config: %w", err)
+	}
+	return p, nil
+}
+
+func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	if _, ok := d.tasks.Get(cfg.ID); ok {
+		return nil, nil, fmt.Errorf("task with ID %q already started", cfg.ID)
+	}
+	plan, err := d.plan(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	logger := d.logger.With("alloc_id", cfg.AllocID, "task_name", cfg.Name)
+	st := TaskState{
+		TaskConfig:    cfg,
+		Engine:        plan.Config.Engine,
+		Model:         plan.Config.ServedModelName,
+		HealthURL:     plan.HealthURL,
+		HealthTimeout: plan.Config.HealthTimeoutOrDefault(),
+		Remote:        plan.NoProcess,
+	}
+	handle := drivers.NewTaskHandle(taskHandleVersion)
+	handle.Config = cfg
+
+	if plan.NoProcess {
+		return d.startRemote(cfg, handle, st, logger)
+	}
+
+	for _, f := range plan.Files {
+		if err := os.WriteFile(f.Path, f.Content, 0o644); err != nil {
+			return nil, nil, structs.NewRecoverableError(fmt.Errorf("writing %s: %w", f.Path, err), true)
+		}
+	}
+	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(plan.Argv, " ")), nil)
+
+	_, nomadConfig, compute := d.pluginConfig()
+	execCfg := &executor.ExecutorConfig{
+		LogFile:  cfg.TaskDir().Dir + "/executor.out",
+		LogLevel: "debug",
+		Compute:  compute,
+	}
+	exec, pluginClient, err := executor.CreateExecutor(logger, nomadConfig, execCfg)
+	if err != nil {
+		return nil, nil, structs.NewRecoverableError(fmt.Errorf("creating executor: %w", err), true)
+	}
+	env := make(map[string]string, len(cfg.Env)+len(plan.Env))
+	for k, v := range cfg.Env {
+		env[k] = v
+	}
+	for k, v := range plan.Env {
+		env[k] = v
+	}
+	envList := make([]string, 0, len(env))
+	for k, v := range env {
+		envList = append(envList, k+"="+v)
+	}
+	slices.Sort(envList)
+	ps, err := exec.Launch(&executor.ExecCommand{
+		Cmd:              plan.Argv[0],
+		Args:             plan.Argv[1:],
+		Env:              envList,
+		User:             cfg.User,
+		TaskDir:          cfg.TaskDir().Dir,
+		StdoutPath:       cfg.StdoutPath,
+		StderrPath:       cfg.StderrPath,
+		NetworkIsolation: cfg.NetworkIsolation,
+		Resources:        cfg.Resources.Copy(),
+	})
+	if err != nil {
+		pluginClient.Kill()
+		return nil, nil, structs.NewRecoverableError(fmt.Errorf("launching %s: %w", plan.Argv[0], err), true)
+	}
+
+	st.Pid = ps.Pid
+	st.StartedAt = time.Now()
+	st.ReattachConfig = pstructs.ReattachConfigFromGoPlugin(pluginClient.ReattachConfig())
+	if err := handle.SetDriverState(&st); err != nil {
+		_ = exec.Shutdown("", 0)
+		pluginClient.Kill()
+		return nil, nil, fmt.Errorf("storing driver state: %w", err)
+	}
+	h := newHandle(logger, st)
+	h.exec, h.pluginClient = exec, pluginClient
+	d.tasks.Set(cfg.ID, h)
+	d.emit(cfg, fmt.Sprintf("Loading model %s (pid %d)", plan.Config.Model, ps.Pid), nil)
+	go d.waitProcess(h)
+	go d.watchHealth(h, false)
+	return handle, nil, nil
+}
+
+func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
+	if handle == nil {
+		return errors.New("recovering task: nil handle")
+	}
+	if _, ok := d.tasks.Get(handle.Config.ID); ok {
+		return nil // already attached
+	}
+	var st TaskState
+	if err := handle.GetDriverState(&st); err != nil {
+		return fmt.Errorf("decoding driver state of task %s: %w", handle.Config.ID, err)
+	}
+	if st.TaskConfig == nil {
+		st.TaskConfig = handle.Config
+	}
+	logger := d.logger.With("alloc_id", handle.Config.AllocID, "task_name", handle.Config.Name)
+	h := newHandle(logger, st)
+	if st.Remote {
+		d.tasks.Set(handle.Config.ID, h)
+		go d.watchRemote(h)
+		return nil
+	}
+	rc, err := pstructs.ReattachConfigToGoPlugin(st.ReattachConfig)
+	if err != nil {
+		return fmt.Errorf("building reattach config of task %s: %w", handle.Config.ID, err)
+	}
+	_, _, compute := d.pluginConfig()
+	exec, pluginClient, err := executor.ReattachToExecutor(rc, logger, compute)
+	if err != nil {
+		return fmt.Errorf("reattaching to the executor of task %s (pid %d): %w", handle.Config.ID, st.Pid, err)
+	}
+	h.exec, h.pluginClient = exec, pluginClient
+	d.tasks.Set(handle.Config.ID, h)
+	d.emit(h.taskConfig, fmt.Sprintf("Reattached to engine (pid %d) after a client restart", st.Pid), nil)
+	go d.waitProcess(h)
+	go d.watchHealth(h, true)
+	return nil
+}
+
+func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.ExitResult, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	ch := make(chan *drivers.ExitResult, 1)
+	go func() {
+		defer close(ch)
+		select {
+		case <-h.doneCh:
+			ch <- h.result()
+		case <-ctx.Done():
+		case <-d.ctx.Done():
+		}
+	}()
+	return ch, nil
+}
+
+func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) error {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	h.stopping.Store(true)
+	if h.exec == nil {
+		h.cancel()
+		<-h.doneCh
+		return nil
+	}
+	// The executor signals the engine's process group, waits up to
+	// kill_timeout, then SIGKILLs the group.
+	if err := h.exec.Shutdown(signal, timeout); err != nil {
+		if h.pluginClient.Exited() {
+			return nil
+		}
+		return fmt.Errorf("stopping engine: executor shutdown: %w", err)
+	}
+	<-h.doneCh
+	h.pluginClient.Kill()
+	return nil
+}
+
+func (d *Driver) DestroyTask(taskID string, force bool) error {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.IsRunning() && !force {
+		return errors.New("cannot destroy a running task")
+	}
+	h.stopping.Store(true)
+	h.cancel()
+	if h.exec != nil && !h.pluginClient.Exited() {
+		if err := h.exec.Shutdown("", 0); err != nil {
+			h.logger.Error("destroying executor", "error", err)
+		}
+		h.pluginClient.Kill()
+	}
+	d.tasks.Delete(taskID)
+	return nil
+}
+
+func (d *Driver) InspectTask(taskID string) (*drivers.TaskStatus, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	return h.TaskStatus(), nil
+}
+
+func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *cstructs.TaskResourceUsage, error) {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if h.exec != nil {
+		return h.exec.Stats(ctx, interval)
+	}
+	// A remote endpoint uses no local resources; report zeros so the
+	// client's stats collection keeps working.
+	ch := make(chan *cstructs.TaskResourceUsage)
+	go func() {
+		defer close(ch)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-h.doneCh:
+				return
+			case now := <-t.C:
+				select {
+				case ch <- &cstructs.TaskResourceUsage{Timestamp: now.UnixNano(), ResourceUsage: &cstructs.ResourceUsage{
+					MemoryStats: &cstructs.MemoryStats{}, CpuStats: &cstructs.CpuStats{}}}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return ch, nil
+}
+
+func (d *Driver) SignalTask(taskID string, signal string) error {
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.exec == nil {
+		return ErrNoProcess
+	}
+	sig := unix.SignalNum(strings.ToUpper(signal))
+	if sig == 0 {
+		return fmt.Errorf("unknown signal %q", signal)
+	}
+	return h.exec.Signal(sig)
+}
+
+func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*drivers.ExecTaskResult, error) {
+	if len(cmd) == 0 {
+		return nil, errors.New("exec: command must have at least one element")
+	}
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return nil, drivers.ErrTaskNotFound
+	}
+	if h.exec == nil {
+		return nil, ErrNoProcess
+	}
+	out, code, err := h.exec.Exec(time.Now().Add(timeout), cmd[0], cmd[1:])
+	if err != nil {
+		return nil, err
+	}
+	return &drivers.ExecTaskResult{Stdout: out, ExitResult: &drivers.ExitResult{ExitCode: code}}, nil
+}
+
+var _ drivers.ExecTaskStreamingRawDriver = (*Driver)(nil)
+
+func (d *Driver) ExecTaskStreamingRaw(ctx context.Context, taskID string, command []string, tty bool, stream drivers.ExecTaskStream) error {
+	if len(command) == 0 {
+		return errors.New("exec: command must have at least one element")
+	}
+	h, ok := d.tasks.Get(taskID)
+	if !ok {
+		return drivers.ErrTaskNotFound
+	}
+	if h.exec == nil {
+		return ErrNoProcess
+	}
+	return h.exec.ExecStreaming(ctx, command, tty, stream)
+}
