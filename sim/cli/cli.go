@@ -1,0 +1,590 @@
+// Package cli parses oasis-sim's command line, shaped like `vllm serve`, and runs the
+// server.
+//
+//	oasis-sim serve MODEL [--flag value | --flag=value]...
+//	oasis-sim --version
+//
+// Every flag Oasis's Nomad driver renders for vLLM is accepted. Flags oasis-sim does
+// not model are accepted and logged once; a malformed value for any flag it knows is an
+// error naming the flag.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/sim/engine"
+	"github.com/oasis-llm/oasis/sim/server"
+)
+
+// Version is oasis-sim's version; `oasis-sim --version` prints "oasis-sim <Version>".
+var Version = "0.1.0"
+
+// Options is a parsed `serve` command line.
+type Options struct {
+	Model            string
+	Host             string
+	Port             int
+	ServedModelNames []string
+	MaxModelLen      int // 0: derived
+	Speed            float64
+	Seed             uint64
+	Engine           engine.Config
+	Power            engine.PowerModel
+	KVEvents         *kvevents.PublisherConfig
+	KVTransfer       json.RawMessage
+	LogLevel         string
+	// Ignored lists accepted flags that oasis-sim does not model, with their values.
+	Ignored []string
+
+	gpuUtil  float64
+	kvLayout kvevents.Layout
+}
+
+// kind is how a flag's value is parsed.
+type kind int
+
+const (
+	kString kind = iota
+	kInt
+	kFloat
+	kBool
+	kJSON
+	kList
+	kDuration
+)
+
+type flagSpec struct {
+	kind kind
+	// modelled flags set opts; the rest are validated and reported as ignored.
+	set func(o *Options, v string) error
+}
+
+// vLLM boolean flags that take no value, so the next argument is not swallowed.
+var vllmBools = map[string]bool{
+	"trust-remote-code": true, "enforce-eager": true, "disable-log-requests": true, "enable-log-requests": true,
+	"disable-log-stats": true, "enable-chunked-prefill": true, "enable-lora": true, "disable-custom-all-reduce": true,
+	"enable-auto-tool-choice": true, "enable-prompt-tokens-details": true, "enable-request-id-headers": true,
+	"disable-frontend-multiprocessing": true, "async-scheduling": true, "disable-fastapi-docs": true,
+	"enable-sleep-mode": true, "headless": true, "enable-expert-parallel": true, "skip-tokenizer-init": true,
+	"disable-uvicorn-access-log": true, "enable-server-load-tracking": true, "return-tokens-as-token-ids": true,
+	"disable-sliding-window": true, "enable-force-include-usage": true, "enable-log-outputs": true,
+}
+
+func specs() map[string]flagSpec {
+	return map[string]flagSpec{
+		"model": {kString, func(o *Options, v string) error { o.Model = v; return nil }},
+		"host":  {kString, func(o *Options, v string) error { o.Host = v; return nil }},
+		"port": {kInt, func(o *Options, v string) error {
+			n, err := atoiRange(v, 0, 65535)
+			o.Port = n
+			return err
+		}},
+		"served-model-name": {kList, nil}, // handled by the parser (one or more values)
+		"max-model-len": {kString, func(o *Options, v string) error {
+			n, err := parseHumanInt(v)
+			if err == nil && n < 1 {
+				err = errors.New("must be positive")
+			}
+			o.MaxModelLen = n
+			return err
+		}},
+		"block-size": {kInt, func(o *Options, v string) error {
+			n, err := atoiRange(v, 1, 1<<20)
+			o.Engine.BlockSize = n
+			return err
+		}},
+		"num-gpu-blocks":          {kInt, setNumBlocks},
+		"num-gpu-blocks-override": {kInt, setNumBlocks},
+		"max-num-seqs": {kInt, func(o *Options, v string) error {
+			n, err := atoiRange(v, 1, 1<<30)
+			o.Engine.MaxNumSeqs = n
+			return err
+		}},
+		"max-num-batched-tokens": {kInt, func(o *Options, v string) error {
+			n, err := parseHumanInt(v)
+			if err == nil && n < 1 {
+				err = errors.New("must be positive")
+			}
+			o.Engine.MaxNumBatchedTokens = n
+			return err
+		}},
+		"gpu-memory-utilization": {kFloat, func(o *Options, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil && (f <= 0 || f > 1) {
+				err = errors.New("must be in (0, 1]")
+			}
+			o.gpuUtil = f
+			return err
+		}},
+		"tensor-parallel-size":   {kInt, validatePositive},
+		"tp":                     {kInt, validatePositive},
+		"pipeline-parallel-size": {kInt, validatePositive},
+		"data-parallel-size":     {kInt, validatePositive},
+		"seed": {kInt, func(o *Options, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			o.Seed = uint64(n)
+			return err
+		}},
+		"enable-prefix-caching": {kBool, func(o *Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			o.Engine.DisablePrefixCaching = !b
+			return err
+		}},
+		"kv-events-config":   {kJSON, setKVEvents},
+		"kv-transfer-config": {kJSON, func(o *Options, v string) error { o.KVTransfer = json.RawMessage(v); return nil }},
+		"kv-offloading-backend": {kString, func(o *Options, v string) error {
+			if v != "native" && v != "lmcache" {
+				return errors.New(`must be "native" or "lmcache"`)
+			}
+			return nil
+		}},
+		"kv-offloading-size": {kFloat, func(o *Options, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil && f < 0 {
+				err = errors.New("must not be negative")
+			}
+			return err
+		}},
+		"speed": {kFloat, func(o *Options, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil && f < 0 {
+				err = errors.New("must not be negative")
+			}
+			o.Speed = f
+			return err
+		}},
+		"step-time-base":              {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.StepBase, v) }},
+		"step-time-per-prefill-token": {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerPrefillToken, v) }},
+		"step-time-per-decode-seq":    {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerDecodeSeq, v) }},
+		"power-idle-watts":            {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.IdleWatts, v) }},
+		"power-watts-per-util":        {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.WattsPerUtil, v) }},
+		"kv-events-layout": {kString, func(o *Options, v string) error {
+			switch v {
+			case "map":
+				o.kvLayout = kvevents.LayoutMap
+			case "array":
+				o.kvLayout = kvevents.LayoutArray
+			default:
+				return errors.New(`must be "map" or "array"`)
+			}
+			return nil
+		}},
+		"log-level": {kString, func(o *Options, v string) error {
+			if hclog.LevelFromString(v) == hclog.NoLevel {
+				return errors.New("must be trace, debug, info, warn or error")
+			}
+			o.LogLevel = v
+			return nil
+		}},
+		// Accepted, validated, not modelled.
+		"dtype": {kString, nil}, "api-key": {kString, nil}, "tokenizer": {kString, nil}, "revision": {kString, nil},
+		"quantization": {kString, nil}, "max-logprobs": {kInt, nil}, "swap-space": {kFloat, nil},
+		"cpu-offload-gb": {kFloat, nil}, "download-dir": {kString, nil}, "load-format": {kString, nil},
+		"uvicorn-log-level": {kString, nil}, "chat-template": {kString, nil}, "generation-config": {kString, nil},
+		"kv-cache-dtype": {kString, nil}, "distributed-executor-backend": {kString, nil},
+		"data-parallel-rank": {kInt, nil}, "data-parallel-address": {kString, nil}, "data-parallel-rpc-port": {kInt, nil},
+		"compilation-config": {kJSON, nil}, "speculative-config": {kJSON, nil}, "override-generation-config": {kJSON, nil},
+		"limit-mm-per-prompt": {kJSON, nil}, "hf-overrides": {kJSON, nil},
+	}
+}
+
+func (o *Options) ignore(name, v string) { o.Ignored = append(o.Ignored, "--"+name+" "+v) }
+
+func validatePositive(o *Options, v string) error {
+	_, err := atoiRange(v, 1, 1<<20)
+	return err
+}
+
+func setNumBlocks(o *Options, v string) error {
+	n, err := atoiRange(v, 1, 1<<31-1)
+	o.Engine.NumGPUBlocks = n
+	return err
+}
+
+func setDur(d *time.Duration, v string) error {
+	x, err := time.ParseDuration(v)
+	if err == nil && x < 0 {
+		err = errors.New("must not be negative")
+	}
+	*d = x
+	return err
+}
+
+func setNonNeg(f *float64, v string) error {
+	x, err := strconv.ParseFloat(v, 64)
+	if err == nil && x < 0 {
+		err = errors.New("must not be negative")
+	}
+	*f = x
+	return err
+}
+
+func atoiRange(v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, errors.New("not an integer")
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("must be between %d and %d", lo, hi)
+	}
+	return n, nil
+}
+
+// parseHumanInt accepts vLLM's human-readable sizes: 2048, 32k, 32K (1024), 1m, 1M.
+func parseHumanInt(v string) (int, error) {
+	mult := 1
+	s := v
+	switch {
+	case strings.HasSuffix(v, "k"):
+		mult, s = 1000, v[:len(v)-1]
+	case strings.HasSuffix(v, "K"):
+		mult, s = 1024, v[:len(v)-1]
+	case strings.HasSuffix(v, "m"):
+		mult, s = 1000000, v[:len(v)-1]
+	case strings.HasSuffix(v, "M"):
+		mult, s = 1<<20, v[:len(v)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, errors.New("not an integer")
+	}
+	return n * mult, nil
+}
+
+// kvEventsConfig is vLLM's KVEventsConfig.
+type kvEventsConfig struct {
+	EnableKVCacheEvents bool    `json:"enable_kv_cache_events"`
+	Publisher           string  `json:"publisher"`
+	Endpoint            string  `json:"endpoint"`
+	ReplayEndpoint      *string `json:"replay_endpoint"`
+	BufferSteps         int     `json:"buffer_steps"`
+	HWM                 int     `json:"hwm"`
+	MaxQueueSize        int     `json:"max_queue_size"`
+	Topic               string  `json:"topic"`
+}
+
+func setKVEvents(o *Options, v string) error {
+	c := kvEventsConfig{Publisher: "null", Endpoint: "tcp://*:5557"}
+	dec := json.NewDecoder(strings.NewReader(v))
+	if err := dec.Decode(&c); err != nil {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	if !c.EnableKVCacheEvents {
+		o.KVEvents = nil
+		return nil
+	}
+	switch c.Publisher {
+	case "zmq":
+	case "null", "":
+		// vLLM enables events with the null publisher: nothing leaves the process.
+		o.KVEvents = nil
+		return nil
+	default:
+		return fmt.Errorf("publisher %q: oasis-sim supports \"zmq\" and \"null\"", c.Publisher)
+	}
+	if !strings.HasPrefix(c.Endpoint, "tcp://") {
+		return fmt.Errorf("endpoint %q: oasis-sim binds tcp:// endpoints only", c.Endpoint)
+	}
+	pc := &kvevents.PublisherConfig{Endpoint: c.Endpoint, Topic: c.Topic, BufferSize: c.BufferSteps}
+	if c.ReplayEndpoint != nil {
+		pc.ReplayEndpoint = *c.ReplayEndpoint
+	}
+	o.KVEvents = pc
+	return nil
+}
+
+// Parse parses the arguments after "serve".
+func Parse(args []string) (*Options, error) {
+	o := &Options{Host: "127.0.0.1", Port: 8000, Speed: 1, LogLevel: "info", gpuUtil: 0.9, Power: engine.DefaultPower}
+	sp := specs()
+	var positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			positional = append(positional, a)
+			continue
+		}
+		name := strings.TrimLeft(a, "-")
+		value, hasValue := "", false
+		if k := strings.IndexByte(name, '='); k >= 0 {
+			name, value, hasValue = name[:k], name[k+1:], true
+		}
+		name = strings.ReplaceAll(name, "_", "-")
+		if name == "" {
+			return nil, fmt.Errorf("invalid argument %q", a)
+		}
+		spec, known := sp[name]
+		negated := false
+		if !known && strings.HasPrefix(name, "no-") {
+			if s2, ok := sp[strings.TrimPrefix(name, "no-")]; ok && s2.kind == kBool {
+				spec, known, negated = s2, true, true
+				name = strings.TrimPrefix(name, "no-")
+			}
+		}
+		next := func() (string, bool) {
+			if hasValue {
+				return value, true
+			}
+			if i+1 < len(args) && (!strings.HasPrefix(args[i+1], "-") || looksNumeric(args[i+1])) {
+				i++
+				return args[i], true
+			}
+			return "", false
+		}
+		if !known {
+			// Unknown flag: a vLLM boolean or --no-x takes no value; otherwise the next
+			// non-flag argument is its value.
+			v := ""
+			if !vllmBools[name] && !strings.HasPrefix(name, "no-") {
+				v, _ = next()
+			} else if hasValue {
+				v = value
+			}
+			o.ignore(name, v)
+			continue
+		}
+		switch spec.kind {
+		case kBool:
+			v := "true"
+			if hasValue {
+				v = value
+			}
+			if negated {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return nil, fmt.Errorf("invalid value for --no-%s: %q", name, v)
+				}
+				v = strconv.FormatBool(!b)
+			}
+			if err := spec.set(o, v); err != nil {
+				return nil, fmt.Errorf("invalid value for --%s: %q: %v", name, v, err)
+			}
+		case kList:
+			var vals []string
+			if hasValue {
+				vals = append(vals, value)
+			} else {
+				for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+					i++
+					vals = append(vals, args[i])
+				}
+			}
+			if len(vals) == 0 {
+				return nil, fmt.Errorf("flag --%s needs at least one value", name)
+			}
+			o.ServedModelNames = vals
+		default:
+			v, ok := next()
+			if !ok {
+				return nil, fmt.Errorf("flag --%s needs a value", name)
+			}
+			if spec.kind == kJSON && !json.Valid([]byte(v)) {
+				return nil, fmt.Errorf("invalid value for --%s: not valid JSON: %q", name, v)
+			}
+			if spec.set == nil {
+				if err := checkKind(spec.kind, v); err != nil {
+					return nil, fmt.Errorf("invalid value for --%s: %q: %v", name, v, err)
+				}
+				o.ignore(name, v)
+				continue
+			}
+			if err := spec.set(o, v); err != nil {
+				return nil, fmt.Errorf("invalid value for --%s: %q: %v", name, v, err)
+			}
+			if notModelled[name] {
+				o.ignore(name, v)
+			}
+		}
+	}
+	switch {
+	case len(positional) > 1:
+		return nil, fmt.Errorf("unexpected arguments %q (want exactly one MODEL)", positional[1:])
+	case len(positional) == 1 && o.Model != "" && o.Model != positional[0]:
+		return nil, fmt.Errorf("MODEL %q and --model %q disagree", positional[0], o.Model)
+	case len(positional) == 1:
+		o.Model = positional[0]
+	}
+	if o.Model == "" {
+		return nil, errors.New("MODEL is required: oasis-sim serve MODEL [flags]")
+	}
+	if o.Engine.NumGPUBlocks == 0 {
+		bs := o.Engine.BlockSize
+		if bs == 0 {
+			bs = 16
+		}
+		o.Engine.NumGPUBlocks = engine.BlocksForMemory(o.gpuUtil, bs)
+		if o.Engine.NumGPUBlocks < 1 {
+			return nil, fmt.Errorf("invalid value for --gpu-memory-utilization: %v leaves no memory for the KV cache (give --num-gpu-blocks)", o.gpuUtil)
+		}
+	}
+	if o.KVEvents != nil {
+		o.KVEvents.Layout = o.kvLayout
+	}
+	return o, nil
+}
+
+// notModelled are flags that are parsed and validated but change nothing.
+var notModelled = map[string]bool{
+	"tensor-parallel-size": true, "tp": true, "pipeline-parallel-size": true, "data-parallel-size": true,
+	"kv-offloading-backend": true, "kv-offloading-size": true,
+}
+
+func looksNumeric(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil
+}
+
+func checkKind(k kind, v string) error {
+	switch k {
+	case kInt:
+		if _, err := strconv.Atoi(v); err != nil {
+			return errors.New("not an integer")
+		}
+	case kFloat:
+		if _, err := strconv.ParseFloat(v, 64); err != nil {
+			return errors.New("not a number")
+		}
+	}
+	return nil
+}
+
+// Main runs oasis-sim with os.Args[1:]-style arguments and returns the exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "--version", "-v", "version":
+		fmt.Fprintf(stdout, "oasis-sim %s\n", Version)
+		return 0
+	case "-h", "--help", "help":
+		fmt.Fprintln(stdout, usage)
+		return 0
+	case "serve":
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n%s\n", args[0], usage)
+		return 2
+	}
+	for _, a := range args[1:] {
+		if a == "--version" {
+			fmt.Fprintf(stdout, "oasis-sim %s\n", Version)
+			return 0
+		}
+		if a == "-h" || a == "--help" {
+			fmt.Fprintln(stdout, usage)
+			return 0
+		}
+	}
+	o, err := Parse(args[1:])
+	if err != nil {
+		fmt.Fprintf(stderr, "oasis-sim: %v\n", err)
+		return 2
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-sim", Level: hclog.LevelFromString(o.LogLevel), Output: stderr})
+	if err := Serve(ctx, o, log, nil); err != nil {
+		log.Error("exiting", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// Serve runs the server until ctx ends or SIGINT/SIGTERM. If ready is non-nil it
+// receives the bound API address once listening.
+func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.Addr) error {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	seen := map[string]bool{}
+	for _, ig := range o.Ignored {
+		name, _, _ := strings.Cut(ig, " ")
+		if !seen[name] {
+			seen[name] = true
+			log.Info("flag accepted but not modelled by oasis-sim", "flag", ig)
+		}
+	}
+	bs := o.Engine.BlockSize
+	if bs == 0 {
+		bs = engine.DefaultConfig().BlockSize
+	}
+	capacity := o.Engine.NumGPUBlocks * bs
+	maxLen := o.MaxModelLen
+	if maxLen == 0 {
+		maxLen = min(131072, capacity)
+	} else if maxLen > capacity {
+		return fmt.Errorf("max model len %d is larger than the KV cache (%d tokens in %d blocks): raise --num-gpu-blocks or lower --max-model-len",
+			maxLen, capacity, o.Engine.NumGPUBlocks)
+	}
+	cfg := server.Config{
+		Model: o.Model, ServedModelNames: o.ServedModelNames, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
+		Engine: o.Engine, Power: o.Power, KVEvents: o.KVEvents, KVTransfer: len(o.KVTransfer) > 0,
+		Host: o.Host, Version: Version, Logger: log,
+	}
+	srv, err := server.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)))
+	if err != nil {
+		return fmt.Errorf("listening: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	go srv.Run(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	attrs := []any{"addr", ln.Addr().String(), "model", o.Model, "served", cfg.ServedModelNames, "speed", o.Speed,
+		"block_size", o.Engine.BlockSize, "num_gpu_blocks", o.Engine.NumGPUBlocks, "max_model_len", maxLen}
+	if a := srv.KVEventsAddr(); a != nil {
+		attrs = append(attrs, "kv_events", a.String())
+	}
+	log.Info("serving", attrs...)
+	if ready != nil {
+		ready <- ln.Addr()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	return nil
+}
+
+const usage = `usage: oasis-sim serve MODEL [flags]     (flags as vllm serve; see sim/README.md)
+       oasis-sim --version`
+
+// IgnoredFlagNames returns the sorted names of accepted-but-unmodelled flags.
+func (o *Options) IgnoredFlagNames() []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, ig := range o.Ignored {
+		n, _, _ := strings.Cut(ig, " ")
+		if !seen[n] {
+			seen[n] = true
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,153 @@
+package engine
+
+import "github.com/oasis-llm/oasis/internal/kvevents"
+
+const noBlock = -1
+
+// block is one KV-cache block. Blocks live in a fixed array; the free queue is an
+// intrusive doubly linked list over indexes, as vLLM's FreeKVCacheBlockQueue.
+type block struct {
+	hash       uint64
+	ref        int32
+	prev, next int32
+	hashed     bool
+	free       bool
+}
+
+// blockPool is vLLM's BlockPool: a fixed number of blocks, a free queue ordered by
+// eviction priority (head evicted first), and a map from block hash to cached block.
+// A block with ref 0 and a hash is both free and cached: a prefix hit revives it,
+// an allocation evicts it.
+type blockPool struct {
+	blocks     []block
+	head, tail int32 // free queue ends, noBlock when empty
+	numFree    int
+	cached     map[uint64]int32
+	events     []kvevents.Event // pending events, drained by the engine each step
+	emit       bool
+}
+
+func newBlockPool(n int, emit bool) *blockPool {
+	p := &blockPool{blocks: make([]block, n), head: noBlock, tail: noBlock, cached: make(map[uint64]int32), emit: emit}
+	for i := range p.blocks {
+		p.blocks[i] = block{prev: noBlock, next: noBlock}
+		p.pushTail(int32(i))
+	}
+	return p
+}
+
+func (p *blockPool) pushTail(i int32) {
+	b := &p.blocks[i]
+	b.free, b.prev, b.next = true, p.tail, noBlock
+	if p.tail != noBlock {
+		p.blocks[p.tail].next = i
+	} else {
+		p.head = i
+	}
+	p.tail = i
+	p.numFree++
+}
+
+func (p *blockPool) unlink(i int32) {
+	b := &p.blocks[i]
+	if b.prev != noBlock {
+		p.blocks[b.prev].next = b.next
+	} else {
+		p.head = b.next
+	}
+	if b.next != noBlock {
+		p.blocks[b.next].prev = b.prev
+	} else {
+		p.tail = b.prev
+	}
+	b.free, b.prev, b.next = false, noBlock, noBlock
+	p.numFree--
+}
+
+// lookup returns the cached block holding hash, if any.
+func (p *blockPool) lookup(hash uint64) (int32, bool) {
+	i, ok := p.cached[hash]
+	return i, ok
+}
+
+// touch takes a reference on a cached block found by lookup, reviving it from the
+// free queue if nobody held it.
+func (p *blockPool) touch(i int32) {
+	b := &p.blocks[i]
+	if b.ref == 0 && b.free {
+		p.unlink(i)
+	}
+	b.ref++
+}
+
+// allocate pops a block from the head of the free queue, evicting its cached hash.
+// The caller checks numFree first.
+func (p *blockPool) allocate() int32 {
+	i := p.head
+	p.unlink(i)
+	b := &p.blocks[i]
+	if b.hashed {
+		delete(p.cached, b.hash)
+		if p.emit {
+			p.removed(b.hash)
+		}
+		b.hashed = false
+	}
+	b.ref = 1
+	return i
+}
+
+func (p *blockPool) removed(h uint64) {
+	// Coalesce consecutive evictions into one BlockRemoved, as vLLM's step batch does.
+	if n := len(p.events); n > 0 {
+		if r, ok := p.events[n-1].(kvevents.BlockRemoved); ok {
+			r.BlockHashes = append(r.BlockHashes, kvevents.HashUint64(h))
+			p.events[n-1] = r
+			return
+		}
+	}
+	p.events = append(p.events, kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.HashUint64(h)}, Medium: kvevents.MediumGPU})
+}
+
+// release drops one reference to each block, in reverse order so a request's tail
+// blocks are evicted before its head blocks (vLLM's free order).
+func (p *blockPool) release(ids []int32) {
+	for k := len(ids) - 1; k >= 0; k-- {
+		i := ids[k]
+		b := &p.blocks[i]
+		b.ref--
+		if b.ref == 0 {
+			p.pushTail(i)
+		}
+	}
+}
+
+// cache records block i as holding hash. It returns false, leaving the block uncached,
+// when another block already holds the hash (two requests computed the same block in
+// the same step); vLLM then keeps both, oasis-sim keeps the first so that a
+// BlockRemoved always means the engine no longer has the block.
+func (p *blockPool) cache(i int32, hash uint64) bool {
+	if _, ok := p.cached[hash]; ok {
+		return false
+	}
+	b := &p.blocks[i]
+	b.hash, b.hashed = hash, true
+	p.cached[hash] = i
+	return true
+}
+
+// reset drops every cached hash (vLLM's reset_prefix_cache). Only valid when no block
+// is referenced.
+func (p *blockPool) reset() bool {
+	if p.numFree != len(p.blocks) {
+		return false
+	}
+	for i := range p.blocks {
+		p.blocks[i].hashed = false
+	}
+	clear(p.cached)
+	if p.emit {
+		p.events = append(p.events, kvevents.AllBlocksCleared{})
+	}
+	return true
+}
