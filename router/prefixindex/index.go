@@ -477,8 +477,10 @@ func (ix *Index) growWords(words int) {
 
 // Remove records that worker id no longer holds the digests in the given
 // tiers (0 means every tier). Unknown digests are ignored: engines report
-// removals of blocks stored before the router subscribed.
-func (ix *Index) Remove(id string, tier Tier, digests []uint64) error {
+// removals of blocks stored before the router subscribed. When left is not
+// nil it must have len(digests) elements and receives the tiers in which the
+// worker still holds each digest afterwards.
+func (ix *Index) Remove(id string, tier Tier, digests []uint64, left []Tier) error {
 	if tier == 0 {
 		tier = allTiers
 	}
@@ -488,7 +490,13 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64) error {
 	if !ok {
 		return fmt.Errorf("removing blocks for %q: %w", id, ErrUnknownWorker)
 	}
-	for _, d := range digests {
+	if left != nil && len(left) != len(digests) {
+		return fmt.Errorf("removing blocks for %q: %d digests but %d results", id, len(digests), len(left))
+	}
+	for k, d := range digests {
+		if left != nil {
+			left[k] = 0
+		}
 		s, found := ix.lookup(d)
 		if !found {
 			continue
@@ -498,6 +506,9 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64) error {
 			n := ix.node(i)
 			if n.slot == w.slot {
 				n.tiers &^= tier
+				if left != nil {
+					left[k] = n.tiers
+				}
 				if n.tiers == 0 {
 					ix.unlink(w, i)
 				} else if r := ix.node(first).wide; r != 0 {

@@ -85,13 +85,13 @@ func TestMatchTierWeights(t *testing.T) {
 	must.Eq(t, TierGPU|TierCPU, ix.Holds("a", 1))
 
 	// Dropping the GPU copy leaves the CPU copy.
-	must.NoError(t, ix.Remove("a", TierGPU, []uint64{1}))
+	must.NoError(t, ix.Remove("a", TierGPU, []uint64{1}, nil))
 	must.Eq(t, TierCPU, ix.Holds("a", 1))
 	m = ix.Match([]uint64{1, 2}, w, nil)
 	must.Eq(t, 1.5, m[0].Weighted)
 	must.Eq(t, 0, m[0].GPUBlocks)
 	// Removing all tiers drops the entry.
-	must.NoError(t, ix.Remove("a", 0, []uint64{1}))
+	must.NoError(t, ix.Remove("a", 0, []uint64{1}, nil))
 	must.Eq(t, 0, ix.Holds("a", 1))
 	must.SliceLen(t, 0, ix.Match([]uint64{1, 2}, w, nil))
 }
@@ -195,7 +195,7 @@ func TestAgainstModel(t *testing.T) {
 			must.NoError(t, ix.Store(w, tier, []uint64{d}, 0))
 			model[w][d] |= tier
 		case r < 95:
-			must.NoError(t, ix.Remove(w, tier, []uint64{d}))
+			must.NoError(t, ix.Remove(w, tier, []uint64{d}, nil))
 			if model[w][d] &^= tier; model[w][d] == 0 {
 				delete(model[w], d)
 			}
@@ -267,7 +267,7 @@ func TestConcurrentMatchWhileApplying(t *testing.T) {
 		defer wg.Done()
 		for i := 0; i < 300; i++ {
 			_ = ix.Store("a", TierGPU, chain, int64(i))
-			_ = ix.Remove("a", 0, chain[32:])
+			_ = ix.Remove("a", 0, chain[32:], nil)
 			_, _ = ix.ClearWorker("a")
 		}
 		close(stop)

@@ -1,0 +1,195 @@
+package cachestate
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/oasis-llm/oasis/internal/blockdigest"
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/router/prefixindex"
+)
+
+// engineKey folds an engine block hash (uint64, or 32-byte sha256) to 64 bits
+// for the engine-hash → digest map.
+func engineKey(h kvevents.Hash) uint64 {
+	if v, ok := h.Uint64(); ok {
+		return v
+	}
+	b := h.Bytes()
+	if len(b) >= 8 {
+		return binary.BigEndian.Uint64(b[:8])
+	}
+	var pad [8]byte
+	copy(pad[8-len(b):], b)
+	return binary.BigEndian.Uint64(pad[:])
+}
+
+// EventWorker turns one engine's KV events into prefix index updates. It
+// recomputes Oasis digests from each BlockStored event's token ids and its
+// parent (so the router never depends on the engine's hash function), and
+// keeps the engine-hash → digest map that BlockRemoved and the next
+// BlockStored's parent need. It is not safe for concurrent use: one goroutine
+// (the engine's subscriber) feeds it.
+type EventWorker struct {
+	id     string
+	model  string
+	index  *prefixindex.Index
+	dig    *Digester
+	hashes map[uint64]blockdigest.Digest
+
+	// reusable buffers
+	keys  []uint64
+	left  []prefixindex.Tier
+	block []uint32
+
+	stats EventStats
+}
+
+// EventStats counts what an EventWorker did.
+type EventStats struct {
+	Batches, BlocksStored, BlocksRemoved, Clears int64
+	// Resyncs counts drops of the worker's whole state after a sequence gap or
+	// a publisher restart.
+	Resyncs int64
+	// Orphans counts stored blocks whose parent the router does not know (it
+	// subscribed, or resynchronised, after the parent was stored): their
+	// prefix cannot be digested, so they are not indexed.
+	Orphans int64
+	// Malformed counts events rejected as inconsistent (token count, block size).
+	Malformed int64
+}
+
+// NewEventWorker returns the event state of worker id serving model. The
+// worker must be registered in index.
+func NewEventWorker(id, model string, index *prefixindex.Index, dig *Digester) *EventWorker {
+	return &EventWorker{id: id, model: model, index: index, dig: dig, hashes: make(map[uint64]blockdigest.Digest)}
+}
+
+// Stats returns the counters so far.
+func (w *EventWorker) Stats() EventStats { return w.stats }
+
+// Resync drops everything known about the worker: its index entries and the
+// engine-hash map. What the engine still caches reappears as it is stored again.
+func (w *EventWorker) Resync() error {
+	w.stats.Resyncs++
+	return w.clear()
+}
+
+func (w *EventWorker) clear() error {
+	w.hashes = make(map[uint64]blockdigest.Digest) // a cleared map keeps its buckets
+	if _, err := w.index.ClearWorker(w.id); err != nil {
+		return fmt.Errorf("clearing worker %s: %w", w.id, err)
+	}
+	return nil
+}
+
+// Apply applies one received batch at time now (ns, for the index's LRU
+// stamps). A gap in sequence numbers or a publisher restart first drops the
+// worker's state: a stale entry would route requests to a cache that is gone.
+func (w *EventWorker) Apply(m kvevents.Message, now int64) error {
+	w.stats.Batches++
+	if m.Missed > 0 || m.Restarted {
+		if err := w.Resync(); err != nil {
+			return err
+		}
+	}
+	for _, ev := range m.Batch.Events {
+		var err error
+		switch e := ev.(type) {
+		case kvevents.BlockStored:
+			err = w.stored(&e, now)
+		case *kvevents.BlockStored:
+			err = w.stored(e, now)
+		case kvevents.BlockRemoved:
+			err = w.removed(&e)
+		case *kvevents.BlockRemoved:
+			err = w.removed(e)
+		case kvevents.AllBlocksCleared, *kvevents.AllBlocksCleared:
+			w.stats.Clears++
+			err = w.clear()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
+	tier, ok := TierOfMedium(e.Medium)
+	if !ok || e.BlockSize <= 0 || len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize {
+		w.stats.Malformed++
+		return nil
+	}
+	parent := blockdigest.Root
+	if e.ParentBlockHash != nil {
+		p, known := w.hashes[engineKey(*e.ParentBlockHash)]
+		if !known {
+			w.stats.Orphans += int64(len(e.BlockHashes))
+			return nil
+		}
+		parent = p
+	}
+	dom := blockdigest.Domain{Model: w.model, LoRA: e.LoraName}
+	h, err := w.dig.Hasher(dom, e.BlockSize)
+	if err != nil {
+		return fmt.Errorf("digesting blocks of %s: %w", w.id, err)
+	}
+	defer w.dig.Release(dom, h)
+	if cap(w.block) < e.BlockSize {
+		w.block = make([]uint32, e.BlockSize)
+	}
+	block := w.block[:e.BlockSize]
+	keys := w.keys[:0]
+	for i, bh := range e.BlockHashes {
+		for j, t := range e.TokenIDs[i*e.BlockSize : (i+1)*e.BlockSize] {
+			block[j] = uint32(t)
+		}
+		d, err := h.Extend(parent, block)
+		if err != nil {
+			return fmt.Errorf("digesting blocks of %s: %w", w.id, err)
+		}
+		w.hashes[engineKey(bh)] = d
+		keys = append(keys, Key(d))
+		parent = d
+	}
+	w.keys = keys
+	w.stats.BlocksStored += int64(len(keys))
+	return w.index.Store(w.id, tier, keys, now)
+}
+
+func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
+	tier, ok := TierOfMedium(e.Medium)
+	if !ok {
+		w.stats.Malformed++
+		return nil
+	}
+	keys, ek := w.keys[:0], make([]uint64, 0, len(e.BlockHashes))
+	for _, bh := range e.BlockHashes {
+		k := engineKey(bh)
+		d, known := w.hashes[k]
+		if !known {
+			continue
+		}
+		keys = append(keys, Key(d))
+		ek = append(ek, k)
+	}
+	w.keys = keys
+	if cap(w.left) < len(keys) {
+		w.left = make([]prefixindex.Tier, len(keys))
+	}
+	left := w.left[:len(keys)]
+	if err := w.index.Remove(w.id, tier, keys, left); err != nil {
+		return err
+	}
+	for i, k := range ek {
+		if left[i] == 0 {
+			delete(w.hashes, k)
+		}
+	}
+	w.stats.BlocksRemoved += int64(len(keys))
+	return nil
+}
+
+// KnownHashes returns how many engine block hashes the worker maps.
+func (w *EventWorker) KnownHashes() int { return len(w.hashes) }

@@ -1,0 +1,309 @@
+// Package cachestate keeps the router's view of which engine holds which KV
+// blocks, learned two ways:
+//
+//   - event-driven, for engines that publish vLLM-style KV events (the
+//     oasis_kv_events service meta): one ZMQ subscriber per engine feeds an
+//     EventWorker, which recomputes Oasis block digests from the events' token
+//     ids and resynchronises (drops the worker's entries) on sequence gaps,
+//     publisher restarts and AllBlocksCleared;
+//   - approximate, for engines without events (llama.cpp, openai_compat): the
+//     router records its own routing decisions in a second index whose entries
+//     expire after a TTL and are bounded by a per-worker LRU capacity, a model
+//     of the engine's cache.
+//
+// Engines come and go with discovery: Sync starts and stops subscribers and
+// drops the state of engines that left.
+package cachestate
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/blockdigest"
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/router/prefixindex"
+)
+
+// Engine is what cachestate needs to know about one engine instance.
+type Engine struct {
+	ID        string // worker id (Consul/Nomad service instance id)
+	Model     string // served model name: the digest domain
+	Address   string // host:port of the engine, to resolve a wildcard events host
+	BlockSize int    // tokens per KV block
+	// KVEvents is the engine's ZMQ PUB endpoint ("" when it publishes none).
+	KVEvents string
+}
+
+// Config tunes a State.
+type Config struct {
+	// EventCapacity bounds each event-driven worker's index entries, a safety
+	// net: the engine's own eviction events normally keep it smaller.
+	EventCapacity int
+	// ApproxCapacity models an event-less engine's cache size in blocks.
+	ApproxCapacity int
+	// ApproxTTL forgets a routing decision after this long.
+	ApproxTTL time.Duration
+	Logger    hclog.Logger
+	// Now is the clock (tests and the cluster simulator drive their own).
+	Now func() time.Time
+}
+
+// Defaults for Config's zero fields.
+const (
+	DefaultEventCapacity  = 1 << 20
+	DefaultApproxCapacity = 1 << 15 // 512k tokens of 16-token blocks
+	DefaultApproxTTL      = 10 * time.Minute
+)
+
+// State is the router's cache view. Its methods are safe for concurrent use.
+type State struct {
+	cfg    Config
+	log    hclog.Logger
+	dig    *Digester
+	events *prefixindex.Index
+	approx *prefixindex.Index
+
+	mu      sync.Mutex
+	engines map[string]*engineState
+}
+
+type engineState struct {
+	eng    Engine
+	events bool
+	ew     *EventWorker
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex // guards ew against Stats readers
+}
+
+// New returns an empty State.
+func New(cfg Config) *State {
+	if cfg.EventCapacity <= 0 {
+		cfg.EventCapacity = DefaultEventCapacity
+	}
+	if cfg.ApproxCapacity <= 0 {
+		cfg.ApproxCapacity = DefaultApproxCapacity
+	}
+	if cfg.ApproxTTL <= 0 {
+		cfg.ApproxTTL = DefaultApproxTTL
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &State{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		dig:     NewDigester(),
+		events:  prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.EventCapacity}),
+		approx:  prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.ApproxCapacity, TTL: int64(cfg.ApproxTTL)}),
+		engines: make(map[string]*engineState),
+	}
+}
+
+// Digester returns the State's digester, for computing request keys.
+func (s *State) Digester() *Digester { return s.dig }
+
+// EventIndex and ApproxIndex expose the two indexes (read-mostly use: Match, Stats).
+func (s *State) EventIndex() *prefixindex.Index  { return s.events }
+func (s *State) ApproxIndex() *prefixindex.Index { return s.approx }
+
+// ResolveEndpoint turns an engine's advertised events endpoint into one the
+// router can dial: a wildcard or empty host ("tcp://*:5557") is replaced by
+// the host of the engine's API address.
+func ResolveEndpoint(endpoint, apiAddress string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "tcp" || u.Port() == "" {
+		return "", fmt.Errorf("kv events endpoint %q: want tcp://host:port", endpoint)
+	}
+	host := u.Hostname()
+	if host == "*" || host == "" || host == "0.0.0.0" || host == "::" {
+		h, _, err := net.SplitHostPort(apiAddress)
+		if err != nil {
+			return "", fmt.Errorf("kv events endpoint %q has a wildcard host and the engine address %q has none: %w", endpoint, apiAddress, err)
+		}
+		host = h
+	}
+	return "tcp://" + net.JoinHostPort(host, u.Port()), nil
+}
+
+// Sync makes the State follow exactly the given engines: new event-driven
+// engines get a subscriber, engines whose endpoint changed are resubscribed
+// from scratch, engines that left lose their subscriber and their entries.
+func (s *State) Sync(ctx context.Context, engines []Engine) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := make(map[string]bool, len(engines))
+	for _, e := range engines {
+		seen[e.ID] = true
+		old, ok := s.engines[e.ID]
+		if ok && old.eng == e {
+			continue
+		}
+		if ok {
+			s.stopLocked(old)
+		}
+		s.startLocked(ctx, e)
+	}
+	for id, es := range s.engines {
+		if !seen[id] {
+			s.stopLocked(es)
+		}
+	}
+}
+
+func (s *State) startLocked(ctx context.Context, e Engine) {
+	es := &engineState{eng: e}
+	s.engines[e.ID] = es
+	if e.KVEvents == "" {
+		_ = s.approx.AddWorker(e.ID, 0)
+		return
+	}
+	endpoint, err := ResolveEndpoint(e.KVEvents, e.Address)
+	if err != nil {
+		s.log.Warn("engine has an unusable kv events endpoint; learning from routing decisions instead", "engine", e.ID, "error", err)
+		_ = s.approx.AddWorker(e.ID, 0)
+		return
+	}
+	if err := s.events.AddWorker(e.ID, 0); err != nil {
+		s.log.Error("cannot index engine", "engine", e.ID, "error", err)
+		return
+	}
+	es.events = true
+	es.ew = NewEventWorker(e.ID, e.Model, s.events, s.dig)
+	sctx, cancel := context.WithCancel(ctx)
+	es.cancel, es.done = cancel, make(chan struct{})
+	go s.subscribe(sctx, es, endpoint)
+}
+
+func (s *State) stopLocked(es *engineState) {
+	if es.cancel != nil {
+		es.cancel()
+		<-es.done
+	}
+	s.events.RemoveWorker(es.eng.ID)
+	s.approx.RemoveWorker(es.eng.ID)
+	delete(s.engines, es.eng.ID)
+}
+
+// subscribe feeds one engine's events into its EventWorker until ctx ends.
+// The subscriber redials by itself; what a reconnect lost shows up as a
+// sequence gap (or a restart) on the next message, which resynchronises.
+func (s *State) subscribe(ctx context.Context, es *engineState, endpoint string) {
+	defer close(es.done)
+	log := s.log.With("engine", es.eng.ID, "endpoint", endpoint)
+	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: endpoint, Logger: log})
+	if err != nil {
+		log.Error("cannot subscribe to kv events", "error", err)
+		return
+	}
+	defer sub.Close()
+	for {
+		m, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// The stream broke in a way the subscriber cannot resume: whatever
+			// comes next may have missed events, so start over clean.
+			log.Warn("kv events stream failed; resynchronising", "error", err)
+			es.mu.Lock()
+			_ = es.ew.Resync()
+			es.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
+		if m.Missed > 0 || m.Restarted {
+			log.Info("kv events gap; resynchronising", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq)
+		}
+		es.mu.Lock()
+		err = es.ew.Apply(m, s.cfg.Now().UnixNano())
+		es.mu.Unlock()
+		if err != nil {
+			log.Warn("applying kv events", "error", err)
+		}
+	}
+}
+
+// Close stops every subscriber.
+func (s *State) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, es := range s.engines {
+		s.stopLocked(es)
+	}
+}
+
+// EventDriven reports whether the engine's state comes from its events.
+func (s *State) EventDriven(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	es, ok := s.engines[id]
+	return ok && es.events
+}
+
+// EngineStats returns the event counters of an event-driven engine.
+func (s *State) EngineStats(id string) (EventStats, bool) {
+	s.mu.Lock()
+	es, ok := s.engines[id]
+	s.mu.Unlock()
+	if !ok || es.ew == nil {
+		return EventStats{}, false
+	}
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	return es.ew.Stats(), true
+}
+
+// Record learns a routing decision for an engine without events: the engine
+// that served keys is assumed to hold them now. Decisions for event-driven
+// engines are ignored — their events say what they really cached.
+func (s *State) Record(id string, keys []uint64) {
+	s.mu.Lock()
+	es, ok := s.engines[id]
+	s.mu.Unlock()
+	if !ok || es.events || len(keys) == 0 {
+		return
+	}
+	now := s.cfg.Now().UnixNano()
+	if err := s.approx.Store(id, prefixindex.TierGPU, keys, now); err != nil {
+		s.log.Debug("recording routing decision", "engine", id, "error", err)
+	}
+	s.approx.Expire(now)
+}
+
+// Match returns every engine's longest held prefix of keys, from both
+// indexes (an engine is in only one of them).
+func (s *State) Match(keys []uint64, w prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match {
+	out = s.events.Match(keys, w, out)
+	return s.approx.Match(keys, w, out)
+}
+
+// Keys computes a request's index keys for a model and block size.
+func (s *State) Keys(dst []uint64, model string, blockSize int, tokens []uint32) ([]uint64, error) {
+	return s.dig.AppendKeys(dst, blockdigest.Domain{Model: model}, blockSize, tokens)
+}
+
+// Engines lists the engines followed, sorted by id.
+func (s *State) Engines() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]string, 0, len(s.engines))
+	for id := range s.engines {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

@@ -1,0 +1,155 @@
+package cachestate
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/router/prefixindex"
+	"github.com/shoenig/test/must"
+)
+
+func TestResolveEndpoint(t *testing.T) {
+	cases := []struct {
+		endpoint, addr, want, err string
+	}{
+		{"tcp://*:5557", "10.0.0.5:8000", "tcp://10.0.0.5:5557", ""},
+		{"tcp://0.0.0.0:5557", "10.0.0.5:8000", "tcp://10.0.0.5:5557", ""},
+		{"tcp://10.0.0.9:5557", "10.0.0.5:8000", "tcp://10.0.0.9:5557", ""},
+		{"tcp://*:5557", "[::1]:8000", "tcp://[::1]:5557", ""},
+		{"ipc:///tmp/x", "10.0.0.5:8000", "", "want tcp://host:port"},
+		{"tcp://host", "10.0.0.5:8000", "", "want tcp://host:port"},
+		{"tcp://*:5557", "nohostport", "", "wildcard host"},
+	}
+	for _, tc := range cases {
+		got, err := ResolveEndpoint(tc.endpoint, tc.addr)
+		if tc.err != "" {
+			must.ErrorContains(t, err, tc.err)
+			continue
+		}
+		must.NoError(t, err)
+		must.Eq(t, tc.want, got)
+	}
+}
+
+func matchBlocks(s *State, keys []uint64, id string) int {
+	for _, m := range s.Match(keys, prefixindex.DefaultTierWeights(), nil) {
+		if m.Worker == id {
+			return m.Blocks
+		}
+	}
+	return 0
+}
+
+// publishUntil publishes batch repeatedly (a PUB socket drops messages until
+// the subscriber's connection is up) until cond holds.
+func publishUntil(t *testing.T, pub *kvevents.Publisher, batch kvevents.EventBatch, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10s")
+		}
+		_, err := pub.Publish(batch)
+		must.NoError(t, err)
+		time.Sleep(30 * time.Millisecond)
+	}
+}
+
+// TestStateOverZMQ runs the event-driven path over real ZMQ sockets: events
+// reach the index, a publisher restart on the same port resynchronises the
+// worker, and an engine leaving discovery takes its entries with it.
+func TestStateOverZMQ(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	must.NoError(t, err)
+	port := pub.Addr().(*net.TCPAddr).Port
+
+	s := New(Config{})
+	defer s.Close()
+	eng := Engine{ID: "e1", Model: "model-a", Address: "127.0.0.1:1", BlockSize: bs, KVEvents: fmt.Sprintf("tcp://*:%d", port)}
+	s.Sync(ctx, []Engine{eng})
+	must.True(t, s.EventDriven("e1"))
+
+	seq := toks(1, 3*bs)
+	k := keys(t, "model-a", seq)
+	first := kvevents.EventBatch{TS: 1, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(1), h(2), h(3)}, seq, "")}}
+	publishUntil(t, pub, first, func() bool { return matchBlocks(s, k, "e1") == 3 })
+
+	// Restart: a new publisher on the same port counts from seq 0 again.
+	must.NoError(t, pub.Close())
+	var pub2 *kvevents.Publisher
+	for i := 0; ; i++ {
+		pub2, err = kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)})
+		if err == nil {
+			break
+		}
+		must.Less(t, 50, i, must.Sprintf("rebinding port %d: %v", port, err))
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer pub2.Close()
+	fresh := toks(500, bs)
+	kf := keys(t, "model-a", fresh)
+	second := kvevents.EventBatch{TS: 2, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(9)}, fresh, "")}}
+	publishUntil(t, pub2, second, func() bool { return matchBlocks(s, kf, "e1") == 1 })
+	must.Eq(t, 0, matchBlocks(s, k, "e1"))
+	st, ok := s.EngineStats("e1")
+	must.True(t, ok)
+	must.Positive(t, st.Resyncs)
+
+	// The engine leaves: subscriber stopped, entries dropped.
+	s.Sync(ctx, nil)
+	must.Eq(t, 0, matchBlocks(s, kf, "e1"))
+	must.SliceEmpty(t, s.Engines())
+	must.Eq(t, 0, s.EventIndex().Stats().Entries)
+}
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestApproximateLearning(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	s := New(Config{ApproxCapacity: 4, ApproxTTL: time.Minute, Now: clock.Now})
+	defer s.Close()
+	ctx := context.Background()
+	s.Sync(ctx, []Engine{
+		{ID: "llama", Model: "m", Address: "127.0.0.1:1", BlockSize: bs},
+		{ID: "vllm", Model: "m", Address: "127.0.0.1:2", BlockSize: bs, KVEvents: "tcp://127.0.0.1:1"},
+	})
+	must.False(t, s.EventDriven("llama"))
+	must.True(t, s.EventDriven("vllm"))
+	k, err := s.Keys(nil, "m", bs, toks(1, 3*bs))
+	must.NoError(t, err)
+	s.Record("llama", k)
+	s.Record("vllm", k) // ignored: its events are the truth
+	must.Eq(t, 3, matchBlocks(s, k, "llama"))
+	must.Eq(t, 0, matchBlocks(s, k, "vllm"))
+
+	// Capacity model: 4 blocks; a second 3-block prompt evicts the oldest two.
+	k2, err := s.Keys(nil, "m", bs, toks(100, 3*bs))
+	must.NoError(t, err)
+	clock.Add(time.Second)
+	s.Record("llama", k2)
+	must.Eq(t, 3, matchBlocks(s, k2, "llama"))
+	must.Eq(t, 0, matchBlocks(s, k, "llama")) // block 0 of k was evicted first
+
+	// TTL: a minute later without a new decision it is forgotten.
+	clock.Add(2 * time.Minute)
+	s.Record("llama", k[:1])
+	must.Eq(t, 0, matchBlocks(s, k2, "llama"))
+	must.Eq(t, 1, matchBlocks(s, k, "llama"))
+}
