@@ -1,0 +1,165 @@
+package scoring
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/oasis-llm/oasis/router/prefixindex"
+)
+
+// PrefixSource is the router's view of cache contents (cachestate.State
+// implements it): it turns prompt tokens into block keys and matches them.
+type PrefixSource interface {
+	Keys(dst []uint64, model string, blockSize int, tokens []uint32) ([]uint64, error)
+	Match(keys []uint64, w prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match
+}
+
+// DefaultBlockSize is assumed for workers that do not advertise oasis_block_size.
+const DefaultBlockSize = 16
+
+// DefaultLoadSlack is the hot-spot guard's ε (see PrefixTerm).
+const DefaultLoadSlack = 0.25
+
+// DefaultLoadFloor is the hot-spot guard's smallest bound, in requests.
+const DefaultLoadFloor = 4
+
+// PrefixTerm ("prefix") prefers the worker that already holds the longest
+// prefix of the request's prompt in its KV cache:
+//
+//	prefix_i = Σ_{matched blocks b} tierWeight(b) / request blocks
+//
+// with tier weights GPU 1.0, CPU 0.75, disk 0.25, peer 0.5 by default, so a
+// worker holding the whole prompt in GPU memory scores 1.
+//
+// Hot-spot guard (bounded-load affinity, after Mirrokni et al.'s consistent
+// hashing with bounded loads): a worker whose load is at or above
+//
+//	bound = max(⌈(1+ε) · (Σ_j L_j + 1) / n⌉, floor)
+//
+// gets no prefix credit. (The floor, a few requests, keeps affinity at low
+// load, where a worker with one request in its batch is not overloaded.) When every request starts with one shared system
+// prompt, the first worker that caches it would otherwise win every request.
+// With the bound, once that worker carries (1+ε)× its fair share the next
+// requests go to other workers (chosen by load and their own overlap), which
+// then cache the prompt too: a hot prefix is replicated on as many workers as
+// its traffic needs, and max/mean load stays near 1+ε, while requests whose
+// prefix sits on an unloaded worker still go there.
+type PrefixTerm struct {
+	Source PrefixSource
+	// LoadSlack is ε; a negative value disables the guard (pure affinity,
+	// the "prefix-only" baseline of the routing benchmark).
+	LoadSlack float64
+	// LoadFloor is the smallest bound (default DefaultLoadFloor).
+	LoadFloor float64
+
+	tiers atomic.Pointer[prefixindex.TierWeights]
+	pool  sync.Pool // *prefixScratch
+}
+
+type prefixScratch struct {
+	keys    []uint64
+	matches []prefixindex.Match
+}
+
+// NewPrefixTerm returns the term over src with default tier weights and guard.
+func NewPrefixTerm(src PrefixSource) *PrefixTerm {
+	return &PrefixTerm{Source: src, LoadSlack: DefaultLoadSlack, LoadFloor: DefaultLoadFloor}
+}
+
+// SetTierWeights changes the tier weights (from the policy document).
+func (t *PrefixTerm) SetTierWeights(w prefixindex.TierWeights) { t.tiers.Store(&w) }
+
+// TierWeights returns the tier weights in use.
+func (t *PrefixTerm) TierWeights() prefixindex.TierWeights {
+	if w := t.tiers.Load(); w != nil {
+		return *w
+	}
+	return prefixindex.DefaultTierWeights()
+}
+
+func (*PrefixTerm) Name() string { return "prefix" }
+
+// Score implements Term. Requests without prompt tokens (no tokenizer for the
+// model) score Neutral everywhere.
+func (t *PrefixTerm) Score(ctx context.Context, req *Request, workers []*Worker, out []float64) {
+	for i := range workers {
+		out[i] = Neutral
+	}
+	if t.Source == nil || len(workers) == 0 {
+		return
+	}
+	tokens, err := req.PromptTokens(ctx)
+	if err != nil || len(tokens) == 0 {
+		return
+	}
+	sc, _ := t.pool.Get().(*prefixScratch)
+	if sc == nil {
+		sc = &prefixScratch{}
+	}
+	defer t.pool.Put(sc)
+	tiers := t.TierWeights()
+
+	// Workers of one model normally share a block size: one digest pass and
+	// one index match per distinct (model, block size).
+	done := make([]bool, len(workers))
+	for i, w := range workers {
+		if done[i] {
+			continue
+		}
+		bs := blockSizeOf(w)
+		keys, err := t.Source.Keys(sc.keys[:0], w.Model, bs, tokens)
+		sc.keys = keys
+		if err != nil || len(keys) == 0 {
+			for j := i; j < len(workers); j++ {
+				if workers[j].Model == w.Model && blockSizeOf(workers[j]) == bs {
+					done[j] = true
+				}
+			}
+			continue
+		}
+		sc.matches = t.Source.Match(keys, tiers, sc.matches[:0])
+		for j := i; j < len(workers); j++ {
+			wj := workers[j]
+			if done[j] || wj.Model != w.Model || blockSizeOf(wj) != bs {
+				continue
+			}
+			done[j] = true
+			out[j] = 0
+			for _, m := range sc.matches {
+				if m.Worker == wj.ID {
+					out[j] = clamp01(m.Weighted / float64(len(keys)))
+					break
+				}
+			}
+		}
+	}
+	t.guard(workers, out)
+}
+
+// guard zeroes the prefix credit of workers at or above the load bound.
+func (t *PrefixTerm) guard(workers []*Worker, out []float64) {
+	if t.LoadSlack < 0 || len(workers) < 2 {
+		return
+	}
+	total := 0.0
+	loads := make([]float64, len(workers))
+	for i, w := range workers {
+		loads[i] = w.Signals().Load()
+		total += loads[i]
+	}
+	bound := math.Max(math.Ceil((1+t.LoadSlack)*(total+1)/float64(len(workers))), t.LoadFloor)
+	for i, l := range loads {
+		if l >= bound {
+			out[i] = 0
+		}
+	}
+}
+
+func blockSizeOf(w *Worker) int {
+	if w.BlockSize > 0 {
+		return w.BlockSize
+	}
+	return DefaultBlockSize
+}

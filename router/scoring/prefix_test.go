@@ -1,0 +1,169 @@
+package scoring
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/oasis-llm/oasis/router/cachestate"
+	"github.com/oasis-llm/oasis/router/prefixindex"
+	"github.com/shoenig/test/must"
+)
+
+const testBS = 4
+
+func prompt(start, blocks int) []uint32 {
+	out := make([]uint32, blocks*testBS)
+	for i := range out {
+		out[i] = uint32(start + i)
+	}
+	return out
+}
+
+func tokReq(tokens []uint32) *Request {
+	return &Request{Model: "m", Tokenize: func(context.Context, *Request) ([]uint32, error) { return tokens, nil }}
+}
+
+// newPrefixState returns a cache state following approximate-learning
+// workers (no events), so the tests can put blocks where they want.
+func newPrefixState(t *testing.T, ids ...string) *cachestate.State {
+	s := cachestate.New(cachestate.Config{})
+	t.Cleanup(s.Close)
+	var engs []cachestate.Engine
+	for _, id := range ids {
+		engs = append(engs, cachestate.Engine{ID: id, Model: "m", Address: "127.0.0.1:1", BlockSize: testBS})
+	}
+	s.Sync(context.Background(), engs)
+	return s
+}
+
+func hold(t *testing.T, s *cachestate.State, id string, tokens []uint32) {
+	keys, err := s.Keys(nil, "m", testBS, tokens)
+	must.NoError(t, err)
+	s.Record(id, keys)
+}
+
+func bsWorker(id string, inFlight int) *Worker {
+	w := worker(id, inFlight, nil, -1)
+	w.BlockSize = testBS
+	return w
+}
+
+func TestPrefixTermOverlap(t *testing.T) {
+	s := newPrefixState(t, "a", "b", "c")
+	p := prompt(1, 8)
+	hold(t, s, "a", p[:4*testBS])
+	hold(t, s, "b", p)
+	term := NewPrefixTerm(s)
+	ws := []*Worker{bsWorker("a", 0), bsWorker("b", 0), bsWorker("c", 0)}
+	out := make([]float64, 3)
+	term.Score(context.Background(), tokReq(p), ws, out)
+	approx(t, []float64{0.5, 1, 0}, out)
+
+	// A partial trailing block does not count as a request block.
+	term.Score(context.Background(), tokReq(append(append([]uint32{}, p...), 1, 2)), ws, out)
+	approx(t, []float64{0.5, 1, 0}, out)
+
+	// Tier weights: halve the GPU weight.
+	term.SetTierWeights(prefixindex.TierWeights{GPU: 0.5, CPU: 0.25})
+	term.Score(context.Background(), tokReq(p), ws, out)
+	approx(t, []float64{0.25, 0.5, 0}, out)
+}
+
+func TestPrefixTermNoTokensIsNeutral(t *testing.T) {
+	s := newPrefixState(t, "a")
+	term := NewPrefixTerm(s)
+	out := []float64{0}
+	term.Score(context.Background(), &Request{Model: "m"}, []*Worker{bsWorker("a", 0)}, out)
+	approx(t, []float64{Neutral}, out)
+	// Shorter than one block: nothing to match either.
+	term.Score(context.Background(), tokReq([]uint32{1, 2}), []*Worker{bsWorker("a", 0)}, out)
+	approx(t, []float64{Neutral}, out)
+}
+
+func TestPrefixTermGuardBound(t *testing.T) {
+	s := newPrefixState(t, "a", "b", "c", "d")
+	p := prompt(1, 4)
+	hold(t, s, "a", p)
+	hold(t, s, "b", p)
+	cases := []struct {
+		name  string
+		slack float64
+		loads [4]int
+		want  []float64
+	}{
+		// total 12, n 4: bound ⌈1.25·13/4⌉ = 5; a (10) is over it, b (2) is not.
+		{"overloaded holder loses credit", 0.25, [4]int{10, 2, 0, 0}, []float64{0, 1, 0, 0}},
+		{"guard off", -1, [4]int{10, 2, 0, 0}, []float64{1, 1, 0, 0}},
+		// Below the floor (4) affinity always holds.
+		{"floor", 0.25, [4]int{3, 0, 0, 0}, []float64{1, 1, 0, 0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			term := NewPrefixTerm(s)
+			term.LoadSlack = tc.slack
+			ws := make([]*Worker, 4)
+			for i, id := range []string{"a", "b", "c", "d"} {
+				ws[i] = bsWorker(id, tc.loads[i])
+			}
+			out := make([]float64, 4)
+			term.Score(context.Background(), tokReq(p), ws, out)
+			approx(t, tc.want, out)
+		})
+	}
+}
+
+// TestSharedSystemPromptDoesNotHotSpot sends a burst of requests that all
+// start with one long shared system prompt (plus a short distinct suffix)
+// and never finish, learning each decision like the router does. Pure
+// affinity piles every request on the first holder; the guarded weighted
+// policy keeps max/mean in-flight within the bound while still reusing the
+// prompt on the workers it spread to.
+func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
+	const n, burst = 8, 64
+	system := prompt(1, 30)
+	run := func(slack float64, weights map[string]float64) (maxIn, meanIn float64, holders int) {
+		ids := make([]string, n)
+		ws := make([]*Worker, n)
+		for i := range ws {
+			ids[i] = fmt.Sprintf("w%d", i)
+			ws[i] = bsWorker(ids[i], 0)
+		}
+		s := newPrefixState(t, ids...)
+		term := NewPrefixTerm(s)
+		term.LoadSlack = slack
+		reg, err := NewRegistry(append(BuiltinTerms(), term)...)
+		must.NoError(t, err)
+		sel := NewSelector(reg)
+		cfg := Config{Policy: Weighted, Weights: weights}
+		must.NoError(t, reg.Validate(cfg))
+		for r := 0; r < burst; r++ {
+			tokens := append(append([]uint32{}, system...), prompt(10000+r*100, 2)...)
+			d, err := sel.Pick(context.Background(), cfg, tokReq(tokens), ws)
+			must.NoError(t, err)
+			d.Worker.Live.Begin(1)
+			hold(t, s, d.Worker.ID, tokens)
+		}
+		keys, err := s.Keys(nil, "m", testBS, system)
+		must.NoError(t, err)
+		for _, m := range s.Match(keys, prefixindex.DefaultTierWeights(), nil) {
+			if m.Blocks == len(keys) {
+				holders++
+			}
+		}
+		for _, w := range ws {
+			l := w.Signals().Load()
+			maxIn = max(maxIn, l)
+			meanIn += l / n
+		}
+		return maxIn, meanIn, holders
+	}
+
+	maxIn, meanIn, holders := run(-1, map[string]float64{"prefix": 1})
+	must.Eq(t, float64(burst), maxIn, must.Sprint("pure affinity sends the whole burst to the first holder"))
+	must.Eq(t, 1, holders)
+
+	maxIn, meanIn, holders = run(DefaultLoadSlack, map[string]float64{"prefix": 1, "load": 1})
+	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("guarded imbalance max %v mean %v", maxIn, meanIn))
+	must.Greater(t, 1, holders)
+}
