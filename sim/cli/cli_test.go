@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/shoenig/test/must"
+)
+
+// The argv Oasis's Nomad driver renders for engine "sim" (nomad-driver/render golden
+// files), with every vLLM flag it can render.
+func TestParseDriverArgv(t *testing.T) {
+	argv := []string{
+		"meta-llama/Llama-3.1-8B-Instruct",
+		"--host", "10.0.0.5", "--port", "20001",
+		"--served-model-name", "meta-llama/Llama-3.1-8B-Instruct",
+		"--tensor-parallel-size", "1",
+		"--max-model-len", "32768",
+		"--gpu-memory-utilization", "0.85",
+		"--block-size", "16",
+		"--kv-transfer-config", `{"kv_connector":"MultiConnector","kv_role":"kv_both","kv_connector_extra_config":{"connectors":[{"kv_connector":"NixlConnector","kv_role":"kv_both"},{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}]}}`,
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://10.0.0.5:20002","topic":"kv-events"}`,
+		"--kv-offloading-backend", "native", "--kv-offloading-size", "8",
+		"--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--num-gpu-blocks", "5000", "--seed", "42",
+	}
+	o, err := Parse(argv)
+	must.NoError(t, err)
+	must.Eq(t, "meta-llama/Llama-3.1-8B-Instruct", o.Model)
+	must.Eq(t, "10.0.0.5", o.Host)
+	must.Eq(t, 20001, o.Port)
+	must.Eq(t, []string{"meta-llama/Llama-3.1-8B-Instruct"}, o.ServedModelNames)
+	must.Eq(t, 32768, o.MaxModelLen)
+	must.Eq(t, 16, o.Engine.BlockSize)
+	must.Eq(t, 5000, o.Engine.NumGPUBlocks)
+	must.Eq(t, 128, o.Engine.MaxNumSeqs)
+	must.Eq(t, 4096, o.Engine.MaxNumBatchedTokens)
+	must.Eq(t, uint64(42), o.Seed)
+	must.NotNil(t, o.KVEvents)
+	must.Eq(t, "tcp://10.0.0.5:20002", o.KVEvents.Endpoint)
+	must.Eq(t, "kv-events", o.KVEvents.Topic)
+	must.StrContains(t, string(o.KVTransfer), "MultiConnector")
+	must.Eq(t, []string{"--kv-offloading-backend", "--kv-offloading-size", "--tensor-parallel-size"}, o.IgnoredFlagNames())
+}
+
+func TestParseForms(t *testing.T) {
+	o, err := Parse([]string{"--model=m", "--served_model_name", "a", "b", "--port=0", "--no-enable-prefix-caching",
+		"--trust-remote-code", "--dtype", "bfloat16", "--some-future-flag", "x", "--enforce-eager", "--max-model-len", "32k",
+		"--gpu-memory-utilization", "0.5", "--speed", "0", "--step-time-base", "2ms", "--power-idle-watts", "50",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","replay_endpoint":"tcp://*:5558"}`,
+		"--kv-events-layout", "array"})
+	must.NoError(t, err)
+	must.Eq(t, "m", o.Model)
+	must.Eq(t, []string{"a", "b"}, o.ServedModelNames)
+	must.True(t, o.Engine.DisablePrefixCaching)
+	must.Eq(t, 32000, o.MaxModelLen)
+	must.Eq(t, 0.0, o.Speed)
+	must.Eq(t, 2*time.Millisecond, o.Engine.Timing.StepBase)
+	must.Eq(t, 50.0, o.Power.IdleWatts)
+	must.Eq(t, 630.0, o.Power.WattsPerUtil)
+	must.Eq(t, "tcp://*:5557", o.KVEvents.Endpoint) // vLLM's default endpoint
+	must.Eq(t, "tcp://*:5558", o.KVEvents.ReplayEndpoint)
+	must.Eq(t, kvevents.LayoutArray, o.KVEvents.Layout)
+	// 0.5 × 80 GiB − 18 GiB = 22 GiB of KV at 2 MiB per block.
+	must.Eq(t, 11264, o.Engine.NumGPUBlocks)
+	must.Eq(t, []string{"--dtype", "--enforce-eager", "--some-future-flag", "--trust-remote-code"}, o.IgnoredFlagNames())
+
+	o, err = Parse([]string{"m", "--kv-events-config", `{"enable_kv_cache_events":false,"publisher":"zmq"}`})
+	must.NoError(t, err)
+	must.Nil(t, o.KVEvents)
+	must.Eq(t, "127.0.0.1", o.Host) // loopback unless told otherwise
+	must.Eq(t, 1.0, o.Speed)
+}
+
+func TestParseErrorsNameTheFlag(t *testing.T) {
+	cases := []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"m", "--port", "http"}, "--port"},
+		{[]string{"m", "--port", "70000"}, "--port"},
+		{[]string{"m", "--block-size", "0"}, "--block-size"},
+		{[]string{"m", "--max-model-len", "lots"}, "--max-model-len"},
+		{[]string{"m", "--gpu-memory-utilization", "1.5"}, "--gpu-memory-utilization"},
+		{[]string{"m", "--gpu-memory-utilization", "0.1"}, "--gpu-memory-utilization"},
+		{[]string{"m", "--tensor-parallel-size", "two"}, "--tensor-parallel-size"},
+		{[]string{"m", "--kv-events-config", "{not json"}, "--kv-events-config"},
+		{[]string{"m", "--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"kafka"}`}, "--kv-events-config"},
+		{[]string{"m", "--kv-transfer-config", `{"kv_connector":`}, "--kv-transfer-config"},
+		{[]string{"m", "--kv-offloading-backend", "disk"}, "--kv-offloading-backend"},
+		{[]string{"m", "--kv-offloading-size", "big"}, "--kv-offloading-size"},
+		{[]string{"m", "--max-num-seqs", "-1"}, "--max-num-seqs"},
+		{[]string{"m", "--max-num-batched-tokens", "x"}, "--max-num-batched-tokens"},
+		{[]string{"m", "--num-gpu-blocks", "1.5"}, "--num-gpu-blocks"},
+		{[]string{"m", "--seed", "s"}, "--seed"},
+		{[]string{"m", "--speed", "-1"}, "--speed"},
+		{[]string{"m", "--step-time-base", "6"}, "--step-time-base"},
+		{[]string{"m", "--power-watts-per-util", "-3"}, "--power-watts-per-util"},
+		{[]string{"m", "--max-logprobs", "many"}, "--max-logprobs"},
+		{[]string{"m", "--port"}, "--port"},
+		{[]string{"m", "--served-model-name"}, "--served-model-name"},
+		{[]string{"m", "--no-enable-prefix-caching=maybe"}, "--no-enable-prefix-caching"},
+	}
+	for _, c := range cases {
+		_, err := Parse(c.args)
+		must.Error(t, err, must.Sprintf("%q", c.args))
+		must.StrContains(t, err.Error(), c.flag)
+	}
+	_, err := Parse([]string{"--port", "1"})
+	must.ErrorContains(t, err, "MODEL is required")
+	_, err = Parse([]string{"a", "b"})
+	must.ErrorContains(t, err, "unexpected arguments")
+}
+
+func TestMainVersionAndUsage(t *testing.T) {
+	var out, errb bytes.Buffer
+	must.Eq(t, 0, Main(context.Background(), []string{"--version"}, &out, &errb))
+	must.Eq(t, "oasis-sim "+Version+"\n", out.String())
+	out.Reset()
+	must.Eq(t, 0, Main(context.Background(), []string{"serve", "m", "--version"}, &out, &errb))
+	must.StrContains(t, out.String(), Version)
+	must.Eq(t, 2, Main(context.Background(), []string{"serve", "m", "--port", "x"}, &out, &errb))
+	must.StrContains(t, errb.String(), "--port")
+	must.Eq(t, 2, Main(context.Background(), []string{"frobnicate"}, &out, &errb))
+}
+
+func TestServeRunsAndStops(t *testing.T) {
+	o, err := Parse([]string{"m", "--port", "0", "--num-gpu-blocks", "100", "--max-model-len", "10000", "--speed", "0"})
+	must.NoError(t, err)
+	// A max-model-len beyond the KV cache is refused at start, as vLLM does.
+	err = Serve(context.Background(), o, hclog.NewNullLogger(), nil)
+	must.ErrorContains(t, err, "larger than the KV cache")
+
+	o.MaxModelLen = 0
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, o, hclog.NewNullLogger(), ready) }()
+	addr := <-ready
+	resp, err := http.Post("http://"+addr.String()+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":2}`))
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	cancel()
+	select {
+	case err := <-done:
+		must.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not stop")
+	}
+}
