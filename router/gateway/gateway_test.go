@@ -1,0 +1,520 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/router/admission"
+	"github.com/oasis-llm/oasis/router/auth"
+	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// These tests exercise the proxy mechanics against httptest engines; the
+// integration and e2e packages run the same code against oasis-sim.
+
+type harness struct {
+	t    *testing.T
+	pool *discovery.Pool
+	m    *metrics.Metrics
+	reg  *prometheus.Registry
+	gw   *Gateway
+	srv  *httptest.Server
+	doc  *policy.Document
+}
+
+func newHarness(t *testing.T, doc *policy.Document, authn *auth.Authenticator, engines map[string]string) *harness {
+	t.Helper()
+	if doc == nil {
+		doc = &policy.Document{Policy: scoring.RoundRobin}
+	}
+	h := &harness{t: t, pool: discovery.NewPool(), reg: prometheus.NewRegistry(), doc: doc}
+	h.m = metrics.New(h.reg)
+	h.setEngines(engines)
+	terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
+	must.NoError(t, err)
+	h.gw = New(Options{Pool: h.pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
+		Admission: admission.New(), Metrics: h.m, Gatherer: h.reg, Log: hclog.NewNullLogger(), Auth: authn,
+		MaxBodyBytes: 1 << 10})
+	h.srv = httptest.NewServer(h.gw)
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+// setEngines sets the pool: id → "model@host:port".
+func (h *harness) setEngines(engines map[string]string) {
+	var ins []discovery.Instance
+	for id, spec := range engines {
+		model, addr, _ := strings.Cut(spec, "@")
+		ins = append(ins, discovery.Instance{ID: id, Address: addr, Meta: map[string]string{discovery.MetaModel: model}})
+	}
+	h.pool.Set(ins)
+}
+
+func (h *harness) post(path, body string, hdr ...string) *http.Response {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.srv.URL+path, strings.NewReader(body))
+	must.NoError(h.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	must.NoError(h.t, err)
+	return resp
+}
+
+func addr(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+
+// deadAddr is a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	a := ln.Addr().String()
+	ln.Close()
+	return a
+}
+
+// echoEngine answers with the sha256 of the body it received and counts requests.
+func echoEngine(t *testing.T, name string, hits *atomic.Int64) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		sum := sha256.Sum256(b)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"engine":%q,"body_sha256":%q,"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`,
+			name, hex.EncodeToString(sum[:]))
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+type apiErr struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Code    *string `json:"code"`
+		Param   *string `json:"param"`
+	} `json:"error"`
+}
+
+func readErr(t *testing.T, resp *http.Response) apiErr {
+	t.Helper()
+	defer resp.Body.Close()
+	must.Eq(t, "application/json", resp.Header.Get("Content-Type"))
+	var e apiErr
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	must.NotEq(t, "", e.Error.Message)
+	must.NotEq(t, "", e.Error.Type)
+	return e
+}
+
+func TestBodyForwardedUnchanged(t *testing.T) {
+	var hits atomic.Int64
+	e := echoEngine(t, "a", &hits)
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"response_format":{"type":"json_object"},"logprobs":true,"seed":7,"x_unknown":[1,2.50,"\u00e9"]}`
+	resp := h.post("/v1/chat/completions", body)
+	defer resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	var got struct {
+		Sum string `json:"body_sha256"`
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+	sum := sha256.Sum256([]byte(body))
+	must.Eq(t, hex.EncodeToString(sum[:]), got.Sum)
+	must.NotEq(t, "", resp.Header.Get("X-Request-Id"))
+	// Usage is taken from the engine's answer.
+	must.Eq(t, 5.0, value(h.m.Tokens.WithLabelValues("m", "a", "completion")))
+	must.Eq(t, 1.0, value(h.m.Requests.WithLabelValues("m", "200", "a")))
+}
+
+func TestBadInput(t *testing.T) {
+	var hits atomic.Int64
+	e := echoEngine(t, "a", &hits)
+	h := newHarness(t, &policy.Document{Policy: scoring.RoundRobin, Models: map[string]policy.Model{"configured": {}}},
+		nil, map[string]string{"a": "m@" + addr(e)})
+	cases := []struct {
+		name, path, body string
+		hdr              []string
+		status           int
+		code             string
+	}{
+		{"malformed JSON", "/v1/chat/completions", `{"model":`, nil, 400, "invalid_request"},
+		{"not an object", "/v1/completions", `[1,2]`, nil, 400, "invalid_request"},
+		{"missing model", "/v1/completions", `{"prompt":"x"}`, nil, 400, "invalid_request"},
+		{"model not a string", "/v1/completions", `{"model":3}`, nil, 400, "invalid_request"},
+		{"model key case", "/v1/completions", `{"Model":"m"}`, nil, 400, "invalid_request"},
+		{"unknown model", "/v1/completions", `{"model":"nope"}`, nil, 404, "model_not_found"},
+		{"body too large", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, "request_too_large"},
+		{"configured model, no worker", "/v1/completions", `{"model":"configured"}`, nil, 503, "no_healthy_worker"},
+		{"bad deadline", "/v1/completions", `{"model":"m"}`, []string{DeadlineHeader, "soon"}, 400, "invalid_deadline"},
+		{"unknown path", "/v1/nothing", `{}`, nil, 404, "unknown_url"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := h.post(tc.path, tc.body, tc.hdr...)
+			must.Eq(t, tc.status, resp.StatusCode)
+			e := readErr(t, resp)
+			must.NotNil(t, e.Error.Code)
+			must.Eq(t, tc.code, *e.Error.Code)
+			if tc.status == 503 {
+				must.NotEq(t, "", resp.Header.Get("Retry-After"))
+			}
+		})
+	}
+	must.Eq(t, int64(0), hits.Load())
+}
+
+func TestModelLeavesPoolGives503(t *testing.T) {
+	var hits atomic.Int64
+	e := echoEngine(t, "a", &hits)
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	resp := h.post("/v1/completions", `{"model":"m"}`)
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	h.setEngines(nil)
+	resp = h.post("/v1/completions", `{"model":"m"}`)
+	must.Eq(t, 503, resp.StatusCode)
+	must.Eq(t, "no_healthy_worker", *readErr(t, resp).Error.Code)
+}
+
+func TestStreamingFlushesEachEvent(t *testing.T) {
+	// The engine sends one event and then waits until the test has read it
+	// through the router: a buffering proxy would deadlock here.
+	next := make(chan struct{})
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-next:
+			case <-time.After(10 * time.Second):
+				return
+			}
+		}
+		fmt.Fprint(w, "data: {\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n")
+	}))
+	defer e.Close()
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`)
+	defer resp.Body.Close()
+	must.Eq(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	br := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		line, err := br.ReadString('\n')
+		must.NoError(t, err)
+		must.Eq(t, fmt.Sprintf("data: {\"i\":%d}\n", i), line)
+		_, _ = br.ReadString('\n')
+		next <- struct{}{}
+	}
+	rest, err := io.ReadAll(br)
+	must.NoError(t, err)
+	must.StrContains(t, string(rest), "[DONE]")
+	must.Eq(t, 3.0, value(h.m.Tokens.WithLabelValues("m", "a", "completion")))
+}
+
+func TestRetryBeforeFirstByte(t *testing.T) {
+	var good atomic.Int64
+	ok := echoEngine(t, "good", &good)
+	var bad atomic.Int64
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bad.Add(1)
+		http.Error(w, "boom", http.StatusInternalServerError)
+	}))
+	defer failing.Close()
+	cases := []struct {
+		name    string
+		engines map[string]string
+	}{
+		{"connect refused", map[string]string{"a-dead": "m@" + deadAddr(t), "b-good": "m@" + addr(ok)}},
+		{"5xx", map[string]string{"a-5xx": "m@" + addr(failing), "b-good": "m@" + addr(ok)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, nil, tc.engines) // round robin starts at a-*
+			good.Store(0)
+			resp := h.post("/v1/completions", `{"model":"m","prompt":"x"}`)
+			resp.Body.Close()
+			must.Eq(t, 200, resp.StatusCode)
+			must.Eq(t, int64(1), good.Load())
+			must.Eq(t, 1.0, value(h.m.Retries.WithLabelValues("m")))
+		})
+	}
+	t.Run("only one retry", func(t *testing.T) {
+		bad.Store(0)
+		f2 := httptest.NewServer(failing.Config.Handler)
+		defer f2.Close()
+		f3 := httptest.NewServer(failing.Config.Handler)
+		defer f3.Close()
+		h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(failing), "b": "m@" + addr(f2), "c": "m@" + addr(f3)})
+		resp := h.post("/v1/completions", `{"model":"m"}`)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.Eq(t, 500, resp.StatusCode) // the engine's own answer on the last attempt
+		must.StrContains(t, string(body), "boom")
+		must.Eq(t, int64(2), bad.Load())
+	})
+	t.Run("no worker left", func(t *testing.T) {
+		h := newHarness(t, nil, nil, map[string]string{"a": "m@" + deadAddr(t)})
+		resp := h.post("/v1/completions", `{"model":"m"}`)
+		must.Eq(t, 502, resp.StatusCode)
+		must.Eq(t, "upstream_unavailable", *readErr(t, resp).Error.Code)
+	})
+}
+
+func TestNoRetryAfterFirstByte(t *testing.T) {
+	var second atomic.Int64
+	other := echoEngine(t, "b", &second)
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"i\":0}\n\n")
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close() // engine dies mid-stream
+		}
+	}))
+	defer broken.Close()
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(broken), "b": "m@" + addr(other)})
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+	must.Eq(t, 200, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must.Error(t, err) // the client sees a broken stream, not a clean end
+	must.StrContains(t, string(body), `{"i":0}`)
+	must.Eq(t, int64(0), second.Load())
+	must.Eq(t, 0.0, value(h.m.Retries.WithLabelValues("m")))
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	cancelled := make(chan struct{})
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	defer e.Close()
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	must.NoError(t, err)
+	_, err = bufio.NewReader(resp.Body).ReadString('\n')
+	must.NoError(t, err)
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("upstream request was not cancelled after the client left")
+	}
+}
+
+func TestDeadlineHeader(t *testing.T) {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // lets the server notice the router hanging up
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer e.Close()
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	resp := h.post("/v1/completions", `{"model":"m"}`, DeadlineHeader, "50")
+	must.Eq(t, 504, resp.StatusCode)
+	must.Eq(t, "deadline_exceeded", *readErr(t, resp).Error.Code)
+}
+
+func TestAdmissionQueueFull(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		fmt.Fprint(w, `{}`)
+	}))
+	defer e.Close()
+	one, zero, timeout := 1, 1, "5s"
+	doc := &policy.Document{Policy: scoring.LeastLoad, Admission: policy.Admission{MaxInFlight: &one, MaxQueue: &zero, QueueTimeout: &timeout}}
+	h := newHarness(t, doc, nil, map[string]string{"a": "m@" + addr(e)})
+	results := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp := h.post("/v1/completions", `{"model":"m"}`)
+			resp.Body.Close()
+			results <- resp.StatusCode
+		}()
+	}
+	<-started
+	for h.gw.opts.Admission.Queued("m") != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	resp := h.post("/v1/completions", `{"model":"m"}`)
+	must.Eq(t, 429, resp.StatusCode)
+	must.Eq(t, "1", resp.Header.Get("Retry-After"))
+	must.Eq(t, "model_overloaded", *readErr(t, resp).Error.Code)
+	close(release)
+	must.Eq(t, 200, <-results)
+	must.Eq(t, 200, <-results)
+	must.Eq(t, 1.0, value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")))
+}
+
+func TestAuthAndRateLimit(t *testing.T) {
+	var hits atomic.Int64
+	var sawAuth atomic.Value
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		sawAuth.Store(r.Header.Get("Authorization"))
+		fmt.Fprint(w, `{}`)
+	}))
+	defer e.Close()
+	sum := sha256.Sum256([]byte("sk-good"))
+	specs, err := auth.Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"team","sha256":%q,"rate_per_second":0.001,"burst":2}]}`, hex.EncodeToString(sum[:]))))
+	must.NoError(t, err)
+	a := auth.New()
+	a.Set(specs)
+	h := newHarness(t, nil, a, map[string]string{"a": "m@" + addr(e)})
+	cases := []struct {
+		name   string
+		hdr    []string
+		status int
+	}{
+		{"no key", nil, 401},
+		{"wrong key", []string{"Authorization", "Bearer sk-bad"}, 401},
+		{"good 1", []string{"Authorization", "Bearer sk-good"}, 200},
+		{"good 2", []string{"Authorization", "Bearer sk-good"}, 200},
+		{"bucket empty", []string{"Authorization", "Bearer sk-good"}, 429},
+		// A client-supplied header never selects another bucket.
+		{"spoofed id header", []string{"Authorization", "Bearer sk-good", "X-Api-Key-Id", "other"}, 429},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := h.post("/v1/completions", `{"model":"m"}`, tc.hdr...)
+			must.Eq(t, tc.status, resp.StatusCode)
+			if tc.status != 200 {
+				readErr(t, resp)
+			} else {
+				resp.Body.Close()
+			}
+			if tc.status == 429 {
+				must.NotEq(t, "", resp.Header.Get("Retry-After"))
+			}
+		})
+	}
+	must.Eq(t, int64(2), hits.Load())
+	must.Eq(t, "", sawAuth.Load().(string)) // the router's key is not passed on
+	// Health and metrics stay open.
+	for _, p := range []string{"/health", "/metrics"} {
+		resp, err := http.Get(h.srv.URL + p)
+		must.NoError(t, err)
+		resp.Body.Close()
+		must.Eq(t, 200, resp.StatusCode)
+	}
+}
+
+func TestModelsAndReady(t *testing.T) {
+	var hits atomic.Int64
+	e := echoEngine(t, "a", &hits)
+	h := newHarness(t, nil, nil, map[string]string{"a": "alpha@" + addr(e), "b": "beta@" + addr(e), "c": "alpha@" + addr(e)})
+	resp, err := http.Get(h.srv.URL + "/v1/models")
+	must.NoError(t, err)
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID, Object string
+		} `json:"data"`
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
+	resp.Body.Close()
+	must.Eq(t, "list", list.Object)
+	must.Eq(t, 2, len(list.Data))
+	must.Eq(t, "alpha", list.Data[0].ID)
+	must.Eq(t, "beta", list.Data[1].ID)
+
+	resp, _ = http.Get(h.srv.URL + "/ready")
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	h.gw.Drain()
+	resp, _ = http.Get(h.srv.URL + "/ready")
+	resp.Body.Close()
+	must.Eq(t, 503, resp.StatusCode)
+}
+
+func TestPolicySpreadsRequests(t *testing.T) {
+	var a, b, c atomic.Int64
+	ea, eb, ec := echoEngine(t, "a", &a), echoEngine(t, "b", &b), echoEngine(t, "c", &c)
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(ea), "b": "m@" + addr(eb), "c": "m@" + addr(ec)})
+	for range 30 {
+		resp := h.post("/v1/completions", `{"model":"m"}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	must.Eq(t, []int64{10, 10, 10}, []int64{a.Load(), b.Load(), c.Load()})
+}
+
+// value reads a counter or gauge.
+func value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+func TestUsageScanner(t *testing.T) {
+	cases := []struct {
+		name   string
+		sse    bool
+		chunks []string
+		p, c   int64
+		ok     bool
+	}{
+		{"json", false, []string{`{"id":"x","usage":{"prompt_tokens":7,`, `"completion_tokens":9}}`}, 7, 9, true},
+		{"sse split across reads", true, []string{"data: {\"choices\":[]}\n\nda", "ta: {\"usage\":{\"prompt_tokens\":1,\"compl", "etion_tokens\":2}}\n\ndata: [DONE]\n\n"}, 1, 2, true},
+		{"sse without usage", true, []string{"data: {\"x\":1}\n\ndata: [DONE]\n\n"}, 0, 0, false},
+		{"usage null", false, []string{`{"usage":null}`}, 0, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			u := usageScanner{sse: tc.sse}
+			for _, ch := range tc.chunks {
+				u.feed([]byte(ch))
+			}
+			p, c, ok := u.result()
+			must.Eq(t, tc.ok, ok)
+			must.Eq(t, tc.p, p)
+			must.Eq(t, tc.c, c)
+		})
+	}
+	_ = bytes.MinRead
+}
