@@ -21,18 +21,18 @@ import (
 
 // Values the fixture's GPUs report, in NVML units.
 const (
-	fxPowerMW      = 250_500         // 250.5 W
-	fxLimitMW      = 400_000         // 400 W
-	fxEnergyMJ     = 123_456_789     // 123456.789 J
-	fxMemUsed      = 1 << 30         // 1024 MiB
-	fxBAR1Total    = 64 << 30        // 65536 MiB
-	fxBAR1Used     = 10 << 20        // 10 MiB
-	fxTempC        = 61              //
-	fxSMClockMHz   = 1410            //
-	fxMaxGfxMHz    = 1410            //
-	fxMaxMemMHz    = 1215            //
-	fxECCCorrected = 3               //
-	fxReasons      = 4 | 64          // sw_power_cap, hw_thermal_slowdown
+	fxPowerMW      = 250_500     // 250.5 W
+	fxLimitMW      = 400_000     // 400 W
+	fxEnergyMJ     = 123_456_789 // 123456.789 J
+	fxMemUsed      = 1 << 30     // 1024 MiB
+	fxBAR1Total    = 64 << 30    // 65536 MiB
+	fxBAR1Used     = 10 << 20    // 10 MiB
+	fxTempC        = 61          //
+	fxSMClockMHz   = 1410        //
+	fxMaxGfxMHz    = 1410        //
+	fxMaxMemMHz    = 1215        //
+	fxECCCorrected = 3           //
+	fxReasons      = 4 | 64      // sw_power_cap, hw_thermal_slowdown
 	fxModel        = "Mock NVIDIA A100-SXM4-40GB"
 )
 
