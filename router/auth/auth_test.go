@@ -1,0 +1,98 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+func digest(key string) string {
+	s := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(s[:])
+}
+
+func TestParse(t *testing.T) {
+	good := digest("k")
+	cases := []struct {
+		name, doc, err string
+	}{
+		{"ok", fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"rate_per_second":5,"burst":10}]}`, good), ""},
+		{"short digest", `{"keys":[{"id":"a","sha256":"abcd"}]}`, "keys[0].sha256"},
+		{"plain key instead of digest", `{"keys":[{"id":"a","sha256":"sk-live-123"}]}`, "keys[0].sha256"},
+		{"missing id", fmt.Sprintf(`{"keys":[{"sha256":%q}]}`, good), "keys[0].id"},
+		{"duplicate id", fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q},{"id":"a","sha256":%q}]}`, good, digest("j")), "keys[1].id"},
+		{"duplicate digest", fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q},{"id":"b","sha256":%q}]}`, good, good), "keys[1].sha256"},
+		{"negative rate", fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"rate_per_second":-1}]}`, good), "rate_per_second"},
+		{"unknown field", `{"keys":[],"extra":1}`, "unknown field"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			if tc.err == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, tc.err)
+			must.StrNotContains(t, err.Error(), "sk-live-123") // never echo key material
+		})
+	}
+}
+
+func TestAuthenticateAndBucket(t *testing.T) {
+	specs, err := Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"rate_per_second":2,"burst":2},{"id":"free","sha256":%q}]}`,
+		digest("key-a"), digest("key-free"))))
+	must.NoError(t, err)
+	a := New()
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	a.Set(specs)
+	req := func(h string) *http.Request {
+		r, _ := http.NewRequest("GET", "/", nil)
+		if h != "" {
+			r.Header.Set("Authorization", h)
+		}
+		return r
+	}
+	_, err = a.Authenticate(req(""))
+	must.ErrorIs(t, err, ErrMissingKey)
+	_, err = a.Authenticate(req("Bearer nope"))
+	must.ErrorIs(t, err, ErrBadKey)
+	_, err = a.Authenticate(req("Basic key-a"))
+	must.ErrorIs(t, err, ErrMissingKey)
+	k, err := a.Authenticate(req("Bearer key-a"))
+	must.NoError(t, err)
+	must.Eq(t, "a", k.ID)
+
+	ok, _ := a.Allow(k)
+	must.True(t, ok)
+	ok, _ = a.Allow(k)
+	must.True(t, ok)
+	ok, wait := a.Allow(k)
+	must.False(t, ok)
+	must.Eq(t, 500*time.Millisecond, wait)
+	now = now.Add(500 * time.Millisecond)
+	ok, _ = a.Allow(k)
+	must.True(t, ok)
+
+	// A reload with the same limits keeps the (empty) bucket.
+	a.Set(specs)
+	k2, _ := a.Authenticate(req("Bearer key-a"))
+	ok, _ = a.Allow(k2)
+	must.False(t, ok)
+
+	free, err := a.Authenticate(req("Bearer key-free"))
+	must.NoError(t, err)
+	for range 100 {
+		ok, _ := a.Allow(free)
+		must.True(t, ok)
+	}
+	// An empty key set refuses everyone.
+	a.Set(nil)
+	_, err = a.Authenticate(req("Bearer key-a"))
+	must.ErrorIs(t, err, ErrBadKey)
+}

@@ -1,0 +1,77 @@
+package policy
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+func registry(t *testing.T) *scoring.Registry {
+	r, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
+	must.NoError(t, err)
+	return r
+}
+
+func TestParse(t *testing.T) {
+	cases := []struct {
+		name string
+		doc  string
+		err  string
+	}{
+		{"minimal", `{"policy":"round_robin"}`, ""},
+		{"full", `{"policy":"weighted","weights":{"load":1,"power":0.5},"admission":{"max_in_flight":8,"max_queue":4,"queue_timeout":"2s"},
+			"models":{"a":{"policy":"least_load"},"b":{"weights":{"kv_capacity":1}},"c":{"admission":{"max_queue":0}}}}`, ""},
+		{"not JSON", `policy: weighted`, "decoding policy JSON"},
+		{"unknown field", `{"policy":"round_robin","wieghts":{}}`, `unknown field "wieghts"`},
+		{"trailing data", `{"policy":"round_robin"} {}`, "data after"},
+		{"unknown policy", `{"policy":"random"}`, `unknown "random"`},
+		{"unknown term", `{"policy":"weighted","weights":{"prefx":1}}`, `unknown term "prefx"`},
+		{"negative in-flight", `{"policy":"round_robin","admission":{"max_in_flight":-1}}`, "admission.max_in_flight"},
+		{"bad timeout", `{"policy":"round_robin","admission":{"queue_timeout":"soon"}}`, "admission.queue_timeout"},
+		{"model bad policy", `{"policy":"round_robin","models":{"x":{"policy":"fast"}}}`, "models.x.policy"},
+		{"model weighted inherits no weights", `{"policy":"round_robin","models":{"x":{"policy":"weighted"}}}`, "models.x.weights"},
+		{"model bad admission", `{"policy":"round_robin","models":{"x":{"admission":{"max_queue":-3}}}}`, "models.x.admission.max_queue"},
+		{"empty model name", `{"policy":"round_robin","models":{"":{}}}`, "empty model name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc), registry(t))
+			if tc.err == "" {
+				must.NoError(t, err)
+				return
+			}
+			must.ErrorContains(t, err, tc.err)
+		})
+	}
+}
+
+func TestFor(t *testing.T) {
+	doc, err := Parse([]byte(`{"policy":"weighted","weights":{"load":1},
+		"admission":{"max_in_flight":8,"max_queue":4,"queue_timeout":"2s"},
+		"models":{"a":{"policy":"least_load","admission":{"max_in_flight":2}},"b":{"weights":{"power":1}}}}`), registry(t))
+	must.NoError(t, err)
+	cases := []struct {
+		model string
+		want  Resolved
+	}{
+		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}}},
+		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}}},
+		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.model, func(t *testing.T) { must.Eq(t, tc.want, doc.For(tc.model)) })
+	}
+}
+
+func TestDefaultIsValid(t *testing.T) {
+	data, err := json.Marshal(Default())
+	must.NoError(t, err)
+	doc, err := Parse(data, registry(t))
+	must.NoError(t, err)
+	must.Eq(t, scoring.Weighted, doc.Policy)
+	must.Eq(t, Limits{0, 1024, 30 * time.Second}, doc.For("x").Limits)
+}

@@ -1,0 +1,84 @@
+package signals
+
+import (
+	"strings"
+	"testing"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/shoenig/test/must"
+)
+
+func TestParseEngineMetrics(t *testing.T) {
+	cases := []struct {
+		name string
+		text string
+		want EngineMetrics
+	}{
+		{"vllm", `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.25
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="m"} 1000
+# TYPE oasis_sim_power_watts gauge
+oasis_sim_power_watts 215.5
+`, EngineMetrics{Running: 3, Waiting: 2, KVUsage: 0.25, HasLoad: true, GenTokens: 1000, HasGenTokens: true, PowerWatts: 215.5, HasPower: true}},
+		{"sglang", `sglang:num_running_reqs{tp_rank="0"} 1
+sglang:num_running_reqs{tp_rank="1"} 1
+sglang:num_queue_reqs 4
+sglang:token_usage 0.5
+`, EngineMetrics{Running: 2, Waiting: 4, KVUsage: 0.5, HasLoad: true}},
+		{"llama.cpp", `llamacpp:requests_processing 1
+llamacpp:requests_deferred 0
+llamacpp:tokens_predicted_total 77
+`, EngineMetrics{Running: 1, HasLoad: true, GenTokens: 77, HasGenTokens: true}},
+		{"nothing known", "other_metric 1\n", EngineMetrics{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseEngineMetrics(strings.NewReader(tc.text), DefaultPowerMetrics)
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got)
+		})
+	}
+	_, err := ParseEngineMetrics(strings.NewReader("bad metric line {"), nil)
+	must.Error(t, err)
+}
+
+func f(v float64) *float64 { return &v }
+func i(v int64) *int64     { return &v }
+
+func TestNodePowerWatts(t *testing.T) {
+	dev := func(attrs map[string]*nomadapi.StatValue) *nomadapi.DeviceStats {
+		return &nomadapi.DeviceStats{Stats: &nomadapi.StatObject{Attributes: attrs}}
+	}
+	cases := []struct {
+		name  string
+		hs    *nomadapi.HostStats
+		watts float64
+		ok    bool
+	}{
+		{"nil", nil, 0, false},
+		{"two GPUs in W and mW, limit ignored", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{
+			Vendor: "nvidia", Type: "gpu", Name: "A100",
+			InstanceStats: map[string]*nomadapi.DeviceStats{
+				"GPU-0": dev(map[string]*nomadapi.StatValue{"Power usage": {FloatNumeratorVal: f(250), Unit: "W"}, "Power limit": {IntNumeratorVal: i(400), Unit: "W"}}),
+				"GPU-1": dev(map[string]*nomadapi.StatValue{"power_draw": {IntNumeratorVal: i(150500), Unit: "mW"}}),
+			}}}}, 400.5, true},
+		{"nested", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+			"x": {Stats: &nomadapi.StatObject{Nested: map[string]*nomadapi.StatObject{"power": {Attributes: map[string]*nomadapi.StatValue{"Power": {FloatNumeratorVal: f(90), Unit: "W"}}}}}}}}}}, 90, true},
+		{"no power stat", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+			"x": dev(map[string]*nomadapi.StatValue{"Memory": {IntNumeratorVal: i(1), Unit: "MiB"}})}}}}, 0, false},
+		{"energy counter ignored", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+			"x": dev(map[string]*nomadapi.StatValue{"Total energy": {IntNumeratorVal: i(5), Unit: "mJ"}})}}}}, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, ok := NodePowerWatts(tc.hs)
+			must.Eq(t, tc.ok, ok)
+			must.Eq(t, tc.watts, w)
+		})
+	}
+}
