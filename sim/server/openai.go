@@ -170,16 +170,22 @@ func promptTokens(raw json.RawMessage, addSpecial bool) ([]int32, string, error)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, "", badRequest("prompt", "prompt is required")
 	}
+	first, second := firstBytes(raw)
 	var str string
-	if err := json.Unmarshal(raw, &str); err == nil {
+	if first == '"' && json.Unmarshal(raw, &str) == nil {
 		if addSpecial {
 			return tokenizer.EncodePrompt(str), str, nil
 		}
 		return tokenizer.Encode(nil, str), str, nil
 	}
-	var ids []int32
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		return checkIDs(ids)
+	if first == '[' && second != '"' && second != '[' {
+		if ids, ok := parseIntArray(raw); ok {
+			return checkIDs(ids)
+		}
+		var ids []int32
+		if json.Unmarshal(raw, &ids) == nil {
+			return checkIDs(ids)
+		}
 	}
 	var strs []string
 	if err := json.Unmarshal(raw, &strs); err == nil {
@@ -196,6 +202,75 @@ func promptTokens(raw json.RawMessage, addSpecial bool) ([]int32, string, error)
 		return checkIDs(idss[0])
 	}
 	return nil, "", badRequest("prompt", "prompt must be a string, an array of token ids, or a batch of one")
+}
+
+// parseIntArray parses a JSON array of small non-negative integers, the common form
+// of token-id prompts, without reflection; anything else reports !ok.
+func parseIntArray(raw []byte) ([]int32, bool) {
+	ids := make([]int32, 0, len(raw)/6)
+	i, n := 0, len(raw)
+	skip := func() {
+		for i < n && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i >= n || raw[i] != '[' {
+		return nil, false
+	}
+	i++
+	skip()
+	if i < n && raw[i] == ']' {
+		i++
+		skip()
+		return ids, i == n
+	}
+	for {
+		skip()
+		start := i
+		var v int64
+		for i < n && raw[i] >= '0' && raw[i] <= '9' {
+			v = v*10 + int64(raw[i]-'0')
+			if v > 1<<31-1 {
+				return nil, false
+			}
+			i++
+		}
+		if i == start {
+			return nil, false
+		}
+		ids = append(ids, int32(v))
+		skip()
+		if i >= n {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i++
+		case ']':
+			i++
+			skip()
+			return ids, i == n
+		default:
+			return nil, false
+		}
+	}
+}
+
+// firstBytes returns the first and second non-space bytes of a JSON value.
+func firstBytes(raw []byte) (byte, byte) {
+	var out [2]byte
+	n := 0
+	for _, c := range raw {
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			continue
+		}
+		out[n] = c
+		if n++; n == 2 {
+			break
+		}
+	}
+	return out[0], out[1]
 }
 
 func checkIDs(ids []int32) ([]int32, string, error) {
@@ -566,8 +641,12 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 	writeChunk := func(choice any, u *usage) {
 		bw.WriteString("data: ")
 		bw.WriteString(head)
-		if choice != nil {
-			b, _ := json.Marshal(choice)
+		switch c := choice.(type) {
+		case nil:
+		case json.RawMessage:
+			bw.Write(c)
+		default:
+			b, _ := json.Marshal(c)
 			bw.Write(b)
 		}
 		bw.WriteString("]")
@@ -582,6 +661,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 		writeChunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
 	}
 	var buf []engine.Output
+	var scratch []byte
 	cached := 0
 	for {
 		if err := bw.Flush(); err == nil {
@@ -604,26 +684,28 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 			if i == 0 && p.echo {
 				text = p.promptText + text
 			}
+			var u *usage
+			if p.includeUsage && p.continuous {
+				u = mkUsage(len(p.prompt), i+1, cached)
+			}
+			if !p.logprobs {
+				// Hot path: hand-encoded choice, same JSON as the map below.
+				scratch = appendChoice(scratch[:0], p.chat, text, o.Finished, g)
+				writeChunk(json.RawMessage(scratch), u)
+				continue
+			}
 			choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": nil}
 			if p.chat {
 				choice["delta"] = map[string]any{"content": text}
-				if p.logprobs {
-					choice["logprobs"] = map[string]any{"content": chatLogprobs(g, i, i+1, p.topLogprobs)}
-				}
+				choice["logprobs"] = map[string]any{"content": chatLogprobs(g, i, i+1, p.topLogprobs)}
 			} else {
 				choice["text"] = text
 				choice["stop_reason"] = nil
-				if p.logprobs {
-					choice["logprobs"] = completionLogprobs(g, i, i+1, p.topLogprobs, 0)
-				}
+				choice["logprobs"] = completionLogprobs(g, i, i+1, p.topLogprobs, 0)
 			}
 			if o.Finished {
 				choice["finish_reason"] = g.finishReason
 				choice["stop_reason"] = g.stopReason
-			}
-			var u *usage
-			if p.includeUsage && p.continuous {
-				u = mkUsage(len(p.prompt), i+1, cached)
 			}
 			writeChunk(choice, u)
 		}
@@ -755,4 +837,44 @@ func (s *Server) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) 
 
 func (s *Server) metricsHandler() http.Handler {
 	return promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})
+}
+
+// appendChoice encodes a streamed choice without logprobs.
+func appendChoice(b []byte, chat bool, text string, finished bool, g *generation) []byte {
+	b = append(b, `{"index":0,`...)
+	if chat {
+		b = append(b, `"delta":{"content":`...)
+		b = appendJSONString(b, text)
+		b = append(b, '}')
+	} else {
+		b = append(b, `"text":`...)
+		b = appendJSONString(b, text)
+	}
+	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	if finished {
+		b = appendJSONString(b, g.finishReason)
+		b = append(b, `,"stop_reason":`...)
+		sr, _ := json.Marshal(g.stopReason)
+		b = append(b, sr...)
+	} else {
+		b = append(b, "null"...)
+		if !chat {
+			b = append(b, `,"stop_reason":null`...)
+		}
+	}
+	return append(b, '}')
+}
+
+// appendJSONString appends s as a JSON string; non-ASCII or control characters take
+// encoding/json's path so the escaping is identical.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -584,7 +586,7 @@ func TestKVEventsOverZMQ(t *testing.T) {
 	// Send distinct prompts until one's events arrive (the ZMQ slow joiner drops the
 	// first messages while the subscription propagates).
 	for i := 0; ; i++ {
-		text := strings.Repeat("block of text number ", 10) + string(rune('a'+i%26)) + strings.Repeat("z", i)
+		text := strconv.Itoa(i) + strings.Repeat(" block of text", 10)
 		code, _ := post(t, url+"/v1/completions", map[string]any{"prompt": text, "max_tokens": 1})
 		must.Eq(t, 200, code)
 		select {
@@ -625,4 +627,63 @@ func TestDisaggregatedLegs(t *testing.T) {
 	code, body := post(t, url+"/v1/completions", decodeReq)
 	must.Eq(t, 200, code)
 	must.Eq(t, 4, decode[completionResp](t, body).Usage.CompletionTokens)
+}
+
+// BenchmarkStreamingCompletion drives the server in-process over loopback HTTP with
+// 128-token prompts and 16 output tokens at speed 0 (see sim/simload for the
+// out-of-process benchmark recorded in BENCHMARKS.md).
+func BenchmarkStreamingCompletion(b *testing.B) {
+	s, err := New(context.Background(), Config{Model: "m", MaxModelLen: 4096, Engine: engine.Config{BlockSize: 16, NumGPUBlocks: 20000}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	b.SetParallelism(16)
+	var seq atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		prompt := make([]int32, 128)
+		for pb.Next() {
+			base := int32(seq.Add(1)) * 128
+			for i := range prompt {
+				prompt[i] = base + int32(i)
+			}
+			resp, err := client.Post(ts.URL+"/v1/completions", "application/json",
+				bytes.NewReader(mustJSON(map[string]any{"prompt": prompt, "max_tokens": 16, "stream": true})))
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
+}
+
+func TestParseIntArray(t *testing.T) {
+	cases := []struct {
+		in   string
+		want []int32
+		ok   bool
+	}{
+		{"[1,2,3]", []int32{1, 2, 3}, true},
+		{" [ 10 , 0 ] ", []int32{10, 0}, true},
+		{"[]", []int32{}, true},
+		{"[1,]", nil, false},
+		{"[-1]", nil, false},
+		{"[1.5]", nil, false},
+		{"[1] x", nil, false},
+		{"[99999999999]", nil, false},
+	}
+	for _, c := range cases {
+		got, ok := parseIntArray([]byte(c.in))
+		must.Eq(t, c.ok, ok, must.Sprint(c.in))
+		if ok {
+			must.Eq(t, c.want, got)
+		}
+	}
 }

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/oasis-llm/oasis/internal/tokenizer"
 )
 
 func main() {
@@ -105,12 +107,9 @@ func run(simPath, simArgs, url string, conc int, dur, warmup time.Duration, prom
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 99))
-			prompt := make([]int32, promptLen)
 			var localL, localT []time.Duration
 			for !stopping.Load() {
-				for i := range prompt {
-					prompt[i] = int32(rng.IntN(16_000_000))
-				}
+				prompt := textPrompt(rng, promptLen)
 				body, _ := json.Marshal(map[string]any{"model": "sim-model", "prompt": prompt, "max_tokens": outLen, "stream": true})
 				start := time.Now()
 				ttft, n, err := stream(client, url, body)
@@ -153,6 +152,27 @@ func run(simPath, simArgs, url string, conc int, dur, warmup time.Duration, prom
 			(cpu1-cpu0)/elapsed.Seconds(), (self1-self0)/elapsed.Seconds(), rss(proc.Pid))
 	}
 	return nil
+}
+
+var promptWords = strings.Fields("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu")
+
+// textPrompt returns random text that oasis-sim tokenizes to exactly n prompt tokens
+// (BOS included), as a client sending text would.
+func textPrompt(rng *rand.Rand, n int) string {
+	var b strings.Builder
+	for {
+		b.WriteString(promptWords[rng.IntN(len(promptWords))])
+		b.WriteString(" ")
+		b.WriteString(strconv.Itoa(rng.IntN(1000)))
+		b.WriteString(" ")
+		if ids := tokenizer.EncodePrompt(b.String()); len(ids) >= n {
+			text := tokenizer.Decode(ids[1:n], false)
+			if len(tokenizer.EncodePrompt(text)) != n {
+				panic("prompt length drifted")
+			}
+			return text
+		}
+	}
 }
 
 // stream posts one streaming request and returns time to first token and token events.
