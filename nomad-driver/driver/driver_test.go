@@ -1,0 +1,370 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/client/lib/numalib"
+	"github.com/hashicorp/nomad/helper/testlog"
+	"github.com/hashicorp/nomad/helper/uuid"
+	nstructs "github.com/hashicorp/nomad/nomad/structs"
+	"github.com/hashicorp/nomad/plugins/base"
+	"github.com/hashicorp/nomad/plugins/drivers"
+	dtestutil "github.com/hashicorp/nomad/plugins/drivers/testutils"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+)
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// newHarness starts the driver behind Nomad's plugin harness, configured
+// like the test bed: binaries = { sim = ... }.
+func newHarness(t testing.TB, binaries map[string]string) (*Driver, *dtestutil.DriverHarness) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	d := New(ctx, testlog.HCLogger(t))
+	h := dtestutil.NewDriverHarness(t.(*testing.T), d)
+	t.Cleanup(h.Kill)
+	if binaries == nil {
+		binaries = map[string]string{"sim": os.Getenv(simBinEnv)}
+	}
+	var data []byte
+	must.NoError(t, base.MsgPackEncode(&data, &config.PluginConfig{Binaries: binaries, FingerprintPeriod: "30s"}))
+	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: data, AgentConfig: &base.AgentConfig{
+		Driver: &base.ClientDriverConfig{Topology: numalib.Scan(numalib.PlatformScanners(false))},
+	}}))
+	return d, h
+}
+
+type simTask struct {
+	cfg      *drivers.TaskConfig
+	httpPort int
+	kvPort   int
+	cleanup  func()
+}
+
+// newSimTask prepares a task and its alloc dir; logs starts logmon on the
+// task's stdout/stderr FIFOs (only for tasks that run a process: logmon
+// waits 4 s for a writer that never comes otherwise).
+func newSimTask(t testing.TB, h *dtestutil.DriverHarness, logs bool, mutate func(*config.TaskConfig)) *simTask {
+	t.Helper()
+	st := &simTask{httpPort: freePort(t), kvPort: freePort(t)}
+	allocID := uuid.Generate()
+	st.cfg = &drivers.TaskConfig{
+		AllocID: allocID,
+		ID:      uuid.Generate(),
+		Name:    "engine",
+		Env:     map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-test-0,GPU-test-1"},
+		Resources: &drivers.Resources{
+			NomadResources: &nstructs.AllocatedTaskResources{
+				Memory: nstructs.AllocatedMemoryResources{MemoryMB: 256},
+				Cpu:    nstructs.AllocatedCpuResources{CpuShares: 100},
+			},
+			LinuxResources: &drivers.LinuxResources{MemoryLimitBytes: 256 << 20, CPUShares: 100},
+			Ports: &nstructs.AllocatedPorts{
+				{Label: "http", Value: st.httpPort, HostIP: "127.0.0.1"},
+				{Label: "kv", Value: st.kvPort, HostIP: "127.0.0.1"},
+			},
+		},
+	}
+	tc := config.TaskConfig{Engine: "sim", Model: "meta-llama/Llama-3.1-8B-Instruct", ServedModelName: "llama",
+		Port: "http", KVEventsPort: "kv"}
+	if mutate != nil {
+		mutate(&tc)
+	}
+	must.NoError(t, st.cfg.EncodeConcreteDriverConfig(&tc))
+	st.cleanup = h.MkAllocDir(st.cfg, logs)
+	t.Cleanup(st.cleanup)
+	return st
+}
+
+// collectEvents gathers the driver's task events for one task.
+type eventLog struct {
+	ch   <-chan *drivers.TaskEvent
+	seen []string
+}
+
+func watchEvents(t testing.TB, h *dtestutil.DriverHarness) *eventLog {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := h.TaskEvents(ctx)
+	must.NoError(t, err)
+	return &eventLog{ch: ch}
+}
+
+// waitFor returns the first event of taskID containing substr.
+func (l *eventLog) waitFor(t testing.TB, taskID, substr string, timeout time.Duration) *drivers.TaskEvent {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev := <-l.ch:
+			if ev == nil {
+				t.Fatalf("event stream closed while waiting for %q; seen: %q", substr, l.seen)
+			}
+			if ev.TaskID != taskID {
+				continue
+			}
+			l.seen = append(l.seen, ev.Message)
+			if strings.Contains(ev.Message, substr) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no event %q within %s; seen: %q", substr, timeout, l.seen)
+		}
+	}
+}
+
+func pidOf(t testing.TB, h *dtestutil.DriverHarness, taskID string) int {
+	t.Helper()
+	st, err := h.InspectTask(taskID)
+	must.NoError(t, err)
+	pid, err := strconv.Atoi(st.DriverAttributes["pid"])
+	must.NoError(t, err)
+	return pid
+}
+
+func waitHealthy(t testing.TB, port int) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", port))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+func chat(t testing.TB, port int, model string) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4}`, model)
+	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	must.EqOp(t, http.StatusOK, resp.StatusCode, must.Sprint(string(b)))
+	return string(b)
+}
+
+// TestDriver_StartReadyServeStop runs oasis-sim through the harness: events
+// starting → loading model → ready, an OpenAI request, CUDA_VISIBLE_DEVICES
+// from the reservation, its own process group, and a stop that ends it.
+func TestDriver_StartReadyServeStop(t *testing.T) {
+	must.NotEq(t, 0, os.Getuid(), must.Sprint("harness tests run unprivileged (TestMain re-executes as nobody)"))
+	_, h := newHarness(t, nil)
+	events := watchEvents(t, h)
+	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.TensorParallelSize = 2 })
+
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	events.waitFor(t, task.cfg.ID, "Starting sim engine: ", 5*time.Second)
+	events.waitFor(t, task.cfg.ID, "Loading model meta-llama/Llama-3.1-8B-Instruct", 5*time.Second)
+	ready := events.waitFor(t, task.cfg.ID, "Engine ready after", 30*time.Second)
+	must.MapContainsKey(t, ready.Annotations, "ready_after_ms")
+
+	must.StrContains(t, chat(t, task.httpPort, "llama"), `"choices"`)
+
+	pid := pidOf(t, h, task.cfg.ID)
+	pgid, err := syscall.Getpgid(pid)
+	must.NoError(t, err)
+	must.EqOp(t, pid, pgid, must.Sprint("the engine leads its own process group"))
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	must.NoError(t, err)
+	must.StrContains(t, string(environ), "CUDA_VISIBLE_DEVICES=GPU-test-0,GPU-test-1\x00")
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	must.NoError(t, err)
+	must.StrContains(t, string(cmdline), "serve\x00meta-llama/Llama-3.1-8B-Instruct\x00--host\x00127.0.0.1\x00")
+
+	st, err := h.InspectTask(task.cfg.ID)
+	must.NoError(t, err)
+	must.EqOp(t, drivers.TaskStateRunning, st.State)
+	must.EqOp(t, "ready", st.DriverAttributes["health"])
+
+	waitCh, err := h.WaitTask(context.Background(), task.cfg.ID)
+	must.NoError(t, err)
+	must.NoError(t, h.StopTask(task.cfg.ID, 5*time.Second, "SIGTERM"))
+	select {
+	case res := <-waitCh:
+		must.NotNil(t, res)
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitTask did not return after StopTask")
+	}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !alive(pid) }),
+		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+}
+
+// TestDriver_RecoverTask: a fresh driver (a restarted Nomad client)
+// reattaches to the running engine through the stored executor state
+// without restarting it; recovering a known task is a no-op.
+func TestDriver_RecoverTask(t *testing.T) {
+	_, h := newHarness(t, nil)
+	task := newSimTask(t, h, true, nil)
+	handle, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	pid := pidOf(t, h, task.cfg.ID)
+
+	d2, h2 := newHarness(t, nil)
+	must.NoError(t, h2.RecoverTask(handle))
+	must.NoError(t, h2.RecoverTask(handle), must.Sprint("recovering a known task is a no-op"))
+	must.EqOp(t, pid, pidOf(t, h2, task.cfg.ID))
+	st, err := h2.InspectTask(task.cfg.ID)
+	must.NoError(t, err)
+	must.EqOp(t, drivers.TaskStateRunning, st.State)
+	must.True(t, alive(pid))
+	waitHealthy(t, task.httpPort)
+	must.StrContains(t, chat(t, task.httpPort, "llama"), `"choices"`)
+	must.EqOp(t, 1, len(d2.tasks.tasks))
+
+	// The old driver instance goes away like a stopped client: only its
+	// in-memory handle, never the engine.
+	h.Kill()
+	must.True(t, alive(pid))
+
+	must.NoError(t, h2.StopTask(task.cfg.ID, 5*time.Second, "SIGINT"))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !alive(pid) }),
+		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	must.NoError(t, h2.DestroyTask(task.cfg.ID, true))
+}
+
+// TestDriver_EngineExitEvent: an engine that dies reports its exit code and
+// the last lines of its stderr in a task event.
+func TestDriver_EngineExitEvent(t *testing.T) {
+	_, h := newHarness(t, nil)
+	events := watchEvents(t, h)
+	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.ExtraArgs = []string{"--max-num-seqs", "many"} })
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	waitCh, err := h.WaitTask(context.Background(), task.cfg.ID)
+	must.NoError(t, err)
+	select {
+	case res := <-waitCh:
+		must.NotEq(t, 0, res.ExitCode)
+	case <-time.After(20 * time.Second):
+		t.Fatal("engine with a malformed flag did not exit")
+	}
+	ev := events.waitFor(t, task.cfg.ID, "Engine exited with code", 10*time.Second)
+	must.StrContains(t, ev.Message, "last stderr lines:")
+	must.StrContains(t, ev.Message, "max-num-seqs")
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+}
+
+// TestDriver_BadConfigFailsBeforeStart: invalid configs are errors naming
+// the field, and nothing is launched.
+func TestDriver_BadConfigFailsBeforeStart(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*config.TaskConfig)
+		want   string
+	}{
+		{"port label missing", func(c *config.TaskConfig) { c.Port = "api" }, `port: port label "api" is not in the group's network block`},
+		{"unknown engine", func(c *config.TaskConfig) { c.Engine = "tgi" }, "engine: unknown engine"},
+		{"missing model", func(c *config.TaskConfig) { c.Model = "" }, "model: is required"},
+		{"tp larger than gpus", func(c *config.TaskConfig) { c.Engine = "vllm"; c.TensorParallelSize = 4; c.Binary = os.Getenv(simBinEnv) }, "tensor_parallel_size: 4 is larger than the 2 GPU(s)"},
+		{"engine binary missing", func(c *config.TaskConfig) { c.Engine = "llama_cpp"; c.KVEventsPort = "" }, "engine: engine llama_cpp: binary \"llama-server\" not found"},
+		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, h := newHarness(t, nil)
+			task := newSimTask(t, h, false, tc.mutate)
+			_, _, err := h.StartTask(task.cfg)
+			must.ErrorContains(t, err, tc.want)
+			_, err = h.InspectTask(task.cfg.ID)
+			must.ErrorContains(t, err, drivers.ErrTaskNotFound.Error())
+		})
+	}
+}
+
+// TestDriver_Fingerprint publishes the sim's version and is healthy with
+// one engine; with none it is undetected and says what it looked for.
+func TestDriver_Fingerprint(t *testing.T) {
+	_, h := newHarness(t, nil)
+	fp := firstFingerprint(t, h)
+	must.EqOp(t, drivers.HealthStateHealthy, fp.Health)
+	v, ok := fp.Attributes["driver.llm.sim.version"].GetString()
+	must.True(t, ok)
+	must.EqOp(t, "0.1.0", v)
+
+	t.Setenv("PATH", t.TempDir())
+	_, h2 := newHarness(t, map[string]string{"sim": "/nonexistent/oasis-sim"})
+	fp = firstFingerprint(t, h2)
+	must.EqOp(t, drivers.HealthStateUndetected, fp.Health)
+	must.StrContains(t, fp.HealthDescription, "no inference engine found")
+}
+
+func firstFingerprint(t *testing.T, h *dtestutil.DriverHarness) *drivers.Fingerprint {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := h.Fingerprint(ctx)
+	must.NoError(t, err)
+	select {
+	case fp := <-ch:
+		return fp
+	case <-time.After(30 * time.Second):
+		t.Fatal("no fingerprint")
+	}
+	return nil
+}
+
+// TestDriver_OpenAICompat runs no process: the task is running while the
+// remote endpoint answers, and an unreachable endpoint fails the start.
+func TestDriver_OpenAICompat(t *testing.T) {
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/models" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write([]byte(`{"object":"list","data":[]}`))
+	}))
+	defer remote.Close()
+
+	_, h := newHarness(t, nil)
+	task := newSimTask(t, h, false, func(c *config.TaskConfig) {
+		*c = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: remote.URL + "/v1"}
+	})
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	st, err := h.InspectTask(task.cfg.ID)
+	must.NoError(t, err)
+	must.EqOp(t, drivers.TaskStateRunning, st.State)
+	must.MapNotContainsKey(t, st.DriverAttributes, "pid")
+	must.ErrorContains(t, h.SignalTask(task.cfg.ID, "SIGHUP"), ErrNoProcess.Error())
+	must.NoError(t, h.StopTask(task.cfg.ID, time.Second, "SIGTERM"))
+	st, err = h.InspectTask(task.cfg.ID)
+	must.NoError(t, err)
+	must.EqOp(t, drivers.TaskStateExited, st.State)
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+
+	down := fmt.Sprintf("http://127.0.0.1:%d/v1", freePort(t))
+	task2 := newSimTask(t, h, false, func(c *config.TaskConfig) {
+		*c = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: down}
+	})
+	_, _, err = h.StartTask(task2.cfg)
+	must.ErrorContains(t, err, "endpoint: openai_compat endpoint unreachable")
+	var rec nstructs.Recoverable
+	must.True(t, errors.As(err, &rec) || strings.Contains(err.Error(), "unreachable"))
+}

@@ -1,0 +1,115 @@
+package driver
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// simBinEnv carries the oasis-sim binary built by the parent test process.
+const simBinEnv = "OASIS_DRIVER_TEST_SIM"
+
+// TestMain runs the package's tests as an unprivileged user. Nomad's driver
+// harness fails as root on cgroups v1 (the real client initialises the
+// cpuset hierarchy it writes to), and passes as an unprivileged user, where
+// cgroups are off. As root, the test binary and an oasis-sim build are
+// copied into a world-readable temporary directory and the binary
+// re-executes itself there as nobody (65534) via setpriv. If that is not
+// possible the run fails: these tests are never silently skipped.
+func TestMain(m *testing.M) {
+	if os.Getuid() != 0 {
+		if os.Getenv(simBinEnv) == "" {
+			dir, err := os.MkdirTemp("", "oasis-driver-test-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "driver tests:", err)
+				os.Exit(1)
+			}
+			defer os.RemoveAll(dir)
+			if err := buildSim(dir); err != nil {
+				fmt.Fprintln(os.Stderr, "driver tests:", err)
+				os.Exit(1)
+			}
+			os.Setenv(simBinEnv, filepath.Join(dir, "oasis-sim"))
+		}
+		os.Exit(m.Run())
+	}
+	os.Exit(reexecUnprivileged())
+}
+
+func buildSim(dir string) error {
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "oasis-sim"), "github.com/oasis-llm/oasis/cmd/oasis-sim")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("building oasis-sim: %w", err)
+	}
+	return nil
+}
+
+func reexecUnprivileged() int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "driver tests must run unprivileged and could not: "+format+"\n", args...)
+		return 1
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		return fail("setpriv not found: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "oasis-driver-test-")
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fail("%v", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fail("%v", err)
+	}
+	bin := filepath.Join(dir, filepath.Base(self))
+	if err := copyExecutable(self, bin); err != nil {
+		return fail("copying the test binary: %v", err)
+	}
+	if err := buildSim(dir); err != nil {
+		return fail("%v", err)
+	}
+	// go test's -test.testlogfile points into a root-only directory.
+	var args []string
+	for _, a := range os.Args[1:] {
+		if !strings.HasPrefix(a, "-test.testlogfile") && !strings.HasPrefix(a, "-test.coverprofile") {
+			args = append(args, a)
+		}
+	}
+	cmd := exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "--", bin}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), simBinEnv+"="+filepath.Join(dir, "oasis-sim"), "HOME="+dir, "TMPDIR=/tmp")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		return fail("running as nobody: %v", err)
+	}
+	return 0
+}
+
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
