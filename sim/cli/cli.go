@@ -47,6 +47,7 @@ type Options struct {
 	Power            engine.PowerModel
 	KVEvents         *kvevents.PublisherConfig
 	KVTransfer       json.RawMessage
+	APIKey           string
 	LogLevel         string
 	// Ignored lists accepted flags that oasis-sim does not model, with their values.
 	Ignored []string
@@ -88,7 +89,9 @@ var vllmBools = map[string]bool{
 func specs() map[string]flagSpec {
 	return map[string]flagSpec{
 		"model": {kString, func(o *Options, v string) error { o.Model = v; return nil }},
-		"host":  {kString, func(o *Options, v string) error { o.Host = v; return nil }},
+		// vLLM's --api-key: /v1 endpoints then require "Authorization: Bearer KEY".
+		"api-key": {kString, func(o *Options, v string) error { o.APIKey = v; return nil }},
+		"host":    {kString, func(o *Options, v string) error { o.Host = v; return nil }},
 		"port": {kInt, func(o *Options, v string) error {
 			n, err := atoiRange(v, 0, 65535)
 			o.Port = n
@@ -192,7 +195,7 @@ func specs() map[string]flagSpec {
 			return nil
 		}},
 		// Accepted, validated, not modelled.
-		"dtype": {kString, nil}, "api-key": {kString, nil}, "tokenizer": {kString, nil}, "revision": {kString, nil},
+		"dtype": {kString, nil}, "tokenizer": {kString, nil}, "revision": {kString, nil},
 		"quantization": {kString, nil}, "max-logprobs": {kInt, nil}, "swap-space": {kFloat, nil},
 		"cpu-offload-gb": {kFloat, nil}, "download-dir": {kString, nil}, "load-format": {kString, nil},
 		"uvicorn-log-level": {kString, nil}, "chat-template": {kString, nil}, "generation-config": {kString, nil},
@@ -203,7 +206,15 @@ func specs() map[string]flagSpec {
 	}
 }
 
-func (o *Options) ignore(name, v string) { o.Ignored = append(o.Ignored, "--"+name+" "+v) }
+func (o *Options) ignore(name, v string) {
+	// Values of anything that looks like a credential are never logged.
+	for _, w := range []string{"key", "token", "secret", "password", "credential"} {
+		if strings.Contains(name, w) && v != "" {
+			v = "<redacted>"
+		}
+	}
+	o.Ignored = append(o.Ignored, "--"+name+" "+v)
+}
 
 func validatePositive(o *Options, v string) error {
 	_, err := atoiRange(v, 1, 1<<20)
@@ -536,7 +547,7 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 	cfg := server.Config{
 		Model: o.Model, ServedModelNames: o.ServedModelNames, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
 		Engine: o.Engine, Power: o.Power, KVEvents: o.KVEvents, KVTransfer: len(o.KVTransfer) > 0,
-		Host: o.Host, Version: Version, Logger: log,
+		Host: o.Host, Version: Version, Logger: log, APIKey: o.APIKey,
 	}
 	srv, err := server.New(ctx, cfg)
 	if err != nil {

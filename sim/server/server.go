@@ -5,12 +5,14 @@ package server
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +42,10 @@ type Config struct {
 	// Host is what kv_transfer_params report as remote_host.
 	Host    string
 	Version string
-	Logger  hclog.Logger
+	// APIKey, when set, is required as "Authorization: Bearer KEY" on /v1 endpoints
+	// (vLLM's --api-key); it is never logged.
+	APIKey string
+	Logger hclog.Logger
 }
 
 // Server serves the API and drives the engine.
@@ -332,11 +337,24 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFoundError", "Not Found", nil)
 	})
-	return mux
+	if s.cfg.APIKey == "" {
+		return mux
+	}
+	want := []byte("Bearer " + s.cfg.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1") && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":"Unauthorized"}`))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func kvEventsBatch(events []kvevents.Event) kvevents.EventBatch {
-	return kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: events}
+	rank := 0 // single data-parallel rank, as vLLM publishes it
+	return kvevents.EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: events, DataParallelRank: &rank}
 }

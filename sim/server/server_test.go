@@ -687,3 +687,23 @@ func TestParseIntArray(t *testing.T) {
 		}
 	}
 }
+
+func TestAPIKey(t *testing.T) {
+	_, url := startServer(t, func(c *Config) { c.APIKey = "s3cret" })
+	body := `{"prompt":"x","max_tokens":1}`
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, 401, resp.StatusCode)
+	req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err = http.DefaultClient.Do(req)
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	// Health and metrics stay open, as in vLLM.
+	resp, err = http.Get(url + "/health")
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+}
