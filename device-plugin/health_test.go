@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,4 +139,46 @@ func TestXIDReason(t *testing.T) {
 	for _, xid := range []uint64{13, 31, 43, 45, 68, 69, 94, 109} {
 		must.Eq(t, "", xidReason(xid), must.Sprintf("xid %d is an application error", xid))
 	}
+}
+
+// A failing rescan reports every known GPU unhealthy without forgetting
+// them, and does not wash out an earlier Xid once NVML answers again.
+func TestHealth_ScanErrorKeepsDevicesAndXID(t *testing.T) {
+	fx := newFixture(t)
+	var broken atomic.Bool
+	fx.srv.DeviceGetCountFunc = func() (int, nvml.Return) {
+		if broken.Load() {
+			return 0, nvml.ERROR_UNKNOWN
+		}
+		return len(fx.srv.Devices), nvml.SUCCESS
+	}
+	p, logs := newTestPlugin(t, fx.srv, map[string]any{"fingerprint_period": "20ms"})
+	ch := startFingerprint(t, p)
+	nextFingerprint(t, ch)
+
+	fx.events <- nvml.EventData{Device: fx.srv.Devices[1], EventType: nvml.EventTypeXidCriticalError, EventData: 48, GpuInstanceId: noInstance}
+	nextFingerprint(t, ch)
+
+	broken.Store(true)
+	f := nextFingerprint(t, ch)
+	must.SliceLen(t, 8, f.Devices[0].Devices)
+	for _, d := range f.Devices[0].Devices {
+		must.False(t, d.Healthy)
+		must.StrContains(t, d.HealthDesc, "NVML query failed: counting GPUs: ERROR_UNKNOWN")
+	}
+	noFingerprint(t, ch, 100*time.Millisecond)
+
+	broken.Store(false)
+	f = nextFingerprint(t, ch)
+	for _, g := range fx.gpus {
+		d := deviceByID(f, g.UUID)
+		if g.UUID == fx.gpus[1].UUID {
+			must.False(t, d.Healthy)
+			must.StrContains(t, d.HealthDesc, "critical Xid 48")
+			must.StrNotContains(t, d.HealthDesc, "NVML query failed")
+			continue
+		}
+		must.True(t, d.Healthy)
+	}
+	must.Eq(t, 1, strings.Count(logs.String(), "scanning GPUs failed"))
 }

@@ -78,7 +78,7 @@ type Plugin struct {
 	cfg         Config
 	initialized bool
 	unavailable string // why no devices are reported; logged when it changes
-	lastScanErr string
+	lastScanErr string // set while the last rescan failed: every known device is reported unhealthy
 	devices     map[string]*gpu // current inventory, by device id
 	health      map[string]healthState
 }
@@ -226,10 +226,6 @@ func (p *Plugin) refresh() ([]*device.DeviceGroup, []physicalGPU) {
 			p.logger.Error("scanning GPUs failed", "error", err)
 			p.lastScanErr = msg
 		}
-		for id, h := range p.health {
-			h.lost = "NVML query failed: " + err.Error()
-			p.health[id] = h
-		}
 		return p.groupsLocked(), nil
 	}
 	p.lastScanErr = ""
@@ -316,10 +312,17 @@ func (p *Plugin) groupsLocked() []*device.DeviceGroup {
 		devs := make([]*device.Device, len(gs))
 		for i, g := range gs {
 			h := p.health[g.ID]
+			healthy, desc := h.healthy(), h.desc()
+			if p.lastScanErr != "" {
+				// Not a health change of the GPU itself, so not stored in
+				// p.health: the next good scan restores the real state.
+				healthy = false
+				desc = strings.TrimPrefix(desc+"; NVML query failed: "+p.lastScanErr, "; ")
+			}
 			devs[i] = &device.Device{
 				ID:         g.ID,
-				Healthy:    h.healthy(),
-				HealthDesc: h.desc(),
+				Healthy:    healthy,
+				HealthDesc: desc,
 				HwLocality: &device.DeviceLocality{PciBusID: g.PCIBusID},
 			}
 		}
