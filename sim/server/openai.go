@@ -386,6 +386,11 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 	if req.MaxCompletionTokens != nil {
 		maxTokens = req.MaxCompletionTokens
 	}
+	if maxTokens == nil && !chat {
+		// OpenAI's and vLLM's completions default.
+		sixteen := 16
+		maxTokens = &sixteen
+	}
 	if maxTokens != nil && *maxTokens < 1 {
 		return nil, badRequest("max_tokens", "max_tokens must be at least 1, got %d.", *maxTokens)
 	}

@@ -707,3 +707,11 @@ func TestAPIKey(t *testing.T) {
 	resp.Body.Close()
 	must.Eq(t, 200, resp.StatusCode)
 }
+
+func TestCompletionsDefaultMaxTokens(t *testing.T) {
+	_, url := startServer(t, nil)
+	_, body := post(t, url+"/v1/completions", map[string]any{"prompt": "x"})
+	r := decode[completionResp](t, body)
+	must.Eq(t, 16, r.Usage.CompletionTokens)
+	must.Eq(t, "length", *r.Choices[0].FinishReason)
+}
