@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: oasis-sim engines called directly, through
+# oasis-router, and through nginx (Debian package) as a reverse proxy, in one
+# run. Everything binds 127.0.0.1 on free ports and is stopped on exit.
+#
+#   bench/router-vs-nginx.sh [routerload flags...]
+#   e.g. bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 3 -concurrency 64
+#
+# Env: ENGINES (default 3), SIM_SPEED (default 1: real-time simulated steps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ENGINES=${ENGINES:-3}
+SIM_SPEED=${SIM_SPEED:-1}
+NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
+[ -x "$NGINX" ] || { echo "nginx not found: apt-get install -y nginx" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/oasis-router-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+waitport() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+go build -o "$work/oasis-sim" ./cmd/oasis-sim
+go build -o "$work/oasis-router" ./cmd/oasis-router
+go build -o "$work/routerload" ./bench/routerload
+
+direct=() engines=() upstream=""
+for i in $(seq "$ENGINES"); do
+  p=$(freeport)
+  "$work/oasis-sim" serve m --host 127.0.0.1 --port "$p" --speed "$SIM_SPEED" --log-level warn >"$work/sim$i.log" 2>&1 &
+  pids+=($!)
+  direct+=("http://127.0.0.1:$p"); engines+=("m=127.0.0.1:$p"); upstream+="    server 127.0.0.1:$p;"$'\n'
+done
+
+rport=$(freeport)
+echo '{"policy":"round_robin"}' >"$work/policy.json"
+"$work/oasis-router" -listen "127.0.0.1:$rport" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
+  -policy-file "$work/policy.json" -log-level warn >"$work/router.log" 2>&1 &
+pids+=($!)
+
+nport=$(freeport)
+mkdir -p "$work/nginx"
+cat >"$work/nginx/nginx.conf" <<NGX
+daemon off;
+worker_processes auto;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $work/nginx/body;
+  proxy_temp_path $work/nginx/proxy;
+  fastcgi_temp_path $work/nginx/fastcgi;
+  uwsgi_temp_path $work/nginx/uwsgi;
+  scgi_temp_path $work/nginx/scgi;
+  upstream engines {
+$upstream    keepalive 512;
+  }
+  server {
+    listen 127.0.0.1:$nport;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://engines;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
+}
+NGX
+"$NGINX" -c "$work/nginx/nginx.conf" -e "$work/nginx/error.log" &
+pids+=($!)
+
+for u in "${direct[@]}"; do waitport "${u##*:}"; done
+waitport "$rport"; waitport "$nport"
+sleep 1.5 # first discovery/scrape
+
+echo "machine: $(nproc) cores, $(uname -r); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); engines: $ENGINES × oasis-sim --speed $SIM_SPEED"
+"$work/routerload" -model m \
+  -targets "direct=$(IFS='|'; echo "${direct[*]}"),router=http://127.0.0.1:$rport,nginx=http://127.0.0.1:$nport" "$@"

@@ -1,0 +1,274 @@
+// Command routerload measures oasis-router against calling engines directly
+// and against another reverse proxy (nginx), side by side in one run.
+//
+// Latency phase: open-loop streaming requests at a fixed rate, rotating
+// between targets in short rounds so machine noise hits every target alike;
+// reports time to first event and to end of stream per target, and the
+// router's added latency (router − direct) at p50/p90/p99.
+//
+// Throughput phase: closed-loop, C concurrent streaming clients per target for
+// a fixed time, rotated the same way; reports completed requests per second
+// and the ratio between targets.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+type target struct {
+	name string
+	urls []string // rotated per request (direct: one URL per engine)
+}
+
+type result struct {
+	ttfe, total []time.Duration
+	errors      int
+	late        int // requests sent >1ms after their scheduled time (generator saturated)
+	completed   int
+	elapsed     time.Duration
+}
+
+func main() {
+	var (
+		targetsF  = flag.String("targets", "", "name=url[|url...],... e.g. direct=http://a|http://b,router=http://r")
+		model     = flag.String("model", "m", "model name")
+		maxTokens = flag.Int("max-tokens", 8, "max_tokens per request")
+		rate      = flag.Float64("rate", 1000, "latency phase: requests per second (open loop)")
+		round     = flag.Duration("round", 2*time.Second, "length of one round per target")
+		rounds    = flag.Int("rounds", 3, "rounds per target in each phase")
+		conc      = flag.Int("concurrency", 64, "throughput phase: concurrent clients")
+		phases    = flag.String("phases", "latency,throughput", "phases to run")
+		baseline  = flag.String("baseline", "direct", "latency phase: target the others are compared with")
+		peer      = flag.String("peer", "nginx", "throughput phase: target the router is compared with")
+		jsonOut   = flag.String("json", "", "also write results as JSON to this file")
+	)
+	flag.Parse()
+	var targets []target
+	for _, t := range strings.Split(*targetsF, ",") {
+		name, urls, ok := strings.Cut(t, "=")
+		if !ok {
+			fmt.Fprintln(os.Stderr, "bad -targets entry:", t)
+			os.Exit(2)
+		}
+		targets = append(targets, target{name: name, urls: strings.Split(urls, "|")})
+	}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":%d,"stream":true}`, *model, *maxTokens)
+	client := &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 4096, IdleConnTimeout: 60 * time.Second, DisableCompression: true,
+	}}
+	out := map[string]any{"rate": *rate, "round": round.String(), "rounds": *rounds, "concurrency": *conc, "max_tokens": *maxTokens}
+
+	// Warm every target's connection pool.
+	for _, t := range targets {
+		openLoop(client, t, body, 200, 500*time.Millisecond)
+	}
+
+	if strings.Contains(*phases, "latency") {
+		res := map[string]*result{}
+		for r := 0; r < *rounds; r++ {
+			for _, t := range targets {
+				got := openLoop(client, t, body, *rate, *round)
+				res[t.name] = merge(res[t.name], got)
+			}
+		}
+		fmt.Printf("latency phase: %.0f streaming req/s open loop, %d rounds × %s per target, max_tokens=%d\n", *rate, *rounds, *round, *maxTokens)
+		fmt.Printf("%-8s %8s %6s %6s %10s %10s %10s %10s %10s %10s\n", "target", "requests", "errors", "late", "ttfe_p50", "ttfe_p90", "ttfe_p99", "total_p50", "total_p90", "total_p99")
+		lat := map[string]any{}
+		for _, t := range targets {
+			r := res[t.name]
+			fmt.Printf("%-8s %8d %6d %6d %10s %10s %10s %10s %10s %10s\n", t.name, len(r.ttfe), r.errors, r.late,
+				us(pct(r.ttfe, 50)), us(pct(r.ttfe, 90)), us(pct(r.ttfe, 99)), us(pct(r.total, 50)), us(pct(r.total, 90)), us(pct(r.total, 99)))
+			lat[t.name] = map[string]any{"requests": len(r.ttfe), "errors": r.errors, "late": r.late,
+				"ttfe_us": pcts(r.ttfe), "total_us": pcts(r.total)}
+		}
+		if b, ok := res[*baseline]; ok {
+			for _, t := range targets {
+				if t.name == *baseline {
+					continue
+				}
+				r := res[t.name]
+				fmt.Printf("added latency %s − %s: ttfe p50 %s p90 %s p99 %s | total p50 %s p90 %s p99 %s\n", t.name, *baseline,
+					us(pct(r.ttfe, 50)-pct(b.ttfe, 50)), us(pct(r.ttfe, 90)-pct(b.ttfe, 90)), us(pct(r.ttfe, 99)-pct(b.ttfe, 99)),
+					us(pct(r.total, 50)-pct(b.total, 50)), us(pct(r.total, 90)-pct(b.total, 90)), us(pct(r.total, 99)-pct(b.total, 99)))
+			}
+		}
+		out["latency"] = lat
+	}
+
+	if strings.Contains(*phases, "throughput") {
+		res := map[string]*result{}
+		for r := 0; r < *rounds; r++ {
+			for _, t := range targets {
+				res[t.name] = merge(res[t.name], closedLoop(client, t, body, *conc, *round))
+			}
+		}
+		fmt.Printf("throughput phase: %d concurrent streaming clients, %d rounds × %s per target\n", *conc, *rounds, *round)
+		tp := map[string]any{}
+		rps := map[string]float64{}
+		for _, t := range targets {
+			r := res[t.name]
+			rps[t.name] = float64(r.completed) / r.elapsed.Seconds()
+			fmt.Printf("%-8s %10.0f req/s  (%d completed, %d errors, p50 %s p99 %s)\n", t.name, rps[t.name], r.completed, r.errors, us(pct(r.total, 50)), us(pct(r.total, 99)))
+			tp[t.name] = map[string]any{"req_per_s": rps[t.name], "completed": r.completed, "errors": r.errors, "total_us": pcts(r.total)}
+		}
+		if p, ok := rps[*peer]; ok && p > 0 {
+			fmt.Printf("throughput ratio router/%s: %.2f\n", *peer, rps["router"]/p)
+			out["router_over_peer"] = rps["router"] / p
+		}
+		out["throughput"] = tp
+	}
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(out, "", "  ")
+		_ = os.WriteFile(*jsonOut, b, 0o644)
+	}
+}
+
+// stream sends one streaming request and reads it to the end.
+func stream(client *http.Client, url, body string) (ttfe, total time.Duration, err error) {
+	start := time.Now()
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReaderSize(resp.Body, 16<<10)
+	first := true
+	done := false
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 && first && bytes.HasPrefix(line, []byte("data:")) {
+			ttfe, first = time.Since(start), false
+		}
+		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+			done = true
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil && err != bufio.ErrBufferFull {
+			return 0, 0, err
+		}
+	}
+	if !done {
+		return 0, 0, fmt.Errorf("stream ended without [DONE]")
+	}
+	return ttfe, time.Since(start), nil
+}
+
+func openLoop(client *http.Client, t target, body string, rate float64, d time.Duration) *result {
+	n := int(rate * d.Seconds())
+	interval := time.Duration(float64(time.Second) / rate)
+	res := &result{ttfe: make([]time.Duration, 0, n), total: make([]time.Duration, 0, n)}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		at := start.Add(time.Duration(i) * interval)
+		if w := time.Until(at); w > 0 {
+			time.Sleep(w)
+		}
+		late := time.Since(at) > time.Millisecond
+		url := t.urls[i%len(t.urls)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ttfe, total, err := stream(client, url, body)
+			mu.Lock()
+			defer mu.Unlock()
+			if late {
+				res.late++
+			}
+			if err != nil {
+				res.errors++
+				return
+			}
+			res.ttfe = append(res.ttfe, ttfe)
+			res.total = append(res.total, total)
+			res.completed++
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	return res
+}
+
+func closedLoop(client *http.Client, t target, body string, conc int, d time.Duration) *result {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	res := &result{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	start := time.Now()
+	for c := 0; c < conc; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				url := t.urls[int(seq.Add(1))%len(t.urls)]
+				_, total, err := stream(client, url, body)
+				mu.Lock()
+				if err != nil {
+					res.errors++
+				} else if ctx.Err() == nil {
+					res.completed++
+					res.total = append(res.total, total)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = d
+	_ = start
+	return res
+}
+
+func merge(a, b *result) *result {
+	if a == nil {
+		return b
+	}
+	a.ttfe = append(a.ttfe, b.ttfe...)
+	a.total = append(a.total, b.total...)
+	a.errors += b.errors
+	a.late += b.late
+	a.completed += b.completed
+	a.elapsed += b.elapsed
+	return a
+}
+
+func pct(v []time.Duration, p float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
+
+func pcts(v []time.Duration) map[string]float64 {
+	return map[string]float64{"p50": float64(pct(v, 50).Microseconds()), "p90": float64(pct(v, 90).Microseconds()), "p99": float64(pct(v, 99).Microseconds())}
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d.Nanoseconds())/1e3) }
