@@ -283,7 +283,11 @@ func TestDriver_BadConfigFailsBeforeStart(t *testing.T) {
 		{"port label missing", func(c *config.TaskConfig) { c.Port = "api" }, `port: port label "api" is not in the group's network block`},
 		{"unknown engine", func(c *config.TaskConfig) { c.Engine = "tgi" }, "engine: unknown engine"},
 		{"missing model", func(c *config.TaskConfig) { c.Model = "" }, "model: is required"},
-		{"tp larger than gpus", func(c *config.TaskConfig) { c.Engine = "vllm"; c.TensorParallelSize = 4; c.Binary = os.Getenv(simBinEnv) }, "tensor_parallel_size: 4 is larger than the 2 GPU(s)"},
+		{"tp larger than gpus", func(c *config.TaskConfig) {
+			c.Engine = "vllm"
+			c.TensorParallelSize = 4
+			c.Binary = os.Getenv(simBinEnv)
+		}, "tensor_parallel_size: 4 is larger than the 2 GPU(s)"},
 		{"engine binary missing", func(c *config.TaskConfig) { c.Engine = "llama_cpp"; c.KVEventsPort = "" }, "engine: engine llama_cpp: binary \"llama-server\" not found"},
 		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim"},
 	}

@@ -50,6 +50,8 @@ type taskHandle struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	doneCh chan struct{}
+	// called is when StartTask was entered (zero after recovery).
+	called time.Time
 	// stopping is set by StopTask/DestroyTask so an exit they caused is not
 	// reported as a crash.
 	stopping atomic.Bool

@@ -63,6 +63,7 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 }
 
 func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
+	called := time.Now() // readiness is reported from here: StartTask → engine ready
 	if _, ok := d.tasks.Get(cfg.ID); ok {
 		return nil, nil, fmt.Errorf("task with ID %q already started", cfg.ID)
 	}
@@ -140,7 +141,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return nil, nil, fmt.Errorf("storing driver state: %w", err)
 	}
 	h := newHandle(logger, st)
-	h.exec, h.pluginClient = exec, pluginClient
+	h.exec, h.pluginClient, h.called = exec, pluginClient, called
 	d.tasks.Set(cfg.ID, h)
 	d.emit(cfg, fmt.Sprintf("Loading model %s (pid %d)", plan.Config.Model, ps.Pid), nil)
 	go d.waitProcess(h)

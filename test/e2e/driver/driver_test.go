@@ -1,0 +1,336 @@
+// Package driver tests the llm task driver on the real Nomad + Consul test
+// bed: a job with driver = "llm", engine = "sim" runs, registers the
+// oasis-engine service with the documented meta in Consul, answers OpenAI
+// requests, survives a Nomad agent restart untouched, and stops cleanly;
+// invalid configs fail with the field named.
+package driver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+var stack *testbed.Stack
+
+func TestMain(m *testing.M) { os.Exit(testbed.Main(m, testbed.Options{}, &stack)) }
+
+// simJob is the reference job: the engine service follows the Oasis
+// convention (name oasis-engine, tags, oasis_* meta).
+func simJob(id, extraConfig string) string {
+	return fmt.Sprintf(`
+job %[1]q {
+  datacenters = ["*"]
+  type        = "service"
+
+  group "engine" {
+    network {
+      port "http" {}
+      port "kv" {}
+    }
+
+    restart {
+      attempts = 0
+      mode     = "fail"
+    }
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sim", "role-both"]
+      meta {
+        oasis_model        = "llama"
+        oasis_engine       = "sim"
+        oasis_role         = "both"
+        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv}"
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        type     = "http"
+        path     = "/health"
+        interval = "1s"
+        timeout  = "1s"
+      }
+    }
+
+    task "engine" {
+      driver       = "llm"
+      kill_signal  = "SIGTERM"
+      kill_timeout = "5s"
+      config {
+        engine            = "sim"
+        model             = "meta-llama/Llama-3.1-8B-Instruct"
+        served_model_name = "llama"
+        port              = "http"
+        kv_events_port    = "kv"
+        %[2]s
+      }
+      resources {
+        cpu    = 200
+        memory = 256
+      }
+    }
+  }
+}
+`, id, extraConfig)
+}
+
+func runningAlloc(t *testing.T, ctx context.Context, jobID string) *nomadapi.Allocation {
+	t.Helper()
+	allocs, err := stack.WaitAllocsRunning(ctx, jobID)
+	must.NoError(t, err)
+	must.Len(t, 1, allocs)
+	alloc, _, err := stack.Nomad.Allocations().Info(allocs[0].ID, nil)
+	must.NoError(t, err)
+	return alloc
+}
+
+func allocPort(t *testing.T, alloc *nomadapi.Allocation, label string) (string, int) {
+	t.Helper()
+	for _, p := range alloc.AllocatedResources.Shared.Ports {
+		if p.Label == label {
+			return p.HostIP, p.Value
+		}
+	}
+	t.Fatalf("allocation has no port %q", label)
+	return "", 0
+}
+
+// enginePID finds the engine by its rendered --port argument.
+func enginePID(t *testing.T, port int) int {
+	t.Helper()
+	var pid int
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		pid = findProcess(fmt.Sprintf("\x00--port\x00%d\x00", port))
+		return pid != 0
+	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	return pid
+}
+
+func findProcess(needle string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(needle)) && bytes.Contains(cmdline, []byte("oasis-sim\x00serve\x00")) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// groupMembers lists live processes in process group pgid.
+func groupMembers(pgid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err == nil && g == pgid {
+			if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && !bytes.Contains(stat, []byte(") Z ")) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+func chat(t *testing.T, addr string) string {
+	t.Helper()
+	body := `{"model":"llama","messages":[{"role":"user","content":"Say hello"}],"max_tokens":8}`
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	must.EqOp(t, http.StatusOK, resp.StatusCode, must.Sprint(string(b)))
+	must.StrContains(t, string(b), `"choices"`)
+	return string(b)
+}
+
+func taskEvents(t *testing.T, allocID string) []*nomadapi.TaskEvent {
+	t.Helper()
+	alloc, _, err := stack.Nomad.Allocations().Info(allocID, nil)
+	must.NoError(t, err)
+	st := alloc.TaskStates["engine"]
+	if st == nil {
+		return nil
+	}
+	return st.Events
+}
+
+func waitEvent(t *testing.T, allocID, substr string) *nomadapi.TaskEvent {
+	t.Helper()
+	var found *nomadapi.TaskEvent
+	var seen []string
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		seen = seen[:0]
+		for _, e := range taskEvents(t, allocID) {
+			msg := e.DisplayMessage + " " + e.DriverMessage + " " + e.DriverError
+			seen = append(seen, e.Type+": "+msg)
+			if strings.Contains(msg, substr) {
+				found = e
+				return true
+			}
+		}
+		return false
+	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Func(func() string {
+		return fmt.Sprintf("no task event containing %q; events: %q", substr, seen)
+	}))
+	return found
+}
+
+// TestSimJob_RunsRegistersServesRestartsStops is the driver's life cycle on
+// a real agent, in order: run, Consul registration with the convention's
+// meta, an OpenAI request, a Nomad agent restart that leaves the engine
+// untouched, then a stop that ends the engine's whole process group.
+func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	node, _, err := stack.Nomad.Nodes().Info(stack.NodeID, nil)
+	must.NoError(t, err)
+	must.True(t, node.Drivers["llm"].Healthy, must.Sprint(node.Drivers["llm"].HealthDescription))
+	must.EqOp(t, "0.1.0", node.Attributes["driver.llm.sim.version"])
+
+	const jobID = "oasis-driver-sim"
+	_, err = stack.RunJobHCL(ctx, simJob(jobID, ""))
+	must.NoError(t, err)
+	alloc := runningAlloc(t, ctx, jobID)
+	host, port := allocPort(t, alloc, "http")
+	kvHost, kvPort := allocPort(t, alloc, "kv")
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+
+	waitEvent(t, alloc.ID, "Starting sim engine: ")
+	waitEvent(t, alloc.ID, "Loading model meta-llama/Llama-3.1-8B-Instruct")
+	waitEvent(t, alloc.ID, "Engine ready after")
+
+	// Consul: a passing oasis-engine instance with the documented meta.
+	var entries []*consulapi.ServiceEntry
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		entries, _, err = stack.Consul.Health().Service("oasis-engine", "engine-sim", true, nil)
+		return err == nil && len(entries) == 1
+	}), wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond)))
+	svc := entries[0].Service
+	must.EqOp(t, port, svc.Port)
+	must.SliceContainsAll(t, []string{"oasis", "engine-sim", "role-both"}, svc.Tags)
+	must.Eq(t, map[string]string{
+		"oasis_model":        "llama",
+		"oasis_engine":       "sim",
+		"oasis_role":         "both",
+		"oasis_kv_events":    fmt.Sprintf("tcp://%s:%d", kvHost, kvPort),
+		"oasis_metrics_path": "/metrics",
+		"oasis_block_size":   "16",
+		"oasis_node":         stack.NodeID,
+	}, svc.Meta)
+
+	chat(t, net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)))
+
+	pid := enginePID(t, port)
+	pgid, err := syscall.Getpgid(pid)
+	must.NoError(t, err)
+	must.EqOp(t, pid, pgid, must.Sprint("the engine leads its own process group"))
+
+	// Restarting the agent reattaches: same PID, task still running, no restart.
+	must.NoError(t, stack.RestartNomad(ctx))
+	waitEvent(t, alloc.ID, fmt.Sprintf("Reattached to engine (pid %d)", pid))
+	alloc = runningAlloc(t, ctx, jobID)
+	must.EqOp(t, "running", alloc.TaskStates["engine"].State)
+	must.EqOp(t, uint64(0), alloc.TaskStates["engine"].Restarts)
+	must.EqOp(t, pid, enginePID(t, port))
+	chat(t, addr)
+
+	// Stopping the job ends the whole process group.
+	must.NoError(t, stack.StopJob(ctx, jobID))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(groupMembers(pgid)) == 0 }),
+		wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)),
+		must.Func(func() string { return fmt.Sprintf("process group %d still has %v", pgid, groupMembers(pgid)) }))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		entries, _, err = stack.Consul.Health().Service("oasis-engine", "engine-sim", false, nil)
+		return err == nil && len(entries) == 0
+	}), wait.Timeout(30*time.Second), wait.Gap(250*time.Millisecond)))
+}
+
+// TestInvalidConfig_FailsWithFieldNamed: Nomad's servers do not know a
+// driver's schema (validate and plan accept any driver config), so the
+// first place an llm config can be checked is the client. Type errors fail
+// there against the hclspec schema; semantic errors fail in StartTask,
+// before anything is launched; both are unrecoverable (no restart) and the
+// allocation's task event names the field.
+func TestInvalidConfig_FailsWithFieldNamed(t *testing.T) {
+	cases := []struct {
+		name, config, want string
+	}{
+		{"unknown engine", `engine = "tgi"`, "engine: unknown engine \"tgi\"; allowed: vllm, sglang, llama_cpp, trtllm, openai_compat, sim"},
+		{"port label missing", `port = "api"`, "port: port label \"api\" is not in the group's network block; labels: http, kv"},
+		{"incompatible offload", `kv_offload = "hicache"`, "kv_offload: \"hicache\" is not supported by engine sim"},
+		{"missing model", `model = ""`, "model: is required"},
+		{"wrong type", `tensor_parallel_size = "two"`, "tensor_parallel_size"},
+		{"unknown field", `tensor_parallelism = 2`, "tensor_parallelism"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			jobID := fmt.Sprintf("oasis-driver-invalid-%d", i)
+			hcl := simJob(jobID, "")
+			// Override a rendered line or add one.
+			key := strings.Fields(tc.config)[0]
+			lines := strings.Split(hcl, "\n")
+			replaced := false
+			for j, l := range lines {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == key {
+					lines[j], replaced = "        "+tc.config, true
+				}
+			}
+			hcl = strings.Join(lines, "\n")
+			if !replaced {
+				hcl = strings.Replace(hcl, `kv_events_port    = "kv"`, `kv_events_port    = "kv"`+"\n        "+tc.config, 1)
+			}
+			job, err := stack.ParseJobHCL(hcl)
+			must.NoError(t, err)
+			resp, _, err := stack.Nomad.Jobs().Validate(job, nil)
+			must.NoError(t, err)
+			must.SliceEmpty(t, resp.ValidationErrors, must.Sprint("the server cannot check driver configs"))
+
+			_, _, err = stack.Nomad.Jobs().Register(job, nil)
+			must.NoError(t, err)
+			t.Cleanup(func() { _ = stack.StopJob(context.Background(), jobID) })
+			allocs, err := stack.WaitJobDone(ctx, jobID)
+			must.NoError(t, err)
+			must.Len(t, 1, allocs)
+			must.EqOp(t, "failed", allocs[0].ClientStatus)
+			ev := waitEvent(t, allocs[0].ID, tc.want)
+			must.EqOp(t, uint64(0), allocs[0].TaskStates["engine"].Restarts)
+			t.Logf("%s: %s", ev.Type, ev.DisplayMessage)
+		})
+	}
+}
