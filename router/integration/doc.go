@@ -1,0 +1,5 @@
+// Package integration tests oasis-router's packages against a real Consul
+// agent (`consul agent -dev` on free loopback ports, started by TestMain) and
+// real oasis-sim engine processes. The consul binary is bin/consul at the
+// repository root (`make hashistack`) or $OASIS_CONSUL_BIN.
+package integration

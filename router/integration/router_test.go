@@ -1,0 +1,315 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/router/admission"
+	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/signals"
+)
+
+// router is an in-process oasis-router wired like cmd/oasis-router, against
+// the shared Consul agent, isolated per test by a service tag and KV prefix.
+type router struct {
+	pool    *discovery.Pool
+	m       *metrics.Metrics
+	watcher *policy.Watcher
+	url     string
+	tag     string
+	key     string
+}
+
+func newRouter(t *testing.T, client *consulapi.Client) *router {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	reg := prometheus.NewRegistry()
+	r := &router{pool: discovery.NewPool(), m: metrics.New(reg), tag: "it-" + sanitize(t.Name()),
+		key: "oasis-it/" + sanitize(t.Name()) + "/policy"}
+	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
+	terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
+	must.NoError(t, err)
+	src := &discovery.Consul{Client: client, Tag: r.tag, Log: log, Metrics: r.m}
+	r.watcher = policy.NewWatcher(client, r.key, terms, r.m, log)
+	tr := gateway.NewTransport(time.Second)
+	sc := &signals.Scraper{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Log: log, Metrics: r.m}
+	var wg sync.WaitGroup
+	for _, f := range []func(){func() { src.Run(ctx, r.pool) }, func() { r.watcher.Run(ctx) }, func() { sc.Run(ctx) }} {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	gw := gateway.New(gateway.Options{Pool: r.pool, Policy: r.watcher, Selector: scoring.NewSelector(terms),
+		Admission: admission.New(), Metrics: r.m, Gatherer: reg, Log: log, Transport: tr})
+	srv := httptest.NewServer(gw)
+	r.url = srv.URL
+	t.Cleanup(func() {
+		srv.Close()
+		cancel()
+		wg.Wait()
+		_, _ = client.KV().DeleteTree("oasis-it/"+sanitize(t.Name()), nil)
+	})
+	return r
+}
+
+func sanitize(s string) string { return strings.NewReplacer("/", "-", " ", "-").Replace(s) }
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+
+// registerTagged registers a sim with the router's isolation tag.
+func (r *router) register(t *testing.T, c *consulapi.Client, id, model string, s *sim) {
+	register(t, c, id, model, s)
+	svc, _, err := c.Agent().Service(id, nil)
+	must.NoError(t, err)
+	reg := &consulapi.AgentServiceRegistration{ID: id, Name: svc.Service, Address: svc.Address, Port: svc.Port,
+		Tags: append(svc.Tags, r.tag), Meta: svc.Meta,
+		Check: &consulapi.AgentServiceCheck{CheckID: "ttl-" + id, TTL: "10m", Status: consulapi.HealthPassing}}
+	must.NoError(t, c.Agent().ServiceRegister(reg))
+}
+
+func (r *router) ids(model string) []string {
+	var out []string
+	for _, w := range r.pool.Workers(model) {
+		out = append(out, w.ID)
+	}
+	return out
+}
+
+// waitPool waits until model's pool is exactly ids and returns how long it took.
+func (r *router) waitPool(t *testing.T, model string, ids ...string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Join(r.ids(model), ",") == strings.Join(ids, ",")
+	}), wait.Timeout(10*time.Second), wait.Gap(2*time.Millisecond)), must.Sprintf("pool of %s: have %v, want %v", model, r.ids(model), ids))
+	return time.Since(start)
+}
+
+func chat(t *testing.T, url, model string, stream bool) (int, string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4,"stream":%v}`, model, stream)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func counter(c prometheus.Metric) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+func TestDiscoveryJoinFailMaintenance(t *testing.T) {
+	c := consul.client
+	r := newRouter(t, c)
+	s1, s2, s3 := startSim(t, "alpha"), startSim(t, "alpha"), startSim(t, "beta")
+	r.register(t, c, "e1", "alpha", s1)
+	r.register(t, c, "e2", "alpha", s2)
+	r.register(t, c, "e3", "beta", s3)
+	r.waitPool(t, "alpha", "e1", "e2")
+	r.waitPool(t, "beta", "e3")
+	w := r.pool.Workers("alpha")[0]
+	must.Eq(t, "sim", w.Engine)
+	must.Eq(t, 16, w.BlockSize)
+	must.Eq(t, "node-e1", w.Node)
+	must.Eq(t, s1.addr, w.Address)
+
+	code, _ := chat(t, r.url, "beta", false)
+	must.Eq(t, 200, code)
+
+	// A failing check takes the instance out.
+	must.NoError(t, c.Agent().FailTTL("ttl-e1", "engine unhealthy"))
+	took := r.waitPool(t, "alpha", "e2")
+	t.Logf("failed check → left pool after %v", took)
+	must.NoError(t, c.Agent().PassTTL("ttl-e1", ""))
+	r.waitPool(t, "alpha", "e1", "e2")
+
+	// Maintenance mode takes it out, and back.
+	must.NoError(t, c.Agent().EnableServiceMaintenance("e2", "draining"))
+	took = r.waitPool(t, "alpha", "e1")
+	t.Logf("maintenance → left pool after %v", took)
+	must.NoError(t, c.Agent().DisableServiceMaintenance("e2"))
+	r.waitPool(t, "alpha", "e1", "e2")
+
+	// The last instance of a model leaving gives 503, not 404.
+	must.NoError(t, c.Agent().FailTTL("ttl-e3", "down"))
+	r.waitPool(t, "beta")
+	code, body := chat(t, r.url, "beta", false)
+	must.Eq(t, 503, code)
+	must.StrContains(t, body, "no_healthy_worker")
+	code, _ = chat(t, r.url, "gamma", false)
+	must.Eq(t, 404, code)
+	must.Eq(t, 0.0, counter(r.m.DiscoveryStale))
+}
+
+func TestConsulUnreachableKeepsPool(t *testing.T) {
+	// A Consul of its own, so it can be stopped.
+	own, err := startConsul(t.TempDir())
+	must.NoError(t, err)
+	defer own.stop()
+	r := newRouter(t, own.client)
+	s := startSim(t, "alpha")
+	r.register(t, own.client, "e1", "alpha", s)
+	r.waitPool(t, "alpha", "e1")
+	own.stop()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return counter(r.m.DiscoveryStale) == 1 }),
+		wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond)))
+	must.Eq(t, []string{"e1"}, r.ids("alpha"))
+	code, _ := chat(t, r.url, "alpha", true)
+	must.Eq(t, 200, code)
+	must.Greater(t, 0.0, counter(r.m.DiscoveryErrors))
+}
+
+func TestPolicyDocument(t *testing.T) {
+	c := consul.client
+	r := newRouter(t, c)
+	// Absent: the router writes the default, and applies it.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() != 0 }),
+		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	pair, _, err := c.KV().Get(r.key, nil)
+	must.NoError(t, err)
+	must.NotNil(t, pair)
+	must.StrContains(t, string(pair.Value), `"weighted"`)
+	must.Eq(t, scoring.Weighted, r.watcher.Current().Policy)
+
+	put := func(doc string) uint64 {
+		_, err := c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(doc)}, nil)
+		must.NoError(t, err)
+		p, _, err := c.KV().Get(r.key, nil)
+		must.NoError(t, err)
+		return p.ModifyIndex
+	}
+	reloads := counter(r.m.PolicyReloads)
+	idx := put(`{"policy":"least_load","models":{"alpha":{"policy":"round_robin","admission":{"max_in_flight":4}}}}`)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() == idx }),
+		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	must.Eq(t, scoring.LeastLoad, r.watcher.Current().For("x").Scoring.Policy)
+	must.Eq(t, scoring.RoundRobin, r.watcher.Current().For("alpha").Scoring.Policy)
+	must.Eq(t, 4, r.watcher.Current().For("alpha").Limits.MaxInFlight)
+	must.Eq(t, reloads+1, counter(r.m.PolicyReloads))
+
+	// Invalid documents are rejected, counted, and change nothing.
+	good := r.watcher.Current()
+	for i, bad := range []string{`{"policy":"weighted","weights":{"nope":1}}`, `not json`, `{"policy":"least_load","typo":1}`} {
+		put(bad)
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return counter(r.m.PolicyRejects) == float64(i+1) }),
+			wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+		must.True(t, good == r.watcher.Current(), must.Sprint("the last good document stays"))
+	}
+	must.Eq(t, idx, r.watcher.AppliedIndex())
+}
+
+func TestPolicyNeverOverwritten(t *testing.T) {
+	c := consul.client
+	key := "oasis-it/" + sanitize(t.Name()) + "/policy"
+	// An operator's document exists before the router starts: the default
+	// write (CAS on index 0) must not replace it.
+	_, err := c.KV().Put(&consulapi.KVPair{Key: key, Value: []byte(`{"policy":"round_robin"}`)}, nil)
+	must.NoError(t, err)
+	r := newRouter(t, c)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() != 0 }),
+		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Eq(t, scoring.RoundRobin, r.watcher.Current().Policy)
+	pair, _, err := c.KV().Get(key, nil)
+	must.NoError(t, err)
+	must.Eq(t, `{"policy":"round_robin"}`, string(pair.Value))
+}
+
+func TestRoutingAcrossSims(t *testing.T) {
+	c := consul.client
+	r := newRouter(t, c)
+	sims := []*sim{startSim(t, "alpha"), startSim(t, "alpha"), startSim(t, "alpha")}
+	for i, s := range sims {
+		r.register(t, c, fmt.Sprintf("e%d", i), "alpha", s)
+	}
+	r.waitPool(t, "alpha", "e0", "e1", "e2")
+	_, err := c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(`{"policy":"round_robin"}`)}, nil)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.RoundRobin }),
+		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+
+	served := func(id string) float64 { return counter(r.m.Requests.WithLabelValues("alpha", "200", id)) }
+	for range 30 {
+		code, body := chat(t, r.url, "alpha", true)
+		must.Eq(t, 200, code)
+		must.StrContains(t, body, "data: [DONE]")
+	}
+	for i := range 3 {
+		must.Eq(t, 10.0, served(fmt.Sprintf("e%d", i)))
+	}
+	// The engines' own counters agree (usage came from them).
+	must.Eq(t, 30*4.0, counter(r.m.Tokens.WithLabelValues("alpha", "e0", "completion"))+
+		counter(r.m.Tokens.WithLabelValues("alpha", "e1", "completion"))+counter(r.m.Tokens.WithLabelValues("alpha", "e2", "completion")))
+
+	// The scraper sees the sims' load and power gauges.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		s := r.pool.Workers("alpha")[0].Signals()
+		return s.EngineMetrics && s.HasPower && s.PowerWatts > 0
+	}), wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+
+	// A sim that dies without its check failing yet costs no request: connect
+	// failures before the first byte are retried on another worker.
+	sims[1].kill()
+	for range 12 {
+		code, _ := chat(t, r.url, "alpha", true)
+		must.Eq(t, 200, code)
+	}
+	must.Greater(t, 0.0, counter(r.m.Retries.WithLabelValues("alpha")))
+}
+
+func TestStreamingThroughRouterIsIncremental(t *testing.T) {
+	c := consul.client
+	r := newRouter(t, c)
+	// Real-time simulated decode: tokens arrive spread over time.
+	s := startSim(t, "alpha", "--speed", "1", "--step-time-base", "20ms")
+	r.register(t, c, "e0", "alpha", s)
+	r.waitPool(t, "alpha", "e0")
+	body := `{"model":"alpha","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}`
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	var arrivals []time.Time
+	for {
+		line, err := br.ReadString('\n')
+		if strings.HasPrefix(line, "data: {") {
+			arrivals = append(arrivals, time.Now())
+			var ev map[string]any
+			must.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev))
+		}
+		if err != nil {
+			break
+		}
+	}
+	must.Greater(t, 5, len(arrivals))
+	// Events arrive spread over the decode, not in one burst at the end.
+	spread := arrivals[len(arrivals)-1].Sub(arrivals[0])
+	must.Greater(t, 100*time.Millisecond, spread)
+}

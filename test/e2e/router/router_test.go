@@ -1,0 +1,321 @@
+// Package router runs oasis-router end to end on the real Nomad + Consul test
+// bed: three oasis-sim engines run by the llm driver, registered in Consul by
+// their jobs' service blocks, and the oasis-router binary in front of them.
+package router
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+var stack *testbed.Stack
+
+func TestMain(m *testing.M) { os.Exit(testbed.Main(m, testbed.Options{}, &stack)) }
+
+// engineJob is one oasis-sim engine run by the llm driver, registered as
+// oasis-engine with the Oasis meta convention.
+func engineJob(id string) string {
+	return fmt.Sprintf(`
+job %[1]q {
+  datacenters = ["*"]
+  type        = "service"
+  group "engine" {
+    network {
+      port "http" {}
+    }
+    restart {
+      attempts = 0
+      mode     = "fail"
+    }
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sim", "role-both"]
+      meta {
+        oasis_model        = "llama"
+        oasis_engine       = "sim"
+        oasis_role         = "both"
+        oasis_kv_events    = ""
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        type     = "http"
+        path     = "/health"
+        interval = "1s"
+        timeout  = "1s"
+      }
+    }
+    task "engine" {
+      driver       = "llm"
+      kill_signal  = "SIGTERM"
+      kill_timeout = "5s"
+      config {
+        engine            = "sim"
+        model             = "meta-llama/Llama-3.1-8B-Instruct"
+        served_model_name = "llama"
+        port              = "http"
+      }
+      resources {
+        cpu    = 100
+        memory = 128
+      }
+    }
+  }
+}
+`, id)
+}
+
+// routerProc is the oasis-router binary under test.
+type routerProc struct {
+	url  string
+	key  string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func startRouter(t *testing.T, prefix string) *routerProc {
+	t.Helper()
+	ports, err := testbed.FreePorts(1)
+	must.NoError(t, err)
+	r := &routerProc{url: "http://127.0.0.1:" + strconv.Itoa(ports[0]), key: prefix + "/policy", done: make(chan struct{}),
+		log: filepath.Join(t.TempDir(), "router.log")}
+	logf, err := os.Create(r.log)
+	must.NoError(t, err)
+	r.cmd = exec.Command(stack.Bin("oasis-router"), "-listen", "127.0.0.1:"+strconv.Itoa(ports[0]),
+		"-consul-addr", stack.ConsulAddr, "-kv-prefix", prefix, "-scrape-interval", "500ms", "-register")
+	r.cmd.Stdout, r.cmd.Stderr = logf, logf
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must.NoError(t, r.cmd.Start())
+	go func() { _ = r.cmd.Wait(); logf.Close(); close(r.done) }()
+	t.Cleanup(func() {
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-r.done:
+		case <-time.After(10 * time.Second):
+			_ = r.cmd.Process.Kill()
+			<-r.done
+		}
+		if t.Failed() {
+			out, _ := os.ReadFile(r.log)
+			t.Logf("router log:\n%s", out)
+		}
+	})
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		resp, err := http.Get(r.url + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}), wait.Timeout(20*time.Second), wait.Gap(50*time.Millisecond)))
+	return r
+}
+
+// metrics scrapes the router's /metrics: family → label-set string → value.
+func (r *routerProc) metrics(t *testing.T) map[string]map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(r.url + "/metrics")
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	must.NoError(t, err)
+	out := map[string]map[string]float64{}
+	for name, f := range fams {
+		out[name] = map[string]float64{}
+		for _, m := range f.Metric {
+			var parts []string
+			for _, l := range m.Label {
+				parts = append(parts, l.GetName()+"="+l.GetValue())
+			}
+			v := 0.0
+			switch {
+			case m.Counter != nil:
+				v = m.Counter.GetValue()
+			case m.Gauge != nil:
+				v = m.Gauge.GetValue()
+			}
+			out[name][strings.Join(parts, ",")] = v
+		}
+	}
+	return out
+}
+
+// servedBy returns successful requests per worker id.
+func (r *routerProc) servedBy(t *testing.T) map[string]float64 {
+	out := map[string]float64{}
+	for labels, v := range r.metrics(t)["oasis_router_requests_total"] {
+		if !strings.Contains(labels, "status=200") {
+			continue
+		}
+		for _, p := range strings.Split(labels, ",") {
+			if w, ok := strings.CutPrefix(p, "worker="); ok {
+				out[w] += v
+			}
+		}
+	}
+	return out
+}
+
+func (r *routerProc) putPolicy(t *testing.T, doc string) {
+	t.Helper()
+	_, err := stack.Consul.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(doc)}, nil)
+	must.NoError(t, err)
+}
+
+func chat(url string, maxTokens int) (status int, events int, err error) {
+	body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"tell me a story"}],"max_tokens":%d,"stream":true}`, maxTokens)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	done := false
+	for {
+		line, rerr := br.ReadString('\n')
+		if strings.HasPrefix(line, "data: {") {
+			events++
+		}
+		if strings.HasPrefix(line, "data: [DONE]") {
+			done = true
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return resp.StatusCode, events, rerr
+		}
+	}
+	if resp.StatusCode == 200 && !done {
+		return resp.StatusCode, events, fmt.Errorf("stream ended without [DONE]")
+	}
+	return resp.StatusCode, events, nil
+}
+
+func TestRouterOnTestbed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	jobs := []string{"sim-a", "sim-b", "sim-c"}
+	for _, j := range jobs {
+		_, err := stack.RunJobHCL(ctx, engineJob(j))
+		must.NoError(t, err)
+		t.Cleanup(func() { _ = stack.StopJob(context.Background(), j) })
+	}
+	for _, j := range jobs {
+		_, err := stack.WaitAllocsRunning(ctx, j)
+		must.NoError(t, err)
+	}
+	r := startRouter(t, "oasis-e2e/router")
+	r.putPolicy(t, `{"policy":"round_robin"}`)
+
+	// The router registered itself and sees three passing engines.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return r.metrics(t)["oasis_router_workers"]["model=llama"] == 3
+	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	svcs, _, err := stack.Consul.Health().Service("oasis-router", "", true, nil)
+	must.NoError(t, err)
+	must.Len(t, 1, svcs)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return r.metrics(t)["oasis_router_policy_reloads_total"][""] >= 1
+	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+
+	t.Run("requests spread as the policy says", func(t *testing.T) {
+		before := r.servedBy(t)
+		for range 30 {
+			code, _, err := chat(r.url, 4)
+			must.NoError(t, err)
+			must.Eq(t, 200, code)
+		}
+		after := r.servedBy(t)
+		must.MapLen(t, 3, after)
+		for w, n := range after {
+			must.Eq(t, 10.0, n-before[w], must.Sprintf("worker %s", w))
+		}
+	})
+
+	t.Run("a bad policy document changes nothing", func(t *testing.T) {
+		rejects := r.metrics(t)["oasis_router_policy_rejects_total"][""]
+		r.putPolicy(t, `{"policy":"weighted","weights":{"no_such_term":1}}`)
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+			return r.metrics(t)["oasis_router_policy_rejects_total"][""] == rejects+1
+		}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+		before := r.servedBy(t)
+		for range 30 {
+			code, _, err := chat(r.url, 4)
+			must.NoError(t, err)
+			must.Eq(t, 200, code)
+		}
+		after := r.servedBy(t)
+		for w, n := range after {
+			must.Eq(t, 10.0, n-before[w], must.Sprintf("worker %s still round robin", w))
+		}
+	})
+
+	t.Run("an engine stopped mid-run costs no request that had not started streaming", func(t *testing.T) {
+		r.putPolicy(t, `{"policy":"least_load"}`)
+		var (
+			okN, brokenAfterStart, lostBeforeStart atomic.Int64
+			wg                                     sync.WaitGroup
+			stop                                   atomic.Bool
+			firstErr                               atomic.Value
+		)
+		for range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					code, events, err := chat(r.url, 24)
+					switch {
+					case err == nil && code == 200:
+						okN.Add(1)
+					case events > 0:
+						brokenAfterStart.Add(1) // allowed: bytes were already streamed
+					default:
+						lostBeforeStart.Add(1)
+						firstErr.CompareAndSwap(nil, fmt.Sprintf("status %d: %v", code, err))
+					}
+				}
+			}()
+		}
+		time.Sleep(2 * time.Second)
+		must.NoError(t, stack.StopJob(ctx, "sim-b"))
+		time.Sleep(3 * time.Second)
+		stop.Store(true)
+		wg.Wait()
+		t.Logf("ok=%d broken-after-first-byte=%d lost-before-first-byte=%d retries=%v", okN.Load(), brokenAfterStart.Load(),
+			lostBeforeStart.Load(), r.metrics(t)["oasis_router_retries_total"])
+		must.Eq(t, int64(0), lostBeforeStart.Load(), must.Sprintf("first failure: %v", firstErr.Load()))
+		must.Greater(t, 20, okN.Load())
+		must.Eq(t, 2.0, r.metrics(t)["oasis_router_workers"]["model=llama"])
+	})
+}
