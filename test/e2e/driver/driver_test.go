@@ -176,7 +176,7 @@ func chat(t *testing.T, addr string) string {
 	return string(b)
 }
 
-func taskEvents(t *testing.T, allocID string) []*nomadapi.TaskEvent {
+func taskEvents(t testing.TB, allocID string) []*nomadapi.TaskEvent {
 	t.Helper()
 	alloc, _, err := stack.Nomad.Allocations().Info(allocID, nil)
 	must.NoError(t, err)
@@ -187,7 +187,7 @@ func taskEvents(t *testing.T, allocID string) []*nomadapi.TaskEvent {
 	return st.Events
 }
 
-func waitEvent(t *testing.T, allocID, substr string) *nomadapi.TaskEvent {
+func waitEvent(t testing.TB, allocID, substr string) *nomadapi.TaskEvent {
 	t.Helper()
 	var found *nomadapi.TaskEvent
 	var seen []string

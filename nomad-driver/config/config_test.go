@@ -1,0 +1,30 @@
+package config
+
+import (
+	"os"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// TestREADMEMatrix keeps the README's support table equal to the matrix the code enforces.
+func TestREADMEMatrix(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	must.NoError(t, err)
+	must.StrContains(t, string(readme), Matrix())
+}
+
+func TestNormalizeDefaults(t *testing.T) {
+	c := TaskConfig{Engine: EngineVLLM, Model: "m", KVOffload: OffloadKVCached}.Normalize()
+	must.EqOp(t, RoleBoth, c.Role)
+	must.EqOp(t, "m", c.ServedModelName)
+	must.EqOp(t, 1, c.TensorParallelSize)
+	must.EqOp(t, DefaultBlockSize, c.BlockSize)
+	must.EqOp(t, DefaultKVCachedAddress, c.KVCachedAddress)
+	must.True(t, c.EventsOn())
+
+	c = TaskConfig{Engine: EngineLlamaCpp, Model: "m"}.Normalize()
+	must.EqOp(t, 0, c.BlockSize)
+	must.False(t, c.EventsOn())
+	must.EqOp(t, OffloadNone, c.KVOffload)
+}
