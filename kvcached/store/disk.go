@@ -1,0 +1,494 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble"
+	"github.com/hashicorp/go-hclog"
+	"lukechampine.com/blake3"
+)
+
+// The disk tier keeps each block in its own file, blocks/<xx>/<seq>.blk, and
+// the index (key → seq, size, expiry, checksum) in Pebble. A write goes file
+// first, index second, so a crash leaves at worst an unindexed file, which
+// the next Open deletes; an index entry whose file is missing, short or fails
+// its BLAKE3 checksum is answered as a miss and deleted.
+//
+// Block file layout (little endian):
+//
+//	magic "OKVB" | version u8 | key length u32 | value length u64 | key | value
+//
+// Pebble index: key "k" + block key → seq u64 | value length u64 | expireAt i64 (unix ns, 0 = none) | BLAKE3-256(key || value)
+
+const (
+	fileMagic   = "OKVB"
+	fileVersion = 1
+	fileHeader  = 4 + 1 + 4 + 8
+	indexValLen = 8 + 8 + 8 + 32
+	indexPrefix = 'k'
+)
+
+// errCorrupt marks a block that failed verification.
+var errCorrupt = errors.New("corrupt block")
+
+type diskEntry struct {
+	key        string
+	seq        uint64
+	size       int64
+	expireAt   int64
+	sum        [32]byte
+	prev, next *diskEntry // LRU, most recent at head
+}
+
+type diskTier struct {
+	dir    string
+	limit  int64
+	db     *pebble.DB
+	log    hclog.Logger
+	m      *Metrics
+	events Observer
+
+	mu         sync.Mutex
+	idx        map[string]*diskEntry
+	head, tail *diskEntry
+	used       int64
+	degraded   time.Time // zero when healthy; otherwise when writes failed
+	retryAfter time.Duration
+}
+
+type pebbleLogger struct{ l hclog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any)  { p.l.Debug(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Errorf(format string, args ...any) { p.l.Error(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+	os.Exit(1)
+}
+
+func openDisk(dir string, limit int64, log hclog.Logger, m *Metrics, events Observer) (*diskTier, uint64, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "blocks"), 0o700); err != nil {
+		return nil, 0, fmt.Errorf("creating disk tier directory: %w", err)
+	}
+	db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{
+		Logger: pebbleLogger{log.Named("pebble")},
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("opening disk index: %w", err)
+	}
+	d := &diskTier{dir: dir, limit: limit, db: db, log: log, m: m, events: events,
+		idx: make(map[string]*diskEntry), retryAfter: 10 * time.Second}
+	maxSeq, err := d.load()
+	if err != nil {
+		db.Close()
+		return nil, 0, err
+	}
+	return d, maxSeq, nil
+}
+
+// load rebuilds the in-memory index from Pebble and deletes block files that
+// no index entry references (writes a crash interrupted).
+func (d *diskTier) load() (uint64, error) {
+	it, err := d.db.NewIter(&pebble.IterOptions{LowerBound: []byte{indexPrefix}, UpperBound: []byte{indexPrefix + 1}})
+	if err != nil {
+		return 0, fmt.Errorf("reading disk index: %w", err)
+	}
+	var maxSeq uint64
+	live := make(map[uint64]bool)
+	for it.First(); it.Valid(); it.Next() {
+		v := it.Value()
+		if len(v) != indexValLen {
+			d.log.Warn("dropping malformed index entry", "key", fmt.Sprintf("%q", it.Key()[1:]))
+			d.db.Delete(bytes.Clone(it.Key()), pebble.NoSync)
+			continue
+		}
+		e := &diskEntry{key: string(it.Key()[1:])}
+		e.seq = binary.LittleEndian.Uint64(v)
+		e.size = int64(binary.LittleEndian.Uint64(v[8:]))
+		e.expireAt = int64(binary.LittleEndian.Uint64(v[16:]))
+		copy(e.sum[:], v[24:])
+		d.idx[e.key] = e
+		d.pushFront(e)
+		d.used += e.size
+		live[e.seq] = true
+		maxSeq = max(maxSeq, e.seq)
+	}
+	if err := it.Close(); err != nil {
+		return 0, fmt.Errorf("reading disk index: %w", err)
+	}
+	orphans := 0
+	err = filepath.WalkDir(filepath.Join(d.dir, "blocks"), func(path string, de fs.DirEntry, err error) error {
+		if err != nil || de.IsDir() {
+			return err
+		}
+		name := de.Name()
+		seq, perr := strconv.ParseUint(name[:len(name)-len(filepath.Ext(name))], 16, 64)
+		if perr != nil || filepath.Ext(name) != ".blk" || !live[seq] {
+			orphans++
+			return os.Remove(path)
+		}
+		maxSeq = max(maxSeq, seq)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("scanning block files: %w", err)
+	}
+	d.log.Info("disk tier loaded", "blocks", len(d.idx), "bytes", d.used, "orphans_removed", orphans)
+	d.m.Bytes.WithLabelValues("disk").Set(float64(d.used))
+	d.m.Blocks.WithLabelValues("disk").Set(float64(len(d.idx)))
+	return maxSeq, nil
+}
+
+func (d *diskTier) close() error { return d.db.Close() }
+
+func (d *diskTier) path(seq uint64) string {
+	return filepath.Join(d.dir, "blocks", fmt.Sprintf("%02x", seq&0xff), fmt.Sprintf("%016x.blk", seq))
+}
+
+func (d *diskTier) pushFront(e *diskEntry) {
+	e.prev, e.next = nil, d.head
+	if d.head != nil {
+		d.head.prev = e
+	}
+	d.head = e
+	if d.tail == nil {
+		d.tail = e
+	}
+}
+
+func (d *diskTier) unlink(e *diskEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		d.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		d.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+func (d *diskTier) updateGauges() {
+	d.m.Bytes.WithLabelValues("disk").Set(float64(d.used))
+	d.m.Blocks.WithLabelValues("disk").Set(float64(len(d.idx)))
+}
+
+// writable reports whether writes are allowed now: after a failed write the
+// tier stays read-only for retryAfter, so a full disk costs one failed write
+// per interval rather than one per block.
+func (d *diskTier) writable() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.degraded.IsZero() || time.Since(d.degraded) >= d.retryAfter
+}
+
+func (d *diskTier) setDegraded(err error) {
+	d.mu.Lock()
+	first := d.degraded.IsZero()
+	d.degraded = time.Now()
+	d.mu.Unlock()
+	d.m.DiskDegraded.Set(1)
+	d.m.SpillErrors.Inc()
+	if first {
+		d.log.Error("disk tier write failed; running RAM-only until a write succeeds", "error", err)
+	}
+}
+
+func (d *diskTier) setHealthy() {
+	d.mu.Lock()
+	was := !d.degraded.IsZero()
+	d.degraded = time.Time{}
+	d.mu.Unlock()
+	if was {
+		d.m.DiskDegraded.Set(0)
+		d.log.Info("disk tier writes recovered")
+	}
+}
+
+func (d *diskTier) has(key string, now int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.idx[key]
+	return ok && (e.expireAt == 0 || e.expireAt > now)
+}
+
+// put writes a block with write sequence seq. A put older than what the index
+// holds for key is discarded, so concurrent writers settle on the newest.
+func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error {
+	size := int64(len(val))
+	if size > d.limit {
+		return fmt.Errorf("block of %d bytes exceeds the disk tier's %d bytes", size, d.limit)
+	}
+	var sum [32]byte
+	h := blake3.New(32, nil)
+	h.Write([]byte(key))
+	h.Write(val)
+	h.Sum(sum[:0])
+
+	// Make room first so the tier never exceeds its limit, even briefly.
+	d.mu.Lock()
+	if cur, ok := d.idx[key]; ok && cur.seq >= seq {
+		d.mu.Unlock()
+		return nil
+	}
+	var victims []*diskEntry
+	for d.used+size > d.limit && d.tail != nil {
+		v := d.tail
+		d.removeLocked(v)
+		victims = append(victims, v)
+	}
+	d.used += size // reserve
+	d.mu.Unlock()
+	d.dropFiles(victims, true)
+
+	if err := d.writeFile(seq, key, val); err != nil {
+		d.mu.Lock()
+		d.used -= size
+		d.mu.Unlock()
+		return err
+	}
+	e := &diskEntry{key: key, seq: seq, size: size, expireAt: expireAt, sum: sum}
+	d.mu.Lock()
+	if cur, ok := d.idx[key]; ok && cur.seq >= seq {
+		d.used -= size
+		d.mu.Unlock()
+		os.Remove(d.path(seq))
+		return nil
+	}
+	if err := d.db.Set(indexKey(key), encodeIndex(e), pebble.NoSync); err != nil {
+		d.used -= size
+		d.mu.Unlock()
+		os.Remove(d.path(seq))
+		return fmt.Errorf("indexing block: %w", err)
+	}
+	old := d.idx[key]
+	if old != nil {
+		d.unlink(old)
+		d.used -= old.size
+	}
+	d.idx[key] = e
+	d.pushFront(e)
+	d.updateGauges()
+	d.mu.Unlock()
+	if old != nil {
+		os.Remove(d.path(old.seq))
+	} else if d.events != nil {
+		d.events.Stored(key, TierDisk)
+	}
+	return nil
+}
+
+func (d *diskTier) writeFile(seq uint64, key string, val []byte) error {
+	p := d.path(seq)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+			f, err = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("creating block file: %w", err)
+	}
+	var hdr [fileHeader]byte
+	copy(hdr[:], fileMagic)
+	hdr[4] = fileVersion
+	binary.LittleEndian.PutUint32(hdr[5:], uint32(len(key)))
+	binary.LittleEndian.PutUint64(hdr[9:], uint64(len(val)))
+	buf := make([]byte, 0, fileHeader+len(key))
+	buf = append(append(buf, hdr[:]...), key...)
+	if _, err = f.Write(buf); err == nil {
+		_, err = f.Write(val)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(p)
+		return fmt.Errorf("writing block file: %w", err)
+	}
+	return nil
+}
+
+// get reads and verifies a block. A corrupt block is deleted and reported as
+// errCorrupt; an absent or expired one as ok=false.
+func (d *diskTier) get(key string, now int64) (val []byte, expireAt int64, ok bool, err error) {
+	d.mu.Lock()
+	e, found := d.idx[key]
+	if found && e.expireAt != 0 && e.expireAt <= now {
+		d.removeLocked(e)
+		d.mu.Unlock()
+		d.dropFiles([]*diskEntry{e}, false)
+		return nil, 0, false, nil
+	}
+	if found {
+		d.unlink(e)
+		d.pushFront(e)
+	}
+	var seq uint64
+	var sum [32]byte
+	if found {
+		seq, sum, expireAt = e.seq, e.sum, e.expireAt
+	}
+	d.mu.Unlock()
+	if !found {
+		return nil, 0, false, nil
+	}
+	val, rerr := d.readFile(seq, key, sum)
+	if rerr != nil {
+		d.m.Corrupt.Inc()
+		d.log.Warn("dropping corrupt disk block", "key", fmt.Sprintf("%q", key), "error", rerr)
+		d.mu.Lock()
+		if cur := d.idx[key]; cur != nil && cur.seq == seq {
+			d.removeLocked(cur)
+			d.mu.Unlock()
+			d.dropFiles([]*diskEntry{cur}, false)
+		} else {
+			d.mu.Unlock()
+		}
+		return nil, 0, false, fmt.Errorf("%w: %v", errCorrupt, rerr)
+	}
+	return val, expireAt, true, nil
+}
+
+func (d *diskTier) readFile(seq uint64, key string, sum [32]byte) ([]byte, error) {
+	b, err := os.ReadFile(d.path(seq))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) < fileHeader || string(b[:4]) != fileMagic || b[4] != fileVersion {
+		return nil, errors.New("bad block file header")
+	}
+	kl := int(binary.LittleEndian.Uint32(b[5:]))
+	vl := binary.LittleEndian.Uint64(b[9:])
+	if uint64(len(b)) != uint64(fileHeader)+uint64(kl)+vl {
+		return nil, fmt.Errorf("block file is %d bytes, header says %d", len(b), uint64(fileHeader)+uint64(kl)+vl)
+	}
+	if string(b[fileHeader:fileHeader+kl]) != key {
+		return nil, errors.New("block file holds another key")
+	}
+	var got [32]byte
+	h := blake3.New(32, nil)
+	h.Write(b[fileHeader:])
+	h.Sum(got[:0])
+	if got != sum {
+		return nil, errors.New("checksum mismatch")
+	}
+	return b[fileHeader+kl:], nil
+}
+
+// removeLocked drops e from the index (memory and Pebble); the caller removes
+// the file with dropFiles after unlocking.
+func (d *diskTier) removeLocked(e *diskEntry) {
+	if d.idx[e.key] != e {
+		return
+	}
+	delete(d.idx, e.key)
+	d.unlink(e)
+	d.used -= e.size
+	if err := d.db.Delete(indexKey(e.key), pebble.NoSync); err != nil {
+		d.log.Warn("deleting index entry", "error", err)
+	}
+	d.updateGauges()
+}
+
+func (d *diskTier) dropFiles(es []*diskEntry, evicted bool) {
+	for _, e := range es {
+		os.Remove(d.path(e.seq))
+		if evicted {
+			d.m.Evictions.WithLabelValues("disk").Inc()
+		}
+		if d.events != nil {
+			d.events.Removed(e.key, TierDisk)
+		}
+	}
+}
+
+// del removes key; with seq non-zero only if the stored write is that one.
+func (d *diskTier) del(key string, seq uint64) bool {
+	d.mu.Lock()
+	e, ok := d.idx[key]
+	if !ok || (seq != 0 && e.seq != seq) {
+		d.mu.Unlock()
+		return false
+	}
+	d.removeLocked(e)
+	d.mu.Unlock()
+	d.dropFiles([]*diskEntry{e}, false)
+	return true
+}
+
+// delOlder removes key if the stored write is older than seq.
+func (d *diskTier) delOlder(key string, seq uint64) {
+	d.mu.Lock()
+	e, ok := d.idx[key]
+	if !ok || e.seq >= seq {
+		d.mu.Unlock()
+		return
+	}
+	d.removeLocked(e)
+	d.mu.Unlock()
+	d.dropFiles([]*diskEntry{e}, false)
+}
+
+func (d *diskTier) setExpire(key string, expireAt int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.idx[key]
+	if !ok {
+		return false
+	}
+	e.expireAt = expireAt
+	if err := d.db.Set(indexKey(key), encodeIndex(e), pebble.NoSync); err != nil {
+		d.log.Warn("updating expiry in index", "error", err)
+	}
+	return true
+}
+
+func (d *diskTier) expireOf(key string) (int64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.idx[key]
+	if !ok {
+		return 0, false
+	}
+	return e.expireAt, true
+}
+
+func (d *diskTier) keys(dst []string) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k := range d.idx {
+		dst = append(dst, k)
+	}
+	return dst
+}
+
+func (d *diskTier) stats() (blocks int, used int64, degraded bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.idx), d.used, !d.degraded.IsZero()
+}
+
+func indexKey(key string) []byte {
+	b := make([]byte, 0, 1+len(key))
+	return append(append(b, indexPrefix), key...)
+}
+
+func encodeIndex(e *diskEntry) []byte {
+	v := make([]byte, indexValLen)
+	binary.LittleEndian.PutUint64(v, e.seq)
+	binary.LittleEndian.PutUint64(v[8:], uint64(e.size))
+	binary.LittleEndian.PutUint64(v[16:], uint64(e.expireAt))
+	copy(v[24:], e.sum[:])
+	return v
+}

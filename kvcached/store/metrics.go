@@ -1,0 +1,77 @@
+package store
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the store's Prometheus collectors, registered on a registry the
+// caller owns.
+type Metrics struct {
+	Hits          *prometheus.CounterVec // by tier: ram, disk, peer
+	Misses        prometheus.Counter
+	Bytes         *prometheus.GaugeVec   // by tier: ram, disk
+	Blocks        *prometheus.GaugeVec   // by tier: ram, disk
+	Evictions     *prometheus.CounterVec // by tier: ram, disk
+	Spills        prometheus.Counter
+	SpillBytes    prometheus.Counter
+	SpillErrors   prometheus.Counter
+	SpillSkipped  prometheus.Counter // dirty blocks evicted from RAM with no disk to take them
+	Promotions    prometheus.Counter
+	Corrupt       prometheus.Counter
+	DiskDegraded  prometheus.Gauge
+	TooLarge      prometheus.Counter
+}
+
+// NewMetrics creates the collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oasis_kvcached_hits_total", Help: "Lookups answered, by the tier that held the block (ram, disk, peer).",
+		}, []string{"tier"}),
+		Misses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_misses_total", Help: "Lookups no tier could answer.",
+		}),
+		Bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "oasis_kvcached_bytes", Help: "Bytes of block data held, by tier (ram, disk).",
+		}, []string{"tier"}),
+		Blocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "oasis_kvcached_blocks", Help: "Blocks held, by tier (ram, disk).",
+		}, []string{"tier"}),
+		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oasis_kvcached_evictions_total", Help: "Blocks evicted to stay within a tier's byte limit, by tier.",
+		}, []string{"tier"}),
+		Spills: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_spills_total", Help: "Blocks written from RAM to the disk tier.",
+		}),
+		SpillBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_spill_bytes_total", Help: "Bytes written from RAM to the disk tier.",
+		}),
+		SpillErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_spill_errors_total", Help: "Disk-tier writes that failed.",
+		}),
+		SpillSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_spill_skipped_total", Help: "Blocks evicted from RAM that could not be written to disk (no disk tier, degraded, or failed).",
+		}),
+		Promotions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_promotions_total", Help: "Blocks read from disk and promoted to RAM.",
+		}),
+		Corrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_corrupt_blocks_total", Help: "Disk blocks whose checksum or framing failed: dropped, deleted and answered as misses.",
+		}),
+		DiskDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "oasis_kvcached_disk_degraded", Help: "1 while disk writes are failing (e.g. a full disk) and the store runs RAM-only.",
+		}),
+		TooLarge: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_values_too_large_total", Help: "Writes refused because the value exceeded the size limit.",
+		}),
+	}
+	reg.MustRegister(m.Hits, m.Misses, m.Bytes, m.Blocks, m.Evictions, m.Spills, m.SpillBytes,
+		m.SpillErrors, m.SpillSkipped, m.Promotions, m.Corrupt, m.DiskDegraded, m.TooLarge)
+	for _, t := range []string{"ram", "disk", "peer"} {
+		m.Hits.WithLabelValues(t)
+	}
+	for _, t := range []string{"ram", "disk"} {
+		m.Bytes.WithLabelValues(t)
+		m.Blocks.WithLabelValues(t)
+		m.Evictions.WithLabelValues(t)
+	}
+	return m
+}

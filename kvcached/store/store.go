@@ -1,0 +1,674 @@
+// Package store is kvcached's tiered block store: RAM (LRU, bounded by bytes)
+// over an SSD tier (one file per block, index in Pebble), with a Remote (the
+// QUIC peers) asked on a local miss.
+//
+// Every SET lands in RAM and is queued for a background write to disk
+// (asynchronous write-through), so a restart or kill -9 keeps every block
+// whose write finished; RAM eviction then only drops clean blocks, or writes a
+// still-dirty victim itself, which pushes back on writers when the disk is
+// slower than they are. A read from disk promotes the block to RAM.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Tier names where a block sits.
+type Tier int
+
+const (
+	TierRAM Tier = iota
+	TierDisk
+	TierPeer
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierRAM:
+		return "ram"
+	case TierDisk:
+		return "disk"
+	case TierPeer:
+		return "peer"
+	}
+	return "unknown"
+}
+
+// Observer learns when a block enters or leaves a local tier; the presence
+// publisher implements it. Calls must not block.
+type Observer interface {
+	Stored(key string, tier Tier)
+	Removed(key string, tier Tier)
+}
+
+// ErrNotFound is what a Remote returns when no peer holds the block.
+var ErrNotFound = errors.New("block not found")
+
+// Remote fetches blocks this node lacks (the QUIC peers).
+type Remote interface {
+	Fetch(ctx context.Context, key string) ([]byte, error)
+	// MayHave is a cheap local check (peers' membership filters) that says
+	// whether a Fetch could succeed.
+	MayHave(key string) bool
+}
+
+// Config configures a Store.
+type Config struct {
+	RAMBytes  int64  // RAM tier limit; required
+	DiskBytes int64  // disk tier limit; 0 disables the disk tier
+	Dir       string // disk tier directory; required with DiskBytes
+	MaxValue  int64  // largest value accepted; default 64 MiB
+	Logger    hclog.Logger
+	Metrics   *Metrics // required
+	Observer  Observer // optional
+	Remote    Remote   // optional
+	// SpillQueue bounds blocks waiting for their background disk write.
+	SpillQueue int
+}
+
+// SetMode is SET's condition.
+type SetMode int
+
+const (
+	SetAlways SetMode = iota
+	SetNX             // only if absent
+	SetXX             // only if present
+)
+
+type item struct {
+	key      string
+	val      []byte
+	expireAt int64  // unix ns; 0 = never
+	seq      uint64 // write sequence, newer writes have larger ones
+	dirty    bool   // not yet on disk
+	queued   bool   // waiting in the spill queue
+	writing  bool   // a disk write is in flight
+	deleted  bool   // removed by DEL/overwrite while a write was in flight
+	prev     *item
+	next     *item
+}
+
+// Store is safe for concurrent use.
+type Store struct {
+	cfg  Config
+	log  hclog.Logger
+	m    *Metrics
+	disk *diskTier // nil without a disk tier
+	seq  atomic.Uint64
+
+	mu         sync.Mutex
+	ram        map[string]*item
+	head, tail *item
+	ramUsed    int64
+
+	spill  chan *item
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+	now    func() time.Time
+}
+
+// Open opens (or creates) a store; with a disk tier it reloads what a
+// previous run left there.
+func Open(cfg Config) (*Store, error) {
+	if cfg.RAMBytes <= 0 {
+		return nil, fmt.Errorf("opening store: RAM limit %d must be positive", cfg.RAMBytes)
+	}
+	if cfg.Metrics == nil {
+		return nil, errors.New("opening store: metrics are required")
+	}
+	if cfg.MaxValue <= 0 {
+		cfg.MaxValue = 64 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.SpillQueue <= 0 {
+		cfg.SpillQueue = 4096
+	}
+	s := &Store{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ram: make(map[string]*item), now: time.Now}
+	if cfg.DiskBytes > 0 {
+		if cfg.Dir == "" {
+			return nil, errors.New("opening store: a disk tier needs a directory")
+		}
+		d, maxSeq, err := openDisk(cfg.Dir, cfg.DiskBytes, cfg.Logger.Named("disk"), cfg.Metrics, cfg.Observer)
+		if err != nil {
+			return nil, fmt.Errorf("opening store: %w", err)
+		}
+		s.disk = d
+		s.seq.Store(maxSeq)
+		s.spill = make(chan *item, cfg.SpillQueue)
+		ctx, cancel := context.WithCancel(context.Background())
+		s.cancel = cancel
+		s.wg.Add(1)
+		go s.spiller(ctx)
+	}
+	return s, nil
+}
+
+// Close stops the spiller after it drains and closes the disk index.
+func (s *Store) Close() error {
+	if s.disk == nil {
+		return nil
+	}
+	s.cancel()
+	s.wg.Wait()
+	return s.disk.close()
+}
+
+// MaxValue is the largest value Set accepts.
+func (s *Store) MaxValue() int64 { return s.cfg.MaxValue }
+
+// ValueTooLargeError is returned by Set for a value over MaxValue.
+type ValueTooLargeError struct{ Len, Max int64 }
+
+func (e *ValueTooLargeError) Error() string {
+	return fmt.Sprintf("value of %d bytes exceeds the %d-byte limit", e.Len, e.Max)
+}
+
+func (s *Store) nowNano() int64 { return s.now().UnixNano() }
+
+func expired(at, now int64) bool { return at != 0 && at <= now }
+
+// --- RAM LRU list, under s.mu ---
+
+func (s *Store) pushFront(it *item) {
+	it.prev, it.next = nil, s.head
+	if s.head != nil {
+		s.head.prev = it
+	}
+	s.head = it
+	if s.tail == nil {
+		s.tail = it
+	}
+}
+
+func (s *Store) unlink(it *item) {
+	if it.prev != nil {
+		it.prev.next = it.next
+	} else {
+		s.head = it.next
+	}
+	if it.next != nil {
+		it.next.prev = it.prev
+	} else {
+		s.tail = it.prev
+	}
+	it.prev, it.next = nil, nil
+}
+
+// removeRAMLocked takes it out of RAM. A deleted (not evicted) item still
+// referenced by the spill queue gives up its value now, so queued references
+// never hold memory outside the RAM limit.
+func (s *Store) removeRAMLocked(it *item, deleted bool) {
+	delete(s.ram, it.key)
+	s.unlink(it)
+	s.ramUsed -= int64(len(it.val))
+	if deleted {
+		it.deleted = true
+		if !it.writing {
+			it.val = nil
+			it.dirty = false
+		}
+	}
+}
+
+func (s *Store) gaugesLocked() {
+	s.m.Bytes.WithLabelValues("ram").Set(float64(s.ramUsed))
+	s.m.Blocks.WithLabelValues("ram").Set(float64(len(s.ram)))
+}
+
+// Set stores val under key. expireAt is unix nanoseconds, 0 for none. It
+// reports whether the value was written (false when NX/XX failed).
+func (s *Store) Set(key string, val []byte, expireAt int64, mode SetMode) (bool, error) {
+	if int64(len(val)) > s.cfg.MaxValue {
+		s.m.TooLarge.Inc()
+		return false, &ValueTooLargeError{Len: int64(len(val)), Max: s.cfg.MaxValue}
+	}
+	if int64(len(val)) > s.cfg.RAMBytes {
+		s.m.TooLarge.Inc()
+		return false, &ValueTooLargeError{Len: int64(len(val)), Max: s.cfg.RAMBytes}
+	}
+	if mode != SetAlways {
+		exists := s.existsLocal(key)
+		if (mode == SetNX && exists) || (mode == SetXX && !exists) {
+			return false, nil
+		}
+	}
+	s.insert(key, val, expireAt, true)
+	return true, nil
+}
+
+// insert puts a value in RAM; dirty values are queued for disk.
+func (s *Store) insert(key string, val []byte, expireAt int64, dirty bool) {
+	seq := s.seq.Add(1)
+	it := &item{key: key, val: val, expireAt: expireAt, seq: seq, dirty: dirty && s.disk != nil}
+	s.mu.Lock()
+	old := s.ram[key]
+	if old != nil {
+		s.removeRAMLocked(old, true)
+	}
+	s.ram[key] = it
+	s.pushFront(it)
+	s.ramUsed += int64(len(val))
+	if it.dirty {
+		select {
+		case s.spill <- it:
+			it.queued = true
+		default:
+			// Queue full: the block stays dirty and is written when
+			// evicted.
+		}
+	}
+	victims := s.evictLocked()
+	s.gaugesLocked()
+	s.mu.Unlock()
+	if old == nil && s.cfg.Observer != nil {
+		s.cfg.Observer.Stored(key, TierRAM)
+	}
+	s.writeVictims(victims)
+}
+
+// evictLocked removes LRU blocks until RAM is within its limit and returns
+// the dirty ones that still need a disk write.
+func (s *Store) evictLocked() []*item {
+	var victims []*item
+	for s.ramUsed > s.cfg.RAMBytes && s.tail != nil {
+		v := s.tail
+		s.removeRAMLocked(v, false)
+		s.m.Evictions.WithLabelValues("ram").Inc()
+		if v.dirty && !v.writing {
+			// Written now by the evicting caller (the spiller skips it
+			// later), so the value's memory is released promptly.
+			v.writing = true
+			victims = append(victims, v)
+		}
+		if s.cfg.Observer != nil {
+			s.cfg.Observer.Removed(v.key, TierRAM)
+		}
+	}
+	return victims
+}
+
+func (s *Store) writeVictims(victims []*item) {
+	for _, v := range victims {
+		s.writeBack(v)
+	}
+}
+
+// writeBack writes one dirty item to disk; the caller set it.writing.
+func (s *Store) writeBack(it *item) {
+	s.mu.Lock()
+	val, expireAt, seq, key := it.val, it.expireAt, it.seq, it.key
+	s.mu.Unlock()
+	var err error
+	if s.disk == nil || !s.disk.writable() {
+		err = errors.New("disk tier unavailable")
+		s.m.SpillSkipped.Inc()
+	} else if err = s.disk.put(key, val, expireAt, seq); err != nil {
+		s.disk.setDegraded(err)
+		s.m.SpillSkipped.Inc()
+	} else {
+		s.disk.setHealthy()
+		s.m.Spills.Inc()
+		s.m.SpillBytes.Add(float64(len(val)))
+	}
+	s.mu.Lock()
+	it.writing = false
+	it.dirty = false // written, or given up on: never retried
+	deleted := it.deleted
+	if deleted || s.ram[key] != it {
+		it.val = nil
+	}
+	s.mu.Unlock()
+	if err != nil && s.disk != nil {
+		// An older copy on disk must not resurface once RAM drops this one.
+		s.disk.delOlder(key, seq)
+	}
+	if deleted && err == nil {
+		// DEL or an overwrite raced with this write: take back exactly it.
+		s.disk.del(key, seq)
+	}
+}
+
+func (s *Store) spiller(ctx context.Context) {
+	defer s.wg.Done()
+	for {
+		select {
+		case it := <-s.spill:
+			s.mu.Lock()
+			it.queued = false
+			if !it.dirty || it.writing || it.deleted {
+				s.mu.Unlock()
+				continue
+			}
+			it.writing = true
+			s.mu.Unlock()
+			s.writeBack(it)
+		case <-ctx.Done():
+			// Drain what is queued so a clean shutdown loses nothing.
+			for {
+				select {
+				case it := <-s.spill:
+					s.mu.Lock()
+					it.queued = false
+					skip := !it.dirty || it.writing || it.deleted
+					if !skip {
+						it.writing = true
+					}
+					s.mu.Unlock()
+					if !skip {
+						s.writeBack(it)
+					}
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// Flush waits until every block queued for disk has been written; for tests
+// and graceful shutdown.
+func (s *Store) Flush(ctx context.Context) error {
+	if s.disk == nil {
+		return nil
+	}
+	for {
+		s.mu.Lock()
+		pending := 0
+		for _, it := range s.ram {
+			if it.dirty && (it.queued || it.writing) {
+				pending++
+			}
+		}
+		s.mu.Unlock()
+		if pending == 0 && len(s.spill) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Get returns the value of key from the fastest tier that holds it, asking
+// the Remote on a local miss. The returned slice must not be modified.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, Tier, bool) {
+	if v, tier, ok := s.getLocal(key, true); ok {
+		s.m.Hits.WithLabelValues(tier.String()).Inc()
+		return v, tier, true
+	}
+	if v, ok := s.fetchRemote(ctx, key); ok {
+		s.m.Hits.WithLabelValues("peer").Inc()
+		return v, TierPeer, true
+	}
+	s.m.Misses.Inc()
+	return nil, 0, false
+}
+
+// GetLocal reads RAM and disk only, without promotion: what peers are served.
+func (s *Store) GetLocal(key string) ([]byte, bool) {
+	v, _, ok := s.getLocal(key, false)
+	return v, ok
+}
+
+func (s *Store) getLocal(key string, promote bool) ([]byte, Tier, bool) {
+	now := s.nowNano()
+	s.mu.Lock()
+	if it, ok := s.ram[key]; ok {
+		if !expired(it.expireAt, now) {
+			s.unlink(it)
+			s.pushFront(it)
+			v := it.val
+			s.mu.Unlock()
+			return v, TierRAM, true
+		}
+		s.removeRAMLocked(it, true)
+		s.gaugesLocked()
+		s.mu.Unlock()
+		if s.disk != nil {
+			s.disk.del(key, 0)
+		}
+		if s.cfg.Observer != nil {
+			s.cfg.Observer.Removed(key, TierRAM)
+		}
+		return nil, 0, false
+	}
+	s.mu.Unlock()
+	if s.disk == nil {
+		return nil, 0, false
+	}
+	v, expireAt, ok, _ := s.disk.get(key, now)
+	if !ok {
+		return nil, 0, false
+	}
+	if promote {
+		s.m.Promotions.Inc()
+		s.insertClean(key, v, expireAt)
+	}
+	return v, TierDisk, true
+}
+
+// insertClean promotes a block read from disk unless a newer write for the
+// key arrived meanwhile.
+func (s *Store) insertClean(key string, val []byte, expireAt int64) {
+	s.mu.Lock()
+	if _, ok := s.ram[key]; ok {
+		s.mu.Unlock()
+		return
+	}
+	it := &item{key: key, val: val, expireAt: expireAt, seq: s.seq.Add(1)}
+	s.ram[key] = it
+	s.pushFront(it)
+	s.ramUsed += int64(len(val))
+	victims := s.evictLocked()
+	s.gaugesLocked()
+	s.mu.Unlock()
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.Stored(key, TierRAM)
+	}
+	s.writeVictims(victims)
+}
+
+func (s *Store) fetchRemote(ctx context.Context, key string) ([]byte, bool) {
+	r := s.cfg.Remote
+	if r == nil || !r.MayHave(key) {
+		return nil, false
+	}
+	v, err := r.Fetch(ctx, key)
+	if err != nil || int64(len(v)) > s.cfg.MaxValue || int64(len(v)) > s.cfg.RAMBytes {
+		return nil, false
+	}
+	s.insert(key, v, 0, true)
+	return v, true
+}
+
+func (s *Store) existsLocal(key string) bool {
+	now := s.nowNano()
+	s.mu.Lock()
+	it, ok := s.ram[key]
+	s.mu.Unlock()
+	if ok {
+		return !expired(it.expireAt, now)
+	}
+	return s.disk != nil && s.disk.has(key, now)
+}
+
+// Exists reports whether key is held locally or, failing that, fetches it
+// from a peer that may hold it (LMCache checks EXISTS before GET, so a block
+// only a peer has must count).
+func (s *Store) Exists(ctx context.Context, key string) bool {
+	if s.existsLocal(key) {
+		return true
+	}
+	_, ok := s.fetchRemote(ctx, key)
+	return ok
+}
+
+// Delete removes key from every local tier and reports whether it existed.
+func (s *Store) Delete(key string) bool {
+	now := s.nowNano()
+	s.mu.Lock()
+	it, inRAM := s.ram[key]
+	live := inRAM && !expired(it.expireAt, now)
+	if inRAM {
+		s.removeRAMLocked(it, true)
+		s.gaugesLocked()
+	}
+	s.mu.Unlock()
+	if inRAM && s.cfg.Observer != nil {
+		s.cfg.Observer.Removed(key, TierRAM)
+	}
+	if s.disk != nil {
+		onDisk := s.disk.has(key, now)
+		if s.disk.del(key, 0) && onDisk {
+			live = true
+		}
+	}
+	return live
+}
+
+// Expire sets key's expiry (unix ns, 0 removes it) and reports whether the
+// key exists.
+func (s *Store) Expire(key string, expireAt int64) bool {
+	if !s.existsLocal(key) {
+		return false
+	}
+	s.mu.Lock()
+	if it, ok := s.ram[key]; ok {
+		it.expireAt = expireAt
+	}
+	s.mu.Unlock()
+	if s.disk != nil {
+		s.disk.setExpire(key, expireAt)
+	}
+	return true
+}
+
+// ExpireAt returns key's expiry (0 none) and whether it exists.
+func (s *Store) ExpireAt(key string) (int64, bool) {
+	now := s.nowNano()
+	s.mu.Lock()
+	it, ok := s.ram[key]
+	s.mu.Unlock()
+	if ok {
+		if expired(it.expireAt, now) {
+			return 0, false
+		}
+		return it.expireAt, true
+	}
+	if s.disk != nil {
+		if at, ok := s.disk.expireOf(key); ok && !expired(at, now) {
+			return at, true
+		}
+	}
+	return 0, false
+}
+
+// Keys returns every locally held key (RAM ∪ disk), unordered.
+func (s *Store) Keys() []string {
+	now := s.nowNano()
+	s.mu.Lock()
+	out := make([]string, 0, len(s.ram))
+	for k, it := range s.ram {
+		if !expired(it.expireAt, now) {
+			out = append(out, k)
+		}
+	}
+	s.mu.Unlock()
+	if s.disk != nil {
+		out = s.disk.keys(out)
+		slices.Sort(out)
+		out = slices.Compact(out)
+	}
+	return out
+}
+
+// Len returns the number of distinct keys held locally.
+func (s *Store) Len() int {
+	if s.disk == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.ram)
+	}
+	return len(s.Keys())
+}
+
+// Scan returns up to count keys at or after cursor in a stable hash order,
+// and the next cursor (0 when done). Keys present for the whole scan are
+// returned at least once, as Redis's SCAN promises.
+func (s *Store) Scan(cursor uint64, count int, match func(string) bool) ([]string, uint64) {
+	type hk struct {
+		h uint64
+		k string
+	}
+	keys := s.Keys()
+	all := make([]hk, 0, len(keys))
+	for _, k := range keys {
+		if h := scanHash(k); h >= cursor {
+			all = append(all, hk{h, k})
+		}
+	}
+	slices.SortFunc(all, func(a, b hk) int {
+		switch {
+		case a.h < b.h:
+			return -1
+		case a.h > b.h:
+			return 1
+		}
+		return 0
+	})
+	var out []string
+	i := 0
+	for i < len(all) && (i < count || (i > 0 && all[i].h == all[i-1].h)) {
+		if match == nil || match(all[i].k) {
+			out = append(out, all[i].k)
+		}
+		i++
+	}
+	if i >= len(all) {
+		return out, 0
+	}
+	return out, all[i].h
+}
+
+// scanHash maps a key to a non-zero 63-bit cursor position.
+func scanHash(k string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(k))
+	return h.Sum64()>>1 | 1
+}
+
+// Stats summarises the tiers for INFO.
+type Stats struct {
+	RAMBlocks    int
+	RAMBytes     int64
+	RAMLimit     int64
+	DiskBlocks   int
+	DiskBytes    int64
+	DiskLimit    int64
+	DiskDegraded bool
+}
+
+// Stats returns current tier sizes.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{RAMBlocks: len(s.ram), RAMBytes: s.ramUsed, RAMLimit: s.cfg.RAMBytes}
+	s.mu.Unlock()
+	if s.disk != nil {
+		st.DiskBlocks, st.DiskBytes, st.DiskDegraded = s.disk.stats()
+		st.DiskLimit = s.cfg.DiskBytes
+	}
+	return st
+}

@@ -1,0 +1,251 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/shoenig/test/must"
+)
+
+type recorder struct{ stored, removed map[string]int }
+
+func (r *recorder) Stored(key string, t Tier)  { r.stored[key+"/"+t.String()]++ }
+func (r *recorder) Removed(key string, t Tier) { r.removed[key+"/"+t.String()]++ }
+
+func open(t *testing.T, dir string, ram, disk int64) (*Store, *Metrics) {
+	t.Helper()
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := Open(Config{RAMBytes: ram, DiskBytes: disk, Dir: dir, Metrics: m, MaxValue: 1 << 20})
+	must.NoError(t, err)
+	return s, m
+}
+
+func val(i, n int) []byte { return bytes.Repeat([]byte{byte(i)}, n) }
+
+func TestRAMOnlyEvictsLRU(t *testing.T) {
+	s, m := open(t, "", 3000, 0)
+	defer s.Close()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	_, _, ok := s.Get(ctx, "0") // 0 becomes most recent; 1 is now the LRU
+	must.True(t, ok)
+	_, err := s.Set("3", val(3, 1000), 0, SetAlways)
+	must.NoError(t, err)
+	_, _, ok = s.Get(ctx, "1")
+	must.False(t, ok)
+	for _, k := range []string{"0", "2", "3"} {
+		v, tier, ok := s.Get(ctx, k)
+		must.True(t, ok, must.Sprint(k))
+		must.Eq(t, TierRAM, tier)
+		must.Eq(t, 1000, len(v))
+	}
+	must.Eq(t, 1.0, value(m.Evictions.WithLabelValues("ram")))
+	must.Eq(t, 1.0, value(m.Misses))
+	must.Eq(t, int64(3000), s.Stats().RAMBytes)
+}
+
+func TestSpillPromoteEvictAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	s, m := open(t, dir, 2500, 5000)
+	ctx := context.Background()
+	for i := 0; i < 4; i++ {
+		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(ctx))
+	st := s.Stats()
+	must.Eq(t, 2, st.RAMBlocks)
+	must.Eq(t, 4, st.DiskBlocks)
+	// 0 was evicted from RAM; it comes back from disk and is promoted.
+	v, tier, ok := s.Get(ctx, "0")
+	must.True(t, ok)
+	must.Eq(t, TierDisk, tier)
+	must.Eq(t, val(0, 1000), v)
+	must.Eq(t, 1.0, value(m.Promotions))
+	_, tier, _ = s.Get(ctx, "0")
+	must.Eq(t, TierRAM, tier)
+	// Two more blocks push the oldest ones out of the 5000-byte disk tier.
+	for i := 4; i < 6; i++ {
+		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(ctx))
+	must.Eq(t, 5, s.Stats().DiskBlocks)
+	must.Eq(t, 1.0, value(m.Evictions.WithLabelValues("disk")))
+	must.NoError(t, s.Close())
+
+	// A restart keeps the disk tier.
+	s2, _ := open(t, dir, 2500, 5000)
+	defer s2.Close()
+	must.Eq(t, 5, s2.Stats().DiskBlocks)
+	n := 0
+	for i := 0; i < 6; i++ {
+		if v, _, ok := s2.Get(ctx, fmt.Sprint(i)); ok {
+			must.Eq(t, val(i, 1000), v)
+			n++
+		}
+	}
+	must.Eq(t, 5, n)
+}
+
+func TestCorruptBlockIsAMissAndDeleted(t *testing.T) {
+	dir := t.TempDir()
+	s, m := open(t, dir, 1000, 10000)
+	defer s.Close()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(ctx))
+	// Flip a byte of block 0's value and truncate block 1's file.
+	d := s.disk
+	e0, e1 := d.idx["0"], d.idx["1"]
+	b, err := os.ReadFile(d.path(e0.seq))
+	must.NoError(t, err)
+	b[len(b)-10] ^= 0xff
+	must.NoError(t, os.WriteFile(d.path(e0.seq), b, 0o600))
+	must.NoError(t, os.Truncate(d.path(e1.seq), 100))
+
+	for _, k := range []string{"0", "1"} {
+		_, _, ok := s.Get(ctx, k)
+		must.False(t, ok, must.Sprint(k))
+	}
+	must.Eq(t, 2.0, value(m.Corrupt))
+	must.Eq(t, 1, s.Stats().DiskBlocks)
+	_, err = os.Stat(d.path(e0.seq))
+	must.True(t, os.IsNotExist(err))
+	v, _, ok := s.Get(ctx, "2")
+	must.True(t, ok)
+	must.Eq(t, val(2, 1000), v)
+}
+
+func TestOrphanFilesRemovedOnOpen(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir, 1000, 10000)
+	_, err := s.Set("a", val(1, 10), 0, SetAlways)
+	must.NoError(t, err)
+	must.NoError(t, s.Close())
+	orphan := filepath.Join(dir, "blocks", "ff", "00000000000000ff.blk")
+	must.NoError(t, os.MkdirAll(filepath.Dir(orphan), 0o700))
+	must.NoError(t, os.WriteFile(orphan, []byte("torn"), 0o600))
+	s2, _ := open(t, dir, 1000, 10000)
+	defer s2.Close()
+	_, err = os.Stat(orphan)
+	must.True(t, os.IsNotExist(err))
+	v, _, ok := s2.Get(context.Background(), "a")
+	must.True(t, ok)
+	must.Eq(t, val(1, 10), v)
+}
+
+func TestSetModesDeleteExpire(t *testing.T) {
+	s, _ := open(t, t.TempDir(), 1<<20, 1<<20)
+	defer s.Close()
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	s.now = func() time.Time { return now }
+
+	ok, err := s.Set("k", []byte("1"), 0, SetXX)
+	must.NoError(t, err)
+	must.False(t, ok)
+	ok, _ = s.Set("k", []byte("1"), 0, SetNX)
+	must.True(t, ok)
+	ok, _ = s.Set("k", []byte("2"), 0, SetNX)
+	must.False(t, ok)
+	ok, _ = s.Set("k", []byte("3"), 0, SetXX)
+	must.True(t, ok)
+	v, _, _ := s.Get(ctx, "k")
+	must.Eq(t, "3", string(v))
+
+	must.True(t, s.Expire("k", now.Add(time.Second).UnixNano()))
+	at, ok := s.ExpireAt("k")
+	must.True(t, ok)
+	must.Eq(t, now.Add(time.Second).UnixNano(), at)
+	now = now.Add(2 * time.Second)
+	_, _, ok = s.Get(ctx, "k")
+	must.False(t, ok)
+
+	_, _ = s.Set("d", []byte("x"), 0, SetAlways)
+	must.NoError(t, s.Flush(ctx))
+	must.True(t, s.Delete("d"))
+	must.False(t, s.Delete("d"))
+	must.False(t, s.Exists(ctx, "d"))
+	must.Eq(t, 0, s.Stats().DiskBlocks)
+
+	_, err = s.Set("big", make([]byte, 2<<20), 0, SetAlways)
+	var tl *ValueTooLargeError
+	must.ErrorAs(t, err, &tl)
+}
+
+func TestScanVisitsEveryKeyOnce(t *testing.T) {
+	s, _ := open(t, "", 1<<20, 0)
+	defer s.Close()
+	want := map[string]bool{}
+	for i := 0; i < 250; i++ {
+		k := fmt.Sprintf("key:%d", i)
+		want[k] = true
+		_, err := s.Set(k, []byte("v"), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	got := map[string]int{}
+	cursor := uint64(0)
+	for {
+		keys, next := s.Scan(cursor, 17, nil)
+		for _, k := range keys {
+			got[k]++
+		}
+		if next == 0 {
+			break
+		}
+		must.Greater(t, cursor, next)
+		cursor = next
+	}
+	must.MapLen(t, 250, got)
+	for k, n := range got {
+		must.True(t, want[k])
+		must.Eq(t, 1, n)
+	}
+}
+
+func TestDiskUnwritableDegradesToRAMOnly(t *testing.T) {
+	dir := t.TempDir()
+	s, m := open(t, dir, 2000, 1<<20)
+	defer s.Close()
+	ctx := context.Background()
+	// Make the block directory unwritable by replacing it with a file:
+	// every block write then fails, as on a full disk.
+	must.NoError(t, os.RemoveAll(filepath.Join(dir, "blocks")))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "blocks"), nil, 0o600))
+	for i := 0; i < 4; i++ {
+		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(ctx))
+	must.Eq(t, 1.0, value(m.DiskDegraded))
+	must.True(t, s.Stats().DiskDegraded)
+	v, _, ok := s.Get(ctx, "3")
+	must.True(t, ok)
+	must.Eq(t, val(3, 1000), v)
+}
+
+// value reads a single-series counter or gauge.
+func value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
