@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -345,4 +346,89 @@ func TestParseFrames(t *testing.T) {
 		_, err := parseFrames(frames)
 		must.Error(t, err, must.Sprint(fmt.Sprint(i)))
 	}
+}
+
+// A subscriber survives the engine restarting on the same endpoint and reports the
+// sequence reset, so consumers drop the engine's old blocks.
+func TestSubscriberSeesPublisherRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p1, err := NewPublisher(ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	must.NoError(t, err)
+	ep := "tcp://" + p1.Addr().String()
+	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep})
+	must.NoError(t, err)
+	defer s.Close()
+
+	recv := make(chan Message, 64)
+	go func() {
+		for {
+			m, err := s.Next(ctx)
+			if err != nil {
+				return
+			}
+			recv <- m
+		}
+	}()
+	waitFor := func(p *Publisher, pred func(Message) bool) Message {
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			_, err := p.Publish(EventBatch{TS: 1})
+			must.NoError(t, err)
+			select {
+			case m := <-recv:
+				if pred(m) {
+					return m
+				}
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		t.Fatal("message not received")
+		return Message{}
+	}
+	// Advance p1's sequence well past where p2 will start.
+	for range 10 {
+		_, err := p1.Publish(EventBatch{TS: 1})
+		must.NoError(t, err)
+	}
+	waitFor(p1, func(m Message) bool { return m.Seq >= 10 })
+	must.NoError(t, p1.Close())
+
+	p2, err := NewPublisher(ctx, PublisherConfig{Endpoint: ep})
+	must.NoError(t, err)
+	defer p2.Close()
+	m := waitFor(p2, func(Message) bool { return true })
+	must.True(t, m.Restarted)
+	must.Less(t, int64(10), m.Seq)
+}
+
+func TestSubscriberBeforePublisher(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	ep := "tcp://" + l.Addr().String()
+	must.NoError(t, l.Close())
+	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep, Topic: "t"})
+	must.NoError(t, err)
+	defer s.Close()
+	time.Sleep(300 * time.Millisecond) // the subscriber is retrying its dial
+	p, err := NewPublisher(ctx, PublisherConfig{Endpoint: ep, Topic: "t"})
+	must.NoError(t, err)
+	defer p.Close()
+	got := make(chan Message, 1)
+	go func() {
+		if m, err := s.Next(ctx); err == nil {
+			got <- m
+		}
+	}()
+	publishUntil(t, p, EventBatch{TS: 3}, func() bool {
+		select {
+		case m := <-got:
+			must.Eq(t, 3.0, m.Batch.TS)
+			return true
+		default:
+			return false
+		}
+	})
 }
