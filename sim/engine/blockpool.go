@@ -18,22 +18,22 @@ type block struct {
 // eviction priority (head evicted first), and a map from block hash to cached block.
 // A block with ref 0 and a hash is both free and cached: a prefix hit revives it,
 // an allocation evicts it.
+//
+// vLLM's queue starts as every block in id order, and freed blocks join at the tail,
+// so blocks never used are always at the front. They are kept implicit (blocks grows
+// on first use), so an idle engine costs almost nothing however large its cache.
 type blockPool struct {
-	blocks     []block
-	head, tail int32 // free queue ends, noBlock when empty
-	numFree    int
+	blocks     []block // materialized blocks, ids 0..len-1
+	total      int
+	head, tail int32 // free queue of materialized blocks, noBlock when empty
+	numFree    int   // never-used blocks + blocks in the queue
 	cached     map[uint64]int32
 	events     []kvevents.Event // pending events, drained by the engine each step
 	emit       bool
 }
 
 func newBlockPool(n int, emit bool) *blockPool {
-	p := &blockPool{blocks: make([]block, n), head: noBlock, tail: noBlock, cached: make(map[uint64]int32), emit: emit}
-	for i := range p.blocks {
-		p.blocks[i] = block{prev: noBlock, next: noBlock}
-		p.pushTail(int32(i))
-	}
-	return p
+	return &blockPool{total: n, numFree: n, head: noBlock, tail: noBlock, cached: make(map[uint64]int32), emit: emit}
 }
 
 func (p *blockPool) pushTail(i int32) {
@@ -83,6 +83,13 @@ func (p *blockPool) touch(i int32) {
 // allocate pops a block from the head of the free queue, evicting its cached hash.
 // The caller checks numFree first.
 func (p *blockPool) allocate() int32 {
+	if len(p.blocks) < p.total {
+		// A never-used block: ahead of every freed block in vLLM's queue.
+		i := int32(len(p.blocks))
+		p.blocks = append(p.blocks, block{ref: 1, prev: noBlock, next: noBlock})
+		p.numFree--
+		return i
+	}
 	i := p.head
 	p.unlink(i)
 	b := &p.blocks[i]
@@ -139,7 +146,7 @@ func (p *blockPool) cache(i int32, hash uint64) bool {
 // reset drops every cached hash (vLLM's reset_prefix_cache). Only valid when no block
 // is referenced.
 func (p *blockPool) reset() bool {
-	if p.numFree != len(p.blocks) {
+	if p.numFree != p.total {
 		return false
 	}
 	for i := range p.blocks {
