@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,6 +68,7 @@ type Gateway struct {
 	draining atomic.Bool
 	started  int64
 	mux      *http.ServeMux
+	bufs     sync.Pool // *[]byte response copy buffers
 }
 
 // New returns a gateway.
@@ -78,6 +80,7 @@ func New(o Options) *Gateway {
 		o.DialTimeout = 2 * time.Second
 	}
 	g := &Gateway{opts: o, log: o.Log.Named("gateway"), m: o.Metrics, started: time.Now().Unix()}
+	g.bufs.New = func() any { b := make([]byte, 16<<10); return &b }
 	g.upstream = o.Transport
 	if g.upstream == nil {
 		g.upstream = NewTransport(o.DialTimeout)

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
@@ -144,9 +145,10 @@ func TestBodyForwardedUnchanged(t *testing.T) {
 	sum := sha256.Sum256([]byte(body))
 	must.Eq(t, hex.EncodeToString(sum[:]), got.Sum)
 	must.NotEq(t, "", resp.Header.Get("X-Request-Id"))
-	// Usage is taken from the engine's answer.
+	// Usage is taken from the engine's answer (recorded as the handler ends,
+	// which may be just after the client has the body).
+	eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "200", "a")) == 1 })
 	must.Eq(t, 5.0, value(h.m.Tokens.WithLabelValues("m", "a", "completion")))
-	must.Eq(t, 1.0, value(h.m.Requests.WithLabelValues("m", "200", "a")))
 }
 
 func TestBadInput(t *testing.T) {
@@ -232,7 +234,7 @@ func TestStreamingFlushesEachEvent(t *testing.T) {
 	rest, err := io.ReadAll(br)
 	must.NoError(t, err)
 	must.StrContains(t, string(rest), "[DONE]")
-	must.Eq(t, 3.0, value(h.m.Tokens.WithLabelValues("m", "a", "completion")))
+	eventually(t, func() bool { return value(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
 }
 
 func TestRetryBeforeFirstByte(t *testing.T) {
@@ -383,7 +385,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 	close(release)
 	must.Eq(t, 200, <-results)
 	must.Eq(t, 200, <-results)
-	must.Eq(t, 1.0, value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")))
+	eventually(t, func() bool { return value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")) == 1 })
 }
 
 func TestAuthAndRateLimit(t *testing.T) {
@@ -477,6 +479,11 @@ func TestPolicySpreadsRequests(t *testing.T) {
 		resp.Body.Close()
 	}
 	must.Eq(t, []int64{10, 10, 10}, []int64{a.Load(), b.Load(), c.Load()})
+}
+
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(5*time.Second), wait.Gap(time.Millisecond)))
 }
 
 // value reads a counter or gauge.

@@ -226,11 +226,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	rec.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
-	_ = rc.Flush()
-	rec.firstByte()
+	// Headers go out with the first body bytes (one write, not two); an
+	// empty body is flushed at the end by the server.
 
 	usage := usageScanner{sse: f.Stream}
-	buf := make([]byte, 32<<10)
+	bp := g.bufs.Get().(*[]byte)
+	defer g.bufs.Put(bp)
+	buf := *bp
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -242,6 +244,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			// One flush per read: engines write one SSE event per chunk, so
 			// every event reaches the client as soon as it arrives.
 			_ = rc.Flush()
+			rec.firstByte()
 		}
 		if rerr == io.EOF {
 			break
