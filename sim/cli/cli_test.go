@@ -54,7 +54,7 @@ func TestParseForms(t *testing.T) {
 		"--trust-remote-code", "--dtype", "bfloat16", "--some-future-flag", "x", "--enforce-eager", "--max-model-len", "32k",
 		"--gpu-memory-utilization", "0.5", "--speed", "0", "--step-time-base", "2ms", "--power-idle-watts", "50",
 		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","replay_endpoint":"tcp://*:5558"}`,
-		"--kv-events-layout", "array", "--api-key", "k1", "--hf-token", "hf_abc"})
+		"--kv-events-layout", "array", "-tp", "2", "--api-key", "k1", "--hf-token", "hf_abc"})
 	must.NoError(t, err)
 	must.Eq(t, "m", o.Model)
 	must.Eq(t, []string{"a", "b"}, o.ServedModelNames)
@@ -69,7 +69,7 @@ func TestParseForms(t *testing.T) {
 	must.Eq(t, kvevents.LayoutArray, o.KVEvents.Layout)
 	// 0.5 × 80 GiB − 18 GiB = 22 GiB of KV at 2 MiB per block.
 	must.Eq(t, 11264, o.Engine.NumGPUBlocks)
-	must.Eq(t, []string{"--dtype", "--enforce-eager", "--hf-token", "--some-future-flag", "--trust-remote-code"}, o.IgnoredFlagNames())
+	must.Eq(t, []string{"--dtype", "--enforce-eager", "--hf-token", "--some-future-flag", "--tp", "--trust-remote-code"}, o.IgnoredFlagNames())
 	must.Eq(t, "k1", o.APIKey)
 	must.SliceContains(t, o.Ignored, "--hf-token <redacted>")
 

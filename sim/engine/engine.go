@@ -183,6 +183,7 @@ type seqState uint8
 const (
 	stateWaiting seqState = iota
 	stateRunning
+	stateFinished
 )
 
 type sequence struct {
@@ -458,6 +459,7 @@ func (e *Engine) Step() *StepResult {
 	}
 
 	// Execute: advance computed tokens, sample where a sequence caught up.
+	finished := false
 	for _, sc := range e.sched {
 		s := sc.s
 		if s.numComputed >= len(s.req.Prompt) {
@@ -479,9 +481,21 @@ func (e *Engine) Step() *StepResult {
 		if s.numOut == len(s.req.Output) {
 			out.Finished = true
 			e.finish(s)
-			e.running = removeSeq(e.running, s)
+			s.state = stateFinished
+			finished = true
 		}
 		r.Outputs = append(r.Outputs, out)
+	}
+	if finished {
+		// Drop finished requests from the batch in one pass, keeping admission order.
+		kept := e.running[:0]
+		for _, s := range e.running {
+			if s.state != stateFinished {
+				kept = append(kept, s)
+			}
+		}
+		clear(e.running[len(kept):])
+		e.running = kept
 	}
 	if len(e.sched) > 0 {
 		r.Duration = e.cfg.Timing.StepTime(r.PrefillTokens, r.DecodeSeqs)
