@@ -50,8 +50,13 @@ type Config struct {
 //   - PerDecodeSeq 50 µs: each decoding sequence reads its KV cache, 128 KiB × ~1,000
 //     tokens of context ≈ 134 MB at ~2.7 TB/s.
 //
-// These are derived from the datasheet and the model's shape, not measured on a GPU;
-// calibrate them with the flags against your own vLLM measurements.
+// The ~80% bandwidth efficiency is taken from a published single-GPU vLLM measurement of
+// the same model: Llama-3.1-8B-Instruct BF16 decoding one request at ~75 tokens/s on an
+// A100-40GB, 77% of that GPU's 1.555 TB/s roofline (J. Musgrave, "vLLM throughput-latency
+// sweep on NVIDIA A100", vLLM 0.23, 1024 in / 128 out). The same efficiency on an H100's
+// 3.35 TB/s gives ~160 tokens/s, i.e. the 6 ms step. The other two terms are derived from
+// the datasheet and the model's shape, not measured; calibrate all three with the flags
+// against your own vLLM measurements.
 type Timing struct {
 	StepBase        time.Duration
 	PerPrefillToken time.Duration
