@@ -1,0 +1,96 @@
+package signals
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/metrics"
+)
+
+func TestScraperEngineAndPower(t *testing.T) {
+	var gen atomic.Int64
+	var fail atomic.Bool
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() || r.URL.Path != "/metrics" {
+			http.Error(w, "down", 500)
+			return
+		}
+		fmt.Fprintf(w, "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.4\n"+
+			"vllm:generation_tokens_total %d\noasis_sim_power_watts 200\n", gen.Load())
+	}))
+	defer e.Close()
+	pool := discovery.NewPool()
+	pool.Set([]discovery.Instance{{ID: "w", Address: strings.TrimPrefix(e.URL, "http://"), Meta: map[string]string{discovery.MetaModel: "m"}}})
+	s := &Scraper{Pool: pool, HTTP: e.Client(), Log: hclog.NewNullLogger(), Metrics: metrics.New(prometheus.NewRegistry()),
+		PowerMetrics: DefaultPowerMetrics, state: map[string]*workerState{}, nodeW: map[string]float64{}}
+	w := pool.Workers("m")[0]
+
+	s.scrapeAll(context.Background(), time.Second)
+	sig := w.Signals()
+	must.True(t, sig.EngineMetrics)
+	must.Eq(t, 2.0, sig.Running)
+	must.Eq(t, 1.0, sig.Waiting)
+	must.Eq(t, 0.4, sig.KVUsage)
+	must.False(t, sig.HasPower) // needs two samples for a rate
+
+	// 400 tokens in ~0.1 s at 200 W ≈ 20 tokens/J.
+	gen.Store(400)
+	time.Sleep(100 * time.Millisecond)
+	s.scrapeAll(context.Background(), time.Second)
+	sig = w.Signals()
+	must.True(t, sig.HasPower)
+	must.Eq(t, 200.0, sig.PowerWatts)
+	must.Between(t, 5, sig.TokensPerJoule, 21)
+	first := sig.TokensPerJoule
+
+	// Idle: efficiency is kept, not dropped to zero.
+	time.Sleep(20 * time.Millisecond)
+	s.scrapeAll(context.Background(), time.Second)
+	sig = w.Signals()
+	must.Eq(t, first, sig.TokensPerJoule)
+	must.Eq(t, 0.0, sig.GenTokensPerSec)
+
+	// A failed scrape makes engine metrics unknown.
+	fail.Store(true)
+	s.scrapeAll(context.Background(), time.Second)
+	must.False(t, w.Signals().EngineMetrics)
+}
+
+func TestScraperNodePowerSplit(t *testing.T) {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "vllm:num_requests_running 0\n")
+	}))
+	defer e.Close()
+	addr := strings.TrimPrefix(e.URL, "http://")
+	pool := discovery.NewPool()
+	pool.Set([]discovery.Instance{
+		{ID: "a", Address: addr, Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}},
+		{ID: "b", Address: addr, Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}},
+	})
+	s := &Scraper{Pool: pool, HTTP: e.Client(), Log: hclog.NewNullLogger(), Metrics: metrics.New(prometheus.NewRegistry()),
+		state: map[string]*workerState{}, nodeW: map[string]float64{"n1": 600}}
+	s.scrapeAll(context.Background(), time.Second)
+	// Router-counted tokens stand in for an engine without a token counter.
+	for _, w := range pool.Workers("m") {
+		w.Live.AddGenerated(300)
+	}
+	time.Sleep(50 * time.Millisecond)
+	s.scrapeAll(context.Background(), time.Second)
+	for _, w := range pool.Workers("m") {
+		sig := w.Signals()
+		must.True(t, sig.HasPower)
+		must.Eq(t, 300.0, sig.PowerWatts) // 600 W shared by two engines
+		must.Greater(t, 0.0, sig.TokensPerJoule)
+	}
+}
