@@ -3,19 +3,85 @@
 // "nomad-driver-llm executor ..." to supervise each engine (Nomad's shared
 // executor registers that mode in an init function), so main must not
 // touch os.Args or stdout before plugins.Serve.
+//
+// "nomad-driver-llm validate JOB.hcl..." is the pre-flight check Nomad's
+// servers cannot do: it parses each job through the Nomad agent at
+// NOMAD_ADDR (or -address) and validates and renders every llm task, printing
+// the argv or the error naming the field.
 package main
 
 import (
 	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
 
 	"github.com/hashicorp/go-hclog"
+	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/hashicorp/nomad/plugins"
 
 	"github.com/oasis-llm/oasis/nomad-driver/driver"
+	"github.com/oasis-llm/oasis/nomad-driver/jobcheck"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "validate" {
+		os.Exit(validate(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	plugins.Serve(func(logger hclog.Logger) interface{} {
 		return driver.New(context.Background(), logger)
 	})
+}
+
+// validate returns 0 when every llm task of every job renders, 1 when one
+// does not, 2 on usage or I/O errors.
+func validate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	address := fs.String("address", "", "Nomad HTTP address (default: $NOMAD_ADDR or http://127.0.0.1:4646)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: nomad-driver-llm validate [-address URL] JOB.hcl...")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	cfg := nomadapi.DefaultConfig()
+	if *address != "" {
+		cfg.Address = *address
+	}
+	client, err := nomadapi.NewClient(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "creating Nomad client: %v\n", err)
+		return 2
+	}
+	code := 0
+	for _, path := range fs.Args() {
+		src, err := os.ReadFile(path)
+		if err != nil {
+			fmt.Fprintf(stderr, "reading job: %v\n", err)
+			return 2
+		}
+		job, err := client.Jobs().ParseHCL(string(src), true)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: parsing job: %v\n", path, err)
+			return 2
+		}
+		results := jobcheck.Check(job)
+		if len(results) == 0 {
+			fmt.Fprintf(stdout, "%s: no llm tasks\n", path)
+		}
+		for _, r := range results {
+			fmt.Fprintf(stdout, "%s: %s\n", path, r)
+			if r.Err != nil {
+				code = 1
+			}
+		}
+	}
+	return code
 }

@@ -70,8 +70,8 @@ var PluginSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 type PluginConfig struct {
 	// Binaries maps an engine name to the executable that runs it (for
 	// sglang: a Python interpreter, or a launcher script).
-	Binaries          map[string]string `codec:"binaries"`
-	FingerprintPeriod string            `codec:"fingerprint_period"`
+	Binaries          map[string]string `codec:"binaries" json:"binaries,omitempty"`
+	FingerprintPeriod string            `codec:"fingerprint_period" json:"fingerprint_period,omitempty"`
 }
 
 // Validate checks the plugin config and returns the fingerprint period.
@@ -127,29 +127,29 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 // TaskConfig is a task's decoded config block. Zero values mean "not set";
 // Normalize fills in defaults.
 type TaskConfig struct {
-	Engine               string  `codec:"engine"`
-	Model                string  `codec:"model"`
-	ServedModelName      string  `codec:"served_model_name"`
-	Port                 string  `codec:"port"`
-	TensorParallelSize   int     `codec:"tensor_parallel_size"`
-	MaxModelLen          int     `codec:"max_model_len"`
-	GPUMemoryUtilization float64 `codec:"gpu_memory_utilization"`
-	Role                 string  `codec:"role"`
-	KVOffload            string  `codec:"kv_offload"`
-	KVOffloadSizeGB      float64 `codec:"kv_offload_size_gb"`
+	Engine               string  `codec:"engine" json:"engine,omitempty"`
+	Model                string  `codec:"model" json:"model,omitempty"`
+	ServedModelName      string  `codec:"served_model_name" json:"served_model_name,omitempty"`
+	Port                 string  `codec:"port" json:"port,omitempty"`
+	TensorParallelSize   int     `codec:"tensor_parallel_size" json:"tensor_parallel_size,omitempty"`
+	MaxModelLen          int     `codec:"max_model_len" json:"max_model_len,omitempty"`
+	GPUMemoryUtilization float64 `codec:"gpu_memory_utilization" json:"gpu_memory_utilization,omitempty"`
+	Role                 string  `codec:"role" json:"role,omitempty"`
+	KVOffload            string  `codec:"kv_offload" json:"kv_offload,omitempty"`
+	KVOffloadSizeGB      float64 `codec:"kv_offload_size_gb" json:"kv_offload_size_gb,omitempty"`
 	// KVEvents is a pointer so that "unset" (default on where the engine
 	// publishes events) differs from an explicit false.
-	KVEvents            *bool             `codec:"kv_events"`
-	KVEventsPort        string            `codec:"kv_events_port"`
-	BlockSize           int               `codec:"block_size"`
-	KVCachedAddress     string            `codec:"kvcached_address"`
-	NIXLSideChannelPort string            `codec:"nixl_side_channel_port"`
-	BootstrapPort       string            `codec:"bootstrap_port"`
-	Endpoint            string            `codec:"endpoint"`
-	HealthTimeout       string            `codec:"health_timeout"`
-	ExtraArgs           []string          `codec:"extra_args"`
-	ExtraEnv            map[string]string `codec:"extra_env"`
-	Binary              string            `codec:"binary"`
+	KVEvents            *bool             `codec:"kv_events" json:"kv_events,omitempty"`
+	KVEventsPort        string            `codec:"kv_events_port" json:"kv_events_port,omitempty"`
+	BlockSize           int               `codec:"block_size" json:"block_size,omitempty"`
+	KVCachedAddress     string            `codec:"kvcached_address" json:"kvcached_address,omitempty"`
+	NIXLSideChannelPort string            `codec:"nixl_side_channel_port" json:"nixl_side_channel_port,omitempty"`
+	BootstrapPort       string            `codec:"bootstrap_port" json:"bootstrap_port,omitempty"`
+	Endpoint            string            `codec:"endpoint" json:"endpoint,omitempty"`
+	HealthTimeout       string            `codec:"health_timeout" json:"health_timeout,omitempty"`
+	ExtraArgs           []string          `codec:"extra_args" json:"extra_args,omitempty"`
+	ExtraEnv            map[string]string `codec:"extra_env" json:"extra_env,omitempty"`
+	Binary              string            `codec:"binary" json:"binary,omitempty"`
 }
 
 // FieldError is a validation error about one task config field.

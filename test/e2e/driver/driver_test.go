@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -287,14 +288,14 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 // allocation's task event names the field.
 func TestInvalidConfig_FailsWithFieldNamed(t *testing.T) {
 	cases := []struct {
-		name, config, want string
+		name, config, want, key string
 	}{
-		{"unknown engine", `engine = "tgi"`, "engine: unknown engine \"tgi\"; allowed: vllm, sglang, llama_cpp, trtllm, openai_compat, sim"},
-		{"port label missing", `port = "api"`, "port: port label \"api\" is not in the group's network block; labels: http, kv"},
-		{"incompatible offload", `kv_offload = "hicache"`, "kv_offload: \"hicache\" is not supported by engine sim"},
-		{"missing model", `model = ""`, "model: is required"},
-		{"wrong type", `tensor_parallel_size = "two"`, "tensor_parallel_size"},
-		{"unknown field", `tensor_parallelism = 2`, "tensor_parallelism"},
+		{"unknown engine", `engine = "tgi"`, "engine: unknown engine \"tgi\"; allowed: vllm, sglang, llama_cpp, trtllm, openai_compat, sim", "engine: "},
+		{"port label missing", `port = "api"`, "port: port label \"api\" is not in the group's network block; labels: http, kv", "port: "},
+		{"incompatible offload", `kv_offload = "hicache"`, "kv_offload: \"hicache\" is not supported by engine sim", "kv_offload: "},
+		{"missing model", `model = ""`, "model: is required", "model: "},
+		{"wrong type", `tensor_parallel_size = "two"`, "tensor_parallel_size", "tensor_parallel_size: wrong type"},
+		{"unknown field", `tensor_parallelism = 2`, "tensor_parallelism", "tensor_parallelism: unknown field"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -320,6 +321,16 @@ func TestInvalidConfig_FailsWithFieldNamed(t *testing.T) {
 			resp, _, err := stack.Nomad.Jobs().Validate(job, nil)
 			must.NoError(t, err)
 			must.SliceEmpty(t, resp.ValidationErrors, must.Sprint("the server cannot check driver configs"))
+
+			// The pre-flight does: same validation as StartTask, nothing runs.
+			jobFile := filepath.Join(t.TempDir(), "job.hcl")
+			must.NoError(t, os.WriteFile(jobFile, []byte(hcl), 0o644))
+			out, err := exec.Command(stack.Bin("nomad-driver-llm"), "validate", "-address", stack.NomadAddr, jobFile).CombinedOutput()
+			var ee *exec.ExitError
+			must.ErrorAs(t, err, &ee, must.Sprint(string(out)))
+			must.EqOp(t, 1, ee.ExitCode())
+			must.StrContains(t, string(out), `group "engine" task "engine": `)
+			must.StrContains(t, string(out), tc.key)
 
 			_, _, err = stack.Nomad.Jobs().Register(job, nil)
 			must.NoError(t, err)

@@ -1,0 +1,130 @@
+// Package jobcheck validates and renders the llm tasks of a parsed Nomad
+// job before it is submitted. Nomad's servers never see a driver's schema
+// (`nomad job validate` and `plan` accept any config block), so this is
+// the pre-flight that names the bad field without running anything: the
+// same validation and rendering StartTask performs, with the group's port
+// labels and the task's GPU device count standing in for the allocation.
+package jobcheck
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+	"github.com/oasis-llm/oasis/nomad-driver/render"
+)
+
+// Result is the outcome for one llm task.
+type Result struct {
+	Group, Task string
+	// Plan is the rendering with placeholder port values (nil on error).
+	Plan *render.Plan
+	Err  error
+}
+
+func (r Result) String() string {
+	where := fmt.Sprintf("group %q task %q", r.Group, r.Task)
+	if r.Err != nil {
+		return where + ": " + strings.ReplaceAll(r.Err.Error(), "\n", "\n  ")
+	}
+	if r.Plan.NoProcess {
+		return where + ": ok (no process; watches " + r.Plan.HealthURL + ")"
+	}
+	return where + ": ok: " + strings.Join(r.Plan.Argv, " ")
+}
+
+// Check returns one result per task with driver "llm".
+func Check(job *nomadapi.Job) []Result {
+	var out []Result
+	for _, g := range job.TaskGroups {
+		ports := map[string]render.Port{}
+		next := 20000 // placeholder values: real ones come from the allocation
+		for _, n := range g.Networks {
+			for _, p := range append(append([]nomadapi.Port(nil), n.ReservedPorts...), n.DynamicPorts...) {
+				v := p.Value
+				if v == 0 {
+					next++
+					v = next
+				}
+				ports[p.Label] = render.Port{HostIP: "127.0.0.1", Value: v}
+			}
+		}
+		for _, t := range g.Tasks {
+			if t.Driver != "llm" {
+				continue
+			}
+			r := Result{Group: deref(g.Name), Task: t.Name}
+			tc, err := decode(t.Config)
+			if err != nil {
+				r.Err = err
+				out = append(out, r)
+				continue
+			}
+			r.Plan, r.Err = render.Render(render.Input{
+				Config: tc, Ports: ports, GPUs: gpus(t.Resources),
+				LocalDir: "${NOMAD_TASK_DIR}",
+			})
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// decode maps a parsed config block onto the task config; unknown fields
+// and wrong types are errors naming the field, as the client's schema check.
+func decode(raw map[string]interface{}) (config.TaskConfig, error) {
+	var tc config.TaskConfig
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return tc, fmt.Errorf("encoding config block: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&tc); err != nil {
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te):
+			return tc, &config.FieldError{Field: te.Field, Msg: fmt.Sprintf("wrong type: got %s, want %s", te.Value, te.Type)}
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return tc, &config.FieldError{Field: name, Msg: "unknown field (see nomad-driver/README.md for the task config reference)"}
+		}
+		return tc, fmt.Errorf("decoding config block: %w", err)
+	}
+	return tc, nil
+}
+
+// gpus stands in for the device plugin's reservation: one id per GPU the
+// task requests (device "gpu", "nvidia/gpu" or "nvidia/gpu/<model>").
+func gpus(res *nomadapi.Resources) []string {
+	if res == nil {
+		return nil
+	}
+	var ids []string
+	for _, d := range res.Devices {
+		name := d.Name
+		if name != "gpu" && name != "nvidia/gpu" && !strings.HasPrefix(name, "nvidia/gpu/") {
+			continue
+		}
+		n := uint64(1)
+		if d.Count != nil {
+			n = *d.Count
+		}
+		for i := uint64(0); i < n; i++ {
+			ids = append(ids, fmt.Sprintf("GPU-%d", len(ids)))
+		}
+	}
+	return ids
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,59 @@
+package jobcheck
+
+import (
+	"testing"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/shoenig/test/must"
+)
+
+func job(config map[string]interface{}, gpus uint64) *nomadapi.Job {
+	j := nomadapi.NewServiceJob("j", "j", "global", 50)
+	g := nomadapi.NewTaskGroup("engine", 1)
+	g.Networks = []*nomadapi.NetworkResource{{DynamicPorts: []nomadapi.Port{{Label: "http"}, {Label: "kv"}}}}
+	t := nomadapi.NewTask("engine", "llm")
+	t.Config = config
+	t.Resources = &nomadapi.Resources{}
+	if gpus > 0 {
+		t.Resources.Devices = []*nomadapi.RequestedDevice{{Name: "nvidia/gpu", Count: &gpus}}
+	}
+	g.AddTask(t)
+	g.AddTask(nomadapi.NewTask("sidecar", "raw_exec"))
+	j.AddTaskGroup(g)
+	return j
+}
+
+func TestCheck(t *testing.T) {
+	base := func() map[string]interface{} {
+		return map[string]interface{}{"engine": "vllm", "model": "m", "port": "http", "kv_events_port": "kv",
+			"tensor_parallel_size": float64(2)}
+	}
+	cases := []struct {
+		name   string
+		mutate func(map[string]interface{})
+		gpus   uint64
+		want   string // "" = ok
+	}{
+		{"ok", func(map[string]interface{}) {}, 2, ""},
+		{"tp above devices", func(map[string]interface{}) {}, 1, "tensor_parallel_size: 2 is larger than the 1 GPU(s)"},
+		{"wrong type", func(c map[string]interface{}) { c["tensor_parallel_size"] = "two" }, 2, "tensor_parallel_size: wrong type: got string, want int"},
+		{"unknown field", func(c map[string]interface{}) { c["tensor_parallelism"] = 2 }, 2, "tensor_parallelism: unknown field"},
+		{"port label", func(c map[string]interface{}) { c["port"] = "api" }, 2, `port: port label "api" is not in the group's network block; labels: http, kv`},
+		{"combination", func(c map[string]interface{}) { c["kv_offload"] = "hicache" }, 2, `kv_offload: "hicache" is not supported by engine vllm`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			tc.mutate(c)
+			res := Check(job(c, tc.gpus))
+			must.Len(t, 1, res, must.Sprint("only llm tasks are checked"))
+			if tc.want == "" {
+				must.NoError(t, res[0].Err)
+				must.StrContains(t, res[0].String(), `group "engine" task "engine": ok: vllm serve m --host 127.0.0.1 --port 20001`)
+				return
+			}
+			must.ErrorContains(t, res[0].Err, tc.want)
+			must.StrContains(t, res[0].String(), `group "engine" task "engine": `+tc.want)
+		})
+	}
+}
