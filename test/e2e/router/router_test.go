@@ -102,7 +102,7 @@ type routerProc struct {
 	log  string
 }
 
-func startRouter(t *testing.T, prefix string) *routerProc {
+func startRouter(t *testing.T, prefix string, extra ...string) *routerProc {
 	t.Helper()
 	ports, err := testbed.FreePorts(1)
 	must.NoError(t, err)
@@ -110,8 +110,9 @@ func startRouter(t *testing.T, prefix string) *routerProc {
 		log: filepath.Join(t.TempDir(), "router.log")}
 	logf, err := os.Create(r.log)
 	must.NoError(t, err)
-	r.cmd = exec.Command(stack.Bin("oasis-router"), "-listen", "127.0.0.1:"+strconv.Itoa(ports[0]),
-		"-consul-addr", stack.ConsulAddr, "-kv-prefix", prefix, "-scrape-interval", "500ms", "-register")
+	args := append([]string{"-listen", "127.0.0.1:" + strconv.Itoa(ports[0]),
+		"-consul-addr", stack.ConsulAddr, "-kv-prefix", prefix, "-scrape-interval", "500ms", "-register"}, extra...)
+	r.cmd = exec.Command(stack.Bin("oasis-router"), args...)
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must.NoError(t, r.cmd.Start())
@@ -192,8 +193,12 @@ func (r *routerProc) putPolicy(t *testing.T, doc string) {
 	must.NoError(t, err)
 }
 
-func chat(url string, maxTokens int) (status int, events int, err error) {
-	body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"tell me a story"}],"max_tokens":%d,"stream":true}`, maxTokens)
+func chat(url string, maxTokens int, model ...string) (status int, events int, err error) {
+	m := "llama"
+	if len(model) > 0 {
+		m = model[0]
+	}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"tell me a story"}],"max_tokens":%d,"stream":true}`, m, maxTokens)
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		return 0, 0, err
