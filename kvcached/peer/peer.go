@@ -1,0 +1,585 @@
+// Package peer lets kvcached instances fetch blocks from each other over QUIC
+// with mutual TLS.
+//
+// # Protocol
+//
+// ALPN "oasis-kvcached/1", TLS 1.3, both sides present a certificate signed
+// by the configured CA (server name DefaultServerName unless configured). One
+// QUIC connection per peer is kept and reused; every request is its own
+// bidirectional stream: the client writes the request and closes its send
+// side, the server answers and closes the stream.
+//
+//	request:  op u8 | key length u16 BE | key
+//	response: status u8 | length u64 BE | payload
+//
+// op 1 (GET) answers status 0 with the block, 1 when absent; op 2 (FILTER)
+// answers status 0 with the node's Bloom filter (see bloom.go). Status 2 is
+// an error with a UTF-8 message as payload.
+//
+// # Who holds what
+//
+// Every FilterInterval each node fetches each peer's Bloom filter of its keys
+// (10 bits per key, ~1% false positives: 1.25 MB per million blocks per
+// exchange). A local miss asks only the healthy peers whose filter may hold
+// the key, so a miss that no peer can answer costs no network round trip; a
+// block stored on a peer becomes fetchable within one interval. The filter
+// exchange is also the health check: a peer that fails a fetch or a filter
+// request (one timeout at most) is skipped until its next filter exchange
+// succeeds.
+package peer
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
+)
+
+const (
+	opGet    = 1
+	opFilter = 2
+
+	statusOK       = 0
+	statusNotFound = 1
+	statusError    = 2
+
+	maxKeyLen = 64 << 10
+)
+
+// Local is the store a node serves peers from.
+type Local interface {
+	GetLocal(key string) ([]byte, bool)
+	Keys() []string
+}
+
+// ErrNotFound means no peer holds the key.
+var ErrNotFound = errors.New("block not found on any peer")
+
+// Config configures a Node.
+type Config struct {
+	// ListenAddr is the UDP address to serve peers on, e.g. "127.0.0.1:7380".
+	ListenAddr string
+	ServerTLS  *tls.Config
+	ClientTLS  *tls.Config
+	Local      Local
+	Logger     hclog.Logger
+	Registry   prometheus.Registerer
+	// MaxValue bounds a fetched block.
+	MaxValue int64
+	// FetchTimeout bounds one fetch, dial included (default 2s).
+	FetchTimeout time.Duration
+	// FilterInterval is how often peers' filters are refreshed (default 2s).
+	FilterInterval time.Duration
+	// MaxConcurrent bounds fetches in flight from this node (default 32).
+	MaxConcurrent int
+}
+
+type peerState struct {
+	addr string
+
+	mu      sync.Mutex
+	conn    *quic.Conn
+	dialing chan struct{} // closed when a dial in progress ends
+	filter  *bloom
+	healthy bool
+}
+
+// Node serves this node's blocks and fetches others'.
+type Node struct {
+	cfg       Config
+	log       hclog.Logger
+	ln        *quic.Listener
+	tr        *quic.Transport
+	udp       net.PacketConn
+	closeOnce sync.Once
+	sem       chan struct{}
+	qc        *quic.Config
+
+	mu    sync.Mutex
+	peers map[string]*peerState
+
+	filterMu    sync.Mutex
+	filterBytes []byte
+	filterAt    time.Time
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mFetches  *prometheus.CounterVec
+	mLatency  prometheus.Histogram
+	mHealthy  prometheus.Gauge
+	mServed   *prometheus.CounterVec
+	mFilterSz prometheus.Gauge
+}
+
+// New starts serving peers on cfg.ListenAddr.
+func New(cfg Config) (*Node, error) {
+	if cfg.ServerTLS == nil || cfg.ClientTLS == nil {
+		return nil, errors.New("starting peer node: mutual TLS configuration is required")
+	}
+	if cfg.Local == nil {
+		return nil, errors.New("starting peer node: a local store is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.MaxValue <= 0 {
+		cfg.MaxValue = 64 << 20
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = 2 * time.Second
+	}
+	if cfg.FilterInterval <= 0 {
+		cfg.FilterInterval = 2 * time.Second
+	}
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = 32
+	}
+	n := &Node{
+		cfg: cfg, log: cfg.Logger, peers: map[string]*peerState{},
+		sem: make(chan struct{}, cfg.MaxConcurrent),
+		qc: &quic.Config{
+			MaxIdleTimeout:                 30 * time.Second,
+			KeepAlivePeriod:                10 * time.Second,
+			HandshakeIdleTimeout:           cfg.FetchTimeout,
+			InitialStreamReceiveWindow:     4 << 20,
+			MaxStreamReceiveWindow:         64 << 20,
+			InitialConnectionReceiveWindow: 8 << 20,
+			MaxConnectionReceiveWindow:     256 << 20,
+			MaxIncomingStreams:             1024,
+		},
+	}
+	udp, err := net.ListenPacket("udp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for peers on %s: %w", cfg.ListenAddr, err)
+	}
+	n.udp = udp
+	n.tr = &quic.Transport{Conn: udp}
+	n.ln, err = n.tr.Listen(cfg.ServerTLS, n.qc)
+	if err != nil {
+		udp.Close()
+		return nil, fmt.Errorf("listening for peers: %w", err)
+	}
+	n.mFetches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_fetches_total", Help: "Block fetches from peers, by result (hit, miss, error, timeout)."}, []string{"result"})
+	n.mLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "oasis_kvcached_peer_fetch_seconds", Help: "Latency of successful peer fetches.",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2}})
+	n.mHealthy = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peers_healthy", Help: "Peers whose last exchange succeeded."})
+	n.mServed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_requests_served_total", Help: "Requests served to peers, by op (get, filter) and result."}, []string{"op", "result"})
+	n.mFilterSz = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peer_filter_bytes", Help: "Size of this node's membership filter as sent to peers."})
+	cfg.Registry.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz)
+	for _, r := range []string{"hit", "miss", "error", "timeout"} {
+		n.mFetches.WithLabelValues(r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(2)
+	go n.accept(ctx)
+	go n.refreshLoop(ctx)
+	return n, nil
+}
+
+// Addr is the UDP address peers reach this node on.
+func (n *Node) Addr() net.Addr { return n.ln.Addr() }
+
+// Close stops serving and closes peer connections.
+func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() { err = n.close() })
+	return err
+}
+
+func (n *Node) close() error {
+	n.cancel()
+	n.ln.Close()
+	n.mu.Lock()
+	for _, p := range n.peers {
+		p.mu.Lock()
+		if p.conn != nil {
+			p.conn.CloseWithError(0, "shutting down")
+		}
+		p.mu.Unlock()
+	}
+	n.mu.Unlock()
+	n.wg.Wait()
+	err := n.tr.Close()
+	if cerr := n.udp.Close(); err == nil && !errors.Is(cerr, net.ErrClosed) {
+		err = cerr
+	}
+	return err
+}
+
+// SetPeers replaces the peer set (addresses host:port); connections to peers
+// that left are closed, those to peers that stay are kept.
+func (n *Node) SetPeers(addrs []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	want := map[string]bool{}
+	for _, a := range addrs {
+		want[a] = true
+		if _, ok := n.peers[a]; !ok {
+			n.peers[a] = &peerState{addr: a}
+		}
+	}
+	for a, p := range n.peers {
+		if !want[a] {
+			p.mu.Lock()
+			if p.conn != nil {
+				p.conn.CloseWithError(0, "peer left")
+			}
+			p.mu.Unlock()
+			delete(n.peers, a)
+		}
+	}
+	n.updateHealthyLocked()
+}
+
+// Peers returns the current peer addresses, sorted.
+func (n *Node) Peers() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.peers))
+	for a := range n.peers {
+		out = append(out, a)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (n *Node) updateHealthyLocked() {
+	h := 0
+	for _, p := range n.peers {
+		p.mu.Lock()
+		if p.healthy {
+			h++
+		}
+		p.mu.Unlock()
+	}
+	n.mHealthy.Set(float64(h))
+}
+
+func (n *Node) candidates(key string) []*peerState {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []*peerState
+	for _, p := range n.peers {
+		p.mu.Lock()
+		ok := p.healthy && p.filter.mayHave(key)
+		p.mu.Unlock()
+		if ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// MayHave reports whether some healthy peer's filter may hold key.
+func (n *Node) MayHave(key string) bool { return len(n.candidates(key)) > 0 }
+
+// Fetch asks the peers that may hold key, one after another, and returns the
+// first copy found.
+func (n *Node) Fetch(ctx context.Context, key string) ([]byte, error) {
+	if len(key) > maxKeyLen {
+		return nil, fmt.Errorf("key of %d bytes is too long for a peer fetch", len(key))
+	}
+	for _, p := range n.candidates(key) {
+		select {
+		case n.sem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		start := time.Now()
+		v, err := n.fetchFrom(ctx, p, key)
+		<-n.sem
+		switch {
+		case err == nil:
+			n.mFetches.WithLabelValues("hit").Inc()
+			n.mLatency.Observe(time.Since(start).Seconds())
+			return v, nil
+		case errors.Is(err, ErrNotFound):
+			n.mFetches.WithLabelValues("miss").Inc()
+		default:
+			if errors.Is(err, context.DeadlineExceeded) {
+				n.mFetches.WithLabelValues("timeout").Inc()
+			} else {
+				n.mFetches.WithLabelValues("error").Inc()
+			}
+			n.log.Warn("peer fetch failed; skipping the peer until it answers again", "peer", p.addr, "error", err)
+			n.markDown(p)
+		}
+	}
+	return nil, ErrNotFound
+}
+
+func (n *Node) markDown(p *peerState) {
+	p.mu.Lock()
+	p.healthy = false
+	if p.conn != nil {
+		p.conn.CloseWithError(0, "peer marked down")
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	n.mu.Lock()
+	n.updateHealthyLocked()
+	n.mu.Unlock()
+}
+
+// conn returns the peer's connection, dialling once if needed; concurrent
+// callers share one dial.
+func (n *Node) conn(ctx context.Context, p *peerState) (*quic.Conn, error) {
+	for {
+		p.mu.Lock()
+		if p.conn != nil && p.conn.Context().Err() == nil {
+			c := p.conn
+			p.mu.Unlock()
+			return c, nil
+		}
+		if p.dialing != nil {
+			ch := p.dialing
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		p.dialing = ch
+		p.mu.Unlock()
+
+		addr, err := net.ResolveUDPAddr("udp", p.addr)
+		var c *quic.Conn
+		if err == nil {
+			c, err = n.tr.Dial(ctx, addr, n.cfg.ClientTLS, n.qc)
+		}
+		p.mu.Lock()
+		p.dialing = nil
+		if err == nil {
+			p.conn = c
+		}
+		p.mu.Unlock()
+		close(ch)
+		if err != nil {
+			return nil, fmt.Errorf("dialling peer %s: %w", p.addr, err)
+		}
+		return c, nil
+	}
+}
+
+func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, max int64) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
+	defer cancel()
+	c, err := n.conn(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	s, err := c.OpenStreamSync(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("opening stream to %s: %w", p.addr, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		s.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { s.CancelRead(1); s.CancelWrite(1) })
+	defer stop()
+	req := make([]byte, 3+len(key))
+	req[0] = op
+	binary.BigEndian.PutUint16(req[1:], uint16(len(key)))
+	copy(req[3:], key)
+	if _, err := s.Write(req); err != nil {
+		return nil, n.ctxErr(ctx, fmt.Errorf("sending request to %s: %w", p.addr, err))
+	}
+	s.Close()
+	var hdr [9]byte
+	if _, err := io.ReadFull(s, hdr[:]); err != nil {
+		return nil, n.ctxErr(ctx, fmt.Errorf("reading reply from %s: %w", p.addr, err))
+	}
+	l := binary.BigEndian.Uint64(hdr[1:])
+	if l > uint64(max) {
+		s.CancelRead(2)
+		return nil, fmt.Errorf("peer %s sent %d bytes, over the %d-byte limit", p.addr, l, max)
+	}
+	body := make([]byte, l)
+	if _, err := io.ReadFull(s, body); err != nil {
+		return nil, n.ctxErr(ctx, fmt.Errorf("reading reply from %s: %w", p.addr, err))
+	}
+	switch hdr[0] {
+	case statusOK:
+		return body, nil
+	case statusNotFound:
+		return nil, ErrNotFound
+	default:
+		return nil, fmt.Errorf("peer %s: %s", p.addr, body)
+	}
+}
+
+// ctxErr prefers the context's error so timeouts are reported as such.
+func (n *Node) ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %v", ctx.Err(), err)
+	}
+	return err
+}
+
+func (n *Node) fetchFrom(ctx context.Context, p *peerState, key string) ([]byte, error) {
+	return n.request(ctx, p, opGet, key, n.cfg.MaxValue)
+}
+
+func (n *Node) refreshLoop(ctx context.Context) {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.FilterInterval)
+	defer t.Stop()
+	for {
+		n.RefreshFilters(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// RefreshFilters fetches every peer's filter now, in parallel; it is also
+// the health check that brings a peer marked down back.
+func (n *Node) RefreshFilters(ctx context.Context) {
+	n.mu.Lock()
+	peers := make([]*peerState, 0, len(n.peers))
+	for _, p := range n.peers {
+		peers = append(peers, p)
+	}
+	n.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, err := n.request(ctx, p, opFilter, "", 1<<30)
+			var f *bloom
+			if err == nil {
+				f, err = unmarshalBloom(b)
+			}
+			p.mu.Lock()
+			was := p.healthy
+			if err != nil {
+				p.healthy = false
+				if p.conn != nil {
+					p.conn.CloseWithError(0, "filter exchange failed")
+					p.conn = nil
+				}
+			} else {
+				p.healthy, p.filter = true, f
+			}
+			p.mu.Unlock()
+			if err != nil && was && ctx.Err() == nil {
+				n.log.Warn("peer unreachable; skipping it until it answers", "peer", p.addr, "error", err)
+			} else if err == nil && !was {
+				n.log.Info("peer healthy", "peer", p.addr)
+			}
+		}()
+	}
+	wg.Wait()
+	n.mu.Lock()
+	n.updateHealthyLocked()
+	n.mu.Unlock()
+}
+
+// --- serving ---
+
+func (n *Node) accept(ctx context.Context) {
+	defer n.wg.Done()
+	for {
+		c, err := n.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			for {
+				s, err := c.AcceptStream(ctx)
+				if err != nil {
+					return
+				}
+				n.wg.Add(1)
+				go func() {
+					defer n.wg.Done()
+					n.serveStream(s)
+				}()
+			}
+		}()
+	}
+}
+
+func (n *Node) serveStream(s *quic.Stream) {
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(n.cfg.FetchTimeout + 5*time.Second))
+	var hdr [3]byte
+	if _, err := io.ReadFull(s, hdr[:]); err != nil {
+		s.CancelRead(1)
+		return
+	}
+	key := make([]byte, binary.BigEndian.Uint16(hdr[1:]))
+	if _, err := io.ReadFull(s, key); err != nil {
+		s.CancelRead(1)
+		return
+	}
+	switch hdr[0] {
+	case opGet:
+		v, ok := n.cfg.Local.GetLocal(string(key))
+		if !ok {
+			n.mServed.WithLabelValues("get", "miss").Inc()
+			reply(s, statusNotFound, nil)
+			return
+		}
+		n.mServed.WithLabelValues("get", "hit").Inc()
+		reply(s, statusOK, v)
+	case opFilter:
+		n.mServed.WithLabelValues("filter", "ok").Inc()
+		reply(s, statusOK, n.filter())
+	default:
+		n.mServed.WithLabelValues("unknown", "error").Inc()
+		reply(s, statusError, []byte(fmt.Sprintf("unknown op %d", hdr[0])))
+	}
+}
+
+func reply(s *quic.Stream, status byte, body []byte) {
+	var hdr [9]byte
+	hdr[0] = status
+	binary.BigEndian.PutUint64(hdr[1:], uint64(len(body)))
+	if _, err := s.Write(hdr[:]); err != nil {
+		return
+	}
+	s.Write(body)
+}
+
+// filter returns this node's membership filter, rebuilt at most twice per
+// FilterInterval however many peers ask.
+func (n *Node) filter() []byte {
+	n.filterMu.Lock()
+	defer n.filterMu.Unlock()
+	if n.filterBytes != nil && time.Since(n.filterAt) < n.cfg.FilterInterval/2 {
+		return n.filterBytes
+	}
+	keys := n.cfg.Local.Keys()
+	f := newBloom(len(keys))
+	for _, k := range keys {
+		f.add(k)
+	}
+	n.filterBytes = f.marshal()
+	n.filterAt = time.Now()
+	n.mFilterSz.Set(float64(len(n.filterBytes)))
+	return n.filterBytes
+}

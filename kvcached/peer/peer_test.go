@@ -1,0 +1,196 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+)
+
+type mapStore struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *mapStore) GetLocal(k string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[k]
+	return v, ok
+}
+
+func (s *mapStore) Keys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.m))
+	for k := range s.m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func node(t testing.TB, ca *testcerts.CA, local Local) *Node {
+	t.Helper()
+	cert, _, _ := ca.Issue(t, DefaultServerName)
+	st, ct, err := TLSConfigs(ca.Pool(), cert, "")
+	must.NoError(t, err)
+	n, err := New(Config{ListenAddr: "127.0.0.1:0", ServerTLS: st, ClientTLS: ct, Local: local,
+		FetchTimeout: 500 * time.Millisecond, FilterInterval: 100 * time.Millisecond})
+	must.NoError(t, err)
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func TestFetchBetweenPeers(t *testing.T) {
+	ca := testcerts.NewCA(t, "kvcached test CA")
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	a := node(t, ca, &mapStore{m: map[string][]byte{"blk": big, "small": []byte("x")}})
+	b := node(t, ca, &mapStore{m: map[string][]byte{}})
+	b.SetPeers([]string{a.Addr().String()})
+	b.RefreshFilters(context.Background())
+	must.True(t, b.MayHave("blk"))
+	must.False(t, b.MayHave("absent-key-1"))
+
+	ctx := context.Background()
+	v, err := b.Fetch(ctx, "blk")
+	must.NoError(t, err)
+	must.Eq(t, big, v)
+	// Concurrent fetches share the one connection.
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := b.Fetch(ctx, "small")
+			must.NoError(t, err)
+			must.Eq(t, "x", string(v))
+		}()
+	}
+	wg.Wait()
+	_, err = b.Fetch(ctx, "absent-key-1")
+	must.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestPeerWithForeignCertificateIsRefused(t *testing.T) {
+	ca := testcerts.NewCA(t, "kvcached test CA")
+	rogue := testcerts.NewCA(t, "rogue CA")
+	a := node(t, ca, &mapStore{m: map[string][]byte{"blk": []byte("secret")}})
+	// b trusts the real CA but presents a certificate from another CA.
+	cert, _, _ := rogue.Issue(t, DefaultServerName)
+	st, ct, err := TLSConfigs(ca.Pool(), cert, "")
+	must.NoError(t, err)
+	b, err := New(Config{ListenAddr: "127.0.0.1:0", ServerTLS: st, ClientTLS: ct, Local: &mapStore{m: map[string][]byte{}},
+		FetchTimeout: 500 * time.Millisecond, FilterInterval: time.Hour})
+	must.NoError(t, err)
+	defer b.Close()
+	b.SetPeers([]string{a.Addr().String()})
+	p := b.peers[a.Addr().String()]
+	_, err = b.request(context.Background(), p, opGet, "blk", 1<<20)
+	must.Error(t, err)
+	b.RefreshFilters(context.Background())
+	must.False(t, b.MayHave("blk"))
+	must.Eq(t, 0.0, gauge(b))
+}
+
+func TestDeadPeerCostsOneTimeoutThenIsSkipped(t *testing.T) {
+	ca := testcerts.NewCA(t, "kvcached test CA")
+	a := node(t, ca, &mapStore{m: map[string][]byte{"blk": []byte("v")}})
+	b := node(t, ca, &mapStore{m: map[string][]byte{}})
+	// A UDP socket that never answers stands in for a dead peer.
+	dead, err := net.ListenPacket("udp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer dead.Close()
+	b.SetPeers([]string{a.Addr().String(), dead.LocalAddr().String()})
+	b.RefreshFilters(context.Background())
+	must.Eq(t, 1.0, gauge(b))
+	// Pretend the dead peer was healthy with a filter claiming everything.
+	dp := b.peers[dead.LocalAddr().String()]
+	dp.mu.Lock()
+	dp.healthy = true
+	dp.filter = newBloom(1)
+	for i := range dp.filter.bits {
+		dp.filter.bits[i] = 0xff
+	}
+	dp.mu.Unlock()
+
+	start := time.Now()
+	_, err = b.Fetch(context.Background(), "only-dead-claims-this")
+	must.ErrorIs(t, err, ErrNotFound)
+	first := time.Since(start)
+	must.Greater(t, 400*time.Millisecond, first)
+	// Now skipped: no timeout paid again.
+	start = time.Now()
+	_, err = b.Fetch(context.Background(), "only-dead-claims-this")
+	must.ErrorIs(t, err, ErrNotFound)
+	must.Less(t, 100*time.Millisecond, time.Since(start))
+	v, err := b.Fetch(context.Background(), "blk")
+	must.NoError(t, err)
+	must.Eq(t, "v", string(v))
+}
+
+func TestPeerComesBackWhenHealthy(t *testing.T) {
+	ca := testcerts.NewCA(t, "kvcached test CA")
+	store := &mapStore{m: map[string][]byte{"k": []byte("v")}}
+	a := node(t, ca, store)
+	addr := a.Addr().String()
+	b := node(t, ca, &mapStore{m: map[string][]byte{}})
+	b.SetPeers([]string{addr})
+	b.RefreshFilters(context.Background())
+	must.Eq(t, 1.0, gauge(b))
+	a.Close()
+	b.RefreshFilters(context.Background())
+	must.Eq(t, 0.0, gauge(b))
+	// Restart on the same port.
+	cert, _, _ := ca.Issue(t, DefaultServerName)
+	st, ct, _ := TLSConfigs(ca.Pool(), cert, "")
+	a2, err := New(Config{ListenAddr: addr, ServerTLS: st, ClientTLS: ct, Local: store, FetchTimeout: 500 * time.Millisecond})
+	must.NoError(t, err)
+	defer a2.Close()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return b.MayHave("k") }),
+		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	v, err := b.Fetch(context.Background(), "k")
+	must.NoError(t, err)
+	must.Eq(t, "v", string(v))
+}
+
+func TestBloomFalsePositiveRate(t *testing.T) {
+	f := newBloom(10000)
+	for i := 0; i < 10000; i++ {
+		f.add(fmt.Sprintf("model@1@0@%x@bfloat16kv_bytes", i))
+	}
+	for i := 0; i < 10000; i++ {
+		must.True(t, f.mayHave(fmt.Sprintf("model@1@0@%x@bfloat16kv_bytes", i)))
+	}
+	fp := 0
+	for i := 0; i < 100000; i++ {
+		if f.mayHave(fmt.Sprintf("other@%d", i)) {
+			fp++
+		}
+	}
+	must.Less(t, 2000, fp) // < 2%
+	g, err := unmarshalBloom(f.marshal())
+	must.NoError(t, err)
+	must.True(t, g.mayHave("model@1@0@0@bfloat16kv_bytes"))
+	_, err = unmarshalBloom([]byte{7, 1, 0, 0, 0})
+	must.True(t, err != nil && !errors.Is(err, ErrNotFound))
+}
+
+func gauge(n *Node) float64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h := 0
+	for _, p := range n.peers {
+		if p.healthy {
+			h++
+		}
+	}
+	return float64(h)
+}
