@@ -22,11 +22,13 @@ func TestGRPCRoundTrip(t *testing.T) {
 	impl := New(testLogger(), fx.srv)
 	impl.eventWait = 20 * time.Millisecond
 
-	client, server := plugin.TestPluginGRPCConn(t, true, map[string]plugin.Plugin{
+	client, _ := plugin.TestPluginGRPCConn(t, true, map[string]plugin.Plugin{
 		base.PluginTypeBase:   &base.PluginBase{Impl: impl},
 		base.PluginTypeDevice: &device.PluginDevice{Impl: impl},
 	})
-	t.Cleanup(func() { client.Close(); server.Stop() })
+	// Closing the client shuts the server down through go-plugin's controller;
+	// stopping it here as well would race with that inside go-plugin.
+	t.Cleanup(func() { client.Close() })
 	raw, err := client.Dispense(base.PluginTypeDevice)
 	must.NoError(t, err)
 	dev, ok := raw.(device.DevicePlugin)
