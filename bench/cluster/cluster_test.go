@@ -1,0 +1,80 @@
+package cluster
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/oasis-llm/oasis/internal/blockdigest"
+	"github.com/oasis-llm/oasis/router/cachestate"
+)
+
+// A small synthetic shared-prefix workload through the real router code:
+// prefix-aware policies reuse more cache than round_robin, pure affinity
+// hot-spots while the guarded Oasis policy stays balanced, and lost event
+// batches trigger resyncs.
+func TestSyntheticPolicies(t *testing.T) {
+	reqs := Synthetic(SyntheticConfig{Groups: 8, PromptsPerGrp: 12, SystemBlocks: 4, UserBlocks: 1, Turns: 3, Zipf: 1.2,
+		Rate: 2, ThinkSeconds: 5, OutputTokens: 64, SharedSysBlock: true, Seed: 3})
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	oracle := OracleHitRatio(reqs, 16)
+	run := func(c Config) Result {
+		c.GPUs = Heterogeneous(4)
+		c.RateScale = 2
+		c.Model = "m"
+		r, err := Run(c, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Completed != len(reqs) {
+			t.Fatalf("%s: %d of %d completed", c.Policy, r.Completed, len(reqs))
+		}
+		t.Logf("%s/%s: hit %.3f (oracle %.3f) ttft p90 %.3f imbalance %.2f resyncs %d", r.Policy, r.Learning, r.HitRatio, oracle, r.TTFTP90, r.Imbalance, r.Resyncs)
+		return r
+	}
+	rr := run(Config{Policy: PolicyRoundRobin})
+	oasis := run(Config{Policy: PolicyOasis})
+	approx := run(Config{Policy: PolicyOasis, Learning: LearnApprox})
+	prefix := run(Config{Policy: PolicyPrefix})
+	lossy := run(Config{Policy: PolicyOasis, EventLoss: 0.2, EventDelay: 50 * time.Millisecond})
+	if oasis.HitRatio < rr.HitRatio+0.05 {
+		t.Errorf("oasis hit %.3f not well above round_robin %.3f", oasis.HitRatio, rr.HitRatio)
+	}
+	if approx.HitRatio <= rr.HitRatio {
+		t.Errorf("approximate learning hit %.3f not above round_robin %.3f", approx.HitRatio, rr.HitRatio)
+	}
+	if prefix.Imbalance <= oasis.Imbalance {
+		t.Errorf("pure affinity imbalance %.2f not above oasis %.2f", prefix.Imbalance, oasis.Imbalance)
+	}
+	if oasis.HitRatio > oracle+1e-9 {
+		t.Errorf("hit ratio %.3f above the oracle %.3f", oasis.HitRatio, oracle)
+	}
+	if lossy.Resyncs == 0 {
+		t.Error("lost event batches caused no resync")
+	}
+}
+
+// Keys' memoised digests equal a straight digest of the expanded tokens.
+func TestKeysMatchDigester(t *testing.T) {
+	reqs := Synthetic(SyntheticConfig{Groups: 3, PromptsPerGrp: 4, SystemBlocks: 2, UserBlocks: 1, Turns: 3, Rate: 1, ThinkSeconds: 1, OutputTokens: 600, SharedSysBlock: true, Seed: 1})
+	reqs = append(reqs, &Request{Input: 700, Output: 1, HashIDs: []int64{1, 999}})
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	dig := cachestate.NewDigester()
+	for i, r := range reqs {
+		var u []uint32
+		for _, tk := range r.PromptTokens(nil) {
+			u = append(u, uint32(tk))
+		}
+		want, err := dig.AppendKeys(nil, blockdigest.Domain{Model: "m"}, 16, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(want, r.keys) {
+			t.Fatalf("request %d: keys differ (%d vs %d)", i, len(want), len(r.keys))
+		}
+	}
+}

@@ -1,0 +1,206 @@
+// Command bench-routing replays a request trace (Mooncake JSONL format) or a
+// synthetic shared-prefix workload through the cluster simulator for every
+// routing policy and a sweep of request rates, and writes a table (stdout),
+// JSON (routing.json) and a plot of TTFT p90 versus rate (routing.png).
+//
+//	go run ./bench/cluster/cmd/bench-routing -trace ../shared/traces/mooncake-conversation.jsonl -workers 16
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oasis-llm/oasis/bench/cluster"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-routing:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		trace       = flag.String("trace", "../shared/traces/mooncake-conversation.jsonl", "trace file in the Mooncake JSONL format")
+		synthetic   = flag.Bool("synthetic", false, "use the synthetic shared-prefix generator instead of -trace")
+		groups      = flag.Int("syn-groups", 32, "synthetic: prefix groups")
+		perGroup    = flag.Int("syn-prompts", 64, "synthetic: conversations per group")
+		sysBlocks   = flag.Int("syn-system-blocks", 4, "synthetic: system prompt length in 512-token blocks")
+		turns       = flag.Int("syn-turns", 3, "synthetic: turns per conversation")
+		zipf        = flag.Float64("syn-zipf", 1.2, "synthetic: Zipf exponent of group popularity (>1; 0 uniform)")
+		synRate     = flag.Float64("syn-rate", 4, "synthetic: conversation starts per second at scale 1")
+		workers     = flag.Int("workers", 16, "workers in the cluster")
+		homogeneous = flag.Bool("homogeneous", false, "all H100 instead of the heterogeneous H100/A100/L40S mix")
+		scales      = flag.String("scales", "1,2,3,4,6,8", "rate scales to sweep (arrival time / scale)")
+		policies    = flag.String("policies", strings.Join(cluster.Policies, ","), "policies to compare")
+		learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
+		delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
+		loss        = flag.Float64("event-loss", 0, "probability of losing one KV event batch")
+		variants    = flag.Bool("variants", true, "also run oasis with approximate learning and with delayed+lossy events at the reference rate")
+		blockSize   = flag.Int("block-size", 16, "engine block size in tokens")
+		limit       = flag.Int("limit", 0, "use only the first N requests (0: all)")
+		outDir      = flag.String("out", "bench/out", "directory for routing.json and routing.png")
+		weights     = flag.String("weights", "", "oasis policy weights, e.g. prefix=2,load=1,power=0.2 (default cluster.DefaultOasisWeights)")
+		slack       = flag.Float64("load-slack", 0, "prefix term hot-spot guard ε for oasis (0: default)")
+		kvScale     = flag.Float64("kv-scale", 1, "multiply every worker's KV capacity (diagnostics: large = nearly infinite cache)")
+		parallel    = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
+	)
+	flag.Parse()
+
+	var reqs []*cluster.Request
+	name := *trace
+	if *synthetic {
+		name = fmt.Sprintf("synthetic(groups=%d,prompts=%d,system=%d,turns=%d,zipf=%.2f,rate=%.1f)", *groups, *perGroup, *sysBlocks, *turns, *zipf, *synRate)
+		reqs = cluster.Synthetic(cluster.SyntheticConfig{Groups: *groups, PromptsPerGrp: *perGroup, SystemBlocks: *sysBlocks, UserBlocks: 1,
+			Turns: *turns, Zipf: *zipf, Rate: *synRate, ThinkSeconds: 30, OutputTokens: 256, SharedSysBlock: true, Seed: 1})
+	} else {
+		var err error
+		if reqs, err = cluster.LoadTrace(*trace); err != nil {
+			return err
+		}
+	}
+	if *limit > 0 && *limit < len(reqs) {
+		reqs = reqs[:*limit]
+	}
+	if len(reqs) == 0 {
+		return fmt.Errorf("no requests")
+	}
+	gpus := cluster.Heterogeneous(*workers)
+	clusterName := "heterogeneous H100/A100/H100/L40S"
+	if *homogeneous {
+		clusterName = "homogeneous H100"
+		for i := range gpus {
+			gpus[i] = cluster.H100
+		}
+	}
+	for i := range gpus {
+		gpus[i].Blocks = int(float64(gpus[i].Blocks) * *kvScale)
+	}
+	var w map[string]float64
+	if *weights != "" {
+		w = map[string]float64{}
+		for _, kv := range strings.Split(*weights, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			f, err := strconv.ParseFloat(v, 64)
+			if !ok || err != nil {
+				return fmt.Errorf("-weights: bad entry %q", kv)
+			}
+			w[strings.TrimSpace(k)] = f
+		}
+	}
+	var rates []float64
+	for _, s := range strings.Split(*scales, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("-scales: bad value %q", s)
+		}
+		rates = append(rates, v)
+	}
+	pols := strings.Split(*policies, ",")
+
+	t0 := time.Now()
+	if err := cluster.Keys(reqs, "mooncake", *blockSize); err != nil {
+		return err
+	}
+	oracle := cluster.OracleHitRatio(reqs, *blockSize)
+	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
+
+	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack}
+	var cfgs []cluster.Config
+	for _, r := range rates {
+		for _, p := range pols {
+			c := base
+			c.Policy, c.RateScale = strings.TrimSpace(p), r
+			cfgs = append(cfgs, c)
+		}
+	}
+	runs, err := runAll(cfgs, reqs, *parallel)
+	if err != nil {
+		return err
+	}
+	for i := range runs {
+		runs[i].OracleHitRatio = oracle
+	}
+	rep := &cluster.Report{Trace: name, Requests: len(reqs), Workers: *workers, Cluster: clusterName, BlockSize: *blockSize,
+		OracleHitRatio: oracle, ReferenceScale: cluster.ReferenceScale(runs), Runs: runs}
+	rep.Summaries = cluster.Summarise(runs, oracle)
+	rep.Targets = cluster.Targets(rep.Summaries, runs)
+	if *variants {
+		ref := rep.ReferenceScale
+		a := base
+		a.Policy, a.RateScale, a.Learning = cluster.PolicyOasis, ref, cluster.LearnApprox
+		b := base
+		b.Policy, b.RateScale, b.Learning, b.EventDelay, b.EventLoss = cluster.PolicyOasis, ref, cluster.LearnEvents, 100*time.Millisecond, 0.01
+		extra, err := runAll([]cluster.Config{a, b}, reqs, *parallel)
+		if err != nil {
+			return err
+		}
+		for i := range extra {
+			extra[i].OracleHitRatio = oracle
+		}
+		rep.Extra = extra
+	}
+
+	cluster.WriteTable(os.Stdout, rep)
+	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(*outDir, "routing.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(*outDir, "routing.png"))
+	if err != nil {
+		return err
+	}
+	title := fmt.Sprintf("TTFT p90 vs request rate, %d workers (%s)", *workers, filepath.Base(name))
+	if err := cluster.PlotTTFT(f, title, runs); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s and %s in %.1fs\n", filepath.Join(*outDir, "routing.json"), filepath.Join(*outDir, "routing.png"), time.Since(t0).Seconds())
+	return nil
+}
+
+func runAll(cfgs []cluster.Config, reqs []*cluster.Request, parallel int) ([]cluster.Result, error) {
+	out := make([]cluster.Result, len(cfgs))
+	errs := make([]error, len(cfgs))
+	sem := make(chan struct{}, max(1, parallel))
+	var wg sync.WaitGroup
+	for i, c := range cfgs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i], errs[i] = cluster.Run(c, reqs)
+			r := out[i]
+			fmt.Fprintf(os.Stderr, "  %-11s %-6s scale %5.2f: hit %.3f TTFT p90 %8.3fs done %6.2f r/s imbalance %.2f J/tok %.3f (%.1fs)\n",
+				r.Policy, r.Learning, r.RateScale, r.HitRatio, r.TTFTP90, r.Throughput, r.Imbalance, r.JoulesPerToken, r.WallSeconds)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].RateScale < out[j].RateScale })
+	return out, nil
+}

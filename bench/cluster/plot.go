@@ -1,0 +1,223 @@
+package cluster
+
+import (
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"io"
+	"math"
+	"sort"
+	"strings"
+)
+
+// PlotTTFT draws TTFT p90 (log scale) against request rate, one line per
+// policy, with the 2 s SLO, as a PNG. Only the standard library is used: a
+// small 5×7 bitmap font is built in.
+func PlotTTFT(w io.Writer, title string, runs []Result) error {
+	const (
+		W, H                     = 960, 600
+		left, right, top, bottom = 80, 200, 50, 60
+	)
+	img := image.NewRGBA(image.Rect(0, 0, W, H))
+	fill(img, img.Bounds(), color.RGBA{255, 255, 255, 255})
+
+	series := map[string][]Result{}
+	var names []string
+	maxRate, minY, maxY := 0.0, 0.05, 2.0*2
+	for _, r := range runs {
+		key := r.Policy
+		if _, ok := series[key]; !ok {
+			names = append(names, key)
+		}
+		series[key] = append(series[key], r)
+		maxRate = math.Max(maxRate, r.Rate)
+		if r.TTFTP90 > 0 {
+			maxY = math.Max(maxY, r.TTFTP90)
+			minY = math.Min(minY, r.TTFTP90)
+		}
+	}
+	if maxRate == 0 {
+		maxRate = 1
+	}
+	lo, hi := math.Floor(math.Log10(minY)), math.Ceil(math.Log10(maxY))
+	px := func(rate float64) int { return left + int(rate/maxRate*float64(W-left-right)) }
+	py := func(v float64) int {
+		v = math.Max(v, math.Pow(10, lo))
+		f := (math.Log10(v) - lo) / (hi - lo)
+		return H - bottom - int(f*float64(H-top-bottom))
+	}
+	black, grey := color.RGBA{0, 0, 0, 255}, color.RGBA{220, 220, 220, 255}
+	// Grid and axes.
+	for e := lo; e <= hi; e++ {
+		y := py(math.Pow(10, e))
+		hline(img, left, W-right, y, grey)
+		text(img, left-8-textWidth(fmtSeconds(math.Pow(10, e))), y-3, fmtSeconds(math.Pow(10, e)), black)
+	}
+	for i := 0; i <= 5; i++ {
+		rate := maxRate * float64(i) / 5
+		x := px(rate)
+		vline(img, x, top, H-bottom, grey)
+		s := fmt.Sprintf("%.1f", rate)
+		text(img, x-textWidth(s)/2, H-bottom+8, s, black)
+	}
+	hline(img, left, W-right, H-bottom, black)
+	vline(img, left, top, H-bottom, black)
+	// SLO line.
+	slo := py(2)
+	for x := left; x < W-right; x += 6 {
+		hline(img, x, x+3, slo, color.RGBA{200, 0, 0, 255})
+	}
+	text(img, W-right-textWidth("slo p90 2 s")-4, slo-10, "slo p90 2 s", color.RGBA{200, 0, 0, 255})
+	text(img, (W-textWidth(title))/2, 18, title, black)
+	text(img, left+(W-left-right-textWidth("request rate (req/s)"))/2, H-bottom+26, "request rate (req/s)", black)
+	text(img, 8, top-18, "ttft p90 (s, log)", black)
+
+	palette := []color.RGBA{{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {148, 103, 189, 255}, {214, 39, 40, 255}, {140, 86, 75, 255}, {23, 190, 207, 255}}
+	for i, name := range names {
+		c := palette[i%len(palette)]
+		pts := series[name]
+		sort.Slice(pts, func(a, b int) bool { return pts[a].Rate < pts[b].Rate })
+		for j, p := range pts {
+			x, y := px(p.Rate), py(p.TTFTP90)
+			fill(img, image.Rect(x-3, y-3, x+4, y+4), c)
+			if j > 0 {
+				line(img, px(pts[j-1].Rate), py(pts[j-1].TTFTP90), x, y, c)
+			}
+		}
+		ly := top + 10 + 18*i
+		fill(img, image.Rect(W-right+16, ly, W-right+36, ly+4), c)
+		text(img, W-right+42, ly-1, name, black)
+	}
+	return png.Encode(w, img)
+}
+
+func fmtSeconds(v float64) string {
+	if v >= 1 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", v), "0"), ".")
+}
+
+func fill(img *image.RGBA, r image.Rectangle, c color.RGBA) {
+	r = r.Intersect(img.Bounds())
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			img.SetRGBA(x, y, c)
+		}
+	}
+}
+
+func hline(img *image.RGBA, x0, x1, y int, c color.RGBA) { fill(img, image.Rect(x0, y, x1+1, y+1), c) }
+func vline(img *image.RGBA, x, y0, y1 int, c color.RGBA) { fill(img, image.Rect(x, y0, x+1, y1+1), c) }
+
+// line draws a 2-pixel-wide segment (Bresenham).
+func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {
+	dx, dy := abs(x1-x0), -abs(y1-y0)
+	sx, sy := sign(x1-x0), sign(y1-y0)
+	err := dx + dy
+	for {
+		fill(img, image.Rect(x0, y0, x0+2, y0+2), c)
+		if x0 == x1 && y0 == y1 {
+			return
+		}
+		e2 := 2 * err
+		if e2 >= dy {
+			err += dy
+			x0 += sx
+		}
+		if e2 <= dx {
+			err += dx
+			y0 += sy
+		}
+	}
+}
+
+func abs(v int) int {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+func sign(v int) int {
+	switch {
+	case v < 0:
+		return -1
+	case v > 0:
+		return 1
+	}
+	return 0
+}
+
+// glyphs is a 5×7 font: seven rows of five pixels per character.
+var glyphs = map[rune][7]string{
+	'a': {".....", ".....", ".###.", "....#", ".####", "#...#", ".####"},
+	'b': {"#....", "#....", "####.", "#...#", "#...#", "#...#", "####."},
+	'c': {".....", ".....", ".###.", "#....", "#....", "#...#", ".###."},
+	'd': {"....#", "....#", ".####", "#...#", "#...#", "#...#", ".####"},
+	'e': {".....", ".....", ".###.", "#...#", "#####", "#....", ".###."},
+	'f': {"..##.", ".#..#", ".#...", "###..", ".#...", ".#...", ".#..."},
+	'g': {".....", ".####", "#...#", "#...#", ".####", "....#", ".###."},
+	'h': {"#....", "#....", "#.##.", "##..#", "#...#", "#...#", "#...#"},
+	'i': {"..#..", ".....", ".##..", "..#..", "..#..", "..#..", ".###."},
+	'j': {"...#.", ".....", "..##.", "...#.", "...#.", "#..#.", ".##.."},
+	'k': {"#....", "#....", "#..#.", "#.#..", "##...", "#.#..", "#..#."},
+	'l': {".##..", "..#..", "..#..", "..#..", "..#..", "..#..", ".###."},
+	'm': {".....", ".....", "##.#.", "#.#.#", "#.#.#", "#...#", "#...#"},
+	'n': {".....", ".....", "#.##.", "##..#", "#...#", "#...#", "#...#"},
+	'o': {".....", ".....", ".###.", "#...#", "#...#", "#...#", ".###."},
+	'p': {".....", ".....", "####.", "#...#", "####.", "#....", "#...."},
+	'q': {".....", ".....", ".####", "#...#", ".####", "....#", "....#"},
+	'r': {".....", ".....", "#.##.", "##..#", "#....", "#....", "#...."},
+	's': {".....", ".....", ".####", "#....", ".###.", "....#", "####."},
+	't': {".#...", ".#...", "###..", ".#...", ".#...", ".#..#", "..##."},
+	'u': {".....", ".....", "#...#", "#...#", "#...#", "#..##", ".##.#"},
+	'v': {".....", ".....", "#...#", "#...#", "#...#", ".#.#.", "..#.."},
+	'w': {".....", ".....", "#...#", "#...#", "#.#.#", "#.#.#", ".#.#."},
+	'x': {".....", ".....", "#...#", ".#.#.", "..#..", ".#.#.", "#...#"},
+	'y': {".....", ".....", "#...#", "#...#", ".####", "....#", ".###."},
+	'z': {".....", ".....", "#####", "...#.", "..#..", ".#...", "#####"},
+	'0': {".###.", "#...#", "#..##", "#.#.#", "##..#", "#...#", ".###."},
+	'1': {"..#..", ".##..", "..#..", "..#..", "..#..", "..#..", ".###."},
+	'2': {".###.", "#...#", "....#", "...#.", "..#..", ".#...", "#####"},
+	'3': {"#####", "...#.", "..#..", "...#.", "....#", "#...#", ".###."},
+	'4': {"...#.", "..##.", ".#.#.", "#..#.", "#####", "...#.", "...#."},
+	'5': {"#####", "#....", "####.", "....#", "....#", "#...#", ".###."},
+	'6': {"..##.", ".#...", "#....", "####.", "#...#", "#...#", ".###."},
+	'7': {"#####", "....#", "...#.", "..#..", ".#...", ".#...", ".#..."},
+	'8': {".###.", "#...#", "#...#", ".###.", "#...#", "#...#", ".###."},
+	'9': {".###.", "#...#", "#...#", ".####", "....#", "...#.", ".##.."},
+	'.': {".....", ".....", ".....", ".....", ".....", ".##..", ".##.."},
+	',': {".....", ".....", ".....", ".....", ".##..", "..#..", ".#..."},
+	'-': {".....", ".....", ".....", "#####", ".....", ".....", "....."},
+	'_': {".....", ".....", ".....", ".....", ".....", ".....", "#####"},
+	'(': {"...#.", "..#..", ".#...", ".#...", ".#...", "..#..", "...#."},
+	')': {".#...", "..#..", "...#.", "...#.", "...#.", "..#..", ".#..."},
+	'/': {".....", "....#", "...#.", "..#..", ".#...", "#....", "....."},
+	':': {".....", ".##..", ".##..", ".....", ".##..", ".##..", "....."},
+	'=': {".....", ".....", "#####", ".....", "#####", ".....", "....."},
+	'%': {"##...", "##..#", "...#.", "..#..", ".#...", "#..##", "...##"},
+	'<': {"...#.", "..#..", ".#...", "#....", ".#...", "..#..", "...#."},
+	'>': {".#...", "..#..", "...#.", "....#", "...#.", "..#..", ".#..."},
+	'+': {".....", "..#..", "..#..", "#####", "..#..", "..#..", "....."},
+}
+
+func textWidth(s string) int { return 6 * len([]rune(s)) }
+
+// text draws s with its top-left corner at (x, y); letters are drawn in
+// lower case, unknown characters as blanks.
+func text(img *image.RGBA, x, y int, s string, c color.RGBA) {
+	for _, r := range strings.ToLower(s) {
+		if g, ok := glyphs[r]; ok {
+			for row, bits := range g {
+				for col, b := range bits {
+					if b == '#' {
+						img.SetRGBA(x+col, y+row, c)
+					}
+				}
+			}
+		}
+		x += 6
+	}
+}

@@ -1,0 +1,537 @@
+package cluster
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/oasis-llm/oasis/internal/blockdigest"
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/router/cachestate"
+	"github.com/oasis-llm/oasis/router/prefixindex"
+	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/sim/engine"
+)
+
+// GPU is one worker's hardware model: oasis-sim's step-time and power models
+// and its KV capacity.
+type GPU struct {
+	Name   string
+	Timing engine.Timing
+	Power  engine.PowerModel
+	Blocks int // KV blocks of 16 tokens
+}
+
+// GPU models for Llama-3-8B BF16. H100 is oasis-sim's default model. The
+// others scale it by datasheet ratios (memory bandwidth for the per-step and
+// per-sequence terms, dense BF16 TFLOPS for prefill, board power):
+// A100 SXM 80GB 2.0 TB/s, 312 TFLOPS, 400 W; L40S 48GB 0.86 TB/s, 362 TFLOPS, 350 W.
+var (
+	H100 = GPU{"H100", engine.DefaultTiming, engine.DefaultPower, engine.BlocksForMemory(0.9, 16)}
+	A100 = GPU{"A100", engine.Timing{StepBase: 10 * time.Millisecond, PerPrefillToken: 95 * time.Microsecond, PerDecodeSeq: 84 * time.Microsecond},
+		engine.PowerModel{IdleWatts: 55, WattsPerUtil: 345}, engine.BlocksForMemory(0.9, 16)}
+	L40S = GPU{"L40S", engine.Timing{StepBase: 23 * time.Millisecond, PerPrefillToken: 82 * time.Microsecond, PerDecodeSeq: 195 * time.Microsecond},
+		engine.PowerModel{IdleWatts: 35, WattsPerUtil: 315}, 12902} // (48 GB × 0.9 − 18 GiB) / 2 MiB per block
+)
+
+// Heterogeneous returns n workers: half H100, a quarter A100, a quarter L40S,
+// interleaved.
+func Heterogeneous(n int) []GPU {
+	pattern := []GPU{H100, A100, H100, L40S}
+	out := make([]GPU, n)
+	for i := range out {
+		out[i] = pattern[i%len(pattern)]
+	}
+	return out
+}
+
+// Policies compared by the benchmark.
+const (
+	PolicyRandom     = "random"
+	PolicyRoundRobin = "round_robin"
+	PolicyLeastLoad  = "least_load"
+	PolicyPrefix     = "prefix"
+	PolicyOasis      = "oasis"
+)
+
+// Policies lists them in report order.
+var Policies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastLoad, PolicyPrefix, PolicyOasis}
+
+// Learning modes of the prefix-aware policies.
+const (
+	LearnEvents = "events" // KV events from every engine, through cachestate.EventWorker
+	LearnApprox = "approx" // the router's own decisions, LRU capacity + TTL
+)
+
+// DefaultOasisWeights is the Oasis weighted policy used by the benchmark.
+func DefaultOasisWeights() map[string]float64 {
+	return map[string]float64{"prefix": 1, "load": 1, "power": 0.2}
+}
+
+// Config is one simulation run.
+type Config struct {
+	GPUs       []GPU // one per worker
+	Policy     string
+	Learning   string
+	EventDelay time.Duration
+	EventLoss  float64 // probability that one event batch is lost
+	RateScale  float64 // arrivals at trace time / RateScale
+	Weights    map[string]float64
+	LoadSlack  float64 // prefix term's hot-spot ε (oasis policy)
+	ApproxTTL  time.Duration
+	BlockSize  int
+	Seed       uint64
+	Model      string
+}
+
+// Result is one run's measurements.
+type Result struct {
+	Policy     string  `json:"policy"`
+	Learning   string  `json:"learning,omitempty"`
+	Workers    int     `json:"workers"`
+	RateScale  float64 `json:"rate_scale"`
+	Rate       float64 `json:"rate_rps"`
+	EventDelay float64 `json:"event_delay_s,omitempty"`
+	EventLoss  float64 `json:"event_loss,omitempty"`
+
+	Requests  int `json:"requests"`
+	Completed int `json:"completed"`
+	Rejected  int `json:"rejected"`
+
+	HitRatio       float64 `json:"hit_ratio"`
+	OracleHitRatio float64 `json:"oracle_hit_ratio"`
+	TTFTP50        float64 `json:"ttft_p50_s"`
+	TTFTP90        float64 `json:"ttft_p90_s"`
+	TTFTP99        float64 `json:"ttft_p99_s"`
+	Throughput     float64 `json:"throughput_rps"`
+	OutputTokPS    float64 `json:"output_tokens_per_s"`
+	Imbalance      float64 `json:"imbalance"`
+	JoulesPerToken float64 `json:"joules_per_token"`
+	EnergyJ        float64 `json:"energy_j"`
+	Makespan       float64 `json:"makespan_s"`
+	Resyncs        int64   `json:"resyncs,omitempty"`
+	Preemptions    uint64  `json:"preemptions"`
+	WallSeconds    float64 `json:"wall_s"`
+}
+
+// MeetsSLO reports TTFT p90 ≤ 2 s.
+func (r Result) MeetsSLO() bool { return r.TTFTP90 <= 2 }
+
+// Keys computes every request's router block keys once: the real chained
+// BLAKE3 digests of blockdigest over the expanded token ids, shared by all
+// runs over the same trace. Trace hash ids identify whole prefixes, so the
+// digests of a hash id's sub-blocks are memoised (keyed by id and checked
+// against the parent digest) and each distinct block is hashed once.
+func Keys(reqs []*Request, model string, blockSize int) error {
+	h, err := blockdigest.New(blockdigest.Domain{Model: model}, blockSize)
+	if err != nil {
+		return err
+	}
+	type memo struct {
+		parent  blockdigest.Digest
+		digests []blockdigest.Digest
+	}
+	memos := make(map[int64]*memo)
+	block := make([]uint32, blockSize)
+	for _, r := range reqs {
+		if r.keys != nil {
+			continue
+		}
+		keys := make([]uint64, 0, r.Input/blockSize)
+		parent := blockdigest.Root
+		for k, id := range r.HashIDs {
+			full := min(TraceBlock, r.Input-k*TraceBlock) / blockSize
+			m := memos[id]
+			if m == nil {
+				m = &memo{parent: parent}
+				memos[id] = m
+			} else if m.parent != parent {
+				m = &memo{parent: parent} // not a prefix id after all: do not share
+			}
+			for j := len(m.digests); j < full; j++ {
+				for t := range block {
+					block[t] = uint32(mix(uint64(id)<<10|uint64(j*blockSize+t)) % vocab)
+				}
+				p := m.parent
+				if j > 0 {
+					p = m.digests[j-1]
+				}
+				d, err := h.Extend(p, block)
+				if err != nil {
+					return err
+				}
+				m.digests = append(m.digests, d)
+			}
+			for _, d := range m.digests[:full] {
+				keys = append(keys, cachestate.Key(d))
+			}
+			if full*blockSize < TraceBlock {
+				break // a partial block ends the request
+			}
+			parent = m.digests[full-1]
+		}
+		r.keys = keys
+	}
+	return nil
+}
+
+// source is the prefix term's view in the simulator: the request's keys were
+// computed by Keys; matching runs on the real indexes.
+type source struct {
+	keys   []uint64
+	events *prefixindex.Index
+	approx *prefixindex.Index
+}
+
+func (s *source) Keys(dst []uint64, _ string, _ int, _ []uint32) ([]uint64, error) {
+	return append(dst, s.keys...), nil
+}
+
+func (s *source) Match(keys []uint64, w prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match {
+	out = s.events.Match(keys, w, out)
+	return s.approx.Match(keys, w, out)
+}
+
+type flight struct {
+	idx     int
+	arrival int64
+	prompt  int
+	output  int
+	end     func()
+}
+
+type worker struct {
+	idx  int32
+	id   string
+	sw   *scoring.Worker
+	eng  *engine.Engine
+	gpu  GPU
+	ew   *cachestate.EventWorker
+	busy bool
+
+	busyTime      time.Duration
+	seq           int64
+	lastDelivered int64
+	flights       map[string]*flight
+	outs          []engine.Output
+	evs           []kvevents.Event
+}
+
+const (
+	evArrival = iota
+	evStepDone
+	evDeliver
+)
+
+type event struct {
+	t    int64 // ns
+	n    uint64
+	kind uint8
+	w    int32
+	idx  int32
+	msg  *kvevents.Message
+}
+
+type eventHeap []event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].t != h[j].t {
+		return h[i].t < h[j].t
+	}
+	return h[i].n < h[j].n
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+type sim struct {
+	cfg     Config
+	reqs    []*Request
+	workers []*worker
+	ws      []*scoring.Worker
+	sel     *scoring.Selector
+	scfg    scoring.Config
+	src     *source
+	rng     *rand.Rand
+	q       eventHeap
+	n       uint64
+	prefix  bool // the policy reads the prefix index
+
+	ttfts  []float64
+	cached, promptTok, outTok int64
+	completed, rejected        int
+	imbSum                     float64
+	imbN                       int
+	lastDone                   int64
+}
+
+func (s *sim) push(e event) {
+	s.n++
+	e.n = s.n
+	heap.Push(&s.q, e)
+}
+
+// Run simulates reqs (with keys from Keys) under cfg.
+func Run(cfg Config, reqs []*Request) (Result, error) {
+	start := time.Now()
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 16
+	}
+	if cfg.RateScale <= 0 {
+		cfg.RateScale = 1
+	}
+	if cfg.Learning == "" {
+		cfg.Learning = LearnEvents
+	}
+	if cfg.ApproxTTL == 0 {
+		cfg.ApproxTTL = cachestate.DefaultApproxTTL
+	}
+	if cfg.Model == "" {
+		cfg.Model = "mooncake"
+	}
+	if len(cfg.GPUs) == 0 {
+		return Result{}, fmt.Errorf("no workers")
+	}
+	s := &sim{cfg: cfg, reqs: reqs, rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
+	evIdx := prefixindex.New(prefixindex.Config{})
+	apIdx := prefixindex.New(prefixindex.Config{TTL: int64(cfg.ApproxTTL)})
+	s.src = &source{events: evIdx, approx: apIdx}
+	dig := cachestate.NewDigester()
+
+	term := scoring.NewPrefixTerm(s.src)
+	switch cfg.Policy {
+	case PolicyRandom:
+	case PolicyRoundRobin:
+		s.scfg = scoring.Config{Policy: scoring.RoundRobin}
+	case PolicyLeastLoad:
+		s.scfg = scoring.Config{Policy: scoring.LeastLoad}
+	case PolicyPrefix:
+		s.prefix = true
+		term.LoadSlack = -1 // pure affinity
+		s.scfg = scoring.Config{Policy: scoring.Weighted, Weights: map[string]float64{"prefix": 1}}
+	case PolicyOasis:
+		s.prefix = true
+		if cfg.LoadSlack != 0 {
+			term.LoadSlack = cfg.LoadSlack
+		}
+		w := cfg.Weights
+		if w == nil {
+			w = DefaultOasisWeights()
+		}
+		s.scfg = scoring.Config{Policy: scoring.Weighted, Weights: w}
+	default:
+		return Result{}, fmt.Errorf("unknown policy %q", cfg.Policy)
+	}
+	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term)...)
+	if err != nil {
+		return Result{}, err
+	}
+	if cfg.Policy != PolicyRandom {
+		if err := reg.Validate(s.scfg); err != nil {
+			return Result{}, fmt.Errorf("policy: %w", err)
+		}
+	}
+	s.sel = scoring.NewSelector(reg)
+
+	for i, g := range cfg.GPUs {
+		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
+		if err != nil {
+			return Result{}, err
+		}
+		id := fmt.Sprintf("w%03d", i)
+		w := &worker{idx: int32(i), id: id, eng: eng, gpu: g, flights: map[string]*flight{}, lastDelivered: -1}
+		w.sw = &scoring.Worker{ID: id, Model: cfg.Model, Engine: "sim", BlockSize: cfg.BlockSize, Live: scoring.NewLive()}
+		// The power term's signal: decode tokens per joule at a full batch.
+		batch := 64
+		tps := float64(batch) / g.Timing.StepTime(0, batch).Seconds()
+		watts := g.Power.Watts(1)
+		w.sw.Live.SetPower(watts, tps, tps/watts)
+		if cfg.Learning == LearnEvents {
+			_ = evIdx.AddWorker(id, 0)
+			w.ew = cachestate.NewEventWorker(id, cfg.Model, evIdx, dig)
+		} else {
+			_ = apIdx.AddWorker(id, g.Blocks)
+		}
+		s.workers = append(s.workers, w)
+		s.ws = append(s.ws, w.sw)
+	}
+	for i, r := range reqs {
+		if r.keys == nil && s.prefix {
+			return Result{}, fmt.Errorf("request %d has no keys: call Keys first", i)
+		}
+		s.push(event{t: int64(float64(r.Arrival) / cfg.RateScale * 1e6), kind: evArrival, idx: int32(i)})
+	}
+	for s.q.Len() > 0 {
+		e := heap.Pop(&s.q).(event)
+		switch e.kind {
+		case evArrival:
+			if err := s.arrive(int(e.idx), e.t); err != nil {
+				return Result{}, err
+			}
+		case evStepDone:
+			s.stepDone(s.workers[e.w], e.t)
+		case evDeliver:
+			w := s.workers[e.w]
+			m := *e.msg
+			if m.Seq > w.lastDelivered+1 {
+				m.Missed = m.Seq - w.lastDelivered - 1
+			}
+			w.lastDelivered = m.Seq
+			if err := w.ew.Apply(m, e.t); err != nil {
+				return Result{}, err
+			}
+		}
+	}
+	return s.result(time.Since(start)), nil
+}
+
+func (s *sim) arrive(idx int, now int64) error {
+	r := s.reqs[idx]
+	// Imbalance: max/mean router in-flight over workers, sampled at arrivals.
+	total, maxIn := 0.0, 0.0
+	for _, w := range s.ws {
+		l := float64(w.Signals().InFlight)
+		total += l
+		maxIn = max(maxIn, l)
+	}
+	if total > 0 {
+		s.imbSum += maxIn / (total / float64(len(s.ws)))
+		s.imbN++
+	}
+
+	var w *worker
+	if s.cfg.Policy == PolicyRandom {
+		w = s.workers[s.rng.IntN(len(s.workers))]
+	} else {
+		s.src.keys = r.keys
+		req := &scoring.Request{Model: s.cfg.Model, EstimatedTokens: int64(r.Input + r.Output),
+			Tokenize: func(context.Context, *scoring.Request) ([]uint32, error) { return []uint32{0}, nil }}
+		d, err := s.sel.Pick(context.Background(), s.scfg, req, s.ws)
+		if err != nil {
+			return err
+		}
+		w = s.workers[slices.Index(s.ws, d.Worker)]
+	}
+	prompt := r.PromptTokens(make([]int32, 0, r.Input))
+	id := strconv.Itoa(idx)
+	if err := w.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: outputTokens(idx, r.Output)}); err != nil {
+		s.rejected++
+		return nil
+	}
+	w.flights[id] = &flight{idx: idx, arrival: now, prompt: r.Input, output: r.Output, end: w.sw.Live.Begin(int64(r.Input + r.Output))}
+	if s.prefix && s.cfg.Learning == LearnApprox {
+		_ = s.src.approx.Store(w.id, prefixindex.TierGPU, r.keys, now)
+	}
+	if !w.busy {
+		s.startStep(w, now)
+	}
+	return nil
+}
+
+func (s *sim) startStep(w *worker, now int64) {
+	res := w.eng.Step()
+	if res.Duration == 0 {
+		w.busy = false
+		return
+	}
+	w.busy = true
+	w.busyTime += res.Duration
+	w.outs = append(w.outs[:0], res.Outputs...)
+	w.evs = res.Events
+	s.push(event{t: now + int64(res.Duration), kind: evStepDone, w: w.idx})
+}
+
+func (s *sim) stepDone(w *worker, now int64) {
+	for _, o := range w.outs {
+		f := w.flights[o.ID]
+		if f == nil {
+			continue
+		}
+		if o.Index == 0 {
+			s.ttfts = append(s.ttfts, float64(now-f.arrival)/1e9)
+			s.cached += int64(o.CachedTokens)
+			s.promptTok += int64(f.prompt)
+		}
+		if o.Finished {
+			f.end()
+			delete(w.flights, o.ID)
+			s.completed++
+			s.outTok += int64(f.output)
+			s.lastDone = now
+		}
+	}
+	if len(w.evs) > 0 && w.ew != nil {
+		seq := w.seq
+		w.seq++
+		if s.cfg.EventLoss <= 0 || s.rng.Float64() >= s.cfg.EventLoss {
+			m := &kvevents.Message{Seq: seq, Batch: kvevents.EventBatch{TS: float64(now) / 1e9, Events: w.evs}}
+			s.push(event{t: now + int64(s.cfg.EventDelay), kind: evDeliver, w: w.idx, msg: m})
+		}
+		w.evs = nil
+	}
+	st := w.eng.Stats()
+	w.sw.Live.SetEngine(float64(st.Running), float64(st.Waiting), st.KVUsage, time.Time{})
+	if w.eng.HasWork() {
+		s.startStep(w, now)
+	} else {
+		w.busy = false
+	}
+}
+
+func (s *sim) result(wall time.Duration) Result {
+	r := Result{
+		Policy:      s.cfg.Policy,
+		Workers:     len(s.workers),
+		RateScale:   s.cfg.RateScale,
+		Requests:    len(s.reqs),
+		Completed:   s.completed,
+		Rejected:    s.rejected,
+		WallSeconds: wall.Seconds(),
+	}
+	if s.prefix {
+		r.Learning = s.cfg.Learning
+		r.EventDelay = s.cfg.EventDelay.Seconds()
+		r.EventLoss = s.cfg.EventLoss
+	}
+	if span := Span(s.reqs) / s.cfg.RateScale; span > 0 {
+		r.Rate = float64(len(s.reqs)) / span
+	}
+	slices.Sort(s.ttfts)
+	r.TTFTP50, r.TTFTP90, r.TTFTP99 = percentile(s.ttfts, 0.5), percentile(s.ttfts, 0.9), percentile(s.ttfts, 0.99)
+	if s.promptTok > 0 {
+		r.HitRatio = float64(s.cached) / float64(s.promptTok)
+	}
+	r.Makespan = float64(s.lastDone) / 1e9
+	if r.Makespan > 0 {
+		r.Throughput = float64(s.completed) / r.Makespan
+		r.OutputTokPS = float64(s.outTok) / r.Makespan
+	}
+	if s.imbN > 0 {
+		r.Imbalance = s.imbSum / float64(s.imbN)
+	}
+	for _, w := range s.workers {
+		r.EnergyJ += w.gpu.Power.IdleWatts*r.Makespan + w.gpu.Power.WattsPerUtil*w.busyTime.Seconds()
+		r.Preemptions += w.eng.Stats().Preemptions
+		if w.ew != nil {
+			r.Resyncs += w.ew.Stats().Resyncs
+		}
+	}
+	if s.outTok > 0 {
+		r.JoulesPerToken = r.EnergyJ / float64(s.outTok)
+	}
+	if math.IsNaN(r.TTFTP90) {
+		r.TTFTP50, r.TTFTP90, r.TTFTP99 = 0, 0, 0
+	}
+	return r
+}
