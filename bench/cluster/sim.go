@@ -268,12 +268,12 @@ type sim struct {
 	n       uint64
 	prefix  bool // the policy reads the prefix index
 
-	ttfts  []float64
+	ttfts                     []float64
 	cached, promptTok, outTok int64
-	completed, rejected        int
-	imbSum                     float64
-	imbN                       int
-	lastDone                   int64
+	completed, rejected       int
+	imbSum                    float64
+	imbN                      int
+	lastDone                  int64
 }
 
 func (s *sim) push(e event) {
