@@ -207,3 +207,29 @@ func BenchmarkFingerprintScan(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkNVMLCallsOnly makes the same NVML calls as one stats pass and
+// nothing else: the floor set by the mock, to read BenchmarkStatsPass against.
+func BenchmarkNVMLCallsOnly(b *testing.B) {
+	fx := newFixture(b)
+	devs := fx.srv.Devices
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, d := range devs {
+			d.GetMemoryInfo()
+			d.GetPowerUsage()
+			d.GetEnforcedPowerLimit()
+			d.GetTotalEnergyConsumption()
+			d.GetUtilizationRates()
+			d.GetEncoderUtilization()
+			d.GetDecoderUtilization()
+			d.GetBAR1MemoryInfo()
+			d.GetTemperature(nvml.TEMPERATURE_GPU)
+			d.GetClockInfo(nvml.CLOCK_SM)
+			d.GetCurrentClocksEventReasons()
+			d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
+			d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+		}
+	}
+}
