@@ -50,6 +50,7 @@ func TestRoundTrip(t *testing.T) {
 
 // Plain structs decoded with vmihailenco/msgpack, independent of this package's decoder.
 type plainBatch struct {
+	//lint:ignore U1000 read by msgpack through reflection: decode the array as a struct
 	_msgpack struct{} `msgpack:",as_array"`
 	TS       float64
 	Events   []msgpack.RawMessage
@@ -68,6 +69,7 @@ type plainStored struct {
 }
 
 type plainStoredArray struct {
+	//lint:ignore U1000 read by msgpack through reflection: decode the array as a struct
 	_msgpack        struct{} `msgpack:",as_array"`
 	Type            string
 	BlockHashes     []any

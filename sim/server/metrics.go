@@ -11,7 +11,6 @@ type metrics struct {
 	ttft         prometheus.Observer
 	itl          prometheus.Observer
 	e2e          prometheus.Observer
-	queue        prometheus.Observer
 	promptTokens prometheus.Counter
 	genTokens    prometheus.Counter
 	success      *prometheus.CounterVec

@@ -669,8 +669,14 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 	var scratch []byte
 	cached := 0
 	for {
-		if err := bw.Flush(); err == nil {
+		err := bw.Flush()
+		if err == nil {
 			err = rc.Flush()
+		}
+		if err != nil {
+			// The client is gone: stop generating for it.
+			s.abort(st)
+			return
 		}
 		select {
 		case <-st.signal:

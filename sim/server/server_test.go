@@ -578,6 +578,7 @@ func TestKVEventsOverZMQ(t *testing.T) {
 		Medium          string   `msgpack:"medium"`
 	}
 	type batch struct {
+		//lint:ignore U1000 read by msgpack through reflection: decode the array as a struct
 		_msgpack struct{} `msgpack:",as_array"`
 		TS       float64
 		Events   []msgpack.RawMessage
