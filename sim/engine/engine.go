@@ -156,7 +156,8 @@ type Output struct {
 	CachedTokens int
 }
 
-// StepResult is what one step did. Its slices are reused by the next Step call.
+// StepResult is what one step did. The result and its Outputs and Preempted slices are
+// reused by the next Step call; Events is a fresh slice the caller may keep.
 type StepResult struct {
 	// Duration is the modelled GPU time of the step; 0 when nothing was scheduled.
 	Duration      time.Duration
