@@ -111,8 +111,12 @@ func enumerate(lib nvml.Interface, ignored map[string]struct{}) (*scan, error) {
 
 		var p probe
 		whole := readGPU(dev, uuid, &p)
-		whole.Attrs[AttrDriverVersion] = structs.NewStringAttribute(driverVersion)
-		whole.Attrs[AttrCUDADriverVersion] = structs.NewStringAttribute(cudaVersion)
+		if driverVersion != "" {
+			whole.Attrs[AttrDriverVersion] = structs.NewStringAttribute(driverVersion)
+		}
+		if cudaVersion != "" {
+			whole.Attrs[AttrCUDADriverVersion] = structs.NewStringAttribute(cudaVersion)
+		}
 
 		migs := readMIGs(dev, whole, &p)
 		whole.lost = p.lost

@@ -77,8 +77,8 @@ type Plugin struct {
 	mu          sync.Mutex
 	cfg         Config
 	initialized bool
-	unavailable string // why no devices are reported; logged when it changes
-	lastScanErr string // set while the last rescan failed: every known device is reported unhealthy
+	unavailable string          // why no devices are reported; logged when it changes
+	lastScanErr string          // set while the last rescan failed: every known device is reported unhealthy
 	devices     map[string]*gpu // current inventory, by device id
 	health      map[string]healthState
 }
@@ -96,8 +96,10 @@ func New(logger hclog.Logger, lib nvml.Interface) *Plugin {
 		eventWait: defaultEventWait,
 		notify:    make(chan struct{}, 1),
 		cfg:       DefaultConfig(),
-		devices:   map[string]*gpu{},
-		health:    map[string]healthState{},
+		// Not "": the first scan that finds GPUs logs them.
+		unavailable: "not scanned yet",
+		devices:     map[string]*gpu{},
+		health:      map[string]healthState{},
 	}
 }
 

@@ -65,8 +65,9 @@ func TestConfig_UnknownKeyRejected(t *testing.T) {
 
 func TestFingerprint_Attributes(t *testing.T) {
 	fx := newFixture(t)
-	p, _ := newTestPlugin(t, fx.srv, nil)
+	p, logs := newTestPlugin(t, fx.srv, nil)
 	f := nextFingerprint(t, startFingerprint(t, p))
+	must.StrContains(t, logs.String(), "GPUs detected: count=8")
 
 	must.SliceLen(t, 1, f.Devices)
 	g := f.Devices[0]
