@@ -74,6 +74,10 @@ func (d *Driver) buildFingerprint(ctx context.Context) *drivers.Fingerprint {
 			}
 			version, err := d.probe.version(ctx, engine, path)
 			if err != nil {
+				var first *loggedOnce
+				if !errors.As(err, &first) {
+					return // already logged when it was first probed
+				}
 				d.logger.Warn("engine binary found but its version command failed; not advertising it",
 					"engine", engine, "path", path, "error", err)
 				return
@@ -132,6 +136,7 @@ type probeResult struct {
 	size    int64
 	modTime time.Time
 	version string
+	err     error // failures are cached too: no re-import every period
 }
 
 func newProber() *prober { return &prober{cache: map[string]probeResult{}} }
@@ -145,9 +150,28 @@ func (p *prober) version(ctx context.Context, engine, path string) (string, erro
 	p.mu.Lock()
 	if r, ok := p.cache[key]; ok && r.size == fi.Size() && r.modTime.Equal(fi.ModTime()) {
 		p.mu.Unlock()
-		return r.version, nil
+		return r.version, r.err
 	}
 	p.mu.Unlock()
+	v, err := runVersion(ctx, engine, path)
+	if err != nil && ctx.Err() != nil {
+		return "", err // cancelled: do not cache
+	}
+	p.mu.Lock()
+	p.cache[key] = probeResult{size: fi.Size(), modTime: fi.ModTime(), version: v, err: err}
+	p.mu.Unlock()
+	if err != nil {
+		return "", &loggedOnce{err}
+	}
+	return v, nil
+}
+
+// loggedOnce marks the first report of a cached probe failure.
+type loggedOnce struct{ error }
+
+func (e *loggedOnce) Unwrap() error { return e.error }
+
+func runVersion(ctx context.Context, engine, path string) (string, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
 	defer cancel()
@@ -164,14 +188,10 @@ func (p *prober) version(ctx context.Context, engine, path string) (string, erro
 		}
 		return "", fmt.Errorf("%s %s: %w: %s", path, strings.Join(args, " "), err, tail(string(out), 3))
 	}
-	v := parseVersion(string(out))
-	p.mu.Lock()
-	p.cache[key] = probeResult{size: fi.Size(), modTime: fi.ModTime(), version: v}
-	p.mu.Unlock()
-	return v, nil
+	return parseVersion(string(out)), nil
 }
 
-var versionRE = regexp.MustCompile(`\bv?(\d+(?:\.\d+)*(?:[-+.][0-9A-Za-z.+-]*)?)`)
+var versionRE = regexp.MustCompile(`\bv?(\d+(?:\.\d+)*(?:[-+.]?[0-9A-Za-z][0-9A-Za-z.+-]*)?)`)
 
 // parseVersion finds the first version-looking token ("0.11.0",
 // "1.2.0rc1", llama.cpp's build number); "unknown" when there is none.

@@ -92,7 +92,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			return nil, nil, structs.NewRecoverableError(fmt.Errorf("writing %s: %w", f.Path, err), true)
 		}
 	}
-	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(plan.Argv, " ")), nil)
+	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")), nil)
 
 	_, nomadConfig, compute := d.pluginConfig()
 	execCfg := &executor.ExecutorConfig{
@@ -338,4 +338,24 @@ func (d *Driver) ExecTaskStreamingRaw(ctx context.Context, taskID string, comman
 		return ErrNoProcess
 	}
 	return h.exec.ExecStreaming(ctx, command, tty, stream)
+}
+
+// redact hides the values of secret-looking flags (--api-key, tokens,
+// passwords) so task events and logs never carry them.
+func redact(argv []string) []string {
+	out := slices.Clone(argv)
+	secret := func(flag string) bool {
+		f := strings.ToLower(flag)
+		return strings.HasPrefix(f, "-") && (strings.Contains(f, "key") || strings.Contains(f, "token") ||
+			strings.Contains(f, "secret") || strings.Contains(f, "password"))
+	}
+	for i := 0; i < len(out); i++ {
+		if name, _, ok := strings.Cut(out[i], "="); ok && secret(name) {
+			out[i] = name + "=<redacted>"
+		} else if secret(out[i]) && i+1 < len(out) && !strings.HasPrefix(out[i+1], "-") {
+			out[i+1] = "<redacted>"
+			i++
+		}
+	}
+	return out
 }
