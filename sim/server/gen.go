@@ -133,7 +133,9 @@ func (v *vocab) generate(p genParams) *generation {
 				ents := make([]topEntry, 0, p.topLogprobs)
 				ents = append(ents, topEntry{t, round4(lp)})
 				prev := lp
-				for len(ents) < p.topLogprobs {
+				// 60 distinct first tokens exist and top_logprobs is at most 20, so
+				// this ends; the bound only guards against a future smaller vocabulary.
+				for tries := 0; len(ents) < p.topLogprobs && tries < 10000; tries++ {
 					w := v.words[p.rng.IntN(len(v.words))][0]
 					if w == t || containsTok(ents, w) {
 						continue
