@@ -336,6 +336,23 @@ func TestSubscriberGapAndRestart(t *testing.T) {
 	}
 }
 
+// A reconnect marks the next message Restarted even when its sequence number is
+// exactly the next one (a restarted publisher that happened to count that far).
+func TestSubscriberReconnectIsRestart(t *testing.T) {
+	s := &Subscriber{msgs: make(chan recvd, 8), done: make(chan struct{}), lastSeq: -1}
+	s.msgs <- recvd{msg: Message{Seq: 0}, epoch: 1}
+	s.msgs <- recvd{msg: Message{Seq: 1}, epoch: 1}
+	s.msgs <- recvd{msg: Message{Seq: 2}, epoch: 2}
+	s.msgs <- recvd{msg: Message{Seq: 3}, epoch: 2}
+	ctx := context.Background()
+	for i, want := range []bool{false, false, true, false} {
+		m, err := s.Next(ctx)
+		must.NoError(t, err)
+		must.Eq(t, want, m.Restarted, must.Sprint(i))
+		must.Eq(t, int64(0), m.Missed)
+	}
+}
+
 func TestParseFrames(t *testing.T) {
 	payload, err := Encode(EventBatch{TS: 1}, LayoutMap)
 	must.NoError(t, err)

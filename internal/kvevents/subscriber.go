@@ -5,9 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -20,8 +25,11 @@ type Message struct {
 	// PUB socket's high-water mark or a reconnect): the subscriber's view of the engine's
 	// cache may be stale by that many batches. Use Replay to fetch them.
 	Missed int64
-	// Restarted is set when Seq did not increase: the publisher restarted, so every
-	// block previously reported by it must be treated as gone.
+	// Restarted is set when Seq did not increase (the publisher restarted) or when the
+	// subscriber had to re-establish its connection (the publisher may have restarted
+	// and counted up to exactly the next sequence number, or messages were lost in
+	// between). Either way every block previously reported by the publisher must be
+	// treated as unknown.
 	Restarted bool
 }
 
@@ -39,20 +47,57 @@ type SubscriberConfig struct {
 // Subscriber receives EventBatches from one engine. It dials in the background and
 // keeps redialing, so it may be created before the engine starts.
 type Subscriber struct {
-	cfg    SubscriberConfig
-	log    hclog.Logger
-	cancel context.CancelFunc
-	sub    zmq4.Socket
-	msgs   chan recvd
-	done   chan struct{}
+	cfg     SubscriberConfig
+	log     hclog.Logger
+	cancel  context.CancelFunc
+	sub     zmq4.Socket
+	msgs    chan recvd
+	done    chan struct{}
+	tracker *connTracker
 
-	lastSeq int64 // -1 before the first message; only touched by Next
+	lastSeq   int64 // -1 before the first message; only touched by Next
+	lastEpoch int64
 }
 
 type recvd struct {
-	msg Message
-	err error
+	msg   Message
+	epoch int64 // connections made when the message was received
+	err   error
 }
+
+// connTracker counts the TCP connections a subscriber's socket has made.
+type connTracker struct{ epoch atomic.Int64 }
+
+type trackerKey struct{}
+
+// trackedScheme is a zmq4 transport that dials TCP like "tcp" and counts connections
+// for the subscriber found in the socket's context. zmq4 reconnects silently and
+// exposes no connection events; counting dials is how a Subscriber learns of them.
+const trackedScheme = "oasis-kvevents-tcp"
+
+type trackingTransport struct{ tcp transport.Transport }
+
+func (t trackingTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.tcp.Dial(ctx, d, addr)
+	if err == nil {
+		if tr, ok := ctx.Value(trackerKey{}).(*connTracker); ok {
+			tr.epoch.Add(1)
+		}
+	}
+	return c, err
+}
+
+func (t trackingTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	return t.tcp.Listen(ctx, addr)
+}
+
+func (t trackingTransport) Addr(ep string) (string, error) { return t.tcp.Addr(ep) }
+
+// registerTransport adds trackedScheme to zmq4's process-wide transport registry,
+// once (zmq4 keeps that registry global; nothing else here is).
+var registerTransport = sync.OnceValue(func() error {
+	return zmq4.RegisterTransport(trackedScheme, trackingTransport{tcp: transport.New("tcp")})
+})
 
 // NewSubscriber starts a subscriber. Close it to stop.
 func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
@@ -62,7 +107,11 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	if err := registerTransport(); err != nil {
+		return nil, fmt.Errorf("registering zmq transport: %w", err)
+	}
+	tracker := &connTracker{}
+	ctx, cancel := context.WithCancel(context.WithValue(ctx, trackerKey{}, tracker))
 	s := &Subscriber{
 		cfg:     cfg,
 		log:     cfg.Logger,
@@ -70,6 +119,7 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 		sub:     zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(200*time.Millisecond), zmq4.WithAutomaticReconnect(true)),
 		msgs:    make(chan recvd, 1024),
 		done:    make(chan struct{}),
+		tracker: tracker,
 		lastSeq: -1,
 	}
 	go s.run(ctx)
@@ -78,7 +128,11 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 
 func (s *Subscriber) run(ctx context.Context) {
 	defer close(s.done)
-	if err := s.sub.Dial(s.cfg.Endpoint); err != nil {
+	endpoint := s.cfg.Endpoint
+	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
+		endpoint = trackedScheme + "://" + rest
+	}
+	if err := s.sub.Dial(endpoint); err != nil {
 		if ctx.Err() == nil {
 			s.deliver(ctx, recvd{err: fmt.Errorf("dialing kv-events endpoint %q: %w", s.cfg.Endpoint, err)})
 		}
@@ -104,7 +158,7 @@ func (s *Subscriber) run(ctx context.Context) {
 			s.log.Warn("malformed kv-events message", "endpoint", s.cfg.Endpoint, "error", err)
 			continue
 		}
-		if !s.deliver(ctx, recvd{msg: msg}) {
+		if !s.deliver(ctx, recvd{msg: msg, epoch: s.tracker.epoch.Load()}) {
 			return
 		}
 	}
@@ -144,13 +198,18 @@ func (s *Subscriber) Next(ctx context.Context) (Message, error) {
 			return Message{}, r.err
 		}
 		m := r.msg
-		switch {
-		case s.lastSeq >= 0 && m.Seq <= s.lastSeq:
-			m.Restarted = true
-		case m.Seq > s.lastSeq+1 && s.lastSeq >= 0:
-			m.Missed = m.Seq - s.lastSeq - 1
+		if s.lastSeq >= 0 {
+			switch {
+			case m.Seq <= s.lastSeq:
+				m.Restarted = true
+			case m.Seq > s.lastSeq+1:
+				m.Missed = m.Seq - s.lastSeq - 1
+			}
+			if r.epoch != s.lastEpoch {
+				m.Restarted = true // reconnected since the previous message
+			}
 		}
-		s.lastSeq = m.Seq
+		s.lastSeq, s.lastEpoch = m.Seq, r.epoch
 		return m, nil
 	case <-ctx.Done():
 		return Message{}, ctx.Err()
