@@ -1,0 +1,278 @@
+// Command oasis-kvcached is the per-node tiered KV block store: RAM, then SSD,
+// then other nodes over QUIC, served over the Redis protocol so LMCache's
+// redis:// backend and Redis tools talk to it unchanged.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/kvcached/peer"
+	"github.com/oasis-llm/oasis/kvcached/presence"
+	"github.com/oasis-llm/oasis/kvcached/server"
+	"github.com/oasis-llm/oasis/kvcached/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "oasis-kvcached:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	addr, httpAddr, dataDir           string
+	ramBytes, diskBytes, maxValue     int64
+	passwordFile                      string
+	quicAddr, tlsCA, tlsCert, tlsKey  string
+	tlsServerName                     string
+	peers                             string
+	consulAddr, consulService, selfID string
+	quicAdvertise                     string
+	eventsEndpoint, eventsReplay      string
+	blockSize                         int
+	fetchTimeout, filterInterval      time.Duration
+	logLevel                          string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("oasis-kvcached", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ram, disk, maxv := byteFlag(1<<30), byteFlag(0), byteFlag(64<<20)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:6379", "Redis-protocol listen address (loopback by default)")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9379", "HTTP listen address for /metrics and /health (empty disables)")
+	fs.Var(&ram, "ram-bytes", "RAM tier size (e.g. 8GiB)")
+	fs.Var(&disk, "disk-bytes", "SSD tier size (0 disables the disk tier)")
+	fs.Var(&maxv, "max-value-bytes", "largest value accepted (proto-max-bulk-len)")
+	fs.StringVar(&o.dataDir, "data-dir", "", "directory of the SSD tier (block files and Pebble index)")
+	fs.StringVar(&o.passwordFile, "password-file", "", "file holding the Redis password (or set OASIS_KVCACHED_PASSWORD); none by default")
+	fs.StringVar(&o.quicAddr, "quic-addr", "", "UDP address serving peers over QUIC (empty disables peers)")
+	fs.StringVar(&o.quicAdvertise, "quic-advertise", "", "host:port peers reach this node on, to skip itself in the Consul catalog (default: --quic-addr)")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM CA that signs every kvcached certificate")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate of this node (server and client auth)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of this node")
+	fs.StringVar(&o.tlsServerName, "tls-server-name", peer.DefaultServerName, "DNS name verified on peers' certificates")
+	fs.StringVar(&o.peers, "peers", "", "comma-separated static peer QUIC addresses (host:port)")
+	fs.StringVar(&o.consulAddr, "consul-addr", "", "Consul HTTP address to discover peers from (default $CONSUL_HTTP_ADDR; empty: no discovery)")
+	fs.StringVar(&o.consulService, "consul-service", "oasis-kvcached", "Consul service name of kvcached instances")
+	fs.StringVar(&o.eventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB endpoint for block presence events, e.g. tcp://127.0.0.1:5570 (empty disables)")
+	fs.StringVar(&o.eventsReplay, "kv-events-replay-endpoint", "", "ZMQ ROUTER endpoint replaying recent presence events")
+	fs.IntVar(&o.blockSize, "kv-events-block-size", 256, "tokens per announced block (LMCache chunk_size)")
+	fs.DurationVar(&o.fetchTimeout, "peer-timeout", 2*time.Second, "timeout of one peer fetch")
+	fs.DurationVar(&o.filterInterval, "peer-filter-interval", 2*time.Second, "how often peers exchange membership filters")
+	fs.StringVar(&o.logLevel, "log-level", "info", "trace, debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	o.ramBytes, o.diskBytes, o.maxValue = int64(ram), int64(disk), int64(maxv)
+	if o.diskBytes > 0 && o.dataDir == "" {
+		return nil, errors.New("--disk-bytes needs --data-dir")
+	}
+	if o.consulAddr == "" {
+		o.consulAddr = os.Getenv("CONSUL_HTTP_ADDR")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-kvcached", Level: hclog.LevelFromString(o.logLevel), Output: stderr})
+
+	// Keep the heap, and so RSS, close to the RAM tier: values are most of it.
+	debug.SetMemoryLimit(o.ramBytes + o.ramBytes/10 + 64<<20)
+
+	password := os.Getenv("OASIS_KVCACHED_PASSWORD")
+	if o.passwordFile != "" {
+		b, err := os.ReadFile(o.passwordFile)
+		if err != nil {
+			return fmt.Errorf("reading password file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := store.NewMetrics(reg)
+
+	var observer store.Observer
+	if o.eventsEndpoint != "" {
+		p, err := presence.New(ctx, presence.Config{Endpoint: o.eventsEndpoint, ReplayEndpoint: o.eventsReplay,
+			BlockSize: o.blockSize, Logger: log.Named("presence"), Registry: reg})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		observer = p
+		log.Info("publishing block presence events", "endpoint", o.eventsEndpoint)
+	}
+
+	// The store and the peer node need each other: the store asks peers on a
+	// miss, peers serve from the store. remote breaks the cycle.
+	remote := &lateRemote{}
+	st, err := store.Open(store.Config{
+		RAMBytes: o.ramBytes, DiskBytes: o.diskBytes, Dir: o.dataDir, MaxValue: o.maxValue,
+		Logger: log.Named("store"), Metrics: metrics, Observer: observer, Remote: remote,
+	})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	if o.quicAddr != "" {
+		stls, ctls, err := peer.LoadTLS(peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName})
+		if err != nil {
+			return err
+		}
+		node, err := peer.New(peer.Config{ListenAddr: o.quicAddr, ServerTLS: stls, ClientTLS: ctls, Local: st,
+			Logger: log.Named("peer"), Registry: reg, MaxValue: o.maxValue, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval})
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		remote.n = node
+		static := splitList(o.peers)
+		node.SetPeers(static)
+		log.Info("serving peers over QUIC", "addr", node.Addr().String(), "alpn", peer.ALPN)
+		if o.consulAddr != "" {
+			cc := consulapi.DefaultConfig()
+			cc.Address = o.consulAddr
+			client, err := consulapi.NewClient(cc)
+			if err != nil {
+				return fmt.Errorf("creating Consul client: %w", err)
+			}
+			self := o.quicAdvertise
+			if self == "" {
+				self = node.Addr().String()
+			}
+			go peer.WatchConsul(ctx, client, o.consulService, self, static, log.Named("consul"), node.SetPeers)
+		}
+	}
+
+	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registry: reg, Password: password, MaxBulk: o.maxValue})
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", o.addr, err)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(l) }()
+	log.Info("serving the Redis protocol", "addr", l.Addr().String(), "ram_bytes", o.ramBytes,
+		"disk_bytes", o.diskBytes, "auth", password != "")
+
+	if o.httpAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+			s := st.Stats()
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"status":"ok","ram_blocks":%d,"disk_blocks":%d,"disk_degraded":%t}`+"\n", s.RAMBlocks, s.DiskBlocks, s.DiskDegraded)
+		})
+		hl, err := net.Listen("tcp", o.httpAddr)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+		}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- hs.Serve(hl) }()
+		defer hs.Close()
+		log.Info("serving HTTP", "addr", hl.Addr().String())
+	}
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err = <-errc:
+	}
+	srv.Close()
+	fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ferr := st.Flush(fctx); ferr != nil {
+		log.Warn("flushing blocks to disk before exit", "error", ferr)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// lateRemote forwards to the peer node once it exists.
+type lateRemote struct{ n *peer.Node }
+
+func (r *lateRemote) MayHave(key string) bool { return r.n != nil && r.n.MayHave(key) }
+
+func (r *lateRemote) Fetch(ctx context.Context, key string) ([]byte, error) {
+	if r.n == nil {
+		return nil, store.ErrNotFound
+	}
+	return r.n.Fetch(ctx, key)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// byteFlag parses sizes like 512MiB, 8GiB, 1G, 1048576.
+type byteFlag int64
+
+func (b *byteFlag) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteFlag) Set(s string) error {
+	v, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b = byteFlag(v)
+	return nil
+}
+
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > (1<<62)/mult {
+		return 0, fmt.Errorf("invalid size %q", s)
+	}
+	return v * mult, nil
+}

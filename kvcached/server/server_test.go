@@ -1,0 +1,278 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oasis-llm/oasis/kvcached/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/shoenig/test/must"
+)
+
+func start(t *testing.T, password string, maxValue int64) (string, *store.Store) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	st, err := store.Open(store.Config{RAMBytes: 64 << 20, DiskBytes: 64 << 20, Dir: t.TempDir(),
+		Metrics: store.NewMetrics(reg), MaxValue: maxValue})
+	must.NoError(t, err)
+	srv, err := New(Config{Store: st, Registry: reg, Password: password})
+	must.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		srv.Close()
+		st.Close()
+	})
+	return l.Addr().String(), st
+}
+
+func TestGoRedisCommands(t *testing.T) {
+	addr, _ := start(t, "", 1<<20)
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) {
+			ctx := context.Background()
+			c := redis.NewClient(&redis.Options{Addr: addr, Protocol: proto, ClientName: "test"})
+			defer c.Close()
+			must.NoError(t, c.FlushAll(ctx).Err())
+			must.Eq(t, "PONG", c.Ping(ctx).Val())
+			must.NoError(t, c.Set(ctx, "k", "v", 0).Err())
+			must.Eq(t, "v", c.Get(ctx, "k").Val())
+			_, err := c.Get(ctx, "missing").Result()
+			must.ErrorIs(t, err, redis.Nil)
+
+			ok, err := c.SetNX(ctx, "k", "other", 0).Result()
+			must.NoError(t, err)
+			must.False(t, ok)
+			ok, err = c.SetXX(ctx, "nx", "v", 0).Result()
+			must.NoError(t, err)
+			must.False(t, ok)
+			must.NoError(t, c.Set(ctx, "ex", "v", 100*time.Second).Err())
+			ttl := c.TTL(ctx, "ex").Val()
+			must.Between(t, 99*time.Second, ttl, 100*time.Second)
+			must.NoError(t, c.Set(ctx, "px", "v", 50*time.Millisecond).Err())
+			time.Sleep(80 * time.Millisecond)
+			must.Eq(t, int64(0), c.Exists(ctx, "px").Val())
+			must.Eq(t, time.Duration(-1), c.TTL(ctx, "k").Val())
+			must.Eq(t, time.Duration(-2), c.TTL(ctx, "missing").Val())
+			must.True(t, c.Expire(ctx, "k", time.Hour).Val())
+			must.False(t, c.Expire(ctx, "missing", time.Hour).Val())
+
+			must.NoError(t, c.MSet(ctx, "a", "1", "b", "2").Err())
+			must.Eq(t, []any{"1", "2", nil}, c.MGet(ctx, "a", "b", "zz").Val())
+			must.Eq(t, int64(2), c.Exists(ctx, "a", "b", "zz").Val())
+			must.Eq(t, int64(5), c.DBSize(ctx).Val())
+			must.Eq(t, int64(2), c.Del(ctx, "a", "b", "zz").Val())
+
+			// SCAN with MATCH over more keys than one page.
+			for i := 0; i < 40; i++ {
+				must.NoError(t, c.Set(ctx, fmt.Sprintf("scan:%d", i), "x", 0).Err())
+			}
+			var all []string
+			iter := c.Scan(ctx, 0, "scan:*", 7).Iterator()
+			for iter.Next(ctx) {
+				all = append(all, iter.Val())
+			}
+			must.NoError(t, iter.Err())
+			must.SliceLen(t, 40, all)
+
+			info := c.Info(ctx).Val()
+			must.StrContains(t, info, "redis_version:")
+			must.StrContains(t, info, "# Kvcached")
+			cfg := c.ConfigGet(ctx, "save").Val()
+			must.Eq(t, map[string]string{"save": ""}, cfg)
+			must.NoError(t, c.Do(ctx, "SELECT", "0").Err())
+			must.ErrorContains(t, c.Do(ctx, "SELECT", "1").Err(), "out of range")
+			must.ErrorContains(t, c.Do(ctx, "NOSUCHCMD").Err(), "unknown command")
+			must.ErrorContains(t, c.Do(ctx, "GET").Err(), "wrong number of arguments")
+
+			// Binary values and pipelining.
+			bin := string([]byte{0, '\r', '\n', 0xff})
+			pipe := c.Pipeline()
+			for i := 0; i < 100; i++ {
+				pipe.Set(ctx, fmt.Sprintf("p%d", i), bin, 0)
+			}
+			gets := make([]*redis.StringCmd, 100)
+			for i := range gets {
+				gets[i] = pipe.Get(ctx, fmt.Sprintf("p%d", i))
+			}
+			_, err = pipe.Exec(ctx)
+			must.NoError(t, err)
+			for _, g := range gets {
+				must.Eq(t, bin, g.Val())
+			}
+		})
+	}
+}
+
+// TestLMCacheConnectorCalls replays what LMCache's RedisConnector sends for
+// one chunk: SET kv_bytes, SET metadata, EXISTS metadata, GET both, DEL.
+func TestLMCacheConnectorCalls(t *testing.T) {
+	addr, _ := start(t, "", 64<<20)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 150})
+	defer c.Close()
+	k := "meta-llama/Llama-3.1-8B-Instruct@1@0@7f3a9c@bfloat16"
+	kv := strings.Repeat("\x01\x02", 16<<20) // 32 MiB, a 256-token Llama-3-8B chunk
+	meta := strings.Repeat("m", 28)
+	must.NoError(t, c.Set(ctx, k+"kv_bytes", kv, 0).Err())
+	must.NoError(t, c.Set(ctx, k+"metadata", meta, 0).Err())
+	must.Eq(t, int64(1), c.Exists(ctx, k+"metadata").Val())
+	must.Eq(t, meta, c.Get(ctx, k+"metadata").Val())
+	got := c.Get(ctx, k+"kv_bytes").Val()
+	must.True(t, got == kv)
+	must.Eq(t, int64(1), c.Del(ctx, k+"metadata").Val())
+	must.Eq(t, int64(0), c.Exists(ctx, k+"metadata").Val())
+}
+
+func TestValueOverLimitIsAnError(t *testing.T) {
+	addr, _ := start(t, "", 1<<20)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
+	defer c.Close()
+	err := c.Set(ctx, "big", strings.Repeat("x", 2<<20), 0).Err()
+	must.ErrorContains(t, err, "exceeds")
+	// The connection stays usable.
+	must.NoError(t, c.Set(ctx, "small", "x", 0).Err())
+	must.Eq(t, "x", c.Get(ctx, "small").Val())
+	must.Eq(t, int64(0), c.Exists(ctx, "big").Val())
+}
+
+func TestAuth(t *testing.T) {
+	addr, _ := start(t, "s3cret", 1<<20)
+	ctx := context.Background()
+	anon := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer anon.Close()
+	must.ErrorContains(t, anon.Get(ctx, "k").Err(), "NOAUTH")
+
+	wrong := redis.NewClient(&redis.Options{Addr: addr, Password: "nope"})
+	defer wrong.Close()
+	must.ErrorContains(t, wrong.Ping(ctx).Err(), "WRONGPASS")
+
+	for _, proto := range []int{2, 3} {
+		good := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret", Protocol: proto})
+		must.NoError(t, good.Set(ctx, "k", "v", 0).Err())
+		must.Eq(t, "v", good.Get(ctx, "k").Val())
+		good.Close()
+	}
+}
+
+func TestAuthWithoutPasswordConfigured(t *testing.T) {
+	addr, _ := start(t, "", 1<<20)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	must.ErrorContains(t, c.Do(context.Background(), "AUTH", "x").Err(), "without any password configured")
+}
+
+func TestMalformedInputGetsErrorAndClose(t *testing.T) {
+	addr, _ := start(t, "", 1<<20)
+	cases := []struct{ name, in, want string }{
+		{"bad bulk prefix", "*1\r\n+PING\r\n", "-ERR Protocol error: expected '$'"},
+		{"bad length", "*1\r\n$abc\r\n", "-ERR Protocol error: invalid length"},
+		{"unbalanced quotes", "SET \"a\r\n", "-ERR Protocol error: unbalanced quotes"},
+		{"huge multibulk", "*99999999999\r\n", "-ERR Protocol error: invalid multibulk length"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			must.NoError(t, err)
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Write([]byte(tc.in))
+			must.NoError(t, err)
+			r := bufio.NewReader(c)
+			line, err := r.ReadString('\n')
+			must.NoError(t, err)
+			must.StrHasPrefix(t, tc.want, line)
+			_, err = r.ReadByte()
+			must.ErrorIs(t, err, io.EOF) // closed: the stream cannot be resynced
+		})
+	}
+	// Oversized bulk in a raw pipeline: error for it, the next command works.
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	big := strings.Repeat("x", 2<<20)
+	fmt.Fprintf(c, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n%s\r\n*1\r\n$4\r\nPING\r\n", len(big), big)
+	r := bufio.NewReader(c)
+	l1, _ := r.ReadString('\n')
+	l2, _ := r.ReadString('\n')
+	must.StrContains(t, l1, "exceeds")
+	must.Eq(t, "+PONG\r\n", l2)
+}
+
+func TestRedisCLI(t *testing.T) {
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Skip("redis-cli not installed (Debian package redis-tools)")
+	}
+	addr, _ := start(t, "pw", 1<<20)
+	host, port, _ := net.SplitHostPort(addr)
+	run := func(args ...string) string {
+		t.Helper()
+		full := append([]string{"-h", host, "-p", port, "-a", "pw", "--no-auth-warning"}, args...)
+		out, err := exec.Command(cli, full...).CombinedOutput()
+		must.NoError(t, err, must.Sprint(string(out)))
+		return strings.TrimSpace(string(out))
+	}
+	must.Eq(t, "PONG", run("PING"))
+	must.Eq(t, "OK", run("SET", "greeting", "hello world"))
+	must.Eq(t, "hello world", run("GET", "greeting"))
+	must.Eq(t, "OK", run("SET", "t", "1", "EX", "500"))
+	must.Eq(t, "500", run("TTL", "t"))
+	must.Eq(t, "2", run("EXISTS", "greeting", "t"))
+	must.Eq(t, "2", run("DBSIZE"))
+	must.Eq(t, "greeting\nt", sortLines(run("--scan")))
+	must.StrContains(t, run("INFO", "server"), "redis_version:")
+	must.StrContains(t, run("-3", "HELLO", "3"), "proto 3")
+	must.StrContains(t, run("BOGUS"), "ERR unknown command")
+	// Pipe mode: redis-cli --pipe sends raw RESP and checks every reply.
+	cmd := exec.Command(cli, "-h", host, "-p", port, "-a", "pw", "--no-auth-warning", "--pipe")
+	var in strings.Builder
+	for i := 0; i < 1000; i++ {
+		fmt.Fprintf(&in, "*3\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$1\r\nv\r\n", len(fmt.Sprint(i))+1, i)
+	}
+	cmd.Stdin = strings.NewReader(in.String())
+	out, err := cmd.CombinedOutput()
+	must.NoError(t, err, must.Sprint(string(out)))
+	must.StrContains(t, string(out), "errors: 0, replies: 1000")
+	must.Eq(t, "1002", run("DBSIZE"))
+	// Wrong password.
+	out, _ = exec.Command(cli, "-h", host, "-p", port, "-a", "bad", "--no-auth-warning", "GET", "greeting").CombinedOutput()
+	must.StrContains(t, string(out), "WRONGPASS")
+}
+
+func sortLines(s string) string {
+	l := strings.Split(s, "\n")
+	for i := range l {
+		for j := i + 1; j < len(l); j++ {
+			if l[j] < l[i] {
+				l[i], l[j] = l[j], l[i]
+			}
+		}
+	}
+	return strings.Join(l, "\n")
+}
+
+func TestGlobMatch(t *testing.T) {
+	cases := []struct {
+		p, s string
+		want bool
+	}{
+		{"*", "", true}, {"a*", "abc", true}, {"a?c", "abc", true}, {"a?c", "ac", false},
+		{"h[ae]llo", "hello", true}, {"h[^e]llo", "hello", false}, {"h[a-b]llo", "hbllo", true},
+		{"a\\*", "a*", true}, {"a\\*", "ab", false}, {"*kv_bytes", "m@1@0@ab@halfkv_bytes", true},
+		{"[", "[", true}, {"x*y*z", "xaaybbz", true}, {"x*y*z", "xaaybb", false},
+	}
+	for _, tc := range cases {
+		must.Eq(t, tc.want, globMatch([]byte(tc.p), []byte(tc.s)), must.Sprintf("%q %q", tc.p, tc.s))
+	}
+}
