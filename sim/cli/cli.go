@@ -52,8 +52,9 @@ type Options struct {
 	// Ignored lists accepted flags that oasis-sim does not model, with their values.
 	Ignored []string
 
-	gpuUtil  float64
-	kvLayout kvevents.Layout
+	gpuUtil      float64
+	kvLayout     kvevents.Layout
+	offloadBytes float64 // CPU offloading capacity from --kv-offloading-size or an OffloadingConnector
 }
 
 // kind is how a flag's value is parsed.
@@ -149,7 +150,7 @@ func specs() map[string]flagSpec {
 			return err
 		}},
 		"kv-events-config":   {kJSON, setKVEvents},
-		"kv-transfer-config": {kJSON, func(o *Options, v string) error { o.KVTransfer = json.RawMessage(v); return nil }},
+		"kv-transfer-config": {kJSON, setKVTransfer},
 		"kv-offloading-backend": {kString, func(o *Options, v string) error {
 			if v != "native" && v != "lmcache" {
 				return errors.New(`must be "native" or "lmcache"`)
@@ -161,6 +162,7 @@ func specs() map[string]flagSpec {
 			if err == nil && f < 0 {
 				err = errors.New("must not be negative")
 			}
+			o.offloadBytes = f * (1 << 30)
 			return err
 		}},
 		"speed": {kFloat, func(o *Options, v string) error {
@@ -174,6 +176,7 @@ func specs() map[string]flagSpec {
 		"step-time-base":              {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.StepBase, v) }},
 		"step-time-per-prefill-token": {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerPrefillToken, v) }},
 		"step-time-per-decode-seq":    {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerDecodeSeq, v) }},
+		"step-time-per-loaded-token":  {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerLoadedToken, v) }},
 		"power-idle-watts":            {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.IdleWatts, v) }},
 		"power-watts-per-util":        {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.WattsPerUtil, v) }},
 		"kv-events-layout": {kString, func(o *Options, v string) error {
@@ -289,6 +292,36 @@ type kvEventsConfig struct {
 	Topic               string  `json:"topic"`
 }
 
+// kvConnector is the part of vLLM's KVTransferConfig oasis-sim reads.
+type kvConnector struct {
+	KVConnector string `json:"kv_connector"`
+	Extra       struct {
+		CPUBytesToUse float64       `json:"cpu_bytes_to_use"`
+		Connectors    []kvConnector `json:"connectors"`
+	} `json:"kv_connector_extra_config"`
+}
+
+// setKVTransfer records the connector config; an OffloadingConnector (alone or inside
+// a MultiConnector) sizes the simulated CPU tier from cpu_bytes_to_use.
+func setKVTransfer(o *Options, v string) error {
+	var c kvConnector
+	if err := json.Unmarshal([]byte(v), &c); err != nil {
+		return fmt.Errorf("not a KV transfer config object: %w", err)
+	}
+	o.KVTransfer = json.RawMessage(v)
+	var walk func(c kvConnector)
+	walk = func(c kvConnector) {
+		if c.KVConnector == "OffloadingConnector" && c.Extra.CPUBytesToUse > 0 {
+			o.offloadBytes = c.Extra.CPUBytesToUse
+		}
+		for _, sub := range c.Extra.Connectors {
+			walk(sub)
+		}
+	}
+	walk(c)
+	return nil
+}
+
 func setKVEvents(o *Options, v string) error {
 	c := kvEventsConfig{Publisher: "null", Endpoint: "tcp://*:5557"}
 	dec := json.NewDecoder(strings.NewReader(v))
@@ -322,6 +355,7 @@ func setKVEvents(o *Options, v string) error {
 // Parse parses the arguments after "serve".
 func Parse(args []string) (*Options, error) {
 	o := &Options{Host: "127.0.0.1", Port: 8000, Speed: 1, LogLevel: "info", gpuUtil: 0.9, Power: engine.DefaultPower}
+	o.Engine.Timing = engine.DefaultTiming // the step-time flags override single terms
 	sp := specs()
 	var positional []string
 	for i := 0; i < len(args); i++ {
@@ -437,11 +471,15 @@ func Parse(args []string) (*Options, error) {
 	if o.Model == "" {
 		return nil, errors.New("MODEL is required: oasis-sim serve MODEL [flags]")
 	}
+	bs := o.Engine.BlockSize
+	if bs == 0 {
+		bs = engine.DefaultConfig().BlockSize
+	}
+	if o.offloadBytes > 0 {
+		// Llama-3-8B BF16: 128 KiB of KV per token, as on the GPU side.
+		o.Engine.CPUBlocks = int(o.offloadBytes / float64(128*1024*bs))
+	}
 	if o.Engine.NumGPUBlocks == 0 {
-		bs := o.Engine.BlockSize
-		if bs == 0 {
-			bs = 16
-		}
 		o.Engine.NumGPUBlocks = engine.BlocksForMemory(o.gpuUtil, bs)
 		if o.Engine.NumGPUBlocks < 1 {
 			return nil, fmt.Errorf("invalid value for --gpu-memory-utilization: %v leaves no memory for the KV cache (give --num-gpu-blocks)", o.gpuUtil)
@@ -456,7 +494,6 @@ func Parse(args []string) (*Options, error) {
 // notModelled are flags that are parsed and validated but change nothing.
 var notModelled = map[string]bool{
 	"tensor-parallel-size": true, "tp": true, "pipeline-parallel-size": true, "data-parallel-size": true,
-	"kv-offloading-backend": true, "kv-offloading-size": true,
 }
 
 func looksNumeric(s string) bool {

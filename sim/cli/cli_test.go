@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/sim/engine"
 	"github.com/shoenig/test/must"
 )
 
@@ -46,7 +47,10 @@ func TestParseDriverArgv(t *testing.T) {
 	must.Eq(t, "tcp://10.0.0.5:20002", o.KVEvents.Endpoint)
 	must.Eq(t, "kv-events", o.KVEvents.Topic)
 	must.StrContains(t, string(o.KVTransfer), "MultiConnector")
-	must.Eq(t, []string{"--kv-offloading-backend", "--kv-offloading-size", "--tensor-parallel-size"}, o.IgnoredFlagNames())
+	must.Eq(t, []string{"--tensor-parallel-size"}, o.IgnoredFlagNames())
+	// 8 GiB of CPU offloading at 2 MiB per 16-token block.
+	must.Eq(t, 4096, o.Engine.CPUBlocks)
+	must.Eq(t, engine.DefaultTiming, o.Engine.Timing)
 }
 
 func TestParseForms(t *testing.T) {
@@ -62,6 +66,7 @@ func TestParseForms(t *testing.T) {
 	must.Eq(t, 32000, o.MaxModelLen)
 	must.Eq(t, 0.0, o.Speed)
 	must.Eq(t, 2*time.Millisecond, o.Engine.Timing.StepBase)
+	must.Eq(t, engine.DefaultTiming.PerPrefillToken, o.Engine.Timing.PerPrefillToken) // other terms keep defaults
 	must.Eq(t, 50.0, o.Power.IdleWatts)
 	must.Eq(t, 630.0, o.Power.WattsPerUtil)
 	must.Eq(t, "tcp://*:5557", o.KVEvents.Endpoint) // vLLM's default endpoint
@@ -78,6 +83,18 @@ func TestParseForms(t *testing.T) {
 	must.Nil(t, o.KVEvents)
 	must.Eq(t, "127.0.0.1", o.Host) // loopback unless told otherwise
 	must.Eq(t, 1.0, o.Speed)
+}
+
+func TestOffloadingConnectorSizesCPUTier(t *testing.T) {
+	o, err := Parse([]string{"m", "--kv-transfer-config",
+		`{"kv_connector":"MultiConnector","kv_role":"kv_both","kv_connector_extra_config":{"connectors":[{"kv_connector":"NixlConnector","kv_role":"kv_both"},{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"cpu_bytes_to_use":4294967296}}]}}`})
+	must.NoError(t, err)
+	must.Eq(t, 2048, o.Engine.CPUBlocks)
+	o, err = Parse([]string{"m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`})
+	must.NoError(t, err)
+	must.Eq(t, 0, o.Engine.CPUBlocks)
+	_, err = Parse([]string{"m", "--kv-transfer-config", `[1,2]`})
+	must.ErrorContains(t, err, "--kv-transfer-config")
 }
 
 func TestParseErrorsNameTheFlag(t *testing.T) {

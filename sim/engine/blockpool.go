@@ -105,15 +105,8 @@ func (p *blockPool) allocate() int32 {
 }
 
 func (p *blockPool) removed(h uint64) {
-	// Coalesce consecutive evictions into one BlockRemoved, as vLLM's step batch does.
-	if n := len(p.events); n > 0 {
-		if r, ok := p.events[n-1].(kvevents.BlockRemoved); ok {
-			r.BlockHashes = append(r.BlockHashes, kvevents.HashUint64(h))
-			p.events[n-1] = r
-			return
-		}
-	}
-	p.events = append(p.events, kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.HashUint64(h)}, Medium: kvevents.MediumGPU})
+	// Consecutive evictions coalesce into one BlockRemoved, as in vLLM's step batch.
+	p.events = appendRemoved(p.events, h, kvevents.MediumGPU)
 }
 
 // release drops one reference to each block, in reverse order so a request's tail

@@ -380,3 +380,57 @@ func BenchmarkStep(b *testing.B) {
 		e.Step()
 	}
 }
+
+func TestCPUTierOffloading(t *testing.T) {
+	tm := Timing{StepBase: time.Millisecond, PerPrefillToken: 10 * time.Microsecond, PerLoadedToken: time.Microsecond}
+	e := newEngine(t, Config{BlockSize: 4, NumGPUBlocks: 4, CPUBlocks: 6, KVEvents: true, Timing: tm})
+	a := seqTokens(100, 8)
+	must.NoError(t, e.Submit(&Request{ID: "a", Prompt: a, Output: out(1)}))
+	_, evA, _ := runAll(t, e)
+	ha0 := BlockHash(0, false, a[:4])
+	ha1 := BlockHash(ha0, true, a[4:])
+	// Written through to the CPU tier as it is cached on the GPU.
+	cpuStored := stored(nil, []uint64{ha0, ha1}, a, 4)
+	cpuStored.Medium = kvevents.MediumCPU
+	must.Eq(t, []kvevents.Event{stored(nil, []uint64{ha0, ha1}, a, 4), cpuStored}, evA)
+
+	// A 15-token prompt needs all 4 GPU blocks: a's blocks leave the GPU, not the CPU.
+	b := seqTokens(200, 15)
+	must.NoError(t, e.Submit(&Request{ID: "b", Prompt: b, Output: out(1)}))
+	_, evB, _ := runAll(t, e)
+	must.Eq(t, kvevents.Event(kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.HashUint64(ha1), kvevents.HashUint64(ha0)}, Medium: "GPU"}), evB[0])
+	must.Eq(t, 5, e.Stats().CPUCachedBlocks)
+
+	// Another 15-token prompt evicts b from the GPU and overflows the 6-block CPU tier:
+	// a's blocks, least recently used, leave the CPU.
+	c := seqTokens(300, 15)
+	must.NoError(t, e.Submit(&Request{ID: "c", Prompt: c, Output: out(1)}))
+	_, evC, _ := runAll(t, e)
+	var cpuRemoved []kvevents.Hash
+	for _, ev := range evC {
+		if r, ok := ev.(kvevents.BlockRemoved); ok && r.Medium == kvevents.MediumCPU {
+			cpuRemoved = append(cpuRemoved, r.BlockHashes...)
+		}
+	}
+	must.Eq(t, []kvevents.Hash{kvevents.HashUint64(ha0), kvevents.HashUint64(ha1)}, cpuRemoved)
+	must.Eq(t, 6, e.Stats().CPUCachedBlocks)
+	hb0 := BlockHash(0, false, b[:4])
+	_, onGPU := e.pool.lookup(hb0)
+	must.False(t, onGPU)
+
+	// b's prefix comes back from the CPU at load cost instead of prefill.
+	must.NoError(t, e.Submit(&Request{ID: "b2", Prompt: concat(b[:8], seqTokens(900, 1)), Output: out(1)}))
+	r := e.Step()
+	must.Eq(t, 8, r.LoadedTokens)
+	must.Eq(t, 8, r.Outputs[0].CachedTokens)
+	must.Eq(t, tm.StepTime(1, 0)+8*tm.PerLoadedToken, r.Duration)
+	st := e.Stats()
+	must.Eq(t, uint64(8), st.CPUHits)
+	must.Eq(t, uint64(0), st.PrefixHits)
+	// Loaded blocks are cached on the GPU again (GPU BlockStored after the GPU
+	// evictions that made room, no new CPU store).
+	must.Len(t, 2, r.Events)
+	must.Eq(t, "GPU", r.Events[0].(kvevents.BlockRemoved).Medium)
+	must.Eq(t, kvevents.Event(stored(nil, []uint64{hb0, BlockHash(hb0, true, b[4:8])}, b[:8], 4)), r.Events[1])
+	assertNoLeak(t, e)
+}

@@ -96,6 +96,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g("oasis_sim_gpu_utilization", "Simulated GPU busy fraction over the last second (0..1).", util)
 	g("oasis_sim_power_watts", "Simulated GPU power draw: idle + watts-per-util × utilization.", c.s.cfg.Power.Watts(util))
 	g("oasis_sim_cached_blocks", "KV blocks currently registered in the prefix cache.", float64(st.CachedBlocks))
+	if c.s.eng.Config().CPUBlocks > 0 {
+		g("oasis_sim_cpu_cached_blocks", "KV blocks held by the simulated CPU offloading tier.", float64(st.CPUCachedBlocks))
+		k("oasis_sim_cpu_cache_hits_total", "Prompt tokens loaded from the CPU offloading tier instead of recomputed.", float64(st.CPUHits))
+	}
 }
 
 func boolStr(b bool) string {

@@ -716,3 +716,12 @@ func TestCompletionsDefaultMaxTokens(t *testing.T) {
 	must.Eq(t, 16, r.Usage.CompletionTokens)
 	must.Eq(t, "length", *r.Choices[0].FinishReason)
 }
+
+func TestCPUTierMetrics(t *testing.T) {
+	_, url := startServer(t, func(c *Config) { c.Engine.CPUBlocks = 100 })
+	code, _ := post(t, url+"/v1/completions", map[string]any{"prompt": strings.Repeat("offload me ", 20), "max_tokens": 1})
+	must.Eq(t, 200, code)
+	mfs := scrape(t, url)
+	must.Positive(t, value(t, mfs, "oasis_sim_cpu_cached_blocks"))
+	must.Eq(t, 0.0, value(t, mfs, "oasis_sim_cpu_cache_hits_total"))
+}

@@ -1,0 +1,106 @@
+package engine
+
+import "github.com/oasis-llm/oasis/internal/kvevents"
+
+// cpuTier models vLLM's native KV offloading (--kv-offloading-backend native, the
+// OffloadingConnector): every block cached on the GPU is also written to a CPU-memory
+// LRU of fixed capacity, and a prompt whose GPU prefix hit ends can continue its hit
+// from CPU memory, paying a transfer instead of a recompute. Stores and evictions are
+// reported as KV events with medium "CPU".
+type cpuTier struct {
+	slots      []cpuSlot
+	capacity   int
+	head, tail int32 // LRU order, head evicted first
+	index      map[uint64]int32
+	free       []int32
+}
+
+type cpuSlot struct {
+	hash       uint64
+	prev, next int32
+}
+
+func newCPUTier(capacity int) *cpuTier {
+	return &cpuTier{capacity: capacity, head: noBlock, tail: noBlock, index: make(map[uint64]int32)}
+}
+
+func (c *cpuTier) has(h uint64) bool {
+	_, ok := c.index[h]
+	return ok
+}
+
+func (c *cpuTier) unlink(i int32) {
+	s := &c.slots[i]
+	if s.prev != noBlock {
+		c.slots[s.prev].next = s.next
+	} else {
+		c.head = s.next
+	}
+	if s.next != noBlock {
+		c.slots[s.next].prev = s.prev
+	} else {
+		c.tail = s.prev
+	}
+	s.prev, s.next = noBlock, noBlock
+}
+
+func (c *cpuTier) pushTail(i int32) {
+	s := &c.slots[i]
+	s.prev, s.next = c.tail, noBlock
+	if c.tail != noBlock {
+		c.slots[c.tail].next = i
+	} else {
+		c.head = i
+	}
+	c.tail = i
+}
+
+// touch marks h most recently used; false if absent.
+func (c *cpuTier) touch(h uint64) bool {
+	i, ok := c.index[h]
+	if ok {
+		c.unlink(i)
+		c.pushTail(i)
+	}
+	return ok
+}
+
+// store writes h, evicting the least recently used block when full. It returns the
+// evicted hash, if any, and whether h was newly stored.
+func (c *cpuTier) store(h uint64) (evicted uint64, didEvict, stored bool) {
+	if c.touch(h) {
+		return 0, false, false
+	}
+	var i int32
+	switch {
+	case len(c.free) > 0:
+		i = c.free[len(c.free)-1]
+		c.free = c.free[:len(c.free)-1]
+	case len(c.slots) < c.capacity:
+		c.slots = append(c.slots, cpuSlot{prev: noBlock, next: noBlock})
+		i = int32(len(c.slots) - 1)
+	default:
+		i = c.head
+		c.unlink(i)
+		evicted, didEvict = c.slots[i].hash, true
+		delete(c.index, evicted)
+	}
+	c.slots[i].hash = h
+	c.index[h] = i
+	c.pushTail(i)
+	return evicted, didEvict, true
+}
+
+func (c *cpuTier) len() int { return len(c.index) }
+
+// appendRemoved adds h to a trailing BlockRemoved of the same medium or starts one.
+func appendRemoved(events []kvevents.Event, h uint64, medium string) []kvevents.Event {
+	if n := len(events); n > 0 {
+		if r, ok := events[n-1].(kvevents.BlockRemoved); ok && r.Medium == medium {
+			r.BlockHashes = append(r.BlockHashes, kvevents.HashUint64(h))
+			events[n-1] = r
+			return events
+		}
+	}
+	return append(events, kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.HashUint64(h)}, Medium: medium})
+}
