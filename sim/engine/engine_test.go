@@ -314,8 +314,14 @@ func TestResetPrefixCache(t *testing.T) {
 // Random load with aborts never leaks a block and the same input gives the same
 // output (the engine is deterministic).
 func TestRandomWorkloadNoLeakDeterministic(t *testing.T) {
+	for _, cpu := range []int{0, 12} {
+		t.Run(fmt.Sprint("cpu blocks ", cpu), func(t *testing.T) { randomWorkload(t, cpu) })
+	}
+}
+
+func randomWorkload(t *testing.T, cpuBlocks int) {
 	run := func() []string {
-		e := newEngine(t, Config{BlockSize: 4, NumGPUBlocks: 40, MaxNumSeqs: 6, MaxNumBatchedTokens: 24})
+		e := newEngine(t, Config{BlockSize: 4, NumGPUBlocks: 40, MaxNumSeqs: 6, MaxNumBatchedTokens: 24, CPUBlocks: cpuBlocks, KVEvents: true})
 		rng := rand.New(rand.NewPCG(1, 2))
 		var trace []string
 		live := []string{}
@@ -343,6 +349,18 @@ func TestRandomWorkloadNoLeakDeterministic(t *testing.T) {
 		}
 		runAll(t, e)
 		assertNoLeak(t, e)
+		if e.cpu != nil {
+			// The CPU LRU list and index agree and stay within capacity.
+			n := 0
+			for i := e.cpu.head; i != noBlock; i = e.cpu.slots[i].next {
+				must.True(t, e.cpu.has(e.cpu.slots[i].hash))
+				n++
+			}
+			must.Eq(t, e.cpu.len(), n)
+			must.LessEq(t, cpuBlocks, n)
+			must.Positive(t, e.Stats().CPUHits, must.Sprint("the workload exercises CPU hits"))
+			trace = append(trace, fmt.Sprint("cpu hits ", e.Stats().CPUHits))
+		}
 		return trace
 	}
 	must.Eq(t, run(), run())
