@@ -59,7 +59,10 @@ const (
 
 // PluginSpec is the schema of plugin "nomad-driver-llm" { config { ... } }.
 var PluginSpec = hclspec.NewObject(map[string]*hclspec.Spec{
-	"binaries": hclspec.NewAttr("binaries", "map(string)", false),
+	// A block of string attributes: Nomad parses agent configs with HCL1,
+	// which turns `binaries = { ... }` into a list of maps that an attribute
+	// of type map(string) rejects; block attributes accept both spellings.
+	"binaries": hclspec.NewBlockAttrs("binaries", "string", false),
 	"fingerprint_period": hclspec.NewDefault(
 		hclspec.NewAttr("fingerprint_period", "string", false),
 		hclspec.NewLiteral(`"30s"`),

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -95,6 +96,9 @@ func newSimTask(t testing.TB, h *dtestutil.DriverHarness, logs bool, mutate func
 	must.NoError(t, st.cfg.EncodeConcreteDriverConfig(&tc))
 	st.cleanup = h.MkAllocDir(st.cfg, logs)
 	t.Cleanup(st.cleanup)
+	// A failed test must not leave its engine or executor running: kill
+	// what this task's port identifies (after the test's own stop, if any).
+	t.Cleanup(func() { killTaskProcesses(st.httpPort) })
 	return st
 }
 
@@ -154,6 +158,33 @@ func waitHealthy(t testing.TB, port int) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+}
+
+// killTaskProcesses SIGKILLs the engine serving on port (its process
+// group) and its executor (the engine's parent).
+func killTaskProcesses(port int) {
+	needle := []byte(fmt.Sprintf("\x00--port\x00%d\x00", port))
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(cmdline, needle) {
+			continue
+		}
+		if stat, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
+			// stat: pid (comm) state ppid ...
+			if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) > 1 {
+				if ppid, err := strconv.Atoi(f[1]); err == nil && ppid > 1 {
+					_ = syscall.Kill(ppid, syscall.SIGKILL)
+				}
+			}
+		}
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }

@@ -21,6 +21,8 @@ const (
 	steadyInterval = 5 * time.Second
 	// failThreshold consecutive failed polls make "health failing".
 	failThreshold = 3
+	// recoveredEventDelay waits for the restarted client's event handlers.
+	recoveredEventDelay = 2 * time.Second
 	// remoteInterval is the openai_compat endpoint poll period.
 	remoteInterval = 10 * time.Second
 )
@@ -102,6 +104,21 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 				return
 			}
 		}
+	}
+	if recovered {
+		// The client registers its task event handlers only after it has
+		// restored every task: report the reattachment a moment later,
+		// with the engine's health.
+		if !sleep(h.ctx, recoveredEventDelay) {
+			return
+		}
+		health := "engine healthy"
+		if ok, detail := probe(h.ctx, client, url, is200); ok {
+			h.setHealth("ready")
+		} else {
+			health = "engine not answering its health check (" + detail + ")"
+		}
+		d.emit(h.taskConfig, fmt.Sprintf("Reattached to engine (pid %d) after a client restart; %s", h.state.Pid, health), nil)
 	}
 	d.watchSteady(h, client, url, is200, h.logger)
 }

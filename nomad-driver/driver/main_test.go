@@ -21,23 +21,31 @@ const simBinEnv = "OASIS_DRIVER_TEST_SIM"
 // re-executes itself there as nobody (65534) via setpriv. If that is not
 // possible the run fails: these tests are never silently skipped.
 func TestMain(m *testing.M) {
-	if os.Getuid() != 0 {
-		if os.Getenv(simBinEnv) == "" {
-			dir, err := os.MkdirTemp("", "oasis-driver-test-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "driver tests:", err)
-				os.Exit(1)
-			}
-			defer os.RemoveAll(dir)
-			if err := buildSim(dir); err != nil {
-				fmt.Fprintln(os.Stderr, "driver tests:", err)
-				os.Exit(1)
-			}
-			os.Setenv(simBinEnv, filepath.Join(dir, "oasis-sim"))
-		}
-		os.Exit(m.Run())
+	if os.Getuid() == 0 {
+		os.Exit(reexecUnprivileged())
 	}
-	os.Exit(reexecUnprivileged())
+	if os.Getenv(simBinEnv) != "" {
+		os.Exit(m.Run()) // the re-executed child: the parent owns and removes TMPDIR
+	}
+	os.Exit(runUnprivileged(m))
+}
+
+// runUnprivileged is a direct run by a non-root user: it builds oasis-sim
+// and keeps everything (Nomad's harness leaves empty dirs) in one temp dir.
+func runUnprivileged(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "oasis-driver-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "driver tests:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := buildSim(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "driver tests:", err)
+		return 1
+	}
+	os.Setenv(simBinEnv, filepath.Join(dir, "oasis-sim"))
+	os.Setenv("TMPDIR", dir)
+	return m.Run()
 }
 
 func buildSim(dir string) error {
@@ -86,7 +94,16 @@ func reexecUnprivileged() int {
 	}
 	cmd := exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "--", bin}, args...)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), simBinEnv+"="+filepath.Join(dir, "oasis-sim"), "HOME="+dir, "TMPDIR=/tmp")
+	// The child's temp files (Nomad's harness leaves empty alloc dirs
+	// behind) go under dir, which this process removes.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return fail("%v", err)
+	}
+	if err := os.Chown(tmp, 65534, 65534); err != nil {
+		return fail("%v", err)
+	}
+	cmd.Env = append(os.Environ(), simBinEnv+"="+filepath.Join(dir, "oasis-sim"), "HOME="+tmp, "TMPDIR="+tmp)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {

@@ -181,7 +181,6 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	}
 	h.exec, h.pluginClient = exec, pluginClient
 	d.tasks.Set(handle.Config.ID, h)
-	d.emit(h.taskConfig, fmt.Sprintf("Reattached to engine (pid %d) after a client restart", st.Pid), nil)
 	go d.waitProcess(h)
 	go d.watchHealth(h, true)
 	return nil
