@@ -323,7 +323,8 @@ func setKVTransfer(o *Options, v string) error {
 }
 
 func setKVEvents(o *Options, v string) error {
-	c := kvEventsConfig{Publisher: "null", Endpoint: "tcp://*:5557"}
+	// vLLM defaults to tcp://*:5557 (all interfaces); Oasis binds loopback unless told.
+	c := kvEventsConfig{Publisher: "null", Endpoint: "tcp://127.0.0.1:5557"}
 	dec := json.NewDecoder(strings.NewReader(v))
 	if err := dec.Decode(&c); err != nil {
 		return fmt.Errorf("invalid JSON: %w", err)

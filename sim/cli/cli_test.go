@@ -69,7 +69,7 @@ func TestParseForms(t *testing.T) {
 	must.Eq(t, engine.DefaultTiming.PerPrefillToken, o.Engine.Timing.PerPrefillToken) // other terms keep defaults
 	must.Eq(t, 50.0, o.Power.IdleWatts)
 	must.Eq(t, 630.0, o.Power.WattsPerUtil)
-	must.Eq(t, "tcp://*:5557", o.KVEvents.Endpoint) // vLLM's default endpoint
+	must.Eq(t, "tcp://127.0.0.1:5557", o.KVEvents.Endpoint) // vLLM's port, loopback by default
 	must.Eq(t, "tcp://*:5558", o.KVEvents.ReplayEndpoint)
 	must.Eq(t, kvevents.LayoutArray, o.KVEvents.Layout)
 	// 0.5 × 80 GiB − 18 GiB = 22 GiB of KV at 2 MiB per block.
