@@ -725,3 +725,28 @@ func TestCPUTierMetrics(t *testing.T) {
 	must.Positive(t, value(t, mfs, "oasis_sim_cpu_cached_blocks"))
 	must.Eq(t, 0.0, value(t, mfs, "oasis_sim_cpu_cache_hits_total"))
 }
+
+func TestStreamingLogprobsAndContinuousUsage(t *testing.T) {
+	_, url := startServer(t, nil)
+	_, body := post(t, url+"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "x"}},
+		"max_tokens": 3, "stream": true, "logprobs": true, "top_logprobs": 2,
+		"stream_options": map[string]any{"include_usage": true, "continuous_usage_stats": true}})
+	events := sse(t, body)
+	must.Len(t, 6, events) // role chunk, 3 tokens, usage chunk, [DONE]
+	for i, e := range events[1:4] {
+		var c struct {
+			Choices []struct {
+				Logprobs struct {
+					Content []struct {
+						TopLogprobs []any `json:"top_logprobs"`
+					} `json:"content"`
+				} `json:"logprobs"`
+			} `json:"choices"`
+			Usage usageJSON `json:"usage"`
+		}
+		must.NoError(t, json.Unmarshal([]byte(e), &c))
+		must.Len(t, 1, c.Choices[0].Logprobs.Content)
+		must.Len(t, 2, c.Choices[0].Logprobs.Content[0].TopLogprobs)
+		must.Eq(t, i+1, c.Usage.CompletionTokens)
+	}
+}
