@@ -108,7 +108,11 @@ func (r *router) waitPool(t *testing.T, model string, ids ...string) time.Durati
 
 func chat(t *testing.T, url, model string, stream bool) (int, string) {
 	t.Helper()
-	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4,"stream":%v,"stream_options":{"include_usage":%v}}`, model, stream, stream)
+	opts := ""
+	if stream {
+		opts = `,"stream_options":{"include_usage":true}`
+	}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4,"stream":%v%s}`, model, stream, opts)
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	must.NoError(t, err)
 	defer resp.Body.Close()
