@@ -25,18 +25,28 @@ type GPU struct {
 	Timing engine.Timing
 	Power  engine.PowerModel
 	Blocks int // KV blocks of 16 tokens
+	// CPUBlocks is the host-memory offloading tier (vLLM native offloading),
+	// 0 for none.
+	CPUBlocks int
+}
+
+// CPUBlocksFor is the CPU tier of gib GiB of host memory at blockSize tokens
+// per block (128 KiB of KV per token, Llama-3-8B BF16).
+func CPUBlocksFor(gib float64, blockSize int) int {
+	return int(gib * (1 << 30) / float64(128*1024*blockSize))
 }
 
 // GPU models for Llama-3-8B BF16. H100 is oasis-sim's default model. The
 // others scale it by datasheet ratios (memory bandwidth for the per-step and
 // per-sequence terms, dense BF16 TFLOPS for prefill, board power):
-// A100 SXM 80GB 2.0 TB/s, 312 TFLOPS, 400 W; L40S 48GB 0.86 TB/s, 362 TFLOPS, 350 W.
+// A100 SXM 80GB 2.0 TB/s, 312 TFLOPS, 400 W; L40S 48GB 0.86 TB/s, 362 TFLOPS, 350 W;
+// both load offloaded KV over PCIe Gen4 x16 (~25 GB/s: 5.2 µs per token).
 var (
-	H100 = GPU{"H100", engine.DefaultTiming, engine.DefaultPower, engine.BlocksForMemory(0.9, 16)}
-	A100 = GPU{"A100", engine.Timing{StepBase: 10 * time.Millisecond, PerPrefillToken: 95 * time.Microsecond, PerDecodeSeq: 84 * time.Microsecond},
-		engine.PowerModel{IdleWatts: 55, WattsPerUtil: 345}, engine.BlocksForMemory(0.9, 16)}
-	L40S = GPU{"L40S", engine.Timing{StepBase: 23 * time.Millisecond, PerPrefillToken: 82 * time.Microsecond, PerDecodeSeq: 195 * time.Microsecond},
-		engine.PowerModel{IdleWatts: 35, WattsPerUtil: 315}, 12902} // (48 GB × 0.9 − 18 GiB) / 2 MiB per block
+	H100 = GPU{"H100", engine.DefaultTiming, engine.DefaultPower, engine.BlocksForMemory(0.9, 16), 0}
+	A100 = GPU{"A100", engine.Timing{StepBase: 10 * time.Millisecond, PerPrefillToken: 95 * time.Microsecond, PerDecodeSeq: 84 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond},
+		engine.PowerModel{IdleWatts: 55, WattsPerUtil: 345}, engine.BlocksForMemory(0.9, 16), 0}
+	L40S = GPU{"L40S", engine.Timing{StepBase: 23 * time.Millisecond, PerPrefillToken: 82 * time.Microsecond, PerDecodeSeq: 195 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond},
+		engine.PowerModel{IdleWatts: 35, WattsPerUtil: 315}, 12902, 0} // (48 GB × 0.9 − 18 GiB) / 2 MiB per block
 )
 
 // Heterogeneous returns n workers: half H100, a quarter A100, a quarter L40S,
@@ -345,7 +355,7 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	s.sel = scoring.NewSelector(reg)
 
 	for i, g := range cfg.GPUs {
-		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
+		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
 		if err != nil {
 			return Result{}, err
 		}

@@ -52,6 +52,7 @@ func run() error {
 		outDir      = flag.String("out", "bench/out", "directory for routing.json and routing.png")
 		weights     = flag.String("weights", "", "oasis policy weights, e.g. prefix=2,load=1,power=0.2 (default cluster.DefaultOasisWeights)")
 		slack       = flag.Float64("load-slack", 0, "prefix term hot-spot guard ε for oasis (0: default)")
+		cpuGiB      = flag.Float64("cpu-gib", 0, "host memory per worker for a CPU KV offloading tier, GiB (0: none)")
 		kvScale     = flag.Float64("kv-scale", 1, "multiply every worker's KV capacity (diagnostics: large = nearly infinite cache)")
 		parallel    = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
 	)
@@ -77,14 +78,18 @@ func run() error {
 	}
 	gpus := cluster.Heterogeneous(*workers)
 	clusterName := "heterogeneous H100/A100/H100/L40S"
+	if *cpuGiB > 0 {
+		clusterName += fmt.Sprintf(", %.0f GiB CPU KV tier per worker", *cpuGiB)
+	}
 	if *homogeneous {
-		clusterName = "homogeneous H100"
+		clusterName = "homogeneous H100" + strings.TrimPrefix(clusterName, "heterogeneous H100/A100/H100/L40S")
 		for i := range gpus {
 			gpus[i] = cluster.H100
 		}
 	}
 	for i := range gpus {
 		gpus[i].Blocks = int(float64(gpus[i].Blocks) * *kvScale)
+		gpus[i].CPUBlocks = cluster.CPUBlocksFor(*cpuGiB, *blockSize)
 	}
 	var w map[string]float64
 	if *weights != "" {
