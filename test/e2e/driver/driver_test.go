@@ -243,6 +243,12 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 	svc := entries[0].Service
 	must.EqOp(t, port, svc.Port)
 	must.SliceContainsAll(t, []string{"oasis", "engine-sim", "role-both"}, svc.Tags)
+	meta := map[string]string{}
+	for k, v := range svc.Meta {
+		if strings.HasPrefix(k, "oasis_") {
+			meta[k] = v
+		}
+	}
 	must.Eq(t, map[string]string{
 		"oasis_model":        "llama",
 		"oasis_engine":       "sim",
@@ -251,7 +257,7 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 		"oasis_metrics_path": "/metrics",
 		"oasis_block_size":   "16",
 		"oasis_node":         stack.NodeID,
-	}, svc.Meta)
+	}, meta)
 
 	chat(t, net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)))
 
@@ -302,20 +308,16 @@ func TestInvalidConfig_FailsWithFieldNamed(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			jobID := fmt.Sprintf("oasis-driver-invalid-%d", i)
-			hcl := simJob(jobID, "")
-			// Override a rendered line or add one.
+			hcl := strings.Replace(simJob(jobID, ""), "\n      config {\n", "\n      config {\n        "+tc.config+"\n", 1)
+			// A field set twice is an HCL error: drop the default line the case overrides.
 			key := strings.Fields(tc.config)[0]
 			lines := strings.Split(hcl, "\n")
-			replaced := false
 			for j, l := range lines {
-				if f := strings.Fields(l); len(f) > 0 && f[0] == key {
-					lines[j], replaced = "        "+tc.config, true
+				if f := strings.Fields(l); len(f) > 2 && f[0] == key && f[1] == "=" && strings.TrimSpace(l) != tc.config && strings.HasPrefix(l, "        ") && !strings.HasPrefix(l, "         ") {
+					lines[j] = ""
 				}
 			}
 			hcl = strings.Join(lines, "\n")
-			if !replaced {
-				hcl = strings.Replace(hcl, `kv_events_port    = "kv"`, `kv_events_port    = "kv"`+"\n        "+tc.config, 1)
-			}
 			job, err := stack.ParseJobHCL(hcl)
 			must.NoError(t, err)
 			resp, _, err := stack.Nomad.Jobs().Validate(job, nil)

@@ -82,6 +82,7 @@ job %[1]q {
         model             = "meta-llama/Llama-3.1-8B-Instruct"
         served_model_name = "llama"
         port              = "http"
+        kv_events         = false
       }
       resources {
         cpu    = 100

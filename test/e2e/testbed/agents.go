@@ -133,7 +133,6 @@ client {
   enabled           = true
   servers           = ["127.0.0.1:%[4]d"]
   network_interface = "lo"
-  cgroup_parent     = %[6]q
   options = {
     # AWS_CA_BUNDLE in this environment breaks the cloud fingerprinters (NOTES §3).
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
@@ -141,7 +140,7 @@ client {
 }
 
 consul {
-  address = %[7]q
+  address = %[6]q
 }
 
 plugin "raw_exec" {
@@ -150,9 +149,9 @@ plugin "raw_exec" {
   }
 }
 
+%[7]s
 %[8]s
-%[9]s
-`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.CgroupParent, s.ConsulAddr, plugins.String(), opts.NomadConfig)
+`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig)
 	s.nomadConfig = filepath.Join(s.Dir, "nomad.hcl")
 	if err := os.WriteFile(s.nomadConfig, []byte(config), 0o644); err != nil {
 		return fmt.Errorf("writing nomad config: %w", err)

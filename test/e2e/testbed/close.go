@@ -138,40 +138,79 @@ func (s *Stack) stackPIDs(self int) []int {
 	return pids
 }
 
-// removeCgroups removes the client's cgroup tree, deepest first, from every hierarchy
-// (cgroups v1 controllers or the v2 unified tree).
+// removeCgroups removes the cgroups Nomad made for this stack's tasks. Nomad 1.11 ignores the
+// client's cgroup_parent and always uses /nomad (cgroups v1) or nomad.slice (v2), so stacks on
+// one machine share that parent: the task scopes (named after allocation ids) are removed, and
+// the parent itself only when no other Nomad agent is running that could still be using it.
 func (s *Stack) removeCgroups() error {
-	if s.CgroupParent == "" {
-		return nil
+	allocs, _ := os.ReadDir(filepath.Join(s.Dir, "nomad-data", "alloc"))
+	var ids []string
+	for _, a := range allocs {
+		ids = append(ids, a.Name())
 	}
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.CgroupParent)
-	if v2 := filepath.Join("/sys/fs/cgroup", s.CgroupParent); isDir(v2) {
-		roots = append(roots, v2)
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/nomad")
+	if isDir("/sys/fs/cgroup/nomad.slice") {
+		parents = append(parents, "/sys/fs/cgroup/nomad.slice")
 	}
+	removeParent := !otherNomadAgents()
 	var errs []error
-	for _, root := range roots {
+	for _, parent := range parents {
 		var dirs []string
-		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
+		filepath.WalkDir(parent, func(path string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			for _, id := range ids {
+				if strings.Contains(filepath.Base(path), id) {
+					dirs = append(dirs, path)
+					return nil
+				}
+			}
+			if removeParent {
 				dirs = append(dirs, path)
 			}
 			return nil
 		})
 		for i := len(dirs) - 1; i >= 0; i-- {
-			var err error
-			for range 20 { // a cgroup is busy for a moment after its last process exits
-				if err = syscall.Rmdir(dirs[i]); err == nil || errors.Is(err, syscall.ENOENT) {
-					err = nil
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", dirs[i], err))
+			if err := rmdirCgroup(dirs[i]); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func rmdirCgroup(path string) error {
+	var err error
+	for range 20 { // a cgroup stays busy for a moment after its last process exits
+		if err = syscall.Rmdir(path); err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("removing cgroup %s: %w", path, err)
+}
+
+// otherNomadAgents reports whether any `nomad agent` process is running on the machine.
+func otherNomadAgents() bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return true
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := bytes.Split(cmdline, []byte{0})
+		if len(args) > 1 && filepath.Base(string(args[0])) == "nomad" && string(args[1]) == "agent" {
+			return true
+		}
+	}
+	return false
 }
 
 // unmountAll detaches any mount Nomad left under Dir (secrets tmpfs, alloc dir binds).

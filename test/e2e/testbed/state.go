@@ -15,22 +15,21 @@ import (
 // state is what a detached stack (`make up`) leaves on disk so another process (`make down`) can
 // stop it.
 type state struct {
-	Dir          string `json:"dir"`
-	BinDir       string `json:"bin_dir"`
-	PluginDir    string `json:"plugin_dir"`
-	ConsulAddr   string `json:"consul_addr"`
-	NomadAddr    string `json:"nomad_addr"`
-	NodeID       string `json:"node_id"`
-	CgroupParent string `json:"cgroup_parent"`
-	NomadPID     int    `json:"nomad_pid"`
-	ConsulPID    int    `json:"consul_pid"`
+	Dir        string `json:"dir"`
+	BinDir     string `json:"bin_dir"`
+	PluginDir  string `json:"plugin_dir"`
+	ConsulAddr string `json:"consul_addr"`
+	NomadAddr  string `json:"nomad_addr"`
+	NodeID     string `json:"node_id"`
+	NomadPID   int    `json:"nomad_pid"`
+	ConsulPID  int    `json:"consul_pid"`
 }
 
 // Save writes what Load needs to find and stop this stack from another process.
 func (s *Stack) Save(path string) error {
 	st := state{
 		Dir: s.Dir, BinDir: s.BinDir, PluginDir: s.PluginDir, ConsulAddr: s.ConsulAddr,
-		NomadAddr: s.NomadAddr, NodeID: s.NodeID, CgroupParent: s.CgroupParent,
+		NomadAddr: s.NomadAddr, NodeID: s.NodeID,
 	}
 	if s.nomad != nil {
 		st.NomadPID = s.nomad.pid
@@ -63,7 +62,7 @@ func Load(path string) (*Stack, error) {
 	}
 	s := &Stack{
 		Dir: st.Dir, BinDir: st.BinDir, PluginDir: st.PluginDir, ConsulAddr: st.ConsulAddr,
-		NomadAddr: st.NomadAddr, NodeID: st.NodeID, CgroupParent: st.CgroupParent,
+		NomadAddr: st.NomadAddr, NodeID: st.NodeID,
 		nomad: adopt(st.NomadPID), consul: adopt(st.ConsulPID), logf: func(string, ...any) {},
 	}
 	ccfg := consulapi.DefaultConfig()

@@ -52,9 +52,6 @@ type Stack struct {
 	Nomad     *nomadapi.Client
 	// NodeID is the id of the stack's single Nomad client node.
 	NodeID string
-	// CgroupParent is the client's cgroup parent, unique to this stack so stacks never share
-	// (or clean up) each other's cgroups.
-	CgroupParent string
 
 	root        string
 	nomadBin    string
@@ -93,14 +90,13 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 		logf = func(string, ...any) {}
 	}
 	s = &Stack{
-		Dir:          dir,
-		BinDir:       filepath.Join(dir, "bin"),
-		PluginDir:    filepath.Join(dir, "plugins"),
-		CgroupParent: fmt.Sprintf("oasis-testbed-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6),
-		root:         root,
-		nomadBin:     nomadBin,
-		consulBin:    consulBin,
-		logf:         logf,
+		Dir:       dir,
+		BinDir:    filepath.Join(dir, "bin"),
+		PluginDir: filepath.Join(dir, "plugins"),
+		root:      root,
+		nomadBin:  nomadBin,
+		consulBin: consulBin,
+		logf:      logf,
 	}
 	defer func() {
 		if err != nil {

@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -77,13 +79,15 @@ func up(root, home, statePath string) error {
 	if err != nil {
 		return err
 	}
-	vars := map[string]string{
-		"oasis_bin_dir": s.BinDir,
-		"datacenters":   `["*"]`,
+	vars, err := localVariables(s, home)
+	if err != nil {
+		return errors.Join(err, s.Close())
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
-		if err := runJob(ctx, s, f, vars); err != nil {
+		fileVars := maps.Clone(vars[""])
+		maps.Copy(fileVars, vars[filepath.Base(f)])
+		if err := runJob(ctx, s, f, fileVars); err != nil {
 			return fmt.Errorf("%s: %w (the stack stays up for inspection; `make down` stops it)", rel, err)
 		}
 		fmt.Printf("  ran %s\n", rel)
@@ -112,6 +116,34 @@ func jobFiles(root string) ([]string, error) {
 	return append(jobs, demo...), nil
 }
 
+// localVariables sizes the jobs for one machine: free ports instead of the production static
+// ones, small RAM/disk tiers, state under .oasis. Keys are job file names; "" applies to all.
+func localVariables(s *testbed.Stack, home string) (map[string]map[string]string, error) {
+	ports, err := testbed.FreePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	port := func(i int) string { return fmt.Sprint(ports[i]) }
+	return map[string]map[string]string{
+		"": {
+			"oasis_bin_dir": s.BinDir,
+			"datacenters":   `["*"]`,
+			"consul_addr":   s.ConsulAddr,
+			"nomad_addr":    s.NomadAddr,
+		},
+		"router.nomad.hcl": {"http_port": port(0)},
+		"kvcached.nomad.hcl": {
+			"resp_port":  port(1),
+			"http_port":  port(2),
+			"quic_port":  port(3),
+			"data_dir":   filepath.Join(home, "kvcached"),
+			"ram_bytes":  "256MiB",
+			"disk_bytes": "1GiB",
+			"memory_mb":  "512",
+		},
+	}, nil
+}
+
 var declaredVariable = regexp.MustCompile(`(?m)^\s*variable\s+"([A-Za-z0-9_-]+)"`)
 
 // runJob submits a jobspec the way `nomad job run -var ...` does, passing only the variables the
@@ -124,7 +156,7 @@ func runJob(ctx context.Context, s *testbed.Stack, path string, vars map[string]
 	var assigns []string
 	for _, m := range declaredVariable.FindAllStringSubmatch(string(src), -1) {
 		if v, ok := vars[m[1]]; ok {
-			if !strings.HasPrefix(v, "[") {
+			if !strings.HasPrefix(v, "[") && !isNumber(v) {
 				v = fmt.Sprintf("%q", v)
 			}
 			assigns = append(assigns, fmt.Sprintf("%s = %s", m[1], v))
@@ -145,6 +177,11 @@ func runJob(ctx context.Context, s *testbed.Stack, path string, vars map[string]
 	defer cancel()
 	_, err = s.WaitAllocsRunning(wctx, *job.ID)
 	return err
+}
+
+func isNumber(v string) bool {
+	_, err := strconv.ParseFloat(v, 64)
+	return err == nil
 }
 
 func printURLs(s *testbed.Stack) {

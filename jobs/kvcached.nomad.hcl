@@ -1,0 +1,173 @@
+# oasis-kvcached: the node-local tiered KV block store (RAM -> SSD -> peers over QUIC), one per
+# node (system job). Engines with kv_offload = "kvcached" reach it through LMCache's redis://
+# remote tier on the node's loopback; peers find each other in Consul (service
+# "oasis-kvcached", meta oasis_quic_port) and fetch over QUIC with mutual TLS.
+#
+#   nomad job run jobs/kvcached.nomad.hcl
+#
+# TLS material for peers: put the CA, certificate and key in Nomad Variables at
+# nomad/jobs/oasis-kvcached (items ca, cert, key) and set peers_enabled = true; the template
+# blocks below write them into the task's secrets dir. Without them kvcached runs without peers.
+
+variable "datacenters" {
+  type    = list(string)
+  default = ["*"]
+}
+
+variable "oasis_bin_dir" {
+  description = "Directory holding the oasis-kvcached binary on every node."
+  type        = string
+  default     = "/usr/local/bin"
+}
+
+variable "resp_port" {
+  description = "Static Redis-protocol port on every node (the llm driver's default kvcached_address is 127.0.0.1:6380)."
+  type        = number
+  default     = 6380
+}
+
+variable "http_port" {
+  description = "Static port of /metrics and /health."
+  type        = number
+  default     = 9380
+}
+
+variable "quic_port" {
+  description = "Static UDP port peers fetch blocks on."
+  type        = number
+  default     = 9381
+}
+
+variable "bind_address" {
+  description = "Address the Redis protocol binds to. Loopback: only engines on the node use it."
+  type        = string
+  default     = "127.0.0.1"
+}
+
+variable "ram_bytes" {
+  type    = string
+  default = "4GiB"
+}
+
+variable "disk_bytes" {
+  description = "SSD tier size; 0 disables the disk tier."
+  type        = string
+  default     = "64GiB"
+}
+
+variable "data_dir" {
+  description = "Directory of the SSD tier on the node (kept across restarts)."
+  type        = string
+  default     = "/var/lib/oasis-kvcached"
+}
+
+variable "consul_addr" {
+  type    = string
+  default = "127.0.0.1:8500"
+}
+
+variable "peers_enabled" {
+  description = "Serve and fetch from peers over QUIC (needs the TLS material described above)."
+  type        = bool
+  default     = false
+}
+
+variable "memory_mb" {
+  description = "Task memory: RAM tier plus headroom."
+  type        = number
+  default     = 4608
+}
+
+locals {
+  peer_args = var.peers_enabled ? [
+    "--quic-addr", "${var.bind_address == "127.0.0.1" ? "0.0.0.0" : var.bind_address}:${var.quic_port}",
+    "--tls-ca", "secrets/ca.pem",
+    "--tls-cert", "secrets/cert.pem",
+    "--tls-key", "secrets/key.pem",
+    "--consul-addr", var.consul_addr,
+  ] : []
+}
+
+job "oasis-kvcached" {
+  datacenters = var.datacenters
+  type        = "system"
+
+  update {
+    max_parallel     = 1
+    min_healthy_time = "10s"
+    healthy_deadline = "2m"
+    auto_revert      = true
+  }
+
+  group "kvcached" {
+    network {
+      port "resp" {
+        static = var.resp_port
+      }
+      port "http" {
+        static = var.http_port
+      }
+      port "kv_events" {}
+    }
+
+    restart {
+      attempts = 10
+      interval = "5m"
+      delay    = "5s"
+      mode     = "delay"
+    }
+
+    service {
+      name     = "oasis-kvcached"
+      provider = "consul"
+      port     = "resp"
+      tags     = ["oasis", "redis"]
+      meta {
+        oasis_quic_port = "${var.quic_port}"
+        oasis_kv_events = "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}"
+        oasis_node      = "${node.unique.id}"
+      }
+      check {
+        name     = "health"
+        type     = "http"
+        port     = "http"
+        path     = "/health"
+        interval = "5s"
+        timeout  = "2s"
+      }
+    }
+
+    task "kvcached" {
+      driver = "raw_exec"
+
+      config {
+        command = "${var.oasis_bin_dir}/oasis-kvcached"
+        args = concat([
+          "--addr", "${var.bind_address}:${NOMAD_PORT_resp}",
+          "--http-addr", "${var.bind_address}:${NOMAD_PORT_http}",
+          "--ram-bytes", var.ram_bytes,
+          "--disk-bytes", var.disk_bytes,
+          "--data-dir", var.data_dir,
+          "--kv-events-endpoint", "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}",
+        ], local.peer_args)
+      }
+
+      dynamic "template" {
+        for_each = var.peers_enabled ? ["ca", "cert", "key"] : []
+        content {
+          destination = "secrets/${template.value}.pem"
+          perms       = "0600"
+          data        = "{{ with nomadVar \"nomad/jobs/oasis-kvcached\" }}{{ .${template.value} }}{{ end }}"
+        }
+      }
+
+      kill_signal  = "SIGTERM"
+      kill_timeout = "30s"
+
+      resources {
+        cpu    = 500
+        memory = var.memory_mb
+      }
+    }
+  }
+}
