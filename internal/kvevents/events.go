@@ -449,13 +449,14 @@ func (s *eventState) field(d *msgpack.Decoder, typ, name string) error {
 	case "BlockStored.token_ids":
 		var n int
 		if n, err = d.DecodeArrayLen(); err == nil && n > 0 {
-			s.stored.TokenIDs = make([]int32, n)
-			for i := range n {
+			// A length prefix is untrusted: grow as elements actually arrive.
+			s.stored.TokenIDs = make([]int32, 0, min(n, maxPrealloc))
+			for range n {
 				var v int64
 				if v, err = d.DecodeInt64(); err != nil {
 					break
 				}
-				s.stored.TokenIDs[i] = int32(v)
+				s.stored.TokenIDs = append(s.stored.TokenIDs, int32(v))
 			}
 		}
 	case "BlockStored.block_size":
@@ -485,6 +486,9 @@ func (s *eventState) field(d *msgpack.Decoder, typ, name string) error {
 	return nil
 }
 
+// maxPrealloc bounds allocations made from a length prefix before the elements are read.
+const maxPrealloc = 4096
+
 func decodeOptString(d *msgpack.Decoder) (string, error) {
 	isNil, err := peekNil(d)
 	if err != nil || isNil {
@@ -498,11 +502,13 @@ func decodeHashes(d *msgpack.Decoder) ([]Hash, error) {
 	if err != nil || n <= 0 {
 		return nil, err
 	}
-	hs := make([]Hash, n)
-	for i := range hs {
-		if hs[i], err = decodeHash(d); err != nil {
+	hs := make([]Hash, 0, min(n, maxPrealloc))
+	for range n {
+		h, err := decodeHash(d)
+		if err != nil {
 			return nil, err
 		}
+		hs = append(hs, h)
 	}
 	return hs, nil
 }

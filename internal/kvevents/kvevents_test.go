@@ -451,3 +451,32 @@ func TestSubscriberBeforePublisher(t *testing.T) {
 		}
 	})
 }
+
+// FuzzDecode: any payload decodes or fails with an error, never a panic or a huge
+// allocation from a forged length prefix.
+func FuzzDecode(f *testing.F) {
+	for _, l := range []Layout{LayoutMap, LayoutArray} {
+		p, err := Encode(sampleBatch(), l)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(p)
+	}
+	f.Add([]byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}) // array32 of 4G events
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		b, err := Decode(payload)
+		if err != nil {
+			return
+		}
+		// What decodes re-encodes and decodes to the same batch.
+		again, err := Encode(b, LayoutMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b2, err := Decode(again)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must.Eq(t, len(b.Events), len(b2.Events))
+	})
+}
