@@ -248,9 +248,11 @@ func TestRouterOnTestbed(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		return r.metrics(t)["oasis_router_workers"]["model=llama"] == 3
 	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
-	svcs, _, err := stack.Consul.Health().Service("oasis-router", "", true, nil)
-	must.NoError(t, err)
-	must.Len(t, 1, svcs)
+	// Registered as oasis-router; passing once Consul's HTTP check has run.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		svcs, _, err := stack.Consul.Health().Service("oasis-router", "", true, nil)
+		return err == nil && len(svcs) == 1
+	}), wait.Timeout(20*time.Second), wait.Gap(200*time.Millisecond)))
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		return r.metrics(t)["oasis_router_policy_reloads_total"][""] >= 1
 	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
