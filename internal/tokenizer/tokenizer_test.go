@@ -98,3 +98,20 @@ func BenchmarkEncode(b *testing.B) {
 		dst = Encode(dst[:0], s)
 	}
 }
+
+func FuzzRoundTrip(f *testing.F) {
+	for _, s := range []string{"", "hello world", "<|eot_id|>x<|", "\n\n  a", "日本 🙂", "<|begin_of_text|><|"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids := Encode(nil, s)
+		for _, id := range ids {
+			if !Valid(id) {
+				t.Fatalf("invalid id %d", id)
+			}
+		}
+		if got := Decode(ids, false); got != s {
+			t.Fatalf("round trip %q -> %q", s, got)
+		}
+	})
+}
