@@ -82,6 +82,8 @@ type fixture struct {
 	gpus   []*dgxa100.Device
 	state  []*gpuState
 	events chan nvml.EventData
+	// waitErrs makes the event set's Wait fail with these codes.
+	waitErrs chan nvml.Return
 	// lostHandle makes DeviceGetHandleByIndex fail with ERROR_GPU_IS_LOST
 	// for this index (-1: none).
 	lostHandle atomic.Int32
@@ -89,7 +91,7 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	fx := &fixture{srv: dgxa100.New(), events: make(chan nvml.EventData, 16)}
+	fx := &fixture{srv: dgxa100.New(), events: make(chan nvml.EventData, 16), waitErrs: make(chan nvml.Return, 4)}
 	fx.lostHandle.Store(-1)
 	for i := range fx.srv.Devices {
 		d := fx.srv.Devices[i].(*dgxa100.Device)
@@ -164,6 +166,8 @@ func newFixture(t testing.TB) *fixture {
 				select {
 				case e := <-fx.events:
 					return e, nvml.SUCCESS
+				case ret := <-fx.waitErrs:
+					return nvml.EventData{}, ret
 				case <-time.After(time.Duration(ms) * time.Millisecond):
 					return nvml.EventData{}, nvml.ERROR_TIMEOUT
 				}

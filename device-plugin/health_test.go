@@ -182,3 +182,26 @@ func TestHealth_ScanErrorKeepsDevicesAndXID(t *testing.T) {
 	}
 	must.Eq(t, 1, strings.Count(logs.String(), "scanning GPUs failed"))
 }
+
+// When the event set itself reports a lost GPU (without saying which), the
+// plugin rescans at once instead of waiting for the next period.
+func TestHealth_EventSetLostTriggersRescan(t *testing.T) {
+	fx := newFixture(t)
+	p, _ := newTestPlugin(t, fx.srv, map[string]any{"fingerprint_period": "1h"})
+	ch := startFingerprint(t, p)
+	nextFingerprint(t, ch)
+
+	fx.state[6].lost.Store(true)
+	fx.waitErrs <- nvml.ERROR_GPU_IS_LOST
+	f := nextFingerprint(t, ch)
+	d := deviceByID(f, fx.gpus[6].UUID)
+	must.False(t, d.Healthy)
+	must.Eq(t, lostReason, d.HealthDesc)
+
+	// Other Wait errors are retried with back-off, not fatal: a later Xid
+	// still arrives.
+	fx.waitErrs <- nvml.ERROR_UNKNOWN
+	fx.events <- nvml.EventData{Device: fx.srv.Devices[0], EventType: nvml.EventTypeXidCriticalError, EventData: 62, GpuInstanceId: noInstance}
+	f = nextFingerprint(t, ch)
+	must.StrContains(t, deviceByID(f, fx.gpus[0].UUID).HealthDesc, "critical Xid 62")
+}
