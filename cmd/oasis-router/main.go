@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -54,6 +55,7 @@ type config struct {
 	shutdownTimeout time.Duration
 	logLevel        string
 	logJSON         bool
+	pprofListen     string
 }
 
 func main() {
@@ -78,6 +80,7 @@ func main() {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 60*time.Second, "how long SIGTERM waits for in-flight streams to finish")
 	fs.StringVar(&c.logLevel, "log-level", "info", "trace, debug, info, warn, error")
 	fs.BoolVar(&c.logJSON, "log-json", false, "log JSON lines")
+	fs.StringVar(&c.pprofListen, "pprof-listen", "", "serve net/http/pprof on this address (off by default; keep it on loopback)")
 	_ = fs.Parse(os.Args[1:])
 
 	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-router", Level: hclog.LevelFromString(c.logLevel), JSONFormat: c.logJSON})
@@ -237,6 +240,17 @@ func run(c config, log hclog.Logger) error {
 			return err
 		}
 		log.Info("registered in Consul", "service", "oasis-router", "id", serviceID)
+	}
+
+	if c.pprofListen != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		dbg := &http.Server{Addr: c.pprofListen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { log.Info("pprof listening", "addr", c.pprofListen, "error", dbg.ListenAndServe()) }()
+		defer dbg.Close()
 	}
 
 	errc := make(chan error, 1)

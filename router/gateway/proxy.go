@@ -242,8 +242,12 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 				return false, nil // client gone; ctx cancels the upstream
 			}
 			// One flush per read: engines write one SSE event per chunk, so
-			// every event reaches the client as soon as it arrives.
-			_ = rc.Flush()
+			// every event reaches the client as soon as it arrives. When the
+			// engine's end of body came with these bytes the server's final
+			// write sends them with the terminator, in one syscall.
+			if rerr == nil {
+				_ = rc.Flush()
+			}
 			rec.firstByte()
 		}
 		if rerr == io.EOF {

@@ -36,6 +36,10 @@ func (u *usageScanner) feed(p []byte) {
 		}
 		return
 	}
+	// Fast path: whole lines without a usage object (almost every event).
+	if len(u.line) == 0 && len(p) > 0 && p[len(p)-1] == '\n' && !bytes.Contains(p, []byte(`"usage"`)) {
+		return
+	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
