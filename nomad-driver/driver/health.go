@@ -32,6 +32,8 @@ const (
 // engines that load large models for minutes.
 func startupInterval(elapsed time.Duration) time.Duration {
 	switch {
+	case elapsed < 2*time.Second:
+		return 5 * time.Millisecond // a refused connect costs microseconds
 	case elapsed < 5*time.Second:
 		return 20 * time.Millisecond
 	case elapsed < time.Minute:
