@@ -11,12 +11,16 @@
 // latency:
 //   - every (block, worker) pair is one 32-byte node in a chunked slab,
 //     addressed by a uint32 index;
-//   - an open-addressing hash table of uint32 node indexes finds the first
-//     holder of a digest (the node carries the digest, so the table itself is
-//     4 bytes per slot); the other holders of the same digest are chained
-//     through the nodes;
+//   - an open-addressing hash table (linear probing, load ≤ 0.8) of digest
+//     and first-holder node index, 12 bytes per slot in two parallel arrays,
+//     finds a digest without touching any node; the other holders of the
+//     same digest are chained through the nodes;
 //   - each worker keeps its nodes on an intrusive LRU list, which bounds its
 //     memory (per-worker capacity) and lets TTL expiry sweep from the tail.
+//
+// Match looks positions up in batches (independent loads whose cache misses
+// overlap) before walking them in order; on this project's VM a dependent
+// memory access costs ~190 ns, an overlapped one ~16 ns.
 //
 // Concurrency: one RWMutex. Matches take the read lock, so any number of
 // routing decisions run in parallel; writers (event batches) hold the write
@@ -152,7 +156,8 @@ type Index struct {
 	free    uint32 // free-list head
 	used    int    // live nodes
 	hwm     uint32 // next never-used node index
-	table   []uint32
+	table   []uint32 // first holder's node per slot
+	keys    []uint64 // digest per slot, so probing touches no node
 	shift   uint8 // 64 - log2(len(table))
 	digests int   // live distinct digests (table occupancy)
 
@@ -187,6 +192,7 @@ func New(cfg Config) *Index {
 
 func (ix *Index) initTable(size int) {
 	ix.table = make([]uint32, size)
+	ix.keys = make([]uint64, size)
 	ix.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 }
 
@@ -209,8 +215,22 @@ func (ix *Index) lookup(d uint64) (uint64, bool) {
 		if n == nilNode {
 			return s, false
 		}
-		if ix.node(n).digest == d {
+		if ix.keys[s] == d {
 			return s, true
+		}
+	}
+}
+
+// matchBatch is how many positions Match looks up ahead.
+const matchBatch = 64
+
+// find returns digest d's first holder, or nilNode.
+func (ix *Index) find(d uint64) uint32 {
+	mask := uint64(len(ix.table) - 1)
+	for s := ix.home(d); ; s = (s + 1) & mask {
+		n := ix.table[s]
+		if n == nilNode || ix.keys[s] == d {
+			return n
 		}
 	}
 }
@@ -220,7 +240,7 @@ func (ix *Index) lookup(d uint64) (uint64, bool) {
 func (ix *Index) deleteSlot(s uint64) {
 	mask := uint64(len(ix.table) - 1)
 	for {
-		ix.table[s] = nilNode
+		ix.table[s], ix.keys[s] = nilNode, 0
 		j := s
 		for {
 			j = (j + 1) & mask
@@ -229,10 +249,10 @@ func (ix *Index) deleteSlot(s uint64) {
 				ix.digests--
 				return
 			}
-			h := ix.home(ix.node(n).digest)
+			h := ix.home(ix.keys[j])
 			// Move n back into s when its home is not in (s, j].
 			if (j > s && (h <= s || h > j)) || (j < s && (h <= s && h > j)) {
-				ix.table[s] = n
+				ix.table[s], ix.keys[s] = n, ix.keys[j]
 				s = j
 				break
 			}
@@ -241,18 +261,18 @@ func (ix *Index) deleteSlot(s uint64) {
 }
 
 func (ix *Index) growTable() {
-	old := ix.table
+	old, oldKeys := ix.table, ix.keys
 	ix.initTable(len(old) * 2)
 	mask := uint64(len(ix.table) - 1)
-	for _, n := range old {
+	for j, n := range old {
 		if n == nilNode {
 			continue
 		}
-		s := ix.home(ix.node(n).digest)
+		s := ix.home(oldKeys[j])
 		for ix.table[s] != nilNode {
 			s = (s + 1) & mask
 		}
-		ix.table[s] = n
+		ix.table[s], ix.keys[s] = n, oldKeys[j]
 	}
 }
 
@@ -416,7 +436,7 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 			first.wide = ix.allocWide(firstIdx)
 		}
 	} else {
-		ix.table[s] = i
+		ix.table[s], ix.keys[s] = i, d
 		ix.digests++
 	}
 	ix.pushFront(w, i)
@@ -643,6 +663,7 @@ type matchScratch struct {
 	devW    []float32 // per worker: tier weight minus GPU weight, summed over non-GPU-only positions
 	devGPU  []int32   // per worker: matched positions not held in GPU
 	live    []uint64  // bitset: workers holding every position so far
+	sink    uint64    // keeps the prefetch loads alive
 	ext     []uint64  // bitset: live workers holding the current position
 }
 
@@ -685,14 +706,37 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 	// a block held at another position from counting. live is the set of
 	// workers still extending.
 	end := 0
-	for pos, d := range digests {
-		s, found := ix.lookup(d)
-		if !found {
+	// Positions are looked up in batches before they are processed: the
+	// lookups are independent, so their cache misses overlap instead of
+	// queueing one after another behind the per-position work.
+	var heads [matchBatch]uint32
+	nh := 0
+	for pos := range digests {
+		if k := pos % matchBatch; k == 0 {
+			nh = min(matchBatch, len(digests)-pos)
+			for i := 0; i < nh; i++ {
+				heads[i] = ix.find(digests[pos+i])
+			}
+			// Touch the batch's first-holder nodes, again independently.
+			var sink uint64
+			for i := 0; i < nh; i++ {
+				if heads[i] != nilNode {
+					n := ix.node(heads[i])
+					sink += uint64(n.slot)
+					if n.wide != 0 {
+						sink += ix.wide[int(n.wide)*numTiers*words]
+					}
+				}
+			}
+			sc.sink = sink
+		}
+		head := heads[pos%matchBatch]
+		if head == nilNode {
 			break
 		}
 		clear(ext)
 		extended := false
-		first := ix.node(ix.table[s])
+		first := ix.node(head)
 		if r := first.wide; r != 0 {
 			base := int(r) * numTiers * words
 			gpu := ix.wide[base : base+words]
@@ -731,7 +775,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 				}
 			}
 		} else {
-			for i := ix.table[s]; i != nilNode; {
+			for i := head; i != nilNode; {
 				n := ix.node(i)
 				i = n.holder
 				word, bit := n.slot/64, uint64(1)<<(n.slot%64)
@@ -798,7 +842,7 @@ func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	const nodeBytes = 32
-	b := int64(len(ix.chunks))*chunkSize*nodeBytes + int64(len(ix.table))*4
+	b := int64(len(ix.chunks))*chunkSize*nodeBytes + int64(len(ix.table))*12
 	b += int64(len(ix.wide))*8 + int64(len(ix.bySlot))*(8+64)
 	return Stats{Workers: len(ix.byID), Entries: ix.used, Digests: ix.digests, Bytes: b}
 }
