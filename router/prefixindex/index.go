@@ -153,13 +153,13 @@ type Index struct {
 
 	mu      sync.RWMutex
 	chunks  []*[chunkSize]node
-	free    uint32 // free-list head
-	used    int    // live nodes
-	hwm     uint32 // next never-used node index
+	free    uint32   // free-list head
+	used    int      // live nodes
+	hwm     uint32   // next never-used node index
 	table   []uint32 // first holder's node per slot
 	keys    []uint64 // digest per slot, so probing touches no node
-	shift   uint8 // 64 - log2(len(table))
-	digests int   // live distinct digests (table occupancy)
+	shift   uint8    // 64 - log2(len(table))
+	digests int      // live distinct digests (table occupancy)
 
 	// Wide records: record r's tier t bitset is
 	// wide[(r*numTiers+t)*words : ...+words]. Record 0 is unused.
