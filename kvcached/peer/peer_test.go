@@ -62,7 +62,7 @@ func TestFetchBetweenPeers(t *testing.T) {
 	ctx := context.Background()
 	v, err := b.Fetch(ctx, "blk")
 	must.NoError(t, err)
-	must.Eq(t, big, v)
+	must.True(t, bytes.Equal(big, v))
 	// Concurrent fetches share the one connection.
 	var wg sync.WaitGroup
 	for i := 0; i < 16; i++ {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,7 +103,7 @@ func (d *diskTier) load() (uint64, error) {
 		return 0, fmt.Errorf("reading disk index: %w", err)
 	}
 	var maxSeq uint64
-	live := make(map[uint64]bool)
+	live := make(map[uint64]string) // seq → key of indexed blocks not yet seen on disk
 	for it.First(); it.Valid(); it.Next() {
 		v := it.Value()
 		if len(v) != indexValLen {
@@ -118,33 +119,91 @@ func (d *diskTier) load() (uint64, error) {
 		d.idx[e.key] = e
 		d.pushFront(e)
 		d.used += e.size
-		live[e.seq] = true
+		live[e.seq] = e.key
 		maxSeq = max(maxSeq, e.seq)
 	}
 	if err := it.Close(); err != nil {
 		return 0, fmt.Errorf("reading disk index: %w", err)
 	}
-	orphans := 0
+	// Block files the index does not name were written just before a crash
+	// whose index records had not reached the WAL (Pebble writes unsynced
+	// records in 32 KiB log blocks). A file whose length matches its header
+	// was written completely, so it is re-indexed; a torn one is deleted.
+	recovered, orphans := 0, 0
 	err = filepath.WalkDir(filepath.Join(d.dir, "blocks"), func(path string, de fs.DirEntry, err error) error {
 		if err != nil || de.IsDir() {
 			return err
 		}
 		name := de.Name()
-		seq, perr := strconv.ParseUint(name[:len(name)-len(filepath.Ext(name))], 16, 64)
-		if perr != nil || filepath.Ext(name) != ".blk" || !live[seq] {
+		seq, perr := strconv.ParseUint(strings.TrimSuffix(name, ".blk"), 16, 64)
+		if perr != nil || filepath.Ext(name) != ".blk" {
 			orphans++
 			return os.Remove(path)
 		}
-		maxSeq = max(maxSeq, seq)
-		return nil
+		if _, ok := live[seq]; ok {
+			delete(live, seq)
+			maxSeq = max(maxSeq, seq)
+			return nil
+		}
+		if d.recover(path, seq) {
+			recovered++
+			maxSeq = max(maxSeq, seq)
+			return nil
+		}
+		orphans++
+		return os.Remove(path)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("scanning block files: %w", err)
 	}
-	d.log.Info("disk tier loaded", "blocks", len(d.idx), "bytes", d.used, "orphans_removed", orphans)
+	// Index entries whose file is gone were deleted just before a crash
+	// that lost the index record of the deletion.
+	for seq, key := range live {
+		if e := d.idx[key]; e != nil && e.seq == seq {
+			d.removeLocked(e)
+		}
+	}
+	d.log.Info("disk tier loaded", "blocks", len(d.idx), "bytes", d.used, "recovered", recovered, "orphans_removed", orphans, "missing_files", len(live))
 	d.m.Bytes.WithLabelValues("disk").Set(float64(d.used))
 	d.m.Blocks.WithLabelValues("disk").Set(float64(len(d.idx)))
 	return maxSeq, nil
+}
+
+// recover re-indexes a complete block file left unindexed by a crash,
+// unless the index holds a newer write of its key.
+func (d *diskTier) recover(path string, seq uint64) bool {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < fileHeader || string(b[:4]) != fileMagic || b[4] != fileVersion {
+		return false
+	}
+	kl := uint64(binary.LittleEndian.Uint32(b[5:]))
+	vl := binary.LittleEndian.Uint64(b[9:])
+	if uint64(len(b)) != uint64(fileHeader)+kl+vl {
+		return false
+	}
+	key := string(b[fileHeader : fileHeader+kl])
+	old := d.idx[key]
+	if old != nil && old.seq > seq {
+		return false
+	}
+	e := &diskEntry{key: key, seq: seq, size: int64(vl)}
+	h := blake3.New(32, nil)
+	h.Write(b[fileHeader:])
+	h.Sum(e.sum[:0])
+	if err := d.db.Set(indexKey(key), encodeIndex(e), pebble.NoSync); err != nil {
+		return false
+	}
+	if old != nil {
+		// The older write's file is an orphan now; the walk may already
+		// have passed it, so remove it here.
+		d.unlink(old)
+		d.used -= old.size
+		os.Remove(d.path(old.seq))
+	}
+	d.idx[key] = e
+	d.pushFront(e)
+	d.used += e.size
+	return true
 }
 
 func (d *diskTier) close() error { return d.db.Close() }

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
+	"github.com/redis/go-redis/v9"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+)
+
+// binary is the oasis-kvcached built once for the package's tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kvcached-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "oasis-kvcached")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building oasis-kvcached: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func freeUDP(t *testing.T) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer c.Close()
+	return c.LocalAddr().String()
+}
+
+type proc struct {
+	cmd      *exec.Cmd
+	addr     string
+	httpAddr string
+	quicAddr string
+	log      *bytes.Buffer
+	client   *redis.Client
+}
+
+// start runs the binary with extra flags, waits until it answers PING, and
+// stops it when the test ends.
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{addr: freeTCP(t), httpAddr: freeTCP(t), log: &bytes.Buffer{}}
+	full := append([]string{"--addr", p.addr, "--http-addr", p.httpAddr, "--log-level", "debug"}, args...)
+	for i, a := range full {
+		if a == "--quic-addr" {
+			p.quicAddr = full[i+1]
+		}
+	}
+	p.cmd = exec.Command(binary, full...)
+	var lb lockedWriter
+	lb.w = p.log
+	p.cmd.Stdout, p.cmd.Stderr = &lb, &lb
+	must.NoError(t, p.cmd.Start())
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			lb.mu.Lock()
+			t.Logf("oasis-kvcached %s log:\n%s", p.addr, p.log.String())
+			lb.mu.Unlock()
+		}
+	})
+	p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
+	t.Cleanup(func() { p.client.Close() })
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		select {
+		case <-done:
+			return wait.ErrTimeoutExceeded
+		default:
+		}
+		return p.client.Ping(context.Background()).Err()
+	}), wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
+	return p
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (p *proc) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.httpAddr + "/metrics")
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			must.NoError(t, err)
+			return v
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}
+
+// blockValue is the deterministic content of block i.
+func blockValue(i int) []byte {
+	size := 1024 + (i*7919)%(96<<10)
+	pat := []byte(fmt.Sprintf("block-%d|", i))
+	return bytes.Repeat(pat, size/len(pat)+1)[:size]
+}
+
+func blockKey(i int) string { return fmt.Sprintf("m@1@0@%x@bfloat16kv_bytes", i+1) }
+
+// TestCrashKeepsEveryReturnedBlockIntact writes blocks from several clients,
+// SIGKILLs the process mid-write, restarts it on the same data directory and
+// checks that every block it returns is byte-exact and that only blocks still
+// in flight (at most a RAM tier's worth) were lost.
+func TestCrashKeepsEveryReturnedBlockIntact(t *testing.T) {
+	dir := t.TempDir()
+	const ram = 2 << 20
+	args := []string{"--ram-bytes", strconv.Itoa(ram), "--disk-bytes", "1GiB", "--data-dir", dir}
+	p := start(t, args...)
+	ctx := context.Background()
+
+	var next, acked atomic.Int64
+	var ackedMu sync.Mutex
+	ackedSet := map[int]bool{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1, PoolSize: 1})
+			defer c.Close()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := int(next.Add(1)) - 1
+				if err := c.Set(ctx, blockKey(i), blockValue(i), 0).Err(); err != nil {
+					return // the process died under us
+				}
+				acked.Add(1)
+				ackedMu.Lock()
+				ackedSet[i] = true
+				ackedMu.Unlock()
+			}
+		}()
+	}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return acked.Load() >= 400 }),
+		wait.Timeout(60*time.Second), wait.Gap(10*time.Millisecond)))
+	must.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	close(stop)
+	wg.Wait()
+	attempted := int(next.Load())
+
+	p2 := start(t, args...)
+	lost, lostBytes, present := 0, 0, 0
+	pipe := p2.client.Pipeline()
+	cmds := make([]*redis.StringCmd, attempted)
+	for i := 0; i < attempted; i++ {
+		cmds[i] = pipe.Get(ctx, blockKey(i))
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, c := range cmds {
+		v, err := c.Bytes()
+		if err == redis.Nil {
+			if ackedSet[i] {
+				lost++
+				lostBytes += len(blockValue(i))
+			}
+			continue
+		}
+		must.NoError(t, err)
+		must.True(t, bytes.Equal(blockValue(i), v), must.Sprintf("block %d returned with wrong content", i))
+		present++
+	}
+	t.Logf("attempted %d, acknowledged %d, present after restart %d, acknowledged but lost %d (%d bytes), corrupt dropped %.0f",
+		attempted, len(ackedSet), present, lost, lostBytes, p2.metric(t, "oasis_kvcached_corrupt_blocks_total"))
+	must.Greater(t, 0, present)
+	// Acknowledged blocks are lost only while their disk write is still in
+	// flight: at most what the RAM tier holds plus one block per writer.
+	must.LessEq(t, ram+4*(97<<10), lostBytes)
+}
+
+// TestPeersFetchOverQUICWithMutualTLS runs two processes that fetch each
+// other's blocks, and a third whose certificate comes from another CA.
+func TestPeersFetchOverQUICWithMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "oasis test CA")
+	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", "oasis-kvcached")
+	_, certB, keyB := ca.WriteFiles(t, dir, "b", "oasis-kvcached")
+	rogueDir := t.TempDir()
+	rogue := testcerts.NewCA(t, "rogue CA")
+	_, certR, keyR := rogue.WriteFiles(t, rogueDir, "r", "oasis-kvcached")
+
+	qa, qb, qr := freeUDP(t), freeUDP(t), freeUDP(t)
+	common := []string{"--tls-ca", caFile, "--peer-filter-interval", "200ms", "--peer-timeout", "1s", "--ram-bytes", "64MiB"}
+	a := start(t, append([]string{"--quic-addr", qa, "--tls-cert", certA, "--tls-key", keyA, "--peers", qb + "," + qr}, common...)...)
+	b := start(t, append([]string{"--quic-addr", qb, "--tls-cert", certB, "--tls-key", keyB, "--peers", qa}, common...)...)
+	// The rogue trusts the real CA but its own certificate is not signed by it.
+	r := start(t, append([]string{"--quic-addr", qr, "--tls-cert", certR, "--tls-key", keyR, "--peers", qa}, common...)...)
+
+	ctx := context.Background()
+	val := bytes.Repeat([]byte("kv"), 512<<10) // 1 MiB
+	must.NoError(t, a.client.Set(ctx, blockKey(1), val, 0).Err())
+	must.NoError(t, b.client.Set(ctx, blockKey(2), []byte("from b"), 0).Err())
+
+	// Within a couple of filter intervals each sees the other's block.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return b.client.Exists(ctx, blockKey(1)).Val() == 1 && a.client.Exists(ctx, blockKey(2)).Val() == 1
+	}), wait.Timeout(10*time.Second), wait.Gap(100*time.Millisecond)))
+	got, err := b.client.Get(ctx, blockKey(1)).Bytes()
+	must.NoError(t, err)
+	must.True(t, bytes.Equal(val, got))
+	must.Eq(t, "from b", a.client.Get(ctx, blockKey(2)).Val())
+	must.GreaterEq(t, 1.0, b.metric(t, `oasis_kvcached_hits_total{tier="peer"}`)+b.metric(t, `oasis_kvcached_peer_fetches_total{result="hit"}`))
+	must.Eq(t, 1.0, b.metric(t, "oasis_kvcached_peers_healthy"))
+
+	// The rogue never gets a block, and a never counts it healthy.
+	time.Sleep(600 * time.Millisecond)
+	must.Eq(t, int64(0), r.client.Exists(ctx, blockKey(1)).Val())
+	must.ErrorIs(t, r.client.Get(ctx, blockKey(1)).Err(), redis.Nil)
+	must.Eq(t, 0.0, r.metric(t, "oasis_kvcached_peers_healthy"))
+	must.Eq(t, 1.0, a.metric(t, "oasis_kvcached_peers_healthy")) // b only
+}
+
+// TestFullDiskDegradesToRAMOnly gives the disk tier a 4 MiB tmpfs while
+// allowing it 64 MiB: writes fail with ENOSPC, the store carries on from RAM
+// and says so in a metric and /health.
+func TestFullDiskDegradesToRAMOnly(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	p := start(t, "--ram-bytes", "64MiB", "--disk-bytes", "64MiB", "--data-dir", dir)
+	ctx := context.Background()
+	for i := 0; i < 12; i++ {
+		must.NoError(t, p.client.Set(ctx, blockKey(i), bytes.Repeat([]byte{byte(i)}, 1<<20), 0).Err())
+	}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return p.metric(t, "oasis_kvcached_disk_degraded") == 1
+	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	for i := 0; i < 12; i++ {
+		v, err := p.client.Get(ctx, blockKey(i)).Bytes()
+		must.NoError(t, err)
+		must.True(t, bytes.Equal(bytes.Repeat([]byte{byte(i)}, 1<<20), v))
+	}
+	resp, err := http.Get("http://" + p.httpAddr + "/health")
+	must.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must.StrContains(t, string(body), `"disk_degraded":true`)
+	must.Greater(t, 0.0, p.metric(t, "oasis_kvcached_spill_errors_total"))
+	must.NoError(t, p.client.Ping(ctx).Err())
+}
