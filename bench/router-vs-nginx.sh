@@ -6,7 +6,8 @@
 #   bench/router-vs-nginx.sh [routerload flags...]
 #   e.g. bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 3 -concurrency 64
 #
-# Env: ENGINES (default 3), SIM_SPEED (default 1: real-time simulated steps).
+# Env: ENGINES (default 3), SIM_SPEED (default 1: real-time simulated steps; 0: no
+# waiting, so the proxies are the bottleneck), ROUTER_ENV (extra env for the router, e.g. GOGC=200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINES=${ENGINES:-3}
@@ -40,7 +41,7 @@ done
 
 rport=$(freeport)
 echo '{"policy":"round_robin"}' >"$work/policy.json"
-"$work/oasis-router" -listen "127.0.0.1:$rport" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
+env ${ROUTER_ENV:-} "$work/oasis-router" -listen "127.0.0.1:$rport" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
   -policy-file "$work/policy.json" -log-level warn >"$work/router.log" 2>&1 &
 pids+=($!)
 

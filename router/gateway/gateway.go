@@ -5,7 +5,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -107,19 +106,8 @@ func New(o Options) *Gateway {
 }
 
 // NewTransport returns the pooled keep-alive transport used for engines.
-func NewTransport(dialTimeout time.Duration) *http.Transport {
-	return &http.Transport{
-		Proxy:                 nil, // engines are reached directly, never via HTTP_PROXY
-		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          0,
-		MaxIdleConnsPerHost:   4096,
-		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
-		ExpectContinueTimeout: 0,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
-	}
+func NewTransport(dialTimeout time.Duration) *Transport {
+	return &Transport{DialTimeout: dialTimeout, IdleTimeout: 90 * time.Second, MaxIdlePerHost: 4096}
 }
 
 // ServeHTTP implements http.Handler.

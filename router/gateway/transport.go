@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Transport is the router's HTTP/1.1 client to engines: a keep-alive
+// connection pool where the calling goroutine itself writes the request and
+// reads the response. net/http's Transport hands every request between the
+// caller and two goroutines per connection; at thousands of streams per
+// second those handoffs were a large share of the router's CPU.
+//
+// Requests must be HTTP (not HTTPS), carry their body as GetBody-able bytes
+// (http.NewRequest with a bytes.Reader), and end with the response body being
+// read to EOF and closed for the connection to be reused. Cancelling the
+// request's context unblocks and closes its connection.
+type Transport struct {
+	DialTimeout    time.Duration // default 2s
+	IdleTimeout    time.Duration // idle connections older than this are closed on reuse (default 90s)
+	MaxIdlePerHost int           // default 4096
+
+	mu   sync.Mutex
+	idle map[string][]*pconn // host:port → LIFO stack
+}
+
+type pconn struct {
+	c      net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	host   string
+	idleAt time.Time
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// RoundTrip sends req and returns the response with its body unread.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" {
+		return nil, errors.New("oasis-router transport: only http:// engines are supported")
+	}
+	ctx := req.Context()
+	for attempt := 0; ; attempt++ {
+		pc, reused, err := t.conn(ctx, req.URL.Host)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := t.send(pc, req)
+		if err == nil {
+			return resp, nil
+		}
+		pc.c.Close()
+		// A pooled connection the engine closed while idle fails before any
+		// response byte: send again on a fresh one (the request never reached
+		// the engine's handler).
+		if reused && attempt == 0 && ctx.Err() == nil && staleConnErr(err) && req.GetBody != nil {
+			body, berr := req.GetBody()
+			if berr == nil {
+				req.Body = body
+				continue
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+}
+
+func staleConnErr(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
+	// Cancellation: a past deadline unblocks any read or write on the conn.
+	stop := context.AfterFunc(req.Context(), func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	if err := req.Write(pc.bw); err != nil {
+		stop()
+		return nil, err
+	}
+	if err := pc.bw.Flush(); err != nil {
+		stop()
+		return nil, err
+	}
+	resp, err := http.ReadResponse(pc.br, req)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	resp.Body = &body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// body returns the connection to the pool when read to EOF and closed.
+type body struct {
+	rc       io.ReadCloser
+	pc       *pconn
+	t        *Transport
+	stop     func() bool
+	reusable bool
+	eof      bool
+	closed   bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
+func (b *body) Close() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	// stop() is false when the context already fired: the conn has a past
+	// deadline and may have been cut mid-response.
+	if b.stop() && b.eof && b.reusable {
+		_ = b.rc.Close()
+		b.t.put(b.pc)
+		return nil
+	}
+	// Close the connection first: net/http's body.Close would otherwise read
+	// the rest of an unfinished stream to discard it.
+	err := b.pc.c.Close()
+	_ = b.rc.Close()
+	return err
+}
+
+func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error) {
+	idleTimeout := t.IdleTimeout
+	if idleTimeout == 0 {
+		idleTimeout = 90 * time.Second
+	}
+	t.mu.Lock()
+	for stack := t.idle[host]; len(stack) > 0; stack = t.idle[host] {
+		pc := stack[len(stack)-1]
+		stack[len(stack)-1] = nil
+		t.idle[host] = stack[:len(stack)-1]
+		if time.Since(pc.idleAt) > idleTimeout {
+			pc.c.Close()
+			continue
+		}
+		t.mu.Unlock()
+		return pc, true, nil
+	}
+	t.mu.Unlock()
+	dt := t.DialTimeout
+	if dt == 0 {
+		dt = 2 * time.Second
+	}
+	c, err := (&net.Dialer{Timeout: dt, KeepAlive: 30 * time.Second}).DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, false, err
+	}
+	return &pconn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 16<<10), host: host}, false, nil
+}
+
+func (t *Transport) put(pc *pconn) {
+	_ = pc.c.SetDeadline(time.Time{})
+	if pc.br.Buffered() > 0 { // the engine sent more than one response: do not trust it
+		pc.c.Close()
+		return
+	}
+	max := t.MaxIdlePerHost
+	if max == 0 {
+		max = 4096
+	}
+	pc.idleAt = time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.idle == nil {
+		t.idle = map[string][]*pconn{}
+	}
+	if len(t.idle[pc.host]) >= max {
+		pc.c.Close()
+		return
+	}
+	t.idle[pc.host] = append(t.idle[pc.host], pc)
+}
+
+// CloseIdle closes every idle connection.
+func (t *Transport) CloseIdle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for h, stack := range t.idle {
+		for _, pc := range stack {
+			pc.c.Close()
+		}
+		delete(t.idle, h)
+	}
+}
