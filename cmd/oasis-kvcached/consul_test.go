@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/oasis-llm/oasis/kvcached/peer"
+	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+)
+
+// consulBinary finds a real consul: $OASIS_CONSUL_BIN, the repository's
+// bin/consul (built by the lead's tools), or PATH.
+func consulBinary() string {
+	if p := os.Getenv("OASIS_CONSUL_BIN"); p != "" {
+		return p
+	}
+	if p, err := filepath.Abs("../../bin/consul"); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, _ := exec.LookPath("consul")
+	return p
+}
+
+func port(t *testing.T, addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	must.NoError(t, err)
+	return p
+}
+
+// startConsul runs a real Consul dev agent on free loopback ports.
+func startConsul(t *testing.T) (*consulapi.Client, string) {
+	t.Helper()
+	bin := consulBinary()
+	if bin == "" {
+		t.Skip("no consul binary: set OASIS_CONSUL_BIN or build bin/consul")
+	}
+	httpAddr := freeTCP(t)
+	args := []string{"agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
+		"-http-port", port(t, httpAddr), "-dns-port", "-1",
+		"-serf-lan-port", port(t, freeTCP(t)), "-serf-wan-port", port(t, freeTCP(t)),
+		"-server-port", port(t, freeTCP(t)), "-grpc-port", "-1", "-grpc-tls-port", "-1",
+		"-data-dir", t.TempDir(), "-log-level", "warn"}
+	cmd := exec.Command(bin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &out}, &lockedWriter{w: &out}
+	must.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("consul output:\n%s", out.String())
+		}
+	})
+	cfg := consulapi.DefaultConfig()
+	cfg.Address = httpAddr
+	client, err := consulapi.NewClient(cfg)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		leader, err := client.Status().Leader()
+		if err == nil && leader == "" {
+			return wait.ErrTimeoutExceeded
+		}
+		return err
+	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	return client, httpAddr
+}
+
+// TestPeersFromConsulCatalog registers two kvcached instances in a real
+// Consul (as Nomad's service block does: service oasis-kvcached, meta
+// oasis_quic_port) and checks they find and fetch from each other, and that
+// a deregistered instance leaves the peer set.
+func TestPeersFromConsulCatalog(t *testing.T) {
+	client, consulAddr := startConsul(t)
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "oasis test CA")
+	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", peer.DefaultServerName)
+	_, certB, keyB := ca.WriteFiles(t, dir, "b", peer.DefaultServerName)
+	qa, qb := freeUDP(t), freeUDP(t)
+
+	common := []string{"--tls-ca", caFile, "--peer-filter-interval", "200ms", "--peer-timeout", "1s",
+		"--consul-addr", consulAddr}
+	a := start(t, append([]string{"--quic-addr", qa, "--quic-advertise", qa, "--tls-cert", certA, "--tls-key", keyA}, common...)...)
+	b := start(t, append([]string{"--quic-addr", qb, "--quic-advertise", qb, "--tls-cert", certB, "--tls-key", keyB}, common...)...)
+
+	register := func(id, redisAddr, quicAddr string) {
+		rp, _ := strconv.Atoi(port(t, redisAddr))
+		must.NoError(t, client.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+			ID: id, Name: "oasis-kvcached", Address: "127.0.0.1", Port: rp,
+			Meta: map[string]string{peer.QUICPortMeta: port(t, quicAddr)},
+		}))
+	}
+	register("kvcached-a", a.addr, qa)
+	register("kvcached-b", b.addr, qb)
+
+	ctx := context.Background()
+	must.NoError(t, a.client.Set(ctx, blockKey(7), []byte("block seven"), 0).Err())
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return b.client.Get(ctx, blockKey(7)).Val() == "block seven"
+	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return a.metric(t, "oasis_kvcached_peers_healthy") == 1 && b.metric(t, "oasis_kvcached_peers_healthy") == 1
+	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+
+	// a leaves the catalog: b drops it from its peer set.
+	must.NoError(t, client.Agent().ServiceDeregister("kvcached-a"))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return b.metric(t, "oasis_kvcached_peers_healthy") == 0
+	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+}
