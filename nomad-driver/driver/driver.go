@@ -45,6 +45,8 @@ type Driver struct {
 	compute     cpustats.Compute
 	// fingerprintNow wakes the fingerprint loop after SetConfig.
 	fingerprintNow chan struct{}
+	// remoteInterval is how often openai_compat endpoints are checked.
+	remoteInterval time.Duration
 }
 
 // New returns the driver; ctx bounds its background work.
@@ -58,6 +60,7 @@ func New(ctx context.Context, logger hclog.Logger) *Driver {
 		probe:          newProber(),
 		period:         config.DefaultFingerprintEvery,
 		fingerprintNow: make(chan struct{}, 1),
+		remoteInterval: defaultRemoteInterval,
 	}
 }
 

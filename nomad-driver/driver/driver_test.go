@@ -403,3 +403,105 @@ func TestDriver_OpenAICompat(t *testing.T) {
 	var rec nstructs.Recoverable
 	must.True(t, errors.As(err, &rec) || strings.Contains(err.Error(), "unreachable"))
 }
+
+// TestDriver_OpenAICompatEndpointGoesAway: three failed checks in a row end
+// the task with exit code 1 and a "Health failing" event.
+func TestDriver_OpenAICompatEndpointGoesAway(t *testing.T) {
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized) // reachable without the API key
+	}))
+	d, h := newHarness(t, nil)
+	d.remoteInterval = 50 * time.Millisecond
+	events := watchEvents(t, h)
+	task := newSimTask(t, h, false, func(c *config.TaskConfig) {
+		*c = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: remote.URL + "/v1"}
+	})
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	waitCh, err := h.WaitTask(context.Background(), task.cfg.ID)
+	must.NoError(t, err)
+	events.waitFor(t, task.cfg.ID, "Remote endpoint", 5*time.Second)
+	remote.Close()
+	select {
+	case res := <-waitCh:
+		must.EqOp(t, 1, res.ExitCode)
+	case <-time.After(10 * time.Second):
+		t.Fatal("task kept running with its endpoint gone")
+	}
+	events.waitFor(t, task.cfg.ID, "Health failing: remote endpoint", 5*time.Second)
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+}
+
+// TestDriver_StopHonoursKillTimeout: an engine that ignores the kill
+// signal is SIGKILLed with its whole process group once the timeout passes.
+func TestDriver_StopHonoursKillTimeout(t *testing.T) {
+	script := t.TempDir() + "/stubborn-engine"
+	// Ignores SIGTERM; a child keeps the process group populated.
+	must.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\ntrap '' TERM\nsleep 300 &\nwhile :; do sleep 1; done\n"), 0o755))
+	_, h := newHarness(t, nil)
+	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.Binary = script })
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	pid := pidOf(t, h, task.cfg.ID)
+	var members []int
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		members = groupMembers(pid)
+		return len(members) >= 2
+	}), wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+
+	start := time.Now()
+	must.NoError(t, h.StopTask(task.cfg.ID, 700*time.Millisecond, "SIGTERM"))
+	must.GreaterEq(t, 700*time.Millisecond, time.Since(start), must.Sprint("SIGTERM was ignored: the kill timeout must pass first"))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(groupMembers(pid)) == 0 }),
+		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)),
+		must.Func(func() string { return fmt.Sprintf("process group %d still has %v", pid, groupMembers(pid)) }))
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+}
+
+// TestDriver_StatsAndExec: CPU/memory stats come from the executor, and
+// exec runs inside the task's environment.
+func TestDriver_StatsAndExec(t *testing.T) {
+	_, h := newHarness(t, nil)
+	task := newSimTask(t, h, true, nil)
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	waitHealthy(t, task.httpPort)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stats, err := h.TaskStats(ctx, task.cfg.ID, 100*time.Millisecond)
+	must.NoError(t, err)
+	select {
+	case u := <-stats:
+		must.NotNil(t, u)
+		must.NotNil(t, u.ResourceUsage)
+		must.Positive(t, u.ResourceUsage.MemoryStats.RSS)
+	case <-ctx.Done():
+		t.Fatal("no stats")
+	}
+
+	res, err := h.ExecTask(task.cfg.ID, []string{"/bin/sh", "-c", "echo $CUDA_VISIBLE_DEVICES"}, 5*time.Second)
+	must.NoError(t, err)
+	must.EqOp(t, 0, res.ExitResult.ExitCode)
+	must.EqOp(t, "GPU-test-0,GPU-test-1\n", string(res.Stdout))
+	must.NoError(t, h.StopTask(task.cfg.ID, 5*time.Second, "SIGINT"))
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+}
+
+// groupMembers lists live (non-zombie) processes in process group pgid.
+func groupMembers(pgid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err == nil && g == pgid {
+			if stat, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && !bytes.Contains(stat, []byte(") Z ")) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}

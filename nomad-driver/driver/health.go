@@ -23,8 +23,8 @@ const (
 	failThreshold = 3
 	// recoveredEventDelay waits for the restarted client's event handlers.
 	recoveredEventDelay = 2 * time.Second
-	// remoteInterval is the openai_compat endpoint poll period.
-	remoteInterval = 10 * time.Second
+	// defaultRemoteInterval is the openai_compat endpoint poll period.
+	defaultRemoteInterval = 10 * time.Second
 )
 
 // startupInterval polls fast at first so readiness is seen within tens of
@@ -191,7 +191,7 @@ func (d *Driver) watchRemote(h *taskHandle) {
 	defer close(h.doneCh)
 	client := newHealthClient()
 	fails := 0
-	for sleep(h.ctx, remoteInterval) {
+	for sleep(h.ctx, d.remoteInterval) {
 		ok, detail := probe(h.ctx, client, h.state.HealthURL, reachable)
 		if h.ctx.Err() != nil {
 			break
