@@ -47,6 +47,20 @@ type Config struct {
 	IdleTimeout time.Duration
 }
 
+// Commands counted individually in oasis_kvcached_commands_total.
+const (
+	cmdDel = iota
+	cmdExists
+	cmdExpire
+	cmdGet
+	cmdMget
+	cmdMset
+	cmdSet
+	numCounted
+)
+
+var countedNames = [numCounted]string{"del", "exists", "expire", "get", "mget", "mset", "set"}
+
 // Server is a Redis-protocol front end to a store.Store.
 type Server struct {
 	cfg      Config
@@ -69,6 +83,7 @@ type Server struct {
 	mConns    prometheus.Gauge
 	mCommands *prometheus.CounterVec
 	mErrors   *prometheus.CounterVec
+	cmdCount  [numCounted]prometheus.Counter
 }
 
 // New returns a Server; Serve starts it.
@@ -99,6 +114,9 @@ func New(cfg Config) (*Server, error) {
 	s.mCommands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_commands_total", Help: "Redis commands served, by command."}, []string{"command"})
 	s.mErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_command_errors_total", Help: "Error replies, by kind (protocol, too_large, auth, unknown, args)."}, []string{"kind"})
 	cfg.Registry.MustRegister(s.mConns, s.mCommands, s.mErrors)
+	for i, name := range countedNames {
+		s.cmdCount[i] = s.mCommands.WithLabelValues(name)
+	}
 	return s, nil
 }
 
@@ -268,21 +286,21 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, "GET")
 			return
 		}
-		s.mCommands.WithLabelValues("get").Inc()
+		s.cmdCount[cmdGet].Inc()
 		if v, _, ok := s.st.Get(ctx, string(args[1])); ok {
 			w.Bulk(v)
 		} else {
 			w.Null()
 		}
 	case "SET":
-		s.mCommands.WithLabelValues("set").Inc()
+		s.cmdCount[cmdSet].Inc()
 		s.cmdSet(ctx, c, args)
 	case "EXISTS":
 		if n < 2 {
 			s.argErr(c, "EXISTS")
 			return
 		}
-		s.mCommands.WithLabelValues("exists").Inc()
+		s.cmdCount[cmdExists].Inc()
 		var cnt int64
 		for _, k := range args[1:] {
 			if s.st.Exists(ctx, string(k)) {
@@ -295,7 +313,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, string(cmd))
 			return
 		}
-		s.mCommands.WithLabelValues("del").Inc()
+		s.cmdCount[cmdDel].Inc()
 		var cnt int64
 		for _, k := range args[1:] {
 			if s.st.Delete(string(k)) {
@@ -308,7 +326,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, "MGET")
 			return
 		}
-		s.mCommands.WithLabelValues("mget").Inc()
+		s.cmdCount[cmdMget].Inc()
 		w.Array(n - 1)
 		for _, k := range args[1:] {
 			if v, _, ok := s.st.Get(ctx, string(k)); ok {
@@ -322,7 +340,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, "MSET")
 			return
 		}
-		s.mCommands.WithLabelValues("mset").Inc()
+		s.cmdCount[cmdMset].Inc()
 		for i := 1; i < n; i += 2 {
 			if int64(len(args[i+1])) > s.st.MaxValue() {
 				s.mErrors.WithLabelValues("too_large").Inc()
@@ -357,7 +375,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, string(cmd))
 			return
 		}
-		s.mCommands.WithLabelValues("expire").Inc()
+		s.cmdCount[cmdExpire].Inc()
 		d, err := strconv.ParseInt(string(args[2]), 10, 64)
 		if err != nil {
 			w.Error("ERR value is not an integer or out of range")

@@ -164,8 +164,8 @@ func (d *diskTier) load() (uint64, error) {
 		}
 	}
 	d.log.Info("disk tier loaded", "blocks", len(d.idx), "bytes", d.used, "recovered", recovered, "orphans_removed", orphans, "missing_files", len(live))
-	d.m.Bytes.WithLabelValues("disk").Set(float64(d.used))
-	d.m.Blocks.WithLabelValues("disk").Set(float64(len(d.idx)))
+	d.m.bytesDisk.Set(float64(d.used))
+	d.m.blocksDisk.Set(float64(len(d.idx)))
 	return maxSeq, nil
 }
 
@@ -238,8 +238,8 @@ func (d *diskTier) unlink(e *diskEntry) {
 }
 
 func (d *diskTier) updateGauges() {
-	d.m.Bytes.WithLabelValues("disk").Set(float64(d.used))
-	d.m.Blocks.WithLabelValues("disk").Set(float64(len(d.idx)))
+	d.m.bytesDisk.Set(float64(d.used))
+	d.m.blocksDisk.Set(float64(len(d.idx)))
 }
 
 // writable reports whether writes are allowed now: after a failed write the
@@ -464,7 +464,7 @@ func (d *diskTier) dropFiles(es []*diskEntry, evicted bool) {
 	for _, e := range es {
 		os.Remove(d.path(e.seq))
 		if evicted {
-			d.m.Evictions.WithLabelValues("disk").Inc()
+			d.m.evictDisk.Inc()
 		}
 		if d.events != nil {
 			d.events.Removed(e.key, TierDisk)

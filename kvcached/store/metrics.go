@@ -5,19 +5,25 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are the store's Prometheus collectors, registered on a registry the
 // caller owns.
 type Metrics struct {
-	Hits          *prometheus.CounterVec // by tier: ram, disk, peer
-	Misses        prometheus.Counter
-	Bytes         *prometheus.GaugeVec   // by tier: ram, disk
-	Blocks        *prometheus.GaugeVec   // by tier: ram, disk
-	Evictions     *prometheus.CounterVec // by tier: ram, disk
-	Spills        prometheus.Counter
-	SpillBytes    prometheus.Counter
-	SpillErrors   prometheus.Counter
-	SpillSkipped  prometheus.Counter // dirty blocks evicted from RAM with no disk to take them
-	Promotions    prometheus.Counter
-	Corrupt       prometheus.Counter
-	DiskDegraded  prometheus.Gauge
-	TooLarge      prometheus.Counter
+	Hits         *prometheus.CounterVec // by tier: ram, disk, peer
+	Misses       prometheus.Counter
+	Bytes        *prometheus.GaugeVec   // by tier: ram, disk
+	Blocks       *prometheus.GaugeVec   // by tier: ram, disk
+	Evictions    *prometheus.CounterVec // by tier: ram, disk
+	Spills       prometheus.Counter
+	SpillBytes   prometheus.Counter
+	SpillErrors  prometheus.Counter
+	SpillSkipped prometheus.Counter // dirty blocks evicted from RAM with no disk to take them
+	Promotions   prometheus.Counter
+	Corrupt      prometheus.Counter
+	DiskDegraded prometheus.Gauge
+	TooLarge     prometheus.Counter
+
+	// Resolved label values for the hot paths.
+	hitRAM, hitDisk, hitPeer prometheus.Counter
+	bytesRAM, bytesDisk      prometheus.Gauge
+	blocksRAM, blocksDisk    prometheus.Gauge
+	evictRAM, evictDisk      prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -65,13 +71,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Hits, m.Misses, m.Bytes, m.Blocks, m.Evictions, m.Spills, m.SpillBytes,
 		m.SpillErrors, m.SpillSkipped, m.Promotions, m.Corrupt, m.DiskDegraded, m.TooLarge)
-	for _, t := range []string{"ram", "disk", "peer"} {
-		m.Hits.WithLabelValues(t)
-	}
-	for _, t := range []string{"ram", "disk"} {
-		m.Bytes.WithLabelValues(t)
-		m.Blocks.WithLabelValues(t)
-		m.Evictions.WithLabelValues(t)
-	}
+	m.hitRAM, m.hitDisk, m.hitPeer = m.Hits.WithLabelValues("ram"), m.Hits.WithLabelValues("disk"), m.Hits.WithLabelValues("peer")
+	m.bytesRAM, m.bytesDisk = m.Bytes.WithLabelValues("ram"), m.Bytes.WithLabelValues("disk")
+	m.blocksRAM, m.blocksDisk = m.Blocks.WithLabelValues("ram"), m.Blocks.WithLabelValues("disk")
+	m.evictRAM, m.evictDisk = m.Evictions.WithLabelValues("ram"), m.Evictions.WithLabelValues("disk")
 	return m
+}
+
+func (m *Metrics) hit(t Tier) {
+	switch t {
+	case TierRAM:
+		m.hitRAM.Inc()
+	case TierDisk:
+		m.hitDisk.Inc()
+	default:
+		m.hitPeer.Inc()
+	}
 }

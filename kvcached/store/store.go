@@ -222,8 +222,8 @@ func (s *Store) removeRAMLocked(it *item, deleted bool) {
 }
 
 func (s *Store) gaugesLocked() {
-	s.m.Bytes.WithLabelValues("ram").Set(float64(s.ramUsed))
-	s.m.Blocks.WithLabelValues("ram").Set(float64(len(s.ram)))
+	s.m.bytesRAM.Set(float64(s.ramUsed))
+	s.m.blocksRAM.Set(float64(len(s.ram)))
 }
 
 // Set stores val under key. expireAt is unix nanoseconds, 0 for none. It
@@ -284,7 +284,7 @@ func (s *Store) evictLocked() []*item {
 	for s.ramUsed > s.cfg.RAMBytes && s.tail != nil {
 		v := s.tail
 		s.removeRAMLocked(v, false)
-		s.m.Evictions.WithLabelValues("ram").Inc()
+		s.m.evictRAM.Inc()
 		if v.dirty && !v.writing {
 			// Written now by the evicting caller (the spiller skips it
 			// later), so the value's memory is released promptly.
@@ -406,11 +406,11 @@ func (s *Store) Flush(ctx context.Context) error {
 // the Remote on a local miss. The returned slice must not be modified.
 func (s *Store) Get(ctx context.Context, key string) ([]byte, Tier, bool) {
 	if v, tier, ok := s.getLocal(key, true); ok {
-		s.m.Hits.WithLabelValues(tier.String()).Inc()
+		s.m.hit(tier)
 		return v, tier, true
 	}
 	if v, ok := s.fetchRemote(ctx, key); ok {
-		s.m.Hits.WithLabelValues("peer").Inc()
+		s.m.hitPeer.Inc()
 		return v, TierPeer, true
 	}
 	s.m.Misses.Inc()
