@@ -26,6 +26,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/kvevents"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -167,7 +168,12 @@ func groupMembers(pgid int) []int {
 
 func chat(t *testing.T, addr string) string {
 	t.Helper()
-	body := `{"model":"llama","messages":[{"role":"user","content":"Say hello"}],"max_tokens":8}`
+	return chatPrompt(t, addr, "Say hello")
+}
+
+func chatPrompt(t *testing.T, addr, prompt string) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":%q}],"max_tokens":8}`, prompt)
 	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	must.NoError(t, err)
 	defer resp.Body.Close()
@@ -259,7 +265,27 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 		"oasis_node":         stack.NodeID,
 	}, meta)
 
-	chat(t, net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)))
+	// The rendered --kv-events-config publishes where oasis_kv_events says:
+	// a long prompt fills 16-token blocks and the engine reports them.
+	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: svc.Meta["oasis_kv_events"]})
+	must.NoError(t, err)
+	defer sub.Close()
+	time.Sleep(300 * time.Millisecond) // ZMQ slow joiner: let the SUB connect first
+	chatPrompt(t, net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)), strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20))
+	stored := false
+	for !stored {
+		nctx, ncancel := context.WithTimeout(ctx, 15*time.Second)
+		msg, err := sub.Next(nctx)
+		ncancel()
+		must.NoError(t, err, must.Sprint("no KV event batch from ", svc.Meta["oasis_kv_events"]))
+		for _, ev := range msg.Batch.Events {
+			if bs, ok := ev.(kvevents.BlockStored); ok {
+				must.EqOp(t, 16, bs.BlockSize)
+				must.Positive(t, len(bs.BlockHashes))
+				stored = true
+			}
+		}
+	}
 
 	pid := enginePID(t, port)
 	pgid, err := syscall.Getpgid(pid)
