@@ -1,0 +1,105 @@
+# Llama 3.1 8B Instruct (GGUF, Q4_K_M) on llama.cpp's llama-server, CPU only.
+#
+#   nomad job run recipes/llama3-8b/llama-cpp/cpu/job.nomad.hcl
+
+variable "datacenters" {
+  description = "Datacenters to run in."
+  type        = list(string)
+  default     = ["*"]
+}
+
+variable "count" {
+  description = "Engine replicas."
+  type        = number
+  default     = 1
+}
+
+variable "model" {
+  description = "GGUF file on the node."
+  type        = string
+  default     = "/opt/models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf"
+}
+
+variable "max_model_len" {
+  description = "Context size (-c)."
+  type        = number
+  default     = 8192
+}
+
+job "llama3-8b-llama-cpp-cpu" {
+  datacenters = var.datacenters
+  type        = "service"
+
+  update {
+    max_parallel      = 1
+    health_check      = "checks"
+    min_healthy_time  = "30s"
+    healthy_deadline  = "30m"
+    progress_deadline = "40m"
+    auto_revert       = true
+  }
+
+  group "engine" {
+    count = var.count
+
+    network {
+      port "http" {}
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-llama_cpp", "role-both"]
+      meta {
+        oasis_model        = "llama3-8b"
+        oasis_engine       = "llama_cpp"
+        oasis_role         = "both"
+        oasis_kv_events    = ""
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = ""
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        name     = "health"
+        type     = "http"
+        path     = "/health"
+        interval = "10s"
+        timeout  = "3s"
+        # Model loads take minutes: failing checks restart the task only after the grace.
+        check_restart {
+          limit = 3
+          grace = "10m"
+        }
+      }
+    }
+
+    restart {
+      attempts = 3
+      interval = "30m"
+      delay    = "30s"
+      mode     = "fail"
+    }
+
+    task "llama-server" {
+      driver = "llm"
+
+      config {
+        engine            = "llama_cpp"
+        model             = var.model
+        served_model_name = "llama3-8b"
+        port              = "http"
+        max_model_len     = var.max_model_len
+      }
+
+      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "30s"
+
+      resources {
+        cpu    = 8000
+        memory = 12288
+      }
+    }
+  }
+}

@@ -1,0 +1,117 @@
+# Llama 3.1 8B Instruct on SGLang: one engine per GPU, radix prefix cache on GPU.
+#
+#   nomad job run recipes/llama3-8b/sglang/agg/job.nomad.hcl
+
+variable "datacenters" {
+  description = "Datacenters to run in."
+  type        = list(string)
+  default     = ["*"]
+}
+
+variable "count" {
+  description = "Engine replicas (one GPU each)."
+  type        = number
+  default     = 1
+}
+
+variable "model" {
+  description = "Model the engine loads (Hugging Face id or local path)."
+  type        = string
+  default     = "meta-llama/Llama-3.1-8B-Instruct"
+}
+
+variable "max_model_len" {
+  description = "Longest context served."
+  type        = number
+  default     = 8192
+}
+
+job "llama3-8b-sglang-agg" {
+  datacenters = var.datacenters
+  type        = "service"
+
+  update {
+    max_parallel      = 1
+    health_check      = "checks"
+    min_healthy_time  = "30s"
+    healthy_deadline  = "30m"
+    progress_deadline = "40m"
+    auto_revert       = true
+  }
+
+  group "engine" {
+    count = var.count
+
+    network {
+      port "http" {}
+      port "kv_events" {}
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sglang", "role-both"]
+      meta {
+        oasis_model        = "llama3-8b"
+        oasis_engine       = "sglang"
+        oasis_role         = "both"
+        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        name     = "health"
+        type     = "http"
+        path     = "/health"
+        interval = "10s"
+        timeout  = "3s"
+        # Model loads take minutes: failing checks restart the task only after the grace.
+        check_restart {
+          limit = 3
+          grace = "15m"
+        }
+      }
+    }
+
+    restart {
+      attempts = 3
+      interval = "30m"
+      delay    = "30s"
+      mode     = "fail"
+    }
+
+    task "sglang" {
+      driver = "llm"
+
+      config {
+        engine                 = "sglang"
+        model                  = var.model
+        served_model_name      = "llama3-8b"
+        port                   = "http"
+        kv_events_port         = "kv_events"
+        max_model_len          = var.max_model_len
+        gpu_memory_utilization = 0.85
+      }
+
+      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "90s"
+
+      resources {
+        cpu    = 4000
+        memory = 16384
+
+        device "nvidia/gpu" {
+          count = 1
+          constraint {
+            attribute = "${device.attr.memory}"
+            operator  = ">="
+            value     = "24 GiB"
+          }
+        }
+      }
+    }
+  }
+}

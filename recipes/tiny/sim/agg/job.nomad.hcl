@@ -1,0 +1,100 @@
+# oasis-sim engines (vLLM-compatible simulator): runs anywhere, no GPU, no weights.
+#
+#   nomad job run recipes/tiny/sim/agg/job.nomad.hcl
+
+variable "datacenters" {
+  description = "Datacenters to run in."
+  type        = list(string)
+  default     = ["*"]
+}
+
+variable "count" {
+  description = "Simulated engines."
+  type        = number
+  default     = 3
+}
+
+variable "speed" {
+  description = "Simulated time scale: 1 = real time, 0 = no waiting."
+  type        = string
+  default     = "1"
+}
+
+job "tiny-sim-agg" {
+  datacenters = var.datacenters
+  type        = "service"
+
+  update {
+    max_parallel      = 1
+    health_check      = "checks"
+    min_healthy_time  = "30s"
+    healthy_deadline  = "30m"
+    progress_deadline = "40m"
+    auto_revert       = true
+  }
+
+  group "engine" {
+    count = var.count
+
+    network {
+      port "http" {}
+      port "kv_events" {}
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sim", "role-both"]
+      meta {
+        oasis_model        = "tiny-sim"
+        oasis_engine       = "sim"
+        oasis_role         = "both"
+        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        name     = "health"
+        type     = "http"
+        path     = "/health"
+        interval = "10s"
+        timeout  = "3s"
+        # Model loads take minutes: failing checks restart the task only after the grace.
+        check_restart {
+          limit = 3
+          grace = "30s"
+        }
+      }
+    }
+
+    restart {
+      attempts = 3
+      interval = "30m"
+      delay    = "30s"
+      mode     = "fail"
+    }
+
+    task "sim" {
+      driver = "llm"
+
+      config {
+        engine         = "sim"
+        model          = "tiny-sim"
+        port           = "http"
+        kv_events_port = "kv_events"
+        extra_args     = ["--speed", var.speed]
+      }
+
+      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "10s"
+
+      resources {
+        cpu    = 200
+        memory = 128
+      }
+    }
+  }
+}

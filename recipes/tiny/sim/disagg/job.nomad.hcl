@@ -1,0 +1,179 @@
+# oasis-sim engines in disaggregated prefill/decode roles: exercises the router's P/D path without GPUs.
+#
+#   nomad job run recipes/tiny/sim/disagg/job.nomad.hcl
+
+variable "datacenters" {
+  description = "Datacenters to run in."
+  type        = list(string)
+  default     = ["*"]
+}
+
+variable "prefill_count" {
+  description = "Prefill engines."
+  type        = number
+  default     = 1
+}
+
+variable "decode_count" {
+  description = "Decode engines."
+  type        = number
+  default     = 1
+}
+
+variable "speed" {
+  description = "Simulated time scale: 1 = real time, 0 = no waiting."
+  type        = string
+  default     = "1"
+}
+
+job "tiny-sim-disagg" {
+  datacenters = var.datacenters
+  type        = "service"
+
+  update {
+    max_parallel      = 1
+    health_check      = "checks"
+    min_healthy_time  = "30s"
+    healthy_deadline  = "30m"
+    progress_deadline = "40m"
+    auto_revert       = true
+  }
+
+  group "prefill" {
+    count = var.prefill_count
+
+    network {
+      port "http" {}
+      port "kv_events" {}
+      port "nixl" {}
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sim", "role-prefill"]
+      meta {
+        oasis_model        = "tiny-sim"
+        oasis_engine       = "sim"
+        oasis_role         = "prefill"
+        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        name     = "health"
+        type     = "http"
+        path     = "/health"
+        interval = "10s"
+        timeout  = "3s"
+        # Model loads take minutes: failing checks restart the task only after the grace.
+        check_restart {
+          limit = 3
+          grace = "30s"
+        }
+      }
+    }
+
+    restart {
+      attempts = 3
+      interval = "30m"
+      delay    = "30s"
+      mode     = "fail"
+    }
+
+    task "sim" {
+      driver = "llm"
+
+      config {
+        engine                 = "sim"
+        model                  = "tiny-sim"
+        port                   = "http"
+        kv_events_port         = "kv_events"
+        role                   = "prefill"
+        kv_offload             = "nixl"
+        nixl_side_channel_port = "nixl"
+        extra_args             = ["--speed", var.speed]
+      }
+
+      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "10s"
+
+      resources {
+        cpu    = 200
+        memory = 128
+      }
+    }
+  }
+
+  group "decode" {
+    count = var.decode_count
+
+    network {
+      port "http" {}
+      port "kv_events" {}
+      port "nixl" {}
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sim", "role-decode"]
+      meta {
+        oasis_model        = "tiny-sim"
+        oasis_engine       = "sim"
+        oasis_role         = "decode"
+        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        name     = "health"
+        type     = "http"
+        path     = "/health"
+        interval = "10s"
+        timeout  = "3s"
+        # Model loads take minutes: failing checks restart the task only after the grace.
+        check_restart {
+          limit = 3
+          grace = "30s"
+        }
+      }
+    }
+
+    restart {
+      attempts = 3
+      interval = "30m"
+      delay    = "30s"
+      mode     = "fail"
+    }
+
+    task "sim" {
+      driver = "llm"
+
+      config {
+        engine                 = "sim"
+        model                  = "tiny-sim"
+        port                   = "http"
+        kv_events_port         = "kv_events"
+        role                   = "decode"
+        kv_offload             = "nixl"
+        nixl_side_channel_port = "nixl"
+        extra_args             = ["--speed", var.speed]
+      }
+
+      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "10s"
+
+      resources {
+        cpu    = 200
+        memory = 128
+      }
+    }
+  }
+}
