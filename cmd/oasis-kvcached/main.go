@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -52,6 +53,7 @@ type options struct {
 	blockSize                         int
 	fetchTimeout, filterInterval      time.Duration
 	logLevel                          string
+	pprof                             bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -81,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.fetchTimeout, "peer-timeout", 2*time.Second, "timeout of one peer fetch")
 	fs.DurationVar(&o.filterInterval, "peer-filter-interval", 2*time.Second, "how often peers exchange membership filters")
 	fs.StringVar(&o.logLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's /debug/pprof on the HTTP address (for profiling)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -187,6 +190,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.httpAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if o.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
 		mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
 			s := st.Stats()
 			w.Header().Set("Content-Type", "application/json")

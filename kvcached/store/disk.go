@@ -28,13 +28,19 @@ import (
 //
 //	magic "OKVB" | version u8 | key length u32 | value length u64 | key | value
 //
-// Pebble index: key "k" + block key → seq u64 | value length u64 | expireAt i64 (unix ns, 0 = none) | BLAKE3-256(key || value)
+// Pebble index: key "k" + block key → seq u64 | value length u64 | expireAt i64 (unix ns, 0 = none) | BLAKE3-256(key || value) | flags u8 [| value]
+//
+// Values up to InlineMax bytes (LMCache's 28-byte metadata keys, small test
+// values) live inline in the index entry (flag 1) instead of a file of their
+// own: one Pebble write instead of a file create, write and close.
 
 const (
 	fileMagic   = "OKVB"
 	fileVersion = 1
 	fileHeader  = 4 + 1 + 4 + 8
-	indexValLen = 8 + 8 + 8 + 32
+	indexValLen = 8 + 8 + 8 + 32 + 1
+	// InlineMax is the largest value kept inside the Pebble index.
+	InlineMax = 4 << 10
 	indexPrefix = 'k'
 )
 
@@ -47,6 +53,7 @@ type diskEntry struct {
 	size       int64
 	expireAt   int64
 	sum        [32]byte
+	inline     bool       // value stored in the index entry, no file
 	prev, next *diskEntry // LRU, most recent at head
 }
 
@@ -106,7 +113,7 @@ func (d *diskTier) load() (uint64, error) {
 	live := make(map[uint64]string) // seq → key of indexed blocks not yet seen on disk
 	for it.First(); it.Valid(); it.Next() {
 		v := it.Value()
-		if len(v) != indexValLen {
+		if len(v) < indexValLen || (v[indexValLen-1] == 0) != (len(v) == indexValLen) {
 			d.log.Warn("dropping malformed index entry", "key", fmt.Sprintf("%q", it.Key()[1:]))
 			d.db.Delete(bytes.Clone(it.Key()), pebble.NoSync)
 			continue
@@ -116,10 +123,13 @@ func (d *diskTier) load() (uint64, error) {
 		e.size = int64(binary.LittleEndian.Uint64(v[8:]))
 		e.expireAt = int64(binary.LittleEndian.Uint64(v[16:]))
 		copy(e.sum[:], v[24:])
+		e.inline = v[indexValLen-1] == 1
 		d.idx[e.key] = e
 		d.pushFront(e)
 		d.used += e.size
-		live[e.seq] = e.key
+		if !e.inline {
+			live[e.seq] = e.key
+		}
 		maxSeq = max(maxSeq, e.seq)
 	}
 	if err := it.Close(); err != nil {
@@ -198,7 +208,7 @@ func (d *diskTier) recover(path string, seq uint64) bool {
 		// have passed it, so remove it here.
 		d.unlink(old)
 		d.used -= old.size
-		os.Remove(d.path(old.seq))
+		d.removeFile(old)
 	}
 	d.idx[key] = e
 	d.pushFront(e)
@@ -310,24 +320,30 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 	d.mu.Unlock()
 	d.dropFiles(victims, true)
 
-	if err := d.writeFile(seq, key, val); err != nil {
-		d.mu.Lock()
-		d.used -= size
-		d.mu.Unlock()
-		return err
+	e := &diskEntry{key: key, seq: seq, size: size, expireAt: expireAt, sum: sum, inline: size <= InlineMax}
+	var idxVal []byte
+	if e.inline {
+		idxVal = append(encodeIndex(e), val...)
+	} else {
+		if err := d.writeFile(seq, key, val); err != nil {
+			d.mu.Lock()
+			d.used -= size
+			d.mu.Unlock()
+			return err
+		}
+		idxVal = encodeIndex(e)
 	}
-	e := &diskEntry{key: key, seq: seq, size: size, expireAt: expireAt, sum: sum}
 	d.mu.Lock()
 	if cur, ok := d.idx[key]; ok && cur.seq >= seq {
 		d.used -= size
 		d.mu.Unlock()
-		os.Remove(d.path(seq))
+		d.removeFile(e)
 		return nil
 	}
-	if err := d.db.Set(indexKey(key), encodeIndex(e), pebble.NoSync); err != nil {
+	if err := d.db.Set(indexKey(key), idxVal, pebble.NoSync); err != nil {
 		d.used -= size
 		d.mu.Unlock()
-		os.Remove(d.path(seq))
+		d.removeFile(e)
 		return fmt.Errorf("indexing block: %w", err)
 	}
 	old := d.idx[key]
@@ -340,11 +356,17 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 	d.updateGauges()
 	d.mu.Unlock()
 	if old != nil {
-		os.Remove(d.path(old.seq))
+		d.removeFile(old)
 	} else if d.events != nil {
 		d.events.Stored(key, TierDisk)
 	}
 	return nil
+}
+
+func (d *diskTier) removeFile(e *diskEntry) {
+	if !e.inline {
+		os.Remove(d.path(e.seq))
+	}
 }
 
 func (d *diskTier) writeFile(seq uint64, key string, val []byte) error {
@@ -395,14 +417,20 @@ func (d *diskTier) get(key string, now int64) (val []byte, expireAt int64, ok bo
 	}
 	var seq uint64
 	var sum [32]byte
+	var inline bool
 	if found {
-		seq, sum, expireAt = e.seq, e.sum, e.expireAt
+		seq, sum, expireAt, inline = e.seq, e.sum, e.expireAt, e.inline
 	}
 	d.mu.Unlock()
 	if !found {
 		return nil, 0, false, nil
 	}
-	val, rerr := d.readFile(seq, key, sum)
+	var rerr error
+	if inline {
+		val, rerr = d.readInline(key, seq, sum)
+	} else {
+		val, rerr = d.readFile(seq, key, sum)
+	}
 	if rerr != nil {
 		d.m.Corrupt.Inc()
 		d.log.Warn("dropping corrupt disk block", "key", fmt.Sprintf("%q", key), "error", rerr)
@@ -417,6 +445,30 @@ func (d *diskTier) get(key string, now int64) (val []byte, expireAt int64, ok bo
 		return nil, 0, false, fmt.Errorf("%w: %v", errCorrupt, rerr)
 	}
 	return val, expireAt, true, nil
+}
+
+func (d *diskTier) readInline(key string, seq uint64, sum [32]byte) ([]byte, error) {
+	v, closer, err := d.db.Get(indexKey(key))
+	if err != nil {
+		return nil, fmt.Errorf("reading inline block: %w", err)
+	}
+	defer closer.Close()
+	if len(v) < indexValLen || binary.LittleEndian.Uint64(v) != seq {
+		return nil, errors.New("index entry changed under the read")
+	}
+	val := bytes.Clone(v[indexValLen:])
+	if uint64(len(val)) != binary.LittleEndian.Uint64(v[8:]) {
+		return nil, errors.New("inline value length mismatch")
+	}
+	var got [32]byte
+	h := blake3.New(32, nil)
+	h.Write([]byte(key))
+	h.Write(val)
+	h.Sum(got[:0])
+	if got != sum {
+		return nil, errors.New("checksum mismatch")
+	}
+	return val, nil
 }
 
 func (d *diskTier) readFile(seq uint64, key string, sum [32]byte) ([]byte, error) {
@@ -462,7 +514,7 @@ func (d *diskTier) removeLocked(e *diskEntry) {
 
 func (d *diskTier) dropFiles(es []*diskEntry, evicted bool) {
 	for _, e := range es {
-		os.Remove(d.path(e.seq))
+		d.removeFile(e)
 		if evicted {
 			d.m.evictDisk.Inc()
 		}
@@ -507,7 +559,17 @@ func (d *diskTier) setExpire(key string, expireAt int64) bool {
 		return false
 	}
 	e.expireAt = expireAt
-	if err := d.db.Set(indexKey(key), encodeIndex(e), pebble.NoSync); err != nil {
+	v := encodeIndex(e)
+	if e.inline {
+		cur, closer, err := d.db.Get(indexKey(key))
+		if err != nil {
+			d.log.Warn("reading index entry to update expiry", "error", err)
+			return true
+		}
+		v = append(v, cur[min(len(cur), indexValLen):]...)
+		closer.Close()
+	}
+	if err := d.db.Set(indexKey(key), v, pebble.NoSync); err != nil {
 		d.log.Warn("updating expiry in index", "error", err)
 	}
 	return true
@@ -544,10 +606,17 @@ func indexKey(key string) []byte {
 }
 
 func encodeIndex(e *diskEntry) []byte {
-	v := make([]byte, indexValLen)
+	n := indexValLen
+	if e.inline {
+		n += int(e.size)
+	}
+	v := make([]byte, indexValLen, n)
 	binary.LittleEndian.PutUint64(v, e.seq)
 	binary.LittleEndian.PutUint64(v[8:], uint64(e.size))
 	binary.LittleEndian.PutUint64(v[16:], uint64(e.expireAt))
 	copy(v[24:], e.sum[:])
+	if e.inline {
+		v[indexValLen-1] = 1
+	}
 	return v
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,11 +101,11 @@ func TestSpillPromoteEvictAndRestart(t *testing.T) {
 
 func TestCorruptBlockIsAMissAndDeleted(t *testing.T) {
 	dir := t.TempDir()
-	s, m := open(t, dir, 1000, 10000)
+	s, m := open(t, dir, 5000, 100000)
 	defer s.Close()
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
-		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		_, err := s.Set(fmt.Sprint(i), val(i, 5000), 0, SetAlways)
 		must.NoError(t, err)
 	}
 	must.NoError(t, s.Flush(ctx))
@@ -127,7 +128,7 @@ func TestCorruptBlockIsAMissAndDeleted(t *testing.T) {
 	must.True(t, os.IsNotExist(err))
 	v, _, ok := s.Get(ctx, "2")
 	must.True(t, ok)
-	must.Eq(t, val(2, 1000), v)
+	must.Eq(t, val(2, 5000), v)
 }
 
 func TestOrphanFilesRemovedOnOpen(t *testing.T) {
@@ -175,12 +176,26 @@ func TestSetModesDeleteExpire(t *testing.T) {
 	_, _, ok = s.Get(ctx, "k")
 	must.False(t, ok)
 
+	// Expiry on a block only the disk holds (inline in the index).
+	_, _ = s.Set("inl", []byte("inline value"), 0, SetAlways)
+	must.NoError(t, s.Flush(ctx))
+	s.mu.Lock()
+	s.removeRAMLocked(s.ram["inl"], false)
+	s.mu.Unlock()
+	must.True(t, s.Expire("inl", now.Add(time.Hour).UnixNano()))
+	v, tier, ok := s.Get(ctx, "inl")
+	must.True(t, ok)
+	must.Eq(t, TierDisk, tier)
+	must.Eq(t, "inline value", string(v))
+	at, _ = s.ExpireAt("inl")
+	must.Eq(t, now.Add(time.Hour).UnixNano(), at)
+
 	_, _ = s.Set("d", []byte("x"), 0, SetAlways)
 	must.NoError(t, s.Flush(ctx))
 	must.True(t, s.Delete("d"))
 	must.False(t, s.Delete("d"))
 	must.False(t, s.Exists(ctx, "d"))
-	must.Eq(t, 0, s.Stats().DiskBlocks)
+	must.Eq(t, 1, s.Stats().DiskBlocks) // "inl" only
 
 	_, err = s.Set("big", make([]byte, 2<<20), 0, SetAlways)
 	var tl *ValueTooLargeError
@@ -219,7 +234,7 @@ func TestScanVisitsEveryKeyOnce(t *testing.T) {
 
 func TestDiskUnwritableDegradesToRAMOnly(t *testing.T) {
 	dir := t.TempDir()
-	s, m := open(t, dir, 2000, 1<<20)
+	s, m := open(t, dir, 20000, 1<<20)
 	defer s.Close()
 	ctx := context.Background()
 	// Make the block directory unwritable by replacing it with a file:
@@ -227,7 +242,7 @@ func TestDiskUnwritableDegradesToRAMOnly(t *testing.T) {
 	must.NoError(t, os.RemoveAll(filepath.Join(dir, "blocks")))
 	must.NoError(t, os.WriteFile(filepath.Join(dir, "blocks"), nil, 0o600))
 	for i := 0; i < 4; i++ {
-		_, err := s.Set(fmt.Sprint(i), val(i, 1000), 0, SetAlways)
+		_, err := s.Set(fmt.Sprint(i), val(i, 5000), 0, SetAlways)
 		must.NoError(t, err)
 	}
 	must.NoError(t, s.Flush(ctx))
@@ -235,7 +250,7 @@ func TestDiskUnwritableDegradesToRAMOnly(t *testing.T) {
 	must.True(t, s.Stats().DiskDegraded)
 	v, _, ok := s.Get(ctx, "3")
 	must.True(t, ok)
-	must.Eq(t, val(3, 1000), v)
+	must.Eq(t, val(3, 5000), v)
 }
 
 // value reads a single-series counter or gauge.
@@ -257,7 +272,7 @@ func TestUnindexedCompleteBlockIsRecovered(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := open(t, dir, 1<<20, 1<<20)
 	for _, k := range []string{"kept", "lost-index", "lost-file"} {
-		_, err := s.Set(k, []byte("value of "+k), 0, SetAlways)
+		_, err := s.Set(k, []byte(strings.Repeat("value of "+k, 1000)), 0, SetAlways)
 		must.NoError(t, err)
 	}
 	must.NoError(t, s.Flush(context.Background()))
@@ -273,7 +288,7 @@ func TestUnindexedCompleteBlockIsRecovered(t *testing.T) {
 		v, tier, ok := s2.Get(context.Background(), k)
 		must.True(t, ok, must.Sprint(k))
 		must.Eq(t, TierDisk, tier)
-		must.Eq(t, "value of "+k, string(v))
+		must.Eq(t, strings.Repeat("value of "+k, 1000), string(v))
 	}
 	_, _, ok := s2.Get(context.Background(), "lost-file")
 	must.False(t, ok)
