@@ -281,6 +281,27 @@ func TestDriver_RecoverTask(t *testing.T) {
 	must.NoError(t, h2.DestroyTask(task.cfg.ID, true))
 }
 
+// TestDriver_RecoverTaskExecutorGone: when the engine and its executor died
+// while the client was down, recovery fails with an error saying so (the
+// client then restarts the task).
+func TestDriver_RecoverTaskExecutorGone(t *testing.T) {
+	_, h := newHarness(t, nil)
+	task := newSimTask(t, h, true, nil)
+	handle, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	pid := pidOf(t, h, task.cfg.ID)
+	h.Kill()
+	killTaskProcesses(task.httpPort)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !alive(pid) }),
+		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+
+	_, h2 := newHarness(t, nil)
+	err = h2.RecoverTask(handle)
+	must.ErrorContains(t, err, "reattaching to the executor of task")
+	_, err = h2.InspectTask(task.cfg.ID)
+	must.ErrorContains(t, err, drivers.ErrTaskNotFound.Error())
+}
+
 // TestDriver_EngineExitEvent: an engine that dies reports its exit code and
 // the last lines of its stderr in a task event.
 func TestDriver_EngineExitEvent(t *testing.T) {
@@ -381,13 +402,22 @@ func TestDriver_OpenAICompat(t *testing.T) {
 	task := newSimTask(t, h, false, func(c *config.TaskConfig) {
 		*c = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: remote.URL + "/v1"}
 	})
-	_, _, err := h.StartTask(task.cfg)
+	handle, _, err := h.StartTask(task.cfg)
 	must.NoError(t, err)
 	st, err := h.InspectTask(task.cfg.ID)
 	must.NoError(t, err)
 	must.EqOp(t, drivers.TaskStateRunning, st.State)
 	must.MapNotContainsKey(t, st.DriverAttributes, "pid")
 	must.ErrorContains(t, h.SignalTask(task.cfg.ID, "SIGHUP"), ErrNoProcess.Error())
+	// A restarted client recovers it without a process to reattach to.
+	_, h2 := newHarness(t, nil)
+	must.NoError(t, h2.RecoverTask(handle))
+	st, err = h2.InspectTask(task.cfg.ID)
+	must.NoError(t, err)
+	must.EqOp(t, drivers.TaskStateRunning, st.State)
+	must.NoError(t, h2.StopTask(task.cfg.ID, time.Second, "SIGTERM"))
+	must.NoError(t, h2.DestroyTask(task.cfg.ID, true))
+
 	must.NoError(t, h.StopTask(task.cfg.ID, time.Second, "SIGTERM"))
 	st, err = h.InspectTask(task.cfg.ID)
 	must.NoError(t, err)
