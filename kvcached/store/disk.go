@@ -40,7 +40,7 @@ const (
 	fileHeader  = 4 + 1 + 4 + 8
 	indexValLen = 8 + 8 + 8 + 32 + 1
 	// InlineMax is the largest value kept inside the Pebble index.
-	InlineMax = 4 << 10
+	InlineMax   = 4 << 10
 	indexPrefix = 'k'
 )
 
