@@ -45,8 +45,7 @@ type Driver struct {
 	compute     cpustats.Compute
 	// fingerprintNow wakes the fingerprint loop after SetConfig.
 	fingerprintNow chan struct{}
-	// remoteInterval is how often openai_compat endpoints are checked.
-	remoteInterval time.Duration
+	timing         healthTiming
 }
 
 // New returns the driver; ctx bounds its background work.
@@ -60,7 +59,7 @@ func New(ctx context.Context, logger hclog.Logger) *Driver {
 		probe:          newProber(),
 		period:         config.DefaultFingerprintEvery,
 		fingerprintNow: make(chan struct{}, 1),
-		remoteInterval: defaultRemoteInterval,
+		timing:         defaultHealthTiming,
 	}
 }
 

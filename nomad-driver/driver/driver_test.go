@@ -441,7 +441,7 @@ func TestDriver_OpenAICompatEndpointGoesAway(t *testing.T) {
 		w.WriteHeader(http.StatusUnauthorized) // reachable without the API key
 	}))
 	d, h := newHarness(t, nil)
-	d.remoteInterval = 50 * time.Millisecond
+	d.timing.remote = 50 * time.Millisecond
 	events := watchEvents(t, h)
 	task := newSimTask(t, h, false, func(c *config.TaskConfig) {
 		*c = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: remote.URL + "/v1"}
@@ -534,4 +534,46 @@ func groupMembers(pgid int) []int {
 		}
 	}
 	return out
+}
+
+// TestDriver_HealthFailingAndBack: a ready engine that stops answering gets
+// a "Health failing" event (the task keeps running: Nomad's checks decide),
+// and "Engine healthy again" when it answers again.
+func TestDriver_HealthFailingAndBack(t *testing.T) {
+	d, h := newHarness(t, nil)
+	d.timing.steady, d.timing.probe = 50*time.Millisecond, 200*time.Millisecond
+	events := watchEvents(t, h)
+	task := newSimTask(t, h, true, nil)
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	events.waitFor(t, task.cfg.ID, "Engine ready after", 30*time.Second)
+	pid := pidOf(t, h, task.cfg.ID)
+
+	must.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	events.waitFor(t, task.cfg.ID, "Health failing: http://127.0.0.1:", 10*time.Second)
+	st, err := h.InspectTask(task.cfg.ID)
+	must.NoError(t, err)
+	must.EqOp(t, drivers.TaskStateRunning, st.State)
+	must.EqOp(t, "failing", st.DriverAttributes["health"])
+
+	must.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+	events.waitFor(t, task.cfg.ID, "Engine healthy again", 10*time.Second)
+	must.NoError(t, h.StopTask(task.cfg.ID, 5*time.Second, "SIGTERM"))
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+}
+
+// TestDriver_NeverReady: an engine that never answers its health endpoint
+// within health_timeout gets a "Health failing" event.
+func TestDriver_NeverReady(t *testing.T) {
+	script := t.TempDir() + "/silent-engine"
+	must.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 300\n"), 0o755))
+	_, h := newHarness(t, nil)
+	events := watchEvents(t, h)
+	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.Binary, c.HealthTimeout = script, "300ms" })
+	_, _, err := h.StartTask(task.cfg)
+	must.NoError(t, err)
+	ev := events.waitFor(t, task.cfg.ID, "Health failing: ", 10*time.Second)
+	must.StrContains(t, ev.Message, "not ready after 300ms")
+	must.NoError(t, h.StopTask(task.cfg.ID, time.Second, "SIGTERM"))
+	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
 }

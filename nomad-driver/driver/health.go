@@ -14,18 +14,27 @@ import (
 	"github.com/hashicorp/nomad/plugins/drivers"
 )
 
-const (
-	// probeTimeout bounds one health request.
-	probeTimeout = 2 * time.Second
-	// steadyInterval is the health poll period once the engine is ready.
-	steadyInterval = 5 * time.Second
-	// failThreshold consecutive failed polls make "health failing".
-	failThreshold = 3
-	// recoveredEventDelay waits for the restarted client's event handlers.
-	recoveredEventDelay = 2 * time.Second
-	// defaultRemoteInterval is the openai_compat endpoint poll period.
-	defaultRemoteInterval = 10 * time.Second
-)
+// failThreshold consecutive failed polls make "health failing".
+const failThreshold = 3
+
+// healthTiming holds the health checker's periods; tests shorten them.
+type healthTiming struct {
+	// probe bounds one health request.
+	probe time.Duration
+	// steady is the poll period once the engine is ready.
+	steady time.Duration
+	// remote is the openai_compat endpoint poll period.
+	remote time.Duration
+	// recoveredEvent waits for the restarted client's event handlers.
+	recoveredEvent time.Duration
+}
+
+var defaultHealthTiming = healthTiming{
+	probe:          2 * time.Second,
+	steady:         5 * time.Second,
+	remote:         10 * time.Second,
+	recoveredEvent: 2 * time.Second,
+}
 
 // startupInterval polls fast at first so readiness is seen within tens of
 // milliseconds (the ≤200 ms driver-overhead budget), then backs off for
@@ -45,8 +54,6 @@ func startupInterval(elapsed time.Duration) time.Duration {
 
 // probe GETs url; ok when the status satisfies accept.
 func probe(ctx context.Context, client *http.Client, url string, accept func(int) bool) (bool, string) {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false, err.Error()
@@ -69,13 +76,13 @@ func is200(code int) bool { return code == http.StatusOK }
 // OpenAI API answers 401, which still proves it is up.
 func reachable(code int) bool { return code < http.StatusInternalServerError }
 
-func newHealthClient() *http.Client {
-	return &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+func (d *Driver) newHealthClient() *http.Client {
+	return &http.Client{Timeout: d.timing.probe, Transport: &http.Transport{DisableKeepAlives: true}}
 }
 
 // watchHealth reports readiness and health of a process task until it ends.
 func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
-	client := newHealthClient()
+	client := d.newHealthClient()
 	url := h.state.HealthURL
 	if !recovered {
 		start := h.state.StartedAt
@@ -111,7 +118,7 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 		// The client registers its task event handlers only after it has
 		// restored every task: report the reattachment a moment later,
 		// with the engine's health.
-		if !sleep(h.ctx, recoveredEventDelay) {
+		if !sleep(h.ctx, d.timing.recoveredEvent) {
 			return
 		}
 		health := "engine healthy"
@@ -129,7 +136,7 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 // It returns when the task's context ends.
 func (d *Driver) watchSteady(h *taskHandle, client *http.Client, url string, accept func(int) bool, logger hclog.Logger) {
 	fails := 0
-	for sleep(h.ctx, steadyInterval) {
+	for sleep(h.ctx, d.timing.steady) {
 		ok, detail := probe(h.ctx, client, url, accept)
 		if h.ctx.Err() != nil {
 			return
@@ -167,7 +174,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (d *Driver) startRemote(cfg *drivers.TaskConfig, handle *drivers.TaskHandle, st TaskState, logger hclog.Logger) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-	ok, detail := probe(ctx, newHealthClient(), st.HealthURL, reachable)
+	ok, detail := probe(ctx, d.newHealthClient(), st.HealthURL, reachable)
 	cancel()
 	if !ok {
 		return nil, nil, structs.NewRecoverableError(
@@ -189,9 +196,9 @@ func (d *Driver) startRemote(cfg *drivers.TaskConfig, handle *drivers.TaskHandle
 // answers; failThreshold failures in a row end the task with exit code 1.
 func (d *Driver) watchRemote(h *taskHandle) {
 	defer close(h.doneCh)
-	client := newHealthClient()
+	client := d.newHealthClient()
 	fails := 0
-	for sleep(h.ctx, d.remoteInterval) {
+	for sleep(h.ctx, d.timing.remote) {
 		ok, detail := probe(h.ctx, client, h.state.HealthURL, reachable)
 		if h.ctx.Err() != nil {
 			break
