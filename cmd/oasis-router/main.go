@@ -27,12 +27,14 @@ import (
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
+	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/router/signals"
+	"github.com/oasis-llm/oasis/router/tokens"
 )
 
 type config struct {
@@ -98,8 +100,21 @@ func run(c config, log hclog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
+	var wg sync.WaitGroup
+	bgCtx, bgCancel := context.WithCancel(context.Background())
+	bg := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	defer func() { bgCancel(); wg.Wait() }()
+
+	// KV-cache state (engines' KV events, or the router's own decisions for
+	// engines without events) behind the prefix term.
+	cache := cachestate.New(cachestate.Config{Logger: log.Named("cachestate")})
+	defer cache.Close()
+
 	// Scoring terms. Adding a term: one file in router/scoring and one entry here.
-	terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
+	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(cache))...)
 	if err != nil {
 		return err
 	}
@@ -125,20 +140,16 @@ func run(c config, log hclog.Logger) error {
 		}
 	}
 
-	var wg sync.WaitGroup
-	bgCtx, bgCancel := context.WithCancel(context.Background())
-	bg := func(f func()) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f() }()
-	}
-	defer func() { bgCancel(); wg.Wait() }()
-
 	pool := discovery.NewPool()
 	pool.OnChange(func(ws []*scoring.Worker) {
 		m.Workers.Reset()
+		engines := make([]cachestate.Engine, 0, len(ws))
 		for _, w := range ws {
 			m.Workers.WithLabelValues(w.Model).Inc()
+			engines = append(engines, cachestate.Engine{ID: w.ID, Model: w.Model, Address: w.Address,
+				BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint})
 		}
+		cache.Sync(bgCtx, engines)
 		log.Info("engine pool changed", "workers", len(ws))
 	})
 	switch c.discovery {
@@ -222,9 +233,34 @@ func run(c config, log hclog.Logger) error {
 		bg(func() { sc.Run(bgCtx) })
 	}
 
+	// Prompt tokens, computed only when a term or the cache learning asks.
+	tok := tokens.NewAuto(func(model string) []tokens.Replica {
+		ws := pool.Workers(model)
+		out := make([]tokens.Replica, len(ws))
+		for i, w := range ws {
+			out[i] = tokens.Replica{Address: w.Address, Engine: w.Engine}
+		}
+		return out
+	}, &http.Client{Transport: transport, Timeout: 2 * time.Second})
+
 	gw := gateway.New(gateway.Options{
 		Pool: pool, Policy: pol, Selector: scoring.NewSelector(terms), Admission: admission.New(),
 		Metrics: m, Gatherer: reg, Log: log, Auth: authn, MaxBodyBytes: c.maxBody, Transport: transport,
+		Prepare: tok.Prepare,
+		OnPick: func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker) {
+			// Approximate learning for engines without KV events, and only
+			// where the prefix term is in use (it has tokenized already).
+			if cfg.Policy != scoring.Weighted || cfg.Weights["prefix"] <= 0 || cache.EventDriven(w.ID) {
+				return
+			}
+			toks, err := req.PromptTokens(ctx)
+			if err != nil || len(toks) == 0 || w.BlockSize <= 0 {
+				return
+			}
+			if keys, err := cache.Keys(nil, w.Model, w.BlockSize, toks); err == nil {
+				cache.Record(w.ID, keys)
+			}
+		},
 	})
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {

@@ -54,6 +54,9 @@ type Options struct {
 	// Prepare, when set, may fill the scoring request (e.g. its Tokenize func)
 	// before the worker is chosen.
 	Prepare func(*scoring.Request)
+	// OnPick, when set, is told every choice before the request is sent
+	// (approximate cache learning). It runs on the request path: keep it short.
+	OnPick func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
 }

@@ -120,6 +120,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		wk := d.Worker
 		tried = append(tried, wk)
+		if g.opts.OnPick != nil {
+			g.opts.OnPick(ctx, pol.Scoring, req, wk)
+		}
 		rec.worker = wk.ID
 		retryable, err := g.forward(ctx, w, r, rec, wk, body, reqID, attempt == 0, f)
 		if err == nil {
