@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# kvcached-vs-redis.sh: redis-benchmark against oasis-kvcached and redis-server
+# in the same run, interleaved, SET/GET with 1 KiB and 1 MiB values,
+# pipelined (-P 16) and not. Prints a markdown table of median requests/s
+# over ROUNDS rounds and the kvcached/redis ratio.
+#
+# Needs redis-server and redis-benchmark (Debian: redis-server, redis-tools).
+# Usage: bench/kvcached-vs-redis.sh            (ROUNDS=3 N_SMALL=100000 N_LARGE=1000)
+#        KVCACHED_DISK=0 bench/kvcached-vs-redis.sh   (kvcached without its SSD tier)
+set -euo pipefail
+
+ROUNDS=${ROUNDS:-3}
+N_SMALL=${N_SMALL:-100000}
+N_LARGE=${N_LARGE:-1000}
+KVCACHED_DISK=${KVCACHED_DISK:-1}
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/kvcached-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+for b in redis-server redis-benchmark redis-cli; do
+  command -v "$b" >/dev/null || { echo "missing $b (apt-get install -y redis-server redis-tools)" >&2; exit 1; }
+done
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+(cd "$root" && go build -o "$work/oasis-kvcached" ./cmd/oasis-kvcached)
+kv_port=$(freeport); kv_http=$(freeport); rs_port=$(freeport)
+disk_flags=()
+if [ "$KVCACHED_DISK" = 1 ]; then disk_flags=(--disk-bytes 8GiB --data-dir "$work/kvd"); fi
+"$work/oasis-kvcached" --addr "127.0.0.1:$kv_port" --http-addr "127.0.0.1:$kv_http" --ram-bytes 4GiB \
+  "${disk_flags[@]}" --log-level warn >"$work/kvcached.log" 2>&1 &
+pids+=($!)
+redis-server --port "$rs_port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+  --proto-max-bulk-len 128mb >"$work/redis.log" 2>&1 &
+pids+=($!)
+for p in "$kv_port" "$rs_port"; do
+  for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
+done
+
+# cases: name size n clients pipeline
+cases=(
+  "1KiB 1024 $N_SMALL 50 1"
+  "1KiB-P16 1024 $N_SMALL 50 16"
+  "1MiB 1048576 $N_LARGE 8 1"
+  "1MiB-P16 1048576 $N_LARGE 8 16"
+)
+results="$work/results.csv"
+: >"$results"
+for r in $(seq "$ROUNDS"); do
+  for c in "${cases[@]}"; do
+    read -r name size n clients pipe <<<"$c"
+    for target in kvcached redis; do
+      port=$kv_port; [ "$target" = redis ] && port=$rs_port
+      redis-benchmark -h 127.0.0.1 -p "$port" -t set,get -n "$n" -d "$size" -c "$clients" -P "$pipe" --csv 2>/dev/null |
+        awk -F'","' -v t="$target" -v c="$name" 'NR>1 { gsub(/"/,"",$1); gsub(/"/,"",$2); print t","c","$1","$2 }' >>"$results"
+    done
+  done
+done
+
+echo "redis-benchmark, median of $ROUNDS interleaved rounds; kvcached disk tier: $([ "$KVCACHED_DISK" = 1 ] && echo on || echo off)"
+echo
+echo "| case | op | kvcached req/s | redis-server req/s | ratio |"
+echo "|---|---|---:|---:|---:|"
+python3 - "$results" <<'PY'
+import csv, statistics, sys
+rows = {}
+for t, case, op, rps in csv.reader(open(sys.argv[1])):
+    rows.setdefault((case, op, t), []).append(float(rps))
+order = ["1KiB", "1KiB-P16", "1MiB", "1MiB-P16"]
+for case in order:
+    for op in ["SET", "GET"]:
+        k = statistics.median(rows.get((case, op, "kvcached"), [0]))
+        r = statistics.median(rows.get((case, op, "redis"), [0]))
+        print(f"| {case} | {op} | {k:,.0f} | {r:,.0f} | {k/r if r else 0:.2f} |")
+PY
