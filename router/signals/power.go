@@ -32,36 +32,55 @@ func NodePowerWatts(hs *nomadapi.HostStats) (watts float64, ok bool) {
 	return watts, ok
 }
 
-// powerIn finds the first power-draw attribute in a stats tree.
+// powerIn finds the power-draw attribute in a stats tree: Oasis's
+// nomad-device-gpu "Power draw", nomad-device-nvidia's "Power usage", else any
+// attribute named like a power reading.
 func powerIn(o *nomadapi.StatObject) (float64, bool) {
 	if o == nil {
 		return 0, false
 	}
+	for _, name := range []string{"Power draw", "Power usage"} {
+		if w, ok := watts(o.Attributes[name]); ok {
+			return w, true
+		}
+	}
 	for name, v := range o.Attributes {
 		n := strings.ToLower(name)
-		if !strings.Contains(n, "power") || strings.Contains(n, "limit") || strings.Contains(n, "energy") || v == nil {
+		if !strings.Contains(n, "power") || strings.Contains(n, "limit") || strings.Contains(n, "energy") {
 			continue
 		}
-		var x float64
-		switch {
-		case v.FloatNumeratorVal != nil:
-			x = *v.FloatNumeratorVal
-		case v.IntNumeratorVal != nil:
-			x = float64(*v.IntNumeratorVal)
-		default:
-			continue
-		}
-		switch v.Unit {
-		case "W":
-			return x, true
-		case "mW":
-			return x / 1000, true
+		if w, ok := watts(v); ok {
+			return w, true
 		}
 	}
 	for _, nested := range o.Nested {
 		if w, ok := powerIn(nested); ok {
 			return w, ok
 		}
+	}
+	return 0, false
+}
+
+// watts reads a stat value in W or mW (the numerator of a fraction such as
+// draw / limit).
+func watts(v *nomadapi.StatValue) (float64, bool) {
+	if v == nil {
+		return 0, false
+	}
+	var x float64
+	switch {
+	case v.FloatNumeratorVal != nil:
+		x = *v.FloatNumeratorVal
+	case v.IntNumeratorVal != nil:
+		x = float64(*v.IntNumeratorVal)
+	default:
+		return 0, false
+	}
+	switch v.Unit {
+	case "W":
+		return x, true
+	case "mW":
+		return x / 1000, true
 	}
 	return 0, false
 }

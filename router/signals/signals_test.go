@@ -67,6 +67,14 @@ func TestNodePowerWatts(t *testing.T) {
 				"GPU-0": dev(map[string]*nomadapi.StatValue{"Power usage": {FloatNumeratorVal: f(250), Unit: "W"}, "Power limit": {IntNumeratorVal: i(400), Unit: "W"}}),
 				"GPU-1": dev(map[string]*nomadapi.StatValue{"power_draw": {IntNumeratorVal: i(150500), Unit: "mW"}}),
 			}}}}, 400.5, true},
+		{"nomad-device-gpu names: draw wins over usage fraction, N/A skipped", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+			"GPU-0": dev(map[string]*nomadapi.StatValue{
+				"Power draw":  {FloatNumeratorVal: f(212.5), Unit: "W"},
+				"Power usage": {FloatNumeratorVal: f(212.5), FloatDenominatorVal: f(400), Unit: "W"},
+				"Power limit": {FloatNumeratorVal: f(400), Unit: "W"},
+				"Energy":      {FloatNumeratorVal: f(1e6), Unit: "J"}}),
+			"GPU-1-mig": dev(map[string]*nomadapi.StatValue{"Power draw": {Unit: "W"}}), // N/A: no numerator
+		}}}}, 212.5, true},
 		{"nested", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
 			"x": {Stats: &nomadapi.StatObject{Nested: map[string]*nomadapi.StatObject{"power": {Attributes: map[string]*nomadapi.StatValue{"Power": {FloatNumeratorVal: f(90), Unit: "W"}}}}}}}}}}, 90, true},
 		{"no power stat", &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
