@@ -20,9 +20,10 @@ import (
 )
 
 var (
-	consul  *agent   // shared by every test
-	simBin  string   // built oasis-sim
-	workDir string
+	consul    *agent // shared by every test
+	simBin    string // built oasis-sim
+	routerBin string // built oasis-router
+	workDir   string
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -41,10 +42,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	simBin = filepath.Join(workDir, "oasis-sim")
-	build := exec.Command("go", "build", "-o", simBin, "./cmd/oasis-sim")
+	routerBin = filepath.Join(workDir, "oasis-router")
+	build := exec.Command("go", "build", "-o", workDir+"/", "./cmd/oasis-sim", "./cmd/oasis-router")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building oasis-sim: %v\n%s", err, out)
+		fmt.Fprintf(os.Stderr, "building oasis-sim and oasis-router: %v\n%s", err, out)
 		return 1
 	}
 	consul, err = startConsul(filepath.Join(workDir, "consul"))
