@@ -283,3 +283,24 @@ func TestPluginConfigValidate(t *testing.T) {
 	must.ErrorContains(t, err, `binaries: unknown engine key "tgi"`)
 	must.ErrorContains(t, err, "fingerprint_period")
 }
+
+// TestSimRendersLikeVLLM: for every combination, sim's plan is vLLM's with
+// only the executable changed.
+func TestSimRendersLikeVLLM(t *testing.T) {
+	for _, o := range config.Offloads {
+		for _, r := range config.Roles {
+			sim, serr := Render(testInput(baseConfig(config.EngineSim, o, r)))
+			vllm, verr := Render(testInput(baseConfig(config.EngineVLLM, o, r)))
+			if verr != nil {
+				must.Error(t, serr)
+				must.EqOp(t, strings.ReplaceAll(verr.Error(), "vllm", "sim"), serr.Error())
+				continue
+			}
+			must.NoError(t, serr)
+			must.EqOp(t, "/opt/engines/oasis-sim", sim.Argv[0])
+			must.Eq(t, vllm.Argv[1:], sim.Argv[1:])
+			must.Eq(t, vllm.Env, sim.Env)
+			must.Eq(t, vllm.Files, sim.Files)
+		}
+	}
+}
