@@ -577,3 +577,37 @@ func TestDriver_NeverReady(t *testing.T) {
 	must.NoError(t, h.StopTask(task.cfg.ID, time.Second, "SIGTERM"))
 	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
 }
+
+// TestDriver_FingerprintEngines: each engine's version command is run the
+// way the real one answers (stand-in scripts: no real engine can run here);
+// one that fails is not advertised.
+func TestDriver_FingerprintEngines(t *testing.T) {
+	dir := t.TempDir()
+	script := func(name, body string) string {
+		path := dir + "/" + name
+		must.NoError(t, os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755))
+		return path
+	}
+	bins := map[string]string{
+		"vllm":      script("vllm", `[ "$1" = --version ] && echo 0.11.2`),
+		"sglang":    script("python3", `[ "$1" = -c ] && [ "$2" = "import sglang; print(sglang.__version__)" ] && echo 0.5.4.post1`),
+		"llama_cpp": script("llama-server", `[ "$1" = --version ] && printf 'version: 6123 (abc1234)\nbuilt with cc\n' >&2`),
+		"trtllm":    script("trtllm-serve", `echo "no such option" >&2; exit 2`),
+		"sim":       os.Getenv(simBinEnv),
+	}
+	_, h := newHarness(t, bins)
+	fp := firstFingerprint(t, h)
+	must.EqOp(t, drivers.HealthStateHealthy, fp.Health)
+	for attr, want := range map[string]string{
+		"driver.llm.vllm.version":      "0.11.2",
+		"driver.llm.sglang.version":    "0.5.4.post1",
+		"driver.llm.llama_cpp.version": "6123",
+		"driver.llm.sim.version":       "0.1.0",
+	} {
+		got, ok := fp.Attributes[attr].GetString()
+		must.True(t, ok, must.Sprint(attr))
+		must.EqOp(t, want, got, must.Sprint(attr))
+	}
+	must.MapNotContainsKey(t, fp.Attributes, "driver.llm.trtllm.version")
+	must.StrContains(t, fp.HealthDescription, "engines: llama_cpp 6123, sglang 0.5.4.post1, sim 0.1.0, vllm 0.11.2")
+}
