@@ -611,3 +611,51 @@ func TestDriver_FingerprintEngines(t *testing.T) {
 	must.MapNotContainsKey(t, fp.Attributes, "driver.llm.trtllm.version")
 	must.StrContains(t, fp.HealthDescription, "engines: llama_cpp 6123, sglang 0.5.4.post1, sim 0.1.0, vllm 0.11.2")
 }
+
+// TestDriver_SimAcceptsEveryRendering starts oasis-sim (whose command line
+// parser validates vLLM's flags) with every kv_offload × role the matrix
+// allows for vllm/sim, and waits until each is ready.
+func TestDriver_SimAcceptsEveryRendering(t *testing.T) {
+	for _, o := range config.Offloads {
+		for _, r := range config.Roles {
+			if !config.Supported(config.EngineSim, o, r) {
+				continue
+			}
+			t.Run(o+"-"+r, func(t *testing.T) {
+				// One harness per task: the alloc dir's cleanup closes it.
+				_, h := newHarness(t, nil)
+				events := watchEvents(t, h)
+				task := newSimTask(t, h, false, func(c *config.TaskConfig) {
+					c.KVOffload, c.Role = o, r
+					switch o {
+					case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached:
+						c.KVOffloadSizeGB = 1
+					}
+					if r != config.RoleBoth {
+						c.NIXLSideChannelPort = "nixl"
+					}
+				})
+				nixl := freePort(t)
+				*task.cfg.Resources.Ports = append(*task.cfg.Resources.Ports,
+					nstructs.AllocatedPortMapping{Label: "nixl", Value: nixl, HostIP: "127.0.0.1"})
+				_, _, err := h.StartTask(task.cfg)
+				must.NoError(t, err)
+				events.waitFor(t, task.cfg.ID, "Engine ready after", 30*time.Second)
+				pid := pidOf(t, h, task.cfg.ID)
+				environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+				must.NoError(t, err)
+				if r != config.RoleBoth {
+					must.StrContains(t, string(environ), fmt.Sprintf("\x00VLLM_NIXL_SIDE_CHANNEL_PORT=%d\x00", nixl))
+				}
+				if o == config.OffloadLMCache || o == config.OffloadKVCached {
+					yaml, err := os.ReadFile(task.cfg.TaskDir().LocalDir + "/lmcache.yaml")
+					must.NoError(t, err)
+					must.StrContains(t, string(yaml), "pre_caching_hash_algorithm: sha256_cbor")
+					must.StrContains(t, string(environ), "LMCACHE_CONFIG_FILE="+task.cfg.TaskDir().LocalDir+"/lmcache.yaml\x00")
+				}
+				must.NoError(t, h.StopTask(task.cfg.ID, 5*time.Second, "SIGTERM"))
+				must.NoError(t, h.DestroyTask(task.cfg.ID, true))
+			})
+		}
+	}
+}
