@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -95,4 +96,22 @@ func TestAuthenticateAndBucket(t *testing.T) {
 	a.Set(nil)
 	_, err = a.Authenticate(req("Bearer key-a"))
 	must.ErrorIs(t, err, ErrBadKey)
+}
+
+func TestLoadFile(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/keys.json"
+	a := New()
+	must.Error(t, a.LoadFile(path)) // missing file
+	must.NoError(t, os.WriteFile(path, []byte(fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q}]}`, digest("k1"))), 0o600))
+	must.NoError(t, a.LoadFile(path))
+	must.Eq(t, 1, a.Len())
+	// A bad file leaves the loaded keys in place.
+	must.NoError(t, os.WriteFile(path, []byte(`{"keys":[{"id":"a","sha256":"k1"}]}`), 0o600))
+	must.Error(t, a.LoadFile(path))
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer k1")
+	k, err := a.Authenticate(r)
+	must.NoError(t, err)
+	must.Eq(t, "a", k.ID)
 }

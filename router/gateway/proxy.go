@@ -263,8 +263,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			}
 			// Bytes were sent: never retry. Abort so the client sees a broken
 			// response rather than a silently truncated one.
-			g.log.Warn("engine stream broke after the first byte", "worker", wk.ID, "request_id", reqID, "error", rerr)
-			rec.status = 502
+			if ctx.Err() != nil {
+				g.log.Debug("deadline passed mid-stream; cutting the response", "worker", wk.ID, "request_id", reqID)
+				rec.status = http.StatusGatewayTimeout
+			} else {
+				g.log.Warn("engine stream broke after the first byte", "worker", wk.ID, "request_id", reqID, "error", rerr)
+				rec.status = http.StatusBadGateway
+			}
 			rec.done()
 			panic(http.ErrAbortHandler)
 		}
