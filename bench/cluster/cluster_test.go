@@ -39,6 +39,7 @@ func TestSyntheticPolicies(t *testing.T) {
 	approx := run(Config{Policy: PolicyOasis, Learning: LearnApprox})
 	prefix := run(Config{Policy: PolicyPrefix})
 	lossy := run(Config{Policy: PolicyOasis, EventLoss: 0.2, EventDelay: 50 * time.Millisecond})
+	replayed := run(Config{Policy: PolicyOasis, EventLoss: 0.2, EventDelay: 50 * time.Millisecond, EventReplay: true})
 	if oasis.HitRatio < rr.HitRatio+0.05 {
 		t.Errorf("oasis hit %.3f not well above round_robin %.3f", oasis.HitRatio, rr.HitRatio)
 	}
@@ -53,6 +54,12 @@ func TestSyntheticPolicies(t *testing.T) {
 	}
 	if lossy.Resyncs == 0 {
 		t.Error("lost event batches caused no resync")
+	}
+	if replayed.Resyncs != 0 || replayed.Replays == 0 {
+		t.Errorf("with replay: %d resyncs, %d replays", replayed.Resyncs, replayed.Replays)
+	}
+	if replayed.HitRatio <= lossy.HitRatio {
+		t.Errorf("replay hit %.3f not above resync-only %.3f", replayed.HitRatio, lossy.HitRatio)
 	}
 }
 

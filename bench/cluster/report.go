@@ -143,13 +143,20 @@ func Targets(sums []Summary, runs []Result) []Target {
 // WriteTable prints the sweep and the summary.
 func WriteTable(w io.Writer, rep *Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "policy\tlearning\tscale\trate r/s\thit\tTTFT p50\tp90\tp99\tdone r/s\tout tok/s\timbal\tJ/tok\tresyncs\twall s\t\n")
+	fmt.Fprintf(tw, "policy\tlearning\tscale\trate r/s\thit\tTTFT p50\tp90\tp99\tdone r/s\tout tok/s\timbal\tJ/tok\tresyncs\treplays\twall s\t\n")
 	runs := append([]Result(nil), rep.Runs...)
 	runs = append(runs, rep.Extra...)
 	sort.SliceStable(runs, func(i, j int) bool { return runs[i].RateScale < runs[j].RateScale })
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t%.2f\t%.0f\t%.2f\t%.3f\t%d\t%.1f\t\n",
-			r.Policy, r.Learning, r.RateScale, r.Rate, r.HitRatio, r.TTFTP50, r.TTFTP90, r.TTFTP99, r.Throughput, r.OutputTokPS, r.Imbalance, r.JoulesPerToken, r.Resyncs, r.WallSeconds)
+		learning := r.Learning
+		if r.EventLoss > 0 || r.EventDelay > 0 {
+			learning += fmt.Sprintf(" d%.0fms l%.0f%%", r.EventDelay*1000, r.EventLoss*100)
+			if !r.Replay {
+				learning += " norep"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t%.2f\t%.0f\t%.2f\t%.3f\t%d\t%d\t%.1f\t\n",
+			r.Policy, learning, r.RateScale, r.Rate, r.HitRatio, r.TTFTP50, r.TTFTP90, r.TTFTP99, r.Throughput, r.OutputTokPS, r.Imbalance, r.JoulesPerToken, r.Resyncs, r.Replays, r.WallSeconds)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\noracle hit ratio %.3f; reference rate scale %.2f (highest where round_robin TTFT p90 <= 2 s)\n\n", rep.OracleHitRatio, rep.ReferenceScale)

@@ -90,6 +90,10 @@ type Config struct {
 	Learning   string
 	EventDelay time.Duration
 	EventLoss  float64 // probability that one event batch is lost
+	// EventReplay lets the learner fill a sequence gap from the engine's
+	// replay buffer (the last ReplayBuffer batches, as vLLM's buffer_steps)
+	// instead of resynchronising.
+	EventReplay bool
 	RateScale  float64 // arrivals at trace time / RateScale
 	Weights    map[string]float64
 	LoadSlack  float64 // prefix term's hot-spot ε (oasis policy)
@@ -108,6 +112,7 @@ type Result struct {
 	Rate       float64 `json:"rate_rps"`
 	EventDelay float64 `json:"event_delay_s,omitempty"`
 	EventLoss  float64 `json:"event_loss,omitempty"`
+	Replay     bool    `json:"event_replay,omitempty"`
 
 	Requests  int `json:"requests"`
 	Completed int `json:"completed"`
@@ -125,6 +130,7 @@ type Result struct {
 	EnergyJ        float64 `json:"energy_j"`
 	Makespan       float64 `json:"makespan_s"`
 	Resyncs        int64   `json:"resyncs,omitempty"`
+	Replays        int64   `json:"replays,omitempty"`
 	Preemptions    uint64  `json:"preemptions"`
 	WallSeconds    float64 `json:"wall_s"`
 }
@@ -230,7 +236,12 @@ type worker struct {
 	flights       map[string]*flight
 	outs          []engine.Output
 	evs           []kvevents.Event
+	published     []*kvevents.Message // replay ring, oldest first
 }
+
+// ReplayBuffer is how many batches an engine keeps for replay (vLLM's
+// default buffer_steps).
+const ReplayBuffer = 10000
 
 const (
 	evArrival = iota
@@ -398,12 +409,27 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 				m.Missed = m.Seq - w.lastDelivered - 1
 			}
 			w.lastDelivered = m.Seq
-			if err := w.ew.Apply(m, e.t); err != nil {
+			var fetch cachestate.ReplayFunc
+			if cfg.EventReplay {
+				fetch = w.replay
+			}
+			if err := w.ew.ApplyOrReplay(m, e.t, fetch); err != nil {
 				return Result{}, err
 			}
 		}
 	}
 	return s.result(time.Since(start)), nil
+}
+
+// replay serves the worker's buffered batches with seq ≥ from.
+func (w *worker) replay(from int64) ([]kvevents.Message, error) {
+	var out []kvevents.Message
+	for _, m := range w.published {
+		if m.Seq >= from {
+			out = append(out, *m)
+		}
+	}
+	return out, nil
 }
 
 func (s *sim) arrive(idx int, now int64) error {
@@ -484,8 +510,15 @@ func (s *sim) stepDone(w *worker, now int64) {
 	if len(w.evs) > 0 && w.ew != nil {
 		seq := w.seq
 		w.seq++
+		m := &kvevents.Message{Seq: seq, Batch: kvevents.EventBatch{TS: float64(now) / 1e9, Events: w.evs}}
+		if s.cfg.EventReplay {
+			if len(w.published) == ReplayBuffer {
+				copy(w.published, w.published[1:])
+				w.published = w.published[:ReplayBuffer-1]
+			}
+			w.published = append(w.published, m)
+		}
 		if s.cfg.EventLoss <= 0 || s.rng.Float64() >= s.cfg.EventLoss {
-			m := &kvevents.Message{Seq: seq, Batch: kvevents.EventBatch{TS: float64(now) / 1e9, Events: w.evs}}
 			s.push(event{t: now + int64(s.cfg.EventDelay), kind: evDeliver, w: w.idx, msg: m})
 		}
 		w.evs = nil
@@ -513,6 +546,7 @@ func (s *sim) result(wall time.Duration) Result {
 		r.Learning = s.cfg.Learning
 		r.EventDelay = s.cfg.EventDelay.Seconds()
 		r.EventLoss = s.cfg.EventLoss
+		r.Replay = s.cfg.EventReplay && s.cfg.Learning == LearnEvents
 	}
 	if span := Span(s.reqs) / s.cfg.RateScale; span > 0 {
 		r.Rate = float64(len(s.reqs)) / span
@@ -535,6 +569,7 @@ func (s *sim) result(wall time.Duration) Result {
 		r.Preemptions += w.eng.Stats().Preemptions
 		if w.ew != nil {
 			r.Resyncs += w.ew.Stats().Resyncs
+			r.Replays += w.ew.Stats().Replays
 		}
 	}
 	if s.outTok > 0 {

@@ -57,6 +57,45 @@ type EventStats struct {
 	Orphans int64
 	// Malformed counts events rejected as inconsistent (token count, block size).
 	Malformed int64
+	// Replays counts sequence gaps filled from the engine's replay buffer
+	// (no resync needed).
+	Replays int64
+}
+
+// ReplayFunc fetches an engine's buffered batches with seq ≥ from, in order
+// (kvevents.Replay against the engine's replay endpoint).
+type ReplayFunc func(from int64) ([]kvevents.Message, error)
+
+// ApplyOrReplay applies m like Apply, but first tries to fill a sequence gap
+// from the engine's replay buffer: when fetch returns every missed batch, they
+// are applied in order and the worker's state is kept; otherwise (no replay
+// endpoint, buffer overrun, error) the gap resynchronises as in Apply.
+func (w *EventWorker) ApplyOrReplay(m kvevents.Message, now int64, fetch ReplayFunc) error {
+	if m.Missed > 0 && !m.Restarted && fetch != nil {
+		from := m.Seq - m.Missed
+		got, err := fetch(from)
+		if err == nil {
+			var fill []kvevents.Message
+			next := from
+			for _, g := range got {
+				if g.Seq == next && next < m.Seq {
+					fill = append(fill, g)
+					next++
+				}
+			}
+			if next == m.Seq {
+				for _, g := range fill {
+					g.Missed, g.Restarted = 0, false
+					if err := w.Apply(g, now); err != nil {
+						return err
+					}
+				}
+				w.stats.Replays++
+				m.Missed = 0
+			}
+		}
+	}
+	return w.Apply(m, now)
 }
 
 // NewEventWorker returns the event state of worker id serving model. The

@@ -219,3 +219,34 @@ func TestMalformedEventsCounted(t *testing.T) {
 	must.Eq(t, int64(2), f.ew.Stats().Malformed)
 	must.Eq(t, 0, f.ix.WorkerEntries("e1"))
 }
+
+// A gap filled from the engine's replay buffer keeps the worker's state; an
+// incomplete replay resynchronises.
+func TestApplyOrReplay(t *testing.T) {
+	seq := toks(1, 3*bs)
+	b0 := msg(0, stored(nil, []kvevents.Hash{h(1)}, seq[:bs], ""))
+	b1 := msg(1, stored(hp(1), []kvevents.Hash{h(2)}, seq[bs:2*bs], ""))
+	b2 := msg(2, stored(hp(2), []kvevents.Hash{h(3)}, seq[2*bs:], ""))
+	buffer := []kvevents.Message{b0, b1, b2}
+	fetch := func(from int64) ([]kvevents.Message, error) { return buffer[from:], nil }
+
+	f := newFixture(t)
+	must.NoError(t, f.ew.Apply(b0, 0))
+	gap := b2
+	gap.Missed = 1 // b1 was lost
+	must.NoError(t, f.ew.ApplyOrReplay(gap, 0, fetch))
+	n, _ := f.matched(t, seq)
+	must.Eq(t, 3, n)
+	must.Eq(t, int64(0), f.ew.Stats().Resyncs)
+	must.Eq(t, int64(1), f.ew.Stats().Replays)
+
+	// The buffer no longer has b1: resync, and b2 is an orphan.
+	f = newFixture(t)
+	must.NoError(t, f.ew.Apply(b0, 0))
+	overrun := func(int64) ([]kvevents.Message, error) { return buffer[2:], nil }
+	must.NoError(t, f.ew.ApplyOrReplay(gap, 0, overrun))
+	n, _ = f.matched(t, seq)
+	must.Eq(t, 0, n)
+	must.Eq(t, int64(1), f.ew.Stats().Resyncs)
+	must.Eq(t, int64(1), f.ew.Stats().Orphans)
+}

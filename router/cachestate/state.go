@@ -38,6 +38,9 @@ type Engine struct {
 	BlockSize int    // tokens per KV block
 	// KVEvents is the engine's ZMQ PUB endpoint ("" when it publishes none).
 	KVEvents string
+	// KVEventsReplay is the engine's replay ROUTER endpoint ("" when unknown):
+	// with it a sequence gap is filled instead of resynchronised.
+	KVEventsReplay string
 }
 
 // Config tunes a State.
@@ -181,7 +184,14 @@ func (s *State) startLocked(ctx context.Context, e Engine) {
 	es.ew = NewEventWorker(e.ID, e.Model, s.events, s.dig)
 	sctx, cancel := context.WithCancel(ctx)
 	es.cancel, es.done = cancel, make(chan struct{})
-	go s.subscribe(sctx, es, endpoint)
+	replay := ""
+	if e.KVEventsReplay != "" {
+		if replay, err = ResolveEndpoint(e.KVEventsReplay, e.Address); err != nil {
+			s.log.Warn("ignoring unusable kv events replay endpoint", "engine", e.ID, "error", err)
+			replay = ""
+		}
+	}
+	go s.subscribe(sctx, es, endpoint, replay)
 }
 
 func (s *State) stopLocked(es *engineState) {
@@ -197,7 +207,7 @@ func (s *State) stopLocked(es *engineState) {
 // subscribe feeds one engine's events into its EventWorker until ctx ends.
 // The subscriber redials by itself; what a reconnect lost shows up as a
 // sequence gap (or a restart) on the next message, which resynchronises.
-func (s *State) subscribe(ctx context.Context, es *engineState, endpoint string) {
+func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay string) {
 	defer close(es.done)
 	log := s.log.With("engine", es.eng.ID, "endpoint", endpoint)
 	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: endpoint, Logger: log})
@@ -228,8 +238,16 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint string)
 		if m.Missed > 0 || m.Restarted {
 			log.Info("kv events gap; resynchronising", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq)
 		}
+		var fetch ReplayFunc
+		if replay != "" {
+			fetch = func(from int64) ([]kvevents.Message, error) {
+				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				return kvevents.Replay(rctx, replay, "", from)
+			}
+		}
 		es.mu.Lock()
-		err = es.ew.Apply(m, s.cfg.Now().UnixNano())
+		err = es.ew.ApplyOrReplay(m, s.cfg.Now().UnixNano(), fetch)
 		es.mu.Unlock()
 		if err != nil {
 			log.Warn("applying kv events", "error", err)

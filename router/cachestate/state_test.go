@@ -153,3 +153,36 @@ func TestApproximateLearning(t *testing.T) {
 	must.Eq(t, 0, matchBlocks(s, k2, "llama"))
 	must.Eq(t, 1, matchBlocks(s, k, "llama"))
 }
+
+// The replay path over real ZMQ sockets: batches fetched from a publisher's
+// replay endpoint fill a gap without a resync.
+func TestReplayOverZMQ(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	must.NoError(t, err)
+	defer pub.Close()
+	seq := toks(1, 3*bs)
+	batches := []kvevents.EventBatch{
+		{Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(1)}, seq[:bs], "")}},
+		{Events: []kvevents.Event{stored(hp(1), []kvevents.Hash{h(2)}, seq[bs:2*bs], "")}},
+		{Events: []kvevents.Event{stored(hp(2), []kvevents.Hash{h(3)}, seq[2*bs:], "")}},
+	}
+	for _, b := range batches {
+		_, err := pub.Publish(b)
+		must.NoError(t, err)
+	}
+	replay := "tcp://" + pub.ReplayAddr().String()
+	fetch := func(from int64) ([]kvevents.Message, error) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return kvevents.Replay(rctx, replay, "", from)
+	}
+	f := newFixture(t)
+	must.NoError(t, f.ew.Apply(kvevents.Message{Seq: 0, Batch: batches[0]}, 0))
+	must.NoError(t, f.ew.ApplyOrReplay(kvevents.Message{Seq: 2, Missed: 1, Batch: batches[2]}, 0, fetch))
+	n, _ := f.matched(t, seq)
+	must.Eq(t, 3, n)
+	must.Eq(t, int64(0), f.ew.Stats().Resyncs)
+	must.Eq(t, int64(1), f.ew.Stats().Replays)
+}

@@ -46,7 +46,8 @@ func run() error {
 		learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
 		delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
 		loss        = flag.Float64("event-loss", 0, "probability of losing one KV event batch")
-		variants    = flag.Bool("variants", true, "also run oasis with approximate learning and with delayed+lossy events at the reference rate")
+		replay      = flag.Bool("event-replay", true, "fill event sequence gaps from the engine's replay buffer instead of resynchronising")
+		variants    = flag.Bool("variants", true, "also run oasis at the reference rate with approximate learning, and with events delayed 100 ms and 1% lost (with and without replay)")
 		blockSize   = flag.Int("block-size", 16, "engine block size in tokens")
 		limit       = flag.Int("limit", 0, "use only the first N requests (0: all)")
 		outDir      = flag.String("out", "bench/out", "directory for routing.json and routing.png")
@@ -120,7 +121,7 @@ func run() error {
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
 
-	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack}
+	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack}
 	var cfgs []cluster.Config
 	for _, r := range rates {
 		for _, p := range pols {
@@ -145,8 +146,10 @@ func run() error {
 		a := base
 		a.Policy, a.RateScale, a.Learning = cluster.PolicyOasis, ref, cluster.LearnApprox
 		b := base
-		b.Policy, b.RateScale, b.Learning, b.EventDelay, b.EventLoss = cluster.PolicyOasis, ref, cluster.LearnEvents, 100*time.Millisecond, 0.01
-		extra, err := runAll([]cluster.Config{a, b}, reqs, *parallel)
+		b.Policy, b.RateScale, b.Learning, b.EventDelay, b.EventLoss, b.EventReplay = cluster.PolicyOasis, ref, cluster.LearnEvents, 100*time.Millisecond, 0.01, true
+		c := b
+		c.EventReplay = false
+		extra, err := runAll([]cluster.Config{a, b, c}, reqs, *parallel)
 		if err != nil {
 			return err
 		}
