@@ -525,3 +525,30 @@ func TestUsageScanner(t *testing.T) {
 	}
 	_ = bytes.MinRead
 }
+
+func TestDeadlineMidStreamCutsResponse(t *testing.T) {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}))
+	defer e.Close()
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`, DeadlineHeader, "150")
+	must.Eq(t, 200, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must.Error(t, err) // cut, not ended cleanly
+	must.StrContains(t, string(body), `{"i":0}`)
+	eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
+}
