@@ -94,13 +94,13 @@ type Config struct {
 	// replay buffer (the last ReplayBuffer batches, as vLLM's buffer_steps)
 	// instead of resynchronising.
 	EventReplay bool
-	RateScale  float64 // arrivals at trace time / RateScale
-	Weights    map[string]float64
-	LoadSlack  float64 // prefix term's hot-spot ε (oasis policy)
-	ApproxTTL  time.Duration
-	BlockSize  int
-	Seed       uint64
-	Model      string
+	RateScale   float64 // arrivals at trace time / RateScale
+	Weights     map[string]float64
+	LoadSlack   float64 // prefix term's hot-spot ε (oasis policy)
+	ApproxTTL   time.Duration
+	BlockSize   int
+	Seed        uint64
+	Model       string
 }
 
 // Result is one run's measurements.
