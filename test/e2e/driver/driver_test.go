@@ -8,6 +8,7 @@ package driver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -372,4 +373,122 @@ func TestInvalidConfig_FailsWithFieldNamed(t *testing.T) {
 			t.Logf("%s: %s", ev.Type, ev.DisplayMessage)
 		})
 	}
+}
+
+// pdJob is a disaggregated pair: a prefill and a decode engine, each with
+// its NIXL side-channel port, registered with their roles.
+func pdJob(id string) string {
+	group := func(role string) string {
+		return fmt.Sprintf(`
+  group %[1]q {
+    network {
+      port "http" {}
+      port "kv" {}
+      port "nixl" {}
+    }
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-sim", "role-%[1]s", %[2]q]
+      meta {
+        oasis_model        = "llama"
+        oasis_engine       = "sim"
+        oasis_role         = %[1]q
+        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv}"
+        oasis_metrics_path = "/metrics"
+        oasis_block_size   = "16"
+        oasis_node         = "${node.unique.id}"
+      }
+      check {
+        type     = "http"
+        path     = "/health"
+        interval = "1s"
+        timeout  = "1s"
+      }
+    }
+    task "engine" {
+      driver = "llm"
+      config {
+        engine                 = "sim"
+        model                  = "meta-llama/Llama-3.1-8B-Instruct"
+        served_model_name      = "llama"
+        role                   = %[1]q
+        port                   = "http"
+        kv_events_port         = "kv"
+        nixl_side_channel_port = "nixl"
+        kv_offload             = "native"
+        kv_offload_size_gb     = 1
+      }
+      resources {
+        cpu    = 200
+        memory = 256
+      }
+    }
+  }`, role, id)
+	}
+	return fmt.Sprintf("job %q {\n  datacenters = [\"*\"]\n%s\n%s\n}\n", id, group("prefill"), group("decode"))
+}
+
+// TestDisaggregatedSimPair runs a prefill and a decode engine rendered
+// with NIXL (+ native offload stacked in a MultiConnector) and drives one
+// request through both legs the way the router does.
+func TestDisaggregatedSimPair(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const jobID = "oasis-driver-pd"
+	_, err := stack.RunJobHCL(ctx, pdJob(jobID))
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = stack.StopJob(context.Background(), jobID) })
+	allocs, err := stack.WaitAllocsRunning(ctx, jobID)
+	must.NoError(t, err)
+	must.Len(t, 2, allocs)
+
+	addr := map[string]string{}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		entries, _, err := stack.Consul.Health().Service("oasis-engine", jobID, true, nil)
+		if err != nil || len(entries) != 2 {
+			return false
+		}
+		for _, e := range entries {
+			addr[e.Service.Meta["oasis_role"]] = net.JoinHostPort(e.Service.Address, strconv.Itoa(e.Service.Port))
+		}
+		return true
+	}), wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond)))
+	must.MapContainsKeys(t, addr, []string{"prefill", "decode"})
+
+	for _, a := range allocs {
+		alloc, _, err := stack.Nomad.Allocations().Info(a.ID, nil)
+		must.NoError(t, err)
+		_, port := allocPort(t, alloc, "http")
+		_, nixl := allocPort(t, alloc, "nixl")
+		pid := enginePID(t, port)
+		environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		must.NoError(t, err)
+		must.StrContains(t, string(environ), fmt.Sprintf("\x00VLLM_NIXL_SIDE_CHANNEL_PORT=%d\x00", nixl))
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		must.NoError(t, err)
+		must.StrContains(t, string(cmdline), `"kv_connector":"MultiConnector"`)
+	}
+
+	post := func(addr, body string) map[string]any {
+		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(body))
+		must.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		must.EqOp(t, http.StatusOK, resp.StatusCode, must.Sprint(string(b)))
+		var out map[string]any
+		must.NoError(t, json.Unmarshal(b, &out))
+		return out
+	}
+	prompt := strings.Repeat("disaggregated serving moves the prefill elsewhere. ", 8)
+	pre := post(addr["prefill"], fmt.Sprintf(`{"model":"llama","prompt":%q,"max_tokens":1,"stream":false,
+		"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`, prompt))
+	params, ok := pre["kv_transfer_params"].(map[string]any)
+	must.True(t, ok, must.Sprintf("prefill answered without kv_transfer_params: %v", pre))
+	must.Eq(t, true, params["do_remote_prefill"])
+	paramsJSON, err := json.Marshal(params)
+	must.NoError(t, err)
+	dec := post(addr["decode"], fmt.Sprintf(`{"model":"llama","prompt":%q,"max_tokens":4,"kv_transfer_params":%s}`, prompt, paramsJSON))
+	must.SliceNotEmpty(t, dec["choices"].([]any))
 }
