@@ -42,10 +42,16 @@ func (e *TooLargeError) Error() string {
 	return fmt.Sprintf("value of %d bytes exceeds the %d-byte limit (proto-max-bulk-len)", e.Len, e.Max)
 }
 
+// smallArg is the size up to which arguments are carved from a shared slab
+// instead of allocated one by one: command names, keys and options.
+const smallArg = 64
+
 // Reader parses commands from a client stream.
 type Reader struct {
 	br     *bufio.Reader
 	limits Limits
+	args   [][]byte // reused between commands
+	slab   []byte   // backing for small arguments; a fresh slab when full
 }
 
 // NewReader returns a Reader over br with the given limits.
@@ -60,6 +66,10 @@ func (r *Reader) Buffered() int { return r.br.Buffered() }
 // ReadCommand returns the next command's arguments. An empty inline line
 // yields a nil command and no error (Redis ignores it). Errors are io errors,
 // *ProtocolError (close the connection) or *TooLargeError (reply, continue).
+//
+// The returned slice is reused by the next call; the arguments themselves
+// stay valid. Arguments of up to 64 bytes share a slab with other small
+// arguments: a caller keeping one for long should copy it.
 func (r *Reader) ReadCommand() ([][]byte, error) {
 	b, err := r.br.ReadByte()
 	if err != nil {
@@ -83,7 +93,8 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 		return nil, &ProtocolError{Msg: fmt.Sprintf("invalid multibulk length %d", n)}
 	}
 	// Grow the slice as arguments arrive rather than trusting n up front.
-	args := make([][]byte, 0, min(n, 16))
+	args := r.args[:0]
+	defer func() { r.args = args[:0] }()
 	var tooLarge error
 	for i := int64(0); i < n; i++ {
 		c, err := r.br.ReadByte()
@@ -106,7 +117,15 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 			}
 			tooLarge = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
 		} else {
-			arg := make([]byte, l)
+			var arg []byte
+			if l <= smallArg {
+				if len(r.slab) < int(l) {
+					r.slab = make([]byte, 4096)
+				}
+				arg, r.slab = r.slab[:l:l], r.slab[l:]
+			} else {
+				arg = make([]byte, l)
+			}
 			if _, err := io.ReadFull(r.br, arg); err != nil {
 				return nil, unexpectedEOF(err)
 			}

@@ -5,6 +5,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -349,7 +350,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			}
 		}
 		for i := 1; i < n; i += 2 {
-			if _, err := s.st.Set(string(args[i]), args[i+1], 0, store.SetAlways); err != nil {
+			if _, err := s.st.Set(string(args[i]), own(args[i+1]), 0, store.SetAlways); err != nil {
 				w.Error("ERR " + err.Error())
 				return
 			}
@@ -515,6 +516,15 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 	}
 }
 
+// own returns a value the store may keep: small arguments share the
+// reader's slab, so they are copied rather than pinning it.
+func own(v []byte) []byte {
+	if len(v) <= 64 {
+		return bytes.Clone(v)
+	}
+	return v
+}
+
 func truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n]
@@ -595,7 +605,7 @@ func (s *Server) cmdSet(ctx context.Context, c *conn, args [][]byte) {
 	if get {
 		old, _, hadOld = s.st.Get(ctx, key)
 	}
-	ok, err := s.st.Set(key, args[2], expireAt, mode)
+	ok, err := s.st.Set(key, own(args[2]), expireAt, mode)
 	if err != nil {
 		var tl *store.ValueTooLargeError
 		if errors.As(err, &tl) {
