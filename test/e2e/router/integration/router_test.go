@@ -318,3 +318,69 @@ func TestStreamingThroughRouterIsIncremental(t *testing.T) {
 	spread := arrivals[len(arrivals)-1].Sub(arrivals[0])
 	must.Greater(t, 100*time.Millisecond, spread)
 }
+
+// TestPowerAwareRouting: two oasis-sim engines with different power models
+// serve the same load; once the scraper has their tokens-per-joule, a
+// power-weighted policy sends the traffic to the efficient one.
+func TestPowerAwareRouting(t *testing.T) {
+	c := consul.client
+	r := newRouter(t, c)
+	frugal := startSim(t, "alpha", "--power-idle-watts", "40", "--power-watts-per-util", "100")
+	hungry := startSim(t, "alpha", "--power-idle-watts", "300", "--power-watts-per-util", "400")
+	r.register(t, c, "frugal", "alpha", frugal)
+	r.register(t, c, "hungry", "alpha", hungry)
+	r.waitPool(t, "alpha", "frugal", "hungry")
+	_, err := c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(`{"policy":"round_robin"}`)}, nil)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.RoundRobin }),
+		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+
+	// Warm up under round robin until both engines have an efficiency estimate.
+	measured := func() bool {
+		for _, w := range r.pool.Workers("alpha") {
+			if s := w.Signals(); !s.HasPower || s.TokensPerJoule <= 0 {
+				return false
+			}
+		}
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := `{"model":"alpha","messages":[{"role":"user","content":"hello"}],"max_tokens":8,"stream":true}`
+			for ctx.Err() == nil && !measured() {
+				resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	must.True(t, measured(), must.Sprint("both engines got a tokens-per-joule estimate"))
+	var eff = map[string]float64{}
+	for _, w := range r.pool.Workers("alpha") {
+		eff[w.ID] = w.Signals().TokensPerJoule
+	}
+	t.Logf("tokens per joule: %v", eff)
+	must.Greater(t, eff["hungry"], eff["frugal"])
+
+	_, err = c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(`{"policy":"weighted","weights":{"power":1}}`)}, nil)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.Weighted }),
+		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	before := counter(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))
+	for range 20 {
+		code, _ := chat(t, r.url, "alpha", true)
+		must.Eq(t, 200, code)
+	}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return counter(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))-before >= 18
+	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+}
