@@ -297,3 +297,36 @@ func TestFullDiskDegradesToRAMOnly(t *testing.T) {
 	must.Greater(t, 0.0, p.metric(t, "oasis_kvcached_spill_errors_total"))
 	must.NoError(t, p.client.Ping(ctx).Err())
 }
+
+// TestRSSStaysWithinRAMLimit writes twice the RAM tier's size and checks the
+// process's peak RSS stays within the tier + 10%. (The runtime, buffers and
+// in-flight values add a roughly fixed ~35 MiB, so a tier much smaller than
+// this 1 GiB one exceeds 10%: 294 MiB for 256 MiB.)
+func TestRSSStaysWithinRAMLimit(t *testing.T) {
+	const ram = 1 << 30
+	p := start(t, "--ram-bytes", strconv.Itoa(ram))
+	ctx := context.Background()
+	val := bytes.Repeat([]byte{1}, 1<<20)
+	pipe := p.client.Pipeline()
+	for i := 0; i < 2*ram>>20; i++ {
+		pipe.Set(ctx, blockKey(i), val, 0)
+		if i%16 == 15 {
+			_, err := pipe.Exec(ctx)
+			must.NoError(t, err)
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	must.NoError(t, err)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	must.NoError(t, err)
+	var hwm int64
+	for _, l := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			hwm, err = strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			must.NoError(t, err)
+		}
+	}
+	t.Logf("peak RSS %d MiB for a %d MiB RAM tier", hwm>>10, ram>>20)
+	must.Eq(t, float64(ram), p.metric(t, `oasis_kvcached_bytes{tier="ram"}`))
+	must.LessEq(t, int64(ram)*11/10, hwm<<10)
+}

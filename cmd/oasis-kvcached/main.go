@@ -104,8 +104,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-kvcached", Level: hclog.LevelFromString(o.logLevel), Output: stderr})
 
-	// Keep the heap, and so RSS, close to the RAM tier: values are most of it.
-	debug.SetMemoryLimit(o.ramBytes + o.ramBytes/10 + 64<<20)
+	// Keep the heap, and so RSS, within the RAM tier + 10%: values are most
+	// of it; 8% goes to the heap limit, the rest is left for stacks, buffers
+	// and the runtime.
+	debug.SetMemoryLimit(o.ramBytes + o.ramBytes*8/100)
 
 	password := os.Getenv("OASIS_KVCACHED_PASSWORD")
 	if o.passwordFile != "" {
