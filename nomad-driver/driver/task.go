@@ -95,6 +95,10 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")), nil)
 
 	_, nomadConfig, compute := d.pluginConfig()
+	if nomadConfig == nil || nomadConfig.Topology == nil {
+		// The executor dereferences the agent's CPU topology.
+		return nil, nil, errors.New("driver has no agent config (SetConfig without AgentConfig.Driver.Topology); cannot create an executor")
+	}
 	execCfg := &executor.ExecutorConfig{
 		LogFile:  cfg.TaskDir().Dir + "/executor.out",
 		LogLevel: "debug",
