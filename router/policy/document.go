@@ -70,9 +70,20 @@ func Default() *Document {
 	}
 }
 
-// Parse decodes and validates a document. Unknown fields are errors so a typo
-// never silently falls back to a default.
+// Parse decodes and validates a document, JSON (first non-space byte '{') or
+// HCL. Unknown fields are errors so a typo never silently falls back to a
+// default.
 func Parse(data []byte, reg *scoring.Registry) (*Document, error) {
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] != '{' {
+		d, err := decodeHCL(data)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.Validate(reg); err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var d Document

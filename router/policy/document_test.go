@@ -25,7 +25,8 @@ func TestParse(t *testing.T) {
 		{"minimal", `{"policy":"round_robin"}`, ""},
 		{"full", `{"policy":"weighted","weights":{"load":1,"power":0.5},"admission":{"max_in_flight":8,"max_queue":4,"queue_timeout":"2s"},
 			"models":{"a":{"policy":"least_load"},"b":{"weights":{"kv_capacity":1}},"c":{"admission":{"max_queue":0}}}}`, ""},
-		{"not JSON", `policy: weighted`, "decoding policy JSON"},
+		{"neither JSON nor HCL", `policy: weighted`, "decoding policy HCL"},
+		{"broken JSON", `{"policy":`, "decoding policy JSON"},
 		{"unknown field", `{"policy":"round_robin","wieghts":{}}`, `unknown field "wieghts"`},
 		{"trailing data", `{"policy":"round_robin"} {}`, "data after"},
 		{"unknown policy", `{"policy":"random"}`, `unknown "random"`},
@@ -74,4 +75,48 @@ func TestDefaultIsValid(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, scoring.Weighted, doc.Policy)
 	must.Eq(t, Limits{0, 1024, 30 * time.Second}, doc.For("x").Limits)
+}
+
+func TestParseHCL(t *testing.T) {
+	hcl := `
+policy  = "weighted"
+weights = { load = 1, power = 0.5 }
+admission {
+  max_in_flight = 8
+  max_queue     = 4
+  queue_timeout = "2s"
+}
+model "a" {
+  policy = "least_load"
+  admission { max_in_flight = 2 }
+}
+model "b" {
+  weights = { kv_capacity = 1 }
+}
+`
+	json := `{"policy":"weighted","weights":{"load":1,"power":0.5},
+		"admission":{"max_in_flight":8,"max_queue":4,"queue_timeout":"2s"},
+		"models":{"a":{"policy":"least_load","admission":{"max_in_flight":2}},"b":{"weights":{"kv_capacity":1}}}}`
+	fromHCL, err := Parse([]byte(hcl), registry(t))
+	must.NoError(t, err)
+	fromJSON, err := Parse([]byte(json), registry(t))
+	must.NoError(t, err)
+	for _, m := range []string{"a", "b", "other"} {
+		must.Eq(t, fromJSON.For(m), fromHCL.For(m))
+	}
+
+	cases := []struct{ name, doc, err string }{
+		{"unknown attribute", "policy = \"round_robin\"\nwieghts = { load = 1 }\n", "wieghts"},
+		{"unknown block", "policy = \"round_robin\"\nmodels \"x\" {}\n", "models"},
+		{"invalid policy", "policy = \"fastest\"\n", `unknown "fastest"`},
+		{"bad model", "policy = \"round_robin\"\nmodel \"x\" {\n  weights = { nope = 1 }\n  policy = \"weighted\"\n}\n", "models.x.weights"},
+		{"duplicate model", "policy = \"round_robin\"\nmodel \"x\" {}\nmodel \"x\" {}\n", "defined twice"},
+		{"syntax", "policy = \n", "decoding policy HCL"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc), registry(t))
+			must.ErrorContains(t, err, tc.err)
+		})
+	}
 }

@@ -1,0 +1,76 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/hashicorp/hcl/v2/gohcl"
+	"github.com/hashicorp/hcl/v2/hclparse"
+)
+
+// The HCL form of the policy document:
+//
+//	policy  = "weighted"
+//	weights = { load = 1, kv_capacity = 0.25 }
+//	admission {
+//	  max_queue     = 1024
+//	  queue_timeout = "30s"
+//	}
+//	model "llama-3-8b" {
+//	  policy = "least_load"
+//	  admission { max_in_flight = 64 }
+//	}
+type hclDocument struct {
+	Policy    string             `hcl:"policy,optional"`
+	Weights   map[string]float64 `hcl:"weights,optional"`
+	Admission *hclAdmission      `hcl:"admission,block"`
+	Models    []hclModel         `hcl:"model,block"`
+}
+
+type hclAdmission struct {
+	MaxInFlight  *int    `hcl:"max_in_flight,optional"`
+	MaxQueue     *int    `hcl:"max_queue,optional"`
+	QueueTimeout *string `hcl:"queue_timeout,optional"`
+}
+
+type hclModel struct {
+	Name      string             `hcl:"name,label"`
+	Policy    string             `hcl:"policy,optional"`
+	Weights   map[string]float64 `hcl:"weights,optional"`
+	Admission *hclAdmission      `hcl:"admission,block"`
+}
+
+// decodeHCL turns an HCL policy document into a Document (not yet validated).
+// Unknown attributes and blocks are errors, as in JSON.
+func decodeHCL(data []byte) (*Document, error) {
+	f, diags := hclparse.NewParser().ParseHCL(data, "policy.hcl")
+	if diags.HasErrors() {
+		return nil, fmt.Errorf("decoding policy HCL: %s", diags.Error())
+	}
+	var h hclDocument
+	if diags := gohcl.DecodeBody(f.Body, nil, &h); diags.HasErrors() {
+		return nil, fmt.Errorf("decoding policy HCL: %s", diags.Error())
+	}
+	d := &Document{Policy: h.Policy, Weights: h.Weights}
+	if h.Admission != nil {
+		d.Admission = Admission(*h.Admission)
+	}
+	for _, m := range h.Models {
+		if d.Models == nil {
+			d.Models = map[string]Model{}
+		}
+		if _, dup := d.Models[m.Name]; dup {
+			return nil, fmt.Errorf("decoding policy HCL: model %q defined twice", m.Name)
+		}
+		mm := Model{Policy: m.Policy, Weights: m.Weights}
+		if m.Admission != nil {
+			a := Admission(*m.Admission)
+			mm.Admission = &a
+		}
+		d.Models[m.Name] = mm
+	}
+	if d.Policy == "" && d.Weights == nil && h.Admission == nil && len(h.Models) == 0 {
+		return nil, errors.New("decoding policy HCL: empty document")
+	}
+	return d, nil
+}
