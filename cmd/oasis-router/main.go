@@ -71,7 +71,7 @@ func main() {
 	fs.StringVar(&c.serviceTag, "service-tag", "", "only engines with this tag (consul discovery)")
 	fs.StringVar(&c.kvPrefix, "kv-prefix", "oasis/router", "Consul KV prefix: <prefix>/policy holds the policy, <prefix>/keys the API keys")
 	fs.StringVar(&c.engines, "engines", "", "static engines for -discovery=static: model=host:port[,model=host:port...]")
-	fs.StringVar(&c.policyFile, "policy-file", "", "read the policy from this JSON file instead of Consul KV (no live reload)")
+	fs.StringVar(&c.policyFile, "policy-file", "", "read the policy from this file (JSON or HCL) instead of Consul KV (no live reload)")
 	fs.StringVar(&c.apiKeysFile, "api-keys-file", "", "enable API keys from this JSON file of sha256 digests (reloaded on SIGHUP)")
 	fs.BoolVar(&c.apiKeysKV, "api-keys-kv", false, "enable API keys from Consul KV <prefix>/keys (watched)")
 	fs.Int64Var(&c.maxBody, "max-body-bytes", 16<<20, "largest request body accepted (413 above)")
