@@ -130,16 +130,16 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 // TaskConfig is a task's decoded config block. Zero values mean "not set";
 // Normalize fills in defaults.
 type TaskConfig struct {
-	Engine               string  `codec:"engine" json:"engine,omitempty"`
-	Model                string  `codec:"model" json:"model,omitempty"`
-	ServedModelName      string  `codec:"served_model_name" json:"served_model_name,omitempty"`
-	Port                 string  `codec:"port" json:"port,omitempty"`
-	TensorParallelSize   int     `codec:"tensor_parallel_size" json:"tensor_parallel_size,omitempty"`
-	MaxModelLen          int     `codec:"max_model_len" json:"max_model_len,omitempty"`
-	GPUMemoryUtilization float64 `codec:"gpu_memory_utilization" json:"gpu_memory_utilization,omitempty"`
-	Role                 string  `codec:"role" json:"role,omitempty"`
-	KVOffload            string  `codec:"kv_offload" json:"kv_offload,omitempty"`
-	KVOffloadSizeGB      float64 `codec:"kv_offload_size_gb" json:"kv_offload_size_gb,omitempty"`
+	Engine               string `codec:"engine" json:"engine,omitempty"`
+	Model                string `codec:"model" json:"model,omitempty"`
+	ServedModelName      string `codec:"served_model_name" json:"served_model_name,omitempty"`
+	Port                 string `codec:"port" json:"port,omitempty"`
+	TensorParallelSize   int    `codec:"tensor_parallel_size" json:"tensor_parallel_size,omitempty"`
+	MaxModelLen          int    `codec:"max_model_len" json:"max_model_len,omitempty"`
+	GPUMemoryUtilization Float  `codec:"gpu_memory_utilization" json:"gpu_memory_utilization,omitempty"`
+	Role                 string `codec:"role" json:"role,omitempty"`
+	KVOffload            string `codec:"kv_offload" json:"kv_offload,omitempty"`
+	KVOffloadSizeGB      Float  `codec:"kv_offload_size_gb" json:"kv_offload_size_gb,omitempty"`
 	// KVEvents is a pointer so that "unset" (default on where the engine
 	// publishes events) differs from an explicit false.
 	KVEvents            *bool             `codec:"kv_events" json:"kv_events,omitempty"`

@@ -243,7 +243,7 @@ func checkExtraArgs(c config.TaskConfig) error {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+func ftoa(f config.Float) string { return strconv.FormatFloat(float64(f), 'f', -1, 64) }
 
 func mustJSON(v any) string {
 	b, err := json.Marshal(v)
