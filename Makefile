@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-routing up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing up down clean gpu-check
 
 all: build
 
@@ -56,6 +56,18 @@ lint: vet $(STATICCHECK)
 ## bench: Go benchmarks of every package (bounded); peer comparisons are scripts in bench/
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x $(PKGS_UNIT)
+
+## bench-sim: oasis-sim throughput (streaming, --speed 0) and RSS with 100k cached blocks
+bench-sim: build
+	$(GO) run ./sim/simload -sim bin/oasis-sim -c 64 -d 10s
+	$(GO) run ./sim/simload -sim bin/oasis-sim -fill-blocks 100000
+
+## gpu-check: on a machine with an NVIDIA GPU, run the built device plugin through Nomad's
+## plugin client and print its fingerprint and two stats samples against real NVML
+gpu-check:
+	@mkdir -p bin
+	$(GO) build -o bin/nomad-device-gpu ./cmd/nomad-device-gpu
+	$(GO) run ./cmd/gpu-check -plugin bin/nomad-device-gpu -json
 
 ## up: start Consul + Nomad with the Oasis plugins and run jobs/ and the demo recipe
 up: hashistack

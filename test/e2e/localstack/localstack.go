@@ -1,12 +1,13 @@
-// Command oasis-stack is `make up` / `make down`: the whole local stack — real Consul and Nomad
-// agents with the Oasis plugins loaded, the jobs in jobs/ and the demo recipe — under the
-// checkout's .oasis/ directory, left running until `make down`.
-package main
+// Package localstack is `make up` / `make down`: the whole local stack — real Consul and Nomad
+// agents with the Oasis plugins loaded, the system jobs in jobs/ and the demo recipe — under a
+// home directory (the checkout's .oasis/), left running until Down.
+package localstack
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -25,93 +26,70 @@ import (
 // demoRecipe is run by `make up` after the system jobs: three simulated engines.
 const demoRecipe = "recipes/tiny/sim/agg"
 
-func main() {
-	if len(os.Args) != 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
-		fmt.Fprintln(os.Stderr, "usage: oasis-stack up|down")
-		os.Exit(2)
-	}
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		fatal(err)
-	}
-	home := filepath.Join(root, ".oasis")
-	statePath := filepath.Join(home, "stack.json")
-	switch os.Args[1] {
-	case "up":
-		err = up(root, home, statePath)
-	case "down":
-		err = down(home, statePath)
-	}
-	if err != nil {
-		fatal(err)
-	}
-}
+// StatePath is where Up leaves what Down needs.
+func StatePath(home string) string { return filepath.Join(home, "stack.json") }
 
-func fatal(err error) {
-	fmt.Fprintf(os.Stderr, "oasis-stack: %v\n", err)
-	os.Exit(1)
-}
-
-func up(root, home, statePath string) error {
+// Up starts the stack under home (unless one is already up there), runs the jobs and the demo
+// recipe, and prints where everything is to out.
+func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, error) {
+	statePath := StatePath(home)
 	if s, err := testbed.Load(statePath); err == nil {
 		if _, err := s.Nomad.Agent().Self(); err == nil {
-			fmt.Println("The local stack is already up.")
-			printURLs(s)
-			return nil
+			fmt.Fprintln(out, "The local stack is already up.")
+			printURLs(out, s)
+			return s, nil
 		}
-		return fmt.Errorf("a stack state exists at %s but its Nomad does not answer; run `make down` first", statePath)
+		return nil, fmt.Errorf("a stack state exists at %s but its Nomad does not answer; run `make down` first", statePath)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	fmt.Println("Starting Consul and Nomad with the Oasis plugins (first run builds the Oasis binaries) ...")
+	fmt.Fprintln(out, "Starting Consul and Nomad with the Oasis plugins (the first run builds the Oasis binaries) ...")
 	s, err := testbed.Start(ctx, testbed.Options{
 		Dir:  filepath.Join(home, "stack"),
-		Logf: func(format string, args ...any) { fmt.Printf("  "+format+"\n", args...) },
+		Logf: func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.Save(statePath); err != nil {
-		return errors.Join(err, s.Close())
+		return nil, errors.Join(err, s.Close())
 	}
 
-	files, err := jobFiles(root)
+	files, err := jobFiles(root, out)
 	if err != nil {
-		return err
+		return s, err
 	}
 	vars, err := localVariables(s, home)
 	if err != nil {
-		return errors.Join(err, s.Close())
+		return s, err
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
 		fileVars := maps.Clone(vars[""])
 		maps.Copy(fileVars, vars[filepath.Base(f)])
 		if err := runJob(ctx, s, f, fileVars); err != nil {
-			return fmt.Errorf("%s: %w (the stack stays up for inspection; `make down` stops it)", rel, err)
+			return s, fmt.Errorf("%s: %w (the stack stays up for inspection; `make down` stops it)", rel, err)
 		}
-		fmt.Printf("  ran %s\n", rel)
+		fmt.Fprintf(out, "  ran %s\n", rel)
 	}
-	printURLs(s)
-	return nil
+	printURLs(out, s)
+	return s, nil
 }
 
 // jobFiles lists the system jobs and the demo recipe, saying which ones do not exist yet.
-func jobFiles(root string) ([]string, error) {
+func jobFiles(root string, out io.Writer) ([]string, error) {
 	jobs, err := filepath.Glob(filepath.Join(root, "jobs", "*.nomad.hcl"))
 	if err != nil {
 		return nil, err
 	}
 	sort.Strings(jobs)
 	if len(jobs) == 0 {
-		fmt.Println("  skipped jobs/: no *.nomad.hcl there yet")
+		fmt.Fprintln(out, "  skipped jobs/: no *.nomad.hcl there yet")
 	}
 	demo, err := filepath.Glob(filepath.Join(root, demoRecipe, "*.nomad.hcl"))
 	if err != nil {
 		return nil, err
 	}
 	if len(demo) == 0 {
-		fmt.Printf("  skipped %s: not there yet\n", demoRecipe)
+		fmt.Fprintf(out, "  skipped %s: not there yet\n", demoRecipe)
 	}
 	return append(jobs, demo...), nil
 }
@@ -175,8 +153,21 @@ func runJob(ctx context.Context, s *testbed.Stack, path string, vars map[string]
 	}
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	_, err = s.WaitAllocsRunning(wctx, *job.ID)
-	return err
+	if _, err := s.WaitAllocsRunning(wctx, *job.ID); err != nil {
+		return err
+	}
+	// Running is not serving: wait until Consul sees each of the job's services pass its checks.
+	for _, tg := range job.TaskGroups {
+		for _, svc := range tg.Services {
+			if svc.Provider != "" && svc.Provider != "consul" {
+				continue
+			}
+			if _, err := s.WaitServicePassing(wctx, svc.Name, 1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func isNumber(v string) bool {
@@ -184,40 +175,41 @@ func isNumber(v string) bool {
 	return err == nil
 }
 
-func printURLs(s *testbed.Stack) {
-	fmt.Println()
-	fmt.Printf("Nomad UI:   %s/ui\n", s.NomadAddr)
-	fmt.Printf("Consul UI:  http://%s/ui\n", s.ConsulAddr)
-	fmt.Printf("Env:        export NOMAD_ADDR=%s CONSUL_HTTP_ADDR=%s\n", s.NomadAddr, s.ConsulAddr)
+func printURLs(out io.Writer, s *testbed.Stack) {
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "Nomad UI:   %s/ui\n", s.NomadAddr)
+	fmt.Fprintf(out, "Consul UI:  http://%s/ui\n", s.ConsulAddr)
+	fmt.Fprintf(out, "Env:        export NOMAD_ADDR=%s CONSUL_HTTP_ADDR=%s\n", s.NomadAddr, s.ConsulAddr)
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
 	if err != nil || len(routers) == 0 {
-		fmt.Println("OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")
+		fmt.Fprintln(out, "OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")
 		return
 	}
 	svc := routers[0].Service
 	base := fmt.Sprintf("http://%s:%d/v1", svc.Address, svc.Port)
-	fmt.Printf("OpenAI API: %s\n", base)
-	fmt.Printf("Try:        curl -N %s/chat/completions -H 'Content-Type: application/json' \\\n", base)
-	fmt.Println(`              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`)
-	fmt.Println("Stop:       make down")
+	fmt.Fprintf(out, "OpenAI API: %s\n", base)
+	fmt.Fprintf(out, "Try:        curl -N %s/chat/completions -H 'Content-Type: application/json' \\\n", base)
+	fmt.Fprintln(out, `              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`)
+	fmt.Fprintln(out, "Stop:       make down")
 }
 
-func down(home, statePath string) error {
-	s, err := testbed.Load(statePath)
+// Down stops everything Up started under home and removes home.
+func Down(home string, out io.Writer) error {
+	s, err := testbed.Load(StatePath(home))
 	if errors.Is(err, os.ErrNotExist) {
-		fmt.Println("Nothing to stop: no local stack is up.")
+		fmt.Fprintln(out, "Nothing to stop: no local stack is up.")
 		return os.RemoveAll(home)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Println("Stopping jobs, Nomad and Consul ...")
+	fmt.Fprintln(out, "Stopping jobs, Nomad and Consul ...")
 	if err := s.Close(); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(home); err != nil && !errors.Is(err, syscall.ENOENT) {
 		return err
 	}
-	fmt.Println("The local stack is down; nothing is left running.")
+	fmt.Fprintln(out, "The local stack is down; nothing is left running.")
 	return nil
 }

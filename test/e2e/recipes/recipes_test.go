@@ -16,9 +16,9 @@ import (
 	"testing"
 
 	"github.com/hashicorp/hcl/v2/hcldec"
+	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
 	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
-	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	nomadapi "github.com/hashicorp/nomad/api"
 )
 
@@ -197,4 +198,16 @@ func describeTasks(a *nomadapi.AllocationListStub) string {
 		b.WriteString("] ")
 	}
 	return b.String()
+}
+
+// WaitServicePassing waits until at least n instances of a Consul service pass all their checks,
+// and returns them.
+func (s *Stack) WaitServicePassing(ctx context.Context, name string, n int) ([]*consulapi.ServiceEntry, error) {
+	var entries []*consulapi.ServiceEntry
+	err := poll(ctx, 200*time.Millisecond, fmt.Sprintf("%d passing instances of %s", n, name), func() (bool, error) {
+		var err error
+		entries, _, err = s.Consul.Health().Service(name, "", true, (&consulapi.QueryOptions{}).WithContext(ctx))
+		return err == nil && len(entries) >= n, err
+	})
+	return entries, err
 }

@@ -1,0 +1,195 @@
+package localstack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+// TestUpServesThroughRouterAndDownLeavesNothing does what `make up` and `make down` do, in a
+// temporary home: the system jobs and the demo recipe on real Consul + Nomad, a streamed chat
+// completion through the router, a shared-prefix burst that shows prefix-cache hits in the
+// router's and the engines' metrics, and a teardown that leaves no process or directory.
+func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	home := filepath.Join(t.TempDir(), "oasis-home")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	var out bytes.Buffer
+	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}))
+	downed := false
+	defer func() {
+		if !downed {
+			if err := Down(home, io.Discard); err != nil {
+				t.Errorf("down after failure: %v", err)
+			}
+		}
+	}()
+	if err != nil && s != nil {
+		t.Logf("nomad log:\n%s", s.NomadLog())
+	}
+	must.NoError(t, err)
+	for _, want := range []string{"ran jobs/kvcached.nomad.hcl", "ran jobs/router.nomad.hcl", "ran recipes/tiny/sim/agg/job.nomad.hcl", "OpenAI API: http://", "curl -N"} {
+		must.StrContains(t, out.String(), want)
+	}
+
+	engines, err := s.WaitServicePassing(ctx, "oasis-engine", 3)
+	must.NoError(t, err)
+	must.Len(t, 3, engines)
+	routers, err := s.WaitServicePassing(ctx, "oasis-router", 1)
+	must.NoError(t, err)
+	router := fmt.Sprintf("http://%s:%d", routers[0].Service.Address, routers[0].Service.Port)
+	waitReady(t, ctx, router)
+
+	// A streamed chat completion through the router.
+	events := streamChat(t, ctx, router, "You are a helpful assistant.", "Hello, Oasis!")
+	must.Greater(t, 1, len(events))
+	must.Eq(t, "[DONE]", events[len(events)-1])
+
+	// A shared-prefix burst: one long system prompt, many different questions.
+	system := strings.Repeat("Oasis routes each request to the engine that already holds its prefix. ", 40)
+	for i := range 24 {
+		streamChat(t, ctx, router, system, fmt.Sprintf("Question number %d: what is cached?", i))
+	}
+	var hits float64
+	for _, e := range engines {
+		hits += metricSum(t, ctx, fmt.Sprintf("http://%s:%d/metrics", e.Service.Address, e.Service.Port), "vllm:prefix_cache_hits_total")
+	}
+	// 24 requests share a prefix of several hundred tokens: all but the first few must hit.
+	must.Greater(t, 1000, hits, must.Sprint("engines report too few prefix-cache hit tokens"))
+	routerHits := metricSum(t, ctx, router+"/metrics", "oasis_router_prefix_matched_blocks_total")
+	must.Greater(t, 0, routerHits, must.Sprint("the router saw no cached prefix in its index"))
+
+	// make down: nothing left behind.
+	pids := stackPIDs(t, home)
+	must.Greater(t, 0, len(pids), must.Sprint("found no processes of the stack while it was up"))
+	must.NoError(t, Down(home, io.Discard))
+	downed = true
+	for _, pid := range pids {
+		must.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, must.Sprintf("process %d survived make down", pid))
+	}
+	_, err = os.Stat(home)
+	must.True(t, os.IsNotExist(err), must.Sprint("the stack's home directory survived make down"))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func waitReady(t *testing.T, ctx context.Context, router string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get(router + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("router %s never became ready (last: %v)", router, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// streamChat sends a streaming chat completion and returns the SSE data payloads in order.
+func streamChat(t *testing.T, ctx context.Context, router, system, user string) []string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"model":      "tiny-sim",
+		"stream":     true,
+		"max_tokens": 8,
+		"messages": []map[string]string{
+			{"role": "system", "content": system},
+			{"role": "user", "content": user},
+		},
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, router+"/v1/chat/completions", bytes.NewReader(body))
+	must.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("chat completion: %s: %s", resp.Status, b)
+	}
+	must.StrHasPrefix(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			events = append(events, data)
+		}
+	}
+	must.NoError(t, sc.Err())
+	return events
+}
+
+func metricSum(t *testing.T, ctx context.Context, url, name string) float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	must.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	must.NoError(t, err)
+	mf, ok := families[name]
+	if !ok {
+		return 0
+	}
+	var sum float64
+	for _, m := range mf.GetMetric() {
+		switch {
+		case m.GetCounter() != nil:
+			sum += m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// stackPIDs lists processes whose command line names the stack's home.
+func stackPIDs(t *testing.T, home string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	must.NoError(t, err)
+	var pids []int
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(home)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
