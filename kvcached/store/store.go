@@ -339,40 +339,53 @@ func (s *Store) writeBack(it *item) {
 	}
 }
 
+// spillDelay is how long the spiller lets blocks gather before writing
+// them. Writers then do not wake it once per SET, and a block overwritten or
+// deleted within the delay is never written. It bounds what a crash can lose
+// beyond the blocks in flight.
+const spillDelay = 2 * time.Millisecond
+
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
 	for {
 		select {
 		case it := <-s.spill:
-			s.mu.Lock()
-			it.queued = false
-			if !it.dirty || it.writing || it.deleted {
-				s.mu.Unlock()
-				continue
-			}
-			it.writing = true
-			s.mu.Unlock()
-			s.writeBack(it)
+			s.spillOne(it)
 		case <-ctx.Done():
-			// Drain what is queued so a clean shutdown loses nothing.
-			for {
-				select {
-				case it := <-s.spill:
-					s.mu.Lock()
-					it.queued = false
-					skip := !it.dirty || it.writing || it.deleted
-					if !skip {
-						it.writing = true
-					}
-					s.mu.Unlock()
-					if !skip {
-						s.writeBack(it)
-					}
-				default:
-					return
-				}
-			}
+			s.drainSpill() // a clean shutdown loses nothing
+			return
 		}
+		// Sleep rather than wait on the channel, so sends do not wake us.
+		select {
+		case <-time.After(spillDelay):
+		case <-ctx.Done():
+		}
+		s.drainSpill()
+	}
+}
+
+// drainSpill writes every block queued now.
+func (s *Store) drainSpill() {
+	for {
+		select {
+		case it := <-s.spill:
+			s.spillOne(it)
+		default:
+			return
+		}
+	}
+}
+
+func (s *Store) spillOne(it *item) {
+	s.mu.Lock()
+	it.queued = false
+	skip := !it.dirty || it.writing || it.deleted
+	if !skip {
+		it.writing = true
+	}
+	s.mu.Unlock()
+	if !skip {
+		s.writeBack(it)
 	}
 }
 
