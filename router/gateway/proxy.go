@@ -207,6 +207,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return false, err
 	}
 	copyHeaders(up.Header, r.Header)
+	up.Header.Del("Expect") // the body is already here; never wait for 100 Continue
 	if g.opts.Auth != nil {
 		up.Header.Del("Authorization") // the router's key is not the engine's
 	}

@@ -91,6 +91,10 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := http.ReadResponse(pc.br, req)
+	// Skip interim responses (100 Continue, 103 Early Hints): the final one follows.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(pc.br, req)
+	}
 	if err != nil {
 		stop()
 		return nil, err

@@ -100,3 +100,27 @@ func TestTransportCancel(t *testing.T) {
 	must.ErrorIs(t, err, context.DeadlineExceeded)
 	must.Less(t, 2*time.Second, time.Since(start))
 }
+
+func TestTransportSkipsInterimResponses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf)
+		_, _ = io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
+			"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	}()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/", bytes.NewReader([]byte("{}")))
+	resp, err := NewTransport(time.Second).RoundTrip(req)
+	must.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	must.Eq(t, "ok", string(b))
+}
