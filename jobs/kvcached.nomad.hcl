@@ -123,9 +123,10 @@ job "oasis-kvcached" {
       port     = "resp"
       tags     = ["oasis", "redis"]
       meta {
-        oasis_quic_port = "${var.quic_port}"
-        oasis_kv_events = "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}"
-        oasis_node      = "${node.unique.id}"
+        oasis_quic_port    = "${var.quic_port}"
+        oasis_metrics_addr = "${NOMAD_ADDR_http}"
+        oasis_kv_events    = "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}"
+        oasis_node         = "${node.unique.id}"
       }
       check {
         name     = "health"
