@@ -23,6 +23,10 @@ var (
 type Controller struct {
 	mu     sync.Mutex
 	models map[string]*gate
+
+	// OnQueue, when set, is called with a model's queue length whenever it
+	// changes (under the controller's lock: keep it cheap, e.g. a gauge Set).
+	OnQueue func(model string, queued int)
 }
 
 type gate struct {
@@ -43,7 +47,7 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 		g = &gate{}
 		c.models[model] = g
 	}
-	c.fill(g, lim)
+	c.fill(model, g, lim)
 	if lim.MaxInFlight <= 0 || (g.inFlight < lim.MaxInFlight && len(g.waiters) == 0) {
 		g.inFlight++
 		c.mu.Unlock()
@@ -55,6 +59,7 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	ch := make(chan struct{})
 	g.waiters = append(g.waiters, ch)
+	c.queued(model, g)
 	c.mu.Unlock()
 
 	var timeout <-chan time.Time
@@ -76,11 +81,12 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 	for i, w := range g.waiters {
 		if w == ch {
 			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
+			c.queued(model, g)
 			return nil, err
 		}
 	}
 	// Handed a slot while giving up: pass it on.
-	c.handOff(g, lim)
+	c.handOff(model, g, lim)
 	return nil, err
 }
 
@@ -110,24 +116,34 @@ func (c *Controller) releaser(model string, lim policy.Limits) func() {
 		once.Do(func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			c.handOff(c.models[model], lim)
+			c.handOff(model, c.models[model], lim)
 		})
 	}
 }
 
 // handOff frees one slot and passes free slots to the oldest waiters.
 // Caller holds c.mu.
-func (c *Controller) handOff(g *gate, lim policy.Limits) {
+func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 	g.inFlight--
-	c.fill(g, lim)
+	c.fill(model, g, lim)
 }
 
 // fill admits waiters while there is room (limits may have grown since they
 // queued). Caller holds c.mu.
-func (c *Controller) fill(g *gate, lim policy.Limits) {
+func (c *Controller) fill(model string, g *gate, lim policy.Limits) {
+	n := len(g.waiters)
 	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < lim.MaxInFlight) {
 		g.inFlight++
 		close(g.waiters[0])
 		g.waiters = g.waiters[1:]
+	}
+	if len(g.waiters) != n {
+		c.queued(model, g)
+	}
+}
+
+func (c *Controller) queued(model string, g *gate) {
+	if c.OnQueue != nil {
+		c.OnQueue(model, len(g.waiters))
 	}
 }

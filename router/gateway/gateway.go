@@ -83,6 +83,9 @@ func New(o Options) *Gateway {
 	}
 	g := &Gateway{opts: o, log: o.Log.Named("gateway"), m: o.Metrics, started: time.Now().Unix()}
 	g.bufs.New = func() any { b := make([]byte, 16<<10); return &b }
+	if o.Admission.OnQueue == nil {
+		o.Admission.OnQueue = func(model string, n int) { o.Metrics.Queued.WithLabelValues(model).Set(float64(n)) }
+	}
 	g.upstream = o.Transport
 	if g.upstream == nil {
 		g.upstream = NewTransport(o.DialTimeout)

@@ -378,6 +378,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 	for h.gw.opts.Admission.Queued("m") != 1 {
 		time.Sleep(time.Millisecond)
 	}
+	must.Eq(t, 1.0, value(h.m.Queued.WithLabelValues("m")))
 	resp := h.post("/v1/completions", `{"model":"m"}`)
 	must.Eq(t, 429, resp.StatusCode)
 	must.Eq(t, "1", resp.Header.Get("Retry-After"))
@@ -386,6 +387,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 	must.Eq(t, 200, <-results)
 	must.Eq(t, 200, <-results)
 	eventually(t, func() bool { return value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")) == 1 })
+	must.Eq(t, 0.0, value(h.m.Queued.WithLabelValues("m")))
 }
 
 func TestAuthAndRateLimit(t *testing.T) {

@@ -167,7 +167,7 @@ func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error)
 	if err != nil {
 		return nil, false, err
 	}
-	return &pconn{c: c, br: bufio.NewReaderSize(c, 16<<10), bw: bufio.NewWriterSize(c, 16<<10), host: host}, false, nil
+	return &pconn{c: c, br: bufio.NewReaderSize(c, 8<<10), bw: bufio.NewWriterSize(c, 4<<10), host: host}, false, nil
 }
 
 func (t *Transport) put(pc *pconn) {
