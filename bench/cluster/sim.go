@@ -237,7 +237,12 @@ type worker struct {
 	outs          []engine.Output
 	evs           []kvevents.Event
 	published     []*kvevents.Message // replay ring, oldest first
+	stepDur       time.Duration       // duration of the step in progress
+	tpj, tps      float64             // smoothed tokens per joule and per second
 }
+
+// powerTau is the smoothing time constant of the measured efficiency.
+const powerTau = 5 * time.Second
 
 // ReplayBuffer is how many batches an engine keeps for replay (vLLM's
 // default buffer_steps).
@@ -373,11 +378,15 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 		id := fmt.Sprintf("w%03d", i)
 		w := &worker{idx: int32(i), id: id, eng: eng, gpu: g, flights: map[string]*flight{}, lastDelivered: -1}
 		w.sw = &scoring.Worker{ID: id, Model: cfg.Model, Engine: "sim", BlockSize: cfg.BlockSize, Live: scoring.NewLive()}
-		// The power term's signal: decode tokens per joule at a full batch.
-		batch := 64
+		// The power term's signal starts from the GPU's decode efficiency at
+		// batch 8 and then follows what the worker measures, as the router's
+		// signals package does: smoothed generated tokens per joule, updated
+		// only while generating.
+		batch := 8
 		tps := float64(batch) / g.Timing.StepTime(0, batch).Seconds()
 		watts := g.Power.Watts(1)
-		w.sw.Live.SetPower(watts, tps, tps/watts)
+		w.tpj, w.tps = tps/watts, tps
+		w.sw.Live.SetPower(watts, tps, w.tpj)
 		if cfg.Learning == LearnEvents {
 			_ = evIdx.AddWorker(id, 0)
 			w.ew = cachestate.NewEventWorker(id, cfg.Model, evIdx, dig)
@@ -483,6 +492,7 @@ func (s *sim) startStep(w *worker, now int64) {
 	}
 	w.busy = true
 	w.busyTime += res.Duration
+	w.stepDur = res.Duration
 	w.outs = append(w.outs[:0], res.Outputs...)
 	w.evs = res.Events
 	s.push(event{t: now + int64(res.Duration), kind: evStepDone, w: w.idx})
@@ -522,6 +532,15 @@ func (s *sim) stepDone(w *worker, now int64) {
 			s.push(event{t: now + int64(s.cfg.EventDelay), kind: evDeliver, w: w.idx, msg: m})
 		}
 		w.evs = nil
+	}
+	if n := len(w.outs); n > 0 && w.stepDur > 0 {
+		// Energy of the step at full utilisation; tokens it generated.
+		watts := w.gpu.Power.Watts(1)
+		sec := w.stepDur.Seconds()
+		a := 1 - math.Exp(-sec/powerTau.Seconds())
+		w.tpj += a * (float64(n)/(watts*sec) - w.tpj)
+		w.tps += a * (float64(n)/sec - w.tps)
+		w.sw.Live.SetPower(watts, w.tps, w.tpj)
 	}
 	st := w.eng.Stats()
 	w.sw.Live.SetEngine(float64(st.Running), float64(st.Waiting), st.KVUsage, time.Time{})
