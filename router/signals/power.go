@@ -32,6 +32,45 @@ func NodePowerWatts(hs *nomadapi.HostStats) (watts float64, ok bool) {
 	return watts, ok
 }
 
+// NodeEnergyJoules sums the devices' cumulative energy counters ("Energy" in
+// J, or mJ) in a node's stats. ok is false when any device with stats lacks
+// one, since a partial sum would read as a drop in power.
+func NodeEnergyJoules(hs *nomadapi.HostStats) (joules float64, ok bool) {
+	if hs == nil {
+		return 0, false
+	}
+	for _, g := range hs.DeviceStats {
+		if g == nil {
+			continue
+		}
+		for _, inst := range g.InstanceStats {
+			if inst == nil || inst.Stats == nil {
+				continue
+			}
+			v := inst.Stats.Attributes["Energy"]
+			if v == nil || v.FloatNumeratorVal == nil && v.IntNumeratorVal == nil {
+				return 0, false
+			}
+			x := 0.0
+			if v.FloatNumeratorVal != nil {
+				x = *v.FloatNumeratorVal
+			} else {
+				x = float64(*v.IntNumeratorVal)
+			}
+			switch v.Unit {
+			case "J":
+			case "mJ":
+				x /= 1000
+			default:
+				return 0, false
+			}
+			joules += x
+			ok = true
+		}
+	}
+	return joules, ok
+}
+
 // powerIn finds the power-draw attribute in a stats tree: Oasis's
 // nomad-device-gpu "Power draw", nomad-device-nvidia's "Power usage", else any
 // attribute named like a power reading.

@@ -34,9 +34,15 @@ type Scraper struct {
 	PowerInterval time.Duration
 	PowerMetrics  []string // default DefaultPowerMetrics
 
-	mu    sync.Mutex
-	state map[string]*workerState // by worker id
-	nodeW map[string]float64      // node id → GPU watts
+	mu     sync.Mutex
+	state  map[string]*workerState // by worker id
+	nodeW  map[string]float64      // node id → GPU watts
+	energy map[string]energySample // node id → last cumulative GPU energy
+}
+
+type energySample struct {
+	joules float64
+	at     time.Time
 }
 
 type workerState struct {
@@ -62,6 +68,7 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 	s.state = map[string]*workerState{}
 	s.nodeW = map[string]float64{}
+	s.energy = map[string]energySample{}
 	t := time.NewTicker(iv)
 	defer t.Stop()
 	var lastPower time.Time
@@ -87,19 +94,37 @@ func (s *Scraper) pollNodes(ctx context.Context) {
 		}
 	}
 	got := map[string]float64{}
+	now := time.Now()
 	for n := range nodes {
 		hs, err := s.Nomad.Nodes().Stats(n, (&nomadapi.QueryOptions{}).WithContext(ctx))
 		if err != nil {
 			s.Log.Debug("reading node stats failed", "node", n, "error", err)
 			continue
 		}
-		if w, ok := NodePowerWatts(hs); ok {
+		if w, ok := s.nodeWatts(n, hs, now); ok {
 			got[n] = w
 		}
 	}
 	s.mu.Lock()
 	s.nodeW = got
 	s.mu.Unlock()
+}
+
+// nodeWatts is the node's GPU power: average power from the energy counters
+// since the last poll when the devices report energy (exact over the whole
+// interval), else the instantaneous draw.
+func (s *Scraper) nodeWatts(node string, hs *nomadapi.HostStats, now time.Time) (float64, bool) {
+	j, haveJ := NodeEnergyJoules(hs)
+	if haveJ {
+		prev, seen := s.energy[node]
+		s.energy[node] = energySample{joules: j, at: now}
+		if dt := now.Sub(prev.at).Seconds(); seen && dt > 0 && j >= prev.joules {
+			return (j - prev.joules) / dt, true
+		}
+	} else {
+		delete(s.energy, node)
+	}
+	return NodePowerWatts(hs)
 }
 
 func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {

@@ -3,6 +3,7 @@ package signals
 import (
 	"strings"
 	"testing"
+	"time"
 
 	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/shoenig/test/must"
@@ -89,4 +90,38 @@ func TestNodePowerWatts(t *testing.T) {
 			must.Eq(t, tc.watts, w)
 		})
 	}
+}
+
+func TestNodeWattsFromEnergy(t *testing.T) {
+	stats := func(joules, draw float64) *nomadapi.HostStats {
+		return &nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+			"GPU-0": {Stats: &nomadapi.StatObject{Attributes: map[string]*nomadapi.StatValue{
+				"Energy":     {FloatNumeratorVal: f(joules), Unit: "J"},
+				"Power draw": {FloatNumeratorVal: f(draw), Unit: "W"},
+			}}}}}}}
+	}
+	s := &Scraper{energy: map[string]energySample{}}
+	t0 := time.Unix(1000, 0)
+	// First poll: no interval yet, the instantaneous draw.
+	w, ok := s.nodeWatts("n", stats(10_000, 250), t0)
+	must.True(t, ok)
+	must.Eq(t, 250.0, w)
+	// 5 s and 1,500 J later: 300 W average, whatever the draw reads now.
+	w, ok = s.nodeWatts("n", stats(11_500, 90), t0.Add(5*time.Second))
+	must.True(t, ok)
+	must.Eq(t, 300.0, w)
+	// Counter reset (driver reload): fall back to the draw.
+	w, _ = s.nodeWatts("n", stats(5, 120), t0.Add(10*time.Second))
+	must.Eq(t, 120.0, w)
+
+	j, ok := NodeEnergyJoules(&nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+		"a": {Stats: &nomadapi.StatObject{Attributes: map[string]*nomadapi.StatValue{"Energy": {IntNumeratorVal: i(2000), Unit: "mJ"}}}},
+		"b": {Stats: &nomadapi.StatObject{Attributes: map[string]*nomadapi.StatValue{"Energy": {FloatNumeratorVal: f(3), Unit: "J"}}}},
+	}}}})
+	must.True(t, ok)
+	must.Eq(t, 5.0, j)
+	_, ok = NodeEnergyJoules(&nomadapi.HostStats{DeviceStats: []*nomadapi.DeviceGroupStats{{InstanceStats: map[string]*nomadapi.DeviceStats{
+		"a": {Stats: &nomadapi.StatObject{Attributes: map[string]*nomadapi.StatValue{"Energy": {Unit: "J"}}}}, // N/A
+	}}}})
+	must.False(t, ok)
 }
