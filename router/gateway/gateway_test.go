@@ -180,6 +180,13 @@ func TestBadInput(t *testing.T) {
 			e := readErr(t, resp)
 			must.NotNil(t, e.Error.Code)
 			must.Eq(t, tc.code, *e.Error.Code)
+			if strings.Contains(tc.name, "model") && tc.status == 400 {
+				must.NotNil(t, e.Error.Param)
+				must.Eq(t, "model", *e.Error.Param)
+			}
+			if tc.name == "malformed JSON" {
+				must.Nil(t, e.Error.Param)
+			}
 			if tc.status == 503 {
 				must.NotEq(t, "", resp.Header.Get("Retry-After"))
 			}

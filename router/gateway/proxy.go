@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/admission"
@@ -40,7 +41,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	f, err := parseRequest(body)
 	if err != nil {
 		param := ""
-		if f.Model == "" {
+		if strings.Contains(err.Error(), "model") {
 			param = "model"
 		}
 		rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", param, err.Error(), 0)
