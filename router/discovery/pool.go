@@ -3,6 +3,7 @@
 package discovery
 
 import (
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -22,6 +23,10 @@ const (
 	MetaMetricsPath = "oasis_metrics_path"
 	MetaBlockSize   = "oasis_block_size"
 	MetaNode        = "oasis_node"
+	// A hosted endpoint (engine openai_compat): base URL, and the name of the router's
+	// environment variable holding its API key (the key never enters Consul).
+	MetaUpstream       = "oasis_upstream"
+	MetaUpstreamKeyEnv = "oasis_upstream_key_env"
 )
 
 // EngineService is the service name engines register as.
@@ -154,8 +159,13 @@ func workerOf(in Instance) *scoring.Worker {
 		return ""
 	}
 	bs, _ := strconv.Atoi(get(MetaBlockSize))
+	upstream := get(MetaUpstream)
+	var key string
+	if env := get(MetaUpstreamKeyEnv); env != "" {
+		key = os.Getenv(env)
+	}
 	mp := get(MetaMetricsPath)
-	if mp == "" {
+	if mp == "" && upstream == "" {
 		mp = "/metrics"
 	}
 	role := get(MetaRole)
@@ -173,5 +183,7 @@ func workerOf(in Instance) *scoring.Worker {
 		KVEventsEndpoint: get(MetaKVEvents),
 		MetricsPath:      mp,
 		Tags:             in.Tags,
+		Upstream:         upstream,
+		UpstreamKey:      key,
 	}
 }

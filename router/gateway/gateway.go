@@ -59,12 +59,15 @@ type Options struct {
 	OnPick func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
+	// HostedTransport overrides the transport to hosted endpoints (HTTPS; tests).
+	HostedTransport http.RoundTripper
 }
 
 // Gateway serves the router's HTTP API.
 type Gateway struct {
 	opts     Options
 	upstream http.RoundTripper
+	hosted   http.RoundTripper // hosted OpenAI-compatible APIs, over TLS
 	log      hclog.Logger
 	m        *metrics.Metrics
 	draining atomic.Bool
@@ -85,6 +88,11 @@ func New(o Options) *Gateway {
 	g.bufs.New = func() any { b := make([]byte, 16<<10); return &b }
 	if o.Admission.OnQueue == nil {
 		o.Admission.OnQueue = func(model string, n int) { o.Metrics.Queued.WithLabelValues(model).Set(float64(n)) }
+	}
+	g.hosted = o.HostedTransport
+	if g.hosted == nil {
+		g.hosted = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true,
+			TLSHandshakeTimeout: 10 * time.Second, IdleConnTimeout: 90 * time.Second, MaxIdleConnsPerHost: 64}
 	}
 	g.upstream = o.Transport
 	if g.upstream == nil {

@@ -203,19 +203,27 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	gauge.Inc()
 	defer gauge.Dec()
 
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+wk.Address+r.URL.RequestURI(), bytes.NewReader(body))
+	target, rt := "http://"+wk.Address+r.URL.RequestURI(), g.upstream
+	if wk.Upstream != "" {
+		// A hosted API: its base URL already ends in /v1, like the request path starts.
+		target, rt = strings.TrimSuffix(wk.Upstream, "/")+strings.TrimPrefix(r.URL.RequestURI(), "/v1"), g.hosted
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		return false, err
 	}
 	copyHeaders(up.Header, r.Header)
 	up.Header.Del("Expect") // the body is already here; never wait for 100 Continue
-	if g.opts.Auth != nil {
+	switch {
+	case wk.UpstreamKey != "":
+		up.Header.Set("Authorization", "Bearer "+wk.UpstreamKey)
+	case g.opts.Auth != nil:
 		up.Header.Del("Authorization") // the router's key is not the engine's
 	}
 	up.Header.Set("X-Request-Id", reqID)
 	up.ContentLength = int64(len(body))
 
-	resp, err := g.upstream.RoundTrip(up)
+	resp, err := rt.RoundTrip(up)
 	if err != nil {
 		return true, err
 	}

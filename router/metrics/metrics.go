@@ -28,6 +28,10 @@ type Metrics struct {
 	RateLimited  prometheus.Counter
 	AuthFailures prometheus.Counter
 	KeyReloads   *prometheus.CounterVec // result
+
+	PrefixRequestBlocks *prometheus.CounterVec // model
+	PrefixMatchedBlocks *prometheus.CounterVec // model
+	WorkerPower         *prometheus.GaugeVec   // model, worker, node
 }
 
 // New creates the instruments and registers them on reg.
@@ -73,10 +77,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Requests with a missing or unknown API key."}),
 		KeyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "api_key_reloads_total",
 			Help: "API key set reloads by result (ok|rejected)."}, []string{"result"}),
+		PrefixRequestBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_request_blocks_total",
+			Help: "Full KV blocks in the prompts routed with the prefix term."}, []string{"model"}),
+		PrefixMatchedBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_matched_blocks_total",
+			Help: "Of those, blocks the chosen worker already held (any tier) by the router's index at decision time."}, []string{"model"}),
+		WorkerPower: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "worker_power_watts",
+			Help: "GPU power attributed to each worker: its own gauge (oasis-sim) or its Nomad node's GPU power shared by the engines there."}, []string{"model", "worker", "node"}),
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.RoutingDecision, m.WorkerInFlight, m.Workers,
 		m.Retries, m.AdmissionRefused, m.Queued, m.Tokens, m.PolicyReloads, m.PolicyRejects,
 		m.DiscoveryStale, m.DiscoveryLastSuccess, m.DiscoveryErrors, m.ScrapeErrors, m.RateLimited,
-		m.AuthFailures, m.KeyReloads)
+		m.AuthFailures, m.KeyReloads, m.PrefixRequestBlocks, m.PrefixMatchedBlocks, m.WorkerPower)
 	return m
 }

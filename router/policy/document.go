@@ -60,12 +60,20 @@ type Resolved struct {
 	Limits  Limits
 }
 
+// DefaultWeights are the weighted policy's terms when no document says otherwise: KV-cache
+// affinity and load weigh the same (the prefix term's hot-spot guard keeps one shared system
+// prompt from piling load on its holder), power nudges ties toward more tokens per joule. The
+// routing benchmark (bench/cluster) measures exactly these.
+func DefaultWeights() map[string]float64 {
+	return map[string]float64{"prefix": 1, "load": 1, "power": 0.2}
+}
+
 // Default is the document the router writes when none exists.
 func Default() *Document {
 	inflight, queue, timeout := 0, 1024, "30s"
 	return &Document{
 		Policy:    scoring.Weighted,
-		Weights:   map[string]float64{"load": 1, "kv_capacity": 0.25, "power": 0.1},
+		Weights:   DefaultWeights(),
 		Admission: Admission{MaxInFlight: &inflight, MaxQueue: &queue, QueueTimeout: &timeout},
 	}
 }

@@ -28,8 +28,14 @@ type Worker struct {
 	Node             string // oasis_node: Nomad node id
 	BlockSize        int    // oasis_block_size, tokens per KV block (0 if unknown)
 	KVEventsEndpoint string // oasis_kv_events, e.g. tcp://10.0.0.1:5557; "" if none
-	MetricsPath      string // oasis_metrics_path, e.g. /metrics
+	MetricsPath      string // oasis_metrics_path, e.g. /metrics; "" for a hosted endpoint
 	Tags             []string
+	// Upstream is a hosted OpenAI-compatible API's base URL (oasis_upstream, e.g.
+	// https://api.example.com/v1): requests go there instead of to Address.
+	Upstream string
+	// UpstreamKey is the hosted API's key, read from the router's environment variable named in
+	// oasis_upstream_key_env. Secret: never log a Worker's fields wholesale.
+	UpstreamKey string
 
 	Live *Live
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/metrics"
@@ -135,6 +136,9 @@ func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {
 	}
 	var wg sync.WaitGroup
 	for _, w := range workers {
+		if w.MetricsPath == "" {
+			continue // a hosted endpoint publishes no engine metrics
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -151,6 +155,7 @@ func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {
 	for id := range s.state {
 		if !live[id] {
 			delete(s.state, id)
+			s.Metrics.WorkerPower.DeletePartialMatch(prometheus.Labels{"worker": id})
 		}
 	}
 	s.mu.Unlock()
@@ -183,6 +188,9 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 		watts, haveW = em.PowerWatts, true
 	} else if nw, ok := s.nodeW[w.Node]; ok && w.Node != "" && sameNode > 0 {
 		watts, haveW = nw/float64(sameNode), true
+	}
+	if haveW {
+		s.Metrics.WorkerPower.WithLabelValues(w.Model, w.ID, w.Node).Set(watts)
 	}
 	own := w.Live.Generated()
 	if st.haveFirst {
