@@ -52,6 +52,20 @@ type Reader struct {
 	limits Limits
 	args   [][]byte // reused between commands
 	slab   []byte   // backing for small arguments; a fresh slab when full
+	budget *Budget  // optional, shared by all readers
+	held   int64    // budget held for the current command
+}
+
+// SetBudget makes the reader take large arguments' bytes from b; the caller
+// gives them back with Done once it has finished with each command.
+func (r *Reader) SetBudget(b *Budget) { r.budget = b }
+
+// Done returns the budget held for the last command (a no-op without one).
+func (r *Reader) Done() {
+	if r.budget != nil {
+		r.budget.release(r.held)
+		r.held = 0
+	}
 }
 
 // NewReader returns a Reader over br with the given limits.
@@ -124,6 +138,10 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 				}
 				arg, r.slab = r.slab[:l:l], r.slab[l:]
 			} else {
+				if r.budget != nil {
+					r.budget.acquire(l, r.held)
+					r.held += l
+				}
 				arg = make([]byte, l)
 			}
 			if _, err := io.ReadFull(r.br, arg); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 )
@@ -161,4 +162,47 @@ func FuzzReadCommand(f *testing.F) {
 			must.Eq(t, strs(args), strs(again))
 		}
 	})
+}
+
+func TestBudgetBoundsLargeArgumentsAcrossReaders(t *testing.T) {
+	b := NewBudget(1500)
+	val := strings.Repeat("v", 1000)
+	cmd := "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1000\r\n" + val + "\r\n"
+	limits := Limits{MaxBulk: 1 << 20, MaxArgs: 10, MaxInline: 100}
+	a := reader(cmd, limits)
+	a.SetBudget(b)
+	_, err := a.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, int64(1000), b.InUse())
+
+	// A second reader waits until the first is done with its command.
+	second := reader(cmd, limits)
+	second.SetBudget(b)
+	done := make(chan struct{})
+	go func() {
+		_, err := second.ReadCommand()
+		must.NoError(t, err)
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatal("second reader was not held back by the budget")
+	case <-time.After(50 * time.Millisecond):
+	}
+	a.Done()
+	<-done
+	must.Eq(t, int64(1000), b.InUse())
+	second.Done()
+	must.Eq(t, int64(0), b.InUse())
+
+	// One command bigger than the whole budget still goes through (MSET
+	// with two values: the reader already holds budget for the first).
+	mset := "*5\r\n$4\r\nMSET\r\n$1\r\na\r\n$1000\r\n" + val + "\r\n$1\r\nb\r\n$1000\r\n" + val + "\r\n"
+	m := reader(mset, limits)
+	m.SetBudget(b)
+	args, err := m.ReadCommand()
+	must.NoError(t, err)
+	must.SliceLen(t, 5, args)
+	m.Done()
+	must.Eq(t, int64(0), b.InUse())
 }

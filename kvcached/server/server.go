@@ -46,6 +46,10 @@ type Config struct {
 	MaxClients int
 	// IdleTimeout closes connections idle this long (0: never).
 	IdleTimeout time.Duration
+	// InflightBytes bounds the bytes of values all connections hold between
+	// reading a command and storing its value (default: 1/8 of the RAM tier,
+	// at least 2 × MaxBulk).
+	InflightBytes int64
 }
 
 // Commands counted individually in oasis_kvcached_commands_total.
@@ -80,6 +84,7 @@ type Server struct {
 	wg        sync.WaitGroup
 	closed    atomic.Bool
 	port      int
+	budget    *resp.Budget
 
 	mConns    prometheus.Gauge
 	mCommands *prometheus.CounterVec
@@ -107,6 +112,10 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, st: cfg.Store, started: time.Now(), conns: map[net.Conn]struct{}{}}
 	s.limits = resp.DefaultLimits
 	s.limits.MaxBulk = cfg.MaxBulk
+	if cfg.InflightBytes <= 0 {
+		cfg.InflightBytes = max(cfg.Store.Stats().RAMLimit/8, 2*cfg.MaxBulk)
+	}
+	s.budget = resp.NewBudget(cfg.InflightBytes)
 	if cfg.Password != "" {
 		h := sha256.Sum256([]byte(cfg.Password))
 		s.passHash = h[:]
@@ -208,6 +217,8 @@ func (s *Server) serveConn(nc net.Conn) {
 		w:      resp.NewWriter(bufio.NewWriterSize(nc, 64<<10)),
 		authed: s.passHash == nil,
 	}
+	c.r.SetBudget(s.budget)
+	defer c.r.Done()
 	ctx := context.Background()
 	for !c.quit {
 		if s.cfg.IdleTimeout > 0 {
@@ -236,6 +247,7 @@ func (s *Server) serveConn(nc net.Conn) {
 			s.commands.Add(1)
 			s.dispatch(ctx, c, args)
 		}
+		c.r.Done()
 		if c.r.Buffered() == 0 || c.quit {
 			if err := c.w.Flush(); err != nil {
 				return
