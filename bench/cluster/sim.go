@@ -236,7 +236,7 @@ type worker struct {
 	flights       map[string]*flight
 	outs          []engine.Output
 	evs           []kvevents.Event
-	published     []*kvevents.Message // replay ring, oldest first
+	published     []*kvevents.Message // replay ring: batch seq at index seq % ReplayBuffer
 	stepDur       time.Duration       // duration of the step in progress
 	tpj, tps      float64             // smoothed tokens per joule and per second
 }
@@ -433,10 +433,9 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 // replay serves the worker's buffered batches with seq ≥ from.
 func (w *worker) replay(from int64) ([]kvevents.Message, error) {
 	var out []kvevents.Message
-	for _, m := range w.published {
-		if m.Seq >= from {
-			out = append(out, *m)
-		}
+	last := w.seq - 1
+	for q := max(from, last-int64(len(w.published))+1); q <= last; q++ {
+		out = append(out, *w.published[q%ReplayBuffer])
 	}
 	return out, nil
 }
@@ -522,11 +521,11 @@ func (s *sim) stepDone(w *worker, now int64) {
 		w.seq++
 		m := &kvevents.Message{Seq: seq, Batch: kvevents.EventBatch{TS: float64(now) / 1e9, Events: w.evs}}
 		if s.cfg.EventReplay {
-			if len(w.published) == ReplayBuffer {
-				copy(w.published, w.published[1:])
-				w.published = w.published[:ReplayBuffer-1]
+			if len(w.published) < ReplayBuffer {
+				w.published = append(w.published, m)
+			} else {
+				w.published[seq%ReplayBuffer] = m // ring: slot seq mod size
 			}
-			w.published = append(w.published, m)
 		}
 		if s.cfg.EventLoss <= 0 || s.rng.Float64() >= s.cfg.EventLoss {
 			s.push(event{t: now + int64(s.cfg.EventDelay), kind: evDeliver, w: w.idx, msg: m})

@@ -39,6 +39,7 @@ type EventWorker struct {
 
 	// reusable buffers
 	keys  []uint64
+	ek    []uint64
 	left  []prefixindex.Tier
 	block []uint32
 
@@ -203,7 +204,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 		w.stats.Malformed++
 		return nil
 	}
-	keys, ek := w.keys[:0], make([]uint64, 0, len(e.BlockHashes))
+	keys, ek := w.keys[:0], w.ek[:0]
 	for _, bh := range e.BlockHashes {
 		k := engineKey(bh)
 		d, known := w.hashes[k]
@@ -213,7 +214,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 		keys = append(keys, Key(d))
 		ek = append(ek, k)
 	}
-	w.keys = keys
+	w.keys, w.ek = keys, ek
 	if cap(w.left) < len(keys) {
 		w.left = make([]prefixindex.Tier, len(keys))
 	}
