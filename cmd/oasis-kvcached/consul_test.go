@@ -94,7 +94,9 @@ func TestPeersFromConsulCatalog(t *testing.T) {
 	common := []string{"--tls-ca", caFile, "--peer-filter-interval", "200ms", "--peer-timeout", "1s",
 		"--consul-addr", consulAddr}
 	a := start(t, append([]string{"--quic-addr", qa, "--quic-advertise", qa, "--tls-cert", certA, "--tls-key", keyA}, common...)...)
-	b := start(t, append([]string{"--quic-addr", qb, "--quic-advertise", qb, "--tls-cert", certB, "--tls-key", keyB}, common...)...)
+	// b listens on the wildcard address without --quic-advertise, as the
+	// Nomad job runs it: it must still recognise itself in the catalog.
+	b := start(t, append([]string{"--quic-addr", "0.0.0.0:" + port(t, qb), "--tls-cert", certB, "--tls-key", keyB}, common...)...)
 
 	register := func(id, redisAddr, quicAddr string) {
 		rp, _ := strconv.Atoi(port(t, redisAddr))
@@ -114,6 +116,9 @@ func TestPeersFromConsulCatalog(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		return a.metric(t, "oasis_kvcached_peers_healthy") == 1 && b.metric(t, "oasis_kvcached_peers_healthy") == 1
 	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+	// Each has exactly the other as a peer, not itself.
+	must.StrContains(t, b.logText(), `kvcached peer set changed: peers=["`+qa+`"]`)
+	must.StrContains(t, a.logText(), `kvcached peer set changed: peers=["`+qb+`"]`)
 
 	// a leaves the catalog: b drops it from its peer set.
 	must.NoError(t, client.Agent().ServiceDeregister("kvcached-a"))

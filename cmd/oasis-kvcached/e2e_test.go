@@ -66,7 +66,14 @@ type proc struct {
 	httpAddr string
 	quicAddr string
 	log      *bytes.Buffer
+	logMu    *sync.Mutex
 	client   *redis.Client
+}
+
+func (p *proc) logText() string {
+	p.logMu.Lock()
+	defer p.logMu.Unlock()
+	return p.log.String()
 }
 
 // start runs the binary with extra flags, waits until it answers PING, and
@@ -81,9 +88,9 @@ func start(t *testing.T, args ...string) *proc {
 		}
 	}
 	p.cmd = exec.Command(binary, full...)
-	var lb lockedWriter
-	lb.w = p.log
-	p.cmd.Stdout, p.cmd.Stderr = &lb, &lb
+	lb := &lockedWriter{w: p.log}
+	p.logMu = &lb.mu
+	p.cmd.Stdout, p.cmd.Stderr = lb, lb
 	must.NoError(t, p.cmd.Start())
 	done := make(chan struct{})
 	go func() { p.cmd.Wait(); close(done) }()

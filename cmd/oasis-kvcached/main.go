@@ -41,19 +41,19 @@ func main() {
 }
 
 type options struct {
-	addr, httpAddr, dataDir           string
-	ramBytes, diskBytes, maxValue     int64
-	passwordFile                      string
-	quicAddr, tlsCA, tlsCert, tlsKey  string
-	tlsServerName                     string
-	peers                             string
-	consulAddr, consulService, selfID string
-	quicAdvertise                     string
-	eventsEndpoint, eventsReplay      string
-	blockSize                         int
-	fetchTimeout, filterInterval      time.Duration
-	logLevel                          string
-	pprof                             bool
+	addr, httpAddr, dataDir          string
+	ramBytes, diskBytes, maxValue    int64
+	passwordFile                     string
+	quicAddr, tlsCA, tlsCert, tlsKey string
+	tlsServerName                    string
+	peers                            string
+	consulAddr, consulService        string
+	quicAdvertise                    string
+	eventsEndpoint, eventsReplay     string
+	blockSize                        int
+	fetchTimeout, filterInterval     time.Duration
+	logLevel                         string
+	pprof                            bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -69,7 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory of the SSD tier (block files and Pebble index)")
 	fs.StringVar(&o.passwordFile, "password-file", "", "file holding the Redis password (or set OASIS_KVCACHED_PASSWORD); none by default")
 	fs.StringVar(&o.quicAddr, "quic-addr", "", "UDP address serving peers over QUIC (empty disables peers)")
-	fs.StringVar(&o.quicAdvertise, "quic-advertise", "", "host:port peers reach this node on, to skip itself in the Consul catalog (default: --quic-addr)")
+	fs.StringVar(&o.quicAdvertise, "quic-advertise", "", "host:port peers reach this node on, to skip itself in the Consul catalog (default: --quic-addr, or every local address with its port when that is a wildcard)")
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM CA that signs every kvcached certificate")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate of this node (server and client auth)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of this node")
@@ -174,11 +174,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("creating Consul client: %w", err)
 			}
-			self := o.quicAdvertise
-			if self == "" {
-				self = node.Addr().String()
-			}
-			go peer.WatchConsul(ctx, client, o.consulService, self, static, log.Named("consul"), node.SetPeers)
+			isSelf := peer.SelfMatcher(o.quicAdvertise, node.Addr())
+			go peer.WatchConsul(ctx, client, o.consulService, isSelf, static, log.Named("consul"), node.SetPeers)
 		}
 	}
 

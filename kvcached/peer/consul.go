@@ -16,9 +16,10 @@ import (
 const QUICPortMeta = "oasis_quic_port"
 
 // WatchConsul follows the passing instances of service in Consul's catalog
-// with blocking queries and calls set with their QUIC addresses (self
-// excluded, plus static) whenever the set changes, until ctx ends.
-func WatchConsul(ctx context.Context, client *consulapi.Client, service, self string, static []string, log hclog.Logger, set func([]string)) {
+// with blocking queries and calls set with their QUIC addresses (those for
+// which isSelf is true excluded, plus static) whenever the set changes, until
+// ctx ends.
+func WatchConsul(ctx context.Context, client *consulapi.Client, service string, isSelf func(string) bool, static []string, log hclog.Logger, set func([]string)) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
@@ -49,7 +50,7 @@ func WatchConsul(ctx context.Context, client *consulapi.Client, service, self st
 		}
 		addrs := slices.Clone(static)
 		for _, e := range entries {
-			if a := quicAddr(e); a != "" && a != self {
+			if a := quicAddr(e); a != "" && !isSelf(a) {
 				addrs = append(addrs, a)
 			}
 		}
@@ -79,4 +80,28 @@ func quicAddr(e *consulapi.ServiceEntry) string {
 		return ""
 	}
 	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// SelfMatcher reports whether a peer address is this node's own QUIC
+// listener: the advertised address if given, else the listen address, and,
+// when that is a wildcard (0.0.0.0, ::), the listen port on any of the
+// host's interface addresses.
+func SelfMatcher(advertise string, listen net.Addr) func(string) bool {
+	self := map[string]bool{}
+	if advertise != "" {
+		self[advertise] = true
+	}
+	if ua, ok := listen.(*net.UDPAddr); ok {
+		self[ua.String()] = true
+		if advertise == "" && ua.IP.IsUnspecified() {
+			if addrs, err := net.InterfaceAddrs(); err == nil {
+				for _, a := range addrs {
+					if ipn, ok := a.(*net.IPNet); ok {
+						self[net.JoinHostPort(ipn.IP.String(), strconv.Itoa(ua.Port))] = true
+					}
+				}
+			}
+		}
+	}
+	return func(addr string) bool { return self[addr] }
 }

@@ -194,3 +194,16 @@ func gauge(n *Node) float64 {
 	}
 	return float64(h)
 }
+
+func TestSelfMatcher(t *testing.T) {
+	listen := &net.UDPAddr{IP: net.IPv4zero, Port: 7379}
+	m := SelfMatcher("", listen)
+	must.True(t, m("127.0.0.1:7379"))
+	must.False(t, m("127.0.0.1:7380"))
+	must.False(t, m("192.0.2.1:7379"))
+	m = SelfMatcher("10.1.2.3:7379", listen)
+	must.True(t, m("10.1.2.3:7379"))
+	must.False(t, m("127.0.0.1:7379"))
+	m = SelfMatcher("", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9})
+	must.True(t, m("127.0.0.1:9"))
+}
