@@ -130,7 +130,7 @@ func Targets(sums []Summary, runs []Result) []Target {
 		{Name: "TTFT p90 oasis / round_robin at reference rate", Goal: "<= 0.5", Measured: ratio(oa.TTFTP90, rr.TTFTP90)},
 		{Name: "throughput at SLO oasis / round_robin", Goal: ">= 2", Measured: ratio(oa.ThroughputAtSLO, rr.ThroughputAtSLO)},
 		{Name: "tokens per joule oasis / round_robin at reference rate", Goal: ">= 1.4", Measured: ratio(rr.JoulesPerToken, oa.JoulesPerToken)},
-		{Name: "slowest single run wall seconds", Goal: "<= 30", Measured: wall},
+		{Name: "slowest run wall seconds (parallel runs share the CPU)", Goal: "<= 30", Measured: wall},
 	}
 	t[0].Met = t[0].Measured >= 0.9
 	t[1].Met = t[1].Measured > 0 && t[1].Measured <= 0.5
