@@ -12,9 +12,9 @@ build() {
 	local name=$1 pkg=$2 tags=$3
 	local mod="$root/tools/$name"
 	local version
-	version=$(awk -v p="$pkg" '$1 == p { print $2 }' "$mod/go.mod" | head -n1)
+	version=$(awk -v p="$pkg" '$1 == p { print $2; exit }' "$mod/go.mod")
 	if [ -z "$version" ]; then
-		version=$(awk -v p="$pkg" '$1 == "require" && $2 == p { print $3 }' "$mod/go.mod" | head -n1)
+		version=$(awk -v p="$pkg" '$1 == "require" && $2 == p { print $3; exit }' "$mod/go.mod")
 	fi
 	[ -n "$version" ] || { echo "hashistack: no version of $pkg in $mod/go.mod" >&2; exit 1; }
 	local key
@@ -42,5 +42,8 @@ build() {
 
 build nomad github.com/hashicorp/nomad ui
 build consul github.com/hashicorp/consul ""
-"$root/bin/nomad" version | head -n1
-"$root/bin/consul" version | head -n1
+# First line of each version; no `| head`, whose early exit would SIGPIPE the binary under pipefail.
+for bin in nomad consul; do
+	v=$("$root/bin/$bin" version)
+	echo "${v%%$'\n'*}"
+done
