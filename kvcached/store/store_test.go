@@ -15,11 +15,6 @@ import (
 	"github.com/shoenig/test/must"
 )
 
-type recorder struct{ stored, removed map[string]int }
-
-func (r *recorder) Stored(key string, t Tier)  { r.stored[key+"/"+t.String()]++ }
-func (r *recorder) Removed(key string, t Tier) { r.removed[key+"/"+t.String()]++ }
-
 func open(t *testing.T, dir string, ram, disk int64) (*Store, *Metrics) {
 	t.Helper()
 	m := NewMetrics(prometheus.NewRegistry())
