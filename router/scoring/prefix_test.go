@@ -159,11 +159,11 @@ func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 		return maxIn, meanIn, holders
 	}
 
-	maxIn, meanIn, holders := run(-1, map[string]float64{"prefix": 1})
+	maxIn, _, holders := run(-1, map[string]float64{"prefix": 1})
 	must.Eq(t, float64(burst), maxIn, must.Sprint("pure affinity sends the whole burst to the first holder"))
 	must.Eq(t, 1, holders)
 
-	maxIn, meanIn, holders = run(DefaultLoadSlack, map[string]float64{"prefix": 1, "load": 1})
+	maxIn, meanIn, holders := run(DefaultLoadSlack, map[string]float64{"prefix": 1, "load": 1})
 	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("guarded imbalance max %v mean %v", maxIn, meanIn))
 	must.Greater(t, 1, holders)
 }
