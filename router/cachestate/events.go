@@ -35,7 +35,7 @@ type EventWorker struct {
 	model  string
 	index  *prefixindex.Index
 	dig    *Digester
-	hashes map[uint64]blockdigest.Digest
+	hashes *hashMap // engine hash → Oasis digest
 
 	// reusable buffers
 	keys  []uint64
@@ -102,7 +102,7 @@ func (w *EventWorker) ApplyOrReplay(m kvevents.Message, now int64, fetch ReplayF
 // NewEventWorker returns the event state of worker id serving model. The
 // worker must be registered in index.
 func NewEventWorker(id, model string, index *prefixindex.Index, dig *Digester) *EventWorker {
-	return &EventWorker{id: id, model: model, index: index, dig: dig, hashes: make(map[uint64]blockdigest.Digest)}
+	return &EventWorker{id: id, model: model, index: index, dig: dig, hashes: newHashMap()}
 }
 
 // Stats returns the counters so far.
@@ -116,7 +116,7 @@ func (w *EventWorker) Resync() error {
 }
 
 func (w *EventWorker) clear() error {
-	w.hashes = make(map[uint64]blockdigest.Digest) // a cleared map keeps its buckets
+	w.hashes = newHashMap() // start small again: a cleared table keeps its size
 	if _, err := w.index.ClearWorker(w.id); err != nil {
 		return fmt.Errorf("clearing worker %s: %w", w.id, err)
 	}
@@ -163,7 +163,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 	}
 	parent := blockdigest.Root
 	if e.ParentBlockHash != nil {
-		p, known := w.hashes[engineKey(*e.ParentBlockHash)]
+		p, known := w.hashes.get(engineKey(*e.ParentBlockHash))
 		if !known {
 			w.stats.Orphans += int64(len(e.BlockHashes))
 			return nil
@@ -189,7 +189,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		if err != nil {
 			return fmt.Errorf("digesting blocks of %s: %w", w.id, err)
 		}
-		w.hashes[engineKey(bh)] = d
+		w.hashes.put(engineKey(bh), d)
 		keys = append(keys, Key(d))
 		parent = d
 	}
@@ -207,7 +207,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 	keys, ek := w.keys[:0], w.ek[:0]
 	for _, bh := range e.BlockHashes {
 		k := engineKey(bh)
-		d, known := w.hashes[k]
+		d, known := w.hashes.get(k)
 		if !known {
 			continue
 		}
@@ -224,7 +224,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 	}
 	for i, k := range ek {
 		if left[i] == 0 {
-			delete(w.hashes, k)
+			w.hashes.del(k)
 		}
 	}
 	w.stats.BlocksRemoved += int64(len(keys))
@@ -232,4 +232,4 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 }
 
 // KnownHashes returns how many engine block hashes the worker maps.
-func (w *EventWorker) KnownHashes() int { return len(w.hashes) }
+func (w *EventWorker) KnownHashes() int { return w.hashes.len() }
