@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -61,6 +61,34 @@ bench:
 bench-sim: build
 	$(GO) run ./sim/simload -sim bin/oasis-sim -c 64 -d 10s
 	$(GO) run ./sim/simload -sim bin/oasis-sim -fill-blocks 100000
+
+## bench-routing: cluster simulator on a trace (TRACE=<file>, WORKERS=<n>): table, bench/out/routing.json and .png
+TRACE   ?= ../shared/traces/mooncake-conversation.jsonl
+WORKERS ?= 16
+bench-routing:
+	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -scales 0.5,1,2,3,4 -out bench/out
+
+## bench-router: added latency and throughput, router vs nginx in front of the same engines
+bench-router: build deps
+	bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 5 -concurrency 64 -max-tokens 4
+	SIM_SPEED=0 bench/router-vs-nginx.sh -phases throughput -round 2s -rounds 5 -concurrency 64 -max-tokens 4
+
+## bench-kvcached: redis-benchmark against kvcached and redis-server, and the tier/peer Go benchmarks
+bench-kvcached: deps
+	bench/kvcached-vs-redis.sh
+	bench/kvcached-go.sh
+
+## bench-driver: llm driver StartTask -> ready overhead and plugin RSS on the real test bed
+bench-driver: hashistack
+	$(GO) test -count=1 ./test/e2e/driver -run '^$$' -bench StartTaskToReady -benchtime 20x
+
+## fuzz: a bounded run of each fuzz target
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./router/gateway
+	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime 60s ./kvcached/resp
+	$(GO) test -run '^$$' -fuzz FuzzAPI -fuzztime 30s ./sim/server
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./internal/kvevents
+	$(GO) test -run '^$$' -fuzz FuzzRoundTrip -fuzztime 30s ./internal/tokenizer
 
 ## gpu-check: on a machine with an NVIDIA GPU, run the built device plugin through Nomad's
 ## plugin client and print its fingerprint and two stats samples against real NVML
