@@ -41,7 +41,7 @@ func run() error {
 		synRate     = flag.Float64("syn-rate", 4, "synthetic: conversation starts per second at scale 1")
 		workers     = flag.Int("workers", 16, "workers in the cluster")
 		homogeneous = flag.Bool("homogeneous", false, "all H100 instead of the heterogeneous H100/A100/L40S mix")
-		scales      = flag.String("scales", "1,2,3,4,6,8", "rate scales to sweep (arrival time / scale)")
+		scales      = flag.String("scales", "0.5,1,2,3,4", "rate scales to sweep (arrival time / scale)")
 		policies    = flag.String("policies", strings.Join(cluster.Policies, ","), "policies to compare")
 		learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
 		delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
