@@ -49,8 +49,9 @@ $(STATICCHECK): tools/staticcheck/go.mod tools/staticcheck/go.sum
 	@mkdir -p bin
 	cd tools/staticcheck && GOFLAGS=-mod=readonly $(GO) build -o ../../$(STATICCHECK) honnef.co/go/tools/cmd/staticcheck
 
-## lint: go vet plus pinned staticcheck
+## lint: gofmt, go vet and pinned staticcheck
 lint: vet $(STATICCHECK)
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
 
 ## bench: Go benchmarks of every package (bounded); peer comparisons are scripts in bench/

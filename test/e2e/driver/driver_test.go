@@ -38,68 +38,7 @@ func TestMain(m *testing.M) { os.Exit(testbed.Main(m, testbed.Options{}, &stack)
 // simJob is the reference job: the engine service follows the Oasis
 // convention (name oasis-engine, tags, oasis_* meta).
 func simJob(id, extraConfig string) string {
-	return fmt.Sprintf(`
-job %[1]q {
-  datacenters = ["*"]
-  type        = "service"
-
-  group "engine" {
-    network {
-      port "http" {}
-      port "kv" {}
-    }
-
-    restart {
-      attempts = 0
-      mode     = "fail"
-    }
-    reschedule {
-      attempts  = 0
-      unlimited = false
-    }
-
-    service {
-      name     = "oasis-engine"
-      provider = "consul"
-      port     = "http"
-      tags     = ["oasis", "engine-sim", "role-both"]
-      meta {
-        oasis_model        = "llama"
-        oasis_engine       = "sim"
-        oasis_role         = "both"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
-      }
-      check {
-        type     = "http"
-        path     = "/health"
-        interval = "1s"
-        timeout  = "1s"
-      }
-    }
-
-    task "engine" {
-      driver       = "llm"
-      kill_signal  = "SIGTERM"
-      kill_timeout = "5s"
-      config {
-        engine            = "sim"
-        model             = "meta-llama/Llama-3.1-8B-Instruct"
-        served_model_name = "llama"
-        port              = "http"
-        kv_events_port    = "kv"
-        %[2]s
-      }
-      resources {
-        cpu    = 200
-        memory = 256
-      }
-    }
-  }
-}
-`, id, extraConfig)
+	return testbed.SimEngine{ID: id, KVEvents: true, Config: extraConfig}.HCL()
 }
 
 func runningAlloc(t *testing.T, ctx context.Context, jobID string) *nomadapi.Allocation {

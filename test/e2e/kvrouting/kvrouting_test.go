@@ -47,64 +47,8 @@ const modelName = "kvllama"
 // engineJob is one oasis-sim engine with KV events on a Nomad-assigned port,
 // advertised in the oasis_kv_events service meta as the driver documents.
 func engineJob(id string) string {
-	return fmt.Sprintf(`
-job %[1]q {
-  datacenters = ["*"]
-  type        = "service"
-  group "engine" {
-    network {
-      port "http" {}
-      port "kv" {}
-    }
-    restart {
-      attempts = 0
-      mode     = "fail"
-    }
-    reschedule {
-      attempts  = 0
-      unlimited = false
-    }
-    service {
-      name     = "oasis-engine"
-      provider = "consul"
-      port     = "http"
-      tags     = ["oasis", "engine-sim", "role-both", "kvrouting-e2e"]
-      meta {
-        oasis_model        = %[2]q
-        oasis_engine       = "sim"
-        oasis_role         = "both"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
-      }
-      check {
-        type     = "http"
-        path     = "/health"
-        interval = "1s"
-        timeout  = "1s"
-      }
-    }
-    task "engine" {
-      driver       = "llm"
-      kill_signal  = "SIGTERM"
-      kill_timeout = "5s"
-      config {
-        engine            = "sim"
-        model             = "meta-llama/Llama-3.1-8B-Instruct"
-        served_model_name = %[2]q
-        port              = "http"
-        kv_events_port    = "kv"
-        block_size        = 16
-      }
-      resources {
-        cpu    = 100
-        memory = 128
-      }
-    }
-  }
-}
-`, id, modelName)
+	return testbed.SimEngine{ID: id, Model: modelName, KVEvents: true, Tags: []string{"kvrouting-e2e"},
+		Config: "block_size        = 16"}.HCL()
 }
 
 // router is the gateway wired for KV-aware routing, in process.

@@ -2,21 +2,18 @@ package router
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
 // nomadEngineJob registers its engine with Nomad's native service discovery.
 func nomadEngineJob(id, model string) string {
-	j := engineJob(id)
-	j = strings.Replace(j, `provider = "consul"`, `provider = "nomad"`, 1)
-	j = strings.Replace(j, `oasis_model        = "llama"`, fmt.Sprintf(`oasis_model        = %q`, model), 1)
-	return strings.Replace(j, `served_model_name = "llama"`, fmt.Sprintf(`served_model_name = %q`, model), 1)
+	return testbed.SimEngine{ID: id, Model: model, Provider: "nomad"}.HCL()
 }
 
 func TestNomadNativeDiscovery(t *testing.T) {

@@ -36,62 +36,7 @@ func TestMain(m *testing.M) { os.Exit(testbed.Main(m, testbed.Options{}, &stack)
 // engineJob is one oasis-sim engine run by the llm driver, registered as
 // oasis-engine with the Oasis meta convention.
 func engineJob(id string) string {
-	return fmt.Sprintf(`
-job %[1]q {
-  datacenters = ["*"]
-  type        = "service"
-  group "engine" {
-    network {
-      port "http" {}
-    }
-    restart {
-      attempts = 0
-      mode     = "fail"
-    }
-    reschedule {
-      attempts  = 0
-      unlimited = false
-    }
-    service {
-      name     = "oasis-engine"
-      provider = "consul"
-      port     = "http"
-      tags     = ["oasis", "engine-sim", "role-both"]
-      meta {
-        oasis_model        = "llama"
-        oasis_engine       = "sim"
-        oasis_role         = "both"
-        oasis_kv_events    = ""
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
-      }
-      check {
-        type     = "http"
-        path     = "/health"
-        interval = "1s"
-        timeout  = "1s"
-      }
-    }
-    task "engine" {
-      driver       = "llm"
-      kill_signal  = "SIGTERM"
-      kill_timeout = "5s"
-      config {
-        engine            = "sim"
-        model             = "meta-llama/Llama-3.1-8B-Instruct"
-        served_model_name = "llama"
-        port              = "http"
-        kv_events         = false
-      }
-      resources {
-        cpu    = 100
-        memory = 128
-      }
-    }
-  }
-}
-`, id)
+	return testbed.SimEngine{ID: id}.HCL()
 }
 
 // routerProc is the oasis-router binary under test.

@@ -77,7 +77,10 @@ func sanitize(s string) string { return strings.NewReplacer("/", "-", " ", "-").
 
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 // registerTagged registers a sim with the router's isolation tag.
 func (r *router) register(t *testing.T, c *consulapi.Client, id, model string, s *sim) {
