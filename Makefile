@@ -38,9 +38,10 @@ test: deps hashistack lint unit e2e
 unit:
 	$(GO) test -count=1 -timeout 15m $(PKGS_UNIT)
 
-## e2e: tests against the real Nomad + Consul test bed (one stack per package, run one at a time)
-e2e: hashistack
-	$(GO) test -count=1 -p 1 -timeout 30m $(PKGS_E2E)
+## e2e: tests against the real Nomad + Consul test bed (one stack per package, run one at a time);
+## the commands are built once into bin/ and every stack copies them
+e2e: hashistack build
+	OASIS_TESTBED_PREBUILT=$(CURDIR)/bin $(GO) test -count=1 -p 1 -timeout 30m $(PKGS_E2E)
 
 vet:
 	$(GO) vet ./...

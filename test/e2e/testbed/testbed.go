@@ -187,18 +187,25 @@ func (s *Stack) buildOasis(ctx context.Context) error {
 	if err := os.MkdirAll(s.BinDir, 0o755); err != nil {
 		return fmt.Errorf("creating bin dir: %w", err)
 	}
-	cmds, err := filepath.Glob(filepath.Join(s.root, "cmd", "*", "main.go"))
-	if err != nil || len(cmds) == 0 {
-		s.logf("testbed: no commands under cmd/ to build")
-		return nil
+	if prebuilt := os.Getenv(PrebuiltEnv); prebuilt != "" {
+		// `make e2e` builds ./cmd/... once for every e2e package instead of once per package.
+		if err := s.copyPrebuilt(prebuilt); err != nil {
+			return err
+		}
+	} else {
+		cmds, err := filepath.Glob(filepath.Join(s.root, "cmd", "*", "main.go"))
+		if err != nil || len(cmds) == 0 {
+			s.logf("testbed: no commands under cmd/ to build")
+			return nil
+		}
+		start := time.Now()
+		build := exec.CommandContext(ctx, "go", "build", "-o", s.BinDir+string(filepath.Separator), "./cmd/...")
+		build.Dir = s.root
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("building Oasis commands: %w\n%s", err, out)
+		}
+		s.logf("testbed: built Oasis commands in %s", time.Since(start).Round(time.Millisecond))
 	}
-	start := time.Now()
-	build := exec.CommandContext(ctx, "go", "build", "-o", s.BinDir+string(filepath.Separator), "./cmd/...")
-	build.Dir = s.root
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building Oasis commands: %w\n%s", err, out)
-	}
-	s.logf("testbed: built Oasis commands in %s", time.Since(start).Round(time.Millisecond))
 	for _, plugin := range []string{"nomad-driver-llm", "nomad-device-gpu"} {
 		src := s.Bin(plugin)
 		if _, err := os.Stat(src); err != nil {
@@ -208,6 +215,25 @@ func (s *Stack) buildOasis(ctx context.Context) error {
 			return fmt.Errorf("installing plugin %s: %w", plugin, err)
 		}
 	}
+	return nil
+}
+
+// PrebuiltEnv names a directory holding binaries just built from ./cmd/... (make e2e sets it to
+// bin/); the stack copies every command found there instead of building again.
+const PrebuiltEnv = "OASIS_TESTBED_PREBUILT"
+
+func (s *Stack) copyPrebuilt(dir string) error {
+	cmds, err := filepath.Glob(filepath.Join(s.root, "cmd", "*", "main.go"))
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		name := filepath.Base(filepath.Dir(c))
+		if err := copyFile(filepath.Join(dir, name), s.Bin(name)); err != nil {
+			return fmt.Errorf("copying prebuilt %s from %s=%s: %w", name, PrebuiltEnv, dir, err)
+		}
+	}
+	s.logf("testbed: using the Oasis commands prebuilt in %s", dir)
 	return nil
 }
 
