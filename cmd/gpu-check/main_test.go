@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/gobuild"
 )
 
 // pluginBin is the nomad-device-gpu binary built once for these tests.
@@ -28,10 +28,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	pluginBin = filepath.Join(dir, "nomad-device-gpu")
-	build := exec.Command("go", "build", "-o", pluginBin, "github.com/oasis-llm/oasis/cmd/nomad-device-gpu")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		panic("building nomad-device-gpu: " + err.Error())
+	if err := gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/nomad-device-gpu"); err != nil {
+		panic(err)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/gobuild"
 	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
@@ -33,9 +34,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "oasis-kvcached")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building oasis-kvcached: %v\n%s", err, out)
+	if err := gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/oasis-kvcached"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/gobuild"
 	"github.com/oasis-llm/oasis/internal/kvevents"
 	"github.com/shoenig/test/must"
 )
@@ -28,9 +29,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "oasis-sim")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building oasis-sim: %v\n%s", err, out)
+	if err := gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/oasis-sim"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}

@@ -62,6 +62,10 @@ type taskHandle struct {
 	exitResult  *drivers.ExitResult
 	health      string // "starting", "ready", "failing"
 	readyAfter  time.Duration
+
+	// statsAsked is closed by the client's first TaskStats call for this task.
+	statsAsked     chan struct{}
+	statsAskedOnce sync.Once
 }
 
 func newHandle(logger hclog.Logger, st TaskState) *taskHandle {
@@ -73,6 +77,7 @@ func newHandle(logger hclog.Logger, st TaskState) *taskHandle {
 		ctx:        ctx,
 		cancel:     cancel,
 		doneCh:     make(chan struct{}),
+		statsAsked: make(chan struct{}),
 		procState:  drivers.TaskStateRunning,
 		health:     "starting",
 	}

@@ -25,7 +25,8 @@ type healthTiming struct {
 	steady time.Duration
 	// remote is the openai_compat endpoint poll period.
 	remote time.Duration
-	// recoveredEvent waits for the restarted client's event handlers.
+	// recoveredEvent bounds the wait for the restarted client to ask for the recovered task's
+	// stats (the sign its event handlers exist) before the reattach event goes out anyway.
 	recoveredEvent time.Duration
 }
 
@@ -33,7 +34,7 @@ var defaultHealthTiming = healthTiming{
 	probe:          2 * time.Second,
 	steady:         5 * time.Second,
 	remote:         10 * time.Second,
-	recoveredEvent: 2 * time.Second,
+	recoveredEvent: time.Minute,
 }
 
 // startupInterval polls fast at first so readiness is seen within tens of
@@ -115,10 +116,14 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 		}
 	}
 	if recovered {
-		// The client registers its task event handlers only after it has
-		// restored every task: report the reattachment a moment later,
-		// with the engine's health.
-		if !sleep(h.ctx, d.timing.recoveredEvent) {
+		// The client drops events for tasks whose handlers it has not registered yet, and
+		// it registers them only after restoring every task; its task runner then starts
+		// collecting stats. So the first TaskStats call is when the reattachment (with the
+		// engine's health) can be reported without being lost.
+		select {
+		case <-h.statsAsked:
+		case <-time.After(d.timing.recoveredEvent):
+		case <-h.ctx.Done():
 			return
 		}
 		health := "engine healthy"

@@ -1,7 +1,9 @@
 package driver
 
 import (
+	"context"
 	"fmt"
+	"github.com/oasis-llm/oasis/internal/gobuild"
 	"io"
 	"os"
 	"os/exec"
@@ -49,12 +51,7 @@ func runUnprivileged(m *testing.M) int {
 }
 
 func buildSim(dir string) error {
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "oasis-sim"), "github.com/oasis-llm/oasis/cmd/oasis-sim")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building oasis-sim: %w", err)
-	}
-	return nil
+	return gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/oasis-sim")
 }
 
 func reexecUnprivileged() int {

@@ -265,6 +265,7 @@ func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Dur
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
 	}
+	h.statsAskedOnce.Do(func() { close(h.statsAsked) })
 	if h.exec != nil {
 		return h.exec.Stats(ctx, interval)
 	}

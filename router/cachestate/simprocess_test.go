@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/gobuild"
 	"github.com/oasis-llm/oasis/router/tokens"
 	"github.com/shoenig/test/must"
 )
@@ -29,11 +30,9 @@ func freePort(t *testing.T) int {
 // buildSim builds cmd/oasis-sim into a temp dir.
 func buildSim(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "oasis-sim")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/oasis-llm/oasis/cmd/oasis-sim")
-	out, err := cmd.CombinedOutput()
-	must.NoError(t, err, must.Sprintf("building oasis-sim: %s", out))
-	return bin
+	dir := t.TempDir()
+	must.NoError(t, gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/oasis-sim"))
+	return filepath.Join(dir, "oasis-sim")
 }
 
 type simProc struct {

@@ -134,6 +134,9 @@ func taskEvents(t testing.TB, allocID string) []*nomadapi.TaskEvent {
 	return st.Events
 }
 
+// waitEvent waits for a task event. The bound is generous: after an agent restart the client
+// re-attaches a task only once it is registered with the server again, which here has taken
+// up to ~20 s (the restarted server's keyring answers "Permission denied" until then).
 func waitEvent(t testing.TB, allocID, substr string) *nomadapi.TaskEvent {
 	t.Helper()
 	var found *nomadapi.TaskEvent
@@ -149,7 +152,7 @@ func waitEvent(t testing.TB, allocID, substr string) *nomadapi.TaskEvent {
 			}
 		}
 		return false
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Func(func() string {
+	}), wait.Timeout(90*time.Second), wait.Gap(100*time.Millisecond)), must.Func(func() string {
 		return fmt.Sprintf("no task event containing %q; events: %q", substr, seen)
 	}))
 	return found

@@ -20,6 +20,8 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	nomadapi "github.com/hashicorp/nomad/api"
+
+	"github.com/oasis-llm/oasis/internal/gobuild"
 )
 
 // Options tunes a stack. The zero value is a complete stack.
@@ -199,10 +201,8 @@ func (s *Stack) buildOasis(ctx context.Context) error {
 			return nil
 		}
 		start := time.Now()
-		build := exec.CommandContext(ctx, "go", "build", "-o", s.BinDir+string(filepath.Separator), "./cmd/...")
-		build.Dir = s.root
-		if out, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("building Oasis commands: %w\n%s", err, out)
+		if err := gobuild.Commands(ctx, s.BinDir, "github.com/oasis-llm/oasis/cmd/..."); err != nil {
+			return err
 		}
 		s.logf("testbed: built Oasis commands in %s", time.Since(start).Round(time.Millisecond))
 	}

@@ -16,6 +16,7 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 
+	"github.com/oasis-llm/oasis/internal/gobuild"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -36,17 +37,10 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(workDir)
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	simBin = filepath.Join(workDir, "oasis-sim")
 	routerBin = filepath.Join(workDir, "oasis-router")
-	build := exec.Command("go", "build", "-o", workDir+"/", "./cmd/oasis-sim", "./cmd/oasis-router")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building oasis-sim and oasis-router: %v\n%s", err, out)
+	if err := gobuild.Commands(context.Background(), workDir, "github.com/oasis-llm/oasis/cmd/oasis-sim", "github.com/oasis-llm/oasis/cmd/oasis-router"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	consul, err = startConsul(filepath.Join(workDir, "consul"))
