@@ -32,7 +32,6 @@ import (
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
-	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/router/signals"
 	"github.com/oasis-llm/oasis/router/tokens"
@@ -249,25 +248,12 @@ func run(c config, log hclog.Logger) error {
 		Metrics: m, Gatherer: reg, Log: log, Auth: authn, MaxBodyBytes: c.maxBody, Transport: transport,
 		Prepare: tok.Prepare,
 		OnPick: func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker) {
-			// Only where the prefix term is in use (it has tokenized already): count how much
-			// of the prompt the chosen worker held, then, for engines without KV events,
-			// record the decision as the approximate view of its cache.
-			if cfg.Policy != scoring.Weighted || cfg.Weights["prefix"] <= 0 || w.BlockSize <= 0 {
+			// Where the prefix term scored the request: count how much of the prompt the
+			// chosen worker held, then, for engines without KV events, record the decision
+			// as the approximate view of its cache.
+			keys, matched, ok := req.PrefixResult(w.ID)
+			if !ok || len(keys) == 0 || w.BlockSize <= 0 {
 				return
-			}
-			toks, err := req.PromptTokens(ctx)
-			if err != nil || len(toks) == 0 {
-				return
-			}
-			keys, err := cache.Keys(nil, w.Model, w.BlockSize, toks)
-			if err != nil {
-				return
-			}
-			matched := 0
-			for _, mt := range cache.Match(keys, prefixindex.DefaultTierWeights(), nil) {
-				if mt.Worker == w.ID {
-					matched = mt.Blocks
-				}
 			}
 			m.PrefixRequestBlocks.WithLabelValues(w.Model).Add(float64(len(keys)))
 			m.PrefixMatchedBlocks.WithLabelValues(w.Model).Add(float64(matched))

@@ -120,6 +120,13 @@ func (t *PrefixTerm) Score(ctx context.Context, req *Request, workers []*Worker,
 			continue
 		}
 		sc.matches = t.Source.Match(keys, tiers, sc.matches[:0])
+		req.prefixKeys = append(req.prefixKeys[:0], keys...)
+		if req.prefixBlocks == nil {
+			req.prefixBlocks = make(map[string]int, len(sc.matches))
+		}
+		for _, m := range sc.matches {
+			req.prefixBlocks[m.Worker] = m.Blocks
+		}
 		for j := i; j < len(workers); j++ {
 			wj := workers[j]
 			if done[j] || wj.Model != w.Model || blockSizeOf(wj) != bs {

@@ -167,3 +167,25 @@ func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("guarded imbalance max %v mean %v", maxIn, meanIn))
 	must.Greater(t, 1, holders)
 }
+
+// The term leaves what it matched on the request, for the router's metrics and approximate
+// learning after the pick, so neither digests nor matches the prompt again.
+func TestPrefixTermLeavesItsResultOnTheRequest(t *testing.T) {
+	s := newPrefixState(t, "a", "b")
+	p := prompt(1, 8)
+	hold(t, s, "a", p[:3*testBS])
+	term := NewPrefixTerm(s)
+	req := tokReq(p)
+	_, _, ok := req.PrefixResult("a")
+	must.False(t, ok, must.Sprint("no result before the term scored"))
+
+	term.Score(context.Background(), req, []*Worker{bsWorker("a", 0), bsWorker("b", 0)}, make([]float64, 2))
+	keys, matched, ok := req.PrefixResult("a")
+	must.True(t, ok)
+	want, err := s.Keys(nil, "m", testBS, p)
+	must.NoError(t, err)
+	must.Eq(t, want, keys)
+	must.Eq(t, 3, matched)
+	_, matched, _ = req.PrefixResult("b")
+	must.Eq(t, 0, matched)
+}

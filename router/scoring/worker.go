@@ -165,6 +165,21 @@ type Request struct {
 	tokOnce sync.Once
 	tokens  []uint32
 	tokErr  error
+
+	// What the prefix term found, kept so the router can count and record the decision
+	// without digesting and matching the prompt a second time.
+	prefixKeys   []uint64
+	prefixBlocks map[string]int // worker id → matched blocks
+}
+
+// PrefixResult returns what the prefix term saw when it scored this request: the prompt's
+// block keys and how many of them (a prefix) the worker held. ok is false when the term did
+// not score the request (not weighted, no tokens).
+func (r *Request) PrefixResult(worker string) (keys []uint64, matched int, ok bool) {
+	if r.prefixBlocks == nil {
+		return nil, 0, false
+	}
+	return r.prefixKeys, r.prefixBlocks[worker], true
 }
 
 // PromptTokens returns the prompt's token ids, tokenizing on first use.
