@@ -116,6 +116,7 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"kv_offload_size_gb":     hclspec.NewAttr("kv_offload_size_gb", "number", false),
 	"kv_events":              hclspec.NewAttr("kv_events", "bool", false),
 	"kv_events_port":         hclspec.NewAttr("kv_events_port", "string", false),
+	"kv_events_replay_port":  hclspec.NewAttr("kv_events_replay_port", "string", false),
 	"block_size":             hclspec.NewAttr("block_size", "number", false),
 	"kvcached_address":       hclspec.NewAttr("kvcached_address", "string", false),
 	"nixl_side_channel_port": hclspec.NewAttr("nixl_side_channel_port", "string", false),
@@ -142,8 +143,12 @@ type TaskConfig struct {
 	KVOffloadSizeGB      Float  `codec:"kv_offload_size_gb" json:"kv_offload_size_gb,omitempty"`
 	// KVEvents is a pointer so that "unset" (default on where the engine
 	// publishes events) differs from an explicit false.
-	KVEvents            *bool             `codec:"kv_events" json:"kv_events,omitempty"`
-	KVEventsPort        string            `codec:"kv_events_port" json:"kv_events_port,omitempty"`
+	KVEvents     *bool  `codec:"kv_events" json:"kv_events,omitempty"`
+	KVEventsPort string `codec:"kv_events_port" json:"kv_events_port,omitempty"`
+	// KVEventsReplayPort labels the port of the engine's replay socket (a ZMQ
+	// ROUTER re-sending buffered event batches from a sequence number), so a
+	// subscriber that missed batches fills the gap instead of resynchronising.
+	KVEventsReplayPort  string            `codec:"kv_events_replay_port" json:"kv_events_replay_port,omitempty"`
 	BlockSize           int               `codec:"block_size" json:"block_size,omitempty"`
 	KVCachedAddress     string            `codec:"kvcached_address" json:"kvcached_address,omitempty"`
 	NIXLSideChannelPort string            `codec:"nixl_side_channel_port" json:"nixl_side_channel_port,omitempty"`
@@ -280,6 +285,7 @@ func (c TaskConfig) Validate() error {
 			{"gpu_memory_utilization", c.GPUMemoryUtilization != 0},
 			{"kv_offload_size_gb", c.KVOffloadSizeGB != 0},
 			{"kv_events_port", c.KVEventsPort != ""},
+			{"kv_events_replay_port", c.KVEventsReplayPort != ""},
 			{"block_size", c.BlockSize != 0},
 			{"nixl_side_channel_port", c.NIXLSideChannelPort != ""},
 			{"bootstrap_port", c.BootstrapPort != ""},
@@ -341,6 +347,16 @@ func (c TaskConfig) Validate() error {
 		}
 	} else if c.KVEventsPort != "" {
 		add(fieldErr("kv_events_port", "set while kv_events = false; remove one of them"))
+	}
+	if c.KVEventsReplayPort != "" {
+		switch {
+		case !c.EventsOn() && SupportsKVEvents(c.Engine):
+			add(fieldErr("kv_events_replay_port", "set while kv_events = false; the replay socket serves the events' buffer, so remove it or turn kv_events on"))
+		case !SupportsKVEvents(c.Engine):
+			add(fieldErr("kv_events_replay_port", "engine %s publishes no ZMQ KV events to replay; allowed for: vllm, sglang, sim", c.Engine))
+		case c.KVEventsReplayPort == c.KVEventsPort:
+			add(fieldErr("kv_events_replay_port", "%q is also kv_events_port; the replay socket needs its own port label", c.KVEventsReplayPort))
+		}
 	}
 
 	// Offload sizing.

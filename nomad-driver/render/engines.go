@@ -21,7 +21,21 @@ type kvEventsConfig struct {
 	EnableKVCacheEvents *bool  `json:"enable_kv_cache_events,omitempty"`
 	Publisher           string `json:"publisher"`
 	Endpoint            string `json:"endpoint"`
-	Topic               string `json:"topic"`
+	// ReplayEndpoint binds the ROUTER socket that re-sends buffered batches
+	// from a sequence number (vLLM and SGLang: replay_endpoint).
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	Topic          string `json:"topic"`
+}
+
+// eventsConfig renders --kv-events-config; enable is vLLM's
+// enable_kv_cache_events (nil for SGLang).
+func eventsConfig(c config.TaskConfig, in Input, enable *bool) string {
+	ec := kvEventsConfig{EnableKVCacheEvents: enable, Publisher: "zmq",
+		Endpoint: bindEndpoint(in.Ports[c.KVEventsPort]), Topic: KVEventsTopic}
+	if c.KVEventsReplayPort != "" {
+		ec.ReplayEndpoint = bindEndpoint(in.Ports[c.KVEventsReplayPort])
+	}
+	return mustJSON(ec)
 }
 
 // KVEventsTopic is the ZMQ topic engines publish KV events on.
@@ -77,7 +91,15 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 		}
 	case config.OffloadLMCache, config.OffloadKVCached:
 		conns = append(conns, connector{KVConnector: "LMCacheConnectorV1", KVRole: "kv_both"})
-		writeLMCacheConfig(p, c, in)
+		// LMCache hashes chunks with vLLM's own hash function and seed: one
+		// chunk per vLLM block, the same algorithm on both sides and a fixed
+		// PYTHONHASHSEED make LMCache's chunk hash equal vLLM's block hash, so
+		// the router can map kvcached's presence events to its digests.
+		writeLMCacheConfig(p, c, in, c.BlockSize)
+		offloadFlags = append(offloadFlags, "--prefix-caching-hash-algo", lmcacheHashAlgo)
+		if _, set := c.ExtraEnv["PYTHONHASHSEED"]; !set {
+			p.Env["PYTHONHASHSEED"] = "0"
+		}
 	case config.OffloadKVBM:
 		conns = append(conns, connector{KVConnector: "DynamoConnector", KVRole: "kv_both",
 			KVConnectorModulePath: "kvbm.vllm_integration.connector"})
@@ -95,8 +117,7 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 
 	if c.EventsOn() {
 		on := true
-		a = append(a, "--kv-events-config", mustJSON(kvEventsConfig{EnableKVCacheEvents: &on,
-			Publisher: "zmq", Endpoint: bindEndpoint(in.Ports[c.KVEventsPort]), Topic: KVEventsTopic}))
+		a = append(a, "--kv-events-config", eventsConfig(c, in, &on))
 	}
 	p.Argv = a
 	return nil
@@ -127,7 +148,9 @@ func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 		}
 	case config.OffloadLMCache, config.OffloadKVCached:
 		a = append(a, "--enable-lmcache")
-		writeLMCacheConfig(p, c, in)
+		// SGLang's page hashes are not LMCache's chunk hashes: keep LMCache's
+		// default chunk.
+		writeLMCacheConfig(p, c, in, lmcacheChunkSize)
 	}
 	if c.Disaggregated() {
 		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", "nixl")
@@ -136,8 +159,7 @@ func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 		}
 	}
 	if c.EventsOn() {
-		a = append(a, "--kv-events-config", mustJSON(kvEventsConfig{
-			Publisher: "zmq", Endpoint: bindEndpoint(in.Ports[c.KVEventsPort]), Topic: KVEventsTopic}))
+		a = append(a, "--kv-events-config", eventsConfig(c, in, nil))
 	}
 	p.Argv = a
 	return nil
@@ -182,13 +204,19 @@ func renderTRTLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 	p.Argv = a
 }
 
+// lmcacheHashAlgo is the prefix hash both vLLM (--prefix-caching-hash-algo)
+// and LMCache (pre_caching_hash_algorithm) use: stable across processes and
+// hosts with a fixed PYTHONHASHSEED.
+const lmcacheHashAlgo = "sha256_cbor"
+
 // writeLMCacheConfig writes LMCache's YAML into the task dir. kvcached is
 // LMCache with its remote tier on the node-local oasis-kvcached (Redis
-// protocol); sha256_cbor keys are stable across processes and hosts.
-func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input) {
+// protocol). Partial chunks are not saved: the engine never caches a partial
+// block either, and their hashes would match nothing.
+func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input, chunk int) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload = %q).\n", c.KVOffload)
-	fmt.Fprintf(&b, "chunk_size: %d\n", lmcacheChunkSize)
+	fmt.Fprintf(&b, "chunk_size: %d\nsave_unfull_chunk: false\n", chunk)
 	if c.KVOffloadSizeGB > 0 {
 		fmt.Fprintf(&b, "local_cpu: true\nmax_local_cpu_size: %s\n", ftoa(c.KVOffloadSizeGB))
 	} else {
@@ -197,7 +225,7 @@ func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input) {
 	if c.KVOffload == config.OffloadKVCached {
 		fmt.Fprintf(&b, "remote_url: \"redis://%s\"\nremote_serde: naive\n", c.KVCachedAddress)
 	}
-	b.WriteString("pre_caching_hash_algorithm: sha256_cbor\n")
+	fmt.Fprintf(&b, "pre_caching_hash_algorithm: %s\n", lmcacheHashAlgo)
 	f := localFile(in, LMCacheConfigName, b.String())
 	p.Files = append(p.Files, f)
 	p.Env["LMCACHE_CONFIG_FILE"] = f.Path

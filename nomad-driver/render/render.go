@@ -62,6 +62,9 @@ type Plan struct {
 	MetricsPath string
 	// KVEventsEndpoint is the ZMQ PUB endpoint, empty when events are off.
 	KVEventsEndpoint string
+	// KVEventsReplayEndpoint is the ZMQ ROUTER replay endpoint, empty without
+	// kv_events_replay_port.
+	KVEventsReplayEndpoint string
 }
 
 // DefaultBinary is the executable looked up on PATH when neither the task
@@ -99,7 +102,8 @@ func GPUsFromEnv(env map[string]string) []string {
 	return ids
 }
 
-// lmcacheChunkSize is LMCache's default chunk (tokens); kvcached keys follow it.
+// lmcacheChunkSize is LMCache's default chunk (tokens), used where chunks
+// cannot line up with the engine's blocks (SGLang).
 const lmcacheChunkSize = 256
 
 // File names written into the task's local directory.
@@ -135,6 +139,10 @@ func Render(in Input) (*Plan, error) {
 	if c.EventsOn() {
 		ev := in.Ports[c.KVEventsPort]
 		p.KVEventsEndpoint = "tcp://" + net.JoinHostPort(ev.HostIP, strconv.Itoa(ev.Value))
+		if c.KVEventsReplayPort != "" {
+			rp := in.Ports[c.KVEventsReplayPort]
+			p.KVEventsReplayEndpoint = "tcp://" + net.JoinHostPort(rp.HostIP, strconv.Itoa(rp.Value))
+		}
 	}
 	if len(in.GPUs) > 0 {
 		p.Env["CUDA_VISIBLE_DEVICES"] = strings.Join(in.GPUs, ",")
@@ -190,6 +198,7 @@ func checkRuntime(c config.TaskConfig, in Input) error {
 	for _, f := range []struct{ field, label string }{
 		{"port", c.Port},
 		{"kv_events_port", c.KVEventsPort},
+		{"kv_events_replay_port", c.KVEventsReplayPort},
 		{"nixl_side_channel_port", c.NIXLSideChannelPort},
 		{"bootstrap_port", c.BootstrapPort},
 	} {
@@ -213,7 +222,7 @@ func checkRuntime(c config.TaskConfig, in Input) error {
 var renderedFlags = map[string][]string{
 	config.EngineVLLM: {"--host", "--port", "--served-model-name", "--tensor-parallel-size", "-tp", "--max-model-len",
 		"--gpu-memory-utilization", "--block-size", "--kv-transfer-config", "--kv-events-config",
-		"--kv-offloading-backend", "--kv-offloading-size"},
+		"--kv-offloading-backend", "--kv-offloading-size", "--prefix-caching-hash-algo"},
 	config.EngineSGLang: {"--model-path", "--model", "--host", "--port", "--served-model-name", "--tp-size", "--tp",
 		"--context-length", "--mem-fraction-static", "--page-size", "--kv-events-config",
 		"--enable-hierarchical-cache", "--hicache-size", "--hicache-write-policy", "--enable-lmcache",

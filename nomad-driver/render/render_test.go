@@ -20,6 +20,7 @@ var testPorts = map[string]Port{
 	"kv":        {HostIP: "10.0.0.5", Value: 20002},
 	"nixl":      {HostIP: "10.0.0.5", Value: 20003},
 	"bootstrap": {HostIP: "10.0.0.5", Value: 20004},
+	"replay":    {HostIP: "10.0.0.5", Value: 20005},
 }
 
 const testLocalDir = "/alloc/task/local"
@@ -85,6 +86,9 @@ func format(p *Plan, err error) string {
 		fmt.Fprintf(&b, "  --- %s\n%s", f.Path, indent(string(f.Content)))
 	}
 	fmt.Fprintf(&b, "health: %s\nmetrics: %s\nkv_events: %s\n", p.HealthURL, p.MetricsPath, p.KVEventsEndpoint)
+	if p.KVEventsReplayEndpoint != "" {
+		fmt.Fprintf(&b, "kv_events_replay: %s\n", p.KVEventsReplayEndpoint)
+	}
 	return b.String()
 }
 
@@ -184,6 +188,29 @@ func TestRenderCases(t *testing.T) {
 			c.MaxModelLen, c.GPUMemoryUtilization = 16384, 0.9
 			return testInput(c)
 		}},
+		{"vllm-events-replay", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.KVEventsReplayPort = "replay"
+			return testInput(c)
+		}},
+		{"sglang-events-replay", func() Input {
+			c := baseConfig("sglang", "none", "both")
+			c.KVEventsReplayPort = "replay"
+			return testInput(c)
+		}},
+		{"sim-events-replay-any", func() Input {
+			c := baseConfig("sim", "none", "both")
+			c.KVEventsReplayPort = "replay"
+			in := testInput(c)
+			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}, "replay": {Value: 5558}}
+			return in
+		}},
+		{"vllm-lmcache-replay", func() Input {
+			c := baseConfig("vllm", "lmcache", "both")
+			c.KVEventsReplayPort = "replay"
+			c.ExtraEnv = map[string]string{"PYTHONHASHSEED": "42"}
+			return testInput(c)
+		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))
 			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}}
@@ -216,13 +243,27 @@ func TestRenderBadInput(t *testing.T) {
 		{"missing port", func(in *Input) { in.Config.Port = "" }, "port", "is required"},
 		{"tp larger than gpus", func(in *Input) { in.Config.TensorParallelSize = 4 }, "tensor_parallel_size", "larger than the 1 GPU(s) reserved"},
 		{"no gpus", func(in *Input) { in.GPUs = nil }, "tensor_parallel_size", "reserve them with a device"},
-		{"port label missing", func(in *Input) { in.Config.Port = "api" }, "port", `"api" is not in the group's network block; labels: bootstrap, http, kv, nixl`},
+		{"port label missing", func(in *Input) { in.Config.Port = "api" }, "port", `"api" is not in the group's network block; labels: bootstrap, http, kv, nixl, replay`},
 		{"events label missing", func(in *Input) { in.Config.KVEventsPort = "zmq" }, "kv_events_port", `"zmq" is not in the group's network block`},
 		{"events without port", func(in *Input) { in.Config.KVEventsPort = "" }, "kv_events_port", "set kv_events_port"},
 		{"events on unsupported engine", func(in *Input) {
 			on := true
 			in.Config.Engine, in.Config.KVEvents, in.Config.KVEventsPort = "llama_cpp", &on, ""
 		}, "kv_events", "allowed for: vllm, sglang, sim"},
+		{"replay label missing", func(in *Input) { in.Config.KVEventsReplayPort = "zmq-replay" }, "kv_events_replay_port", `"zmq-replay" is not in the group's network block`},
+		{"replay with events off", func(in *Input) {
+			off := false
+			in.Config.KVEvents, in.Config.KVEventsPort, in.Config.KVEventsReplayPort = &off, "", "replay"
+		}, "kv_events_replay_port", "set while kv_events = false"},
+		{"replay on the events port", func(in *Input) { in.Config.KVEventsReplayPort = "kv" }, "kv_events_replay_port", "needs its own port label"},
+		{"replay on unsupported engine", func(in *Input) {
+			in.Config = baseConfig("llama_cpp", "none", "both")
+			in.Config.KVEventsReplayPort = "replay"
+		}, "kv_events_replay_port", "allowed for: vllm, sglang, sim"},
+		{"replay on openai_compat", func(in *Input) {
+			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: "http://h:1/v1", KVEventsReplayPort: "replay"}
+		}, "kv_events_replay_port", "runs no process"},
+		{"hash algo owned", func(in *Input) { in.Config.ExtraArgs = []string{"--prefix-caching-hash-algo=sha256"} }, "extra_args", `"--prefix-caching-hash-algo" is rendered by the driver`},
 		{"offload without size", func(in *Input) { in.Config.KVOffload = "lmcache" }, "kv_offload_size_gb", "needs the CPU cache size"},
 		{"size without offload", func(in *Input) { in.Config.KVOffloadSizeGB = 3 }, "kv_offload_size_gb", "allowed with: native, lmcache, kvcached, hicache, kvbm"},
 		{"gpu util out of range", func(in *Input) { in.Config.GPUMemoryUtilization = 1.5 }, "gpu_memory_utilization", "must be in (0, 1]"},

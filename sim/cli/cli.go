@@ -206,6 +206,7 @@ func specs() map[string]flagSpec {
 		"data-parallel-rank": {kInt, nil}, "data-parallel-address": {kString, nil}, "data-parallel-rpc-port": {kInt, nil},
 		"compilation-config": {kJSON, nil}, "speculative-config": {kJSON, nil}, "override-generation-config": {kJSON, nil},
 		"limit-mm-per-prompt": {kJSON, nil}, "hf-overrides": {kJSON, nil},
+		"prefix-caching-hash-algo": {kString, nil}, // the sim's block hashes are its own chain
 	}
 }
 
