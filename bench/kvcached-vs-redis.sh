@@ -7,6 +7,11 @@
 # Needs redis-server and redis-benchmark (Debian: redis-server, redis-tools).
 # Usage: bench/kvcached-vs-redis.sh            (ROUNDS=3 N_SMALL=100000 N_LARGE=1000)
 #        KVCACHED_DISK=0 bench/kvcached-vs-redis.sh   (kvcached without its SSD tier)
+#        CASES="1MiB 1MiB-r1000" bench/kvcached-vs-redis.sh   (a subset of the cases)
+#
+# redis-benchmark writes one key over and over unless given -r; the -r1000
+# cases spread SETs over 1000 keys (1 GiB at 1 MiB), so every value kvcached
+# stores is also written to its SSD tier rather than superseded in RAM.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -43,21 +48,27 @@ for p in "$kv_port" "$rs_port"; do
   for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
-# cases: name size n clients pipeline
-cases=(
-  "1KiB 1024 $N_SMALL 50 1"
-  "1KiB-P16 1024 $N_SMALL 50 16"
-  "1MiB 1048576 $N_LARGE 8 1"
-  "1MiB-P16 1048576 $N_LARGE 8 16"
+# cases: name size n clients pipeline keyspace (0: one key)
+all_cases=(
+  "1KiB 1024 $N_SMALL 50 1 0"
+  "1KiB-P16 1024 $N_SMALL 50 16 0"
+  "1MiB 1048576 $N_LARGE 8 1 0"
+  "1MiB-P16 1048576 $N_LARGE 8 16 0"
+  "1MiB-r1000 1048576 $N_LARGE 8 1 1000"
 )
+cases=()
+for c in "${all_cases[@]}"; do
+  if [ -z "${CASES:-}" ] || [[ " $CASES " == *" ${c%% *} "* ]]; then cases+=("$c"); fi
+done
 results="$work/results.csv"
 : >"$results"
 for r in $(seq "$ROUNDS"); do
   for c in "${cases[@]}"; do
-    read -r name size n clients pipe <<<"$c"
+    read -r name size n clients pipe keyspace <<<"$c"
+    rflag=(); [ "$keyspace" != 0 ] && rflag=(-r "$keyspace")
     for target in kvcached redis; do
       port=$kv_port; [ "$target" = redis ] && port=$rs_port
-      redis-benchmark -h 127.0.0.1 -p "$port" -t set,get -n "$n" -d "$size" -c "$clients" -P "$pipe" --csv 2>/dev/null |
+      redis-benchmark -h 127.0.0.1 -p "$port" -t set,get -n "$n" -d "$size" -c "$clients" -P "$pipe" "${rflag[@]}" --csv 2>/dev/null |
         awk -F'","' -v t="$target" -v c="$name" 'NR>1 { gsub(/"/,"",$1); gsub(/"/,"",$2); print t","c","$1","$2 }' >>"$results"
     done
   done
@@ -72,8 +83,8 @@ import csv, statistics, sys
 rows = {}
 for t, case, op, rps in csv.reader(open(sys.argv[1])):
     rows.setdefault((case, op, t), []).append(float(rps))
-order = ["1KiB", "1KiB-P16", "1MiB", "1MiB-P16"]
-for case in order:
+order = ["1KiB", "1KiB-P16", "1MiB", "1MiB-P16", "1MiB-r1000"]
+for case in [c for c in order if any(k[0] == c for k in rows)]:
     for op in ["SET", "GET"]:
         k = statistics.median(rows.get((case, op, "kvcached"), [0]))
         r = statistics.median(rows.get((case, op, "redis"), [0]))

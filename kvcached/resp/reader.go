@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/oasis-llm/oasis/kvcached/internal/nozero"
 )
 
 // Limits bound what one command may make the reader allocate.
@@ -142,7 +144,8 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 					r.budget.acquire(l, r.held)
 					r.held += l
 				}
-				arg = make([]byte, l)
+				// Read fills every byte, so skip make's zeroing.
+				arg = nozero.Make(int(l))
 			}
 			if _, err := io.ReadFull(r.br, arg); err != nil {
 				return nil, unexpectedEOF(err)

@@ -89,6 +89,7 @@ type item struct {
 	val      []byte
 	expireAt int64  // unix ns; 0 = never
 	seq      uint64 // write sequence, newer writes have larger ones
+	queuedAt int64  // monotonic ns when queued for the spiller
 	dirty    bool   // not yet on disk
 	queued   bool   // waiting in the spill queue
 	writing  bool   // a disk write is in flight
@@ -114,6 +115,7 @@ type Store struct {
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
 	now    func() time.Time
+	epoch  time.Time // monotonic origin of item.queuedAt
 }
 
 // Open opens (or creates) a store; with a disk tier it reloads what a
@@ -132,9 +134,9 @@ func Open(cfg Config) (*Store, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	if cfg.SpillQueue <= 0 {
-		cfg.SpillQueue = 4096
+		cfg.SpillQueue = 16384
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ram: make(map[string]*item), now: time.Now}
+	s := &Store{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ram: make(map[string]*item), now: time.Now, epoch: time.Now()}
 	if cfg.DiskBytes > 0 {
 		if cfg.Dir == "" {
 			return nil, errors.New("opening store: a disk tier needs a directory")
@@ -260,6 +262,7 @@ func (s *Store) insert(key string, val []byte, expireAt int64, dirty bool) {
 	s.pushFront(it)
 	s.ramUsed += int64(len(val))
 	if it.dirty {
+		it.queuedAt = int64(time.Since(s.epoch))
 		select {
 		case s.spill <- it:
 			it.queued = true
@@ -339,29 +342,45 @@ func (s *Store) writeBack(it *item) {
 	}
 }
 
-// spillDelay is how long the spiller lets blocks gather before writing
-// them. Writers then do not wake it once per SET, and a block overwritten or
-// deleted within the delay is never written. It bounds what a crash can lose
-// beyond the blocks in flight.
-const spillDelay = 2 * time.Millisecond
+// spillDelay is how long a block waits in RAM before the spiller writes
+// it (write-back coalescing): a block overwritten or deleted within the delay
+// is never written, which is what a hot key rewritten in a loop costs, and
+// the spiller wakes once per batch of blocks rather than once per SET. It
+// bounds what a kill -9 can lose beyond the blocks being written: blocks
+// acknowledged within the last spillDelay.
+const spillDelay = 5 * time.Millisecond
 
+// spiller writes queued blocks in queue order, each once it is spillDelay
+// old; superseded blocks are skipped without touching the disk.
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for {
 		select {
 		case it := <-s.spill:
+			if wait := time.Duration(it.queuedAt) + spillDelay - time.Since(s.epoch); wait > 0 && !s.superseded(it) {
+				timer.Reset(wait)
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					timer.Stop()
+				}
+			}
 			s.spillOne(it)
 		case <-ctx.Done():
 			s.drainSpill() // a clean shutdown loses nothing
 			return
 		}
-		// Sleep rather than wait on the channel, so sends do not wake us.
-		select {
-		case <-time.After(spillDelay):
-		case <-ctx.Done():
-		}
-		s.drainSpill()
 	}
+}
+
+// superseded reports whether it was overwritten or deleted already, so the
+// spiller need not wait for its delay to drop it.
+func (s *Store) superseded(it *item) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return it.deleted || !it.dirty
 }
 
 // drainSpill writes every block queued now.
