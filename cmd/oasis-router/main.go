@@ -147,7 +147,7 @@ func run(c config, log hclog.Logger) error {
 		for _, w := range ws {
 			m.Workers.WithLabelValues(w.Model).Inc()
 			engines = append(engines, cachestate.Engine{ID: w.ID, Model: w.Model, Address: w.Address,
-				BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint})
+				BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint, KVEventsReplay: w.KVEventsReplay})
 		}
 		cache.Sync(bgCtx, engines)
 		log.Info("engine pool changed", "workers", len(ws))

@@ -206,7 +206,8 @@ func (s *State) stopLocked(es *engineState) {
 
 // subscribe feeds one engine's events into its EventWorker until ctx ends.
 // The subscriber redials by itself; what a reconnect lost shows up as a
-// sequence gap (or a restart) on the next message, which resynchronises.
+// sequence gap (or a restart) on the next message, which the engine's replay
+// buffer fills when it has one (replay.go) and resynchronises otherwise.
 func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay string) {
 	defer close(es.done)
 	log := s.log.With("engine", es.eng.ID, "endpoint", endpoint)
@@ -216,6 +217,15 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 		return
 	}
 	defer sub.Close()
+	var fetch ReplayFunc
+	if replay != "" {
+		fetch = func(from int64) ([]kvevents.Message, error) {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			return kvevents.Replay(rctx, replay, "", from)
+		}
+	}
+	rp := newReplayer(fetch)
 	for {
 		m, err := sub.Next(ctx)
 		if err != nil {
@@ -228,6 +238,7 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 			es.mu.Lock()
 			_ = es.ew.Resync()
 			es.mu.Unlock()
+			rp.reset()
 			select {
 			case <-ctx.Done():
 				return
@@ -235,19 +246,17 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 			}
 			continue
 		}
+		// The replay round trip runs outside the lock; see replayer.
+		batches, replayed := rp.prepare(m)
 		if m.Missed > 0 || m.Restarted {
-			log.Info("kv events gap; resynchronising", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq)
-		}
-		var fetch ReplayFunc
-		if replay != "" {
-			fetch = func(from int64) ([]kvevents.Message, error) {
-				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				defer cancel()
-				return kvevents.Replay(rctx, replay, "", from)
+			if replayed {
+				log.Debug("kv events gap filled from the replay buffer", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq, "batches", len(batches)-1)
+			} else {
+				log.Info("kv events gap; resynchronising", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq, "replay", replay != "")
 			}
 		}
 		es.mu.Lock()
-		err = es.ew.ApplyOrReplay(m, s.cfg.Now().UnixNano(), fetch)
+		err = rp.apply(es.ew, batches, replayed, s.cfg.Now().UnixNano())
 		es.mu.Unlock()
 		if err != nil {
 			log.Warn("applying kv events", "error", err)

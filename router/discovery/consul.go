@@ -29,7 +29,11 @@ type Consul struct {
 }
 
 // Run updates pool until ctx ends.
-func (c *Consul) Run(ctx context.Context, pool *Pool) {
+func (c *Consul) Run(ctx context.Context, pool *Pool) { c.Watch(ctx, pool.Set) }
+
+// Watch calls fn with the passing instances of the service on every change
+// until ctx ends. Metrics is optional here (nil counts nothing).
+func (c *Consul) Watch(ctx context.Context, fn func([]Instance)) {
 	svc := c.Service
 	if svc == "" {
 		svc = EngineService
@@ -48,8 +52,10 @@ func (c *Consul) Run(ctx context.Context, pool *Pool) {
 			if ctx.Err() != nil {
 				return
 			}
-			c.Metrics.DiscoveryErrors.Inc()
-			c.Metrics.DiscoveryStale.Set(1)
+			if c.Metrics != nil {
+				c.Metrics.DiscoveryErrors.Inc()
+				c.Metrics.DiscoveryStale.Set(1)
+			}
 			log.Warn("querying Consul failed; serving the last known pool", "service", svc, "error", err)
 			sleep(ctx, backoff)
 			backoff = min(backoff*2, 5*time.Second)
@@ -57,8 +63,10 @@ func (c *Consul) Run(ctx context.Context, pool *Pool) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		c.Metrics.DiscoveryStale.Set(0)
-		c.Metrics.DiscoveryLastSuccess.SetToCurrentTime()
+		if c.Metrics != nil {
+			c.Metrics.DiscoveryStale.Set(0)
+			c.Metrics.DiscoveryLastSuccess.SetToCurrentTime()
+		}
 		if meta.LastIndex == index {
 			continue // wait time elapsed without change
 		}
@@ -80,8 +88,8 @@ func (c *Consul) Run(ctx context.Context, pool *Pool) {
 				Meta:    e.Service.Meta,
 			})
 		}
-		pool.Set(instances)
-		log.Debug("pool updated", "instances", len(instances), "index", index)
+		fn(instances)
+		log.Debug("instances updated", "service", svc, "instances", len(instances), "index", index)
 	}
 }
 

@@ -16,13 +16,16 @@ import (
 
 // Service meta keys of the engine convention (ARCHITECTURE.md).
 const (
-	MetaModel       = "oasis_model"
-	MetaEngine      = "oasis_engine"
-	MetaRole        = "oasis_role"
-	MetaKVEvents    = "oasis_kv_events"
-	MetaMetricsPath = "oasis_metrics_path"
-	MetaBlockSize   = "oasis_block_size"
-	MetaNode        = "oasis_node"
+	MetaModel    = "oasis_model"
+	MetaEngine   = "oasis_engine"
+	MetaRole     = "oasis_role"
+	MetaKVEvents = "oasis_kv_events"
+	// MetaKVEventsReplay is the replay endpoint (ZMQ ROUTER) of the KV events:
+	// a subscriber that missed batches asks it for them instead of resynchronising.
+	MetaKVEventsReplay = "oasis_kv_events_replay"
+	MetaMetricsPath    = "oasis_metrics_path"
+	MetaBlockSize      = "oasis_block_size"
+	MetaNode           = "oasis_node"
 	// A hosted endpoint (engine openai_compat): base URL, and the name of the router's
 	// environment variable holding its API key (the key never enters Consul).
 	MetaUpstream       = "oasis_upstream"
@@ -31,6 +34,10 @@ const (
 
 // EngineService is the service name engines register as.
 const EngineService = "oasis-engine"
+
+// KVCachedService is the service name of the node-local KV block stores
+// (jobs/kvcached.nomad.hcl), whose presence events the router follows.
+const KVCachedService = "oasis-kvcached"
 
 // Instance is one healthy service instance as a source reports it.
 type Instance struct {
@@ -181,6 +188,7 @@ func workerOf(in Instance) *scoring.Worker {
 		Node:             get(MetaNode),
 		BlockSize:        bs,
 		KVEventsEndpoint: get(MetaKVEvents),
+		KVEventsReplay:   get(MetaKVEventsReplay),
 		MetricsPath:      mp,
 		Tags:             in.Tags,
 		Upstream:         upstream,

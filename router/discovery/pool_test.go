@@ -43,3 +43,31 @@ func TestPoolSet(t *testing.T) {
 	p.Set([]Instance{{ID: "b", Address: "10.0.0.2:8000", Meta: map[string]string{MetaModel: "m"}}})
 	must.Eq(t, int64(0), p.Workers("m")[0].Signals().InFlight)
 }
+
+func TestPoolReadsReplayEndpoint(t *testing.T) {
+	p := NewPool()
+	p.Set([]Instance{
+		{ID: "r", Address: "10.0.0.2:8000", Meta: map[string]string{MetaModel: "m", MetaKVEvents: "tcp://10.0.0.2:5557",
+			MetaKVEventsReplay: "tcp://10.0.0.2:5558"}},
+		{ID: "s", Address: "10.0.0.3:8000", Meta: map[string]string{MetaModel: "m", MetaKVEvents: "tcp://10.0.0.3:5557"}},
+	})
+	ws := p.Workers("m")
+	must.Eq(t, 2, len(ws))
+	must.Eq(t, "tcp://10.0.0.2:5558", ws[0].KVEventsReplay)
+	must.Eq(t, "", ws[1].KVEventsReplay)
+}
+
+func TestKVCachesOf(t *testing.T) {
+	got := KVCachesOf([]Instance{
+		{ID: "kc-b", Address: "10.0.0.2:6380", Meta: map[string]string{MetaNode: "node-b", MetaKVEvents: "tcp://10.0.0.2:7000",
+			MetaKVEventsReplay: "tcp://10.0.0.2:7001", "oasis_quic_port": "9381"}},
+		{ID: "kc-a", Address: "10.0.0.1:6380", Meta: map[string]string{MetaNode: "node-a", MetaKVEvents: "tcp://10.0.0.1:7000"}},
+		{ID: "no-events", Address: "10.0.0.3:6380", Meta: map[string]string{MetaNode: "node-c"}},
+		{ID: "no-node", Address: "10.0.0.4:6380", Meta: map[string]string{MetaKVEvents: "tcp://10.0.0.4:7000"}},
+		{ID: "kc-a", Address: "10.0.0.9:6380", Meta: map[string]string{MetaNode: "node-x", MetaKVEvents: "tcp://10.0.0.9:7000"}},
+	})
+	must.Eq(t, []KVCache{
+		{ID: "kc-a", Address: "10.0.0.1:6380", Node: "node-a", KVEvents: "tcp://10.0.0.1:7000"},
+		{ID: "kc-b", Address: "10.0.0.2:6380", Node: "node-b", KVEvents: "tcp://10.0.0.2:7000", KVEventsReplay: "tcp://10.0.0.2:7001"},
+	}, got)
+}

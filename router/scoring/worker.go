@@ -28,6 +28,7 @@ type Worker struct {
 	Node             string // oasis_node: Nomad node id
 	BlockSize        int    // oasis_block_size, tokens per KV block (0 if unknown)
 	KVEventsEndpoint string // oasis_kv_events, e.g. tcp://10.0.0.1:5557; "" if none
+	KVEventsReplay   string // oasis_kv_events_replay: the events' replay ROUTER endpoint; "" if none
 	MetricsPath      string // oasis_metrics_path, e.g. /metrics; "" for a hosted endpoint
 	Tags             []string
 	// Upstream is a hosted OpenAI-compatible API's base URL (oasis_upstream, e.g.
