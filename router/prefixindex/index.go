@@ -9,18 +9,24 @@
 //
 // Layout, chosen for memory (≤ 64 bytes per (block, worker) entry) and read
 // latency:
-//   - every (block, worker) pair is one 32-byte node in a chunked slab,
+//   - every (block, worker) pair is one 28-byte node in a chunked slab,
 //     addressed by a uint32 index;
-//   - an open-addressing hash table (linear probing, load ≤ 0.8) of digest
-//     and first-holder node index, 12 bytes per slot in two parallel arrays,
-//     finds a digest without touching any node; the other holders of the
-//     same digest are chained through the nodes;
+//   - an open-addressing hash table (linear probing, load ≤ 0.8) of 16-byte
+//     slots: digest, first-holder node index, and what Match needs to know
+//     about the holders. When one worker holds the digest (the common case:
+//     most blocks of a prompt live on the worker that computed them) the slot
+//     carries that worker's slot number and tiers inline, so Match resolves
+//     the position with one cache miss and never touches a node; the other
+//     holders of a shared digest are chained through the nodes;
 //   - each worker keeps its nodes on an intrusive LRU list, which bounds its
 //     memory (per-worker capacity) and lets TTL expiry sweep from the tail.
 //
 // Match looks positions up in batches (independent loads whose cache misses
 // overlap) before walking them in order; on this project's VM a dependent
-// memory access costs ~190 ns, an overlapped one ~16 ns.
+// memory access costs ~190 ns, an overlapped one ~16 ns. Each position is
+// checked (no search over positions): a worker's holdings need not be
+// prefix-closed, since capacity and TTL eviction and lost events can leave
+// holes, and a hole must end that worker's match.
 //
 // Concurrency: one RWMutex. Matches take the read lock, so any number of
 // routing decisions run in parallel; writers (event batches) hold the write
@@ -117,23 +123,42 @@ const (
 	maxSlots  = 1<<16 - 1
 )
 
-// node is one (block, worker) entry. 32 bytes.
+// node is one (block, worker) entry. 28 bytes: the digest is two uint32
+// halves so that the struct needs only 4-byte alignment.
 type node struct {
-	digest uint64
-	prev   uint32 // LRU list of the worker: towards most recent
-	next   uint32 // towards least recent; free-list link when free
-	holder uint32 // next node holding the same digest
-	stamp  uint32 // last store, caller's clock in ms (wraps; compared by difference)
-	wide   uint32 // on a digest's first holder: its holder bitsets, or 0
-	slot   uint16 // worker slot
-	tiers  Tier
-	_      uint8
+	dlo, dhi uint32 // digest
+	prev     uint32 // LRU list of the worker: towards most recent
+	next     uint32 // towards least recent; free-list link when free
+	holder   uint32 // next node holding the same digest
+	stamp    uint32 // last store, caller's clock in ms (wraps; compared by difference)
+	slot     uint16 // worker slot
+	tiers    Tier
+	_        uint8
 }
 
+func (n *node) digest() uint64 { return uint64(n.dhi)<<32 | uint64(n.dlo) }
+
+// slot is one hash-table slot, 16 bytes: a probe touches one cache line.
+type slot struct {
+	key   uint64
+	first uint32 // first holder's node; nilNode marks an empty slot
+	info  uint32 // holders summary for Match, see infoOne and infoWide
+}
+
+// Slot info: infoOne|tiers<<16|worker slot when a single worker holds the
+// digest; infoWide|record when the holders are in a wide record; 0 when
+// Match must walk the holder chain from first.
+const (
+	infoOne  = 1 << 31
+	infoWide = 1 << 30
+	infoIdx  = infoWide - 1
+)
+
 // A digest held by many workers (a shared system prompt) would make Match walk
-// a long holder chain at every request. Past wideAt holders the first holder
-// also points at a "wide" record: one bitset of worker slots per tier, so
-// Match handles such a position with a few word operations.
+// a long holder chain at every request. From wideAt holders on, the slot
+// points at a "wide" record: one bitset of worker slots per tier, so Match
+// handles such a position with a few word operations. The record is kept
+// until a single holder is left.
 const wideAt = 4
 
 func msOf(ns int64) uint32 { return uint32(ns / 1e6) }
@@ -153,13 +178,12 @@ type Index struct {
 
 	mu      sync.RWMutex
 	chunks  []*[chunkSize]node
-	free    uint32   // free-list head
-	used    int      // live nodes
-	hwm     uint32   // next never-used node index
-	table   []uint32 // first holder's node per slot
-	keys    []uint64 // digest per slot, so probing touches no node
-	shift   uint8    // 64 - log2(len(table))
-	digests int      // live distinct digests (table occupancy)
+	free    uint32 // free-list head
+	used    int    // live nodes
+	hwm     uint32 // next never-used node index
+	table   []slot
+	shift   uint8 // 64 - log2(len(table))
+	digests int   // live distinct digests (table occupancy)
 
 	// Wide records: record r's tier t bitset is
 	// wide[(r*numTiers+t)*words : ...+words]. Record 0 is unused.
@@ -191,8 +215,7 @@ func New(cfg Config) *Index {
 }
 
 func (ix *Index) initTable(size int) {
-	ix.table = make([]uint32, size)
-	ix.keys = make([]uint64, size)
+	ix.table = make([]slot, size)
 	ix.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 }
 
@@ -200,38 +223,109 @@ func (ix *Index) node(i uint32) *node {
 	return &ix.chunks[i>>chunkBits][i&(chunkSize-1)]
 }
 
+// home is where digest d's probe starts: the first slot of a 64-byte bucket
+// (four slots), so that a digest displaced by up to three others is still in
+// its home cache line. With a plain slot-granular home about one lookup in six
+// at load 0.5 ran into the next line: a second, dependent miss.
 func (ix *Index) home(d uint64) uint64 {
 	// Fibonacci hashing: digests from BLAKE3 are uniform already, but tests and
 	// other callers may use small integers.
-	return (d * 0x9E3779B97F4A7C15) >> ix.shift
+	return (d * 0x9E3779B97F4A7C15) >> ix.shift &^ (bucketSlots - 1)
 }
+
+// bucketSlots is how many 16-byte slots share a 64-byte cache line.
+const bucketSlots = 4
 
 // lookup returns the table slot holding digest d's first holder, or the empty
 // slot where it would go, and whether it was found.
 func (ix *Index) lookup(d uint64) (uint64, bool) {
 	mask := uint64(len(ix.table) - 1)
 	for s := ix.home(d); ; s = (s + 1) & mask {
-		n := ix.table[s]
-		if n == nilNode {
+		sl := &ix.table[s]
+		if sl.first == nilNode {
 			return s, false
 		}
-		if ix.keys[s] == d {
+		if sl.key == d {
 			return s, true
 		}
 	}
 }
 
-// matchBatch is how many positions Match looks up ahead.
-const matchBatch = 64
+// matchBatch is how many positions Match looks up ahead at first.
+const matchBatch = 32
 
-// find returns digest d's first holder, or nilNode.
-func (ix *Index) find(d uint64) uint32 {
-	mask := uint64(len(ix.table) - 1)
-	for s := ix.home(d); ; s = (s + 1) & mask {
-		n := ix.table[s]
-		if n == nilNode || ix.keys[s] == d {
-			return n
+// probe looks digests up into heads (first holder, nilNode when absent) and
+// infos. It is kept small and separate from Match so that its loops run in
+// registers: the fewer instructions per position, the more loads the CPU
+// keeps in flight. Its result only keeps the touching loads alive.
+func (ix *Index) probe(digests []uint64, heads, infos []uint32, words int) uint32 {
+	table, shift, mask := ix.table, ix.shift&63, uint64(len(ix.table)-1)
+	heads, infos = heads[:len(digests)], infos[:len(digests)]
+	// Touch the home slot of every position first: a tight loop with no
+	// branch on loaded data, so that many loads are in flight at once (one
+	// miss per position: a slot is 16 bytes). The lookups below then mostly
+	// hit the cache.
+	var sink uint32
+	for _, d := range digests {
+		sink += table[((d*0x9E3779B97F4A7C15)>>shift)&mask&^(bucketSlots-1)].first
+	}
+	for i, d := range digests {
+		// The home bucket without branches on the keys (conditional moves:
+		// a mispredicted branch here would cost a pipeline flush per
+		// position). The earliest slot with the key wins, which is right even
+		// for digest 0, whose key equals that of an empty slot: a digest
+		// never sits after an empty slot of its probe sequence.
+		h := ((d * 0x9E3779B97F4A7C15) >> shift) & mask &^ (bucketSlots - 1)
+		b := (*[bucketSlots]slot)(table[h : h+bucketSlots])
+		var f, inf uint32
+		if b[3].key == d {
+			f, inf = b[3].first, b[3].info
 		}
+		if b[2].key == d {
+			f, inf = b[2].first, b[2].info
+		}
+		if b[1].key == d {
+			f, inf = b[1].first, b[1].info
+		}
+		if b[0].key == d {
+			f, inf = b[0].first, b[0].info
+		}
+		if f == nilNode && b[0].first != nilNode && b[1].first != nilNode && b[2].first != nilNode && b[3].first != nilNode {
+			// A full home bucket without the digest: it may have overflowed.
+			if s, found := ix.lookup(d); found {
+				f, inf = table[s].first, table[s].info
+			}
+		}
+		heads[i], infos[i] = f, inf
+	}
+	// Holders Match reads outside the slot (a chain's first node, a wide
+	// record): touch them, again independently.
+	for i, info := range infos {
+		switch {
+		case heads[i] == nilNode || info&infoOne != 0:
+		case info&infoWide != 0:
+			sink += uint32(ix.wide[int(info&infoIdx)*numTiers*words])
+		default:
+			sink += uint32(ix.node(heads[i]).slot)
+		}
+	}
+	return sink
+}
+
+// setInfo recomputes slot s's holder summary after its holders or their tiers
+// changed. Wide record bits are kept up to date by setWide.
+func (ix *Index) setInfo(s uint64) {
+	sl := &ix.table[s]
+	f := ix.node(sl.first)
+	if f.holder == nilNode {
+		if sl.info&infoWide != 0 {
+			ix.freeWide(sl.info & infoIdx)
+		}
+		sl.info = infoOne | uint32(f.tiers)<<16 | uint32(f.slot)
+		return
+	}
+	if sl.info&infoWide == 0 {
+		sl.info = 0
 	}
 }
 
@@ -240,19 +334,18 @@ func (ix *Index) find(d uint64) uint32 {
 func (ix *Index) deleteSlot(s uint64) {
 	mask := uint64(len(ix.table) - 1)
 	for {
-		ix.table[s], ix.keys[s] = nilNode, 0
+		ix.table[s] = slot{}
 		j := s
 		for {
 			j = (j + 1) & mask
-			n := ix.table[j]
-			if n == nilNode {
+			if ix.table[j].first == nilNode {
 				ix.digests--
 				return
 			}
-			h := ix.home(ix.keys[j])
-			// Move n back into s when its home is not in (s, j].
+			h := ix.home(ix.table[j].key)
+			// Move j back into s when its home is not in (s, j].
 			if (j > s && (h <= s || h > j)) || (j < s && (h <= s && h > j)) {
-				ix.table[s], ix.keys[s] = n, ix.keys[j]
+				ix.table[s] = ix.table[j]
 				s = j
 				break
 			}
@@ -261,18 +354,18 @@ func (ix *Index) deleteSlot(s uint64) {
 }
 
 func (ix *Index) growTable() {
-	old, oldKeys := ix.table, ix.keys
+	old := ix.table
 	ix.initTable(len(old) * 2)
 	mask := uint64(len(ix.table) - 1)
-	for j, n := range old {
-		if n == nilNode {
+	for _, sl := range old {
+		if sl.first == nilNode {
 			continue
 		}
-		s := ix.home(oldKeys[j])
-		for ix.table[s] != nilNode {
+		s := ix.home(sl.key)
+		for ix.table[s].first != nilNode {
 			s = (s + 1) & mask
 		}
-		ix.table[s], ix.keys[s] = n, oldKeys[j]
+		ix.table[s] = sl
 	}
 }
 
@@ -395,16 +488,17 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 	s, found := ix.lookup(d)
 	holders := 0
 	if found {
-		first := ix.table[s]
-		for i := first; i != nilNode; {
+		sl := &ix.table[s]
+		for i := sl.first; i != nilNode; {
 			n := ix.node(i)
 			if n.slot == w.slot {
 				n.tiers |= tier
 				n.stamp = stamp
 				ix.touch(w, i)
-				if r := ix.node(first).wide; r != 0 {
-					ix.setWide(r, w.slot, n.tiers)
+				if sl.info&infoWide != 0 {
+					ix.setWide(sl.info&infoIdx, w.slot, n.tiers)
 				}
+				ix.setInfo(s)
 				return
 			}
 			holders++
@@ -423,22 +517,23 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 	}
 	i := ix.alloc()
 	n := ix.node(i)
-	n.digest, n.stamp, n.slot, n.tiers = d, stamp, w.slot, tier
+	n.dlo, n.dhi, n.stamp, n.slot, n.tiers = uint32(d), uint32(d>>32), stamp, w.slot, tier
+	sl := &ix.table[s]
 	if found {
-		// Chain behind the first holder: keeps the table slot unchanged.
-		firstIdx := ix.table[s]
-		first := ix.node(firstIdx)
+		// Chain behind the first holder: keeps the table slot's first unchanged.
+		first := ix.node(sl.first)
 		n.holder = first.holder
 		first.holder = i
-		if first.wide != 0 {
-			ix.setWide(first.wide, w.slot, tier)
+		if sl.info&infoWide != 0 {
+			ix.setWide(sl.info&infoIdx, w.slot, tier)
 		} else if holders+1 >= wideAt {
-			first.wide = ix.allocWide(firstIdx)
+			sl.info = infoWide | ix.allocWide(sl.first)
 		}
 	} else {
-		ix.table[s], ix.keys[s] = i, d
+		sl.key, sl.first = d, i
 		ix.digests++
 	}
+	ix.setInfo(s)
 	ix.pushFront(w, i)
 	w.count++
 	ix.used++
@@ -521,8 +616,8 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64, left []Tier) err
 		if !found {
 			continue
 		}
-		first := ix.table[s]
-		for i := first; i != nilNode; {
+		sl := &ix.table[s]
+		for i := sl.first; i != nilNode; {
 			n := ix.node(i)
 			if n.slot == w.slot {
 				n.tiers &^= tier
@@ -531,8 +626,11 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64, left []Tier) err
 				}
 				if n.tiers == 0 {
 					ix.unlink(w, i)
-				} else if r := ix.node(first).wide; r != 0 {
-					ix.setWide(r, w.slot, n.tiers)
+				} else {
+					if sl.info&infoWide != 0 {
+						ix.setWide(sl.info&infoIdx, w.slot, n.tiers)
+					}
+					ix.setInfo(s)
 				}
 				break
 			}
@@ -575,24 +673,15 @@ func (ix *Index) expire(w *worker, now int64) int {
 // frees it.
 func (ix *Index) unlink(w *worker, i uint32) {
 	n := ix.node(i)
-	s, found := ix.lookup(n.digest)
+	s, found := ix.lookup(n.digest())
 	if found {
-		first := ix.table[s]
-		if r := ix.node(first).wide; r != 0 {
-			ix.setWide(r, n.slot, 0)
+		sl := &ix.table[s]
+		if sl.info&infoWide != 0 {
+			ix.setWide(sl.info&infoIdx, n.slot, 0)
 		}
-		if first == i {
-			if n.holder != nilNode {
-				ix.node(n.holder).wide = n.wide
-				ix.table[s] = n.holder
-			} else {
-				if n.wide != 0 {
-					ix.freeWide(n.wide)
-				}
-				ix.deleteSlot(s)
-			}
-		} else {
-			for p := first; p != nilNode; {
+		switch {
+		case sl.first != i:
+			for p := sl.first; p != nilNode; {
 				pn := ix.node(p)
 				if pn.holder == i {
 					pn.holder = n.holder
@@ -600,6 +689,15 @@ func (ix *Index) unlink(w *worker, i uint32) {
 				}
 				p = pn.holder
 			}
+			ix.setInfo(s)
+		case n.holder != nilNode:
+			sl.first = n.holder
+			ix.setInfo(s)
+		default:
+			if sl.info&infoWide != 0 {
+				ix.freeWide(sl.info & infoIdx)
+			}
+			ix.deleteSlot(s)
 		}
 	}
 	// LRU list.
@@ -663,7 +761,9 @@ type matchScratch struct {
 	devW    []float32 // per worker: tier weight minus GPU weight, summed over non-GPU-only positions
 	devGPU  []int32   // per worker: matched positions not held in GPU
 	live    []uint64  // bitset: workers holding every position so far
-	sink    uint64    // keeps the prefetch loads alive
+	sink    uint32    // keeps the prefetch loads alive
+	heads   []uint32  // per position: first holder, nilNode when absent
+	infos   []uint32  // per position: the slot's holder summary
 	ext     []uint64  // bitset: live workers holding the current position
 }
 
@@ -709,35 +809,54 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 	// Positions are looked up in batches before they are processed: the
 	// lookups are independent, so their cache misses overlap instead of
 	// queueing one after another behind the per-position work.
-	var heads [matchBatch]uint32
-	nh := 0
+	if cap(sc.heads) < len(digests) {
+		sc.heads = make([]uint32, len(digests))
+		sc.infos = make([]uint32, len(digests))
+	}
+	heads, infos := sc.heads[:len(digests)], sc.infos[:len(digests)]
+	// Positions are looked up in batches ahead of the walk, so that their
+	// cache misses overlap. Batches double from matchBatch: a request that
+	// matches nothing costs one small batch, a long match few rounds.
+	batchEnd := 0
+	solo := -1 // the only live worker's slot, or -1
 	for pos := range digests {
-		if k := pos % matchBatch; k == 0 {
-			nh = min(matchBatch, len(digests)-pos)
-			for i := 0; i < nh; i++ {
-				heads[i] = ix.find(digests[pos+i])
-			}
-			// Touch the batch's first-holder nodes, again independently.
-			var sink uint64
-			for i := 0; i < nh; i++ {
-				if heads[i] != nilNode {
-					n := ix.node(heads[i])
-					sink += uint64(n.slot)
-					if n.wide != 0 {
-						sink += ix.wide[int(n.wide)*numTiers*words]
-					}
-				}
-			}
-			sc.sink = sink
+		if pos == batchEnd {
+			batchEnd = min(len(digests), pos+max(matchBatch, 3*pos))
+			sc.sink += ix.probe(digests[pos:batchEnd], heads[pos:batchEnd], infos[pos:batchEnd], words)
 		}
-		head := heads[pos%matchBatch]
+		head, info := heads[pos], infos[pos]
 		if head == nilNode {
 			break
 		}
+		if solo >= 0 && info&infoOne != 0 && int(uint16(info)) == solo {
+			// One live worker, extending alone: most of a long match.
+			if tiers := Tier(info>>16) & allTiers; tiers != TierGPU {
+				devW[solo] += wt[tiers] - wGPU
+				if tiers&TierGPU == 0 {
+					devGPU[solo]++
+				}
+			}
+			end = pos + 1
+			continue
+		}
 		clear(ext)
 		extended := false
-		first := ix.node(head)
-		if r := first.wide; r != 0 {
+		if info&infoOne != 0 {
+			// The common case: one holder, described by the slot itself.
+			slot := uint16(info)
+			word, bit := slot/64, uint64(1)<<(slot%64)
+			if pos == 0 || live[word]&bit != 0 {
+				ext[word] = bit
+				extended = true
+				if tiers := Tier(info>>16) & allTiers; tiers != TierGPU {
+					devW[slot] += wt[tiers] - wGPU
+					if tiers&TierGPU == 0 {
+						devGPU[slot]++
+					}
+				}
+			}
+		} else if info&infoWide != 0 {
+			r := info & infoIdx
 			base := int(r) * numTiers * words
 			gpu := ix.wide[base : base+words]
 			cpu := ix.wide[base+words : base+2*words]
@@ -805,6 +924,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 		}
 		copy(live, ext)
 		end = pos + 1
+		solo = soloSlot(live)
 	}
 	if end == 0 {
 		return out
@@ -828,6 +948,21 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 	return out
 }
 
+// soloSlot returns the slot of the only worker in set, or -1.
+func soloSlot(set []uint64) int {
+	n, k := 0, -1
+	for i, l := range set {
+		if l != 0 {
+			n += bits.OnesCount64(l)
+			k = i*64 + bits.TrailingZeros64(l)
+		}
+	}
+	if n != 1 {
+		return -1
+	}
+	return k
+}
+
 // Stats describes an index's size.
 type Stats struct {
 	Workers int
@@ -841,8 +976,8 @@ type Stats struct {
 func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	const nodeBytes = 32
-	b := int64(len(ix.chunks))*chunkSize*nodeBytes + int64(len(ix.table))*12
+	const nodeBytes, slotBytes = 28, 16
+	b := int64(len(ix.chunks))*chunkSize*nodeBytes + int64(len(ix.table))*slotBytes
 	b += int64(len(ix.wide))*8 + int64(len(ix.bySlot))*(8+64)
 	return Stats{Workers: len(ix.byID), Entries: ix.used, Digests: ix.digests, Bytes: b}
 }
@@ -859,7 +994,7 @@ func (ix *Index) Holds(id string, d uint64) Tier {
 	if !found {
 		return 0
 	}
-	for i := ix.table[s]; i != nilNode; {
+	for i := ix.table[s].first; i != nilNode; {
 		n := ix.node(i)
 		if n.slot == w.slot {
 			return n.tiers

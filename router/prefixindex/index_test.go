@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/shoenig/test/must"
 )
@@ -68,6 +69,64 @@ func TestMatchStopsAtGap(t *testing.T) {
 	got := matchesByWorker(ix.Match([]uint64{1, 2, 3, 4}, DefaultTierWeights(), nil))
 	must.MapLen(t, 1, got)
 	must.Eq(t, 1, got["a"].Blocks)
+}
+
+// Capacity eviction drops a worker's least recently stored blocks, which for a
+// chain stored in order are its first ones: the worker keeps later blocks
+// behind a hole. Match checks every position, so the hole ends the match.
+func TestMatchStopsAtEvictionHole(t *testing.T) {
+	ix := New(Config{})
+	must.NoError(t, ix.AddWorker("a", 4))
+	must.NoError(t, ix.AddWorker("b", 0))
+	chain := []uint64{11, 12, 13, 14, 15, 16}
+	must.NoError(t, ix.Store("a", TierGPU, chain, 0)) // evicts 11 and 12
+	must.NoError(t, ix.Store("b", TierGPU, chain[:3], 0))
+	must.Eq(t, 0, ix.Holds("a", 11))
+	must.Eq(t, TierGPU, ix.Holds("a", 16))
+	got := matchesByWorker(ix.Match(chain, DefaultTierWeights(), nil))
+	must.MapLen(t, 1, got)
+	must.Eq(t, 3, got["b"].Blocks)
+
+	// A hole in the middle (a lost or partial removal) ends it there too.
+	must.NoError(t, ix.Remove("b", 0, chain[1:2], nil))
+	must.NoError(t, ix.Store("b", TierGPU, chain[3:], 0))
+	got = matchesByWorker(ix.Match(chain, DefaultTierWeights(), nil))
+	must.Eq(t, 1, got["b"].Blocks)
+}
+
+// The table and node layouts are what the memory budget and the one-miss
+// lookup rest on.
+func TestLayoutSizes(t *testing.T) {
+	must.Eq(t, 28, int(unsafe.Sizeof(node{})))
+	must.Eq(t, 16, int(unsafe.Sizeof(slot{})))
+	must.Eq(t, 64, bucketSlots*int(unsafe.Sizeof(slot{})))
+}
+
+// Digests that collide on their home bucket overflow into the next buckets;
+// Match and Holds must find them, and find digest 0, whose key equals an
+// empty slot's.
+func TestBucketOverflow(t *testing.T) {
+	ix := newIndex(t, Config{}, "a", "b")
+	// Find 9 digests sharing one home bucket.
+	var same []uint64
+	home := ix.home(0)
+	for d := uint64(0); len(same) < 9; d++ {
+		if ix.home(d) == home {
+			same = append(same, d)
+		}
+	}
+	must.Eq(t, uint64(0), same[0])
+	must.NoError(t, ix.Store("a", TierGPU, same, 0))
+	got := matchesByWorker(ix.Match(same, DefaultTierWeights(), nil))
+	must.Eq(t, len(same), got["a"].Blocks)
+	// Delete from the front: backward shifts move the overflowed ones home.
+	must.NoError(t, ix.Remove("a", 0, same[:2], nil))
+	must.NoError(t, ix.Store("b", TierCPU, same[2:], 0))
+	got = matchesByWorker(ix.Match(same[2:], DefaultTierWeights(), nil))
+	must.Eq(t, len(same)-2, got["a"].Blocks)
+	must.Eq(t, len(same)-2, got["b"].Blocks)
+	must.Eq(t, 0, got["b"].GPUBlocks)
+	must.SliceEmpty(t, ix.Match(same, DefaultTierWeights(), nil))
 }
 
 func TestMatchTierWeights(t *testing.T) {
@@ -207,6 +266,9 @@ func TestAgainstModel(t *testing.T) {
 			req := make([]uint64, 1+rng.IntN(6))
 			for i := range req {
 				req[i] = uint64(rng.IntN(12))
+				if rng.IntN(4) == 0 {
+					req[i] = uint64(rng.IntN(keys)) // single holders, overflowed buckets
+				}
 			}
 			got := matchesByWorker(ix.Match(req, weights, nil))
 			for _, w := range workers {
