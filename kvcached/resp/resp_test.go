@@ -94,7 +94,7 @@ func TestInlineTooLong(t *testing.T) {
 
 func TestWriter(t *testing.T) {
 	var buf bytes.Buffer
-	w := NewWriter(bufio.NewWriter(&buf))
+	w := NewWriter(&buf, 4096)
 	w.OK()
 	w.Int(-3)
 	w.Bulk([]byte("hi"))
@@ -109,6 +109,21 @@ func TestWriter(t *testing.T) {
 	must.Eq(t, 3, w.Protocol())
 	must.NoError(t, w.Flush())
 	must.Eq(t, "+OK\r\n:-3\r\n$2\r\nhi\r\n$-1\r\n*2\r\n-ERR bad  thing\r\n$1\r\na\r\n_\r\n%1\r\n=5\r\ntxt:a\r\n", buf.String())
+}
+
+// TestWriterLargeBulk checks a bulk reply sent around the buffer (one writev)
+// keeps the byte order of the replies before and after it.
+func TestWriterLargeBulk(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf, 4096)
+	big := bytes.Repeat([]byte("v"), 100<<10)
+	w.OK()
+	w.Bulk(big)
+	w.Int(7)
+	w.BulkString(strings.Repeat("s", 8000))
+	must.NoError(t, w.Flush())
+	want := "+OK\r\n$102400\r\n" + string(big) + "\r\n:7\r\n$8000\r\n" + strings.Repeat("s", 8000) + "\r\n"
+	must.Eq(t, want, buf.String())
 }
 
 // FuzzReadCommand feeds arbitrary bytes to the parser: it must never panic,
@@ -148,7 +163,7 @@ func FuzzReadCommand(f *testing.F) {
 				continue
 			}
 			var enc bytes.Buffer
-			w := NewWriter(bufio.NewWriter(&enc))
+			w := NewWriter(&enc, 4096)
 			w.Array(len(args))
 			for _, a := range args {
 				if int64(len(a)) > limits.MaxBulk {

@@ -214,7 +214,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		id:     s.nextID.Add(1),
 		nc:     nc,
 		r:      resp.NewReader(bufio.NewReaderSize(nc, 64<<10), s.limits),
-		w:      resp.NewWriter(bufio.NewWriterSize(nc, 64<<10)),
+		w:      resp.NewWriter(nc, 64<<10),
 		authed: s.passHash == nil,
 	}
 	c.r.SetBudget(s.budget)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/pebble"
 	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/kvcached/internal/nozero"
 	"lukechampine.com/blake3"
 )
 
@@ -416,10 +417,11 @@ func (d *diskTier) get(key string, now int64) (val []byte, expireAt int64, ok bo
 		d.pushFront(e)
 	}
 	var seq uint64
+	var size int64
 	var sum [32]byte
 	var inline bool
 	if found {
-		seq, sum, expireAt, inline = e.seq, e.sum, e.expireAt, e.inline
+		seq, size, sum, expireAt, inline = e.seq, e.size, e.sum, e.expireAt, e.inline
 	}
 	d.mu.Unlock()
 	if !found {
@@ -429,7 +431,7 @@ func (d *diskTier) get(key string, now int64) (val []byte, expireAt int64, ok bo
 	if inline {
 		val, rerr = d.readInline(key, seq, sum)
 	} else {
-		val, rerr = d.readFile(seq, key, sum)
+		val, rerr = d.readFile(seq, key, size, sum)
 	}
 	if rerr != nil {
 		d.m.Corrupt.Inc()
@@ -471,30 +473,54 @@ func (d *diskTier) readInline(key string, seq uint64, sum [32]byte) ([]byte, err
 	return val, nil
 }
 
-func (d *diskTier) readFile(seq uint64, key string, sum [32]byte) ([]byte, error) {
-	b, err := os.ReadFile(d.path(seq))
+// readFile reads a block file with two preads, the value straight into a
+// buffer of its size (not zeroed first: the read fills it), which becomes the
+// promoted RAM copy as it is.
+func (d *diskTier) readFile(seq uint64, key string, size int64, sum [32]byte) ([]byte, error) {
+	f, err := os.Open(d.path(seq))
 	if err != nil {
 		return nil, err
 	}
-	if len(b) < fileHeader || string(b[:4]) != fileMagic || b[4] != fileVersion {
+	defer f.Close()
+	var hdr [fileHeader + 256]byte
+	head := hdr[:min(len(hdr), fileHeader+len(key))]
+	if _, err := f.ReadAt(head, 0); err != nil {
+		return nil, fmt.Errorf("reading block file header: %w", err)
+	}
+	if string(head[:4]) != fileMagic || head[4] != fileVersion {
 		return nil, errors.New("bad block file header")
 	}
-	kl := int(binary.LittleEndian.Uint32(b[5:]))
-	vl := binary.LittleEndian.Uint64(b[9:])
-	if uint64(len(b)) != uint64(fileHeader)+uint64(kl)+vl {
-		return nil, fmt.Errorf("block file is %d bytes, header says %d", len(b), uint64(fileHeader)+uint64(kl)+vl)
+	kl := int(binary.LittleEndian.Uint32(head[5:]))
+	vl := binary.LittleEndian.Uint64(head[9:])
+	if kl != len(key) || vl != uint64(size) {
+		return nil, fmt.Errorf("block file header says key %d and value %d bytes, index %d and %d", kl, vl, len(key), size)
 	}
-	if string(b[fileHeader:fileHeader+kl]) != key {
-		return nil, errors.New("block file holds another key")
+	if len(head) == fileHeader+kl {
+		if string(head[fileHeader:]) != key {
+			return nil, errors.New("block file holds another key")
+		}
+	} else {
+		stored := make([]byte, kl)
+		if _, err := f.ReadAt(stored, fileHeader); err != nil {
+			return nil, fmt.Errorf("reading block file key: %w", err)
+		}
+		if string(stored) != key {
+			return nil, errors.New("block file holds another key")
+		}
+	}
+	val := nozero.Make(int(vl))
+	if _, err := f.ReadAt(val, int64(fileHeader+kl)); err != nil {
+		return nil, fmt.Errorf("reading block file value: %w", err)
 	}
 	var got [32]byte
 	h := blake3.New(32, nil)
-	h.Write(b[fileHeader:])
+	h.Write([]byte(key))
+	h.Write(val)
 	h.Sum(got[:0])
 	if got != sum {
 		return nil, errors.New("checksum mismatch")
 	}
-	return b[fileHeader+kl:], nil
+	return val, nil
 }
 
 // removeLocked drops e from the index (memory and Pebble); the caller removes
