@@ -108,6 +108,7 @@ job "oasis-kvcached" {
         static = var.http_port
       }
       port "kv_events" {}
+      port "kv_events_replay" {}
     }
 
     restart {
@@ -123,10 +124,11 @@ job "oasis-kvcached" {
       port     = "resp"
       tags     = ["oasis", "redis"]
       meta {
-        oasis_quic_port    = "${var.quic_port}"
-        oasis_metrics_addr = "${NOMAD_ADDR_http}"
-        oasis_kv_events    = "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}"
-        oasis_node         = "${node.unique.id}"
+        oasis_quic_port        = "${var.quic_port}"
+        oasis_metrics_addr     = "${NOMAD_ADDR_http}"
+        oasis_kv_events        = "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_IP_kv_events_replay}:${NOMAD_PORT_kv_events_replay}"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -150,6 +152,7 @@ job "oasis-kvcached" {
           "--disk-bytes", var.disk_bytes,
           "--data-dir", var.data_dir,
           "--kv-events-endpoint", "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}",
+          "--kv-events-replay-endpoint", "tcp://${NOMAD_IP_kv_events_replay}:${NOMAD_PORT_kv_events_replay}",
         ], local.peer_args)
       }
 

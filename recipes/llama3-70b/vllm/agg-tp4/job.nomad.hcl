@@ -45,6 +45,7 @@ job "llama3-70b-vllm-agg-tp4" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
     }
 
     service {
@@ -53,13 +54,14 @@ job "llama3-70b-vllm-agg-tp4" {
       port     = "http"
       tags     = ["oasis", "engine-vllm", "role-both"]
       meta {
-        oasis_model        = "llama3-70b"
-        oasis_engine       = "vllm"
-        oasis_role         = "both"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "llama3-70b"
+        oasis_engine           = "vllm"
+        oasis_role             = "both"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -91,6 +93,7 @@ job "llama3-70b-vllm-agg-tp4" {
         served_model_name      = "llama3-70b"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         tensor_parallel_size   = 4
         max_model_len          = var.max_model_len
         gpu_memory_utilization = 0.92

@@ -51,6 +51,7 @@ job "llama3-8b-sglang-disagg" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
       port "bootstrap" {}
     }
 
@@ -60,13 +61,14 @@ job "llama3-8b-sglang-disagg" {
       port     = "http"
       tags     = ["oasis", "engine-sglang", "role-prefill"]
       meta {
-        oasis_model        = "llama3-8b"
-        oasis_engine       = "sglang"
-        oasis_role         = "prefill"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "llama3-8b"
+        oasis_engine           = "sglang"
+        oasis_role             = "prefill"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -98,6 +100,7 @@ job "llama3-8b-sglang-disagg" {
         served_model_name      = "llama3-8b"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         max_model_len          = var.max_model_len
         gpu_memory_utilization = 0.85
         role                   = "prefill"
@@ -131,6 +134,7 @@ job "llama3-8b-sglang-disagg" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
     }
 
     service {
@@ -139,13 +143,14 @@ job "llama3-8b-sglang-disagg" {
       port     = "http"
       tags     = ["oasis", "engine-sglang", "role-decode"]
       meta {
-        oasis_model        = "llama3-8b"
-        oasis_engine       = "sglang"
-        oasis_role         = "decode"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "llama3-8b"
+        oasis_engine           = "sglang"
+        oasis_role             = "decode"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -177,6 +182,7 @@ job "llama3-8b-sglang-disagg" {
         served_model_name      = "llama3-8b"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         max_model_len          = var.max_model_len
         gpu_memory_utilization = 0.85
         role                   = "decode"

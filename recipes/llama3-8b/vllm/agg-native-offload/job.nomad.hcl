@@ -51,6 +51,7 @@ job "llama3-8b-vllm-agg-native-offload" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
     }
 
     service {
@@ -59,13 +60,14 @@ job "llama3-8b-vllm-agg-native-offload" {
       port     = "http"
       tags     = ["oasis", "engine-vllm", "role-both"]
       meta {
-        oasis_model        = "llama3-8b"
-        oasis_engine       = "vllm"
-        oasis_role         = "both"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "llama3-8b"
+        oasis_engine           = "vllm"
+        oasis_role             = "both"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -97,6 +99,7 @@ job "llama3-8b-vllm-agg-native-offload" {
         served_model_name      = "llama3-8b"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         max_model_len          = var.max_model_len
         gpu_memory_utilization = 0.90
         kv_offload             = "native"

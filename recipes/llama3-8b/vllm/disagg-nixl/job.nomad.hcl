@@ -51,6 +51,7 @@ job "llama3-8b-vllm-disagg-nixl" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
       port "nixl" {}
     }
 
@@ -60,13 +61,14 @@ job "llama3-8b-vllm-disagg-nixl" {
       port     = "http"
       tags     = ["oasis", "engine-vllm", "role-prefill"]
       meta {
-        oasis_model        = "llama3-8b"
-        oasis_engine       = "vllm"
-        oasis_role         = "prefill"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "llama3-8b"
+        oasis_engine           = "vllm"
+        oasis_role             = "prefill"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -98,6 +100,7 @@ job "llama3-8b-vllm-disagg-nixl" {
         served_model_name      = "llama3-8b"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         role                   = "prefill"
         kv_offload             = "nixl"
         nixl_side_channel_port = "nixl"
@@ -131,6 +134,7 @@ job "llama3-8b-vllm-disagg-nixl" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
       port "nixl" {}
     }
 
@@ -140,13 +144,14 @@ job "llama3-8b-vllm-disagg-nixl" {
       port     = "http"
       tags     = ["oasis", "engine-vllm", "role-decode"]
       meta {
-        oasis_model        = "llama3-8b"
-        oasis_engine       = "vllm"
-        oasis_role         = "decode"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "llama3-8b"
+        oasis_engine           = "vllm"
+        oasis_role             = "decode"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -178,6 +183,7 @@ job "llama3-8b-vllm-disagg-nixl" {
         served_model_name      = "llama3-8b"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         role                   = "decode"
         kv_offload             = "nixl"
         nixl_side_channel_port = "nixl"

@@ -39,6 +39,7 @@ job "tiny-sim-agg" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
     }
 
     service {
@@ -47,13 +48,14 @@ job "tiny-sim-agg" {
       port     = "http"
       tags     = ["oasis", "engine-sim", "role-both"]
       meta {
-        oasis_model        = "tiny-sim"
-        oasis_engine       = "sim"
-        oasis_role         = "both"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "tiny-sim"
+        oasis_engine           = "sim"
+        oasis_role             = "both"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -80,11 +82,12 @@ job "tiny-sim-agg" {
       driver = "llm"
 
       config {
-        engine         = "sim"
-        model          = "tiny-sim"
-        port           = "http"
-        kv_events_port = "kv_events"
-        extra_args     = ["--speed", var.speed]
+        engine                = "sim"
+        model                 = "tiny-sim"
+        port                  = "http"
+        kv_events_port        = "kv_events"
+        kv_events_replay_port = "kv_events_replay"
+        extra_args            = ["--speed", var.speed]
       }
 
       # Let the engine finish in-flight requests and free GPU memory before SIGKILL.

@@ -45,6 +45,7 @@ job "tiny-sim-disagg" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
       port "nixl" {}
     }
 
@@ -54,13 +55,14 @@ job "tiny-sim-disagg" {
       port     = "http"
       tags     = ["oasis", "engine-sim", "role-prefill"]
       meta {
-        oasis_model        = "tiny-sim"
-        oasis_engine       = "sim"
-        oasis_role         = "prefill"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "tiny-sim"
+        oasis_engine           = "sim"
+        oasis_role             = "prefill"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -91,6 +93,7 @@ job "tiny-sim-disagg" {
         model                  = "tiny-sim"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         role                   = "prefill"
         kv_offload             = "nixl"
         nixl_side_channel_port = "nixl"
@@ -114,6 +117,7 @@ job "tiny-sim-disagg" {
     network {
       port "http" {}
       port "kv_events" {}
+      port "kv_events_replay" {}
       port "nixl" {}
     }
 
@@ -123,13 +127,14 @@ job "tiny-sim-disagg" {
       port     = "http"
       tags     = ["oasis", "engine-sim", "role-decode"]
       meta {
-        oasis_model        = "tiny-sim"
-        oasis_engine       = "sim"
-        oasis_role         = "decode"
-        oasis_kv_events    = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_metrics_path = "/metrics"
-        oasis_block_size   = "16"
-        oasis_node         = "${node.unique.id}"
+        oasis_model            = "tiny-sim"
+        oasis_engine           = "sim"
+        oasis_role             = "decode"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
       }
       check {
         name     = "health"
@@ -160,6 +165,7 @@ job "tiny-sim-disagg" {
         model                  = "tiny-sim"
         port                   = "http"
         kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
         role                   = "decode"
         kv_offload             = "nixl"
         nixl_side_channel_port = "nixl"
