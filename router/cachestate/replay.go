@@ -97,9 +97,13 @@ func (r *replayer) apply(w *EventWorker, batches []kvevents.Message, replayed bo
 			return err
 		}
 	}
-	last := batches[len(batches)-1]
-	r.lastSeq, r.lastTS, r.lastN = last.Seq, last.Batch.TS, len(last.Batch.Events)
+	r.applied(batches[len(batches)-1])
 	return nil
+}
+
+// applied remembers m as the last batch applied.
+func (r *replayer) applied(m kvevents.Message) {
+	r.lastSeq, r.lastTS, r.lastN = m.Seq, m.Batch.TS, len(m.Batch.Events)
 }
 
 // reset forgets the last batch: the worker was resynchronised outside apply.

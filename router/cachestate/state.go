@@ -41,6 +41,9 @@ type Engine struct {
 	// KVEventsReplay is the engine's replay ROUTER endpoint ("" when unknown):
 	// with it a sequence gap is filled instead of resynchronised.
 	KVEventsReplay string
+	// Node is the engine's Nomad node id (oasis_node): kvcached on the same
+	// node marks its blocks CPU/disk for it, kvcached elsewhere marks them peer.
+	Node string
 }
 
 // Config tunes a State.
@@ -52,7 +55,10 @@ type Config struct {
 	ApproxCapacity int
 	// ApproxTTL forgets a routing decision after this long.
 	ApproxTTL time.Duration
-	Logger    hclog.Logger
+	// PresenceCapacity bounds the blocks tracked from kvcached presence
+	// events (DefaultPresenceCapacity if 0).
+	PresenceCapacity int
+	Logger           hclog.Logger
 	// Now is the clock (tests and the cluster simulator drive their own).
 	Now func() time.Time
 }
@@ -74,6 +80,13 @@ type State struct {
 
 	mu      sync.Mutex
 	engines map[string]*engineState
+
+	// kvcached presence (presence.go). Lock order: mu before pmu.
+	pmu             sync.Mutex
+	caches          map[string]*cacheState
+	holders         map[uint64][]holder // index key → kvcached instances holding it
+	presenceWorkers map[string]string   // event-driven worker id → node
+	presenceCap     int
 }
 
 type engineState struct {
@@ -102,6 +115,9 @@ func New(cfg Config) *State {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.PresenceCapacity <= 0 {
+		cfg.PresenceCapacity = DefaultPresenceCapacity
+	}
 	return &State{
 		cfg:     cfg,
 		log:     cfg.Logger,
@@ -109,6 +125,11 @@ func New(cfg Config) *State {
 		events:  prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.EventCapacity}),
 		approx:  prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.ApproxCapacity, TTL: int64(cfg.ApproxTTL)}),
 		engines: make(map[string]*engineState),
+
+		caches:          make(map[string]*cacheState),
+		holders:         make(map[uint64][]holder),
+		presenceWorkers: map[string]string{},
+		presenceCap:     cfg.PresenceCapacity,
 	}
 }
 
@@ -161,6 +182,13 @@ func (s *State) Sync(ctx context.Context, engines []Engine) {
 			s.stopLocked(es)
 		}
 	}
+	workers := make(map[string]string, len(s.engines))
+	for id, es := range s.engines {
+		if es.events {
+			workers[id] = es.eng.Node
+		}
+	}
+	s.syncPresenceWorkersLocked(workers)
 }
 
 func (s *State) startLocked(ctx context.Context, e Engine) {
@@ -256,8 +284,15 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 			}
 		}
 		es.mu.Lock()
+		cleared := es.ew.stats.Resyncs + es.ew.stats.Clears
 		err = rp.apply(es.ew, batches, replayed, s.cfg.Now().UnixNano())
+		cleared = es.ew.stats.Resyncs + es.ew.stats.Clears - cleared
 		es.mu.Unlock()
+		if cleared > 0 {
+			// The worker's entries went, kvcached's marks with them: what a
+			// kvcached still holds is still reachable from this worker.
+			s.restorePresenceMarks(es.eng.ID)
+		}
 		if err != nil {
 			log.Warn("applying kv events", "error", err)
 		}
@@ -266,6 +301,7 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 
 // Close stops every subscriber.
 func (s *State) Close() {
+	s.SyncKVCaches(context.Background(), nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, es := range s.engines {
