@@ -7,22 +7,28 @@
 // 0..i, so the same tokens at another position, or after another prefix,
 // never match.
 //
-// # Byte layout (version 1)
+// # Byte layout (version 2)
 //
-// The domain key separates models, LoRA adapters and cache salts:
+// The domain tag separates models, LoRA adapters and cache salts:
 //
 //	material = le32(len(model)) || model || le32(len(lora)) || lora || le32(len(salt)) || salt
-//	key      = BLAKE3-DeriveKey(context = "oasis 2026-11-20 blockdigest v1", material)   (32 bytes)
+//	key      = BLAKE3-DeriveKey(context = "oasis 2026-11-21 blockdigest v2", material)   (32 bytes)
+//	tag      = key[:16]
 //
-// Each block's digest is the keyed BLAKE3 hash, truncated to 16 bytes:
+// Each block's digest is BLAKE3 in keyed mode, keyed by its parent's digest
+// and the domain tag, over the block's token ids, truncated to 16 bytes:
 //
-//	digest_0 = BLAKE3-keyed(key, Root || le32(tok_0) || ... || le32(tok_{B-1}))[:16]
-//	digest_i = BLAKE3-keyed(key, digest_{i-1} || le32(tokens of block i))[:16]
+//	digest_i = BLAKE3-keyed(key = digest_{i-1} || tag, le32(tok_0) || ... || le32(tok_{B-1}))[:16]
 //
-// where Root is 16 zero bytes and le32 is the little-endian uint32 encoding.
-// The block size is bound in implicitly: the number of token bytes hashed is
-// 4×BlockSize. Lengths of the strings in the material are prefixed so that
-// ("a", "bc") and ("ab", "c") differ.
+// where digest_{-1} is Root (16 zero bytes) and le32 is the little-endian
+// uint32 encoding. The block size is bound in implicitly: BLAKE3 encodes the
+// input length (4×BlockSize bytes). Lengths of the strings in the material are
+// prefixed so that ("a", "bc") and ("ab", "c") differ.
+//
+// Why the parent goes into the key rather than the input: a block of 16
+// tokens is 64 bytes, exactly one BLAKE3 block, so each digest costs one
+// compression (version 1 hashed parent || tokens, 80 bytes, two compressions).
+// Chaining through the key is how BLAKE3 itself chains blocks within a chunk.
 //
 // # Why 128 bits
 //
@@ -41,6 +47,7 @@ import (
 	"fmt"
 
 	"lukechampine.com/blake3"
+	"lukechampine.com/blake3/guts"
 )
 
 // Size is the length of a digest in bytes.
@@ -48,7 +55,7 @@ const Size = 16
 
 // keyContext is the BLAKE3 key-derivation context; changing the layout means
 // changing this string (and the test vectors).
-const keyContext = "oasis 2026-11-20 blockdigest v1"
+const keyContext = "oasis 2026-11-21 blockdigest v2"
 
 // Digest identifies a block and the whole prefix before it.
 type Digest [Size]byte
@@ -97,7 +104,8 @@ type Domain struct {
 	CacheSalt string // per-tenant cache salt, empty for none
 }
 
-// Key derives the 32-byte BLAKE3 key of the domain.
+// Key derives the 32-byte key of the domain; its first 16 bytes are the
+// domain tag that keys every block digest.
 func (d Domain) Key() [32]byte {
 	material := make([]byte, 0, 12+len(d.Model)+len(d.LoRA)+len(d.CacheSalt))
 	for _, s := range [...]string{d.Model, d.LoRA, d.CacheSalt} {
@@ -113,10 +121,9 @@ func (d Domain) Key() [32]byte {
 // concurrent use; Clone gives each goroutine its own cheaply.
 type Hasher struct {
 	key       [32]byte
+	tag       [4]uint32 // key[:16] as little-endian words
 	blockSize int
-	h         *blake3.Hasher
-	buf       []byte // Size + 4*blockSize bytes, reused for every block
-	sum       []byte // Size bytes, reused so Sum does not allocate
+	buf       []byte // 4*blockSize bytes, reused for blocks of more than 16 tokens
 }
 
 // New returns a Hasher for domain d and blocks of blockSize tokens.
@@ -131,13 +138,14 @@ func New(d Domain, blockSize int) (*Hasher, error) {
 }
 
 func newWithKey(key [32]byte, blockSize int) *Hasher {
-	return &Hasher{
-		key:       key,
-		blockSize: blockSize,
-		h:         blake3.New(Size, key[:]),
-		buf:       make([]byte, Size+4*blockSize),
-		sum:       make([]byte, Size),
+	h := &Hasher{key: key, blockSize: blockSize}
+	for i := range h.tag {
+		h.tag[i] = binary.LittleEndian.Uint32(key[4*i:])
 	}
+	if blockSize > guts.BlockSize/4 {
+		h.buf = make([]byte, 4*blockSize)
+	}
+	return h
 }
 
 // Clone returns an independent Hasher for the same domain and block size,
@@ -156,23 +164,57 @@ func (h *Hasher) Extend(parent Digest, block []uint32) (Digest, error) {
 	return h.extend(parent, block), nil
 }
 
+const flagsKeyedRoot = guts.FlagChunkStart | guts.FlagChunkEnd | guts.FlagRoot | guts.FlagKeyedHash
+
 func (h *Hasher) extend(parent Digest, block []uint32) Digest {
-	buf := h.buf
-	copy(buf, parent[:])
-	for i, t := range block {
-		binary.LittleEndian.PutUint32(buf[Size+4*i:], t)
+	var key [8]uint32
+	for i := 0; i < 4; i++ {
+		key[i] = binary.LittleEndian.Uint32(parent[4*i:])
 	}
-	h.h.Reset()
-	h.h.Write(buf)
+	copy(key[4:], h.tag[:])
+	var out [16]uint32
+	switch n := 4 * len(block); {
+	case n <= guts.BlockSize:
+		// One BLAKE3 block: the token ids are its little-endian words as is.
+		node := guts.Node{CV: key, BlockLen: uint32(n), Flags: flagsKeyedRoot}
+		copy(node.Block[:], block)
+		out = guts.CompressNode(node)
+	case n <= guts.ChunkSize:
+		// One chunk of several blocks: what blake3.Hasher.Sum does for it.
+		h.fill(block)
+		node := guts.CompressChunk(h.buf, &key, 0, guts.FlagKeyedHash)
+		node.Flags |= guts.FlagRoot
+		out = guts.CompressNode(node)
+	default:
+		var kb [32]byte
+		copy(kb[:], parent[:])
+		for i, w := range h.tag {
+			binary.LittleEndian.PutUint32(kb[16+4*i:], w)
+		}
+		b := blake3.New(Size, kb[:])
+		h.fill(block)
+		b.Write(h.buf)
+		var d Digest
+		b.Sum(d[:0])
+		return d
+	}
 	var d Digest
-	copy(d[:], h.h.Sum(h.sum[:0]))
+	for i := 0; i < 4; i++ {
+		binary.LittleEndian.PutUint32(d[4*i:], out[i])
+	}
 	return d
+}
+
+func (h *Hasher) fill(block []uint32) {
+	for i, t := range block {
+		binary.LittleEndian.PutUint32(h.buf[4*i:], t)
+	}
 }
 
 // AppendDigests appends to dst the digests of every full block of tokens,
 // chained from parent (Root when tokens start the sequence), and returns the
 // extended slice. A trailing partial block is ignored. With enough capacity
-// in dst it does not allocate.
+// in dst it does not allocate (block sizes up to 256 tokens).
 func (h *Hasher) AppendDigests(dst []Digest, parent Digest, tokens []uint32) []Digest {
 	for len(tokens) >= h.blockSize {
 		parent = h.extend(parent, tokens[:h.blockSize])

@@ -46,18 +46,20 @@ func vectorInputs() []vector {
 		{Name: "extend from a parent", Model: "m", BlockSize: 4, Parent: "00112233445566778899aabbccddeeff", Tokens: []uint32{5, 6, 7, 8, 9, 10, 11, 12}},
 		{Name: "shorter than a block", Model: "m", BlockSize: 16, Tokens: seq(15, 1), Digests: []string{}},
 		{Name: "lmcache chunk 256", Model: "sim-llama", BlockSize: 256, Tokens: seq(512, 3)},
+		{Name: "block size 17: two BLAKE3 blocks", Model: "m", BlockSize: 17, Tokens: seq(34, 5)},
+		{Name: "block size 300: two BLAKE3 chunks", Model: "m", BlockSize: 300, Tokens: seq(600, 11)},
 	}
 }
 
 // reference computes digests straight from the documented layout, with a fresh
-// BLAKE3 hasher per block, independent of Hasher's buffer reuse.
+// BLAKE3 hasher per block, independent of Hasher's compression-level paths.
 func reference(t *testing.T, v vector) (key [32]byte, out []string) {
 	var material []byte
 	for _, s := range []string{v.Model, v.LoRA, v.CacheSalt} {
 		material = binary.LittleEndian.AppendUint32(material, uint32(len(s)))
 		material = append(material, s...)
 	}
-	blake3.DeriveKey(key[:], "oasis 2026-11-20 blockdigest v1", material)
+	blake3.DeriveKey(key[:], "oasis 2026-11-21 blockdigest v2", material)
 	parent := make([]byte, 16)
 	if v.Parent != "" {
 		p, err := Parse(v.Parent)
@@ -66,8 +68,7 @@ func reference(t *testing.T, v vector) (key [32]byte, out []string) {
 	}
 	out = []string{}
 	for toks := v.Tokens; len(toks) >= v.BlockSize; toks = toks[v.BlockSize:] {
-		h := blake3.New(16, key[:])
-		h.Write(parent)
+		h := blake3.New(16, append(append([]byte{}, parent...), key[:16]...))
 		for _, tok := range toks[:v.BlockSize] {
 			h.Write(binary.LittleEndian.AppendUint32(nil, tok))
 		}
@@ -115,6 +116,24 @@ func TestVectors(t *testing.T) {
 			}
 			must.Eq(t, v.Digests, got)
 		})
+	}
+}
+
+// Every block size takes one of three paths (one BLAKE3 block, one chunk,
+// several chunks); each must agree with the plain BLAKE3 hasher.
+func TestPathsAgreeWithReference(t *testing.T) {
+	for _, bs := range []int{1, 3, 15, 16, 17, 32, 255, 256, 257, 512} {
+		v := vector{Model: "m", LoRA: "l", BlockSize: bs, Tokens: seq(3*bs+1, uint32(bs)), Parent: "ffeeddccbbaa99887766554433221100"}
+		_, want := reference(t, v)
+		h, err := New(Domain{Model: v.Model, LoRA: v.LoRA}, bs)
+		must.NoError(t, err)
+		parent, err := Parse(v.Parent)
+		must.NoError(t, err)
+		got := []string{}
+		for _, d := range h.AppendDigests(nil, parent, v.Tokens) {
+			got = append(got, d.String())
+		}
+		must.Eq(t, want, got, must.Sprintf("block size %d", bs))
 	}
 }
 
