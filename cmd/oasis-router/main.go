@@ -58,6 +58,7 @@ type config struct {
 	logLevel        string
 	logJSON         bool
 	pprofListen     string
+	kvcachedService string
 }
 
 func main() {
@@ -83,6 +84,7 @@ func main() {
 	fs.StringVar(&c.logLevel, "log-level", "info", "trace, debug, info, warn, error")
 	fs.BoolVar(&c.logJSON, "log-json", false, "log JSON lines")
 	fs.StringVar(&c.pprofListen, "pprof-listen", "", "serve net/http/pprof on this address (off by default; keep it on loopback)")
+	fs.StringVar(&c.kvcachedService, "kvcached-service", discovery.KVCachedService, "Consul service of the node-local kvcached instances whose presence events count offloaded prefixes as CPU/disk/peer hits (empty: ignore them)")
 	_ = fs.Parse(os.Args[1:])
 
 	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-router", Level: hclog.LevelFromString(c.logLevel), JSONFormat: c.logJSON})
@@ -147,11 +149,26 @@ func run(c config, log hclog.Logger) error {
 		for _, w := range ws {
 			m.Workers.WithLabelValues(w.Model).Inc()
 			engines = append(engines, cachestate.Engine{ID: w.ID, Model: w.Model, Address: w.Address,
-				BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint, KVEventsReplay: w.KVEventsReplay})
+				BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint, KVEventsReplay: w.KVEventsReplay, Node: w.Node})
 		}
 		cache.Sync(bgCtx, engines)
 		log.Info("engine pool changed", "workers", len(ws))
 	})
+	if consul != nil && c.kvcachedService != "" {
+		// kvcached registers in Consul (jobs/kvcached.nomad.hcl) whatever the engines use.
+		src := &discovery.Consul{Client: consul, Service: c.kvcachedService, Log: log}
+		bg(func() {
+			src.Watch(bgCtx, func(ins []discovery.Instance) {
+				kcs := discovery.KVCachesOf(ins)
+				caches := make([]cachestate.KVCache, len(kcs))
+				for i, k := range kcs {
+					caches[i] = cachestate.KVCache{ID: k.ID, Address: k.Address, Node: k.Node,
+						KVEvents: k.KVEvents, KVEventsReplay: k.KVEventsReplay}
+				}
+				cache.SyncKVCaches(bgCtx, caches)
+			})
+		})
+	}
 	switch c.discovery {
 	case "consul":
 		src := &discovery.Consul{Client: consul, Service: c.service, Tag: c.serviceTag, Log: log, Metrics: m}
