@@ -48,6 +48,75 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// derefEvents turns a Decoder's pointer events into Decode's values.
+func derefEvents(evs []Event) []Event {
+	var out []Event
+	for _, ev := range evs {
+		switch e := ev.(type) {
+		case *BlockStored:
+			out = append(out, *e)
+		case *BlockRemoved:
+			out = append(out, *e)
+		default:
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// A reused Decoder gives the same batches as Decode, one after another, in both
+// layouts, without allocating once its buffers have grown.
+func TestDecoderReuse(t *testing.T) {
+	var payloads [][]byte
+	for _, layout := range []Layout{LayoutMap, LayoutArray} {
+		p, err := Encode(sampleBatch(), layout)
+		must.NoError(t, err)
+		payloads = append(payloads, p)
+		other := EventBatch{TS: 2, Events: []Event{BlockRemoved{BlockHashes: []Hash{HashUint64(1), HashUint64(2), HashUint64(3)}}}}
+		p, err = Encode(other, layout)
+		must.NoError(t, err)
+		payloads = append(payloads, p)
+	}
+	var d Decoder
+	for round := 0; round < 2; round++ {
+		for _, p := range payloads {
+			want, err := Decode(p)
+			must.NoError(t, err)
+			got, err := d.Decode(p)
+			must.NoError(t, err)
+			must.Eq(t, want.TS, got.TS)
+			must.Eq(t, want.DataParallelRank, got.DataParallelRank)
+			must.Eq(t, want.Events, derefEvents(got.Events))
+		}
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		if _, err := d.Decode(payloads[1]); err != nil {
+			t.Fatal(err)
+		}
+	})
+	must.Eq(t, 0.0, allocs)
+}
+
+// Field keys before "type" in a map event (a map has no order) still decode.
+func TestDecodeMapTypeLast(t *testing.T) {
+	payload := mustMarshal(t, []any{1.0, []any{
+		map[string]any{"token_ids": []any{1, 2}, "block_hashes": []any{7}, "block_size": 2, "parent_block_hash": 3, "medium": "CPU", "type": "BlockStored"},
+	}, 0})
+	var d Decoder
+	b, err := d.Decode(payload)
+	must.NoError(t, err)
+	three := HashUint64(3)
+	must.Eq(t, []Event{BlockStored{BlockHashes: []Hash{HashUint64(7)}, ParentBlockHash: &three, TokenIDs: []int32{1, 2}, BlockSize: 2, Medium: "CPU"}}, derefEvents(b.Events))
+	for _, bad := range [][]byte{
+		{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}, // forged array32 length
+		{0x92, 0x01, 0x91, 0x92, 0xa3, 'x', 'y'},                           // short string
+		{0x92, 0x01, 0x91, 0xc1},                                           // reserved code
+	} {
+		_, err := d.Decode(bad)
+		must.Error(t, err)
+	}
+}
+
 // Plain structs decoded with vmihailenco/msgpack, independent of this package's decoder.
 type plainBatch struct {
 	//lint:ignore U1000 read by msgpack through reflection: decode the array as a struct
@@ -463,11 +532,17 @@ func FuzzDecode(f *testing.F) {
 		f.Add(p)
 	}
 	f.Add([]byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}) // array32 of 4G events
+	var d Decoder
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		b, err := Decode(payload)
+		reused, rerr := d.Decode(payload)
+		if (err == nil) != (rerr == nil) {
+			t.Fatalf("Decode error %v, Decoder error %v", err, rerr)
+		}
 		if err != nil {
 			return
 		}
+		must.Eq(t, b.Events, derefEvents(reused.Events))
 		// What decodes re-encodes and decodes to the same batch.
 		again, err := Encode(b, LayoutMap)
 		if err != nil {
