@@ -4,8 +4,10 @@
 //   - event-driven, for engines that publish vLLM-style KV events (the
 //     oasis_kv_events service meta): one ZMQ subscriber per engine feeds an
 //     EventWorker, which recomputes Oasis block digests from the events' token
-//     ids and resynchronises (drops the worker's entries) on sequence gaps,
-//     publisher restarts and AllBlocksCleared;
+//     ids; sequence gaps and reconnects are filled from the engine's replay
+//     buffer (oasis_kv_events_replay, replay.go), and the worker resynchronises
+//     (drops its entries) when replay cannot vouch for the gap, on publisher
+//     restarts and on AllBlocksCleared;
 //   - approximate, for engines without events (llama.cpp, openai_compat): the
 //     router records its own routing decisions in a second index whose entries
 //     expire after a TTL and are bounded by a per-worker LRU capacity, a model
@@ -13,6 +15,10 @@
 //
 // Engines come and go with discovery: Sync starts and stops subscribers and
 // drops the state of engines that left.
+//
+// Blocks offloaded to the node-local oasis-kvcached instances are learned
+// from their presence events (SyncKVCaches, presence.go) and marked in lower
+// tiers: CPU/disk for engines on the same node, peer for the others.
 package cachestate
 
 import (
