@@ -305,35 +305,53 @@ func TestFullDiskDegradesToRAMOnly(t *testing.T) {
 	must.NoError(t, p.client.Ping(ctx).Err())
 }
 
-// TestRSSStaysWithinRAMLimit writes twice the RAM tier's size and checks the
-// process's peak RSS stays within the tier + 10%. (The runtime, buffers and
-// in-flight values add a roughly fixed ~35 MiB, so a tier much smaller than
-// this 1 GiB one exceeds 10%: 294 MiB for 256 MiB.)
+// TestRSSStaysWithinRAMLimit writes twice a 256 MiB budget's worth of 1 MiB
+// blocks, with and without a disk tier, and checks the process's peak RSS
+// stays within --ram-bytes + 10% and that the RAM tier filled up to what
+// the memory plan gives it.
 func TestRSSStaysWithinRAMLimit(t *testing.T) {
-	const ram = 1 << 30
-	p := start(t, "--ram-bytes", strconv.Itoa(ram))
-	ctx := context.Background()
-	val := bytes.Repeat([]byte{1}, 1<<20)
-	pipe := p.client.Pipeline()
-	for i := 0; i < 2*ram>>20; i++ {
-		pipe.Set(ctx, blockKey(i), val, 0)
-		if i%16 == 15 {
+	const ram = 256 << 20
+	for _, disk := range []bool{false, true} {
+		t.Run(fmt.Sprintf("disk=%t", disk), func(t *testing.T) {
+			args := []string{"--ram-bytes", strconv.Itoa(ram)}
+			if disk {
+				args = append(args, "--disk-bytes", "1GiB", "--data-dir", t.TempDir())
+			}
+			p := start(t, args...)
+			ctx := context.Background()
+			val := bytes.Repeat([]byte{1}, 1<<20)
+			pipe := p.client.Pipeline()
+			for i := 0; i < 2*ram>>20; i++ {
+				pipe.Set(ctx, blockKey(i), val, 0)
+				if i%16 == 15 {
+					_, err := pipe.Exec(ctx)
+					must.NoError(t, err)
+				}
+			}
 			_, err := pipe.Exec(ctx)
 			must.NoError(t, err)
-		}
+			hwm := peakRSS(t, p.cmd.Process.Pid)
+			t.Logf("peak RSS %d MiB for --ram-bytes %d MiB", hwm>>20, ram>>20)
+			plan, err := planMemory(ram, 64<<20, disk)
+			must.NoError(t, err)
+			must.Between(t, float64(plan.tier-(1<<20)), p.metric(t, `oasis_kvcached_bytes{tier="ram"}`), float64(plan.tier))
+			must.LessEq(t, int64(ram)*11/10, hwm)
+		})
 	}
-	_, err := pipe.Exec(ctx)
+}
+
+// peakRSS reads a process's VmHWM in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	must.NoError(t, err)
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	must.NoError(t, err)
-	var hwm int64
 	for _, l := range strings.Split(string(status), "\n") {
 		if rest, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			hwm, err = strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			must.NoError(t, err)
+			return kb << 10
 		}
 	}
-	t.Logf("peak RSS %d MiB for a %d MiB RAM tier", hwm>>10, ram>>20)
-	must.Eq(t, float64(ram), p.metric(t, `oasis_kvcached_bytes{tier="ram"}`))
-	must.LessEq(t, int64(ram)*11/10, hwm<<10)
+	t.Fatal("no VmHWM in /proc/pid/status")
+	return 0
 }

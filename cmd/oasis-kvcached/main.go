@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/kvcached/peer"
 	"github.com/oasis-llm/oasis/kvcached/presence"
+	"github.com/oasis-llm/oasis/kvcached/resp"
 	"github.com/oasis-llm/oasis/kvcached/server"
 	"github.com/oasis-llm/oasis/kvcached/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	ram, disk, maxv := byteFlag(1<<30), byteFlag(0), byteFlag(64<<20)
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:6380", "Redis-protocol listen address (loopback by default)")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9380", "HTTP listen address for /metrics and /health (empty disables)")
-	fs.Var(&ram, "ram-bytes", "RAM tier size (e.g. 8GiB)")
+	fs.Var(&ram, "ram-bytes", "memory budget (e.g. 8GiB): the RAM tier gets what in-flight values and GC headroom leave; RSS stays within it + 10%")
 	fs.Var(&disk, "disk-bytes", "SSD tier size (0 disables the disk tier)")
 	fs.Var(&maxv, "max-value-bytes", "largest value accepted (proto-max-bulk-len)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory of the SSD tier (block files and Pebble index)")
@@ -104,16 +105,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-kvcached", Level: hclog.LevelFromString(o.logLevel), Output: stderr})
 
-	// Keep the heap, and so RSS, within the RAM tier + 10%: values are most
-	// of it; 8% goes to the heap limit, the rest is left for stacks, buffers
-	// and the runtime.
-	debug.SetMemoryLimit(o.ramBytes + o.ramBytes*8/100)
+	plan, err := planMemory(o.ramBytes, o.maxValue, o.diskBytes > 0)
+	if err != nil {
+		return err
+	}
+	debug.SetMemoryLimit(plan.goLimit)
 	// With the heap capped by the limit, collect less often than Go's default:
 	// every large SET allocates its value, and a GC every few MiB of them
 	// costs ~20% of 1 MiB SET throughput. GOGC in the environment wins.
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
+	budget := resp.NewBudget(plan.inflight)
 
 	password := os.Getenv("OASIS_KVCACHED_PASSWORD")
 	if o.passwordFile != "" {
@@ -144,7 +147,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// miss, peers serve from the store. remote breaks the cycle.
 	remote := &lateRemote{}
 	st, err := store.Open(store.Config{
-		RAMBytes: o.ramBytes, DiskBytes: o.diskBytes, Dir: o.dataDir, MaxValue: o.maxValue,
+		RAMBytes: plan.tier, DiskBytes: o.diskBytes, Dir: o.dataDir, MaxValue: o.maxValue,
 		Logger: log.Named("store"), Metrics: metrics, Observer: observer, Remote: remote,
 	})
 	if err != nil {
@@ -158,7 +161,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		node, err := peer.New(peer.Config{ListenAddr: o.quicAddr, ServerTLS: stls, ClientTLS: ctls, Local: st,
-			Logger: log.Named("peer"), Registry: reg, MaxValue: o.maxValue, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval})
+			Logger: log.Named("peer"), Registry: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval})
 		if err != nil {
 			return err
 		}
@@ -179,7 +182,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
-	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registry: reg, Password: password, MaxBulk: o.maxValue})
+	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registry: reg, Password: password, MaxBulk: o.maxValue, Budget: budget})
 	if err != nil {
 		return err
 	}
@@ -190,6 +193,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("serving the Redis protocol", "addr", l.Addr().String(), "ram_bytes", o.ramBytes,
+		"ram_tier_bytes", plan.tier, "inflight_bytes", plan.inflight, "go_memory_limit", plan.goLimit,
 		"disk_bytes", o.diskBytes, "auth", password != "")
 
 	if o.httpAddr != "" {

@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/kvcached/internal/nozero"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 )
@@ -60,6 +61,21 @@ const (
 type Local interface {
 	GetLocal(key string) ([]byte, bool)
 	Keys() []string
+}
+
+// ReadCoster is optionally implemented by a Local whose GetLocal allocates:
+// ReadCost says how many bytes GetLocal(key) will allocate (a block read from
+// disk), 0 when it returns memory it already holds (a RAM block).
+type ReadCoster interface {
+	ReadCost(key string) int64
+}
+
+// Budget bounds transient buffers across the process: every fetched block's
+// bytes are acquired before its buffer is allocated and released once Fetch
+// has returned it, and a block served from disk holds its bytes until sent.
+type Budget interface {
+	Acquire(n int64)
+	Release(n int64)
 }
 
 // ErrNotFound means no peer holds the key.
@@ -82,6 +98,8 @@ type Config struct {
 	FilterInterval time.Duration
 	// MaxConcurrent bounds fetches in flight from this node (default 32).
 	MaxConcurrent int
+	// Budget, optional, bounds the memory of fetch and serve buffers.
+	Budget Budget
 }
 
 type peerState struct {
@@ -303,6 +321,10 @@ func (n *Node) Fetch(ctx context.Context, key string) ([]byte, error) {
 		start := time.Now()
 		v, err := n.fetchFrom(ctx, p, key)
 		<-n.sem
+		if v != nil && n.cfg.Budget != nil {
+			// The caller stores v at once, where the RAM tier counts it.
+			n.cfg.Budget.Release(int64(len(v)))
+		}
 		switch {
 		case err == nil:
 			n.mFetches.WithLabelValues("hit").Inc()
@@ -412,13 +434,21 @@ func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, m
 		s.CancelRead(2)
 		return nil, fmt.Errorf("peer %s sent %d bytes, over the %d-byte limit", p.addr, l, max)
 	}
-	body := make([]byte, l)
+	budgeted := op == opGet && hdr[0] == statusOK && n.cfg.Budget != nil
+	if budgeted {
+		n.cfg.Budget.Acquire(int64(l))
+	}
+	// Every byte is read before the body is used.
+	body := nozero.Make(int(l))
 	if _, err := io.ReadFull(s, body); err != nil {
+		if budgeted {
+			n.cfg.Budget.Release(int64(l))
+		}
 		return nil, n.ctxErr(ctx, fmt.Errorf("reading reply from %s: %w", p.addr, err))
 	}
 	switch hdr[0] {
 	case statusOK:
-		return body, nil
+		return body, nil // Fetch releases the budget
 	case statusNotFound:
 		return nil, ErrNotFound
 	default:
@@ -538,6 +568,12 @@ func (n *Node) serveStream(s *quic.Stream) {
 	}
 	switch hdr[0] {
 	case opGet:
+		if rc, ok := n.cfg.Local.(ReadCoster); ok && n.cfg.Budget != nil {
+			if cost := rc.ReadCost(string(key)); cost > 0 {
+				n.cfg.Budget.Acquire(cost)
+				defer n.cfg.Budget.Release(cost)
+			}
+		}
 		v, ok := n.cfg.Local.GetLocal(string(key))
 		if !ok {
 			n.mServed.WithLabelValues("get", "miss").Inc()

@@ -39,11 +39,16 @@ func (s *mapStore) Keys() []string {
 
 func node(t testing.TB, ca *testcerts.CA, local Local) *Node {
 	t.Helper()
+	return budgetedNode(t, ca, local, nil)
+}
+
+func budgetedNode(t testing.TB, ca *testcerts.CA, local Local, budget Budget) *Node {
+	t.Helper()
 	cert, _, _ := ca.Issue(t, DefaultServerName)
 	st, ct, err := TLSConfigs(ca.Pool(), cert, "")
 	must.NoError(t, err)
 	n, err := New(Config{ListenAddr: "127.0.0.1:0", ServerTLS: st, ClientTLS: ct, Local: local,
-		FetchTimeout: 500 * time.Millisecond, FilterInterval: 100 * time.Millisecond})
+		FetchTimeout: 500 * time.Millisecond, FilterInterval: 100 * time.Millisecond, Budget: budget})
 	must.NoError(t, err)
 	t.Cleanup(func() { n.Close() })
 	return n
@@ -77,6 +82,69 @@ func TestFetchBetweenPeers(t *testing.T) {
 	wg.Wait()
 	_, err = b.Fetch(ctx, "absent-key-1")
 	must.ErrorIs(t, err, ErrNotFound)
+}
+
+// peakBudget records what is held and the most ever held at once.
+type peakBudget struct {
+	mu              sync.Mutex
+	held, peak, all int64
+}
+
+func (b *peakBudget) Acquire(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held += n
+	b.all += n
+	b.peak = max(b.peak, b.held)
+}
+
+func (b *peakBudget) Release(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held -= n
+}
+
+// costStore is a mapStore whose blocks all cost their size to read, like
+// blocks on the disk tier.
+type costStore struct{ mapStore }
+
+func (s *costStore) ReadCost(k string) int64 {
+	v, _ := s.GetLocal(k)
+	return int64(len(v))
+}
+
+// TestFetchAndServeBuffersAreBudgeted checks both ends take a block's bytes
+// from their memory budget while they hold its buffer, and give them back.
+func TestFetchAndServeBuffersAreBudgeted(t *testing.T) {
+	ca := testcerts.NewCA(t, "kvcached test CA")
+	big := bytes.Repeat([]byte("b"), 1<<20)
+	var ab, bb peakBudget
+	a := budgetedNode(t, ca, &costStore{mapStore{m: map[string][]byte{"blk": big}}}, &ab)
+	b := budgetedNode(t, ca, &mapStore{m: map[string][]byte{}}, &bb)
+	b.SetPeers([]string{a.Addr().String()})
+	b.RefreshFilters(context.Background())
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := b.Fetch(context.Background(), "blk")
+			must.NoError(t, err)
+			must.Eq(t, len(big), len(v))
+		}()
+	}
+	wg.Wait()
+	must.Eq(t, int64(4<<20), bb.all)
+	must.Eq(t, int64(0), bb.held)
+	must.Between(t, int64(1<<20), bb.peak, int64(4<<20))
+	// The serving side releases after the reply is written, which may be
+	// just after the client has read it.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		ab.mu.Lock()
+		defer ab.mu.Unlock()
+		return ab.held == 0
+	}), wait.Timeout(5*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Eq(t, int64(4<<20), ab.all)
 }
 
 func TestPeerWithForeignCertificateIsRefused(t *testing.T) {

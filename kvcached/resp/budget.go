@@ -3,7 +3,8 @@ package resp
 import "sync"
 
 // Budget bounds the bytes of large arguments that all connections together
-// hold between reading a command and finishing it, so many clients sending
+// hold between reading a command and finishing it (and, through Acquire, the
+// buffers of peer fetches), so many clients sending
 // 32 MiB values at once cannot push the process far past its RAM tier. A
 // reader that already holds part of the budget for the current command is
 // never blocked (a command larger than the whole budget still goes through,
@@ -49,3 +50,15 @@ func (b *Budget) InUse() int64 {
 	defer b.mu.Unlock()
 	return b.used
 }
+
+// Acquire takes n bytes for a holder outside the readers (peer fetches and
+// the blocks served to peers), waiting while the budget is spent; an n
+// larger than the whole budget goes through once nothing else is held.
+func (b *Budget) Acquire(n int64) {
+	if n > 0 {
+		b.acquire(n, 0)
+	}
+}
+
+// Release gives back n bytes taken with Acquire.
+func (b *Budget) Release(n int64) { b.release(n) }

@@ -48,8 +48,11 @@ type Config struct {
 	IdleTimeout time.Duration
 	// InflightBytes bounds the bytes of values all connections hold between
 	// reading a command and storing its value (default: 1/8 of the RAM tier,
-	// at least 2 × MaxBulk).
+	// at least 2 × MaxBulk). Ignored when Budget is set.
 	InflightBytes int64
+	// Budget, when set, is the in-flight budget to use, shared with other
+	// holders of transient values (peer fetches).
+	Budget *resp.Budget
 }
 
 // Commands counted individually in oasis_kvcached_commands_total.
@@ -115,7 +118,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.InflightBytes <= 0 {
 		cfg.InflightBytes = max(cfg.Store.Stats().RAMLimit/8, 2*cfg.MaxBulk)
 	}
-	s.budget = resp.NewBudget(cfg.InflightBytes)
+	s.budget = cfg.Budget
+	if s.budget == nil {
+		s.budget = resp.NewBudget(cfg.InflightBytes)
+	}
 	if cfg.Password != "" {
 		h := sha256.Sum256([]byte(cfg.Password))
 		s.passHash = h[:]

@@ -45,6 +45,15 @@ const (
 	indexPrefix = 'k'
 )
 
+// Pebble's memory outside the Go heap: at most MemTableStopWritesThreshold
+// (2) memtables and the block cache. PebbleBytes is what the process should
+// budget for it.
+const (
+	pebbleCacheBytes    = 2 << 20
+	pebbleMemTableBytes = 4 << 20
+	PebbleBytes         = pebbleCacheBytes + 2*pebbleMemTableBytes
+)
+
 // errCorrupt marks a block that failed verification.
 var errCorrupt = errors.New("corrupt block")
 
@@ -87,8 +96,16 @@ func openDisk(dir string, limit int64, log hclog.Logger, m *Metrics, events Obse
 	if err := os.MkdirAll(filepath.Join(dir, "blocks"), 0o700); err != nil {
 		return nil, 0, fmt.Errorf("creating disk tier directory: %w", err)
 	}
+	// Pebble allocates its block cache and memtables outside the Go heap
+	// (cgo), where the process's memory limit does not see them: keep them
+	// small. Reads go through the in-memory index first, and only inline
+	// values and restarts read Pebble, so a small cache costs little.
+	cache := pebble.NewCache(pebbleCacheBytes)
+	defer cache.Unref()
 	db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{
-		Logger: pebbleLogger{log.Named("pebble")},
+		Logger:       pebbleLogger{log.Named("pebble")},
+		Cache:        cache,
+		MemTableSize: pebbleMemTableBytes,
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("opening disk index: %w", err)
@@ -599,6 +616,16 @@ func (d *diskTier) setExpire(key string, expireAt int64) bool {
 		d.log.Warn("updating expiry in index", "error", err)
 	}
 	return true
+}
+
+// size returns key's value length, 0 when absent.
+func (d *diskTier) size(key string) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.idx[key]; ok {
+		return e.size
+	}
+	return 0
 }
 
 func (d *diskTier) expireOf(key string) (int64, bool) {

@@ -455,6 +455,18 @@ func (s *Store) GetLocal(key string) ([]byte, bool) {
 	return v, ok
 }
 
+// ReadCost is how many bytes GetLocal(key) allocates: the block's size when
+// only the disk tier holds it, else 0 (RAM values are shared, not copied).
+func (s *Store) ReadCost(key string) int64 {
+	s.mu.Lock()
+	_, inRAM := s.ram[key]
+	s.mu.Unlock()
+	if inRAM || s.disk == nil {
+		return 0
+	}
+	return s.disk.size(key)
+}
+
 func (s *Store) getLocal(key string, promote bool) ([]byte, Tier, bool) {
 	now := s.nowNano()
 	s.mu.Lock()
