@@ -26,6 +26,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/kvevents"
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -44,10 +45,11 @@ func TestMain(m *testing.M) { os.Exit(testbed.Main(m, testbed.Options{}, &stack)
 
 const modelName = "kvllama"
 
-// engineJob is one oasis-sim engine with KV events on a Nomad-assigned port,
-// advertised in the oasis_kv_events service meta as the driver documents.
+// engineJob is one oasis-sim engine with KV events and their replay buffer on
+// Nomad-assigned ports, advertised in the oasis_kv_events and
+// oasis_kv_events_replay service meta as the driver documents.
 func engineJob(id string) string {
-	return testbed.SimEngine{ID: id, Model: modelName, KVEvents: true, Tags: []string{"kvrouting-e2e"},
+	return testbed.SimEngine{ID: id, Model: modelName, KVEvents: true, KVEventsReplay: true, Tags: []string{"kvrouting-e2e"},
 		Config: "block_size        = 16"}.HCL()
 }
 
@@ -62,7 +64,8 @@ type router struct {
 func enginesOf(ws []*scoring.Worker) []cachestate.Engine {
 	out := make([]cachestate.Engine, 0, len(ws))
 	for _, w := range ws {
-		out = append(out, cachestate.Engine{ID: w.ID, Model: w.Model, Address: w.Address, BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint})
+		out = append(out, cachestate.Engine{ID: w.ID, Model: w.Model, Address: w.Address, BlockSize: w.BlockSize,
+			KVEvents: w.KVEventsEndpoint, KVEventsReplay: w.KVEventsReplay, Node: w.Node})
 	}
 	return out
 }
@@ -274,4 +277,20 @@ func TestSharedPrefixBurstGoesToHolder(t *testing.T) {
 	rrMiss := sum(rrRes.queries) - sum(rrRes.hits)
 	t.Logf("prompt tokens computed: kv-aware %.0f, round_robin %.0f", kvMiss, rrMiss)
 	must.Less(t, rrMiss, kvMiss)
+
+	// The replay path end to end: the driver rendered replay_endpoint from
+	// kv_events_replay_port, the engine serves its buffer where the service
+	// meta says, discovery read it, and no engine had to be resynchronised.
+	for _, w := range rkv.pool.Workers(modelName) {
+		must.NotEq(t, "", w.KVEventsReplay, must.Sprintf("%s advertises no oasis_kv_events_replay", w.ID))
+		ep, err := cachestate.ResolveEndpoint(w.KVEventsReplay, w.Address)
+		must.NoError(t, err)
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err := kvevents.Replay(rctx, ep, "", 0)
+		rcancel()
+		must.NoError(t, err, must.Sprintf("replaying %s at %s", w.ID, ep))
+		must.Positive(t, len(got), must.Sprintf("%s replayed no batch", w.ID))
+		st, _ := rkv.cache.EngineStats(w.ID)
+		must.Eq(t, int64(0), st.Resyncs, must.Sprintf("%s: %+v", w.ID, st))
+	}
 }

@@ -16,6 +16,9 @@ type SimEngine struct {
 	Provider string
 	// KVEvents publishes KV events on a port labelled "kv", advertised in oasis_kv_events.
 	KVEvents bool
+	// KVEventsReplay (with KVEvents) serves their replay buffer on a port labelled "kv_replay",
+	// advertised in oasis_kv_events_replay.
+	KVEventsReplay bool
 	// Tags are added to the service's oasis tags.
 	Tags []string
 	// Config holds extra lines for the task's config block.
@@ -32,9 +35,15 @@ func (e SimEngine) HCL() string {
 		provider = "consul"
 	}
 	ports, kvMeta, kvConfig := `port "http" {}`, `""`, "kv_events         = false"
+	replayMeta := ""
 	if e.KVEvents {
 		ports = "port \"http\" {}\n      port \"kv\" {}"
 		kvMeta, kvConfig = `"tcp://${NOMAD_ADDR_kv}"`, `kv_events_port    = "kv"`
+		if e.KVEventsReplay {
+			ports += "\n      port \"kv_replay\" {}"
+			kvConfig += "\n        kv_events_replay_port = \"kv_replay\""
+			replayMeta = "\n        oasis_kv_events_replay = \"tcp://${NOMAD_ADDR_kv_replay}\""
+		}
 	}
 	tags := []string{`"oasis"`, `"engine-sim"`, `"role-both"`}
 	for _, t := range e.Tags {
@@ -68,7 +77,7 @@ job %[1]q {
         oasis_model        = %[5]q
         oasis_engine       = "sim"
         oasis_role         = "both"
-        oasis_kv_events    = %[6]s
+        oasis_kv_events    = %[6]s%[9]s
         oasis_metrics_path = "/metrics"
         oasis_block_size   = "16"
         oasis_node         = "${node.unique.id}"
@@ -100,5 +109,5 @@ job %[1]q {
     }
   }
 }
-`, e.ID, ports, provider, strings.Join(tags, ", "), model, kvMeta, kvConfig, e.Config)
+`, e.ID, ports, provider, strings.Join(tags, ", "), model, kvMeta, kvConfig, e.Config, replayMeta)
 }
