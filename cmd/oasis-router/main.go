@@ -59,6 +59,7 @@ type config struct {
 	logJSON         bool
 	pprofListen     string
 	kvcachedService string
+	kvcachedBlocks  int
 }
 
 func main() {
@@ -84,6 +85,7 @@ func main() {
 	fs.StringVar(&c.logLevel, "log-level", "info", "trace, debug, info, warn, error")
 	fs.BoolVar(&c.logJSON, "log-json", false, "log JSON lines")
 	fs.StringVar(&c.pprofListen, "pprof-listen", "", "serve net/http/pprof on this address (off by default; keep it on loopback)")
+	fs.IntVar(&c.kvcachedBlocks, "kvcached-max-blocks", cachestate.DefaultPresenceCapacity, "most blocks tracked from kvcached presence events (each costs one index entry per event-driven engine)")
 	fs.StringVar(&c.kvcachedService, "kvcached-service", discovery.KVCachedService, "Consul service of the node-local kvcached instances whose presence events count offloaded prefixes as CPU/disk/peer hits (empty: ignore them)")
 	_ = fs.Parse(os.Args[1:])
 
@@ -112,7 +114,7 @@ func run(c config, log hclog.Logger) error {
 
 	// KV-cache state (engines' KV events, or the router's own decisions for
 	// engines without events) behind the prefix term.
-	cache := cachestate.New(cachestate.Config{Logger: log.Named("cachestate")})
+	cache := cachestate.New(cachestate.Config{Logger: log.Named("cachestate"), PresenceCapacity: c.kvcachedBlocks})
 	defer cache.Close()
 
 	// Scoring terms. Adding a term: one file in router/scoring and one entry here.
