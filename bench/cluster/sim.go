@@ -13,6 +13,7 @@ import (
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/internal/kvevents"
 	"github.com/oasis-llm/oasis/router/cachestate"
+	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/sim/engine"
@@ -78,10 +79,9 @@ const (
 	LearnApprox = "approx" // the router's own decisions, LRU capacity + TTL
 )
 
-// DefaultOasisWeights is the Oasis weighted policy used by the benchmark.
-func DefaultOasisWeights() map[string]float64 {
-	return map[string]float64{"prefix": 1, "load": 1, "power": 0.2}
-}
+// DefaultOasisWeights is the Oasis weighted policy used by the benchmark: the
+// router's shipped default, so what the benchmark measures is what users get.
+func DefaultOasisWeights() map[string]float64 { return policy.DefaultWeights() }
 
 // Config is one simulation run.
 type Config struct {
@@ -219,6 +219,7 @@ type flight struct {
 	prompt  int
 	output  int
 	end     func()
+	prefill *scoring.Prefill
 }
 
 type worker struct {
@@ -238,11 +239,21 @@ type worker struct {
 	evs           []kvevents.Event
 	published     []*kvevents.Message // replay ring: batch seq at index seq % ReplayBuffer
 	stepDur       time.Duration       // duration of the step in progress
-	tpj, tps      float64             // smoothed tokens per joule and per second
+	generated     int64               // output tokens so far
+	scraped       scrapeState
 }
 
-// powerTau is the smoothing time constant of the measured efficiency.
-const powerTau = 5 * time.Second
+// scrapeState is what the router's signals.Scraper keeps per worker between
+// scrapes, for the power term's tokens-per-joule signal.
+type scrapeState struct {
+	busy      time.Duration
+	generated int64
+	eff       float64 // smoothed tokens per joule; 0 until measured
+}
+
+// ScrapeInterval is how often the simulated router reads each worker's
+// generated tokens and power (oasis-router's -scrape-interval default).
+const ScrapeInterval = time.Second
 
 // ReplayBuffer is how many batches an engine keeps for replay (vLLM's
 // default buffer_steps).
@@ -252,6 +263,7 @@ const (
 	evArrival = iota
 	evStepDone
 	evDeliver
+	evScrape
 )
 
 type event struct {
@@ -292,7 +304,8 @@ type sim struct {
 	rng     *rand.Rand
 	q       eventHeap
 	n       uint64
-	prefix  bool // the policy reads the prefix index
+	prefix  bool     // the policy reads the prefix index
+	zeros   []uint32 // prompt "token ids" for the scoring: only the length is read
 
 	ttfts                     []float64
 	cached, promptTok, outTok int64
@@ -359,7 +372,7 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	default:
 		return Result{}, fmt.Errorf("unknown policy %q", cfg.Policy)
 	}
-	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term)...)
+	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, scoring.NewTTFTTerm(term))...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -378,15 +391,6 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 		id := fmt.Sprintf("w%03d", i)
 		w := &worker{idx: int32(i), id: id, eng: eng, gpu: g, flights: map[string]*flight{}, lastDelivered: -1}
 		w.sw = &scoring.Worker{ID: id, Model: cfg.Model, Engine: "sim", BlockSize: cfg.BlockSize, Live: scoring.NewLive()}
-		// The power term's signal starts from the GPU's decode efficiency at
-		// batch 8 and then follows what the worker measures, as the router's
-		// signals package does: smoothed generated tokens per joule, updated
-		// only while generating.
-		batch := 8
-		tps := float64(batch) / g.Timing.StepTime(0, batch).Seconds()
-		watts := g.Power.Watts(1)
-		w.tpj, w.tps = tps/watts, tps
-		w.sw.Live.SetPower(watts, tps, w.tpj)
 		if cfg.Learning == LearnEvents {
 			_ = evIdx.AddWorker(id, 0)
 			w.ew = cachestate.NewEventWorker(id, cfg.Model, evIdx, dig)
@@ -396,12 +400,18 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 		s.workers = append(s.workers, w)
 		s.ws = append(s.ws, w.sw)
 	}
+	longest := 0
+	for _, r := range reqs {
+		longest = max(longest, r.Input)
+	}
+	s.zeros = make([]uint32, longest)
 	for i, r := range reqs {
 		if r.keys == nil && s.prefix {
 			return Result{}, fmt.Errorf("request %d has no keys: call Keys first", i)
 		}
 		s.push(event{t: int64(float64(r.Arrival) / cfg.RateScale * 1e6), kind: evArrival, idx: int32(i)})
 	}
+	s.push(event{t: int64(ScrapeInterval), kind: evScrape})
 	for s.q.Len() > 0 {
 		e := heap.Pop(&s.q).(event)
 		switch e.kind {
@@ -411,6 +421,11 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 			}
 		case evStepDone:
 			s.stepDone(s.workers[e.w], e.t)
+		case evScrape:
+			s.scrape()
+			if s.q.Len() > 0 { // more to simulate: keep scraping
+				s.push(event{t: e.t + int64(ScrapeInterval), kind: evScrape})
+			}
 		case evDeliver:
 			w := s.workers[e.w]
 			m := *e.msg
@@ -455,25 +470,34 @@ func (s *sim) arrive(idx int, now int64) error {
 	}
 
 	var w *worker
+	var pf *scoring.Prefill
 	if s.cfg.Policy == PolicyRandom {
 		w = s.workers[s.rng.IntN(len(s.workers))]
 	} else {
 		s.src.keys = r.keys
+		// The source ignores token ids (the keys were computed by Keys); the
+		// terms read the prompt's length.
 		req := &scoring.Request{Model: s.cfg.Model, EstimatedTokens: int64(r.Input + r.Output),
-			Tokenize: func(context.Context, *scoring.Request) ([]uint32, error) { return []uint32{0}, nil }}
+			Tokenize: func(context.Context, *scoring.Request) ([]uint32, error) { return s.zeros[:r.Input], nil }}
 		d, err := s.sel.Pick(context.Background(), s.scfg, req, s.ws)
 		if err != nil {
 			return err
 		}
 		w = s.workers[slices.Index(s.ws, d.Worker)]
+		// What the gateway does for every forwarded request: the worker's
+		// prefill queue grows by the tokens the router expects it to compute.
+		if n, ok := req.UncachedTokens(d.Worker); ok {
+			pf = d.Worker.Live.StartPrefill(n)
+		}
 	}
 	prompt := r.PromptTokens(make([]int32, 0, r.Input))
 	id := strconv.Itoa(idx)
 	if err := w.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: outputTokens(idx, r.Output)}); err != nil {
 		s.rejected++
+		pf.Cancel()
 		return nil
 	}
-	w.flights[id] = &flight{idx: idx, arrival: now, prompt: r.Input, output: r.Output, end: w.sw.Live.Begin(int64(r.Input + r.Output))}
+	w.flights[id] = &flight{idx: idx, arrival: now, prompt: r.Input, output: r.Output, end: w.sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf}
 	if s.prefix && s.cfg.Learning == LearnApprox {
 		_ = s.src.approx.Store(w.id, prefixindex.TierGPU, r.keys, now)
 	}
@@ -504,6 +528,7 @@ func (s *sim) stepDone(w *worker, now int64) {
 			continue
 		}
 		if o.Index == 0 {
+			f.prefill.FirstToken(time.Duration(now - f.arrival))
 			s.ttfts = append(s.ttfts, float64(now-f.arrival)/1e9)
 			s.cached += int64(o.CachedTokens)
 			s.promptTok += int64(f.prompt)
@@ -532,21 +557,40 @@ func (s *sim) stepDone(w *worker, now int64) {
 		}
 		w.evs = nil
 	}
-	if n := len(w.outs); n > 0 && w.stepDur > 0 {
-		// Energy of the step at full utilisation; tokens it generated.
-		watts := w.gpu.Power.Watts(1)
-		sec := w.stepDur.Seconds()
-		a := 1 - math.Exp(-sec/powerTau.Seconds())
-		w.tpj += a * (float64(n)/(watts*sec) - w.tpj)
-		w.tps += a * (float64(n)/sec - w.tps)
-		w.sw.Live.SetPower(watts, w.tps, w.tpj)
-	}
+	w.generated += int64(len(w.outs))
 	st := w.eng.Stats()
 	w.sw.Live.SetEngine(float64(st.Running), float64(st.Waiting), st.KVUsage, time.Time{})
 	if w.eng.HasWork() {
 		s.startStep(w, now)
 	} else {
 		w.busy = false
+	}
+}
+
+// scrape does what the router's signals.Scraper does every ScrapeInterval for
+// each worker: the power the worker drew over the interval (the energy model
+// below: idle watts plus watts per utilisation × busy fraction), the tokens it
+// generated, and a smoothed tokens-per-joule updated only when it generated
+// any (an idle GPU keeps its last estimate).
+func (s *sim) scrape() {
+	dt := ScrapeInterval.Seconds()
+	for _, w := range s.workers {
+		// Steps are counted when they start, so one may run past the scrape.
+		busy := min((w.busyTime - w.scraped.busy).Seconds(), dt)
+		gen := w.generated - w.scraped.generated
+		w.scraped.busy, w.scraped.generated = w.busyTime, w.generated
+		watts := w.gpu.Power.IdleWatts + w.gpu.Power.WattsPerUtil*busy/dt
+		tps := float64(gen) / dt
+		if tps > 0 {
+			if e := tps / watts; w.scraped.eff == 0 {
+				w.scraped.eff = e
+			} else {
+				w.scraped.eff = 0.7*w.scraped.eff + 0.3*e
+			}
+		}
+		if w.scraped.eff > 0 {
+			w.sw.Live.SetPower(watts, tps, w.scraped.eff)
+		}
 	}
 }
 

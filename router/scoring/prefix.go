@@ -87,12 +87,34 @@ func (t *PrefixTerm) Score(ctx context.Context, req *Request, workers []*Worker,
 	for i := range workers {
 		out[i] = Neutral
 	}
-	if t.Source == nil || len(workers) == 0 {
+	if !t.match(ctx, req, workers) {
 		return
+	}
+	for i, w := range workers {
+		h, ok := req.prefixHits[w.ID]
+		if !ok || h.keys == 0 {
+			continue // its (model, block size) had no keys: no information
+		}
+		out[i] = clamp01(h.weighted / float64(h.keys))
+	}
+	t.guard(workers, out)
+}
+
+// match finds, once per request, how much of the prompt each worker holds and
+// leaves it on req (prefixHits). Every term that needs the match calls it; the
+// first does the work. It reports false when there is nothing to match (no
+// source, no tokens).
+func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker) bool {
+	if req.prefixDone {
+		return req.prefixHits != nil
+	}
+	req.prefixDone = true
+	if t == nil || t.Source == nil || len(workers) == 0 {
+		return false
 	}
 	tokens, err := req.PromptTokens(ctx)
 	if err != nil || len(tokens) == 0 {
-		return
+		return false
 	}
 	sc, _ := t.pool.Get().(*prefixScratch)
 	if sc == nil {
@@ -100,6 +122,7 @@ func (t *PrefixTerm) Score(ctx context.Context, req *Request, workers []*Worker,
 	}
 	defer t.pool.Put(sc)
 	tiers := t.TierWeights()
+	req.prefixHits = make(map[string]prefixHit, len(workers))
 
 	// Workers of one model normally share a block size: one digest pass and
 	// one index match per distinct (model, block size).
@@ -111,21 +134,12 @@ func (t *PrefixTerm) Score(ctx context.Context, req *Request, workers []*Worker,
 		bs := blockSizeOf(w)
 		keys, err := t.Source.Keys(sc.keys[:0], w.Model, bs, tokens)
 		sc.keys = keys
-		if err != nil || len(keys) == 0 {
-			for j := i; j < len(workers); j++ {
-				if workers[j].Model == w.Model && blockSizeOf(workers[j]) == bs {
-					done[j] = true
-				}
-			}
-			continue
+		if err != nil {
+			keys = nil
 		}
-		sc.matches = t.Source.Match(keys, tiers, sc.matches[:0])
-		req.prefixKeys = append(req.prefixKeys[:0], keys...)
-		if req.prefixBlocks == nil {
-			req.prefixBlocks = make(map[string]int, len(sc.matches))
-		}
-		for _, m := range sc.matches {
-			req.prefixBlocks[m.Worker] = m.Blocks
+		if len(keys) > 0 {
+			sc.matches = t.Source.Match(keys, tiers, sc.matches[:0])
+			req.prefixKeys = append(req.prefixKeys[:0], keys...)
 		}
 		for j := i; j < len(workers); j++ {
 			wj := workers[j]
@@ -133,16 +147,19 @@ func (t *PrefixTerm) Score(ctx context.Context, req *Request, workers []*Worker,
 				continue
 			}
 			done[j] = true
-			out[j] = 0
-			for _, m := range sc.matches {
-				if m.Worker == wj.ID {
-					out[j] = clamp01(m.Weighted / float64(len(keys)))
-					break
+			h := prefixHit{keys: len(keys)}
+			if len(keys) > 0 {
+				for _, m := range sc.matches {
+					if m.Worker == wj.ID {
+						h.blocks, h.weighted = m.Blocks, m.Weighted
+						break
+					}
 				}
 			}
+			req.prefixHits[wj.ID] = h
 		}
 	}
-	t.guard(workers, out)
+	return true
 }
 
 // guard zeroes the prefix credit of workers at or above the load bound.

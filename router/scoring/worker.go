@@ -56,6 +56,12 @@ type Signals struct {
 	InFlight       int64 // requests this router has sent and not finished
 	InFlightTokens int64 // estimated prompt+max output tokens of those requests
 
+	// The router's prefill model (StartPrefill): uncached prompt tokens sent
+	// and not yet answered with a first token, and the learned rate at which
+	// the worker gets through them (DefaultPrefillRate until measured).
+	PendingPrefillTokens int64
+	PrefillRate          float64 // tokens per second
+
 	// Scraped from the engine's metrics endpoint; valid when EngineMetrics.
 	EngineMetrics bool
 	Running       float64 // requests the engine is running (all clients)
@@ -88,6 +94,7 @@ type Live struct {
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
 	generated      atomic.Int64 // completion tokens from engine usage objects
+	prefill        prefillState
 
 	mu sync.RWMutex
 	s  Signals // engine and power fields only
@@ -145,6 +152,8 @@ func (l *Live) Snapshot() Signals {
 	l.mu.RUnlock()
 	s.InFlight = l.inFlight.Load()
 	s.InFlightTokens = l.inFlightTokens.Load()
+	s.PendingPrefillTokens = l.prefill.pending.Load()
+	s.PrefillRate = l.prefill.rate()
 	return s
 }
 
@@ -164,23 +173,52 @@ type Request struct {
 	Tokenize func(ctx context.Context, r *Request) ([]uint32, error)
 
 	tokOnce sync.Once
+	tokDone bool
 	tokens  []uint32
 	tokErr  error
 
-	// What the prefix term found, kept so the router can count and record the decision
-	// without digesting and matching the prompt a second time.
-	prefixKeys   []uint64
-	prefixBlocks map[string]int // worker id → matched blocks
+	// What the prefix match found (PrefixTerm.match, run at most once per
+	// request and shared by the prefix and ttft terms), kept so the router can
+	// count and record the decision without digesting and matching the prompt
+	// a second time.
+	prefixDone bool
+	prefixKeys []uint64
+	prefixHits map[string]prefixHit // worker id → its match
 }
 
-// PrefixResult returns what the prefix term saw when it scored this request: the prompt's
-// block keys and how many of them (a prefix) the worker held. ok is false when the term did
-// not score the request (not weighted, no tokens).
+type prefixHit struct {
+	blocks   int     // matched blocks (a prefix), any tier
+	weighted float64 // the same, tier-weighted
+	keys     int     // request blocks at this worker's block size
+}
+
+// PrefixResult returns what the prefix match saw for this request: the prompt's
+// block keys and how many of them (a prefix) the worker held. ok is false when
+// no term matched the request (prefix and ttft not weighted, no tokens).
 func (r *Request) PrefixResult(worker string) (keys []uint64, matched int, ok bool) {
-	if r.prefixBlocks == nil {
+	if r.prefixHits == nil {
 		return nil, 0, false
 	}
-	return r.prefixKeys, r.prefixBlocks[worker], true
+	return r.prefixKeys, r.prefixHits[worker].blocks, true
+}
+
+// UncachedTokens is the request's prompt length less the tokens the prefix
+// match found in w's cache: what w will have to compute before the first
+// token. It never tokenizes: without tokens already known (no term asked for
+// them) it returns 0, false.
+func (r *Request) UncachedTokens(w *Worker) (int64, bool) {
+	if !r.tokDone || r.tokErr != nil {
+		return 0, false
+	}
+	return uncached(r, w), true
+}
+
+func uncached(r *Request, w *Worker) int64 {
+	n := int64(len(r.tokens))
+	if h, ok := r.prefixHits[w.ID]; ok {
+		n -= int64(h.blocks) * int64(blockSizeOf(w))
+	}
+	return max(n, 0)
 }
 
 // PromptTokens returns the prompt's token ids, tokenizing on first use.
@@ -189,6 +227,6 @@ func (r *Request) PromptTokens(ctx context.Context) ([]uint32, error) {
 	if r.Tokenize == nil {
 		return nil, nil
 	}
-	r.tokOnce.Do(func() { r.tokens, r.tokErr = r.Tokenize(ctx, r) })
+	r.tokOnce.Do(func() { r.tokens, r.tokErr = r.Tokenize(ctx, r); r.tokDone = true })
 	return r.tokens, r.tokErr
 }

@@ -1,0 +1,190 @@
+package scoring
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+// learn teaches w's prefill rate: one sample of tokens in d with nothing ahead.
+func learn(w *Worker, tokens int64, d time.Duration) {
+	w.Live.StartPrefill(tokens).FirstToken(d)
+}
+
+func TestPrefillRateLearning(t *testing.T) {
+	cases := []struct {
+		name    string
+		samples [][2]int64 // tokens, milliseconds; each sent alone
+		want    float64
+	}{
+		{"unmeasured uses the default", nil, DefaultPrefillRate},
+		{"one long prompt", [][2]int64{{20000, 1000}}, 20000},
+		{"short prompts teach nothing", [][2]int64{{MinPrefillSample - 1, 1000}, {16, 500}}, DefaultPrefillRate},
+		{"ratio of sums weighs long prompts",
+			// decayed: (0.9·4000 + 20000) / (0.9·1 + 1) s
+			[][2]int64{{4000, 1000}, {20000, 1000}}, (0.9*4000 + 20000) / 1.9},
+		{"zero time is ignored", [][2]int64{{4000, 0}}, DefaultPrefillRate},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &Worker{ID: "a", Live: NewLive()}
+			for _, s := range tc.samples {
+				learn(w, s[0], time.Duration(s[1])*time.Millisecond)
+			}
+			s := w.Signals()
+			must.Eq(t, int64(0), s.PendingPrefillTokens)
+			if math.Abs(s.PrefillRate-tc.want) > 1e-6 {
+				t.Fatalf("rate: want %v, got %v", tc.want, s.PrefillRate)
+			}
+		})
+	}
+}
+
+// A first token that waited behind other prompts teaches the rate for the
+// whole queue it waited for, so the estimate matches what it predicts: queued
+// plus own tokens over the rate.
+func TestPrefillQueueAndSample(t *testing.T) {
+	w := &Worker{ID: "a", Live: NewLive()}
+	first := w.Live.StartPrefill(6000)
+	second := w.Live.StartPrefill(2000)
+	must.Eq(t, int64(8000), w.Signals().PendingPrefillTokens)
+
+	first.FirstToken(500 * time.Millisecond) // 6000 tokens in 0.5 s
+	must.Eq(t, int64(2000), w.Signals().PendingPrefillTokens)
+	must.Eq(t, 12000.0, w.Signals().PrefillRate)
+
+	second.FirstToken(time.Second) // it waited for 6000 + 2000 tokens
+	must.Eq(t, int64(0), w.Signals().PendingPrefillTokens)
+	must.Eq(t, (0.9*6000+8000)/(0.9*0.5+1), w.Signals().PrefillRate)
+
+	// Ending twice, or cancelling after the first token, changes nothing.
+	second.FirstToken(time.Millisecond)
+	second.Cancel()
+	must.Eq(t, int64(0), w.Signals().PendingPrefillTokens)
+	must.Eq(t, (0.9*6000+8000)/(0.9*0.5+1), w.Signals().PrefillRate)
+
+	// Cancel drops the tokens without a sample; negative counts are zero.
+	w.Live.StartPrefill(5000).Cancel()
+	w.Live.StartPrefill(-3).FirstToken(time.Second)
+	must.Eq(t, int64(0), w.Signals().PendingPrefillTokens)
+	must.Eq(t, (0.9*6000+8000)/(0.9*0.5+1), w.Signals().PrefillRate)
+
+	var none *Prefill // a request the gateway did not track
+	none.FirstToken(time.Second)
+	none.Cancel()
+}
+
+func TestEstimatedTTFT(t *testing.T) {
+	cases := []struct {
+		name     string
+		s        Signals
+		uncached int64
+		want     time.Duration
+	}{
+		{"idle", Signals{PrefillRate: 10000}, 5000, 500 * time.Millisecond},
+		{"queued ahead", Signals{PrefillRate: 10000, PendingPrefillTokens: 15000}, 5000, 2 * time.Second},
+		{"fully cached, idle", Signals{PrefillRate: 10000}, 0, 0},
+		{"unknown rate uses the default", Signals{}, DefaultPrefillRate, time.Second},
+		{"negative inputs count as zero", Signals{PrefillRate: 1000, PendingPrefillTokens: -5}, -5, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { must.Eq(t, tc.want, tc.s.EstimatedTTFT(tc.uncached)) })
+	}
+}
+
+func TestTTFTTerm(t *testing.T) {
+	const tau = 0.25    // DefaultTTFTScale in seconds
+	p := prompt(1, 100) // 400 tokens
+	type setup struct {
+		rate    float64 // tokens/s to teach (0: leave the default)
+		pending int64
+		cached  int // prompt blocks in its cache
+	}
+	cases := []struct {
+		name string
+		ws   []setup
+		want []float64
+	}{
+		{"equal workers tie", []setup{{}, {}}, []float64{1, 1}},
+		{"slow GPU scores lower",
+			[]setup{{rate: 4000}, {rate: 1000}},
+			// est 0.1 s and 0.4 s
+			[]float64{1, (tau + 0.1) / (tau + 0.4)}},
+		{"a queue ahead counts",
+			[]setup{{rate: 4000, pending: 4000}, {rate: 2000}},
+			// est (4000+400)/4000 = 1.1 s and 400/2000 = 0.2 s
+			[]float64{(tau + 0.2) / (tau + 1.1), 1}},
+		{"cached prefix is not computed",
+			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
+			// uncached 100 and 400 tokens: est 0.1 s each
+			[]float64{1, 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ids := []string{"a", "b", "c"}[:len(tc.ws)]
+			s := newPrefixState(t, ids...)
+			var ws []*Worker
+			for i, su := range tc.ws {
+				w := bsWorker(ids[i], 0)
+				if su.rate > 0 {
+					learn(w, 10000, time.Duration(10000/su.rate*float64(time.Second)))
+				}
+				if su.pending > 0 {
+					w.Live.StartPrefill(su.pending)
+				}
+				if su.cached > 0 {
+					hold(t, s, ids[i], p[:su.cached*testBS])
+				}
+				ws = append(ws, w)
+			}
+			out := make([]float64, len(ws))
+			NewTTFTTerm(NewPrefixTerm(s)).Score(context.Background(), tokReq(p), ws, out)
+			approx(t, tc.want, out)
+		})
+	}
+}
+
+func TestTTFTTermWithoutTokensIsNeutral(t *testing.T) {
+	ws := []*Worker{bsWorker("a", 0), bsWorker("b", 0)}
+	out := make([]float64, 2)
+	NewTTFTTerm(nil).Score(context.Background(), &Request{Model: "m"}, ws, out)
+	approx(t, []float64{Neutral, Neutral}, out)
+
+	// Without a prefix match the whole prompt counts as uncached.
+	learn(ws[1], 10000, 4*time.Second) // 2500 tokens/s; a keeps the default
+	NewTTFTTerm(nil).Score(context.Background(), tokReq(prompt(1, 250)), ws, out)
+	approx(t, []float64{1, (0.25 + 0.1) / (0.25 + 0.4)}, out)
+}
+
+// The prefix and ttft terms share one match per request, whichever runs
+// first, and the router can read the uncached tokens of its pick afterwards.
+func TestPrefixMatchIsSharedAndUncachedTokens(t *testing.T) {
+	s := newPrefixState(t, "a", "b")
+	p := prompt(1, 8)
+	hold(t, s, "a", p[:3*testBS])
+	prefix := NewPrefixTerm(s)
+	ws := []*Worker{bsWorker("a", 0), bsWorker("b", 0)}
+
+	req := tokReq(p)
+	_, ok := req.UncachedTokens(ws[0])
+	must.False(t, ok, must.Sprint("not tokenized yet"))
+	NewTTFTTerm(prefix).Score(context.Background(), req, ws, make([]float64, 2))
+	n, ok := req.UncachedTokens(ws[0])
+	must.True(t, ok)
+	must.Eq(t, int64(5*testBS), n)
+	n, _ = req.UncachedTokens(ws[1])
+	must.Eq(t, int64(8*testBS), n)
+
+	// The prefix term reuses the match: blocks recorded after it was taken
+	// do not show up for this request.
+	hold(t, s, "b", p)
+	out := make([]float64, 2)
+	prefix.Score(context.Background(), req, ws, out)
+	approx(t, []float64{3.0 / 8, 0}, out)
+	_, matched, ok := req.PrefixResult("a")
+	must.True(t, ok)
+	must.Eq(t, 3, matched)
+}
