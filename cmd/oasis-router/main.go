@@ -118,7 +118,7 @@ func run(c config, log hclog.Logger) error {
 	defer cache.Close()
 
 	// Scoring terms. Adding a term: one file in router/scoring and one entry here.
-	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(cache))...)
+	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(cache)...)...)
 	if err != nil {
 		return err
 	}

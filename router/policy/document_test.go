@@ -10,9 +10,9 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// registry holds the terms the router registers (cmd/oasis-router): the built-in ones and prefix.
+// registry holds the terms the router registers (cmd/oasis-router): the built-in ones, prefix and ttft.
 func registry(t *testing.T) *scoring.Registry {
-	r, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(nil))...)
+	r, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(nil)...)...)
 	must.NoError(t, err)
 	return r
 }

@@ -42,6 +42,14 @@ func BuiltinTerms() []Term {
 	return []Term{LoadTerm{}, KVCapacityTerm{}, PowerTerm{}}
 }
 
+// CacheTerms returns the terms that read the router's cache state src: prefix,
+// and ttft over the prefix term's match (one digest pass and one index match
+// per request serve both).
+func CacheTerms(src PrefixSource) []Term {
+	p := NewPrefixTerm(src)
+	return []Term{p, NewTTFTTerm(p)}
+}
+
 // Term returns the named term.
 func (r *Registry) Term(name string) (Term, bool) {
 	t, ok := r.terms[name]
