@@ -8,6 +8,8 @@
 # Usage: bench/kvcached-vs-redis.sh            (ROUNDS=3 N_SMALL=100000 N_LARGE=1000)
 #        KVCACHED_DISK=0 bench/kvcached-vs-redis.sh   (kvcached without its SSD tier)
 #        CASES="1MiB 1MiB-r1000" bench/kvcached-vs-redis.sh   (a subset of the cases)
+#        KVCACHED_BASE_BIN=/path/to/older/oasis-kvcached bench/kvcached-vs-redis.sh
+#          (also runs that build, same flags, interleaved: before/after in one run)
 #
 # redis-benchmark writes one key over and over unless given -r; the -r1000
 # cases spread SETs over 1000 keys (1 GiB at 1 MiB), so every value kvcached
@@ -41,10 +43,21 @@ if [ "$KVCACHED_DISK" = 1 ]; then disk_flags=(--disk-bytes 8GiB --data-dir "$wor
 "$work/oasis-kvcached" --addr "127.0.0.1:$kv_port" --http-addr "127.0.0.1:$kv_http" --ram-bytes 4GiB \
   "${disk_flags[@]}" --log-level warn >"$work/kvcached.log" 2>&1 &
 pids+=($!)
+targets=(kvcached redis)
+wait_ports=("$kv_port" "$rs_port")
+if [ -n "${KVCACHED_BASE_BIN:-}" ]; then
+  base_port=$(freeport); base_http=$(freeport)
+  base_disk=(); [ "$KVCACHED_DISK" = 1 ] && base_disk=(--disk-bytes 8GiB --data-dir "$work/kvd-base")
+  "$KVCACHED_BASE_BIN" --addr "127.0.0.1:$base_port" --http-addr "127.0.0.1:$base_http" --ram-bytes 4GiB \
+    "${base_disk[@]}" --log-level warn >"$work/kvcached-base.log" 2>&1 &
+  pids+=($!)
+  targets+=(base)
+  wait_ports+=("$base_port")
+fi
 redis-server --port "$rs_port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --proto-max-bulk-len 128mb >"$work/redis.log" 2>&1 &
 pids+=($!)
-for p in "$kv_port" "$rs_port"; do
+for p in "${wait_ports[@]}"; do
   for _ in $(seq 100); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
@@ -66,8 +79,8 @@ for r in $(seq "$ROUNDS"); do
   for c in "${cases[@]}"; do
     read -r name size n clients pipe keyspace <<<"$c"
     rflag=(); [ "$keyspace" != 0 ] && rflag=(-r "$keyspace")
-    for target in kvcached redis; do
-      port=$kv_port; [ "$target" = redis ] && port=$rs_port
+    for target in "${targets[@]}"; do
+      case $target in kvcached) port=$kv_port ;; redis) port=$rs_port ;; base) port=$base_port ;; esac
       redis-benchmark -h 127.0.0.1 -p "$port" -t set,get -n "$n" -d "$size" -c "$clients" -P "$pipe" "${rflag[@]}" --csv 2>/dev/null |
         awk -F'","' -v t="$target" -v c="$name" 'NR>1 { gsub(/"/,"",$1); gsub(/"/,"",$2); print t","c","$1","$2 }' >>"$results"
     done
@@ -76,17 +89,26 @@ done
 
 echo "redis-benchmark, median of $ROUNDS interleaved rounds; kvcached disk tier: $([ "$KVCACHED_DISK" = 1 ] && echo on || echo off)"
 echo
-echo "| case | op | kvcached req/s | redis-server req/s | ratio |"
-echo "|---|---|---:|---:|---:|"
 python3 - "$results" <<'PY'
 import csv, statistics, sys
 rows = {}
 for t, case, op, rps in csv.reader(open(sys.argv[1])):
     rows.setdefault((case, op, t), []).append(float(rps))
+base = any(k[2] == "base" for k in rows)
+if base:
+    print("| case | op | kvcached req/s | redis-server req/s | ratio | base build req/s | base ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+else:
+    print("| case | op | kvcached req/s | redis-server req/s | ratio |")
+    print("|---|---|---:|---:|---:|")
 order = ["1KiB", "1KiB-P16", "1MiB", "1MiB-P16", "1MiB-r1000"]
 for case in [c for c in order if any(k[0] == c for k in rows)]:
     for op in ["SET", "GET"]:
         k = statistics.median(rows.get((case, op, "kvcached"), [0]))
         r = statistics.median(rows.get((case, op, "redis"), [0]))
-        print(f"| {case} | {op} | {k:,.0f} | {r:,.0f} | {k/r if r else 0:.2f} |")
+        line = f"| {case} | {op} | {k:,.0f} | {r:,.0f} | {k/r if r else 0:.2f} |"
+        if base:
+            b = statistics.median(rows.get((case, op, "base"), [0]))
+            line += f" {b:,.0f} | {b/r if r else 0:.2f} |"
+        print(line)
 PY

@@ -20,6 +20,15 @@ func benchPeers(b *testing.B, key string, val []byte) *Node {
 	if _, err := c.Fetch(context.Background(), key); err != nil { // warm the connection
 		b.Fatal(err)
 	}
+	c.mu.Lock()
+	p := c.peers[a.Addr().String()]
+	c.mu.Unlock()
+	p.mu.Lock()
+	if p.conn != nil {
+		// Whether quic-go batches packets into one sendmsg (UDP GSO).
+		b.Logf("quic-go GSO: %t", p.conn.ConnectionState().GSO)
+	}
+	p.mu.Unlock()
 	return c
 }
 
