@@ -176,9 +176,10 @@ func (h *Hasher) extend(parent Digest, block []uint32) Digest {
 	switch n := 4 * len(block); {
 	case n <= guts.BlockSize:
 		// One BLAKE3 block: the token ids are its little-endian words as is.
-		node := guts.Node{CV: key, BlockLen: uint32(n), Flags: flagsKeyedRoot}
-		copy(node.Block[:], block)
-		out = guts.CompressNode(node)
+		var m [16]uint32
+		copy(m[:], block)
+		o := compress16(&key, &m, uint32(n), flagsKeyedRoot)
+		copy(out[:], o[:])
 	case n <= guts.ChunkSize:
 		// One chunk of several blocks: what blake3.Hasher.Sum does for it.
 		h.fill(block)

@@ -60,6 +60,9 @@ func (d *Decoder) batch(r *reader) (EventBatch, error) {
 	if err != nil {
 		return b, fmt.Errorf("events: %w", err)
 	}
+	if d.values {
+		d.events = make([]Event, 0, ne)
+	}
 	for i := 0; i < ne; i++ {
 		ev, err := d.event(r)
 		if err != nil {
@@ -268,8 +271,12 @@ func (d *Decoder) storedField(r *reader, st *BlockStored, name string) error {
 		if !r.nilNext() {
 			var h Hash
 			if h, err = r.hash(); err == nil {
-				d.parents = append(d.parents, h)
-				st.ParentBlockHash = &d.parents[len(d.parents)-1]
+				if d.values {
+					st.ParentBlockHash = &h
+				} else {
+					d.parents = append(d.parents, h)
+					st.ParentBlockHash = &d.parents[len(d.parents)-1]
+				}
 			}
 		}
 	case "token_ids":
@@ -321,6 +328,16 @@ func (d *Decoder) hashList(r *reader) ([]Hash, error) {
 	if err != nil || n == 0 {
 		return nil, err
 	}
+	if d.values {
+		// A batch that owns its memory: one exact allocation, no arena.
+		hs := make([]Hash, n)
+		for i := range hs {
+			if hs[i], err = r.hash(); err != nil {
+				return nil, err
+			}
+		}
+		return hs, nil
+	}
 	start := len(d.hashes)
 	for range n {
 		h, err := r.hash()
@@ -328,9 +345,6 @@ func (d *Decoder) hashList(r *reader) ([]Hash, error) {
 			return nil, err
 		}
 		d.hashes = append(d.hashes, h)
-	}
-	if d.values {
-		return append([]Hash(nil), d.hashes[start:]...), nil
 	}
 	return d.hashes[start:len(d.hashes):len(d.hashes)], nil
 }
@@ -340,17 +354,13 @@ func (d *Decoder) tokenList(r *reader) ([]int32, error) {
 	if err != nil || n == 0 {
 		return nil, err
 	}
-	start := len(d.tokens)
-	d.tokens = growInt32(d.tokens, n)
-	for range n {
-		v, err := r.int64()
-		if err != nil {
-			return nil, err
-		}
-		d.tokens = append(d.tokens, int32(v))
-	}
 	if d.values {
-		return append([]int32(nil), d.tokens[start:]...), nil
+		return r.int32s(make([]int32, 0, n), n)
+	}
+	start := len(d.tokens)
+	d.tokens, err = r.int32s(growInt32(d.tokens, n), n)
+	if err != nil {
+		return nil, err
 	}
 	return d.tokens[start:len(d.tokens):len(d.tokens)], nil
 }
@@ -555,6 +565,36 @@ func (r *reader) intBits() (uint64, bool, error) {
 		return uint64(v), false, nil
 	}
 	return binary.BigEndian.Uint64(p), signed, nil
+}
+
+// int32s appends n integers to dst, truncated to int32 as token ids are. Token
+// ids are non-negative and below 2^32, so the codes for those are read inline.
+func (r *reader) int32s(dst []int32, n int) ([]int32, error) {
+	b := r.b
+	for range n {
+		if off := r.off; off < len(b) {
+			switch c := b[off]; {
+			case c <= 0x7f:
+				dst = append(dst, int32(c))
+				r.off++
+				continue
+			case c == 0xcd && off+3 <= len(b):
+				dst = append(dst, int32(binary.BigEndian.Uint16(b[off+1:])))
+				r.off += 3
+				continue
+			case c == 0xce && off+5 <= len(b):
+				dst = append(dst, int32(binary.BigEndian.Uint32(b[off+1:])))
+				r.off += 5
+				continue
+			}
+		}
+		v, err := r.int64()
+		if err != nil {
+			return nil, err
+		}
+		dst = append(dst, int32(v))
+	}
+	return dst, nil
 }
 
 func (r *reader) int64() (int64, error) {

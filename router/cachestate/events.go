@@ -37,6 +37,9 @@ type EventWorker struct {
 	dig    *Digester
 	hashes *hashMap // engine hash → Oasis digest
 
+	hasher    *blockdigest.Hasher // for hasherDom and the last event's block size
+	hasherDom blockdigest.Domain
+
 	// reusable buffers
 	keys  []uint64
 	ek    []uint64
@@ -170,18 +173,23 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		}
 		parent = p
 	}
-	dom := blockdigest.Domain{Model: w.model, LoRA: e.LoraName}
-	h, err := w.dig.Hasher(dom, e.BlockSize)
+	h, err := w.hasherFor(blockdigest.Domain{Model: w.model, LoRA: e.LoraName}, e.BlockSize)
 	if err != nil {
 		return fmt.Errorf("digesting blocks of %s: %w", w.id, err)
 	}
-	defer w.dig.Release(dom, h)
+	// The engine hashes' map entries are loaded ahead, so their misses overlap.
+	ek := w.ek[:0]
+	for _, bh := range e.BlockHashes {
+		ek = append(ek, engineKey(bh))
+	}
+	w.ek = ek
+	w.hashes.warm(ek)
 	if cap(w.block) < e.BlockSize {
 		w.block = make([]uint32, e.BlockSize)
 	}
 	block := w.block[:e.BlockSize]
 	keys := w.keys[:0]
-	for i, bh := range e.BlockHashes {
+	for i, k := range ek {
 		for j, t := range e.TokenIDs[i*e.BlockSize : (i+1)*e.BlockSize] {
 			block[j] = uint32(t)
 		}
@@ -189,7 +197,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		if err != nil {
 			return fmt.Errorf("digesting blocks of %s: %w", w.id, err)
 		}
-		w.hashes.put(engineKey(bh), d)
+		w.hashes.put(k, d)
 		keys = append(keys, Key(d))
 		parent = d
 	}
@@ -204,9 +212,14 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 		w.stats.Malformed++
 		return nil
 	}
-	keys, ek := w.keys[:0], w.ek[:0]
+	all := w.ek[:0]
 	for _, bh := range e.BlockHashes {
-		k := engineKey(bh)
+		all = append(all, engineKey(bh))
+	}
+	w.hashes.warm(all)
+	// Known hashes are compacted to the front of the same buffer.
+	keys, ek := w.keys[:0], all[:0]
+	for _, k := range all {
 		d, known := w.hashes.get(k)
 		if !known {
 			continue
@@ -214,7 +227,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 		keys = append(keys, Key(d))
 		ek = append(ek, k)
 	}
-	w.keys, w.ek = keys, ek
+	w.keys, w.ek = keys, all
 	if cap(w.left) < len(keys) {
 		w.left = make([]prefixindex.Tier, len(keys))
 	}
@@ -229,6 +242,24 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 	}
 	w.stats.BlocksRemoved += int64(len(keys))
 	return nil
+}
+
+// hasherFor returns the worker's hasher for a domain and block size. The
+// worker keeps the last one: an engine's events nearly always share both, and
+// taking one from the Digester's pool per event costs a lock and a map lookup.
+func (w *EventWorker) hasherFor(dom blockdigest.Domain, blockSize int) (*blockdigest.Hasher, error) {
+	if w.hasher != nil && w.hasherDom == dom && w.hasher.BlockSize() == blockSize {
+		return w.hasher, nil
+	}
+	h, err := w.dig.Hasher(dom, blockSize)
+	if err != nil {
+		return nil, err
+	}
+	if w.hasher != nil {
+		w.dig.Release(w.hasherDom, w.hasher)
+	}
+	w.hasher, w.hasherDom = h, dom
+	return h, nil
 }
 
 // KnownHashes returns how many engine block hashes the worker maps.

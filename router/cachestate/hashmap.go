@@ -7,16 +7,24 @@ import (
 )
 
 // hashMap maps engine block hashes to Oasis digests: open addressing with
-// linear probing and backward-shift deletion, keys and values in parallel
-// arrays. Engine hashes are already well mixed, so a multiply is the whole
-// hash function; it is about twice as fast as a Go map for this key/value
-// shape on the ingest path.
+// linear probing and backward-shift deletion over one array of 24-byte
+// entries, so a lookup costs one cache miss (parallel key/value/used arrays
+// cost three). Engine hashes are already well mixed, so a multiply is the whole
+// hash function; it is about twice as fast as a Go map for this key/value shape
+// on the ingest path.
+//
+// An entry whose digest is Root (all zero) is empty. No real block has that
+// digest (a 2⁻¹²⁸ chance), and put ignores it, so the block is merely unknown.
 type hashMap struct {
-	keys  []uint64
-	vals  []blockdigest.Digest
-	used  []bool
+	slots []hashEntry
 	n     int
 	shift uint8
+	sink  uint64 // keeps warm's loads alive
+}
+
+type hashEntry struct {
+	key uint64
+	val blockdigest.Digest
 }
 
 func newHashMap() *hashMap {
@@ -26,9 +34,7 @@ func newHashMap() *hashMap {
 }
 
 func (m *hashMap) init(size int) {
-	m.keys = make([]uint64, size)
-	m.vals = make([]blockdigest.Digest, size)
-	m.used = make([]bool, size)
+	m.slots = make([]hashEntry, size)
 	m.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	m.n = 0
 }
@@ -37,59 +43,76 @@ func (m *hashMap) home(k uint64) int { return int((k * 0x9E3779B97F4A7C15) >> m.
 
 func (m *hashMap) len() int { return m.n }
 
+// warm loads the home entries of keys, independently, so that the cache misses
+// of a batch of lookups overlap.
+func (m *hashMap) warm(keys []uint64) {
+	var sink uint64
+	for _, k := range keys {
+		sink += m.slots[m.home(k)].key
+	}
+	m.sink = sink
+}
+
 func (m *hashMap) get(k uint64) (blockdigest.Digest, bool) {
-	mask := len(m.keys) - 1
+	mask := len(m.slots) - 1
 	for s := m.home(k); ; s = (s + 1) & mask {
-		if !m.used[s] {
+		e := &m.slots[s]
+		if e.val.IsRoot() {
 			return blockdigest.Digest{}, false
 		}
-		if m.keys[s] == k {
-			return m.vals[s], true
+		if e.key == k {
+			return e.val, true
 		}
 	}
 }
 
 func (m *hashMap) put(k uint64, d blockdigest.Digest) {
-	if (m.n+1)*4 > len(m.keys)*3 {
+	if d.IsRoot() {
+		return
+	}
+	if (m.n+1)*4 > len(m.slots)*3 {
 		m.grow()
 	}
-	mask := len(m.keys) - 1
+	mask := len(m.slots) - 1
 	for s := m.home(k); ; s = (s + 1) & mask {
-		if !m.used[s] {
-			m.used[s], m.keys[s], m.vals[s] = true, k, d
+		e := &m.slots[s]
+		if e.val.IsRoot() {
+			*e = hashEntry{k, d}
 			m.n++
 			return
 		}
-		if m.keys[s] == k {
-			m.vals[s] = d
+		if e.key == k {
+			e.val = d
 			return
 		}
 	}
 }
 
 func (m *hashMap) del(k uint64) {
-	mask := len(m.keys) - 1
+	mask := len(m.slots) - 1
 	s := m.home(k)
 	for ; ; s = (s + 1) & mask {
-		if !m.used[s] {
+		e := &m.slots[s]
+		if e.val.IsRoot() {
 			return
 		}
-		if m.keys[s] == k {
+		if e.key == k {
 			break
 		}
 	}
 	m.n--
 	for {
-		m.used[s] = false
+		m.slots[s] = hashEntry{}
 		j := s
 		for {
 			j = (j + 1) & mask
-			if !m.used[j] {
+			e := m.slots[j]
+			if e.val.IsRoot() {
 				return
 			}
-			h := m.home(m.keys[j])
+			h := m.home(e.key)
 			if (j > s && (h <= s || h > j)) || (j < s && (h <= s && h > j)) {
-				m.used[s], m.keys[s], m.vals[s] = true, m.keys[j], m.vals[j]
+				m.slots[s] = e
 				s = j
 				break
 			}
@@ -98,11 +121,11 @@ func (m *hashMap) del(k uint64) {
 }
 
 func (m *hashMap) grow() {
-	keys, vals, used := m.keys, m.vals, m.used
-	m.init(len(keys) * 2)
-	for i, u := range used {
-		if u {
-			m.put(keys[i], vals[i])
+	old := m.slots
+	m.init(len(old) * 2)
+	for _, e := range old {
+		if !e.val.IsRoot() {
+			m.put(e.key, e.val)
 		}
 	}
 }

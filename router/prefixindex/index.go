@@ -182,8 +182,9 @@ type Index struct {
 	used    int    // live nodes
 	hwm     uint32 // next never-used node index
 	table   []slot
-	shift   uint8 // 64 - log2(len(table))
-	digests int   // live distinct digests (table occupancy)
+	shift   uint8  // 64 - log2(len(table))
+	digests int    // live distinct digests (table occupancy)
+	sink    uint32 // keeps warm's loads alive; written under the write lock
 
 	// Wide records: record r's tier t bitset is
 	// wide[(r*numTiers+t)*words : ...+words]. Record 0 is unused.
@@ -476,11 +477,22 @@ func (ix *Index) Store(id string, tier Tier, digests []uint64, now int64) error 
 	if !ok {
 		return fmt.Errorf("storing blocks for %q: %w", id, ErrUnknownWorker)
 	}
+	ix.warm(digests)
 	for _, d := range digests {
 		ix.store(w, tier, d, now)
 	}
 	ix.expire(w, now)
 	return nil
+}
+
+// warm loads the home buckets of digests, independently, so that the cache
+// misses of a batch overlap instead of each store or removal waiting for its own.
+func (ix *Index) warm(digests []uint64) {
+	var sink uint32
+	for _, d := range digests {
+		sink += ix.table[ix.home(d)].first
+	}
+	ix.sink = sink
 }
 
 func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
@@ -608,6 +620,7 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64, left []Tier) err
 	if left != nil && len(left) != len(digests) {
 		return fmt.Errorf("removing blocks for %q: %d digests but %d results", id, len(digests), len(left))
 	}
+	ix.warm(digests)
 	for k, d := range digests {
 		if left != nil {
 			left[k] = 0
