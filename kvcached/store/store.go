@@ -3,10 +3,11 @@
 // QUIC peers) asked on a local miss.
 //
 // Every SET lands in RAM and is queued for a background write to disk
-// (asynchronous write-through), so a restart or kill -9 keeps every block
-// whose write finished; RAM eviction then only drops clean blocks, or writes a
-// still-dirty victim itself, which pushes back on writers when the disk is
-// slower than they are. A read from disk promotes the block to RAM.
+// (write-back: written once spillDelay old, skipped if superseded by then),
+// so a restart or kill -9 keeps every block whose write finished; RAM
+// eviction then only drops clean blocks, or writes a still-dirty victim
+// itself, which pushes back on writers when the disk is slower than they
+// are. A read from disk promotes the block to RAM.
 package store
 
 import (
