@@ -3,7 +3,7 @@
 // QUIC peers) asked on a local miss.
 //
 // Every SET lands in RAM and is queued for a background write to disk
-// (write-back: written once spillDelay old, skipped if superseded by then),
+// (write-back: written once SpillDelay old, skipped if superseded by then),
 // so a restart or kill -9 keeps every block whose write finished; RAM
 // eviction then only drops clean blocks, or writes a still-dirty victim
 // itself, which pushes back on writers when the disk is slower than they
@@ -74,6 +74,9 @@ type Config struct {
 	Remote    Remote   // optional
 	// SpillQueue bounds blocks waiting for their background disk write.
 	SpillQueue int
+	// SpillDelay is how long a block waits before its disk write (default
+	// DefaultSpillDelay); Flush does not wait for it.
+	SpillDelay time.Duration
 }
 
 // SetMode is SET's condition.
@@ -112,11 +115,13 @@ type Store struct {
 	head, tail *item
 	ramUsed    int64
 
-	spill  chan *item
-	wg     sync.WaitGroup
-	cancel context.CancelFunc
-	now    func() time.Time
-	epoch  time.Time // monotonic origin of item.queuedAt
+	spill    chan *item
+	flushing atomic.Int32  // Flush calls in progress: the spiller skips its delay
+	kick     chan struct{} // wakes a spiller waiting out a delay
+	wg       sync.WaitGroup
+	cancel   context.CancelFunc
+	now      func() time.Time
+	epoch    time.Time // monotonic origin of item.queuedAt
 }
 
 // Open opens (or creates) a store; with a disk tier it reloads what a
@@ -137,7 +142,11 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.SpillQueue <= 0 {
 		cfg.SpillQueue = 16384
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ram: make(map[string]*item), now: time.Now, epoch: time.Now()}
+	if cfg.SpillDelay <= 0 {
+		cfg.SpillDelay = DefaultSpillDelay
+	}
+	s := &Store{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ram: make(map[string]*item), now: time.Now, epoch: time.Now(),
+		kick: make(chan struct{}, 1)}
 	if cfg.DiskBytes > 0 {
 		if cfg.Dir == "" {
 			return nil, errors.New("opening store: a disk tier needs a directory")
@@ -343,16 +352,17 @@ func (s *Store) writeBack(it *item) {
 	}
 }
 
-// spillDelay is how long a block waits in RAM before the spiller writes
+// DefaultSpillDelay is how long a block waits in RAM before the spiller writes
 // it (write-back coalescing): a block overwritten or deleted within the delay
 // is never written, which is what a hot key rewritten in a loop costs, and
 // the spiller wakes once per batch of blocks rather than once per SET. It
 // bounds what a kill -9 can lose beyond the blocks being written: blocks
-// acknowledged within the last spillDelay.
-const spillDelay = 5 * time.Millisecond
+// acknowledged within the last DefaultSpillDelay.
+const DefaultSpillDelay = 5 * time.Millisecond
 
-// spiller writes queued blocks in queue order, each once it is spillDelay
-// old; superseded blocks are skipped without touching the disk.
+// spiller writes queued blocks in queue order, each once it is SpillDelay
+// old (at once while a Flush waits); superseded blocks are skipped without
+// touching the disk.
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -360,10 +370,12 @@ func (s *Store) spiller(ctx context.Context) {
 	for {
 		select {
 		case it := <-s.spill:
-			if wait := time.Duration(it.queuedAt) + spillDelay - time.Since(s.epoch); wait > 0 && !s.superseded(it) {
+			if wait := time.Duration(it.queuedAt) + s.cfg.SpillDelay - time.Since(s.epoch); wait > 0 && s.flushing.Load() == 0 && !s.superseded(it) {
 				timer.Reset(wait)
 				select {
 				case <-timer.C:
+				case <-s.kick:
+					timer.Stop()
 				case <-ctx.Done():
 					timer.Stop()
 				}
@@ -409,18 +421,33 @@ func (s *Store) spillOne(it *item) {
 	}
 }
 
-// Flush waits until every block queued for disk has been written; for tests
-// and graceful shutdown.
+// Flush waits until every dirty block has been written (queueing those a
+// full queue left out); for tests and graceful shutdown.
 func (s *Store) Flush(ctx context.Context) error {
 	if s.disk == nil {
 		return nil
+	}
+	s.flushing.Add(1)
+	defer s.flushing.Add(-1)
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 	for {
 		s.mu.Lock()
 		pending := 0
 		for _, it := range s.ram {
-			if it.dirty && (it.queued || it.writing) {
-				pending++
+			if !it.dirty {
+				continue
+			}
+			pending++
+			if !it.queued && !it.writing {
+				// Left out when the queue was full: queue it now.
+				select {
+				case s.spill <- it:
+					it.queued = true
+				default:
+				}
 			}
 		}
 		s.mu.Unlock()

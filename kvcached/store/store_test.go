@@ -289,3 +289,50 @@ func TestUnindexedCompleteBlockIsRecovered(t *testing.T) {
 	must.False(t, ok)
 	must.Eq(t, 0.0, value(m.Corrupt))
 }
+
+// TestSupersededBlocksAreNotWritten checks write-back coalescing: a key
+// overwritten faster than the spill delay is written to disk once, with its
+// last value, and a block deleted before its spill is never written.
+func TestSupersededBlocksAreNotWritten(t *testing.T) {
+	dir := t.TempDir()
+	m := NewMetrics(prometheus.NewRegistry())
+	// A delay no test run reaches: only Flush ends it.
+	s, err := Open(Config{RAMBytes: 1 << 20, DiskBytes: 1 << 20, Dir: dir, Metrics: m, SpillDelay: time.Hour})
+	must.NoError(t, err)
+	for i := 0; i < 50; i++ {
+		_, err := s.Set("hot", val(i, 8000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	_, err = s.Set("gone", val(1, 8000), 0, SetAlways)
+	must.NoError(t, err)
+	must.True(t, s.Delete("gone"))
+	must.NoError(t, s.Flush(context.Background()))
+	must.Eq(t, 1.0, value(m.Spills))
+	must.NoError(t, s.Close())
+
+	s, _ = open(t, dir, 1<<20, 1<<20)
+	defer s.Close()
+	v, tier, ok := s.Get(context.Background(), "hot")
+	must.True(t, ok)
+	must.Eq(t, TierDisk, tier)
+	must.Eq(t, val(49, 8000), v)
+	_, _, ok = s.Get(context.Background(), "gone")
+	must.False(t, ok)
+}
+
+// TestFlushWritesBlocksAFullQueueLeftOut: with a one-block spill queue,
+// blocks that did not fit are still on disk after Flush.
+func TestFlushWritesBlocksAFullQueueLeftOut(t *testing.T) {
+	dir := t.TempDir()
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := Open(Config{RAMBytes: 1 << 20, DiskBytes: 1 << 20, Dir: dir, Metrics: m, SpillQueue: 1})
+	must.NoError(t, err)
+	for i := 0; i < 20; i++ {
+		_, err := s.Set(fmt.Sprint(i), val(i, 5000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(context.Background()))
+	must.Eq(t, 20.0, value(m.Spills))
+	must.Eq(t, 20, s.Stats().DiskBlocks)
+	must.NoError(t, s.Close())
+}
