@@ -74,6 +74,7 @@ type Gateway struct {
 	started  int64
 	mux      *http.ServeMux
 	bufs     sync.Pool // *[]byte response copy buffers
+	ids      *requestIDs
 }
 
 // New returns a gateway.
@@ -84,7 +85,8 @@ func New(o Options) *Gateway {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 2 * time.Second
 	}
-	g := &Gateway{opts: o, log: o.Log.Named("gateway"), m: o.Metrics, started: time.Now().Unix()}
+	g := &Gateway{opts: o, log: o.Log.Named("gateway"), m: o.Metrics, started: time.Now().Unix(),
+		ids: newRequestIDs()}
 	g.bufs.New = func() any { b := make([]byte, 16<<10); return &b }
 	if o.Admission.OnQueue == nil {
 		o.Admission.OnQueue = func(model string, n int) { o.Metrics.Queued.WithLabelValues(model).Set(float64(n)) }

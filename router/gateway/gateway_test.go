@@ -561,3 +561,19 @@ func TestDeadlineMidStreamCutsResponse(t *testing.T) {
 	must.StrContains(t, string(body), `{"i":0}`)
 	eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
 }
+
+func TestRequestIDsAreUnique(t *testing.T) {
+	a, b := newRequestIDs(), newRequestIDs()
+	seen := map[string]bool{}
+	for range 1000 {
+		for _, id := range []string{a.next(), b.next()} {
+			if len(id) != 24 || strings.Trim(id, "0123456789abcdef") != "" {
+				t.Fatalf("request id %q: want 24 lower-case hex digits", id)
+			}
+			if seen[id] {
+				t.Fatalf("request id %q generated twice", id)
+			}
+			seen[id] = true
+		}
+	}
+}

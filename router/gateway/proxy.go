@@ -11,9 +11,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/admission"
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -27,7 +29,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	rec := &outcome{g: g, start: start, status: http.StatusOK}
 	defer rec.done()
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+	body, err := readBody(w, r, g.opts.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -94,7 +96,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 
 	reqID := r.Header.Get("X-Request-Id")
 	if reqID == "" {
-		reqID = newRequestID()
+		reqID = g.ids.next()
 	}
 	var tried []*scoring.Worker
 	for attempt := 0; attempt < 2; attempt++ {
@@ -199,9 +201,10 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields) (retryable bool, err error) {
 	end := wk.Live.Begin(estimateTokens(len(body), f))
 	defer end()
-	gauge := g.m.WorkerInFlight.WithLabelValues(wk.Model, wk.ID)
-	gauge.Inc()
-	defer gauge.Dec()
+	ws := g.m.Worker(wk.Model, wk.ID)
+	rec.ws = ws
+	ws.InFlight.Inc()
+	defer ws.InFlight.Dec()
 
 	target, rt := "http://"+wk.Address+r.URL.RequestURI(), g.upstream
 	if wk.Upstream != "" {
@@ -285,8 +288,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 	}
 	if p, c, ok := usage.result(); ok {
-		g.m.Tokens.WithLabelValues(wk.Model, wk.ID, "prompt").Add(float64(p))
-		g.m.Tokens.WithLabelValues(wk.Model, wk.ID, "completion").Add(float64(c))
+		ws.PromptTokens.Add(float64(p))
+		ws.CompletionTokens.Add(float64(c))
 		wk.Live.AddGenerated(int64(c))
 	}
 	return false, nil
@@ -310,10 +313,45 @@ func estimateTokens(bodyLen int, f requestFields) int64 {
 	return int64(bodyLen/4 + out)
 }
 
-func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// readBody reads the request body, at most max bytes. A body of known
+// length is read into a buffer of exactly that size.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, max)
+	if n := r.ContentLength; n >= 0 && n <= max {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(rd, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(rd)
+}
+
+// requestIDs generates X-Request-Id values: a random per-process prefix and a
+// counter. IDs only need to be unique, and a crypto/rand read per request
+// was a getrandom system call on every request.
+type requestIDs struct {
+	prefix [12]byte // hex of 6 random bytes
+	n      atomic.Uint64
+}
+
+func newRequestIDs() *requestIDs {
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	ids := &requestIDs{}
+	hex.Encode(ids.prefix[:], r[:])
+	return ids
+}
+
+func (ids *requestIDs) next() string {
+	var b [24]byte
+	copy(b[:], ids.prefix[:])
+	n := ids.n.Add(1)
+	for i := len(b) - 1; i >= len(ids.prefix); i-- {
+		b[i] = "0123456789abcdef"[n&0xf]
+		n >>= 4
+	}
+	return string(b[:])
 }
 
 // outcome records one request's metrics exactly once.
@@ -323,6 +361,7 @@ type outcome struct {
 	model    string
 	worker   string
 	status   int
+	ws       *metrics.WorkerSeries // the chosen worker's series, once forwarded
 	ttftDone bool
 	recorded bool
 }
@@ -330,7 +369,7 @@ type outcome struct {
 func (o *outcome) firstByte() {
 	if !o.ttftDone {
 		o.ttftDone = true
-		o.g.m.TTFT.WithLabelValues(o.model).Observe(time.Since(o.start).Seconds())
+		o.g.m.Model(o.model).TTFT.Observe(time.Since(o.start).Seconds())
 	}
 }
 
@@ -350,6 +389,10 @@ func (o *outcome) done() {
 	} else if !o.g.opts.Pool.Known(model) {
 		model = "_unknown" // bound label cardinality: clients choose model strings
 	}
-	o.g.m.Requests.WithLabelValues(model, strconv.Itoa(o.status), o.worker).Inc()
-	o.g.m.Duration.WithLabelValues(model).Observe(time.Since(o.start).Seconds())
+	if o.ws != nil && model == o.model {
+		o.ws.Requests(o.status).Inc()
+	} else {
+		o.g.m.Requests.WithLabelValues(model, strconv.Itoa(o.status), o.worker).Inc()
+	}
+	o.g.m.Model(model).Duration.Observe(time.Since(o.start).Seconds())
 }

@@ -2,7 +2,12 @@
 // place, registered on a registry the caller owns (never the default one).
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the router's instruments.
 type Metrics struct {
@@ -32,6 +37,66 @@ type Metrics struct {
 	PrefixRequestBlocks *prometheus.CounterVec // model
 	PrefixMatchedBlocks *prometheus.CounterVec // model
 	WorkerPower         *prometheus.GaugeVec   // model, worker, node
+
+	// Series the request path uses on every request, resolved once per
+	// model / worker: a label lookup hashes every label value and takes the
+	// vector's lock, which showed up in the router's CPU profile.
+	models  sync.Map // model → *ModelSeries
+	workers sync.Map // workerKey → *WorkerSeries
+}
+
+// ModelSeries are the per-model series of the request path.
+type ModelSeries struct {
+	TTFT     prometheus.Observer
+	Duration prometheus.Observer
+}
+
+// WorkerSeries are the per-worker series of the request path.
+type WorkerSeries struct {
+	InFlight         prometheus.Gauge
+	OK               prometheus.Counter // requests_total{status="200"}
+	PromptTokens     prometheus.Counter
+	CompletionTokens prometheus.Counter
+
+	model, worker string
+	requests      *prometheus.CounterVec
+}
+
+// Requests returns requests_total for this worker and status.
+func (w *WorkerSeries) Requests(status int) prometheus.Counter {
+	if status == 200 {
+		return w.OK
+	}
+	return w.requests.WithLabelValues(w.model, strconv.Itoa(status), w.worker)
+}
+
+type workerKey struct{ model, worker string }
+
+// Model returns the request-path series of one model (the label value is the
+// caller's: bound its cardinality before calling).
+func (m *Metrics) Model(model string) *ModelSeries {
+	if s, ok := m.models.Load(model); ok {
+		return s.(*ModelSeries)
+	}
+	s, _ := m.models.LoadOrStore(model, &ModelSeries{TTFT: m.TTFT.WithLabelValues(model),
+		Duration: m.Duration.WithLabelValues(model)})
+	return s.(*ModelSeries)
+}
+
+// Worker returns the request-path series of one worker of a model.
+func (m *Metrics) Worker(model, worker string) *WorkerSeries {
+	k := workerKey{model, worker}
+	if s, ok := m.workers.Load(k); ok {
+		return s.(*WorkerSeries)
+	}
+	s, _ := m.workers.LoadOrStore(k, &WorkerSeries{
+		InFlight:         m.WorkerInFlight.WithLabelValues(model, worker),
+		OK:               m.Requests.WithLabelValues(model, "200", worker),
+		PromptTokens:     m.Tokens.WithLabelValues(model, worker, "prompt"),
+		CompletionTokens: m.Tokens.WithLabelValues(model, worker, "completion"),
+		model:            model, worker: worker, requests: m.Requests,
+	})
+	return s.(*WorkerSeries)
 }
 
 // New creates the instruments and registers them on reg.
