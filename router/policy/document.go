@@ -17,7 +17,7 @@ import (
 //
 //	{
 //	  "policy": "weighted",
-//	  "weights": {"load": 1, "kv_capacity": 0.3, "power": 0.1},
+//	  "weights": {"ttft": 1, "prefix": 1, "load": 1, "power": 0.2},
 //	  "admission": {"max_in_flight": 256, "max_queue": 512, "queue_timeout": "10s"},
 //	  "models": {
 //	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
@@ -60,12 +60,13 @@ type Resolved struct {
 	Limits  Limits
 }
 
-// DefaultWeights are the weighted policy's terms when no document says otherwise: KV-cache
-// affinity and load weigh the same (the prefix term's hot-spot guard keeps one shared system
-// prompt from piling load on its holder), power nudges ties toward more tokens per joule. The
-// routing benchmark (bench/cluster) measures exactly these.
+// DefaultWeights are the weighted policy's terms when no document says otherwise: estimated
+// time to first token (a long uncached prompt goes to a fast, idle worker or to one holding its
+// prefix), KV-cache affinity and load weigh the same (the prefix term's hot-spot guard keeps one
+// shared system prompt from piling load on its holder), power nudges ties toward more tokens per
+// joule. The routing benchmark (bench/cluster) measures exactly these.
 func DefaultWeights() map[string]float64 {
-	return map[string]float64{"prefix": 1, "load": 1, "power": 0.2}
+	return map[string]float64{"ttft": 1, "prefix": 1, "load": 1, "power": 0.2}
 }
 
 // Default is the document the router writes when none exists.
