@@ -16,8 +16,10 @@ import (
 
 // Nomad feeds a Pool from Nomad's native service discovery (services with
 // provider = "nomad"). Nomad's registrations carry no meta, so the oasis_*
-// meta is read from the service block of the allocation's job (with
-// ${node.unique.id} resolved to the registration's node); tags of the form
+// meta is read from the service block of the allocation's job, with the
+// variables a meta value names resolved from the allocation as Nomad would
+// (allocVars: ${node.unique.id}, ${NOMAD_ADDR_<label>} and the other port
+// variables); a value naming anything else is dropped with a warning. Tags of the form
 // oasis_model=NAME override it. Instances whose Nomad checks fail are left out.
 // Registrations are read with blocking queries bounded by CheckInterval, so
 // check results are re-read at least that often.
@@ -119,6 +121,7 @@ func (n *Nomad) serviceMeta(ctx context.Context, r *nomadapi.ServiceRegistration
 		return nil
 	}
 	m = map[string]string{}
+	vars := allocVars(alloc, r.NodeID)
 	for _, tg := range alloc.Job.TaskGroups {
 		if tg.Name == nil || *tg.Name != alloc.TaskGroup {
 			continue
@@ -132,7 +135,13 @@ func (n *Nomad) serviceMeta(ctx context.Context, r *nomadapi.ServiceRegistration
 				continue
 			}
 			for k, v := range s.Meta {
-				m[k] = strings.ReplaceAll(v, "${node.unique.id}", r.NodeID)
+				v = interpolateMeta(v, vars)
+				if strings.Contains(v, "${") {
+					log.Warn("service meta holds a variable the router cannot resolve; ignoring the value",
+						"alloc", r.AllocID, "key", k, "value", v)
+					continue
+				}
+				m[k] = v
 			}
 		}
 	}
@@ -156,4 +165,80 @@ func (n *Nomad) forget(live map[string]bool) {
 			delete(n.meta, id)
 		}
 	}
+}
+
+// allocVars returns the interpolation variables of an allocation that service
+// meta uses: the node id and, for every port label, the variables Nomad's
+// task environment defines. Addresses are the host side, which is what a
+// router outside the allocation can reach; NOMAD_PORT_<label> is the mapped
+// port when the port maps one (bridge networking), as in Nomad.
+func allocVars(alloc *nomadapi.Allocation, nodeID string) map[string]string {
+	vars := map[string]string{"node.unique.id": nodeID}
+	port := func(label, ip string, value, to int) {
+		if label == "" {
+			return
+		}
+		host := strconv.Itoa(value)
+		inner := host
+		if to > 0 {
+			inner = strconv.Itoa(to)
+		}
+		vars["NOMAD_IP_"+label] = ip
+		vars["NOMAD_HOST_IP_"+label] = ip
+		vars["NOMAD_PORT_"+label] = inner
+		vars["NOMAD_HOST_PORT_"+label] = host
+		vars["NOMAD_ADDR_"+label] = net.JoinHostPort(ip, host)
+		vars["NOMAD_HOST_ADDR_"+label] = net.JoinHostPort(ip, host)
+	}
+	res := alloc.AllocatedResources
+	if res == nil {
+		return vars
+	}
+	networks := res.Shared.Networks
+	for _, tr := range res.Tasks {
+		if tr != nil {
+			networks = append(networks, tr.Networks...)
+		}
+	}
+	for _, nw := range networks {
+		if nw == nil {
+			continue
+		}
+		for _, p := range append(append([]nomadapi.Port(nil), nw.ReservedPorts...), nw.DynamicPorts...) {
+			port(p.Label, nw.IP, p.Value, p.To)
+		}
+	}
+	// Group-level ports last: they are what current jobs use, and they carry
+	// their own host IP.
+	for _, p := range res.Shared.Ports {
+		port(p.Label, p.HostIP, p.Value, p.To)
+	}
+	return vars
+}
+
+// interpolateMeta replaces each ${name} in v whose name vars holds; others
+// are left in place for the caller to notice.
+func interpolateMeta(v string, vars map[string]string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(v, "${")
+		if i < 0 {
+			break
+		}
+		j := strings.IndexByte(v[i:], '}')
+		if j < 0 {
+			break
+		}
+		name := v[i+2 : i+j]
+		val, ok := vars[name]
+		if !ok {
+			b.WriteString(v[:i+j+1])
+		} else {
+			b.WriteString(v[:i])
+			b.WriteString(val)
+		}
+		v = v[i+j+1:]
+	}
+	b.WriteString(v)
+	return b.String()
 }

@@ -2,6 +2,11 @@ package router
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,8 +17,21 @@ import (
 )
 
 // nomadEngineJob registers its engine with Nomad's native service discovery.
+// Its KV-events endpoint is advertised as "tcp://${NOMAD_ADDR_kv}" in the
+// service meta, which the router has to resolve from the allocation.
 func nomadEngineJob(id, model string) string {
-	return testbed.SimEngine{ID: id, Model: model, Provider: "nomad"}.HCL()
+	return testbed.SimEngine{ID: id, Model: model, Provider: "nomad", KVEvents: true}.HCL()
+}
+
+// sendPrompt posts a non-streaming chat completion and returns its status.
+func sendPrompt(t *testing.T, url, model, prompt string) int {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":2}`, model, prompt)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 func TestNomadNativeDiscovery(t *testing.T) {
@@ -33,6 +51,24 @@ func TestNomadNativeDiscovery(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, 200, code)
 	must.Greater(t, 0, events)
+
+	// The engine's KV events reach the router only if the meta's
+	// ${NOMAD_ADDR_kv} was resolved: a repeated long prompt then matches
+	// the blocks the first one stored.
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 24)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		must.Eq(t, 200, sendPrompt(t, r.url, "nomad-llama", prompt))
+		sum := 0.0
+		for _, v := range r.metrics(t)["oasis_router_prefix_matched_blocks_total"] {
+			sum += v
+		}
+		return sum > 0
+	}), wait.Timeout(30*time.Second), wait.Gap(500*time.Millisecond)))
+	// A meta value the router cannot resolve would be dropped (the engine
+	// then learned approximately, which also matches): say it was not.
+	logText, err := os.ReadFile(r.log)
+	must.NoError(t, err)
+	must.StrNotContains(t, string(logText), "cannot resolve")
 
 	must.NoError(t, stack.StopJob(ctx, "nsim"))
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
