@@ -13,12 +13,15 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// Metric names per engine; the first present name wins.
+// Metric names per engine; the first present name wins. TensorRT-LLM's
+// trtllm-serve exports its trtllm_* series on /prometheus/metrics (its
+// /metrics is JSON iteration stats); the load and KV gauges there exist only
+// when the server runs with enable_iter_perf_stats (router/README.md).
 var (
-	runningNames = []string{"vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"}
-	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"}
-	kvUsageNames = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}
-	genTokNames  = []string{"vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total"}
+	runningNames = []string{"vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing", "trtllm_num_requests_running"}
+	waitingNames = []string{"vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "trtllm_num_requests_waiting"}
+	kvUsageNames = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio", "trtllm_kv_cache_utilization"}
+	genTokNames  = []string{"vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total", "trtllm_generation_tokens_total"}
 )
 
 // EngineMetrics is what the router reads from an engine's metrics page.

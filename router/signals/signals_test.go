@@ -35,6 +35,45 @@ sglang:token_usage 0.5
 llamacpp:requests_deferred 0
 llamacpp:tokens_predicted_total 77
 `, EngineMetrics{Running: 1, HasLoad: true, GenTokens: 77, HasGenTokens: true}},
+		// As trtllm-serve's /prometheus/metrics writes it (Python
+		// prometheus_client: float values, _created series, labels from
+		// the server's model_name/engine_type).
+		{"trtllm", `# HELP trtllm_request_success_total Count of successfully processed requests.
+# TYPE trtllm_request_success_total counter
+trtllm_request_success_total{engine_type="trtllm",finished_reason="stop",model_name="llama-3-8b"} 41.0
+# HELP trtllm_request_success_created Count of successfully processed requests.
+# TYPE trtllm_request_success_created gauge
+trtllm_request_success_created{engine_type="trtllm",finished_reason="stop",model_name="llama-3-8b"} 1.7636e+09
+# HELP trtllm_generation_tokens_total Cumulative number of generation (output) tokens produced.
+# TYPE trtllm_generation_tokens_total counter
+trtllm_generation_tokens_total{engine_type="trtllm",model_name="llama-3-8b"} 5248.0
+# HELP trtllm_kv_cache_hit_rate KV cache hit rate
+# TYPE trtllm_kv_cache_hit_rate gauge
+trtllm_kv_cache_hit_rate{engine_type="trtllm",model_name="llama-3-8b"} 0.62
+# HELP trtllm_kv_cache_utilization KV cache utilization
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{engine_type="trtllm",model_name="llama-3-8b"} 0.375
+# HELP trtllm_num_requests_running Number of active requests
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{engine_type="trtllm",model_name="llama-3-8b"} 6.0
+# HELP trtllm_num_requests_waiting Number of queued requests
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{engine_type="trtllm",model_name="llama-3-8b"} 2.0
+# HELP trtllm_kv_cache_used_blocks Number of used KV cache blocks
+# TYPE trtllm_kv_cache_used_blocks gauge
+trtllm_kv_cache_used_blocks{engine_type="trtllm",model_name="llama-3-8b"} 768.0
+`, EngineMetrics{Running: 6, Waiting: 2, KVUsage: 0.375, HasLoad: true, GenTokens: 5248, HasGenTokens: true}},
+		// Without enable_iter_perf_stats trtllm-serve publishes only
+		// per-request series: no load signal, the router's own in-flight
+		// counts stay the load term's input.
+		{"trtllm without iteration stats", `# TYPE trtllm_e2e_request_latency_seconds histogram
+trtllm_e2e_request_latency_seconds_bucket{engine_type="trtllm",le="0.3",model_name="m"} 0.0
+trtllm_e2e_request_latency_seconds_bucket{engine_type="trtllm",le="+Inf",model_name="m"} 3.0
+trtllm_e2e_request_latency_seconds_count{engine_type="trtllm",model_name="m"} 3.0
+trtllm_e2e_request_latency_seconds_sum{engine_type="trtllm",model_name="m"} 4.5
+# TYPE trtllm_generation_tokens_total counter
+trtllm_generation_tokens_total{engine_type="trtllm",model_name="m"} 96.0
+`, EngineMetrics{GenTokens: 96, HasGenTokens: true}},
 		{"nothing known", "other_metric 1\n", EngineMetrics{}},
 	}
 	for _, tc := range cases {
