@@ -8,9 +8,12 @@ import (
 )
 
 // DefaultPrefillRate is the prefill throughput, in uncached prompt tokens per
-// second, assumed for a worker the router has not yet measured. It only has to
-// be the right order of magnitude: the first long prompt replaces it.
-const DefaultPrefillRate = 10000
+// second, assumed for a worker the router has not yet measured. It is
+// optimistic on purpose (an H100 prefills an 8B model at ~30k tokens/s): an
+// unmeasured worker looks fast, so it gets a long prompt and is measured. A
+// pessimistic seed would keep the first measured worker winning even when an
+// untried one is three times faster.
+const DefaultPrefillRate = 50000
 
 // MinPrefillSample is the least work (uncached tokens, queued ones included)
 // a first token must have waited for to teach the rate: below it the time is

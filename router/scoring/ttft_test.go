@@ -153,10 +153,11 @@ func TestTTFTTermWithoutTokensIsNeutral(t *testing.T) {
 	NewTTFTTerm(nil).Score(context.Background(), &Request{Model: "m"}, ws, out)
 	approx(t, []float64{Neutral, Neutral}, out)
 
-	// Without a prefix match the whole prompt counts as uncached.
-	learn(ws[1], 10000, 4*time.Second) // 2500 tokens/s; a keeps the default
+	// Without a prefix match the whole prompt counts as uncached; an
+	// unmeasured worker (a) is assumed fast, so it is tried.
+	learn(ws[1], 10000, 4*time.Second) // 2500 tokens/s
 	NewTTFTTerm(nil).Score(context.Background(), tokReq(prompt(1, 250)), ws, out)
-	approx(t, []float64{1, (0.25 + 0.1) / (0.25 + 0.4)}, out)
+	approx(t, []float64{1, (0.25 + 1000.0/DefaultPrefillRate) / (0.25 + 0.4)}, out)
 }
 
 // The prefix and ttft terms share one match per request, whichever runs
