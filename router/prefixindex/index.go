@@ -478,11 +478,24 @@ func (ix *Index) Store(id string, tier Tier, digests []uint64, now int64) error 
 		return fmt.Errorf("storing blocks for %q: %w", id, ErrUnknownWorker)
 	}
 	ix.warm(digests)
+	ix.warmEvictions(w, len(digests))
 	for _, d := range digests {
 		ix.store(w, tier, d, now)
 	}
 	ix.expire(w, now)
 	return nil
+}
+
+// warmEvictions loads the table slots of the entries that storing n new
+// blocks would evict from w's LRU tail, so that those misses overlap too.
+func (ix *Index) warmEvictions(w *worker, n int) {
+	var sink uint32
+	for i, k := w.tail, w.count+n-w.capacity; i != nilNode && k > 0; k-- {
+		nd := ix.node(i)
+		sink += ix.table[ix.home(nd.digest())].first
+		i = nd.prev
+	}
+	ix.sink += sink
 }
 
 // warm loads the home buckets of digests, independently, so that the cache
@@ -621,6 +634,14 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64, left []Tier) err
 		return fmt.Errorf("removing blocks for %q: %d digests but %d results", id, len(digests), len(left))
 	}
 	ix.warm(digests)
+	// With the slots in cache, load the holders' nodes ahead as well.
+	var sink uint32
+	for _, d := range digests {
+		if s, found := ix.lookup(d); found {
+			sink += ix.node(ix.table[s].first).stamp
+		}
+	}
+	ix.sink += sink
 	for k, d := range digests {
 		if left != nil {
 			left[k] = 0
