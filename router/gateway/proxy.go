@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,16 +207,32 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	ws.InFlight.Inc()
 	defer ws.InFlight.Dec()
 
-	target, rt := "http://"+wk.Address+r.URL.RequestURI(), g.upstream
-	if wk.Upstream != "" {
+	hdr := make(http.Header, len(r.Header)+2)
+	for k, vs := range r.Header {
+		if !slices.Contains(hopHeaders, k) {
+			hdr[k] = vs // shared, never modified: Set and Del replace map entries
+		}
+	}
+	var up *http.Request
+	if wk.Upstream == "" {
+		// Built from the parsed client URL: no URL string to parse again.
+		u := &url.URL{Scheme: "http", Host: wk.Address, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+		up = (&http.Request{Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: hdr, Host: wk.Address, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
+			GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
+		}).WithContext(ctx)
+	} else {
 		// A hosted API: its base URL already ends in /v1, like the request path starts.
-		target, rt = strings.TrimSuffix(wk.Upstream, "/")+strings.TrimPrefix(r.URL.RequestURI(), "/v1"), g.hosted
+		target := strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
+		if up, err = http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body)); err != nil {
+			return false, err
+		}
+		up.Header = hdr
 	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
-	if err != nil {
-		return false, err
+	rt := g.upstream
+	if wk.Upstream != "" {
+		rt = g.hosted
 	}
-	copyHeaders(up.Header, r.Header)
 	up.Header.Del("Expect") // the body is already here; never wait for 100 Continue
 	switch {
 	case wk.UpstreamKey != "":

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -82,7 +85,7 @@ func staleConnErr(err error) bool {
 func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 	// Cancellation: a past deadline unblocks any read or write on the conn.
 	stop := context.AfterFunc(req.Context(), func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
-	if err := req.Write(pc.bw); err != nil {
+	if err := writeRequest(pc.bw, req); err != nil {
 		stop()
 		return nil, err
 	}
@@ -101,6 +104,105 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close}
 	return resp, nil
+}
+
+// writeRequest writes req as HTTP/1.1 to w. Requests with a known body
+// length and no trailers (all the router sends) are written directly, in
+// the header map's order; anything else goes through req.Write. net/http's
+// writer sorts the headers and builds a transfer writer for every request,
+// which showed in the router's profile.
+func writeRequest(w *bufio.Writer, req *http.Request) error {
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	if req.Method == "" || req.URL == nil || len(req.TransferEncoding) > 0 || req.Trailer != nil ||
+		(hasBody && req.ContentLength <= 0) || (!hasBody && req.ContentLength != 0) {
+		return req.Write(w)
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	if !validHeaderValue(host) || !validHeaderValue(req.Method) || strings.ContainsAny(req.Method, " ") {
+		return req.Write(w) // let net/http report what is wrong
+	}
+	uri := req.URL.RequestURI()
+	if !validHeaderValue(uri) || strings.ContainsAny(uri, " ") {
+		return req.Write(w)
+	}
+	for k, vs := range req.Header {
+		if !validHeaderKey(k) {
+			return req.Write(w)
+		}
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return req.Write(w)
+			}
+		}
+	}
+	_, _ = w.WriteString(req.Method)
+	_ = w.WriteByte(' ')
+	_, _ = w.WriteString(uri)
+	_, _ = w.WriteString(" HTTP/1.1\r\nHost: ")
+	_, _ = w.WriteString(host)
+	_, _ = w.WriteString("\r\n")
+	if _, ok := req.Header["User-Agent"]; !ok {
+		_, _ = w.WriteString("User-Agent: Go-http-client/1.1\r\n")
+	}
+	for k, vs := range req.Header {
+		switch k {
+		case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue // written from the request's fields
+		case "Connection":
+			if req.Close {
+				continue
+			}
+		}
+		for _, v := range vs {
+			_, _ = w.WriteString(k)
+			_, _ = w.WriteString(": ")
+			_, _ = w.WriteString(v)
+			_, _ = w.WriteString("\r\n")
+		}
+	}
+	if req.Close {
+		_, _ = w.WriteString("Connection: close\r\n")
+	}
+	if hasBody || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
+		_, _ = w.WriteString("Content-Length: ")
+		_, _ = w.WriteString(strconv.FormatInt(req.ContentLength, 10))
+		_, _ = w.WriteString("\r\n")
+	}
+	_, err := w.WriteString("\r\n")
+	if err != nil || !hasBody {
+		return err
+	}
+	n, err := io.Copy(w, io.LimitReader(req.Body, req.ContentLength))
+	_ = req.Body.Close()
+	if err != nil {
+		return err
+	}
+	if n != req.ContentLength {
+		return fmt.Errorf("request body: %d bytes, ContentLength says %d", n, req.ContentLength)
+	}
+	return nil
+}
+
+// validHeaderKey reports whether k is an HTTP token (RFC 9110 §5.6.2).
+func validHeaderKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue rejects what would end a header line early (CR, LF, NUL).
+func validHeaderValue(v string) bool {
+	return strings.IndexByte(v, '\r') < 0 && strings.IndexByte(v, '\n') < 0 && strings.IndexByte(v, 0) < 0
 }
 
 // body returns the connection to the pool when read to EOF and closed.
