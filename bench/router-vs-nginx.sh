@@ -43,7 +43,8 @@ rport=$(freeport)
 echo '{"policy":"round_robin"}' >"$work/policy.json"
 env ${ROUTER_ENV:-} "$work/oasis-router" -listen "127.0.0.1:$rport" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
   -policy-file "$work/policy.json" -log-level warn >"$work/router.log" 2>&1 &
-pids+=($!)
+rpid=$!
+pids+=($rpid)
 
 nport=$(freeport)
 mkdir -p "$work/nginx"
@@ -77,12 +78,15 @@ $upstream    keepalive 512;
 }
 NGX
 "$NGINX" -c "$work/nginx/nginx.conf" -e "$work/nginx/error.log" &
-pids+=($!)
+npid=$!
+pids+=($npid)
 
 for u in "${direct[@]}"; do waitport "${u##*:}"; done
 waitport "$rport"; waitport "$nport"
 sleep 1.5 # first discovery/scrape
 
 echo "machine: $(nproc) cores, $(uname -r); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); engines: $ENGINES × oasis-sim --speed $SIM_SPEED"
-"$work/routerload" -model m \
+# -cpu-pids: CPU time per request of the router and of nginx (master and
+# workers) while each was loaded, the comparison least disturbed by other load.
+"$work/routerload" -model m -cpu-pids "router=$rpid,nginx=$npid" \
   -targets "direct=$(IFS='|'; echo "${direct[*]}"),router=http://127.0.0.1:$rport,nginx=http://127.0.0.1:$nport" "$@"

@@ -22,7 +22,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +42,7 @@ type result struct {
 	late        int // requests sent >1ms after their scheduled time (generator saturated)
 	completed   int
 	elapsed     time.Duration
+	cpu         time.Duration // CPU time of the target's process while it was loaded (-cpu-pids)
 }
 
 func main() {
@@ -55,8 +58,32 @@ func main() {
 		baseline  = flag.String("baseline", "direct", "latency phase: target the others are compared with")
 		peer      = flag.String("peer", "nginx", "throughput phase: target the router is compared with")
 		jsonOut   = flag.String("json", "", "also write results as JSON to this file")
+		cpuPids   = flag.String("cpu-pids", "", "name=pid,... : also report the CPU time per request of these processes (and their child processes) while their target was loaded, e.g. router=123,nginx=456")
 	)
 	flag.Parse()
+	pids := map[string]int{}
+	if *cpuPids != "" {
+		for _, e := range strings.Split(*cpuPids, ",") {
+			name, pid, ok := strings.Cut(e, "=")
+			n, err := strconv.Atoi(pid)
+			if !ok || err != nil || n <= 0 {
+				fmt.Fprintln(os.Stderr, "bad -cpu-pids entry:", e)
+				os.Exit(2)
+			}
+			pids[name] = n
+		}
+	}
+	// run loads one target and adds the CPU its process used meanwhile.
+	run := func(t target, load func() *result) *result {
+		pid, ok := pids[t.name]
+		if !ok {
+			return load()
+		}
+		c0 := cpuTime(pid)
+		r := load()
+		r.cpu = cpuTime(pid) - c0
+		return r
+	}
 	var targets []target
 	for _, t := range strings.Split(*targetsF, ",") {
 		name, urls, ok := strings.Cut(t, "=")
@@ -83,7 +110,7 @@ func main() {
 		res := map[string]*result{}
 		for r := 0; r < *rounds; r++ {
 			for _, t := range targets {
-				got := openLoop(client, t, body, *rate, *round)
+				got := run(t, func() *result { return openLoop(client, t, body, *rate, *round) })
 				res[t.name] = merge(res[t.name], got)
 			}
 		}
@@ -108,6 +135,7 @@ func main() {
 					us(pct(r.total, 50)-pct(b.total, 50)), us(pct(r.total, 90)-pct(b.total, 90)), us(pct(r.total, 99)-pct(b.total, 99)))
 			}
 		}
+		printCPU(res, targets, pids, *peer)
 		out["latency"] = lat
 	}
 
@@ -115,7 +143,7 @@ func main() {
 		res := map[string]*result{}
 		for r := 0; r < *rounds; r++ {
 			for _, t := range targets {
-				res[t.name] = merge(res[t.name], closedLoop(client, t, body, *conc, *round))
+				res[t.name] = merge(res[t.name], run(t, func() *result { return closedLoop(client, t, body, *conc, *round) }))
 			}
 		}
 		fmt.Printf("throughput phase: %d concurrent streaming clients, %d rounds × %s per target\n", *conc, *rounds, *round)
@@ -131,6 +159,7 @@ func main() {
 			fmt.Printf("throughput ratio router/%s: %.2f\n", *peer, rps["router"]/p)
 			out["router_over_peer"] = rps["router"] / p
 		}
+		printCPU(res, targets, pids, *peer)
 		out["throughput"] = tp
 	}
 	if *jsonOut != "" {
@@ -254,6 +283,7 @@ func merge(a, b *result) *result {
 	a.late += b.late
 	a.completed += b.completed
 	a.elapsed += b.elapsed
+	a.cpu += b.cpu
 	return a
 }
 
@@ -272,3 +302,66 @@ func pcts(v []time.Duration) map[string]float64 {
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d.Nanoseconds())/1e3) }
+
+// printCPU prints CPU time per completed request for the targets with a pid:
+// less sensitive to other load on the machine than req/s, which is what a
+// shared benchmark machine needs.
+func printCPU(res map[string]*result, targets []target, pids map[string]int, peer string) {
+	if len(pids) == 0 {
+		return
+	}
+	per := map[string]float64{}
+	for _, t := range targets {
+		r := res[t.name]
+		if _, ok := pids[t.name]; !ok || r == nil || r.completed == 0 {
+			continue
+		}
+		per[t.name] = float64(r.cpu.Microseconds()) / float64(r.completed)
+		fmt.Printf("cpu %-8s %6.1f µs per request (%s CPU for %d requests)\n", t.name, per[t.name], r.cpu.Round(time.Millisecond), r.completed)
+	}
+	if p := per[peer]; p > 0 && per["router"] > 0 {
+		fmt.Printf("cpu ratio router/%s: %.2f\n", peer, per["router"]/p)
+	}
+}
+
+// cpuTime is the user+system CPU time of pid and its direct children (nginx
+// workers), from /proc. Linux reports it in USER_HZ ticks, 100 per second.
+func cpuTime(pid int) time.Duration {
+	total := procTicks(pid)
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		if ppid, ok := statField(f, 4); ok && ppid == int64(pid) {
+			c, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			total += procTicks(c)
+		}
+	}
+	return time.Duration(total) * 10 * time.Millisecond
+}
+
+func procTicks(pid int) int64 {
+	f := fmt.Sprintf("/proc/%d/stat", pid)
+	u, ok1 := statField(f, 14)
+	s, ok2 := statField(f, 15)
+	if !ok1 || !ok2 {
+		return 0
+	}
+	return u + s
+}
+
+// statField returns field n (1-based, as in proc(5)) of a /proc stat file.
+func statField(path string, n int) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')') // the command name may contain spaces
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(string(b[i+1:])) // fields 3...
+	if n-3 < 0 || n-3 >= len(fields) {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(fields[n-3], 10, 64)
+	return v, err == nil
+}
