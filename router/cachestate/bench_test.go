@@ -68,7 +68,8 @@ func BenchmarkApplyStored(b *testing.B) {
 // msgspec's array_like default) publishes them: one BlockStored of perEvent
 // blocks of blockSize tokens per batch, chained to the previous batch's last
 // block, token ids spread over a 128k vocabulary; once the worker holds 1M
-// blocks, each batch also removes the oldest perEvent blocks.
+// blocks (its index capacity), each batch first removes the oldest perEvent
+// blocks.
 func ingestPayloads(tb testing.TB, first, n int) [][]byte {
 	tb.Helper()
 	const blockSize, perEvent, vocab = 16, 16, 128000
@@ -89,14 +90,18 @@ func ingestPayloads(tb testing.TB, first, n int) [][]byte {
 			p := kvevents.HashUint64(base)
 			ev.ParentBlockHash = &p
 		}
-		evs := []kvevents.Event{ev}
+		var evs []kvevents.Event
 		if base >= 1<<20 {
+			// The evictions that made room come first, as oasis-sim and vLLM
+			// order a step's events (blocks are evicted when allocated, stored
+			// when full).
 			old := make([]kvevents.Hash, perEvent)
 			for j := range old {
 				old[j] = kvevents.HashUint64(base - 1<<20 + uint64(j) + 1)
 			}
 			evs = append(evs, kvevents.BlockRemoved{BlockHashes: old, Medium: kvevents.MediumGPU})
 		}
+		evs = append(evs, ev)
 		p, err := kvevents.Encode(kvevents.EventBatch{TS: float64(i), Events: evs, DataParallelRank: &rank}, kvevents.LayoutArray)
 		if err != nil {
 			tb.Fatal(err)
