@@ -72,6 +72,9 @@ func parseRequest(body []byte) (requestFields, error) {
 		return f, errors.New("stream must be a boolean")
 	}
 	for _, raw := range [][]byte{maxCompl, maxTok} {
+		if len(raw) == 0 {
+			continue // absent: Atoi would allocate its error
+		}
 		if n, err := strconv.Atoi(string(raw)); err == nil && n >= 0 {
 			f.MaxTokens, f.HasMaxTokens = n, true
 			break

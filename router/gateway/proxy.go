@@ -312,12 +312,14 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	return false, nil
 }
 
+// copyHeaders sets dst's end-to-end headers from src, sharing the value
+// slices: src is the engine's response header, read by nobody else.
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
 		if slices.Contains(hopHeaders, k) {
 			continue
 		}
-		dst[k] = append(dst[k][:0:0], vs...)
+		dst[k] = vs
 	}
 }
 
