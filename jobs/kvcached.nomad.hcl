@@ -45,8 +45,9 @@ variable "bind_address" {
 }
 
 variable "ram_bytes" {
-  type    = string
-  default = "4GiB"
+  description = "kvcached's memory budget (--ram-bytes): the RAM tier plus in-flight values; RSS stays within it + 10%."
+  type        = string
+  default     = "4GiB"
 }
 
 variable "disk_bytes" {
@@ -73,7 +74,7 @@ variable "peers_enabled" {
 }
 
 variable "memory_mb" {
-  description = "Task memory: RAM tier plus headroom."
+  description = "Task memory: at least ram_bytes + 10%."
   type        = number
   default     = 4608
 }
