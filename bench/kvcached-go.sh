@@ -21,5 +21,5 @@ run() { # package, bench regexp, benchtime
 }
 run kvcached/server . 3000x
 run kvcached/peer 1MiB 300x
-run kvcached/peer 32MiB 30x
+run kvcached/peer 32MiB 30x  # also 32MiBAs4Streams
 run internal/blockdigest . 3000x
