@@ -47,9 +47,10 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	r := &router{pool: discovery.NewPool(), m: metrics.New(reg), tag: "it-" + sanitize(t.Name()),
 		key: "oasis-it/" + sanitize(t.Name()) + "/policy"}
 	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
-	// The terms cmd/oasis-router registers; with no cache state behind it the prefix term is
-	// neutral, which these tests (about discovery, policy and proxying) rely on.
-	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(nil))...)
+	// The terms cmd/oasis-router registers (the default policy weights ttft); with no cache
+	// state or tokenizer behind them prefix and ttft are neutral, which these tests (about
+	// discovery, policy and proxying) rely on.
+	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(nil)...)...)
 	must.NoError(t, err)
 	src := &discovery.Consul{Client: client, Tag: r.tag, Log: log, Metrics: r.m}
 	r.watcher = policy.NewWatcher(client, r.key, terms, r.m, log)
