@@ -56,6 +56,37 @@ func buildBenchIndex(tb testing.TB) (*Index, [][]uint64) {
 // and digesting excluded) and reports p50/p99 latency.
 func BenchmarkMatch(b *testing.B) {
 	ix, prompts := buildBenchIndex(b)
+	benchMatch(b, ix, prompts)
+}
+
+// BenchmarkMatchShuffledSlab is BenchmarkMatch after most prompts were
+// removed block by block in random order and stored again, so their nodes
+// come off the free list scattered: the adversarial layout for Match's walk
+// along adjacent nodes, which then falls back to table lookups.
+func BenchmarkMatchShuffledSlab(b *testing.B) {
+	ix, prompts := buildBenchIndex(b)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for round := 0; round < benchPrompts/2; round++ {
+		ps := []int{rng.IntN(len(prompts)), rng.IntN(len(prompts))}
+		for _, p := range ps {
+			unique := slices.Clone(prompts[p][sharedBlocks:])
+			rng.Shuffle(len(unique), func(i, j int) { unique[i], unique[j] = unique[j], unique[i] })
+			for _, d := range unique {
+				if err := ix.Remove(fmt.Sprintf("worker-%02d", p%benchWorkers), 0, []uint64{d}, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		for _, p := range ps {
+			if err := ix.Store(fmt.Sprintf("worker-%02d", p%benchWorkers), TierGPU, prompts[p], 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	benchMatch(b, ix, prompts)
+}
+
+func benchMatch(b *testing.B, ix *Index, prompts [][]uint64) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	out := make([]Match, 0, benchWorkers)
 	lat := make([]time.Duration, 0, b.N)

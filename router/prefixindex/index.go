@@ -23,10 +23,15 @@
 //
 // Match looks positions up in batches (independent loads whose cache misses
 // overlap) before walking them in order; on this project's VM a dependent
-// memory access costs ~190 ns, an overlapped one ~16 ns. Each position is
-// checked (no search over positions): a worker's holdings need not be
-// prefix-closed, since capacity and TTL eviction and lost events can leave
-// holes, and a hole must end that worker's match.
+// memory access costs ~190 ns, an overlapped one ~16 ns. Once one worker is
+// left extending its prefix, Match checks the slab node next to that worker's
+// last matched node first: the blocks of one Store sit in consecutive nodes,
+// so a long match becomes a sequential walk the hardware prefetches, and a
+// live node with the worker's slot and the position's digest proves the
+// position as exactly as the table would. Each position is checked (no search
+// over positions): a worker's holdings need not be prefix-closed, since
+// capacity and TTL eviction and lost events can leave holes, and a hole must
+// end that worker's match.
 //
 // Concurrency: one RWMutex. Matches take the read lock, so any number of
 // routing decisions run in parallel; writers (event batches) hold the write
@@ -253,7 +258,7 @@ func (ix *Index) lookup(d uint64) (uint64, bool) {
 }
 
 // matchBatch is how many positions Match looks up ahead at first.
-const matchBatch = 32
+const matchBatch = 16
 
 // probe looks digests up into heads (first holder, nilNode when absent) and
 // infos. It is kept small and separate from Match so that its loops run in
@@ -849,13 +854,35 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 	}
 	heads, infos := sc.heads[:len(digests)], sc.infos[:len(digests)]
 	// Positions are looked up in batches ahead of the walk, so that their
-	// cache misses overlap. Batches double from matchBatch: a request that
-	// matches nothing costs one small batch, a long match few rounds.
+	// cache misses overlap (matchBatch of them is past what the CPU keeps in
+	// flight; larger batches would only waste loads past the match's end).
+	//
+	// Once a single worker is left extending (most of a long match), its next
+	// block is usually in the slab node next to the one it matched last: the
+	// blocks of one Store are allocated together. Such a node is checked
+	// directly, and it proves the position exactly: a live node is an entry,
+	// with its worker and full digest. That walk is sequential memory, which
+	// the hardware prefetches; only where it fails does Match go back to the
+	// table, a batch at a time.
 	batchEnd := 0
-	solo := -1 // the only live worker's slot, or -1
+	solo := -1                  // the only live worker's slot, or -1
+	soloNode := uint32(nilNode) // solo's node at the last position, when known
 	for pos := range digests {
-		if pos == batchEnd {
-			batchEnd = min(len(digests), pos+max(matchBatch, 3*pos))
+		if soloNode != nilNode && pos >= batchEnd {
+			if n := ix.adjacent(soloNode, uint16(solo), digests[pos]); n != nilNode {
+				if tiers := ix.node(n).tiers; tiers != TierGPU {
+					devW[solo] += wt[tiers] - wGPU
+					if tiers&TierGPU == 0 {
+						devGPU[solo]++
+					}
+				}
+				soloNode = n
+				end = pos + 1
+				continue
+			}
+		}
+		if pos >= batchEnd {
+			batchEnd = min(len(digests), pos+matchBatch)
 			sc.sink += ix.probe(digests[pos:batchEnd], heads[pos:batchEnd], infos[pos:batchEnd], words)
 		}
 		head, info := heads[pos], infos[pos]
@@ -870,6 +897,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 					devGPU[solo]++
 				}
 			}
+			soloNode = head
 			end = pos + 1
 			continue
 		}
@@ -958,7 +986,10 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 		}
 		copy(live, ext)
 		end = pos + 1
-		solo = soloSlot(live)
+		solo, soloNode = soloSlot(live), nilNode
+		if solo >= 0 && info&infoOne != 0 {
+			soloNode = head // the single holder is the solo worker
+		}
 	}
 	if end == 0 {
 		return out
@@ -980,6 +1011,22 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 		})
 	}
 	return out
+}
+
+// adjacent returns the node next to n in the slab (after it, else before it)
+// if it is worker slot's live entry for digest d, else nilNode.
+func (ix *Index) adjacent(n uint32, slot uint16, d uint64) uint32 {
+	if c := n + 1; c < ix.hwm {
+		if nd := ix.node(c); nd.tiers != 0 && nd.slot == slot && nd.digest() == d {
+			return c
+		}
+	}
+	if c := n - 1; c != nilNode {
+		if nd := ix.node(c); nd.tiers != 0 && nd.slot == slot && nd.digest() == d {
+			return c
+		}
+	}
+	return nilNode
 }
 
 // soloSlot returns the slot of the only worker in set, or -1.

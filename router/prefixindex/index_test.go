@@ -387,3 +387,98 @@ func cmpStr(a, b string) int {
 	}
 	return 0
 }
+
+// Match walks a lone worker's adjacent slab nodes; a neighbouring node only
+// counts when it is that worker's live entry for the next digest.
+func TestMatchAdjacentNodes(t *testing.T) {
+	ix := newIndex(t, Config{}, "b", "a") // b has worker slot 0
+	chain := make([]uint64, 3*matchBatch)
+	for i := range chain {
+		chain[i] = uint64(100 + i)
+	}
+	cut := 2 * matchBatch                                   // past the first probe batch: Match walks nodes there
+	must.NoError(t, ix.Store("b", TierGPU, chain[:cut], 0)) // nodes 1..cut
+	must.NoError(t, ix.Store("a", TierGPU, chain[cut:], 0)) // the next nodes: a lacks the prefix
+	got := matchesByWorker(ix.Match(chain, DefaultTierWeights(), nil))
+	must.MapLen(t, 1, got)
+	must.Eq(t, cut, got["b"].Blocks)
+
+	// A freed node is zeroed: worker slot 0 and digest 0 must not pass for
+	// b's entry of digest 0.
+	ix = newIndex(t, Config{}, "b")
+	chain[cut] = 0
+	must.NoError(t, ix.Store("b", TierGPU, chain[:cut+1], 0))
+	must.NoError(t, ix.Remove("b", 0, []uint64{0}, nil))
+	got = matchesByWorker(ix.Match(chain[:cut+1], DefaultTierWeights(), nil))
+	must.Eq(t, cut, got["b"].Blocks)
+}
+
+// TestMatchChainsAgainstHolds stores and removes whole chains and pieces of
+// them (so Match's walk along adjacent slab nodes meets runs stored in either
+// direction, holes, capacity evictions, nodes reused from the free list and
+// shared prefixes) and checks every Match against the longest prefix built
+// from Holds, an independent lookup path.
+func TestMatchChainsAgainstHolds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 9))
+	ix := New(Config{})
+	workers := []string{"w0", "w1", "w2", "w3", "w4"}
+	for i, w := range workers {
+		must.NoError(t, ix.AddWorker(w, 150+100*i))
+	}
+	// 12 chains of 64 keys; chains 2k and 2k+1 share their first 16 keys.
+	chains := make([][]uint64, 12)
+	for c := range chains {
+		chains[c] = make([]uint64, 64)
+		for i := range chains[c] {
+			chains[c][i] = uint64(c+1)<<32 | uint64(i)
+			if i < 16 {
+				chains[c][i] = uint64(c/2+1)<<48 | uint64(i)
+			}
+		}
+	}
+	weights := DefaultTierWeights()
+	wt := weights.table()
+	for step := 0; step < 20000; step++ {
+		w := workers[rng.IntN(len(workers))]
+		ch := chains[rng.IntN(len(chains))]
+		lo := rng.IntN(len(ch))
+		hi := lo + 1 + rng.IntN(len(ch)-lo)
+		if rng.IntN(3) == 0 {
+			lo = 0
+		}
+		switch r := rng.IntN(10); {
+		case r < 5:
+			must.NoError(t, ix.Store(w, Tier(1<<rng.IntN(numTiers)), ch[lo:hi], int64(step)))
+		case r < 7:
+			rev := slices.Clone(ch[lo:hi])
+			slices.Reverse(rev) // frees nodes in the other order
+			must.NoError(t, ix.Remove(w, 0, rev, nil))
+		case r < 8:
+			must.NoError(t, ix.Remove(w, Tier(1<<rng.IntN(numTiers)), ch[lo:lo+1], nil))
+		case r < 9 && step%50 == 0:
+			_, err := ix.ClearWorker(w)
+			must.NoError(t, err)
+		default:
+			req := ch[:hi]
+			got := matchesByWorker(ix.Match(req, weights, nil))
+			for _, w := range workers {
+				blocks, weighted, gpu := 0, 0.0, 0
+				for _, k := range req {
+					tiers := ix.Holds(w, k)
+					if tiers == 0 {
+						break
+					}
+					blocks++
+					weighted += float64(wt[tiers])
+					if tiers&TierGPU != 0 {
+						gpu++
+					}
+				}
+				m := got[w]
+				must.Eq(t, blocks, m.Blocks, must.Sprintf("step %d worker %s", step, w))
+				must.Eq(t, gpu, m.GPUBlocks, must.Sprintf("step %d worker %s", step, w))
+				must.True(t, math.Abs(weighted-m.Weighted) < 1e-4, must.Sprintf("step %d worker %s weighted %v vs %v", step, w, weighted, m.Weighted))
+			}
+		}
+	}
+}
