@@ -272,8 +272,10 @@ func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error)
 	return &pconn{c: c, br: bufio.NewReaderSize(c, 8<<10), bw: bufio.NewWriterSize(c, 4<<10), host: host}, false, nil
 }
 
+// put pools pc. Only connections whose cancellation hook never fired come
+// here, so no deadline was set on them and none needs clearing (a deadline
+// change is a runtime timer update per request).
 func (t *Transport) put(pc *pconn) {
-	_ = pc.c.SetDeadline(time.Time{})
 	if pc.br.Buffered() > 0 { // the engine sent more than one response: do not trust it
 		pc.c.Close()
 		return
