@@ -13,7 +13,7 @@ import (
 //     fetch/serve buffers share one budget of 1/8 of the total (at most
 //     1 GiB), but at least one maximal value (a value larger than the budget
 //     is let through alone), and at most half;
-//   - headroom: 1/32 for garbage between GC cycles;
+//   - headroom: 1/16 (at most 1 GiB) for garbage between GC cycles;
 //   - tier: the rest holds blocks (the RAM tier's limit, INFO's maxmemory);
 //   - goLimit: the Go runtime's memory limit is the total + 10% minus what
 //     the runtime does not manage (the binary's mapped text and data, and
@@ -25,12 +25,12 @@ type memoryPlan struct {
 }
 
 // binaryOverhead is the RSS of the binary's text, data and runtime
-// structures outside the Go heap (~10-14 MiB measured), with a margin.
-const binaryOverhead = 16 << 20
+// structures outside the Go heap (~10-19 MiB measured), with a margin.
+const binaryOverhead = 20 << 20
 
 func planMemory(ram, maxValue int64, disk bool) (memoryPlan, error) {
 	inflight := min(max(min(ram/8, 1<<30), maxValue), ram/2)
-	tier := ram - inflight - ram/32
+	tier := ram - inflight - min(ram/16, 1<<30)
 	if tier < 64<<10 {
 		return memoryPlan{}, fmt.Errorf("--ram-bytes %d is too small", ram)
 	}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -365,6 +366,13 @@ const DefaultSpillDelay = 5 * time.Millisecond
 // touching the disk.
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
+	// Request handling comes first: the spiller runs on its own thread at
+	// the lowest priority. The thread is not unlocked, so it exits with the
+	// goroutine instead of returning to the pool at nice 19.
+	runtime.LockOSThread()
+	if err := lowerThreadPriority(); err != nil {
+		s.log.Debug("lowering the spiller's priority", "error", err)
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
