@@ -134,6 +134,23 @@ func main() {
 					us(pct(r.ttfe, 50)-pct(b.ttfe, 50)), us(pct(r.ttfe, 90)-pct(b.ttfe, 90)), us(pct(r.ttfe, 99)-pct(b.ttfe, 99)),
 					us(pct(r.total, 50)-pct(b.total, 50)), us(pct(r.total, 90)-pct(b.total, 90)), us(pct(r.total, 99)-pct(b.total, 99)))
 			}
+			// The goal, checked against this run: added time to first
+			// event p50 ≤ 0.3 ms and p99 ≤ 1 ms, with the peer's in the same run.
+			if r, ok := res["router"]; ok {
+				a50, a99 := pct(r.ttfe, 50)-pct(b.ttfe, 50), pct(r.ttfe, 99)-pct(b.ttfe, 99)
+				verdict := func(ok bool) string {
+					if ok {
+						return "met"
+					}
+					return "NOT met"
+				}
+				fmt.Printf("summary: router adds ttfe p50 %s (goal ≤ 300µs: %s), p99 %s (goal ≤ 1000µs: %s)", us(a50),
+					verdict(a50 <= 300*time.Microsecond), us(a99), verdict(a99 <= time.Millisecond))
+				if p, ok := res[*peer]; ok {
+					fmt.Printf("; %s adds p50 %s, p99 %s", *peer, us(pct(p.ttfe, 50)-pct(b.ttfe, 50)), us(pct(p.ttfe, 99)-pct(b.ttfe, 99)))
+				}
+				fmt.Println()
+			}
 		}
 		printCPU(res, targets, pids, *peer)
 		out["latency"] = lat
@@ -156,7 +173,11 @@ func main() {
 			tp[t.name] = map[string]any{"req_per_s": rps[t.name], "completed": r.completed, "errors": r.errors, "total_us": pcts(r.total)}
 		}
 		if p, ok := rps[*peer]; ok && p > 0 {
-			fmt.Printf("throughput ratio router/%s: %.2f\n", *peer, rps["router"]/p)
+			verdict := "met"
+			if rps["router"] < p {
+				verdict = "NOT met"
+			}
+			fmt.Printf("throughput ratio router/%s: %.2f (goal ≥ 1.00: %s)\n", *peer, rps["router"]/p, verdict)
 			out["router_over_peer"] = rps["router"] / p
 		}
 		printCPU(res, targets, pids, *peer)
