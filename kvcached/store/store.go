@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -366,13 +365,10 @@ const DefaultSpillDelay = 5 * time.Millisecond
 // touching the disk.
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
-	// Request handling comes first: the spiller runs on its own thread at
-	// the lowest priority. The thread is not unlocked, so it exits with the
-	// goroutine instead of returning to the pool at nice 19.
-	runtime.LockOSThread()
-	if err := lowerThreadPriority(); err != nil {
-		s.log.Debug("lowering the spiller's priority", "error", err)
-	}
+	// The spiller is not given a lower OS priority (a nice 19 thread): it
+	// takes the store's and the disk index's locks, and a request waiting on
+	// a lock held by a starved low-priority thread waits for the scheduler
+	// (priority inversion). It costs requests CPU only when it has work.
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
