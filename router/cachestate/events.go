@@ -40,6 +40,13 @@ type EventWorker struct {
 	hasher    *blockdigest.Hasher // for hasherDom and the last event's block size
 	hasherDom blockdigest.Domain
 
+	// own is every tier the engine's own events have stored into. Only those
+	// tiers keep an engine hash mapped after a BlockRemoved: the index may
+	// also hold the block for this worker in tiers kvcached's presence marks
+	// (presence.go), which the engine never removes, so counting them would
+	// keep the mapping forever.
+	own prefixindex.Tier
+
 	// reusable buffers
 	keys  []uint64
 	ek    []uint64
@@ -202,6 +209,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		parent = d
 	}
 	w.keys = keys
+	w.own |= tier
 	w.stats.BlocksStored += int64(len(keys))
 	return w.index.Store(w.id, tier, keys, now)
 }
@@ -236,7 +244,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 		return err
 	}
 	for i, k := range ek {
-		if left[i] == 0 {
+		if left[i]&w.own == 0 {
 			w.hashes.del(k)
 		}
 	}

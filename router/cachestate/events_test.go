@@ -250,3 +250,22 @@ func TestApplyOrReplay(t *testing.T) {
 	must.Eq(t, int64(1), f.ew.Stats().Resyncs)
 	must.Eq(t, int64(1), f.ew.Stats().Orphans)
 }
+
+// Tiers the engine never published itself (kvcached presence marks on the
+// same worker) do not keep an engine hash mapped once the engine removes the
+// block from every tier it did publish: the marks are withdrawn by presence,
+// and a mapping left behind would never be freed.
+func TestRemovedForgetsHashDespiteForeignTiers(t *testing.T) {
+	f := newFixture(t)
+	seq := toks(1, 2*bs)
+	must.NoError(t, f.ew.Apply(msg(0, stored(nil, []kvevents.Hash{h(1), h(2)}, seq, "GPU")), 0))
+	ks := keys(t, "model-a", seq)
+	// kvcached's mark for the same worker, as presence.go records it.
+	must.NoError(t, f.ix.Store("e1", prefixindex.TierCPU, ks, 0))
+	must.NoError(t, f.ew.Apply(msg(1, kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{h(2)}, Medium: "GPU"}), 0))
+	must.Eq(t, 1, f.ew.KnownHashes())
+	// The mark itself is presence's to withdraw: the block still counts at CPU weight.
+	n, w := f.matched(t, seq)
+	must.Eq(t, 2, n)
+	must.Eq(t, 1.75, w)
+}
