@@ -128,7 +128,15 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 			g.opts.OnPick(ctx, pol.Scoring, req, wk)
 		}
 		rec.worker = wk.ID
-		retryable, err := g.forward(ctx, w, r, rec, wk, body, reqID, attempt == 0, f)
+		// The worker's prefill queue, as the ttft term models it: this
+		// request's uncached prompt tokens until its first token (which
+		// teaches the worker's prefill rate) or its end.
+		var pre *scoring.Prefill
+		if n, ok := req.UncachedTokens(wk); ok {
+			pre = wk.Live.StartPrefill(n)
+		}
+		retryable, err := g.forward(ctx, w, r, rec, wk, body, reqID, attempt == 0, f, pre)
+		pre.Cancel()
 		if err == nil {
 			return
 		}
@@ -199,7 +207,7 @@ func (g *Gateway) contextFailed(w http.ResponseWriter, r *http.Request, rec *out
 // and the failure was a connect error or a 5xx: the caller may try another
 // worker. A 5xx on the last attempt is passed to the client as the engine sent it.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields) (retryable bool, err error) {
+	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields, pre *scoring.Prefill) (retryable bool, err error) {
 	end := wk.Live.Begin(estimateTokens(len(body), f))
 	defer end()
 	ws := g.m.Worker(wk.Model, wk.ID)
@@ -243,6 +251,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	up.Header.Set("X-Request-Id", reqID)
 	up.ContentLength = int64(len(body))
 
+	sent := time.Now()
 	resp, err := rt.RoundTrip(up)
 	if err != nil {
 		return true, err
@@ -280,6 +289,11 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			// write sends them with the terminator, in one syscall.
 			if rerr == nil {
 				_ = rc.Flush()
+			}
+			if f.Stream && !rec.ttftDone && resp.StatusCode == http.StatusOK {
+				// A stream's first event carries the first token; a whole
+				// response would time the decode too, so only streams teach.
+				pre.FirstToken(time.Since(sent))
 			}
 			rec.firstByte()
 		}
