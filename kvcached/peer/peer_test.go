@@ -256,9 +256,12 @@ func gauge(n *Node) float64 {
 	defer n.mu.Unlock()
 	h := 0
 	for _, p := range n.peers {
+		// p.healthy is written under p.mu (RefreshFilters, markDown).
+		p.mu.Lock()
 		if p.healthy {
 			h++
 		}
+		p.mu.Unlock()
 	}
 	return float64(h)
 }

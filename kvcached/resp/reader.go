@@ -113,6 +113,12 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 	defer func() { r.args = args[:0] }()
 	var tooLarge error
 	for i := int64(0); i < n; i++ {
+		if tooLarge == nil {
+			if arg, ok := r.bufferedArg(); ok {
+				args = append(args, arg)
+				continue
+			}
+		}
 		c, err := r.br.ReadByte()
 		if err != nil {
 			return nil, unexpectedEOF(err)
@@ -164,6 +170,47 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 	return args, nil
 }
 
+// bufferedArg is ReadCommand's fast path for one bulk argument that is
+// already wholly buffered and well formed: it parses it straight out of the
+// buffer (one Peek and one Discard instead of a call per byte). It consumes
+// nothing and reports false for anything else (partial, oversized or
+// malformed), which the general path then reads or rejects.
+func (r *Reader) bufferedArg() ([]byte, bool) {
+	p, _ := r.br.Peek(r.br.Buffered())
+	if len(p) < 4 || p[0] != '$' {
+		return nil, false
+	}
+	var l int64
+	i := 1
+	for ; i < len(p) && i <= 19 && '0' <= p[i] && p[i] <= '9'; i++ {
+		l = l*10 + int64(p[i]-'0')
+	}
+	if i == 1 || i > 19 || l > r.limits.MaxBulk {
+		return nil, false
+	}
+	hdr := i + 2
+	end := hdr + int(l) + 2
+	if end > len(p) || p[i] != '\r' || p[i+1] != '\n' || p[end-2] != '\r' || p[end-1] != '\n' {
+		return nil, false
+	}
+	var arg []byte
+	if l <= smallArg {
+		if len(r.slab) < int(l) {
+			r.slab = make([]byte, 4096)
+		}
+		arg, r.slab = r.slab[:l:l], r.slab[l:]
+	} else {
+		if r.budget != nil {
+			r.budget.acquire(l, r.held)
+			r.held += l
+		}
+		arg = nozero.Make(int(l))
+	}
+	copy(arg, p[hdr:end-2])
+	r.br.Discard(end)
+	return arg, true
+}
+
 func unexpectedEOF(err error) error {
 	if errors.Is(err, io.EOF) {
 		return io.ErrUnexpectedEOF
@@ -208,11 +255,31 @@ func (r *Reader) readInt() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if n, ok := parseLen(line); ok {
+		return n, nil
+	}
 	n, err := strconv.ParseInt(string(line), 10, 64)
 	if err != nil {
 		return 0, &ProtocolError{Msg: fmt.Sprintf("invalid length %q", line)}
 	}
 	return n, nil
+}
+
+// parseLen parses the common case of a length, 1 to 18 decimal digits,
+// without the string conversion ParseInt needs; anything else (signs,
+// longer numbers, garbage) is left to ParseInt and its errors.
+func parseLen(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
 }
 
 func (r *Reader) readInline() ([][]byte, error) {

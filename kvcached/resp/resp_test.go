@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/shoenig/test/must"
@@ -179,6 +180,54 @@ func FuzzReadCommand(f *testing.F) {
 	})
 }
 
+// FuzzReaderPathsAgree checks that parsing a stream out of a large buffer
+// (arguments taken whole from it) and one byte at a time (the general path
+// only) yields the same commands and the same kinds of error.
+func FuzzReaderPathsAgree(f *testing.F) {
+	for _, s := range []string{
+		"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$70\r\n" + strings.Repeat("v", 70) + "\r\n",
+		"*2\r\n$3\r\nGET\r\n$03\r\nabc\r\n",
+		"*2\r\n$3\r\nGET\r\n$3\r\nabcd\r\n",
+		"*2\r\n$3\r\nGET\r\n$2000\r\nab\r\n*1\r\n$4\r\nPING\r\n",
+		"*1\r\n$+4\r\nPING\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	limits := Limits{MaxBulk: 1024, MaxArgs: 64, MaxInline: 512}
+	type result struct {
+		args []string
+		err  string
+	}
+	parse := func(br *bufio.Reader) []result {
+		r := NewReader(br, limits)
+		var out []result
+		for i := 0; i < 1000; i++ {
+			args, err := r.ReadCommand()
+			res := result{args: strs(args)}
+			var tl *TooLargeError
+			var pe *ProtocolError
+			switch {
+			case errors.As(err, &tl):
+				res.err = "too large"
+			case errors.As(err, &pe):
+				res.err = "protocol"
+			case err != nil:
+				res.err = "io"
+			}
+			out = append(out, res)
+			if err != nil && res.err != "too large" {
+				break
+			}
+		}
+		return out
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		whole := parse(bufio.NewReaderSize(bytes.NewReader(data), 4096))
+		bytewise := parse(bufio.NewReaderSize(iotest.OneByteReader(bytes.NewReader(data)), 4096))
+		must.Eq(t, bytewise, whole)
+	})
+}
+
 func TestBudgetBoundsLargeArgumentsAcrossReaders(t *testing.T) {
 	b := NewBudget(1500)
 	val := strings.Repeat("v", 1000)
@@ -220,4 +269,27 @@ func TestBudgetBoundsLargeArgumentsAcrossReaders(t *testing.T) {
 	must.SliceLen(t, 5, args)
 	m.Done()
 	must.Eq(t, int64(0), b.InUse())
+}
+
+// BenchmarkReadCommandSet1KiB parses what redis-benchmark -d 1024 sends for
+// SET, the 1 KiB pipelined case's hot path.
+func BenchmarkReadCommandSet1KiB(b *testing.B) {
+	cmd := "*3\r\n$3\r\nSET\r\n$16\r\nkey:__rand_int__\r\n$1024\r\n" + strings.Repeat("x", 1024) + "\r\n"
+	stream := strings.Repeat(cmd, 64)
+	src := strings.NewReader(stream)
+	br := bufio.NewReaderSize(src, 64<<10)
+	r := NewReader(br, DefaultLimits)
+	r.SetBudget(NewBudget(1 << 30))
+	b.SetBytes(int64(len(cmd)))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%64 == 0 {
+			src.Reset(stream)
+			br.Reset(src)
+		}
+		if _, err := r.ReadCommand(); err != nil {
+			b.Fatal(err)
+		}
+		r.Done()
+	}
 }

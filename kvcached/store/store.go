@@ -263,6 +263,14 @@ func (s *Store) Set(key string, val []byte, expireAt int64, mode SetMode) (bool,
 func (s *Store) insert(key string, val []byte, expireAt int64, dirty bool) {
 	seq := s.seq.Add(1)
 	it := &item{key: key, val: val, expireAt: expireAt, seq: seq, dirty: dirty && s.disk != nil}
+	queue := it.dirty
+	if queue {
+		it.queuedAt = int64(time.Since(s.epoch))
+		// Marked queued before it is visible, and sent once the lock is
+		// released (the send is most of the hold time otherwise): Flush
+		// counts it as pending either way.
+		it.queued = true
+	}
 	s.mu.Lock()
 	old := s.ram[key]
 	if old != nil {
@@ -271,19 +279,20 @@ func (s *Store) insert(key string, val []byte, expireAt int64, dirty bool) {
 	s.ram[key] = it
 	s.pushFront(it)
 	s.ramUsed += int64(len(val))
-	if it.dirty {
-		it.queuedAt = int64(time.Since(s.epoch))
-		select {
-		case s.spill <- it:
-			it.queued = true
-		default:
-			// Queue full: the block stays dirty and is written when
-			// evicted.
-		}
-	}
 	victims := s.evictLocked()
 	s.gaugesLocked()
 	s.mu.Unlock()
+	if queue {
+		select {
+		case s.spill <- it:
+		default:
+			// Queue full: the block stays dirty and is written when
+			// evicted (or queued by Flush).
+			s.mu.Lock()
+			it.queued = false
+			s.mu.Unlock()
+		}
+	}
 	if old == nil && s.cfg.Observer != nil {
 		s.cfg.Observer.Stored(key, TierRAM)
 	}
@@ -371,25 +380,64 @@ func (s *Store) spiller(ctx context.Context) {
 	// (priority inversion). It costs requests CPU only when it has work.
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	batch := make([]*item, 0, spillBatch)
 	for {
 		select {
 		case it := <-s.spill:
-			if wait := time.Duration(it.queuedAt) + s.cfg.SpillDelay - time.Since(s.epoch); wait > 0 && s.flushing.Load() == 0 && !s.superseded(it) {
-				timer.Reset(wait)
+			// Take what else is queued too and drop the superseded blocks
+			// under one lock: a hot key rewritten in a loop queues a block
+			// per SET, and a lock per block would contend with the writers.
+			batch = append(batch[:0], it)
+		fill:
+			for len(batch) < spillBatch {
 				select {
-				case <-timer.C:
-				case <-s.kick:
-					timer.Stop()
-				case <-ctx.Done():
-					timer.Stop()
+				case it := <-s.spill:
+					batch = append(batch, it)
+				default:
+					break fill
 				}
 			}
-			s.spillOne(it)
+			batch = s.dropSuperseded(batch)
+			for _, it := range batch {
+				if wait := time.Duration(it.queuedAt) + s.cfg.SpillDelay - time.Since(s.epoch); wait > 0 && s.flushing.Load() == 0 && !s.superseded(it) {
+					timer.Reset(wait)
+					select {
+					case <-timer.C:
+					case <-s.kick:
+						timer.Stop()
+					case <-ctx.Done():
+						timer.Stop()
+					}
+				}
+				s.spillOne(it)
+			}
+			clear(batch)
 		case <-ctx.Done():
 			s.drainSpill() // a clean shutdown loses nothing
 			return
 		}
 	}
+}
+
+// spillBatch is how many queued blocks the spiller takes at a time.
+const spillBatch = 256
+
+// dropSuperseded removes from batch, in place, the blocks already
+// overwritten or deleted (marking them no longer queued) and returns the
+// rest in queue order.
+func (s *Store) dropSuperseded(batch []*item) []*item {
+	live := batch[:0]
+	s.mu.Lock()
+	for _, it := range batch {
+		if it.deleted || !it.dirty {
+			it.queued = false
+			continue
+		}
+		live = append(live, it)
+	}
+	s.mu.Unlock()
+	clear(batch[len(live):])
+	return live
 }
 
 // superseded reports whether it was overwritten or deleted already, so the
