@@ -203,6 +203,26 @@ type conn struct {
 	authed bool
 	name   string
 	quit   bool
+	// Commands served since the last publish: counted here and added to the
+	// shared counters once per flushed batch, since a shared atomic per
+	// command contends between cores on the pipelined hot path.
+	cmds    int64
+	counted [numCounted]int64
+}
+
+// publish adds the connection's command counts to the server's.
+func (s *Server) publish(c *conn) {
+	if c.cmds == 0 {
+		return
+	}
+	s.commands.Add(c.cmds)
+	c.cmds = 0
+	for i, n := range c.counted {
+		if n != 0 {
+			s.cmdCount[i].Add(float64(n))
+			c.counted[i] = 0
+		}
+	}
 }
 
 func (s *Server) serveConn(nc net.Conn) {
@@ -225,6 +245,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	}
 	c.r.SetBudget(s.budget)
 	defer c.r.Done()
+	defer s.publish(c)
 	ctx := context.Background()
 	for !c.quit {
 		if s.cfg.IdleTimeout > 0 {
@@ -250,11 +271,12 @@ func (s *Server) serveConn(nc net.Conn) {
 				return
 			}
 		} else if len(args) > 0 {
-			s.commands.Add(1)
+			c.cmds++
 			s.dispatch(ctx, c, args)
 		}
 		c.r.Done()
 		if c.r.Buffered() == 0 || c.quit {
+			s.publish(c)
 			if err := c.w.Flush(); err != nil {
 				return
 			}
@@ -305,21 +327,21 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, "GET")
 			return
 		}
-		s.cmdCount[cmdGet].Inc()
+		c.counted[cmdGet]++
 		if v, _, ok := s.st.Get(ctx, string(args[1])); ok {
 			w.Bulk(v)
 		} else {
 			w.Null()
 		}
 	case "SET":
-		s.cmdCount[cmdSet].Inc()
+		c.counted[cmdSet]++
 		s.cmdSet(ctx, c, args)
 	case "EXISTS":
 		if n < 2 {
 			s.argErr(c, "EXISTS")
 			return
 		}
-		s.cmdCount[cmdExists].Inc()
+		c.counted[cmdExists]++
 		var cnt int64
 		for _, k := range args[1:] {
 			if s.st.Exists(ctx, string(k)) {
@@ -332,7 +354,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, string(cmd))
 			return
 		}
-		s.cmdCount[cmdDel].Inc()
+		c.counted[cmdDel]++
 		var cnt int64
 		for _, k := range args[1:] {
 			if s.st.Delete(string(k)) {
@@ -345,7 +367,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, "MGET")
 			return
 		}
-		s.cmdCount[cmdMget].Inc()
+		c.counted[cmdMget]++
 		w.Array(n - 1)
 		for _, k := range args[1:] {
 			if v, _, ok := s.st.Get(ctx, string(k)); ok {
@@ -359,7 +381,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, "MSET")
 			return
 		}
-		s.cmdCount[cmdMset].Inc()
+		c.counted[cmdMset]++
 		for i := 1; i < n; i += 2 {
 			if int64(len(args[i+1])) > s.st.MaxValue() {
 				s.mErrors.WithLabelValues("too_large").Inc()
@@ -394,7 +416,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			s.argErr(c, string(cmd))
 			return
 		}
-		s.cmdCount[cmdExpire].Inc()
+		c.counted[cmdExpire]++
 		d, err := strconv.ParseInt(string(args[2]), 10, 64)
 		if err != nil {
 			w.Error("ERR value is not an integer or out of range")
@@ -484,6 +506,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 	case "DBSIZE":
 		w.Int(int64(s.st.Len()))
 	case "INFO":
+		s.publish(c) // count what this connection ran before INFO
 		section := ""
 		if n > 1 {
 			section = strings.ToLower(string(args[1]))

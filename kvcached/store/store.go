@@ -114,6 +114,8 @@ type Store struct {
 	ram        map[string]*item
 	head, tail *item
 	ramUsed    int64
+	pubUsed    int64 // ramUsed as last published to the gauges
+	pubBlocks  int   // len(ram) as last published
 
 	spill    chan *item
 	flushing atomic.Int32  // Flush calls in progress: the spiller skips its delay
@@ -233,9 +235,18 @@ func (s *Store) removeRAMLocked(it *item, deleted bool) {
 	}
 }
 
+// gaugesLocked publishes the RAM tier's size when it changed: a key
+// overwritten with a value of the same size (a hot key rewritten in a loop)
+// leaves it as it was, and the gauges' shared cache lines cost every SET.
 func (s *Store) gaugesLocked() {
-	s.m.bytesRAM.Set(float64(s.ramUsed))
-	s.m.blocksRAM.Set(float64(len(s.ram)))
+	if s.ramUsed != s.pubUsed {
+		s.pubUsed = s.ramUsed
+		s.m.bytesRAM.Set(float64(s.ramUsed))
+	}
+	if n := len(s.ram); n != s.pubBlocks {
+		s.pubBlocks = n
+		s.m.blocksRAM.Set(float64(n))
+	}
 }
 
 // Set stores val under key. expireAt is unix nanoseconds, 0 for none. It
