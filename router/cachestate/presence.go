@@ -3,7 +3,6 @@ package cachestate
 import (
 	"context"
 	"encoding/binary"
-	"time"
 
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/internal/kvevents"
@@ -224,44 +223,18 @@ func (s *State) KVCaches() []string {
 func (s *State) subscribeCache(ctx context.Context, cs *cacheState, endpoint, replay string) {
 	defer close(cs.done)
 	log := s.log.With("kvcached", cs.kc.ID, "endpoint", endpoint)
-	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: endpoint, Logger: log})
-	if err != nil {
-		log.Error("cannot subscribe to kvcached presence events", "error", err)
-		return
+	broken := func(err error) {
+		log.Warn("kvcached presence stream failed; dropping its blocks", "error", err)
+		s.pmu.Lock()
+		cs.stats.Resyncs++
+		s.dropHoldingsLocked(cs)
+		s.pmu.Unlock()
 	}
-	defer sub.Close()
-	var fetch ReplayFunc
-	if replay != "" {
-		fetch = func(from int64) ([]kvevents.Message, error) {
-			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			return kvevents.Replay(rctx, replay, "", from)
-		}
-	}
-	rp := newReplayer(fetch)
-	for {
-		m, err := sub.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			log.Warn("kvcached presence stream failed; dropping its blocks", "error", err)
-			s.pmu.Lock()
-			cs.stats.Resyncs++
-			s.dropHoldingsLocked(cs)
-			s.pmu.Unlock()
-			rp.reset()
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-			continue
-		}
+	followEvents(ctx, log, endpoint, replay, broken, func(rp *replayer, m kvevents.Message) {
 		batches, replayed := rp.prepare(m)
 		s.applyPresence(cs, batches, replayed)
 		rp.applied(batches[len(batches)-1])
-	}
+	})
 }
 
 // applyPresence applies presence batches of one kvcached. Hashes are resolved

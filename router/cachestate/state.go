@@ -245,6 +245,48 @@ func (s *State) stopLocked(es *engineState) {
 func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay string) {
 	defer close(es.done)
 	log := s.log.With("engine", es.eng.ID, "endpoint", endpoint)
+	broken := func(err error) {
+		// The stream broke in a way the subscriber cannot resume: whatever
+		// comes next may have missed events, so start over clean.
+		log.Warn("kv events stream failed; resynchronising", "error", err)
+		es.mu.Lock()
+		_ = es.ew.Resync()
+		es.mu.Unlock()
+	}
+	handle := func(rp *replayer, m kvevents.Message) {
+		// The replay round trip runs outside the lock; see replayer.
+		batches, replayed := rp.prepare(m)
+		if m.Missed > 0 || m.Restarted {
+			if replayed {
+				log.Debug("kv events gap filled from the replay buffer", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq, "batches", len(batches)-1)
+			} else {
+				log.Info("kv events gap; resynchronising", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq, "replay", replay != "")
+			}
+		}
+		es.mu.Lock()
+		cleared := es.ew.stats.Resyncs + es.ew.stats.Clears
+		err := rp.apply(es.ew, batches, replayed, s.cfg.Now().UnixNano())
+		cleared = es.ew.stats.Resyncs + es.ew.stats.Clears - cleared
+		es.mu.Unlock()
+		if cleared > 0 {
+			// The worker's entries went, kvcached's marks with them: what a
+			// kvcached still holds is still reachable from this worker.
+			s.restorePresenceMarks(es.eng.ID)
+		}
+		if err != nil {
+			log.Warn("applying kv events", "error", err)
+		}
+	}
+	followEvents(ctx, log, endpoint, replay, broken, handle)
+}
+
+// followEvents subscribes to a stream of KV-event batches (an engine's, or a
+// kvcached's presence events) and hands each message to handle, with the
+// stream's replayer, until ctx ends. When the stream breaks beyond what the
+// subscriber resumes, broken drops what came from it and the replayer starts
+// over after a short pause.
+func followEvents(ctx context.Context, log hclog.Logger, endpoint, replay string,
+	broken func(error), handle func(*replayer, kvevents.Message)) {
 	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: endpoint, Logger: log})
 	if err != nil {
 		log.Error("cannot subscribe to kv events", "error", err)
@@ -266,12 +308,7 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 			if ctx.Err() != nil {
 				return
 			}
-			// The stream broke in a way the subscriber cannot resume: whatever
-			// comes next may have missed events, so start over clean.
-			log.Warn("kv events stream failed; resynchronising", "error", err)
-			es.mu.Lock()
-			_ = es.ew.Resync()
-			es.mu.Unlock()
+			broken(err)
 			rp.reset()
 			select {
 			case <-ctx.Done():
@@ -280,28 +317,7 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 			}
 			continue
 		}
-		// The replay round trip runs outside the lock; see replayer.
-		batches, replayed := rp.prepare(m)
-		if m.Missed > 0 || m.Restarted {
-			if replayed {
-				log.Debug("kv events gap filled from the replay buffer", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq, "batches", len(batches)-1)
-			} else {
-				log.Info("kv events gap; resynchronising", "missed", m.Missed, "restarted", m.Restarted, "seq", m.Seq, "replay", replay != "")
-			}
-		}
-		es.mu.Lock()
-		cleared := es.ew.stats.Resyncs + es.ew.stats.Clears
-		err = rp.apply(es.ew, batches, replayed, s.cfg.Now().UnixNano())
-		cleared = es.ew.stats.Resyncs + es.ew.stats.Clears - cleared
-		es.mu.Unlock()
-		if cleared > 0 {
-			// The worker's entries went, kvcached's marks with them: what a
-			// kvcached still holds is still reachable from this worker.
-			s.restorePresenceMarks(es.eng.ID)
-		}
-		if err != nil {
-			log.Warn("applying kv events", "error", err)
-		}
+		handle(rp, m)
 	}
 }
 
