@@ -31,6 +31,7 @@ import (
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/gateway/h1"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -63,6 +64,7 @@ type config struct {
 	kvcachedBlocks  int
 	gcPercent       int
 	memoryLimit     int64
+	httpServer      string
 }
 
 func main() {
@@ -92,6 +94,7 @@ func main() {
 	fs.StringVar(&c.kvcachedService, "kvcached-service", discovery.KVCachedService, "Consul service of the node-local kvcached instances whose presence events count offloaded prefixes as CPU/disk/peer hits (empty: ignore them)")
 	fs.IntVar(&c.gcPercent, "gc-percent", 400, "Go GC target percentage (runtime/debug.SetGCPercent): the router's live heap is a few MiB, so collecting less often trades a little memory for CPU per request; -1 disables GC except under -memory-limit")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 0, "soft memory limit in bytes for the Go runtime (runtime/debug.SetMemoryLimit); 0 leaves the runtime's default")
+	fs.StringVar(&c.httpServer, "http-server", "h1", "API server: h1 (the router's own HTTP/1.1 server, less CPU per request) or net (net/http's server, which also speaks HTTP/2 over cleartext only when configured; kept for comparison)")
 	_ = fs.Parse(os.Args[1:])
 	// Set in code from flags, not from GOGC/GOMEMLIMIT, so what the router
 	// runs with is visible on its command line.
@@ -296,8 +299,18 @@ func run(c config, log hclog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
+	var srv apiServer
+	switch c.httpServer {
+	case "h1":
+		srv = &h1.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+			ProtocolError: gateway.WriteProtocolError, Log: log.Named("http")}
+	case "net":
+		srv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+			ErrorLog: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
+	default:
+		ln.Close()
+		return fmt.Errorf("-http-server: %q is neither h1 nor net", c.httpServer)
+	}
 	log.Info("serving", "listen", ln.Addr().String(), "discovery", c.discovery, "api_keys", authn != nil)
 
 	var serviceID string
@@ -342,6 +355,12 @@ func run(c config, log hclog.Logger) error {
 	}
 	log.Info("drained")
 	return nil
+}
+
+// apiServer is what both HTTP servers offer.
+type apiServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
 }
 
 func register(consul *consulapi.Client, c config, bound string) (string, error) {

@@ -38,3 +38,11 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string,
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }
+
+// WriteProtocolError answers a request the HTTP server rejected before the
+// gateway saw it (malformed request line or headers, header block too large,
+// unsupported transfer coding), in OpenAI's error shape like every other
+// error (h1.Server.ProtocolError).
+func WriteProtocolError(w http.ResponseWriter, status int, msg string) {
+	writeError(w, status, "invalid_request_error", "bad_request", "", msg, 0)
+}

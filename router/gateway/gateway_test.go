@@ -26,6 +26,7 @@ import (
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/gateway/h1"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -40,8 +41,22 @@ type harness struct {
 	m    *metrics.Metrics
 	reg  *prometheus.Registry
 	gw   *Gateway
-	srv  *httptest.Server
+	srv  *apiServer
 	doc  *policy.Document
+}
+
+// apiServer is the gateway served by the router's own HTTP/1.1 server, as
+// oasis-router runs it (hosted_test and prefill_test serve it with net/http).
+type apiServer struct{ URL string }
+
+func serveH1(t *testing.T, h http.Handler) *apiServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	srv := &h1.Server{Handler: h, ProtocolError: WriteProtocolError}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return &apiServer{URL: "http://" + ln.Addr().String()}
 }
 
 func newHarness(t *testing.T, doc *policy.Document, authn *auth.Authenticator, engines map[string]string) *harness {
@@ -57,8 +72,7 @@ func newHarness(t *testing.T, doc *policy.Document, authn *auth.Authenticator, e
 	h.gw = New(Options{Pool: h.pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
 		Admission: admission.New(), Metrics: h.m, Gatherer: h.reg, Log: hclog.NewNullLogger(), Auth: authn,
 		MaxBodyBytes: 1 << 10})
-	h.srv = httptest.NewServer(h.gw)
-	t.Cleanup(h.srv.Close)
+	h.srv = serveH1(t, h.gw)
 	return h
 }
 
@@ -576,4 +590,24 @@ func TestRequestIDsAreUnique(t *testing.T) {
 			seen[id] = true
 		}
 	}
+}
+
+// A request the HTTP server itself rejects still gets OpenAI's error shape.
+func TestMalformedHTTPGetsOpenAIError(t *testing.T) {
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + deadAddr(t)})
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
+	must.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n")
+	must.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	must.EqOp(t, http.StatusBadRequest, resp.StatusCode)
+	var e struct {
+		Error struct{ Type, Message string } `json:"error"`
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	must.EqOp(t, "invalid_request_error", e.Error.Type)
+	must.NotEq(t, "", e.Error.Message)
 }

@@ -1,0 +1,339 @@
+package h1
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+)
+
+// maxDiscard is how much of a request body a handler left unread is read
+// and dropped to keep the connection; past it the connection is closed.
+const maxDiscard = 256 << 10
+
+type conn struct {
+	srv    *Server
+	c      net.Conn
+	remote string
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	pend   []byte        // held-back response body, reused across requests
+	jobs   chan job      // to the handler goroutine
+	done   chan struct{} // from it, one value per finished job
+	state  atomic.Int32
+	last   atomic.Int64 // unix nanoseconds of the last state change
+}
+
+// closeIfIdle closes the connection when no request is being handled.
+func (cn *conn) closeIfIdle() {
+	if cn.state.CompareAndSwap(stateIdle, stateClosed) || cn.state.CompareAndSwap(stateHeader, stateClosed) {
+		cn.c.Close()
+	}
+}
+
+// serve reads requests one after the other. Each request's handler runs in
+// its own goroutine; meanwhile this goroutine waits for the client's next
+// byte, which is either the next (pipelined or keep-alive) request or the
+// end of the connection, which cancels the running request.
+func (cn *conn) serve() {
+	s := cn.srv
+	cn.br, cn.bw = s.getReader(cn.c), s.getWriter(cn.c)
+	cn.pend = make([]byte, 0, pendingMax)
+	defer func() {
+		if cn.jobs != nil {
+			close(cn.jobs)
+		}
+		cn.state.Store(stateClosed)
+		cn.c.Close()
+		s.forget(cn)
+		s.putBuffers(cn.br, cn.bw)
+	}()
+	max := s.MaxHeaderBytes
+	if max <= 0 {
+		max = 1 << 20
+	}
+	for {
+		if cn.br.Buffered() == 0 {
+			if _, err := cn.br.Peek(1); err != nil {
+				return
+			}
+		}
+		if !cn.state.CompareAndSwap(stateIdle, stateHeader) || s.shutdown.Load() {
+			return
+		}
+		cn.last.Store(time.Now().UnixNano())
+		h, perr, err := readHead(cn.br, max)
+		if err != nil {
+			return
+		}
+		if perr != nil {
+			cn.state.Store(stateActive)
+			cn.protocolError(perr)
+			return
+		}
+		if !cn.state.CompareAndSwap(stateHeader, stateActive) {
+			return
+		}
+		if !cn.handle(h) {
+			return
+		}
+	}
+}
+
+// handle runs one request; false means the connection is done.
+func (cn *conn) handle(h *head) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
+	var rbody io.ReadCloser = http.NoBody
+	switch {
+	case h.chunked:
+		b.chunked = httputil.NewChunkedReader(cn.br)
+		rbody = b
+	case h.contentLength > 0 && int(h.contentLength) <= cn.br.Buffered():
+		// The whole body came with the head (the usual small API request):
+		// hand the handler a copy, so this goroutine can wait on the
+		// connection at once.
+		buf := make([]byte, h.contentLength)
+		_, _ = io.ReadFull(cn.br, buf)
+		b.buf, b.remaining, b.eof = buf, 0, true
+		rbody = b
+	case h.contentLength > 0:
+		rbody = b
+	default:
+		b.eof = true
+	}
+	if !b.eof {
+		b.done = make(chan struct{})
+	}
+	r := &http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
+		Header: h.header, Body: rbody, ContentLength: max(h.contentLength, 0), Close: h.close, Host: h.host,
+		RemoteAddr: cn.remote, RequestURI: h.target}
+	if h.chunked {
+		r.ContentLength = -1
+		r.TransferEncoding = []string{"chunked"}
+	}
+	r = r.WithContext(ctx)
+	w := &response{cn: cn, req: r, header: make(http.Header, 8), cl: -1, body: b, minor: h.minor,
+		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0]}
+	b.w = w
+	if cn.jobs == nil {
+		// One handler goroutine per connection, reused: a fresh goroutine
+		// per request grew its stack to the handler's depth every time.
+		cn.jobs, cn.done = make(chan job), make(chan struct{}, 1)
+		go cn.worker()
+	}
+	cn.jobs <- job{w: w, r: r, cancel: cancel}
+
+	finished := false
+	if b.done != nil {
+		select {
+		case <-b.done:
+		case <-cn.done:
+			finished = true
+		}
+	}
+	if !finished {
+		select {
+		case <-cn.done:
+			finished = true
+		default:
+		}
+	}
+	if !finished {
+		// The handler is still running: wait for the client. Bytes mean the
+		// next request (answered after this one); an error means it left.
+		if _, err := cn.br.Peek(1); err != nil {
+			cancel()
+			<-cn.done
+			return false
+		}
+		<-cn.done
+	}
+	if w.closeAfter {
+		return false
+	}
+	if !b.eof {
+		// Unread body the response promised to keep the connection for.
+		if _, err := io.Copy(io.Discard, io.LimitReader(b, maxDiscard+1)); err != nil || !b.eof {
+			return false
+		}
+	}
+	return true
+}
+
+type job struct {
+	w      *response
+	r      *http.Request
+	cancel context.CancelFunc
+}
+
+// worker runs the connection's handlers, one at a time.
+func (cn *conn) worker() {
+	for j := range cn.jobs {
+		cn.run(j.w, j.r, j.cancel)
+		cn.done <- struct{}{}
+	}
+}
+
+// run calls the handler and finishes the response.
+func (cn *conn) run(w *response, r *http.Request, cancel context.CancelFunc) {
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler {
+				cn.srv.logger().Error("handler panicked", "method", r.Method, "uri", r.RequestURI, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			}
+			// Cut the response: what was buffered goes out, the end of a
+			// chunked body does not, so the client sees it broken.
+			w.closeAfter = true
+			_ = cn.bw.Flush()
+			cn.state.Store(stateClosed)
+			cn.c.Close()
+			return
+		}
+		w.finish()
+		if w.closeAfter || cn.srv.shutdown.Load() {
+			w.closeAfter = true
+			cn.state.Store(stateClosed)
+			closeGracefully(cn.c)
+			return
+		}
+		cn.last.Store(time.Now().UnixNano())
+		cn.state.Store(stateIdle)
+	}()
+	cn.srv.Handler.ServeHTTP(w, r)
+}
+
+// closeGracefully sends FIN before closing, so a response is not lost to a
+// reset caused by request bytes the server did not read.
+func closeGracefully(c net.Conn) {
+	if tc, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+	}
+	c.Close()
+}
+
+// protocolError answers a request the server rejected and closes.
+func (cn *conn) protocolError(pe *protoError) {
+	w := &response{cn: cn, header: make(http.Header, 4), cl: -1, minor: 1, closeAfter: true, body: &body{eof: true}}
+	if f := cn.srv.ProtocolError; f != nil {
+		f(w, pe.status, pe.msg)
+	} else {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(pe.status)
+		_, _ = io.WriteString(w, pe.msg+"\n")
+	}
+	w.finish()
+	closeGracefully(cn.c)
+}
+
+func protoString(minor int) string {
+	if minor == 0 {
+		return "HTTP/1.0"
+	}
+	return "HTTP/1.1"
+}
+
+// body is a request body. The handler's goroutine reads it; the connection
+// goroutine touches it again only after done was closed or the handler ended.
+type body struct {
+	br             *bufio.Reader
+	buf            []byte    // whole body read ahead, when it came with the head
+	chunked        io.Reader // chunked decoder, or nil
+	remaining      int64     // Content-Length bytes left
+	eof            bool
+	err            error
+	done           chan struct{} // closed at the end of the body
+	w              *response
+	expectContinue bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	if b.buf != nil {
+		n := copy(p, b.buf)
+		b.buf = b.buf[n:]
+		if len(b.buf) == 0 {
+			b.buf = nil
+			if n == 0 {
+				return 0, io.EOF
+			}
+		}
+		return n, nil
+	}
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.expectContinue {
+		b.expectContinue = false
+		if !b.w.committed {
+			_, _ = b.w.cn.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+			if err := b.w.cn.bw.Flush(); err != nil {
+				b.err = err
+				return 0, err
+			}
+		}
+	}
+	var n int
+	var err error
+	if b.chunked != nil {
+		n, err = b.chunked.Read(p)
+		if err == io.EOF {
+			if terr := b.readTrailer(); terr != nil {
+				err = terr
+			} else {
+				b.end()
+			}
+		}
+	} else {
+		if int64(len(p)) > b.remaining {
+			p = p[:b.remaining]
+		}
+		n, err = b.br.Read(p)
+		b.remaining -= int64(n)
+		if b.remaining == 0 {
+			b.end()
+			err = io.EOF
+		} else if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
+// readTrailer skips the trailer section after the last chunk (the
+// router forwards no trailers).
+func (b *body) readTrailer() error {
+	budget := 8 << 10
+	for {
+		line, err := readLine(b.br, &budget)
+		if err != nil {
+			return errors.New("reading chunked body trailer: " + err.Error())
+		}
+		if len(line) == 0 {
+			return nil
+		}
+	}
+}
+
+func (b *body) end() {
+	b.eof = true
+	if b.done != nil {
+		close(b.done)
+	}
+}
+
+// Close is a no-op: an unread body is dealt with when the handler returns.
+func (b *body) Close() error { return nil }

@@ -1,0 +1,273 @@
+package h1
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// pendingMax is how much body a response holds back before committing to a
+// framing: a response finished within it goes out with a Content-Length,
+// headers and body in one write.
+const pendingMax = 4 << 10
+
+// response is the http.ResponseWriter. Headers are written together with
+// the first body bytes (or at the end), never alone.
+type response struct {
+	cn          *conn
+	req         *http.Request // nil for the server's own error responses
+	header      http.Header
+	status      int
+	wroteHeader bool
+	committed   bool
+	chunked     bool
+	head        bool  // HEAD request: no body goes out
+	cl          int64 // declared Content-Length, -1 if none
+	written     int64
+	pending     []byte
+	minor       int
+	closeAfter  bool
+	err         error // sticky write error
+	body        *body
+}
+
+var errContentLength = errors.New("h1: wrote more than the declared Content-Length")
+
+func (w *response) Header() http.Header { return w.header }
+
+func (w *response) WriteHeader(code int) {
+	if w.wroteHeader || w.committed {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
+	if code < 200 {
+		if code == http.StatusSwitchingProtocols {
+			return // no upgrades
+		}
+		// Interim response: status line and current headers, sent now.
+		bw := w.cn.bw
+		writeStatus(bw, code)
+		writeHeaders(bw, w.header, nil)
+		_, _ = bw.WriteString("\r\n")
+		w.setErr(bw.Flush())
+		return
+	}
+	w.wroteHeader = true
+	w.status = code
+	if v := w.header.Get("Content-Length"); v != "" {
+		if n, ok := parseLength(strings.TrimSpace(v)); ok {
+			w.cl = n
+		} else {
+			w.header.Del("Content-Length")
+		}
+	}
+}
+
+func (w *response) bodyAllowed() bool {
+	return w.status != http.StatusNoContent && w.status != http.StatusNotModified
+}
+
+func (w *response) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.bodyAllowed() {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.cl >= 0 && w.written+int64(len(p)) > w.cl {
+		return 0, errContentLength
+	}
+	if w.head {
+		w.written += int64(len(p))
+		return len(p), nil
+	}
+	if !w.committed {
+		if len(w.pending)+len(p) <= pendingMax {
+			w.pending = append(w.pending, p...)
+			w.written += int64(len(p))
+			return len(p), nil
+		}
+		w.commit(false, p)
+	}
+	w.writeBody(p)
+	w.written += int64(len(p))
+	if w.err != nil {
+		return 0, w.err
+	}
+	return len(p), nil
+}
+
+func (w *response) writeBody(p []byte) {
+	if len(p) == 0 || w.err != nil {
+		return
+	}
+	bw := w.cn.bw
+	if w.chunked {
+		_, _ = bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
+		_, _ = bw.WriteString("\r\n")
+		_, _ = bw.Write(p)
+		_, err := bw.WriteString("\r\n")
+		w.setErr(err)
+		return
+	}
+	_, err := bw.Write(p)
+	w.setErr(err)
+}
+
+func (w *response) setErr(err error) {
+	if err != nil && w.err == nil {
+		w.err = err
+		w.closeAfter = true
+	}
+}
+
+// Flush sends everything written so far.
+func (w *response) Flush() { _ = w.FlushError() }
+
+// FlushError sends everything written so far (http.ResponseController).
+func (w *response) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit(false, nil)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	w.setErr(w.cn.bw.Flush())
+	return w.err
+}
+
+// commit writes the status line and headers, choosing the body framing,
+// then the held-back body. next is the write that made it commit, if any
+// (for sniffing the content type when nothing was held back).
+func (w *response) commit(final bool, next []byte) {
+	w.committed = true
+	h := w.header
+	bodyOK := w.bodyAllowed()
+	var extra [3]string
+	n := 0
+	switch {
+	case !bodyOK:
+		h.Del("Content-Length")
+	case w.cl >= 0:
+	case final:
+		w.cl = int64(len(w.pending))
+		if !w.head || w.cl > 0 {
+			extra[n] = "Content-Length: " + strconv.FormatInt(w.cl, 10)
+			n++
+		}
+	case w.minor == 0:
+		w.closeAfter = true // no chunking in HTTP/1.0: the close ends the body
+	default:
+		w.chunked = !w.head
+		if w.chunked {
+			extra[n] = "Transfer-Encoding: chunked"
+			n++
+		}
+	}
+	if v := h.Get("Connection"); v != "" && strings.Contains(strings.ToLower(v), "close") {
+		w.closeAfter = true
+	}
+	if b := w.body; b != nil && !b.eof && (b.chunked != nil || b.remaining > maxDiscard) {
+		w.closeAfter = true // too much left unread to drop and keep the connection
+	}
+	if w.cn.srv.shutdown.Load() {
+		w.closeAfter = true
+	}
+	if w.closeAfter {
+		extra[n] = "Connection: close"
+		n++
+	}
+	if _, ok := h["Date"]; !ok {
+		extra[n] = "Date: " + *w.cn.srv.date.Load()
+		n++
+	}
+	if _, ok := h["Content-Type"]; !ok && bodyOK && !w.head {
+		if sniff := w.pending; len(sniff) > 0 || len(next) > 0 {
+			if len(sniff) == 0 {
+				sniff = next
+			}
+			h.Set("Content-Type", http.DetectContentType(sniff))
+		}
+	}
+	bw := w.cn.bw
+	writeStatus(bw, w.status)
+	writeHeaders(bw, h, extra[:n])
+	_, err := bw.WriteString("\r\n")
+	w.setErr(err)
+	p := w.pending
+	w.pending = nil
+	w.writeBody(p)
+}
+
+// finish completes the response after the handler returned.
+func (w *response) finish() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit(true, nil)
+	}
+	bw := w.cn.bw
+	if w.chunked {
+		_, err := bw.WriteString("0\r\n\r\n")
+		w.setErr(err)
+	}
+	if w.cl >= 0 && w.written != w.cl && !w.head && w.bodyAllowed() {
+		w.closeAfter = true // short body: the client must see the connection end
+	}
+	w.setErr(bw.Flush())
+}
+
+type stringWriter interface {
+	WriteString(string) (int, error)
+}
+
+func writeStatus(bw stringWriter, code int) {
+	switch code {
+	case http.StatusOK:
+		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\n")
+		return
+	}
+	text := http.StatusText(code)
+	if text == "" {
+		text = "status code " + strconv.Itoa(code)
+	}
+	_, _ = bw.WriteString("HTTP/1.1 " + strconv.Itoa(code) + " " + text + "\r\n")
+}
+
+// writeHeaders writes h (less the hop-by-hop headers the server manages and
+// any name or value that would break the header block) and the extra lines.
+func writeHeaders(bw stringWriter, h http.Header, extra []string) {
+	for k, vs := range h {
+		switch k {
+		case "Transfer-Encoding", "Connection", "Keep-Alive", "Trailer", "Upgrade":
+			continue
+		}
+		if !isToken(k) {
+			continue
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n\x00") {
+				continue
+			}
+			_, _ = bw.WriteString(k)
+			_, _ = bw.WriteString(": ")
+			_, _ = bw.WriteString(v)
+			_, _ = bw.WriteString("\r\n")
+		}
+	}
+	for _, e := range extra {
+		_, _ = bw.WriteString(e)
+		_, _ = bw.WriteString("\r\n")
+	}
+}
