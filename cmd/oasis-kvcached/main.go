@@ -110,11 +110,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	debug.SetMemoryLimit(plan.goLimit)
-	// With the heap capped by the limit, collect less often than Go's default:
-	// every large SET allocates its value, and a GC every few MiB of them
-	// costs ~20% of 1 MiB SET throughput. GOGC in the environment wins.
+	// The heap goal follows the live heap plus the plan's headroom (tuneGC):
+	// every large SET allocates its value, and a fixed GC percent either
+	// collects every few MiB of them when little is stored (~20% of 1 MiB SET
+	// throughput at Go's default) or lets the heap grow by GiBs of fresh,
+	// page-faulted memory when much is. GOGC in the environment wins.
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(400)
+		tuneGC(ctx, plan.headroom)
 	}
 	budget := resp.NewBudget(plan.inflight)
 

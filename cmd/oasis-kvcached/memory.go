@@ -21,7 +21,7 @@ import (
 //     least what the tier, the budget and some slack need, so the collector
 //     never chases a limit the live heap already exceeds.
 type memoryPlan struct {
-	tier, inflight, goLimit int64
+	tier, inflight, headroom, goLimit int64
 }
 
 // binaryOverhead is the RSS of the binary's text, data and runtime
@@ -30,7 +30,8 @@ const binaryOverhead = 20 << 20
 
 func planMemory(ram, maxValue int64, disk bool) (memoryPlan, error) {
 	inflight := min(max(min(ram/8, 1<<30), maxValue), ram/2)
-	tier := ram - inflight - min(ram/16, 1<<30)
+	headroom := min(ram/16, 1<<30)
+	tier := ram - inflight - headroom
 	if tier < 64<<10 {
 		return memoryPlan{}, fmt.Errorf("--ram-bytes %d is too small", ram)
 	}
@@ -39,5 +40,5 @@ func planMemory(ram, maxValue int64, disk bool) (memoryPlan, error) {
 		nonGo += store.PebbleBytes
 	}
 	goLimit := max(ram+ram/10-nonGo, tier+inflight+8<<20)
-	return memoryPlan{tier: tier, inflight: inflight, goLimit: goLimit}, nil
+	return memoryPlan{tier: tier, inflight: inflight, headroom: headroom, goLimit: goLimit}, nil
 }
