@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,10 +96,10 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		stop()
 		return nil, err
 	}
-	resp, err := http.ReadResponse(pc.br, req)
+	resp, err := readResponse(pc.br, req)
 	// Skip interim responses (100 Continue, 103 Early Hints): the final one follows.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, err = http.ReadResponse(pc.br, req)
+		resp, err = readResponse(pc.br, req)
 	}
 	if err != nil {
 		stop()
@@ -308,3 +311,206 @@ func (t *Transport) CloseIdle() {
 		delete(t.idle, h)
 	}
 }
+
+// readResponse reads one response. A head that arrived whole (the usual
+// case: engines write it in one segment) with nothing unusual in it is parsed
+// here, with fewer allocations than textproto; anything else, before a byte
+// is consumed, goes to http.ReadResponse.
+func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	if _, err := br.Peek(1); err != nil {
+		return nil, err
+	}
+	buf, _ := br.Peek(br.Buffered())
+	end := bytes.Index(buf, []byte("\r\n\r\n"))
+	if end < 0 {
+		return http.ReadResponse(br, req)
+	}
+	resp, ok := parseResponseHead(buf[:end+2])
+	if !ok {
+		return http.ReadResponse(br, req)
+	}
+	_, _ = br.Discard(end + 4)
+	resp.Request = req
+	switch {
+	case resp.StatusCode < 200 || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified ||
+		req.Method == http.MethodHead:
+		resp.Body = http.NoBody
+		if req.Method != http.MethodHead {
+			resp.ContentLength = 0
+		}
+	case resp.TransferEncoding != nil:
+		resp.Body = &chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
+	case resp.ContentLength >= 0:
+		resp.Body = &lengthBody{br: br, n: resp.ContentLength}
+		if resp.ContentLength == 0 {
+			resp.Body = http.NoBody
+		}
+	default:
+		resp.Close = true // the body ends with the connection
+		resp.Body = io.NopCloser(br)
+	}
+	return resp, nil
+}
+
+// parseResponseHead parses an HTTP/1.1 status line and headers, each line
+// ending in CRLF. ok is false for anything it does not handle itself.
+func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
+	line, rest, _ := bytes.Cut(b, []byte("\r\n"))
+	if len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || (len(line) > 12 && line[12] != ' ') {
+		return nil, false
+	}
+	code := 0
+	for _, c := range line[9:12] {
+		if c < '0' || c > '9' {
+			return nil, false
+		}
+		code = code*10 + int(c-'0')
+	}
+	if code < 100 {
+		return nil, false
+	}
+	for _, c := range line[12:] {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return nil, false
+		}
+	}
+	resp = &http.Response{Status: string(line[9:]), StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: make(http.Header, 8), ContentLength: -1}
+	vals := make([]string, 0, 8)
+	lengths := 0
+	for len(rest) > 0 {
+		line, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		k, v, found := bytes.Cut(line, []byte{':'})
+		if !found || !validHeaderKey(string(k)) {
+			return nil, false // also folded lines: their key starts with a space
+		}
+		v = bytes.Trim(v, " \t")
+		for _, c := range v {
+			if c < ' ' && c != '\t' || c == 0x7f {
+				return nil, false
+			}
+		}
+		key := responseKey(k)
+		vs := string(v)
+		switch key {
+		case "Content-Length":
+			n, err := strconv.ParseInt(vs, 10, 64)
+			if lengths++; lengths > 1 || err != nil || n < 0 || vs[0] == '+' {
+				return nil, false
+			}
+			resp.ContentLength = n
+		case "Transfer-Encoding":
+			if resp.TransferEncoding != nil || vs != "chunked" {
+				return nil, false
+			}
+			resp.TransferEncoding = []string{"chunked"}
+			continue // as net/http: not left in the header map
+		case "Trailer":
+			return nil, false // declared trailers: net/http's business
+		case "Connection":
+			for _, tok := range strings.Split(vs, ",") {
+				if strings.EqualFold(strings.Trim(tok, " \t"), "close") {
+					resp.Close = true
+				}
+			}
+		}
+		if cur, ok := resp.Header[key]; ok {
+			resp.Header[key] = append(cur, vs)
+			continue
+		}
+		vals = append(vals, vs)
+		resp.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	if resp.Close {
+		delete(resp.Header, "Connection") // as net/http
+	}
+	if resp.TransferEncoding != nil {
+		if lengths > 0 {
+			return nil, false
+		}
+		resp.ContentLength = -1
+	}
+	return resp, true
+}
+
+// responseKey canonicalises a header name, without allocating for the
+// names engines usually send.
+func responseKey(k []byte) string {
+	switch string(k) {
+	case "Content-Type", "content-type":
+		return "Content-Type"
+	case "Content-Length", "content-length":
+		return "Content-Length"
+	case "Transfer-Encoding", "transfer-encoding":
+		return "Transfer-Encoding"
+	case "Date", "date":
+		return "Date"
+	case "Cache-Control", "cache-control":
+		return "Cache-Control"
+	case "X-Request-Id", "x-request-id":
+		return "X-Request-Id"
+	case "Connection", "connection":
+		return "Connection"
+	case "Server", "server":
+		return "Server"
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(k))
+}
+
+// chunkedBody decodes a chunked body and consumes its trailer section, so
+// the connection is positioned at the next response. The last data comes
+// with io.EOF when the terminator was already buffered, as net/http's does.
+type chunkedBody struct {
+	br  *bufio.Reader
+	r   io.Reader
+	err error
+}
+
+func (c *chunkedBody) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.r.Read(p)
+	if err == io.EOF {
+		// Trailer section, read the way net/http does (and dropped).
+		if b, _ := c.br.Peek(2); string(b) == "\r\n" {
+			_, _ = c.br.Discard(2)
+		} else if len(b) < 2 {
+			err = io.ErrUnexpectedEOF
+		} else if buf, _ := c.br.Peek(c.br.Buffered()); !bytes.Contains(buf, []byte("\r\n\r\n")) {
+			err = io.ErrUnexpectedEOF // trailer not all there: net/http refuses it too
+		} else if _, terr := textproto.NewReader(c.br).ReadMIMEHeader(); terr != nil {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	c.err = err
+	return n, err
+}
+
+func (c *chunkedBody) Close() error { return nil }
+
+// lengthBody is a body of known length.
+type lengthBody struct {
+	br *bufio.Reader
+	n  int64
+}
+
+func (l *lengthBody) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.br.Read(p)
+	l.n -= int64(n)
+	switch {
+	case l.n == 0:
+		return n, io.EOF
+	case err == io.EOF:
+		return n, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (l *lengthBody) Close() error { return nil }

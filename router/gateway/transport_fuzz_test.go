@@ -1,0 +1,67 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"slices"
+	"testing"
+)
+
+// FuzzParseResponse checks the transport's response reader against
+// http.ReadResponse on the same bytes: same status, headers, framing, body
+// and position after the body (where the next response would start).
+func FuzzParseResponse(f *testing.F) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nNEXT",
+		"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nx-request-id: a\r\n\r\nabcNEXT",
+		"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 204 No Content\r\n\r\nNEXT",
+		"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		req := &http.Request{Method: http.MethodPost}
+		head, _ := bytes.CutSuffix(in, nil)
+		if end := bytes.Index(head, []byte("\r\n\r\n")); end < 0 {
+			return // the fast path only takes a whole head
+		} else if _, ok := parseResponseHead(head[:end+2]); !ok {
+			return
+		}
+		br := bufio.NewReaderSize(bytes.NewReader(in), 1<<16)
+		got, err := readResponse(br, req)
+		if err != nil {
+			t.Fatalf("fast path failed: %v", err)
+		}
+		rbr := bufio.NewReaderSize(bytes.NewReader(in), 1<<16)
+		want, werr := http.ReadResponse(rbr, req)
+		if werr != nil {
+			t.Fatalf("parsed what net/http rejects (%v): %q", werr, in)
+		}
+		if got.StatusCode != want.StatusCode || got.Status != want.Status || got.Close != want.Close ||
+			got.ContentLength != want.ContentLength || !slices.Equal(got.TransferEncoding, want.TransferEncoding) {
+			t.Fatalf("got %d %q close=%v len=%d te=%v, net/http %d %q close=%v len=%d te=%v", got.StatusCode, got.Status,
+				got.Close, got.ContentLength, got.TransferEncoding, want.StatusCode, want.Status, want.Close, want.ContentLength, want.TransferEncoding)
+		}
+		for k, vs := range want.Header {
+			if !slices.Equal(vs, got.Header[k]) {
+				t.Fatalf("header %q: got %q, net/http %q", k, got.Header[k], vs)
+			}
+		}
+		if len(got.Header) != len(want.Header) {
+			t.Fatalf("headers: got %v, net/http %v", got.Header, want.Header)
+		}
+		gb, gerr := io.ReadAll(got.Body)
+		wb, wberr := io.ReadAll(want.Body)
+		if !bytes.Equal(gb, wb) || (gerr == nil) != (wberr == nil) {
+			t.Fatalf("body: got %q (%v), net/http %q (%v)", gb, gerr, wb, wberr)
+		}
+		if gerr == nil && br.Buffered() != rbr.Buffered() {
+			t.Fatalf("after the body: %d bytes left, net/http %d", br.Buffered(), rbr.Buffered())
+		}
+	})
+}
