@@ -94,7 +94,7 @@ func main() {
 	fs.StringVar(&c.kvcachedService, "kvcached-service", discovery.KVCachedService, "Consul service of the node-local kvcached instances whose presence events count offloaded prefixes as CPU/disk/peer hits (empty: ignore them)")
 	fs.IntVar(&c.gcPercent, "gc-percent", 400, "Go GC target percentage (runtime/debug.SetGCPercent): the router's live heap is a few MiB, so collecting less often trades a little memory for CPU per request; -1 disables GC except under -memory-limit")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 0, "soft memory limit in bytes for the Go runtime (runtime/debug.SetMemoryLimit); 0 leaves the runtime's default")
-	fs.StringVar(&c.httpServer, "http-server", "h1", "API server: h1 (the router's own HTTP/1.1 server, less CPU per request) or net (net/http's server, which also speaks HTTP/2 over cleartext only when configured; kept for comparison)")
+	fs.StringVar(&c.httpServer, "http-server", "h1", "API server: h1 (the router's own HTTP/1.1 server: less CPU per request) or net (net/http's server, kept for comparison)")
 	_ = fs.Parse(os.Args[1:])
 	// Set in code from flags, not from GOGC/GOMEMLIMIT, so what the router
 	// runs with is visible on its command line.

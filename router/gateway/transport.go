@@ -384,7 +384,7 @@ func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
 		if !found || !validHeaderKey(string(k)) {
 			return nil, false // also folded lines: their key starts with a space
 		}
-		v = bytes.Trim(v, " \t")
+		v = trimOWS(v)
 		for _, c := range v {
 			if c < ' ' && c != '\t' || c == 0x7f {
 				return nil, false
@@ -514,3 +514,15 @@ func (l *lengthBody) Read(p []byte) (int, error) {
 }
 
 func (l *lengthBody) Close() error { return nil }
+
+// trimOWS trims spaces and tabs around a header value (bytes.Trim builds
+// its cutset on every call).
+func trimOWS(v []byte) []byte {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}

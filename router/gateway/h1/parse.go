@@ -104,7 +104,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 		if !ok || !isToken(k) {
 			return nil, badRequest("malformed header line"), nil
 		}
-		v = bytes.Trim(v, " \t")
+		v = trimOWS(v)
 		for _, c := range v {
 			if c < ' ' && c != '\t' || c == 0x7f {
 				return nil, badRequest("invalid header value"), nil
@@ -296,4 +296,16 @@ func parseLength(s string) (int64, bool) {
 		n = n*10 + int64(s[i]-'0')
 	}
 	return n, true
+}
+
+// trimOWS trims spaces and tabs around a header value (bytes.Trim builds
+// its cutset on every call).
+func trimOWS(v []byte) []byte {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
 }
