@@ -284,6 +284,23 @@ func (s *Server) serveConn(nc net.Conn) {
 	}
 }
 
+// getOrSet recognises GET and SET, nearly every command on the hot path, in
+// any case, without copying the name first: perf put ~6% of kvcached's
+// samples under pipelined 1 KiB SETs on the compare that read back the bytes
+// upper had just stored one at a time (a store-forwarding stall).
+func getOrSet(name []byte) string {
+	if len(name) != 3 || name[1]|0x20 != 'e' || name[2]|0x20 != 't' {
+		return ""
+	}
+	switch name[0] | 0x20 {
+	case 'g':
+		return "GET"
+	case 's':
+		return "SET"
+	}
+	return ""
+}
+
 // upper copies an ASCII command name in upper case into buf.
 func upper(buf []byte, b []byte) []byte {
 	buf = buf[:0]
@@ -304,14 +321,19 @@ func (s *Server) argErr(c *conn, cmd string) {
 func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 	var nameBuf [32]byte
 	name := args[0]
-	if len(name) > len(nameBuf) {
-		s.mErrors.WithLabelValues("unknown").Inc()
-		c.w.Error("ERR unknown command")
-		return
+	var cmd string
+	if fast := getOrSet(name); fast != "" {
+		cmd = fast
+	} else {
+		if len(name) > len(nameBuf) {
+			s.mErrors.WithLabelValues("unknown").Inc()
+			c.w.Error("ERR unknown command")
+			return
+		}
+		cmd = string(upper(nameBuf[:], name))
 	}
-	cmd := upper(nameBuf[:], name)
 	if !c.authed {
-		switch string(cmd) {
+		switch cmd {
 		case "AUTH", "HELLO", "QUIT":
 		default:
 			s.mErrors.WithLabelValues("auth").Inc()
@@ -321,7 +343,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 	}
 	w := c.w
 	n := len(args)
-	switch string(cmd) {
+	switch cmd {
 	case "GET":
 		if n != 2 {
 			s.argErr(c, "GET")
@@ -351,7 +373,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 		w.Int(cnt)
 	case "DEL", "UNLINK":
 		if n < 2 {
-			s.argErr(c, string(cmd))
+			s.argErr(c, cmd)
 			return
 		}
 		c.counted[cmdDel]++
@@ -413,7 +435,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 		w.Bulk(args[1])
 	case "EXPIRE", "PEXPIRE":
 		if n < 3 {
-			s.argErr(c, string(cmd))
+			s.argErr(c, cmd)
 			return
 		}
 		c.counted[cmdExpire]++
@@ -423,11 +445,11 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			return
 		}
 		unit := time.Second
-		if string(cmd) == "PEXPIRE" {
+		if cmd == "PEXPIRE" {
 			unit = time.Millisecond
 		}
 		if d > int64(1<<62)/int64(unit) || d < -int64(1<<62)/int64(unit) {
-			w.Error("ERR invalid expire time in '" + strings.ToLower(string(cmd)) + "' command")
+			w.Error("ERR invalid expire time in '" + strings.ToLower(cmd) + "' command")
 			return
 		}
 		key := string(args[1])
@@ -458,7 +480,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 		}
 	case "TTL", "PTTL":
 		if n != 2 {
-			s.argErr(c, string(cmd))
+			s.argErr(c, cmd)
 			return
 		}
 		at, ok := s.st.ExpireAt(string(args[1]))
@@ -469,7 +491,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			w.Int(-1)
 		default:
 			left := time.Until(time.Unix(0, at))
-			if string(cmd) == "TTL" {
+			if cmd == "TTL" {
 				w.Int(int64((left + time.Second/2) / time.Second))
 			} else {
 				w.Int(left.Milliseconds())

@@ -280,3 +280,12 @@ func TestGlobMatch(t *testing.T) {
 		must.Eq(t, tc.want, globMatch([]byte(tc.p), []byte(tc.s)), must.Sprintf("%q %q", tc.p, tc.s))
 	}
 }
+
+func TestGetOrSetRecognisesOnlyGetAndSet(t *testing.T) {
+	for name, want := range map[string]string{
+		"GET": "GET", "get": "GET", "gEt": "GET", "SET": "SET", "set": "SET", "sEt": "SET",
+		"GETS": "", "GE": "", "gex": "", "bet": "", "s\x05t": "", "GET\x00": "", "": "", "GeT ": "",
+	} {
+		must.Eq(t, want, getOrSet([]byte(name)), must.Sprintf("%q", name))
+	}
+}
