@@ -93,13 +93,18 @@ type item struct {
 	val      []byte
 	expireAt int64  // unix ns; 0 = never
 	seq      uint64 // write sequence, newer writes have larger ones
-	queuedAt int64  // monotonic ns when queued for the spiller
-	dirty    bool   // not yet on disk
-	queued   bool   // waiting in the spill queue
-	writing  bool   // a disk write is in flight
-	deleted  bool   // removed by DEL/overwrite while a write was in flight
-	prev     *item
-	next     *item
+	queuedAt int64  // monotonic ns when its own spill-queue entry was sent
+	// entry is the item whose spill-queue entry will write this one: itself,
+	// or the older value of the key whose entry was still waiting when this
+	// one replaced it (the newer value inherits the entry, so a key rewritten
+	// in a loop has one entry at a time, not one per SET). Under Store.mu.
+	entry   *item
+	dirty   bool // not yet on disk
+	queued  bool // a spill-queue entry (its own or inherited) will visit it
+	writing bool // a disk write is in flight
+	deleted bool // removed by DEL/overwrite while a write was in flight
+	prev    *item
+	next    *item
 }
 
 // Store is safe for concurrent use.
@@ -274,16 +279,21 @@ func (s *Store) Set(key string, val []byte, expireAt int64, mode SetMode) (bool,
 func (s *Store) insert(key string, val []byte, expireAt int64, dirty bool) {
 	seq := s.seq.Add(1)
 	it := &item{key: key, val: val, expireAt: expireAt, seq: seq, dirty: dirty && s.disk != nil}
-	queue := it.dirty
-	if queue {
-		it.queuedAt = int64(time.Since(s.epoch))
-		// Marked queued before it is visible, and sent once the lock is
-		// released (the send is most of the hold time otherwise): Flush
-		// counts it as pending either way.
-		it.queued = true
-	}
+	send := false
 	s.mu.Lock()
 	old := s.ram[key]
+	if it.dirty {
+		// Marked queued before it is visible: Flush counts it as pending.
+		it.queued = true
+		if old != nil && old.queued && old.entry != nil && !old.writing {
+			// The older value's entry is still waiting: it will write this
+			// value instead (no channel send, no clock read per SET).
+			it.entry = old.entry
+		} else {
+			it.entry = it
+			send = true
+		}
+	}
 	if old != nil {
 		s.removeRAMLocked(old, true)
 	}
@@ -293,14 +303,22 @@ func (s *Store) insert(key string, val []byte, expireAt int64, dirty bool) {
 	victims := s.evictLocked()
 	s.gaugesLocked()
 	s.mu.Unlock()
-	if queue {
+	if send {
+		// Sent once the lock is released (the send is most of the hold
+		// time otherwise); the send orders queuedAt before the spiller's
+		// read of it.
+		it.queuedAt = int64(time.Since(s.epoch))
 		select {
 		case s.spill <- it:
 		default:
-			// Queue full: the block stays dirty and is written when
-			// evicted (or queued by Flush).
+			// Queue full: the block, and any newer value of the key that
+			// inherited its entry meanwhile, stays dirty and is written
+			// when evicted (or queued by Flush).
 			s.mu.Lock()
-			it.queued = false
+			it.queued, it.entry = false, nil
+			if cur := s.ram[key]; cur != nil && cur.entry == it {
+				cur.queued, cur.entry = false, nil
+			}
 			s.mu.Unlock()
 		}
 	}
@@ -380,9 +398,22 @@ func (s *Store) writeBack(it *item) {
 // acknowledged within the last DefaultSpillDelay.
 const DefaultSpillDelay = 5 * time.Millisecond
 
-// spiller writes queued blocks in queue order, each once it is SpillDelay
-// old (at once while a Flush waits); superseded blocks are skipped without
-// touching the disk.
+// spillEntry is a spill-queue entry as the spiller holds it.
+type spillEntry struct {
+	it       *item         // the item that sent the entry
+	deadline time.Duration // since s.epoch: when to write
+	seen     uint64        // seq of the value the deadline was set for
+}
+
+// spiller writes queued blocks in queue order, each once its key has gone
+// SpillDelay without a newer value (at once while a Flush waits); blocks
+// superseded or deleted by then are dropped without touching the disk.
+//
+// A newer value that inherited a waiting entry (insert) restarts that
+// entry's delay when the spiller reaches it: the entry goes to the back of
+// the spiller's list with a fresh deadline, so a key rewritten in a loop is
+// written once per pause in its writes, as if every SET had queued its own
+// block and all but the last were skipped as superseded.
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
 	// The spiller is not given a lower OS priority (a nice 19 thread): it
@@ -391,96 +422,124 @@ func (s *Store) spiller(ctx context.Context) {
 	// (priority inversion). It costs requests CPU only when it has work.
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	batch := make([]*item, 0, spillBatch)
+	var pending []spillEntry // FIFO; pending[head:] are waiting
+	head := 0
 	for {
-		select {
-		case it := <-s.spill:
-			// Take what else is queued too and drop the superseded blocks
-			// under one lock: a hot key rewritten in a loop queues a block
-			// per SET, and a lock per block would contend with the writers.
-			batch = append(batch[:0], it)
-		fill:
-			for len(batch) < spillBatch {
-				select {
-				case it := <-s.spill:
-					batch = append(batch, it)
-				default:
-					break fill
-				}
+		if head == len(pending) {
+			pending, head = pending[:0], 0
+			select {
+			case it := <-s.spill:
+				pending = append(pending, s.newEntry(it))
+			case <-ctx.Done():
+				s.drainSpill(nil)
+				return
 			}
-			batch = s.dropSuperseded(batch)
-			for _, it := range batch {
-				if wait := time.Duration(it.queuedAt) + s.cfg.SpillDelay - time.Since(s.epoch); wait > 0 && s.flushing.Load() == 0 && !s.superseded(it) {
-					timer.Reset(wait)
-					select {
-					case <-timer.C:
-					case <-s.kick:
-						timer.Stop()
-					case <-ctx.Done():
-						timer.Stop()
-					}
-				}
-				s.spillOne(it)
+		}
+		// Take what else is queued too, a bounded batch at a time.
+	fill:
+		for n := 0; n < spillBatch; n++ {
+			select {
+			case it := <-s.spill:
+				pending = append(pending, s.newEntry(it))
+			default:
+				break fill
 			}
-			clear(batch)
-		case <-ctx.Done():
-			s.drainSpill() // a clean shutdown loses nothing
-			return
+		}
+		e := pending[head]
+		pending[head] = spillEntry{}
+		head++
+		if head > 1024 && head*2 > len(pending) {
+			pending, head = append(pending[:0], pending[head:]...), 0
+		}
+		if wait := e.deadline - time.Since(s.epoch); wait > 0 && s.flushing.Load() == 0 && s.live(e.it) {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-s.kick:
+				timer.Stop()
+			case <-ctx.Done():
+				timer.Stop()
+				s.drainSpill(append(pending[head:], e))
+				return
+			}
+		}
+		if again, ok := s.writeEntry(e); !ok {
+			pending = append(pending, again)
 		}
 	}
 }
 
-// spillBatch is how many queued blocks the spiller takes at a time.
+// spillBatch is how many queued blocks the spiller takes from the channel
+// at a time.
 const spillBatch = 256
 
-// dropSuperseded removes from batch, in place, the blocks already
-// overwritten or deleted (marking them no longer queued) and returns the
-// rest in queue order.
-func (s *Store) dropSuperseded(batch []*item) []*item {
-	live := batch[:0]
-	s.mu.Lock()
-	for _, it := range batch {
-		if it.deleted || !it.dirty {
-			it.queued = false
-			continue
-		}
-		live = append(live, it)
-	}
-	s.mu.Unlock()
-	clear(batch[len(live):])
-	return live
+func (s *Store) newEntry(it *item) spillEntry {
+	return spillEntry{it: it, deadline: time.Duration(it.queuedAt) + s.cfg.SpillDelay, seen: it.seq}
 }
 
-// superseded reports whether it was overwritten or deleted already, so the
-// spiller need not wait for its delay to drop it.
-func (s *Store) superseded(it *item) bool {
+// target returns the item e's entry writes now: the newest value of the key
+// if it inherited the entry, else the item that sent it. Under s.mu.
+func (s *Store) target(it *item) *item {
+	if cur := s.ram[it.key]; cur != nil && cur.entry == it {
+		return cur
+	}
+	return it
+}
+
+// live reports whether it's entry still has a block to write, so the
+// spiller need not wait out the delay to drop it.
+func (s *Store) live(it *item) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return it.deleted || !it.dirty
+	t := s.target(it)
+	return t.entry == it && t.dirty && !t.deleted && !t.writing
 }
 
-// drainSpill writes every block queued now.
-func (s *Store) drainSpill() {
+// writeEntry writes e's block, or drops the entry when there is nothing to
+// write. When a newer value inherited the entry after its deadline was set,
+// and no Flush is waiting, it writes nothing and returns the entry with a
+// fresh deadline (ok false) for the back of the spiller's list.
+func (s *Store) writeEntry(e spillEntry) (again spillEntry, ok bool) {
+	s.mu.Lock()
+	t := s.target(e.it)
+	if t.entry != e.it || !t.dirty || t.deleted || t.writing {
+		// Superseded, deleted, written by an evicting request, or the
+		// entry lost to a full queue: nothing of its own to write.
+		e.it.queued = false
+		if t.entry == e.it {
+			t.queued, t.entry = false, nil
+		}
+		s.mu.Unlock()
+		return spillEntry{}, true
+	}
+	if t.seq != e.seen && s.flushing.Load() == 0 {
+		s.mu.Unlock()
+		e.seen = t.seq
+		e.deadline = time.Since(s.epoch) + s.cfg.SpillDelay
+		return e, false
+	}
+	e.it.queued = false
+	t.queued, t.entry, t.writing = false, nil, true
+	s.mu.Unlock()
+	s.writeBack(t)
+	return spillEntry{}, true
+}
+
+// drainSpill writes, without delay, every block the spiller holds (rest)
+// and every one still in the channel: a clean shutdown loses nothing.
+func (s *Store) drainSpill(rest []spillEntry) {
+	s.flushing.Add(1)
+	defer s.flushing.Add(-1)
+	for _, e := range rest {
+		s.writeEntry(e)
+	}
 	for {
 		select {
 		case it := <-s.spill:
-			s.spillOne(it)
+			s.writeEntry(s.newEntry(it))
 		default:
 			return
 		}
-	}
-}
-
-func (s *Store) spillOne(it *item) {
-	s.mu.Lock()
-	it.queued = false
-	skip := !it.dirty || it.writing || it.deleted
-	if !skip {
-		it.writing = true
-	}
-	s.mu.Unlock()
-	if !skip {
-		s.writeBack(it)
 	}
 }
 
@@ -508,7 +567,7 @@ func (s *Store) Flush(ctx context.Context) error {
 				// Left out when the queue was full: queue it now.
 				select {
 				case s.spill <- it:
-					it.queued = true
+					it.queued, it.entry = true, it
 				default:
 				}
 			}

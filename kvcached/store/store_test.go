@@ -336,3 +336,38 @@ func TestFlushWritesBlocksAFullQueueLeftOut(t *testing.T) {
 	must.Eq(t, 20, s.Stats().DiskBlocks)
 	must.NoError(t, s.Close())
 }
+
+// TestInheritedEntryOfEvictedBlock: a key rewritten while its first value's
+// spill entry waits has its newest value written by that entry; when RAM
+// evicts the newest value first, the evicting request writes it, and the
+// entry, reached later, writes nothing stale over it.
+func TestInheritedEntryOfEvictedBlock(t *testing.T) {
+	dir := t.TempDir()
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := Open(Config{RAMBytes: 20000, DiskBytes: 1 << 20, Dir: dir, Metrics: m, SpillDelay: time.Hour})
+	must.NoError(t, err)
+	for i := 0; i < 10; i++ {
+		_, err := s.Set("hot", val(i, 8000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	for i, k := range []string{"a", "b", "c"} {
+		_, err := s.Set(k, val(100+i, 8000), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(context.Background()))
+	// hot (evicted, written by the evicting SET), a (evicted likewise), and
+	// b and c written by Flush: one write each.
+	must.Eq(t, 4.0, value(m.Spills))
+	must.NoError(t, s.Close())
+
+	s, _ = open(t, dir, 1<<20, 1<<20)
+	defer s.Close()
+	v, _, ok := s.Get(context.Background(), "hot")
+	must.True(t, ok)
+	must.Eq(t, val(9, 8000), v)
+	for i, k := range []string{"a", "b", "c"} {
+		v, _, ok := s.Get(context.Background(), k)
+		must.True(t, ok)
+		must.Eq(t, val(100+i, 8000), v)
+	}
+}
