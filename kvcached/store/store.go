@@ -3,7 +3,7 @@
 // QUIC peers) asked on a local miss.
 //
 // Every SET lands in RAM and is queued for a background write to disk
-// (write-back: written once SpillDelay old, skipped if superseded by then),
+// (write-back: written within SpillDelay, skipped if superseded by then),
 // so a restart or kill -9 keeps every block whose write finished; RAM
 // eviction then only drops clean blocks, or writes a still-dirty victim
 // itself, which pushes back on writers when the disk is slower than they
@@ -74,8 +74,9 @@ type Config struct {
 	Remote    Remote   // optional
 	// SpillQueue bounds blocks waiting for their background disk write.
 	SpillQueue int
-	// SpillDelay is how long a block waits before its disk write (default
-	// DefaultSpillDelay); Flush does not wait for it.
+	// SpillDelay bounds how long a block waits before its disk write
+	// (default DefaultSpillDelay; it waits at least half of it); Flush does
+	// not wait for it.
 	SpillDelay time.Duration
 }
 
@@ -390,12 +391,15 @@ func (s *Store) writeBack(it *item) {
 	}
 }
 
-// DefaultSpillDelay is how long a block waits in RAM before the spiller writes
-// it (write-back coalescing): a block overwritten or deleted within the delay
-// is never written, which is what a hot key rewritten in a loop costs, and
-// the spiller wakes once per batch of blocks rather than once per SET. It
-// bounds what a kill -9 can lose beyond the blocks being written: blocks
-// acknowledged within the last DefaultSpillDelay.
+// DefaultSpillDelay bounds how long a block waits in RAM before the spiller
+// writes it (write-back coalescing): the spiller looks at a queued key every
+// half delay and writes its value once no newer one replaced it over a whole
+// half delay, so a block overwritten or deleted within half the delay is
+// never written (what a hot key rewritten in a loop costs), every block is
+// written between half the delay and the delay after its SET when the disk
+// keeps up, and the spiller wakes once per batch of blocks rather than once
+// per SET. It bounds what a kill -9 can lose beyond the blocks being
+// written: blocks acknowledged within the last DefaultSpillDelay.
 const DefaultSpillDelay = 5 * time.Millisecond
 
 // spillEntry is a spill-queue entry as the spiller holds it.
@@ -406,14 +410,16 @@ type spillEntry struct {
 }
 
 // spiller writes queued blocks in queue order, each once its key has gone
-// SpillDelay without a newer value (at once while a Flush waits); blocks
-// superseded or deleted by then are dropped without touching the disk.
+// half of SpillDelay without a newer value (at once while a Flush waits);
+// blocks superseded or deleted by then are dropped without touching the
+// disk.
 //
 // A newer value that inherited a waiting entry (insert) restarts that
-// entry's delay when the spiller reaches it: the entry goes to the back of
-// the spiller's list with a fresh deadline, so a key rewritten in a loop is
-// written once per pause in its writes, as if every SET had queued its own
-// block and all but the last were skipped as superseded.
+// entry's half delay when the spiller reaches it: the entry goes to the back
+// of the spiller's list with a fresh deadline, so a key rewritten in a loop
+// is written once per pause in its writes, and a value is written at most a
+// whole delay after its SET (it arrived within the half delay before the
+// spiller noticed it, and waits one more).
 func (s *Store) spiller(ctx context.Context) {
 	defer s.wg.Done()
 	// The spiller is not given a lower OS priority (a nice 19 thread): it
@@ -474,7 +480,7 @@ func (s *Store) spiller(ctx context.Context) {
 const spillBatch = 256
 
 func (s *Store) newEntry(it *item) spillEntry {
-	return spillEntry{it: it, deadline: time.Duration(it.queuedAt) + s.cfg.SpillDelay, seen: it.seq}
+	return spillEntry{it: it, deadline: time.Duration(it.queuedAt) + s.cfg.SpillDelay/2, seen: it.seq}
 }
 
 // target returns the item e's entry writes now: the newest value of the key
@@ -515,7 +521,7 @@ func (s *Store) writeEntry(e spillEntry) (again spillEntry, ok bool) {
 	if t.seq != e.seen && s.flushing.Load() == 0 {
 		s.mu.Unlock()
 		e.seen = t.seq
-		e.deadline = time.Since(s.epoch) + s.cfg.SpillDelay
+		e.deadline = time.Since(s.epoch) + s.cfg.SpillDelay/2
 		return e, false
 	}
 	e.it.queued = false
