@@ -7,7 +7,8 @@
 #   e.g. bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 3 -concurrency 64
 #
 # Env: ENGINES (default 3), SIM_SPEED (default 1: real-time simulated steps; 0: no
-# waiting, so the proxies are the bottleneck), ROUTER_ENV (extra env for the router, e.g. GOGC=200).
+# waiting, so the proxies are the bottleneck), ROUTER_ENV (extra env for the router, e.g. GOGC=200),
+# ROUTER_NET=1 (also a second router on net/http's server, -http-server net, as target router-net).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINES=${ENGINES:-3}
@@ -45,6 +46,14 @@ env ${ROUTER_ENV:-} "$work/oasis-router" -listen "127.0.0.1:$rport" -discovery s
   -policy-file "$work/policy.json" -log-level warn >"$work/router.log" 2>&1 &
 rpid=$!
 pids+=($rpid)
+extra_targets="" extra_pids=""
+if [ "${ROUTER_NET:-0}" = 1 ]; then
+  r2port=$(freeport)
+  env ${ROUTER_ENV:-} "$work/oasis-router" -http-server net -listen "127.0.0.1:$r2port" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
+    -policy-file "$work/policy.json" -log-level warn >"$work/router-net.log" 2>&1 &
+  pids+=($!)
+  extra_targets=",router-net=http://127.0.0.1:$r2port" extra_pids=",router-net=$!"
+fi
 
 nport=$(freeport)
 mkdir -p "$work/nginx"
@@ -82,11 +91,12 @@ npid=$!
 pids+=($npid)
 
 for u in "${direct[@]}"; do waitport "${u##*:}"; done
-waitport "$rport"; waitport "$nport"
+waitport "$rport"; waitport "$nport"; [ -z "${r2port:-}" ] || waitport "$r2port"
 sleep 1.5 # first discovery/scrape
 
-echo "machine: $(nproc) cores, $(uname -r); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); engines: $ENGINES × oasis-sim --speed $SIM_SPEED"
+echo "machine: $(nproc) cores, $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); engines: $ENGINES × oasis-sim --speed $SIM_SPEED"
 # -cpu-pids: CPU time per request of the router and of nginx (master and
 # workers) while each was loaded, the comparison least disturbed by other load.
-"$work/routerload" -model m -cpu-pids "router=$rpid,nginx=$npid" \
-  -targets "direct=$(IFS='|'; echo "${direct[*]}"),router=http://127.0.0.1:$rport,nginx=http://127.0.0.1:$nport" "$@"
+"$work/routerload" -model m -cpu-pids "router=$rpid,nginx=$npid$extra_pids" \
+  -targets "direct=$(IFS='|'; echo "${direct[*]}"),router=http://127.0.0.1:$rport,nginx=http://127.0.0.1:$nport$extra_targets" "$@"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
