@@ -595,10 +595,29 @@ func truncate(s string, n int) string {
 	return s
 }
 
+// setError replies to a SET the store refused.
+func (s *Server) setError(c *conn, err error) {
+	var tl *store.ValueTooLargeError
+	if errors.As(err, &tl) {
+		s.mErrors.WithLabelValues("too_large").Inc()
+	}
+	c.w.Error("ERR " + err.Error())
+}
+
 func (s *Server) cmdSet(ctx context.Context, c *conn, args [][]byte) {
 	w := c.w
 	if len(args) < 3 {
 		s.argErr(c, "SET")
+		return
+	}
+	if len(args) == 3 {
+		// SET key value, what nearly every client sends: the store makes
+		// the key's string only if the key is new.
+		if err := s.st.SetKey(args[1], own(args[2])); err != nil {
+			s.setError(c, err)
+			return
+		}
+		w.OK()
 		return
 	}
 	key := string(args[1])
@@ -670,11 +689,7 @@ func (s *Server) cmdSet(ctx context.Context, c *conn, args [][]byte) {
 	}
 	ok, err := s.st.Set(key, own(args[2]), expireAt, mode)
 	if err != nil {
-		var tl *store.ValueTooLargeError
-		if errors.As(err, &tl) {
-			s.mErrors.WithLabelValues("too_large").Inc()
-		}
-		w.Error("ERR " + err.Error())
+		s.setError(c, err)
 		return
 	}
 	switch {

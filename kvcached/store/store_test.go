@@ -371,3 +371,27 @@ func TestInheritedEntryOfEvictedBlock(t *testing.T) {
 		must.Eq(t, val(100+i, 8000), v)
 	}
 }
+
+// TestSetKey: the bytes-keyed SET stores under a copy of the key (the
+// caller's buffer is reused), overwrites, takes the empty key, and refuses
+// a value over the limit as Set does.
+func TestSetKey(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := Open(Config{RAMBytes: 1 << 20, MaxValue: 1000, Metrics: m})
+	must.NoError(t, err)
+	kb := []byte("k1")
+	must.NoError(t, s.SetKey(kb, []byte("one")))
+	kb[1] = '2' // the caller reuses its buffer
+	must.NoError(t, s.SetKey(kb, []byte("two")))
+	must.NoError(t, s.SetKey([]byte("k1"), []byte("uno")))
+	must.NoError(t, s.SetKey([]byte{}, []byte("empty")))
+	for k, want := range map[string]string{"k1": "uno", "k2": "two", "": "empty"} {
+		v, _, ok := s.Get(context.Background(), k)
+		must.True(t, ok)
+		must.Eq(t, want, string(v))
+	}
+	must.Eq(t, 3, s.Len())
+	var tl *ValueTooLargeError
+	must.ErrorAs(t, s.SetKey([]byte("big"), make([]byte, 1001)), &tl)
+	must.Eq(t, 1.0, value(m.TooLarge))
+}
