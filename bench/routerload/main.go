@@ -180,7 +180,7 @@ func main() {
 			if rps["router"] < p {
 				verdict = "NOT met"
 			}
-			fmt.Printf("throughput ratio router/%s: %.2f (goal ≥ 1.00: %s)\n", *peer, rps["router"]/p, verdict)
+			fmt.Printf("throughput ratio router/%s: %.3f (goal ≥ 1.000: %s)\n", *peer, rps["router"]/p, verdict)
 			out["router_over_peer"] = rps["router"] / p
 		}
 		printCPU(res, targets, pids, *peer)
