@@ -202,7 +202,11 @@ func (cn *conn) run(w *response, r *http.Request, cancel context.CancelFunc) {
 		if w.closeAfter || cn.srv.shutdown.Load() {
 			w.closeAfter = true
 			cn.state.Store(stateClosed)
-			closeGracefully(cn.c)
+			if w.body.eof {
+				closeGracefully(cn.c)
+			} else {
+				closeDraining(cn.c)
+			}
 			return
 		}
 		cn.last.Store(time.Now().UnixNano())
@@ -220,6 +224,19 @@ func closeGracefully(c net.Conn) {
 	c.Close()
 }
 
+// closeDraining closes a connection whose request was not read to its end:
+// after sending FIN it reads and drops what the client still sends (for at
+// most half a second), since closing with unread data would reset the
+// connection and could destroy the response before the client reads it.
+func closeDraining(c net.Conn) {
+	if tc, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_, _ = io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+	}
+	c.Close()
+}
+
 // protocolError answers a request the server rejected and closes.
 func (cn *conn) protocolError(pe *protoError) {
 	w := &response{cn: cn, header: make(http.Header, 4), cl: -1, minor: 1, closeAfter: true, body: &body{eof: true}}
@@ -231,7 +248,7 @@ func (cn *conn) protocolError(pe *protoError) {
 		_, _ = io.WriteString(w, pe.msg+"\n")
 	}
 	w.finish()
-	closeGracefully(cn.c)
+	closeDraining(cn.c)
 }
 
 func protoString(minor int) string {

@@ -177,8 +177,10 @@ func (w *response) commit(final bool, next []byte) {
 	if v := h.Get("Connection"); v != "" && strings.Contains(strings.ToLower(v), "close") {
 		w.closeAfter = true
 	}
-	if b := w.body; b != nil && !b.eof && (b.chunked != nil || b.remaining > maxDiscard) {
-		w.closeAfter = true // too much left unread to drop and keep the connection
+	if b := w.body; b != nil && !b.eof && (b.chunked != nil || b.remaining > maxDiscard || b.expectContinue) {
+		// Too much left unread to drop and keep the connection, or a body the
+		// client will not send because it never got its 100 Continue.
+		w.closeAfter = true
 	}
 	if w.cn.srv.shutdown.Load() {
 		w.closeAfter = true

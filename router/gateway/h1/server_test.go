@@ -206,6 +206,18 @@ func TestExpectContinue(t *testing.T) {
 	must.Less(t, 5*time.Second, time.Since(start))
 }
 
+func TestExpectContinueUnreadBodyCloses(t *testing.T) {
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized) // refused before reading the body
+	}))
+	c := dial(t, addr)
+	c.send("POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	resp, _ := c.read("POST")
+	must.EqOp(t, http.StatusUnauthorized, resp.StatusCode)
+	must.True(t, resp.Close) // the body never comes: the connection cannot be reused
+	must.True(t, c.closed())
+}
+
 func TestProtocolErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, req string
