@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -394,4 +395,93 @@ func TestSetKey(t *testing.T) {
 	var tl *ValueTooLargeError
 	must.ErrorAs(t, s.SetKey([]byte("big"), make([]byte, 1001)), &tl)
 	must.Eq(t, 1.0, value(m.TooLarge))
+}
+
+// TestPooledBlockFilesAreReusedWhole: files of overwritten blocks are pooled
+// and overwritten by later blocks of other sizes; every block reads back,
+// the tier stays within its limit, and the files have exactly their
+// header's length (what crash recovery checks: here the whole index is
+// lost and every block is recovered from its file alone).
+func TestPooledBlockFilesAreReusedWhole(t *testing.T) {
+	dir := t.TempDir()
+	const limit = 200_000
+	s, _ := open(t, dir, 1<<20, limit)
+	sizes := []int{9000, 5000, 12000, 7000}
+	for round := 0; round < 6; round++ {
+		for k := 0; k < 4; k++ {
+			// Each round rewrites every key with another key's size.
+			_, err := s.Set(fmt.Sprint("key", k), val(round*4+k, sizes[(k+round)%4]), 0, SetAlways)
+			must.NoError(t, err)
+		}
+		must.NoError(t, s.Flush(context.Background()))
+		must.LessEq(t, int64(limit), s.Stats().DiskBytes)
+	}
+	pooled, err := os.ReadDir(filepath.Join(dir, "free"))
+	must.NoError(t, err)
+	must.Positive(t, len(pooled))
+	s.disk.mu.Lock()
+	recycled, inPool := s.disk.poolSeq, len(s.disk.pool)
+	s.disk.mu.Unlock()
+	must.Eq(t, inPool, len(pooled))
+	must.Greater(t, uint64(inPool), recycled) // the others were reused
+	must.NoError(t, s.Close())
+
+	must.NoError(t, os.RemoveAll(filepath.Join(dir, "index")))
+	s, m := open(t, dir, 1<<20, limit)
+	defer s.Close()
+	pooled, err = os.ReadDir(filepath.Join(dir, "free"))
+	must.NoError(t, err)
+	must.SliceEmpty(t, pooled)
+	for k := 0; k < 4; k++ {
+		v, tier, ok := s.Get(context.Background(), fmt.Sprint("key", k))
+		must.True(t, ok)
+		must.Eq(t, TierDisk, tier)
+		must.Eq(t, val(5*4+k, sizes[(k+5)%4]), v)
+	}
+	must.Eq(t, 0.0, value(m.Corrupt))
+}
+
+// TestUnindexedFileIsVerifiedBeforeRecovery: a block file without an index
+// entry is re-indexed only if its header's seq names the file and its
+// checksum matches: a file holding another block (a reused file after a
+// power loss) or a torn mix of two with the right length is deleted.
+func TestUnindexedFileIsVerifiedBeforeRecovery(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir, 1<<20, 1<<20)
+	for _, k := range []string{"other", "torn", "swap"} {
+		_, err := s.Set(k, []byte(strings.Repeat("value of "+k[:4], 1000)), 0, SetAlways)
+		must.NoError(t, err)
+	}
+	must.NoError(t, s.Flush(context.Background()))
+	path := func(k string) string { return s.disk.path(s.disk.idx[k].seq) }
+	other, torn, swap := path("other"), path("torn"), path("swap")
+	must.NoError(t, s.disk.db.Delete(indexKey("torn"), nil))
+	must.NoError(t, s.disk.db.Delete(indexKey("swap"), nil))
+	must.NoError(t, s.Close())
+	// torn: same length, the middle of the value from another block.
+	f, err := os.OpenFile(torn, os.O_WRONLY, 0)
+	must.NoError(t, err)
+	_, err = f.WriteAt([]byte("value of othe"), 4000)
+	must.NoError(t, err)
+	must.NoError(t, f.Close())
+	// swap: the whole of another block's file under this name.
+	b, err := os.ReadFile(other)
+	must.NoError(t, err)
+	must.NoError(t, os.WriteFile(swap, b, 0o600))
+
+	s2, m := open(t, dir, 1<<20, 1<<20)
+	defer s2.Close()
+	must.Eq(t, 1, s2.Stats().DiskBlocks)
+	v, _, ok := s2.Get(context.Background(), "other")
+	must.True(t, ok)
+	must.Eq(t, strings.Repeat("value of othe", 1000), string(v))
+	for _, k := range []string{"torn", "swap"} {
+		_, _, ok := s2.Get(context.Background(), k)
+		must.False(t, ok, must.Sprint(k))
+	}
+	for _, p := range []string{torn, swap} {
+		_, err := os.Stat(p)
+		must.ErrorIs(t, err, fs.ErrNotExist)
+	}
+	must.Eq(t, 0.0, value(m.Corrupt))
 }
