@@ -65,10 +65,13 @@ bench-sim: build
 	$(GO) run ./sim/simload -sim bin/oasis-sim -fill-blocks 100000
 
 ## bench-routing: cluster simulator on a trace (TRACE=<file>, WORKERS=<n>): table, bench/out/routing.json and .png
-TRACE   ?= ../shared/traces/mooncake-conversation.jsonl
-WORKERS ?= 16
+## (CPU_GIB / DISK_GIB: host-memory and kvcached SSD KV tiers per worker; 0 for GPU KV only)
+TRACE    ?= ../shared/traces/mooncake-conversation.jsonl
+WORKERS  ?= 16
+CPU_GIB  ?= 256
+DISK_GIB ?= 2048
 bench-routing:
-	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -scales 0.5,1,2,3,4 -out bench/out
+	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 -out bench/out
 
 ## bench-router: added latency and throughput, router vs nginx in front of the same engines
 bench-router: build deps

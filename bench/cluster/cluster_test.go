@@ -38,16 +38,20 @@ func TestSyntheticPolicies(t *testing.T) {
 	oasis := run(Config{Policy: PolicyOasis})
 	approx := run(Config{Policy: PolicyOasis, Learning: LearnApprox})
 	prefix := run(Config{Policy: PolicyPrefix})
-	lossy := run(Config{Policy: PolicyOasis, EventLoss: 0.2, EventDelay: 50 * time.Millisecond})
-	replayed := run(Config{Policy: PolicyOasis, EventLoss: 0.2, EventDelay: 50 * time.Millisecond, EventReplay: true})
+	// The learning and guard checks weigh affinity against load only: the
+	// default weights' consolidation for energy would blur both.
+	affinity := map[string]float64{"prefix": 1, "load": 1}
+	guarded := run(Config{Policy: PolicyOasis, Weights: affinity})
+	lossy := run(Config{Policy: PolicyOasis, Weights: affinity, EventLoss: 0.2, EventDelay: 50 * time.Millisecond})
+	replayed := run(Config{Policy: PolicyOasis, Weights: affinity, EventLoss: 0.2, EventDelay: 50 * time.Millisecond, EventReplay: true})
 	if oasis.HitRatio < rr.HitRatio+0.05 {
 		t.Errorf("oasis hit %.3f not well above round_robin %.3f", oasis.HitRatio, rr.HitRatio)
 	}
 	if approx.HitRatio <= rr.HitRatio {
 		t.Errorf("approximate learning hit %.3f not above round_robin %.3f", approx.HitRatio, rr.HitRatio)
 	}
-	if prefix.Imbalance <= oasis.Imbalance {
-		t.Errorf("pure affinity imbalance %.2f not above oasis %.2f", prefix.Imbalance, oasis.Imbalance)
+	if prefix.Imbalance <= guarded.Imbalance {
+		t.Errorf("pure affinity imbalance %.2f not above guarded affinity %.2f", prefix.Imbalance, guarded.Imbalance)
 	}
 	if oasis.HitRatio > oracle+1e-9 {
 		t.Errorf("hit ratio %.3f above the oracle %.3f", oasis.HitRatio, oracle)
@@ -123,5 +127,43 @@ func TestTTFTTermPrefersTheFastWorker(t *testing.T) {
 	// 16k tokens at 30 µs each on the H100: about 0.5 s once the rate is learned.
 	if ttft.TTFTP50 > 0.6 {
 		t.Errorf("ttft-weighted TTFT p50 %.3f s: long prompts are not on the H100", ttft.TTFTP50)
+	}
+}
+
+// Offloading tiers turn GPU evictions into hits, and the decode-power model
+// charges decode steps less without touching prefill energy.
+func TestTiersAndDecodePower(t *testing.T) {
+	reqs := Synthetic(SyntheticConfig{Groups: 8, PromptsPerGrp: 12, SystemBlocks: 4, UserBlocks: 1, Turns: 3, Zipf: 1.2,
+		Rate: 2, ThinkSeconds: 5, OutputTokens: 64, SharedSysBlock: true, Seed: 3})
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	run := func(c Config, cpu, disk int) Result {
+		small := H100
+		small.Blocks, small.CPUBlocks, small.DiskBlocks = 600, cpu, disk // a few prompts' worth
+		c.GPUs, c.RateScale, c.Model = []GPU{small, small, small, small}, 2, "m"
+		r, err := Run(c, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Completed != len(reqs) {
+			t.Fatalf("%s: %d of %d completed", c.Policy, r.Completed, len(reqs))
+		}
+		return r
+	}
+	gpu := run(Config{Policy: PolicyOasis}, 0, 0)
+	tiers := run(Config{Policy: PolicyOasis}, 300, 100_000)
+	t.Logf("oasis hit: GPU only %.3f, with CPU and disk tiers %.3f", gpu.HitRatio, tiers.HitRatio)
+	if tiers.HitRatio < gpu.HitRatio+0.05 {
+		t.Errorf("tiers hit %.3f not well above GPU-only %.3f", tiers.HitRatio, gpu.HitRatio)
+	}
+
+	full := run(Config{Policy: PolicyRoundRobin}, 0, 0)
+	half := run(Config{Policy: PolicyRoundRobin, DecodePower: 0.5}, 0, 0)
+	if half.PrefillEnergyJ != full.PrefillEnergyJ || half.IdleEnergyJ != full.IdleEnergyJ {
+		t.Errorf("decode power changed prefill (%.0f vs %.0f J) or idle energy (%.0f vs %.0f J)", half.PrefillEnergyJ, full.PrefillEnergyJ, half.IdleEnergyJ, full.IdleEnergyJ)
+	}
+	if half.DecodeEnergyJ >= full.DecodeEnergyJ*0.75 || half.DecodeEnergyJ <= full.DecodeEnergyJ*0.5 {
+		t.Errorf("decode energy at half power from batch 1: %.0f J vs %.0f J at full power", half.DecodeEnergyJ, full.DecodeEnergyJ)
 	}
 }

@@ -29,11 +29,14 @@ type GPU struct {
 	// CPUBlocks is the host-memory offloading tier (vLLM native offloading),
 	// 0 for none.
 	CPUBlocks int
+	// DiskBlocks is oasis-kvcached's SSD tier below it (through LMCache), 0 for
+	// none.
+	DiskBlocks int
 }
 
-// CPUBlocksFor is the CPU tier of gib GiB of host memory at blockSize tokens
-// per block (128 KiB of KV per token, Llama-3-8B BF16).
-func CPUBlocksFor(gib float64, blockSize int) int {
+// BlocksForGiB is the blocks of blockSize tokens that gib GiB of an offloading
+// tier hold (128 KiB of KV per token, Llama-3-8B BF16).
+func BlocksForGiB(gib float64, blockSize int) int {
 	return int(gib * (1 << 30) / float64(128*1024*blockSize))
 }
 
@@ -41,13 +44,14 @@ func CPUBlocksFor(gib float64, blockSize int) int {
 // others scale it by datasheet ratios (memory bandwidth for the per-step and
 // per-sequence terms, dense BF16 TFLOPS for prefill, board power):
 // A100 SXM 80GB 2.0 TB/s, 312 TFLOPS, 400 W; L40S 48GB 0.86 TB/s, 362 TFLOPS, 350 W;
-// both load offloaded KV over PCIe Gen4 x16 (~25 GB/s: 5.2 µs per token).
+// both load offloaded KV over PCIe Gen4 x16 (~25 GB/s: 5.2 µs per token). Every GPU
+// loads from the disk tier at one NVMe Gen4 SSD's ~6.5 GB/s (20 µs per token).
 var (
-	H100 = GPU{"H100", engine.DefaultTiming, engine.DefaultPower, engine.BlocksForMemory(0.9, 16), 0}
-	A100 = GPU{"A100", engine.Timing{StepBase: 10 * time.Millisecond, PerPrefillToken: 95 * time.Microsecond, PerDecodeSeq: 84 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond},
-		engine.PowerModel{IdleWatts: 55, WattsPerUtil: 345}, engine.BlocksForMemory(0.9, 16), 0}
-	L40S = GPU{"L40S", engine.Timing{StepBase: 23 * time.Millisecond, PerPrefillToken: 82 * time.Microsecond, PerDecodeSeq: 195 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond},
-		engine.PowerModel{IdleWatts: 35, WattsPerUtil: 315}, 12902, 0} // (48 GB × 0.9 − 18 GiB) / 2 MiB per block
+	H100 = GPU{"H100", engine.DefaultTiming, engine.DefaultPower, engine.BlocksForMemory(0.9, 16), 0, 0}
+	A100 = GPU{"A100", engine.Timing{StepBase: 10 * time.Millisecond, PerPrefillToken: 95 * time.Microsecond, PerDecodeSeq: 84 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond},
+		engine.PowerModel{IdleWatts: 55, WattsPerUtil: 345}, engine.BlocksForMemory(0.9, 16), 0, 0}
+	L40S = GPU{"L40S", engine.Timing{StepBase: 23 * time.Millisecond, PerPrefillToken: 82 * time.Microsecond, PerDecodeSeq: 195 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond},
+		engine.PowerModel{IdleWatts: 35, WattsPerUtil: 315}, 12902, 0, 0} // (48 GB × 0.9 − 18 GiB) / 2 MiB per block
 )
 
 // Heterogeneous returns n workers: half H100, a quarter A100, a quarter L40S,
@@ -101,6 +105,24 @@ type Config struct {
 	BlockSize   int
 	Seed        uint64
 	Model       string
+	// DecodePower is the dynamic power of a step's decode part at batch 1, as
+	// a fraction of the GPU's full dynamic power, rising linearly to full at
+	// DecodePowerBatch sequences; 0 or 1: every step draws full power.
+	DecodePower float64
+}
+
+// DecodePowerBatch is the decode batch at which a step draws full power in the
+// DecodePower model.
+const DecodePowerBatch = 64
+
+// decodePower is the share of full dynamic power a step decoding n sequences
+// draws outside its prefill part.
+func (s *sim) decodePower(n int) float64 {
+	a := s.cfg.DecodePower
+	if a <= 0 || a >= 1 {
+		return 1
+	}
+	return a + (1-a)*min(1, float64(n)/DecodePowerBatch)
 }
 
 // Result is one run's measurements.
@@ -113,6 +135,8 @@ type Result struct {
 	EventDelay float64 `json:"event_delay_s,omitempty"`
 	EventLoss  float64 `json:"event_loss,omitempty"`
 	Replay     bool    `json:"event_replay,omitempty"`
+	// DecodePower as configured (0: full power at any batch).
+	DecodePower float64 `json:"decode_power,omitempty"`
 
 	Requests  int `json:"requests"`
 	Completed int `json:"completed"`
@@ -128,6 +152,12 @@ type Result struct {
 	Imbalance      float64 `json:"imbalance"`
 	JoulesPerToken float64 `json:"joules_per_token"`
 	EnergyJ        float64 `json:"energy_j"`
+	// EnergyJ split: idle draw over the makespan, busy draw while steps
+	// computed or loaded prompt KV, and the rest of the busy draw (decoding,
+	// per-step overhead).
+	IdleEnergyJ    float64 `json:"idle_energy_j"`
+	PrefillEnergyJ float64 `json:"prefill_energy_j"`
+	DecodeEnergyJ  float64 `json:"decode_energy_j"`
 	Makespan       float64 `json:"makespan_s"`
 	Resyncs        int64   `json:"resyncs,omitempty"`
 	Replays        int64   `json:"replays,omitempty"`
@@ -232,6 +262,8 @@ type worker struct {
 	busy bool
 
 	busyTime      time.Duration
+	prefillTime   time.Duration // part of busyTime computing or loading prompt KV
+	drawTime      time.Duration // busyTime weighted by the step's share of full dynamic power
 	seq           int64
 	lastDelivered int64
 	flights       map[string]*flight
@@ -249,6 +281,17 @@ type scrapeState struct {
 	busy      time.Duration
 	generated int64
 	eff       float64 // smoothed tokens per joule; 0 until measured
+	seqEff    float64 // the same per running sequence
+	running   float64 // engine running count at the last scrape
+}
+
+// smooth folds sample x into the exponentially smoothed v (0: none yet), as
+// the router's scraper does.
+func smooth(v, x float64) float64 {
+	if v == 0 {
+		return x
+	}
+	return 0.7*v + 0.3*x
 }
 
 // ScrapeInterval is how often the simulated router reads each worker's
@@ -384,7 +427,7 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	s.sel = scoring.NewSelector(reg)
 
 	for i, g := range cfg.GPUs {
-		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
+		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, DiskBlocks: g.DiskBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
 		if err != nil {
 			return Result{}, err
 		}
@@ -514,7 +557,12 @@ func (s *sim) startStep(w *worker, now int64) {
 		return
 	}
 	w.busy = true
+	pre := time.Duration(res.PrefillTokens)*w.gpu.Timing.PerPrefillToken +
+		time.Duration(res.LoadedTokens-res.DiskLoadedTokens)*w.gpu.Timing.PerLoadedToken +
+		time.Duration(res.DiskLoadedTokens)*w.gpu.Timing.PerDiskLoadedToken
 	w.busyTime += res.Duration
+	w.prefillTime += pre
+	w.drawTime += pre + time.Duration(float64(res.Duration-pre)*s.decodePower(res.DecodeSeqs))
 	w.stepDur = res.Duration
 	w.outs = append(w.outs[:0], res.Outputs...)
 	w.evs = res.Events
@@ -576,20 +624,20 @@ func (s *sim) scrape() {
 	dt := ScrapeInterval.Seconds()
 	for _, w := range s.workers {
 		// Steps are counted when they start, so one may run past the scrape.
-		busy := min((w.busyTime - w.scraped.busy).Seconds(), dt)
+		busy := min((w.drawTime - w.scraped.busy).Seconds(), dt)
 		gen := w.generated - w.scraped.generated
-		w.scraped.busy, w.scraped.generated = w.busyTime, w.generated
+		w.scraped.busy, w.scraped.generated = w.drawTime, w.generated
 		watts := w.gpu.Power.IdleWatts + w.gpu.Power.WattsPerUtil*busy/dt
 		tps := float64(gen) / dt
+		running := w.sw.Signals().Running
 		if tps > 0 {
-			if e := tps / watts; w.scraped.eff == 0 {
-				w.scraped.eff = e
-			} else {
-				w.scraped.eff = 0.7*w.scraped.eff + 0.3*e
-			}
+			e := tps / watts
+			w.scraped.eff = smooth(w.scraped.eff, e)
+			w.scraped.seqEff = smooth(w.scraped.seqEff, e/max(1, (w.scraped.running+running)/2))
 		}
+		w.scraped.running = running
 		if w.scraped.eff > 0 {
-			w.sw.Live.SetPower(watts, tps, w.scraped.eff)
+			w.sw.Live.SetPower(watts, tps, w.scraped.eff, w.scraped.seqEff)
 		}
 	}
 }
@@ -603,6 +651,7 @@ func (s *sim) result(wall time.Duration) Result {
 		Completed:   s.completed,
 		Rejected:    s.rejected,
 		WallSeconds: wall.Seconds(),
+		DecodePower: s.cfg.DecodePower,
 	}
 	if s.prefix {
 		r.Learning = s.cfg.Learning
@@ -627,7 +676,11 @@ func (s *sim) result(wall time.Duration) Result {
 		r.Imbalance = s.imbSum / float64(s.imbN)
 	}
 	for _, w := range s.workers {
-		r.EnergyJ += w.gpu.Power.IdleWatts*r.Makespan + w.gpu.Power.WattsPerUtil*w.busyTime.Seconds()
+		idle, pre, busy := w.gpu.Power.IdleWatts*r.Makespan, w.gpu.Power.WattsPerUtil*w.prefillTime.Seconds(), w.gpu.Power.WattsPerUtil*w.drawTime.Seconds()
+		r.EnergyJ += idle + busy
+		r.IdleEnergyJ += idle
+		r.PrefillEnergyJ += pre
+		r.DecodeEnergyJ += busy - pre
 		r.Preemptions += w.eng.Stats().Preemptions
 		if w.ew != nil {
 			r.Resyncs += w.ew.Stats().Resyncs

@@ -197,6 +197,14 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 	block := w.block[:e.BlockSize]
 	keys := w.keys[:0]
 	for i, k := range ek {
+		// A block the engine already stored in another tier (its CPU or disk
+		// copy of a GPU block) has its digest mapped: the engine hash covers
+		// the parent and the tokens, so the digest is the same.
+		if d, known := w.hashes.get(k); known {
+			keys = append(keys, Key(d))
+			parent = d
+			continue
+		}
 		for j, t := range e.TokenIDs[i*e.BlockSize : (i+1)*e.BlockSize] {
 			block[j] = uint32(t)
 		}

@@ -17,7 +17,7 @@ import (
 //
 //	{
 //	  "policy": "weighted",
-//	  "weights": {"ttft": 1, "prefix": 1, "load": 1, "power": 0.2},
+//	  "weights": {"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3},
 //	  "admission": {"max_in_flight": 256, "max_queue": 512, "queue_timeout": "10s"},
 //	  "models": {
 //	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
@@ -60,13 +60,17 @@ type Resolved struct {
 	Limits  Limits
 }
 
-// DefaultWeights are the weighted policy's terms when no document says otherwise: estimated
-// time to first token (a long uncached prompt goes to a fast, idle worker or to one holding its
-// prefix), KV-cache affinity and load weigh the same (the prefix term's hot-spot guard keeps one
-// shared system prompt from piling load on its holder), power nudges ties toward more tokens per
-// joule. The routing benchmark (bench/cluster) measures exactly these.
+// DefaultWeights are the weighted policy's terms when no document says otherwise. Estimated
+// time to first token weighs most: a long uncached prompt goes to a fast worker with no prompts
+// queued, or to one holding its prefix. Among workers that would answer about as soon, KV-cache
+// affinity and power decide: power prefers the placement with the most tokens per joule, which
+// is a worker already decoding (a request joining a batch shares its steps) on an efficient GPU,
+// so load consolidates onto fewer GPUs instead of spreading one or two sequences over each; a
+// little load keeps that from piling up where prompt tokens are unknown (ttft neutral). The
+// prefix term's hot-spot guard keeps one shared system prompt from piling load on its holder.
+// The routing benchmark (bench/cluster) measures exactly these.
 func DefaultWeights() map[string]float64 {
-	return map[string]float64{"ttft": 1, "prefix": 1, "load": 1, "power": 0.2}
+	return map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}
 }
 
 // Default is the document the router writes when none exists.

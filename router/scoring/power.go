@@ -2,32 +2,50 @@ package scoring
 
 import "context"
 
-// PowerTerm ("power") prefers the worker that turns energy into tokens most
-// efficiently. The signals package measures, per worker, generated tokens per
-// second G and the GPU power P attributed to the worker (the Nomad node's
-// device power split over the engines on that node, or the engine's own power
-// gauge) and keeps a smoothed efficiency E = G / P in tokens per joule,
-// updated only while the worker is generating (an idle GPU keeps its last
-// estimate instead of dropping to zero). The term is
+// DefaultPowerBatch is the power term's B (see PowerTerm).
+const DefaultPowerBatch = 16
+
+// PowerTerm ("power") prefers the worker on which the request's tokens cost
+// the fewest joules.
 //
-//	power_i = E_i / max_j E_j
+// Decoding is memory-bound: every step reads the model's weights once,
+// whatever the batch, so a GPU decoding b sequences turns a joule into about
+// b times the tokens one decoding a single sequence does, until steps become
+// compute-bound. The signals package measures, per worker, generated tokens
+// per joule divided by the sequences it was running over the interval: e1,
+// the efficiency of one sequence's share of a step on that GPU (the Nomad
+// node's device power split over the engines on that node, or the engine's
+// own power gauge; smoothed, updated only while the worker generates). A
+// request joining a worker with load L shares its steps with L others, so
 //
-// so the most efficient worker scores 1. Workers without an estimate, or a
-// pool where no worker has generated yet, score Neutral.
-type PowerTerm struct{}
+//	eff_i   = e1_i · min(L_i + 1, B)
+//	power_i = eff_i / max_j eff_j
+//
+// The most efficient placement scores 1: a fast GPU already decoding beats an
+// idle one, and among idle GPUs the more efficient one wins. B (Batch,
+// DefaultPowerBatch) is where consolidating stops paying; the ttft and
+// kv_capacity terms keep consolidation from queueing prefills or filling a
+// worker's KV cache. Workers without an estimate, or a pool where no worker
+// has generated yet, score Neutral.
+type PowerTerm struct {
+	// Batch is B; zero means DefaultPowerBatch.
+	Batch float64
+}
 
 func (PowerTerm) Name() string { return "power" }
 
-func (PowerTerm) Score(_ context.Context, _ *Request, workers []*Worker, out []float64) {
+func (t PowerTerm) Score(_ context.Context, _ *Request, workers []*Worker, out []float64) {
+	b := t.Batch
+	if b <= 0 {
+		b = DefaultPowerBatch
+	}
 	maxE := 0.0
 	for i, w := range workers {
 		s := w.Signals()
 		out[i] = -1
-		if s.HasPower && s.TokensPerJoule > 0 {
-			out[i] = s.TokensPerJoule
-			if out[i] > maxE {
-				maxE = out[i]
-			}
+		if s.HasPower && s.SeqTokensPerJoule > 0 {
+			out[i] = s.SeqTokensPerJoule * min(s.Load()+1, b)
+			maxE = max(maxE, out[i])
 		}
 	}
 	for i := range out[:len(workers)] {

@@ -11,7 +11,7 @@ import (
 )
 
 // worker builds a worker with the given router in-flight count and optional
-// engine / power signals.
+// engine / power signals; tpj is the per-sequence tokens per joule.
 func worker(id string, inFlight int, engine *[3]float64, tpj float64) *Worker {
 	w := &Worker{ID: id, Model: "m", Live: NewLive()}
 	for range inFlight {
@@ -21,7 +21,7 @@ func worker(id string, inFlight int, engine *[3]float64, tpj float64) *Worker {
 		w.Live.SetEngine(engine[0], engine[1], engine[2], time.Now())
 	}
 	if tpj >= 0 {
-		w.Live.SetPower(300, tpj*300, tpj)
+		w.Live.SetPower(300, tpj*300, tpj*max(1, float64(inFlight)), tpj)
 	}
 	return w
 }
@@ -83,6 +83,11 @@ func TestPowerTerm(t *testing.T) {
 		want    []float64
 	}{
 		{"relative to most efficient", []*Worker{worker("a", 0, nil, 2), worker("b", 0, nil, 4), worker("c", 0, nil, 1)}, []float64{0.5, 1, 0.25}},
+		// A request joining a batch of 3 shares its steps four ways: 4× an
+		// idle GPU of the same kind, 2× an idle one twice as efficient.
+		{"joining a batch", []*Worker{worker("idle", 0, nil, 1), worker("busy", 3, nil, 1), worker("fast", 0, nil, 2)}, []float64{0.25, 1, 0.5}},
+		{"batch capped at B", []*Worker{worker("b15", 15, nil, 1), worker("b40", 40, nil, 1)}, []float64{1, 1}},
+		{"engine load counts", []*Worker{worker("a", 0, eng(5, 2, 0.1), 1), worker("b", 1, nil, 1)}, []float64{1, 0.25}},
 		{"unknown is neutral", []*Worker{worker("a", 0, nil, -1), worker("b", 0, nil, 3)}, []float64{Neutral, 1}},
 		{"none measured", []*Worker{worker("a", 0, nil, 0), worker("b", 0, nil, -1)}, []float64{Neutral, Neutral}},
 	}

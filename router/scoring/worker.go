@@ -70,10 +70,14 @@ type Signals struct {
 	ScrapedAt     time.Time
 
 	// Power efficiency; valid when HasPower.
-	HasPower        bool
-	PowerWatts      float64 // GPU power attributed to this worker
-	TokensPerJoule  float64 // smoothed generated tokens per joule
-	GenTokensPerSec float64 // recent generation throughput
+	HasPower       bool
+	PowerWatts     float64 // GPU power attributed to this worker
+	TokensPerJoule float64 // smoothed generated tokens per joule
+	// SeqTokensPerJoule is the smoothed tokens per joule per running sequence
+	// (each interval's tokens per joule over the sequences it ran): what one
+	// sequence's share of a step yields on this GPU (see PowerTerm).
+	SeqTokensPerJoule float64
+	GenTokensPerSec   float64 // recent generation throughput
 }
 
 // Load is the number of requests occupying the worker: the router's own
@@ -138,10 +142,10 @@ func (l *Live) ClearEngine() {
 }
 
 // SetPower stores the worker's power figures.
-func (l *Live) SetPower(watts, tokensPerSec, tokensPerJoule float64) {
+func (l *Live) SetPower(watts, tokensPerSec, tokensPerJoule, seqTokensPerJoule float64) {
 	l.mu.Lock()
 	l.s.HasPower = true
-	l.s.PowerWatts, l.s.GenTokensPerSec, l.s.TokensPerJoule = watts, tokensPerSec, tokensPerJoule
+	l.s.PowerWatts, l.s.GenTokensPerSec, l.s.TokensPerJoule, l.s.SeqTokensPerJoule = watts, tokensPerSec, tokensPerJoule, seqTokensPerJoule
 	l.mu.Unlock()
 }
 

@@ -52,6 +52,8 @@ type workerState struct {
 	lastAt    time.Time
 	haveFirst bool
 	eff       float64 // smoothed tokens per joule
+	lastRun   float64 // sequences running at lastAt
+	seqEff    float64 // smoothed tokens per joule per running sequence
 }
 
 // Run scrapes until ctx ends.
@@ -193,6 +195,11 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 		s.Metrics.WorkerPower.WithLabelValues(w.Model, w.ID, w.Node).Set(watts)
 	}
 	own := w.Live.Generated()
+	// Sequences running: the engine's count, else the router's own in-flight.
+	running := float64(w.Live.Snapshot().InFlight)
+	if err == nil && em.HasLoad {
+		running = em.Running
+	}
 	if st.haveFirst {
 		dt := now.Sub(st.lastAt).Seconds()
 		var gen float64
@@ -205,17 +212,16 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 			tps := gen / dt
 			if tps > 0 && watts > 0 {
 				e := tps / watts
-				if st.eff == 0 {
-					st.eff = e
-				} else {
-					st.eff = 0.7*st.eff + 0.3*e
-				}
+				// The interval's batch: the mean of the running counts at its ends.
+				st.eff = smooth(st.eff, e)
+				st.seqEff = smooth(st.seqEff, e/max(1, (st.lastRun+running)/2))
 			}
-			w.Live.SetPower(watts, tps, st.eff)
+			w.Live.SetPower(watts, tps, st.eff, st.seqEff)
 		}
 	}
 	st.haveFirst = true
 	st.lastAt = now
+	st.lastRun = running
 	st.lastOwn = own
 	if err == nil && em.HasGenTokens {
 		st.lastGen = em.GenTokens
@@ -236,4 +242,12 @@ func (s *Scraper) fetch(ctx context.Context, w *scoring.Worker) (EngineMetrics, 
 		return EngineMetrics{}, fmt.Errorf("GET %s: %s", w.MetricsPath, resp.Status)
 	}
 	return ParseEngineMetrics(resp.Body, s.PowerMetrics)
+}
+
+// smooth folds sample x into the exponentially smoothed v (0: none yet).
+func smooth(v, x float64) float64 {
+	if v == 0 {
+		return x
+	}
+	return 0.7*v + 0.3*x
 }

@@ -53,12 +53,15 @@ func TestScraperEngineAndPower(t *testing.T) {
 	must.Eq(t, 200.0, sig.PowerWatts)
 	must.Between(t, 5, sig.TokensPerJoule, 21)
 	first := sig.TokensPerJoule
+	// Two sequences ran at both ends of the interval: each one's share.
+	must.Eq(t, first/2, sig.SeqTokensPerJoule)
 
 	// Idle: efficiency is kept, not dropped to zero.
 	time.Sleep(20 * time.Millisecond)
 	s.scrapeAll(context.Background(), time.Second)
 	sig = w.Signals()
 	must.Eq(t, first, sig.TokensPerJoule)
+	must.Eq(t, first/2, sig.SeqTokensPerJoule)
 	must.Eq(t, 0.0, sig.GenTokensPerSec)
 
 	// A failed scrape makes engine metrics unknown.
@@ -92,5 +95,7 @@ func TestScraperNodePowerSplit(t *testing.T) {
 		must.True(t, sig.HasPower)
 		must.Eq(t, 300.0, sig.PowerWatts) // 600 W shared by two engines
 		must.Greater(t, 0.0, sig.TokensPerJoule)
+		// No engine running count: the router's in-flight (none) counts as one.
+		must.Eq(t, sig.TokensPerJoule, sig.SeqTokensPerJoule)
 	}
 }

@@ -27,13 +27,13 @@ type blockPool struct {
 	total      int
 	head, tail int32 // free queue of materialized blocks, noBlock when empty
 	numFree    int   // never-used blocks + blocks in the queue
-	cached     map[uint64]int32
+	cached     *slotMap
 	events     []kvevents.Event // pending events, drained by the engine each step
 	emit       bool
 }
 
 func newBlockPool(n int, emit bool) *blockPool {
-	return &blockPool{total: n, numFree: n, head: noBlock, tail: noBlock, cached: make(map[uint64]int32), emit: emit}
+	return &blockPool{total: n, numFree: n, head: noBlock, tail: noBlock, cached: newSlotMap(), emit: emit}
 }
 
 func (p *blockPool) pushTail(i int32) {
@@ -66,8 +66,7 @@ func (p *blockPool) unlink(i int32) {
 
 // lookup returns the cached block holding hash, if any.
 func (p *blockPool) lookup(hash uint64) (int32, bool) {
-	i, ok := p.cached[hash]
-	return i, ok
+	return p.cached.get(hash)
 }
 
 // touch takes a reference on a cached block found by lookup, reviving it from the
@@ -94,7 +93,7 @@ func (p *blockPool) allocate() int32 {
 	p.unlink(i)
 	b := &p.blocks[i]
 	if b.hashed {
-		delete(p.cached, b.hash)
+		p.cached.del(b.hash)
 		if p.emit {
 			p.removed(b.hash)
 		}
@@ -127,12 +126,12 @@ func (p *blockPool) release(ids []int32) {
 // the same step); vLLM then keeps both, oasis-sim keeps the first so that a
 // BlockRemoved always means the engine no longer has the block.
 func (p *blockPool) cache(i int32, hash uint64) bool {
-	if _, ok := p.cached[hash]; ok {
+	if _, ok := p.cached.get(hash); ok {
 		return false
 	}
 	b := &p.blocks[i]
 	b.hash, b.hashed = hash, true
-	p.cached[hash] = i
+	p.cached.put(hash, i)
 	return true
 }
 
@@ -145,7 +144,7 @@ func (p *blockPool) reset() bool {
 	for i := range p.blocks {
 		p.blocks[i].hashed = false
 	}
-	clear(p.cached)
+	p.cached.init(64)
 	if p.emit {
 		p.events = append(p.events, kvevents.AllBlocksCleared{})
 	}

@@ -37,6 +37,11 @@ type Config struct {
 	// into it (paying Timing.PerLoadedToken instead of prefill), and its stores and
 	// evictions are KV events with medium "CPU".
 	CPUBlocks int
+	// DiskBlocks, when positive, adds a disk tier of that many blocks below the
+	// CPU tier (oasis-kvcached's SSD tier, through LMCache): every block is
+	// written through to it, a hit continues into it at Timing.PerDiskLoadedToken,
+	// and its stores and evictions are KV events with medium "DISK".
+	DiskBlocks int
 	// Timing is the step-time model.
 	Timing Timing
 }
@@ -65,11 +70,14 @@ type Config struct {
 //
 // PerLoadedToken is the cost of bringing one token's KV back from the CPU tier: 128 KiB
 // over PCIe Gen5 x16 at ~50 GB/s ≈ 2.6 µs, ten times cheaper than recomputing it.
+// PerDiskLoadedToken is the same from the disk tier: 128 KiB from one NVMe Gen4 SSD at
+// ~6.5 GB/s ≈ 20 µs (the SSD, not PCIe to the GPU, is the bottleneck).
 type Timing struct {
-	StepBase        time.Duration
-	PerPrefillToken time.Duration
-	PerDecodeSeq    time.Duration
-	PerLoadedToken  time.Duration
+	StepBase           time.Duration
+	PerPrefillToken    time.Duration
+	PerDecodeSeq       time.Duration
+	PerLoadedToken     time.Duration
+	PerDiskLoadedToken time.Duration
 }
 
 // StepTime is the modelled duration of a step.
@@ -79,7 +87,7 @@ func (t Timing) StepTime(prefillTokens, decodeSeqs int) time.Duration {
 
 // DefaultTiming is the Llama-3-8B on one H100 model described on Timing.
 var DefaultTiming = Timing{StepBase: 6 * time.Millisecond, PerPrefillToken: 30 * time.Microsecond, PerDecodeSeq: 50 * time.Microsecond,
-	PerLoadedToken: 2600 * time.Nanosecond}
+	PerLoadedToken: 2600 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond}
 
 // DefaultConfig returns vLLM's defaults on one 80 GB H100 serving Llama-3-8B through
 // the OpenAI server: block size 16, max_num_seqs 1024 and max_num_batched_tokens 8192
@@ -136,7 +144,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("max num batched tokens %d: must be positive", c.MaxNumBatchedTokens)
 	case c.CPUBlocks < 0:
 		return fmt.Errorf("cpu blocks %d: must not be negative", c.CPUBlocks)
-	case c.Timing.StepBase < 0 || c.Timing.PerPrefillToken < 0 || c.Timing.PerDecodeSeq < 0 || c.Timing.PerLoadedToken < 0:
+	case c.DiskBlocks < 0:
+		return fmt.Errorf("disk blocks %d: must not be negative", c.DiskBlocks)
+	case c.Timing.StepBase < 0 || c.Timing.PerPrefillToken < 0 || c.Timing.PerDecodeSeq < 0 || c.Timing.PerLoadedToken < 0 || c.Timing.PerDiskLoadedToken < 0:
 		return errors.New("timing parameters must not be negative")
 	}
 	return nil
@@ -175,9 +185,11 @@ type StepResult struct {
 	Duration      time.Duration
 	PrefillTokens int
 	DecodeSeqs    int
-	// LoadedTokens came back from the CPU tier this step.
-	LoadedTokens int
-	Outputs      []Output
+	// LoadedTokens came back from the CPU and disk tiers this step, DiskLoadedTokens
+	// of them from disk.
+	LoadedTokens     int
+	DiskLoadedTokens int
+	Outputs          []Output
 	// Preempted lists requests evicted to make room (they will be recomputed).
 	Preempted []string
 	// Events are the KV events of the step (Config.KVEvents).
@@ -198,8 +210,11 @@ type Stats struct {
 	// connector hits, not prefix-cache hits); CPUCachedBlocks is the tier's fill.
 	CPUHits         uint64
 	CPUCachedBlocks int
-	Preemptions     uint64
-	Steps           uint64
+	// DiskHits and DiskCachedBlocks are the same for the disk tier.
+	DiskHits         uint64
+	DiskCachedBlocks int
+	Preemptions      uint64
+	Steps            uint64
 }
 
 type seqState uint8
@@ -235,7 +250,8 @@ func (s *sequence) token(i int) int32 {
 type Engine struct {
 	cfg     Config
 	pool    *blockPool
-	cpu     *cpuTier // nil without CPU offloading
+	cpu     *lruTier // nil without CPU offloading
+	disk    *lruTier // nil without a disk tier
 	seqs    map[string]*sequence
 	waiting []*sequence // FCFS; preempted requests go back to the front
 	running []*sequence
@@ -260,7 +276,10 @@ func New(cfg Config) (*Engine, error) {
 		seqs: make(map[string]*sequence),
 	}
 	if cfg.CPUBlocks > 0 {
-		e.cpu = newCPUTier(cfg.CPUBlocks)
+		e.cpu = newLRUTier(cfg.CPUBlocks)
+	}
+	if cfg.DiskBlocks > 0 {
+		e.disk = newLRUTier(cfg.DiskBlocks)
 	}
 	return e, nil
 }
@@ -336,9 +355,12 @@ func (e *Engine) Stats() Stats {
 	st.NumGPUBlocks = e.cfg.NumGPUBlocks
 	st.UsedBlocks = e.cfg.NumGPUBlocks - e.pool.numFree
 	st.KVUsage = float64(st.UsedBlocks) / float64(e.cfg.NumGPUBlocks)
-	st.CachedBlocks = len(e.pool.cached)
+	st.CachedBlocks = e.pool.cached.len()
 	if e.cpu != nil {
 		st.CPUCachedBlocks = e.cpu.len()
+	}
+	if e.disk != nil {
+		st.DiskCachedBlocks = e.disk.len()
 	}
 	return st
 }
@@ -410,7 +432,7 @@ func cdiv(a, b int) int { return (a + b - 1) / b }
 // nothing to do returns a zero Duration.
 func (e *Engine) Step() *StepResult {
 	r := &e.res
-	r.Duration, r.PrefillTokens, r.DecodeSeqs, r.LoadedTokens = 0, 0, 0, 0
+	r.Duration, r.PrefillTokens, r.DecodeSeqs, r.LoadedTokens, r.DiskLoadedTokens = 0, 0, 0, 0, 0
 	r.Outputs, r.Preempted, r.Events = r.Outputs[:0], r.Preempted[:0], nil
 	e.sched = e.sched[:0]
 	budget := e.cfg.MaxNumBatchedTokens
@@ -462,11 +484,19 @@ func (e *Engine) Step() *StepResult {
 			}
 		}
 		hitTokens := len(hits) * e.cfg.BlockSize
-		loaded := 0
-		if e.cpu != nil && !e.cfg.DisablePrefixCaching {
-			// The hit continues into CPU memory: those blocks are loaded, not recomputed.
+		loaded, fromDisk := 0, 0
+		if (e.cpu != nil || e.disk != nil) && !e.cfg.DisablePrefixCaching {
+			// The hit continues into CPU memory, then disk: those blocks are
+			// loaded, not recomputed.
 			maxBlocks := (total - 1) / e.cfg.BlockSize
-			for k := len(hits); k < maxBlocks && e.cpu.has(e.hashOf(s, k)); k++ {
+			for k := len(hits); k < maxBlocks; k++ {
+				h := e.hashOf(s, k)
+				if e.cpu == nil || !e.cpu.has(h) {
+					if e.disk == nil || !e.disk.has(h) {
+						break
+					}
+					fromDisk += e.cfg.BlockSize
+				}
 				loaded += e.cfg.BlockSize
 			}
 		}
@@ -486,11 +516,18 @@ func (e *Engine) Step() *StepResult {
 			e.stats.PrefixHits += uint64(hitTokens)
 		}
 		if loaded > 0 {
+			// Loaded blocks become most recently used; those read from disk are
+			// written back to CPU memory when the GPU caches them (allocate).
 			for k := len(hits); k < len(hits)+loaded/e.cfg.BlockSize; k++ {
-				e.cpu.touch(e.hashOf(s, k))
+				h := e.hashOf(s, k)
+				if e.cpu == nil || !e.cpu.touch(h) {
+					e.disk.touch(h)
+				}
 			}
-			e.stats.CPUHits += uint64(loaded)
+			e.stats.CPUHits += uint64(loaded - fromDisk)
+			e.stats.DiskHits += uint64(fromDisk)
 			r.LoadedTokens += loaded
+			r.DiskLoadedTokens += fromDisk
 		}
 		if !s.reported {
 			s.cached = hitTokens + loaded
@@ -545,7 +582,9 @@ func (e *Engine) Step() *StepResult {
 		e.running = kept
 	}
 	if len(e.sched) > 0 {
-		r.Duration = e.cfg.Timing.StepTime(r.PrefillTokens, r.DecodeSeqs) + time.Duration(r.LoadedTokens)*e.cfg.Timing.PerLoadedToken
+		r.Duration = e.cfg.Timing.StepTime(r.PrefillTokens, r.DecodeSeqs) +
+			time.Duration(r.LoadedTokens-r.DiskLoadedTokens)*e.cfg.Timing.PerLoadedToken +
+			time.Duration(r.DiskLoadedTokens)*e.cfg.Timing.PerDiskLoadedToken
 		e.stats.Steps++
 	}
 	if e.cfg.KVEvents {
@@ -593,16 +632,24 @@ func (e *Engine) allocate(s *sequence, hits []int32, n int) bool {
 	}
 	// Cache blocks that are full once this step's tokens are computed.
 	full := min(total, s.numTokens()) / bs
-	var ev, cpuEv *kvevents.BlockStored
+	var ev, cpuEv, diskEv *kvevents.BlockStored
 	for k := s.numHashed; k < full; k++ {
 		h := e.hashOf(s, k)
 		if !e.pool.cache(s.blocks[k], h) {
 			ev = e.flushStored(ev)
 			cpuEv = e.flushStored(cpuEv)
+			diskEv = e.flushStored(diskEv)
 			continue
 		}
+		fresh := true
 		if e.cpu != nil {
-			cpuEv = e.writeThrough(s, k, h, cpuEv)
+			cpuEv, fresh = e.writeThrough(e.cpu, kvevents.MediumCPU, s, k, h, cpuEv)
+		}
+		if e.disk != nil && fresh {
+			// Spilled when it enters CPU memory, as oasis-kvcached spills a
+			// new value: a block CPU memory still holds is on disk already
+			// (or was evicted there as colder than what was spilled since).
+			diskEv, _ = e.writeThrough(e.disk, mediumDisk, s, k, h, diskEv)
 		}
 		if e.cfg.KVEvents {
 			if ev == nil {
@@ -620,29 +667,35 @@ func (e *Engine) allocate(s *sequence, hits []int32, n int) bool {
 	}
 	e.flushStored(ev)
 	e.flushStored(cpuEv)
+	e.flushStored(diskEv)
 	if full > s.numHashed {
 		s.numHashed = full
 	}
 	return true
 }
 
-// writeThrough stores block k of s in the CPU tier, extending the pending CPU
-// BlockStored event (or starting one) and reporting any CPU eviction.
-func (e *Engine) writeThrough(s *sequence, k int, h uint64, ev *kvevents.BlockStored) *kvevents.BlockStored {
-	evicted, didEvict, stored := e.cpu.store(h)
+// mediumDisk names the disk tier in KV events, as oasis-kvcached's presence
+// events do.
+const mediumDisk = "DISK"
+
+// writeThrough stores block k of s in tier t, extending the pending BlockStored
+// event of the tier's medium (or starting one) and reporting any eviction. It
+// reports whether the block was new to the tier.
+func (e *Engine) writeThrough(t *lruTier, medium string, s *sequence, k int, h uint64, ev *kvevents.BlockStored) (*kvevents.BlockStored, bool) {
+	evicted, didEvict, stored := t.store(h)
 	if !e.cfg.KVEvents {
-		return nil
+		return nil, stored
 	}
 	if !stored {
-		return e.flushStored(ev) // already there: a later store starts a new run
+		return e.flushStored(ev), false // already there: a later store starts a new run
 	}
 	if didEvict {
 		ev = e.flushStored(ev)
-		e.pool.events = appendRemoved(e.pool.events, evicted, kvevents.MediumCPU)
+		e.pool.events = appendRemoved(e.pool.events, evicted, medium)
 	}
 	bs := e.cfg.BlockSize
 	if ev == nil {
-		ev = &kvevents.BlockStored{BlockSize: bs, Medium: kvevents.MediumCPU}
+		ev = &kvevents.BlockStored{BlockSize: bs, Medium: medium}
 		if k > 0 {
 			p := kvevents.HashUint64(e.hashOf(s, k-1))
 			ev.ParentBlockHash = &p
@@ -652,7 +705,7 @@ func (e *Engine) writeThrough(s *sequence, k int, h uint64, ev *kvevents.BlockSt
 	for j := k * bs; j < (k+1)*bs; j++ {
 		ev.TokenIDs = append(ev.TokenIDs, s.token(j))
 	}
-	return ev
+	return ev, true
 }
 
 func (e *Engine) flushStored(ev *kvevents.BlockStored) *kvevents.BlockStored {

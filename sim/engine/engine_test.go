@@ -452,3 +452,87 @@ func TestCPUTierOffloading(t *testing.T) {
 	must.Eq(t, kvevents.Event(stored(nil, []uint64{hb0, BlockHash(hb0, true, b[4:8])}, b[:8], 4)), r.Events[1])
 	assertNoLeak(t, e)
 }
+
+// TestDiskTier: blocks are spilled to the disk tier when they enter CPU
+// memory, a hit continues from CPU into disk at disk cost, and blocks read from
+// disk are written back to CPU memory (a promotion) but not to disk again.
+func TestDiskTier(t *testing.T) {
+	tm := Timing{StepBase: time.Millisecond, PerPrefillToken: 10 * time.Microsecond, PerLoadedToken: time.Microsecond, PerDiskLoadedToken: 3 * time.Microsecond}
+	e := newEngine(t, Config{BlockSize: 4, NumGPUBlocks: 4, CPUBlocks: 2, DiskBlocks: 16, KVEvents: true, Timing: tm})
+	a := seqTokens(100, 8)
+	must.NoError(t, e.Submit(&Request{ID: "a", Prompt: a, Output: out(1)}))
+	_, evA, _ := runAll(t, e)
+	ha0 := BlockHash(0, false, a[:4])
+	ha1 := BlockHash(ha0, true, a[4:])
+	cpuStored := stored(nil, []uint64{ha0, ha1}, a, 4)
+	cpuStored.Medium = kvevents.MediumCPU
+	diskStored := stored(nil, []uint64{ha0, ha1}, a, 4)
+	diskStored.Medium = "DISK"
+	must.Eq(t, []kvevents.Event{stored(nil, []uint64{ha0, ha1}, a, 4), cpuStored, diskStored}, evA)
+
+	// Two 15-token prompts push a off the GPU and out of the 2-block CPU
+	// tier; the disk keeps it (no DISK removal).
+	for _, p := range [][]int32{seqTokens(200, 15), seqTokens(300, 15)} {
+		must.NoError(t, e.Submit(&Request{ID: fmt.Sprint(p[0]), Prompt: p, Output: out(1)}))
+		_, evs, _ := runAll(t, e)
+		for _, ev := range evs {
+			if r, ok := ev.(kvevents.BlockRemoved); ok {
+				must.NotEq(t, "DISK", r.Medium)
+			}
+		}
+	}
+	must.Eq(t, 2, e.Stats().CPUCachedBlocks)
+	must.Eq(t, 2+3+3, e.Stats().DiskCachedBlocks) // a: 2 full blocks, each 15-token prompt 3
+	must.False(t, e.cpu.has(ha0))
+
+	// a's prefix comes back from disk at disk cost.
+	must.NoError(t, e.Submit(&Request{ID: "a2", Prompt: concat(a, seqTokens(900, 1)), Output: out(1)}))
+	r := e.Step()
+	must.Eq(t, 8, r.LoadedTokens)
+	must.Eq(t, 8, r.DiskLoadedTokens)
+	must.Eq(t, 8, r.Outputs[0].CachedTokens)
+	must.Eq(t, tm.StepTime(1, 0)+8*tm.PerDiskLoadedToken, r.Duration)
+	st := e.Stats()
+	must.Eq(t, uint64(8), st.DiskHits)
+	must.Eq(t, uint64(0), st.CPUHits)
+	// Promoted: stored on the GPU and in CPU memory again, not on disk.
+	media := map[string]int{}
+	for _, ev := range r.Events {
+		if s, ok := ev.(kvevents.BlockStored); ok {
+			media[s.Medium] += len(s.BlockHashes)
+		}
+	}
+	must.Eq(t, map[string]int{"GPU": 2, "CPU": 2}, media)
+	must.True(t, e.cpu.has(ha0))
+	assertNoLeak(t, e)
+}
+
+// TestSlotMap checks the open-addressing table against a Go map through
+// inserts, overwrites, deletes (with wrap-around shifts) and growth.
+func TestSlotMap(t *testing.T) {
+	m := newSlotMap()
+	ref := map[uint64]int32{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 200_000 {
+		// A small key space makes collisions, overwrites and deletes of
+		// present keys frequent.
+		k := rng.Uint64N(5000)
+		switch rng.IntN(3) {
+		case 0, 1:
+			m.put(k, int32(i))
+			ref[k] = int32(i)
+		case 2:
+			m.del(k)
+			delete(ref, k)
+		}
+		if i%1000 == 0 {
+			must.Eq(t, len(ref), m.len())
+			for k := range uint64(5000) {
+				v, ok := m.get(k)
+				rv, rok := ref[k]
+				must.Eq(t, rok, ok, must.Sprintf("key %d", k))
+				must.Eq(t, rv, v, must.Sprintf("key %d", k))
+			}
+		}
+	}
+}

@@ -2,34 +2,37 @@ package engine
 
 import "github.com/oasis-llm/oasis/internal/kvevents"
 
-// cpuTier models vLLM's native KV offloading (--kv-offloading-backend native, the
-// OffloadingConnector): every block cached on the GPU is also written to a CPU-memory
-// LRU of fixed capacity, and a prompt whose GPU prefix hit ends can continue its hit
-// from CPU memory, paying a transfer instead of a recompute. Stores and evictions are
-// reported as KV events with medium "CPU".
-type cpuTier struct {
-	slots      []cpuSlot
+// lruTier is an offloading tier below the GPU: a fixed number of block slots in
+// LRU order. The CPU tier models vLLM's native KV offloading (--kv-offloading-backend
+// native, the OffloadingConnector): every block cached on the GPU is also written to
+// CPU memory, and a prompt whose GPU prefix hit ends can continue its hit from there,
+// paying a transfer instead of a recompute. The disk tier models oasis-kvcached's SSD
+// tier behind LMCache: every block is also spilled to disk, a hit continues from disk
+// at disk bandwidth, and a block read from disk is written back to CPU memory (a
+// promotion). Stores and evictions are KV events with medium "CPU" or "DISK".
+type lruTier struct {
+	slots      []lruSlot
 	capacity   int
 	head, tail int32 // LRU order, head evicted first
-	index      map[uint64]int32
+	index      *slotMap
 	free       []int32
 }
 
-type cpuSlot struct {
+type lruSlot struct {
 	hash       uint64
 	prev, next int32
 }
 
-func newCPUTier(capacity int) *cpuTier {
-	return &cpuTier{capacity: capacity, head: noBlock, tail: noBlock, index: make(map[uint64]int32)}
+func newLRUTier(capacity int) *lruTier {
+	return &lruTier{capacity: capacity, head: noBlock, tail: noBlock, index: newSlotMap()}
 }
 
-func (c *cpuTier) has(h uint64) bool {
-	_, ok := c.index[h]
+func (c *lruTier) has(h uint64) bool {
+	_, ok := c.index.get(h)
 	return ok
 }
 
-func (c *cpuTier) unlink(i int32) {
+func (c *lruTier) unlink(i int32) {
 	s := &c.slots[i]
 	if s.prev != noBlock {
 		c.slots[s.prev].next = s.next
@@ -44,7 +47,7 @@ func (c *cpuTier) unlink(i int32) {
 	s.prev, s.next = noBlock, noBlock
 }
 
-func (c *cpuTier) pushTail(i int32) {
+func (c *lruTier) pushTail(i int32) {
 	s := &c.slots[i]
 	s.prev, s.next = c.tail, noBlock
 	if c.tail != noBlock {
@@ -56,8 +59,8 @@ func (c *cpuTier) pushTail(i int32) {
 }
 
 // touch marks h most recently used; false if absent.
-func (c *cpuTier) touch(h uint64) bool {
-	i, ok := c.index[h]
+func (c *lruTier) touch(h uint64) bool {
+	i, ok := c.index.get(h)
 	if ok {
 		c.unlink(i)
 		c.pushTail(i)
@@ -67,7 +70,7 @@ func (c *cpuTier) touch(h uint64) bool {
 
 // store writes h, evicting the least recently used block when full. It returns the
 // evicted hash, if any, and whether h was newly stored.
-func (c *cpuTier) store(h uint64) (evicted uint64, didEvict, stored bool) {
+func (c *lruTier) store(h uint64) (evicted uint64, didEvict, stored bool) {
 	if c.touch(h) {
 		return 0, false, false
 	}
@@ -77,21 +80,21 @@ func (c *cpuTier) store(h uint64) (evicted uint64, didEvict, stored bool) {
 		i = c.free[len(c.free)-1]
 		c.free = c.free[:len(c.free)-1]
 	case len(c.slots) < c.capacity:
-		c.slots = append(c.slots, cpuSlot{prev: noBlock, next: noBlock})
+		c.slots = append(c.slots, lruSlot{prev: noBlock, next: noBlock})
 		i = int32(len(c.slots) - 1)
 	default:
 		i = c.head
 		c.unlink(i)
 		evicted, didEvict = c.slots[i].hash, true
-		delete(c.index, evicted)
+		c.index.del(evicted)
 	}
 	c.slots[i].hash = h
-	c.index[h] = i
+	c.index.put(h, i)
 	c.pushTail(i)
 	return evicted, didEvict, true
 }
 
-func (c *cpuTier) len() int { return len(c.index) }
+func (c *lruTier) len() int { return c.index.len() }
 
 // appendRemoved adds h to a trailing BlockRemoved of the same medium or starts one.
 func appendRemoved(events []kvevents.Event, h uint64, medium string) []kvevents.Event {

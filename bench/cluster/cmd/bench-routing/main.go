@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,10 +55,24 @@ func run() error {
 		weights     = flag.String("weights", "", "oasis policy weights, e.g. prefix=2,load=1,power=0.2 (default cluster.DefaultOasisWeights)")
 		slack       = flag.Float64("load-slack", 0, "prefix term hot-spot guard ε for oasis (0: default)")
 		cpuGiB      = flag.Float64("cpu-gib", 0, "host memory per worker for a CPU KV offloading tier, GiB (0: none)")
+		diskGiB     = flag.Float64("disk-gib", 0, "SSD per worker for an oasis-kvcached disk KV tier below the CPU tier, GiB (0: none)")
+		decodePower = flag.Float64("decode-power", 0, "power model: a decode step's dynamic power at batch 1 as a fraction of full, rising to full at batch 64 (0: every step draws full power)")
 		kvScale     = flag.Float64("kv-scale", 1, "multiply every worker's KV capacity (diagnostics: large = nearly infinite cache)")
+		cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 		parallel    = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
 	)
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	var reqs []*cluster.Request
 	name := *trace
@@ -82,6 +97,9 @@ func run() error {
 	if *cpuGiB > 0 {
 		clusterName += fmt.Sprintf(", %.0f GiB CPU KV tier per worker", *cpuGiB)
 	}
+	if *diskGiB > 0 {
+		clusterName += fmt.Sprintf(", %.0f GiB disk KV tier per worker", *diskGiB)
+	}
 	if *homogeneous {
 		clusterName = "homogeneous H100" + strings.TrimPrefix(clusterName, "heterogeneous H100/A100/H100/L40S")
 		for i := range gpus {
@@ -90,7 +108,8 @@ func run() error {
 	}
 	for i := range gpus {
 		gpus[i].Blocks = int(float64(gpus[i].Blocks) * *kvScale)
-		gpus[i].CPUBlocks = cluster.CPUBlocksFor(*cpuGiB, *blockSize)
+		gpus[i].CPUBlocks = cluster.BlocksForGiB(*cpuGiB, *blockSize)
+		gpus[i].DiskBlocks = cluster.BlocksForGiB(*diskGiB, *blockSize)
 	}
 	var w map[string]float64
 	if *weights != "" {
@@ -121,7 +140,7 @@ func run() error {
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
 
-	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack}
+	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, DecodePower: *decodePower}
 	var cfgs []cluster.Config
 	for _, r := range rates {
 		for _, p := range pols {
