@@ -235,6 +235,7 @@ type sequence struct {
 	hashes      []uint64 // chained hashes of full blocks, computed lazily
 	reported    bool     // first token reported
 	cached      int      // prefix-hit tokens at first scheduling
+	scheduled   bool     // cached is set (a preempted request keeps its first count, as vLLM's num_cached_tokens)
 }
 
 func (s *sequence) numTokens() int { return len(s.req.Prompt) + s.numOut }
@@ -529,8 +530,8 @@ func (e *Engine) Step() *StepResult {
 			r.LoadedTokens += loaded
 			r.DiskLoadedTokens += fromDisk
 		}
-		if !s.reported {
-			s.cached = hitTokens + loaded
+		if !s.scheduled {
+			s.cached, s.scheduled = hitTokens+loaded, true
 		}
 		e.waiting = e.waiting[1:]
 		s.state = stateRunning

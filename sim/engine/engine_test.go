@@ -253,6 +253,20 @@ func TestPreemptionRecomputesAndFinishes(t *testing.T) {
 	assertNoLeak(t, e)
 }
 
+// A request preempted before its first token hits its own cached blocks when it
+// is rescheduled; like vLLM's num_cached_tokens, its reported cached tokens stay
+// those of its first scheduling.
+func TestPreemptedBeforeFirstTokenKeepsFirstCachedCount(t *testing.T) {
+	e := newEngine(t, Config{BlockSize: 4, NumGPUBlocks: 8, MaxNumBatchedTokens: 4})
+	must.NoError(t, e.Submit(&Request{ID: "a", Prompt: seqTokens(1, 4), Output: out(24)}))
+	must.NoError(t, e.Submit(&Request{ID: "b", Prompt: seqTokens(100, 24), Output: out(1)}))
+	outs, _, _ := runAll(t, e)
+	must.Positive(t, e.Stats().Preemptions)
+	must.Len(t, 1, outs["b"])
+	must.Eq(t, 0, outs["b"][0].CachedTokens)
+	assertNoLeak(t, e)
+}
+
 func TestAbortFreesBlocks(t *testing.T) {
 	e := newEngine(t, Config{BlockSize: 4, NumGPUBlocks: 32})
 	must.NoError(t, e.Submit(&Request{ID: "a", Prompt: seqTokens(1, 30), Output: out(50)}))
