@@ -110,8 +110,8 @@ func (w *response) writeBody(p []byte) {
 	}
 	bw := w.cn.bw
 	if w.chunked {
-		_, _ = bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
-		_, _ = bw.WriteString("\r\n")
+		// The chunk size line is formatted straight into the writer's buffer.
+		_, _ = bw.Write(append(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16), '\r', '\n'))
 		_, _ = bw.Write(p)
 		_, err := bw.WriteString("\r\n")
 		w.setErr(err)
