@@ -8,7 +8,8 @@
 #
 # Env: ENGINES (default 3), SIM_SPEED (default 1: real-time simulated steps; 0: no
 # waiting, so the proxies are the bottleneck), ROUTER_ENV (extra env for the router, e.g. GOGC=200),
-# ROUTER_NET=1 (also a second router on net/http's server, -http-server net, as target router-net).
+# ROUTER_NET=1 (also a second router on net/http's server, -http-server net, as target router-net),
+# ROUTER_1P=1 (also a router with -gomaxprocs 1, as target router-1p).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINES=${ENGINES:-3}
@@ -54,6 +55,13 @@ if [ "${ROUTER_NET:-0}" = 1 ]; then
   pids+=($!)
   extra_targets=",router-net=http://127.0.0.1:$r2port" extra_pids=",router-net=$!"
 fi
+if [ "${ROUTER_1P:-0}" = 1 ]; then
+  r3port=$(freeport)
+  env ${ROUTER_ENV:-} "$work/oasis-router" -gomaxprocs 1 -listen "127.0.0.1:$r3port" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
+    -policy-file "$work/policy.json" -log-level warn >"$work/router-1p.log" 2>&1 &
+  pids+=($!)
+  extra_targets+=",router-1p=http://127.0.0.1:$r3port" extra_pids+=",router-1p=$!"
+fi
 
 nport=$(freeport)
 mkdir -p "$work/nginx"
@@ -91,7 +99,7 @@ npid=$!
 pids+=($npid)
 
 for u in "${direct[@]}"; do waitport "${u##*:}"; done
-waitport "$rport"; waitport "$nport"; [ -z "${r2port:-}" ] || waitport "$r2port"
+waitport "$rport"; waitport "$nport"; [ -z "${r2port:-}" ] || waitport "$r2port"; [ -z "${r3port:-}" ] || waitport "$r3port"
 sleep 1.5 # first discovery/scrape
 
 echo "machine: $(nproc) cores, $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); engines: $ENGINES × oasis-sim --speed $SIM_SPEED"
