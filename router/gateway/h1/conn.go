@@ -38,10 +38,10 @@ func (cn *conn) closeIfIdle() {
 	}
 }
 
-// serve reads requests one after the other. Each request's handler runs in
-// its own goroutine; meanwhile this goroutine waits for the client's next
-// byte, which is either the next (pipelined or keep-alive) request or the
-// end of the connection, which cancels the running request.
+// serve reads requests one after the other. Handlers run in the
+// connection's worker goroutine; meanwhile this goroutine waits for the
+// client's next byte, which is either the next (pipelined or keep-alive)
+// request or the end of the connection, which cancels the running request.
 func (cn *conn) serve() {
 	s := cn.srv
 	cn.br, cn.bw = s.getReader(cn.c), s.getWriter(cn.c)
@@ -65,7 +65,10 @@ func (cn *conn) serve() {
 				return
 			}
 		}
-		if !cn.state.CompareAndSwap(stateIdle, stateHeader) || s.shutdown.Load() {
+		// Losing this race to Shutdown or the sweeper closed the connection;
+		// winning it means a request that arrived during Shutdown is still
+		// answered (with Connection: close).
+		if !cn.state.CompareAndSwap(stateIdle, stateHeader) {
 			return
 		}
 		cn.last.Store(time.Now().UnixNano())
