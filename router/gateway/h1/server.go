@@ -85,7 +85,7 @@ func (s *Server) Serve(ln net.Listener) error {
 				return http.ErrServerClosed
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTemporary(err)) {
+			if errors.As(err, &ne) && ne.Timeout() || temporary(err) {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.logger().Warn("accept failed; retrying", "error", err, "delay", backoff)
 				time.Sleep(backoff)
@@ -102,15 +102,11 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
-// errTemporary returns err itself when it is a temporary accept failure
-// (too many open files, connection aborted before accept), else nil.
-func errTemporary(err error) error {
-	type temporary interface{ Temporary() bool }
-	var t temporary
-	if errors.As(err, &t) && t.Temporary() {
-		return err
-	}
-	return nil
+// temporary reports a temporary accept failure (too many open files, a
+// connection aborted before accept).
+func temporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
 }
 
 func (s *Server) logger() hclog.Logger {
