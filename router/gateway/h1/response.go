@@ -161,6 +161,9 @@ func (w *response) commit(final bool, next []byte) {
 	case w.cl >= 0:
 	case final:
 		w.cl = int64(len(w.pending))
+		if w.head {
+			w.cl = w.written // what a GET would have sent
+		}
 		if !w.head || w.cl > 0 {
 			extra[n] = "Content-Length: " + strconv.FormatInt(w.cl, 10)
 			n++

@@ -182,6 +182,7 @@ func TestHeadAndNoContent(t *testing.T) {
 	resp, body := c.read("HEAD")
 	must.EqOp(t, 200, resp.StatusCode)
 	must.EqOp(t, "", body)
+	must.EqOp(t, int64(5), resp.ContentLength)
 	resp, body = c.read("GET")
 	must.EqOp(t, 204, resp.StatusCode)
 	must.EqOp(t, "", body)
