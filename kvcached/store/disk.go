@@ -17,7 +17,6 @@ import (
 	"github.com/cockroachdb/pebble"
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/kvcached/internal/nozero"
-	"lukechampine.com/blake3"
 )
 
 // The disk tier keeps each block in its own file, blocks/<xx>/<seq>.blk, and
@@ -237,9 +236,7 @@ func (d *diskTier) recover(path string, seq uint64) bool {
 		return false
 	}
 	e := &diskEntry{key: key, seq: seq, size: int64(vl)}
-	h := blake3.New(32, nil)
-	h.Write(b[hl:])
-	h.Sum(e.sum[:0])
+	e.sum = blockSum(key, b[hl+kl:])
 	if b[4] == fileVersion && (binary.LittleEndian.Uint64(b[fileHeaderV1:]) != seq || [32]byte(b[fileHeaderV1+8:fileHeader]) != e.sum) {
 		// Another block's file under this name, or a torn mix of two.
 		return false
@@ -342,11 +339,7 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 	if size > d.limit {
 		return fmt.Errorf("block of %d bytes exceeds the disk tier's %d bytes", size, d.limit)
 	}
-	var sum [32]byte
-	h := blake3.New(32, nil)
-	h.Write([]byte(key))
-	h.Write(val)
-	h.Sum(sum[:0])
+	sum := blockSum(key, val)
 
 	// Make room first so the tier never exceeds its limit, even briefly.
 	d.mu.Lock()
@@ -624,12 +617,7 @@ func (d *diskTier) readInline(key string, seq uint64, sum [32]byte) ([]byte, err
 	if uint64(len(val)) != binary.LittleEndian.Uint64(v[8:]) {
 		return nil, errors.New("inline value length mismatch")
 	}
-	var got [32]byte
-	h := blake3.New(32, nil)
-	h.Write([]byte(key))
-	h.Write(val)
-	h.Sum(got[:0])
-	if got != sum {
+	if blockSum(key, val) != sum {
 		return nil, errors.New("checksum mismatch")
 	}
 	return val, nil
@@ -681,12 +669,7 @@ func (d *diskTier) readFile(seq uint64, key string, size int64, sum [32]byte) ([
 	if _, err := f.ReadAt(val, int64(hl+kl)); err != nil {
 		return nil, fmt.Errorf("reading block file value: %w", err)
 	}
-	var got [32]byte
-	h := blake3.New(32, nil)
-	h.Write([]byte(key))
-	h.Write(val)
-	h.Sum(got[:0])
-	if got != sum {
+	if blockSum(key, val) != sum {
 		return nil, errors.New("checksum mismatch")
 	}
 	return val, nil
