@@ -21,6 +21,7 @@ N_SMALL=${N_SMALL:-100000}
 N_LARGE=${N_LARGE:-1000}
 KVCACHED_DISK=${KVCACHED_DISK:-1}
 root=$(cd "$(dirname "$0")/.." && pwd)
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 work=$(mktemp -d /tmp/kvcached-bench.XXXXXX)
 pids=()
 cleanup() {
@@ -87,7 +88,7 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-echo "redis-benchmark, median of $ROUNDS interleaved rounds; kvcached disk tier: $([ "$KVCACHED_DISK" = 1 ] && echo on || echo off)"
+echo "redis-benchmark, median of $ROUNDS interleaved rounds; kvcached disk tier: $([ "$KVCACHED_DISK" = 1 ] && echo on || echo off); load average $load0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 echo
 python3 - "$results" <<'PY'
 import csv, statistics, sys
@@ -95,20 +96,28 @@ rows = {}
 for t, case, op, rps in csv.reader(open(sys.argv[1])):
     rows.setdefault((case, op, t), []).append(float(rps))
 base = any(k[2] == "base" for k in rows)
+# Each round runs kvcached and redis-server back to back, so a round's own
+# ratio is the fairest single comparison on a noisy machine: the table gives
+# the median of the medians and the range of the per-round ratios.
+def spread(a, b):
+    rs = [x / y for x, y in zip(a, b) if y]
+    return f"{min(rs):.2f}-{max(rs):.2f}" if rs else "-"
 if base:
-    print("| case | op | kvcached req/s | redis-server req/s | ratio | base build req/s | base ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| case | op | kvcached req/s | redis-server req/s | ratio | per-round ratios | base build req/s | base ratio | base per-round |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 else:
-    print("| case | op | kvcached req/s | redis-server req/s | ratio |")
-    print("|---|---|---:|---:|---:|")
+    print("| case | op | kvcached req/s | redis-server req/s | ratio | per-round ratios |")
+    print("|---|---|---:|---:|---:|---:|")
 order = ["1KiB", "1KiB-P16", "1MiB", "1MiB-P16", "1MiB-r1000"]
 for case in [c for c in order if any(k[0] == c for k in rows)]:
     for op in ["SET", "GET"]:
-        k = statistics.median(rows.get((case, op, "kvcached"), [0]))
-        r = statistics.median(rows.get((case, op, "redis"), [0]))
-        line = f"| {case} | {op} | {k:,.0f} | {r:,.0f} | {k/r if r else 0:.2f} |"
+        ks = rows.get((case, op, "kvcached"), [0])
+        rd = rows.get((case, op, "redis"), [0])
+        k, r = statistics.median(ks), statistics.median(rd)
+        line = f"| {case} | {op} | {k:,.0f} | {r:,.0f} | {k/r if r else 0:.2f} | {spread(ks, rd)} |"
         if base:
-            b = statistics.median(rows.get((case, op, "base"), [0]))
-            line += f" {b:,.0f} | {b/r if r else 0:.2f} |"
+            bs = rows.get((case, op, "base"), [0])
+            b = statistics.median(bs)
+            line += f" {b:,.0f} | {b/r if r else 0:.2f} | {spread(bs, rd)} |"
         print(line)
 PY
