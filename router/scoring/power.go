@@ -16,17 +16,22 @@ const DefaultPowerBatch = 16
 // the efficiency of one sequence's share of a step on that GPU (the Nomad
 // node's device power split over the engines on that node, or the engine's
 // own power gauge; smoothed, updated only while the worker generates). A
-// request joining a worker with load L shares its steps with L others, so
+// request joining a worker with load L shares its steps with L others, so,
+// with n = L + 1,
 //
-//	eff_i   = e1_i · min(L_i + 1, B)
+//	eff_i   = e1_i · n                    n ≤ B
+//	eff_i   = e1_i · B · max(0, 2 − n/B)  n > B
 //	power_i = eff_i / max_j eff_j
 //
 // The most efficient placement scores 1: a fast GPU already decoding beats an
 // idle one, and among idle GPUs the more efficient one wins. B (Batch,
-// DefaultPowerBatch) is where consolidating stops paying; the ttft and
+// DefaultPowerBatch) is the decode batch consolidation aims for: past it a
+// sequence no longer makes the step cheaper per token, but it still makes
+// every step of the batch longer, so the preference falls to nothing at 2B
+// and work spreads to the next GPU instead of piling onto one. The ttft and
 // kv_capacity terms keep consolidation from queueing prefills or filling a
 // worker's KV cache. Workers without an estimate, or a pool where no worker
-// has generated yet, score Neutral.
+// has generated yet (or every worker is past 2B), score Neutral.
 type PowerTerm struct {
 	// Batch is B; zero means DefaultPowerBatch.
 	Batch float64
@@ -44,7 +49,12 @@ func (t PowerTerm) Score(_ context.Context, _ *Request, workers []*Worker, out [
 		s := w.Signals()
 		out[i] = -1
 		if s.HasPower && s.SeqTokensPerJoule > 0 {
-			out[i] = s.SeqTokensPerJoule * min(s.Load()+1, b)
+			n := s.Load() + 1
+			if n <= b {
+				out[i] = s.SeqTokensPerJoule * n
+			} else {
+				out[i] = s.SeqTokensPerJoule * b * max(0, 2-n/b)
+			}
 			maxE = max(maxE, out[i])
 		}
 	}

@@ -86,7 +86,8 @@ func TestPowerTerm(t *testing.T) {
 		// A request joining a batch of 3 shares its steps four ways: 4× an
 		// idle GPU of the same kind, 2× an idle one twice as efficient.
 		{"joining a batch", []*Worker{worker("idle", 0, nil, 1), worker("busy", 3, nil, 1), worker("fast", 0, nil, 2)}, []float64{0.25, 1, 0.5}},
-		{"batch capped at B", []*Worker{worker("b15", 15, nil, 1), worker("b40", 40, nil, 1)}, []float64{1, 1}},
+		// Past B = 16 the preference falls, to nothing at 2B: work spreads.
+		{"past B it falls", []*Worker{worker("b15", 15, nil, 1), worker("b23", 23, nil, 1), worker("b40", 40, nil, 1), worker("idle", 0, nil, 1)}, []float64{1, 0.5, 0, 1.0 / 16}},
 		{"engine load counts", []*Worker{worker("a", 0, eng(5, 2, 0.1), 1), worker("b", 1, nil, 1)}, []float64{1, 0.25}},
 		{"unknown is neutral", []*Worker{worker("a", 0, nil, -1), worker("b", 0, nil, 3)}, []float64{Neutral, 1}},
 		{"none measured", []*Worker{worker("a", 0, nil, 0), worker("b", 0, nil, -1)}, []float64{Neutral, Neutral}},
