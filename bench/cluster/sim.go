@@ -261,9 +261,8 @@ type worker struct {
 	ew   *cachestate.EventWorker
 	busy bool
 
-	busyTime      time.Duration
-	prefillTime   time.Duration // part of busyTime computing or loading prompt KV
-	drawTime      time.Duration // busyTime weighted by the step's share of full dynamic power
+	prefillTime   time.Duration // step time computing or loading prompt KV
+	drawTime      time.Duration // step time weighted by the step's share of full dynamic power
 	seq           int64
 	lastDelivered int64
 	flights       map[string]*flight
@@ -560,7 +559,6 @@ func (s *sim) startStep(w *worker, now int64) {
 	pre := time.Duration(res.PrefillTokens)*w.gpu.Timing.PerPrefillToken +
 		time.Duration(res.LoadedTokens-res.DiskLoadedTokens)*w.gpu.Timing.PerLoadedToken +
 		time.Duration(res.DiskLoadedTokens)*w.gpu.Timing.PerDiskLoadedToken
-	w.busyTime += res.Duration
 	w.prefillTime += pre
 	w.drawTime += pre + time.Duration(float64(res.Duration-pre)*s.decodePower(res.DecodeSeqs))
 	w.stepDur = res.Duration
