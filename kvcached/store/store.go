@@ -94,7 +94,6 @@ type item struct {
 	val      []byte
 	expireAt int64  // unix ns; 0 = never
 	seq      uint64 // write sequence, newer writes have larger ones
-	queuedAt int64  // monotonic ns when its own spill-queue entry was sent
 	// entry is the item whose spill-queue entry will write this one: itself,
 	// or the older value of the key whose entry was still waiting when this
 	// one replaced it (the newer value inherits the entry, so a key rewritten
@@ -126,13 +125,13 @@ type Store struct {
 	pubUsed    int64 // ramUsed as last published to the gauges
 	pubBlocks  int   // len(ram) as last published
 
-	spill    chan *item
+	spill    chan spillMsg
 	flushing atomic.Int32  // Flush calls in progress: the spiller skips its delay
 	kick     chan struct{} // wakes a spiller waiting out a delay
 	wg       sync.WaitGroup
 	cancel   context.CancelFunc
 	now      func() time.Time
-	epoch    time.Time // monotonic origin of item.queuedAt
+	epoch    time.Time // monotonic origin of spillMsg.at
 }
 
 // Open opens (or creates) a store; with a disk tier it reloads what a
@@ -168,7 +167,7 @@ func Open(cfg Config) (*Store, error) {
 		}
 		s.disk = d
 		s.seq = maxSeq
-		s.spill = make(chan *item, cfg.SpillQueue)
+		s.spill = make(chan spillMsg, cfg.SpillQueue)
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
 		s.wg.Add(1)
@@ -300,52 +299,67 @@ func (s *Store) SetKey(key []byte, val []byte) error {
 // insert puts a value in RAM under key, or under kb when kb is not nil;
 // dirty values are queued for disk.
 func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty bool) {
-	it := &item{val: val, expireAt: expireAt, dirty: dirty && s.disk != nil}
+	dirty = dirty && s.disk != nil
 	send := false
 	s.mu.Lock()
 	s.seq++
-	it.seq = s.seq
 	var old *item
 	if kb != nil {
 		old = s.ram[string(kb)]
-		if old != nil {
-			key = old.key
-		} else {
-			key = string(kb)
-		}
 	} else {
 		old = s.ram[key]
 	}
-	it.key = key
-	if it.dirty {
-		// Marked queued before it is visible: Flush counts it as pending.
-		it.queued = true
-		if old != nil && old.queued && old.entry != nil && !old.writing {
-			// The older value's entry is still waiting: it will write this
-			// value instead (no channel send, no clock read per SET).
-			it.entry = old.entry
-		} else {
+	var it *item
+	if old != nil && !old.writing {
+		// Overwritten in place: the item is not being written (which reads
+		// its value and marks it clean afterwards), and nothing else holds
+		// it but the map, the LRU list and the spill queue, which look at
+		// its value and seq under the lock. A key rewritten in a loop then
+		// costs no allocation of an item, no map write and, while its
+		// spill entry waits, no new entry: the entry finds the newer seq
+		// and waits again, as it does for an item that inherited it.
+		it = old
+		s.unlink(it)
+		s.ramUsed += int64(len(val)) - int64(len(it.val))
+		it.val, it.expireAt, it.seq = val, expireAt, s.seq
+		it.dirty = dirty
+		if dirty && !it.queued {
+			it.queued, it.entry = true, it
+			send = true
+		}
+	} else {
+		if kb != nil {
+			if old != nil {
+				key = old.key
+			} else {
+				key = string(kb)
+			}
+		}
+		it = &item{key: key, val: val, expireAt: expireAt, seq: s.seq, dirty: dirty}
+		if dirty {
+			// Marked queued before it is visible: Flush counts it as pending.
+			it.queued = true
 			it.entry = it
 			send = true
 		}
+		if old != nil {
+			// Being written: replaced by a new item. The map entry is
+			// overwritten below rather than deleted first.
+			s.dropRAMLocked(old, true)
+		}
+		s.ram[key] = it
+		s.ramUsed += int64(len(val))
 	}
-	if old != nil {
-		// The map entry is overwritten below rather than deleted first.
-		s.dropRAMLocked(old, true)
-	}
-	s.ram[key] = it
+	key, seq := it.key, it.seq
 	s.pushFront(it)
-	s.ramUsed += int64(len(val))
 	victims := s.evictLocked()
 	s.gaugesLocked()
 	s.mu.Unlock()
 	if send {
 		// Sent once the lock is released (the send is most of the hold
-		// time otherwise); the send orders queuedAt before the spiller's
-		// read of it.
-		it.queuedAt = int64(time.Since(s.epoch))
+		// time otherwise).
 		select {
-		case s.spill <- it:
+		case s.spill <- spillMsg{it: it, seq: seq, at: time.Since(s.epoch)}:
 		default:
 			// Queue full: the block, and any newer value of the key that
 			// inherited its entry meanwhile, stays dirty and is written
@@ -469,8 +483,8 @@ func (s *Store) spiller(ctx context.Context) {
 		if head == len(pending) {
 			pending, head = pending[:0], 0
 			select {
-			case it := <-s.spill:
-				pending = append(pending, s.newEntry(it))
+			case m := <-s.spill:
+				pending = append(pending, s.newEntry(m))
 			case <-ctx.Done():
 				s.drainSpill(nil)
 				return
@@ -480,8 +494,8 @@ func (s *Store) spiller(ctx context.Context) {
 	fill:
 		for n := 0; n < spillBatch; n++ {
 			select {
-			case it := <-s.spill:
-				pending = append(pending, s.newEntry(it))
+			case m := <-s.spill:
+				pending = append(pending, s.newEntry(m))
 			default:
 				break fill
 			}
@@ -514,8 +528,16 @@ func (s *Store) spiller(ctx context.Context) {
 // at a time.
 const spillBatch = 256
 
-func (s *Store) newEntry(it *item) spillEntry {
-	return spillEntry{it: it, deadline: time.Duration(it.queuedAt) + s.cfg.SpillDelay/2, seen: it.seq}
+// spillMsg is a spill-queue entry as sent: the item, its seq then (an item
+// overwritten in place changes it), and when it was sent.
+type spillMsg struct {
+	it  *item
+	seq uint64
+	at  time.Duration // since s.epoch
+}
+
+func (s *Store) newEntry(m spillMsg) spillEntry {
+	return spillEntry{it: m.it, deadline: m.at + s.cfg.SpillDelay/2, seen: m.seq}
 }
 
 // target returns the item e's entry writes now: the newest value of the key
@@ -576,8 +598,8 @@ func (s *Store) drainSpill(rest []spillEntry) {
 	}
 	for {
 		select {
-		case it := <-s.spill:
-			s.writeEntry(s.newEntry(it))
+		case m := <-s.spill:
+			s.writeEntry(s.newEntry(m))
 		default:
 			return
 		}
@@ -607,7 +629,7 @@ func (s *Store) Flush(ctx context.Context) error {
 			if !it.queued && !it.writing {
 				// Left out when the queue was full: queue it now.
 				select {
-				case s.spill <- it:
+				case s.spill <- spillMsg{it: it, seq: it.seq, at: time.Since(s.epoch)}:
 					it.queued, it.entry = true, it
 				default:
 				}
@@ -733,10 +755,14 @@ func (s *Store) fetchRemote(ctx context.Context, key string) ([]byte, bool) {
 func (s *Store) existsLocal(key string) bool {
 	now := s.nowNano()
 	s.mu.Lock()
+	var at int64
 	it, ok := s.ram[key]
+	if ok {
+		at = it.expireAt // items change under the lock (Expire, SET in place)
+	}
 	s.mu.Unlock()
 	if ok {
-		return !expired(it.expireAt, now)
+		return !expired(at, now)
 	}
 	return s.disk != nil && s.disk.has(key, now)
 }
@@ -796,13 +822,17 @@ func (s *Store) Expire(key string, expireAt int64) bool {
 func (s *Store) ExpireAt(key string) (int64, bool) {
 	now := s.nowNano()
 	s.mu.Lock()
+	var at int64
 	it, ok := s.ram[key]
+	if ok {
+		at = it.expireAt
+	}
 	s.mu.Unlock()
 	if ok {
-		if expired(it.expireAt, now) {
+		if expired(at, now) {
 			return 0, false
 		}
-		return it.expireAt, true
+		return at, true
 	}
 	if s.disk != nil {
 		if at, ok := s.disk.expireOf(key); ok && !expired(at, now) {

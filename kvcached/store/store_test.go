@@ -485,3 +485,33 @@ func TestUnindexedFileIsVerifiedBeforeRecovery(t *testing.T) {
 	}
 	must.Eq(t, 0.0, value(m.Corrupt))
 }
+
+// TestOverwriteInPlaceKeepsAccounting: a key rewritten with values of other
+// sizes (its item reused) leaves the RAM tier's bytes and blocks exact, an
+// expiry set by one SET is cleared by the next, and the disk gets the last
+// value.
+func TestOverwriteInPlaceKeepsAccounting(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := open(t, dir, 1<<20, 1<<20)
+	for i, n := range []int{5000, 100, 9000, 7000} {
+		exp := int64(0)
+		if i == 2 {
+			exp = time.Now().Add(time.Hour).UnixNano()
+		}
+		_, err := s.Set("k", val(i, n), exp, SetAlways)
+		must.NoError(t, err)
+		st := s.Stats()
+		must.Eq(t, int64(n), st.RAMBytes)
+		must.Eq(t, 1, st.RAMBlocks)
+	}
+	at, ok := s.ExpireAt("k")
+	must.True(t, ok)
+	must.Eq(t, int64(0), at)
+	must.NoError(t, s.Flush(context.Background()))
+	must.NoError(t, s.Close())
+	s, _ = open(t, dir, 1<<20, 1<<20)
+	defer s.Close()
+	v, _, ok := s.Get(context.Background(), "k")
+	must.True(t, ok)
+	must.Eq(t, val(3, 7000), v)
+}
