@@ -94,13 +94,10 @@ type item struct {
 	val      []byte
 	expireAt int64  // unix ns; 0 = never
 	seq      uint64 // write sequence, newer writes have larger ones
-	// entry is the item whose spill-queue entry will write this one: itself,
-	// or the older value of the key whose entry was still waiting when this
-	// one replaced it (the newer value inherits the entry, so a key rewritten
-	// in a loop has one entry at a time, not one per SET). Under Store.mu.
-	entry   *item
-	dirty   bool // not yet on disk
-	queued  bool // a spill-queue entry (its own or inherited) will visit it
+	dirty    bool   // not yet on disk
+	// queued: a spill-queue entry will visit it. A key rewritten in a loop
+	// keeps its item (overwritten in place) and so has one entry at a time.
+	queued  bool
 	writing bool // a disk write is in flight
 	deleted bool // removed by DEL/overwrite while a write was in flight
 	prev    *item
@@ -317,14 +314,14 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty 
 		// its value and seq under the lock. A key rewritten in a loop then
 		// costs no allocation of an item, no map write and, while its
 		// spill entry waits, no new entry: the entry finds the newer seq
-		// and waits again, as it does for an item that inherited it.
+		// and waits again.
 		it = old
 		s.unlink(it)
 		s.ramUsed += int64(len(val)) - int64(len(it.val))
 		it.val, it.expireAt, it.seq = val, expireAt, s.seq
 		it.dirty = dirty
 		if dirty && !it.queued {
-			it.queued, it.entry = true, it
+			it.queued = true
 			send = true
 		}
 	} else {
@@ -339,7 +336,6 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty 
 		if dirty {
 			// Marked queued before it is visible: Flush counts it as pending.
 			it.queued = true
-			it.entry = it
 			send = true
 		}
 		if old != nil {
@@ -361,14 +357,11 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty 
 		select {
 		case s.spill <- spillMsg{it: it, seq: seq, at: time.Since(s.epoch)}:
 		default:
-			// Queue full: the block, and any newer value of the key that
-			// inherited its entry meanwhile, stays dirty and is written
-			// when evicted (or queued by Flush).
+			// Queue full: the block (with any value written over it in
+			// place meanwhile) stays dirty and is written when evicted
+			// (or queued by Flush).
 			s.mu.Lock()
-			it.queued, it.entry = false, nil
-			if cur := s.ram[key]; cur != nil && cur.entry == it {
-				cur.queued, cur.entry = false, nil
-			}
+			it.queued = false
 			s.mu.Unlock()
 		}
 	}
@@ -453,7 +446,7 @@ const DefaultSpillDelay = 5 * time.Millisecond
 
 // spillEntry is a spill-queue entry as the spiller holds it.
 type spillEntry struct {
-	it       *item         // the item that sent the entry
+	it       *item         // the item to write
 	deadline time.Duration // since s.epoch: when to write
 	seen     uint64        // seq of the value the deadline was set for
 }
@@ -463,7 +456,7 @@ type spillEntry struct {
 // blocks superseded or deleted by then are dropped without touching the
 // disk.
 //
-// A newer value that inherited a waiting entry (insert) restarts that
+// An item overwritten in place while its entry waited (insert) restarts the
 // entry's half delay when the spiller reaches it: the entry goes to the back
 // of the spiller's list with a fresh deadline, so a key rewritten in a loop
 // is written once per pause in its writes, and a value is written at most a
@@ -540,38 +533,25 @@ func (s *Store) newEntry(m spillMsg) spillEntry {
 	return spillEntry{it: m.it, deadline: m.at + s.cfg.SpillDelay/2, seen: m.seq}
 }
 
-// target returns the item e's entry writes now: the newest value of the key
-// if it inherited the entry, else the item that sent it. Under s.mu.
-func (s *Store) target(it *item) *item {
-	if cur := s.ram[it.key]; cur != nil && cur.entry == it {
-		return cur
-	}
-	return it
-}
-
-// live reports whether it's entry still has a block to write, so the
+// live reports whether it still has a block to write, so the
 // spiller need not wait out the delay to drop it.
 func (s *Store) live(it *item) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.target(it)
-	return t.entry == it && t.dirty && !t.deleted && !t.writing
+	return it.dirty && !it.deleted && !it.writing
 }
 
 // writeEntry writes e's block, or drops the entry when there is nothing to
-// write. When a newer value inherited the entry after its deadline was set,
-// and no Flush is waiting, it writes nothing and returns the entry with a
-// fresh deadline (ok false) for the back of the spiller's list.
+// write. When the item was overwritten in place after the entry's deadline
+// was set, and no Flush is waiting, it writes nothing and returns the entry
+// with a fresh deadline (ok false) for the back of the spiller's list.
 func (s *Store) writeEntry(e spillEntry) (again spillEntry, ok bool) {
 	s.mu.Lock()
-	t := s.target(e.it)
-	if t.entry != e.it || !t.dirty || t.deleted || t.writing {
-		// Superseded, deleted, written by an evicting request, or the
-		// entry lost to a full queue: nothing of its own to write.
-		e.it.queued = false
-		if t.entry == e.it {
-			t.queued, t.entry = false, nil
-		}
+	t := e.it
+	if !t.dirty || t.deleted || t.writing {
+		// Superseded (replaced while being written), deleted, or written
+		// by an evicting request: nothing to write.
+		t.queued = false
 		s.mu.Unlock()
 		return spillEntry{}, true
 	}
@@ -581,8 +561,7 @@ func (s *Store) writeEntry(e spillEntry) (again spillEntry, ok bool) {
 		e.deadline = time.Since(s.epoch) + s.cfg.SpillDelay/2
 		return e, false
 	}
-	e.it.queued = false
-	t.queued, t.entry, t.writing = false, nil, true
+	t.queued, t.writing = false, true
 	s.mu.Unlock()
 	s.writeBack(t)
 	return spillEntry{}, true
@@ -630,7 +609,7 @@ func (s *Store) Flush(ctx context.Context) error {
 				// Left out when the queue was full: queue it now.
 				select {
 				case s.spill <- spillMsg{it: it, seq: it.seq, at: time.Since(s.epoch)}:
-					it.queued, it.entry = true, it
+					it.queued = true
 				default:
 				}
 			}

@@ -338,11 +338,11 @@ func TestFlushWritesBlocksAFullQueueLeftOut(t *testing.T) {
 	must.NoError(t, s.Close())
 }
 
-// TestInheritedEntryOfEvictedBlock: a key rewritten while its first value's
-// spill entry waits has its newest value written by that entry; when RAM
-// evicts the newest value first, the evicting request writes it, and the
-// entry, reached later, writes nothing stale over it.
-func TestInheritedEntryOfEvictedBlock(t *testing.T) {
+// TestOverwrittenBlockEvictedBeforeItsSpill: a key rewritten while its
+// spill entry waits keeps one entry; when RAM evicts the key first, the
+// evicting request writes its newest value, and the entry, reached later,
+// writes nothing stale over it.
+func TestOverwrittenBlockEvictedBeforeItsSpill(t *testing.T) {
 	dir := t.TempDir()
 	m := NewMetrics(prometheus.NewRegistry())
 	s, err := Open(Config{RAMBytes: 20000, DiskBytes: 1 << 20, Dir: dir, Metrics: m, SpillDelay: time.Hour})
