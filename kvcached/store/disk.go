@@ -350,9 +350,10 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 	inline := size <= InlineMax
 	var reuse *pooledFile
 	if n := len(d.pool); n > 0 && !inline {
-		reuse = &d.pool[n-1]
+		p := d.pool[n-1] // a copy: recycle appends over the slot once unlocked
+		reuse = &p
 		d.pool = d.pool[:n-1]
-		d.used -= reuse.size
+		d.used -= p.size
 	}
 	var victims []*diskEntry
 	var unpooled []pooledFile

@@ -8,9 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/shoenig/test/must"
@@ -514,4 +517,56 @@ func TestOverwriteInPlaceKeepsAccounting(t *testing.T) {
 	v, _, ok := s.Get(context.Background(), "k")
 	must.True(t, ok)
 	must.Eq(t, val(3, 7000), v)
+}
+
+// TestConcurrentPutsShareThePoolSafely: disk writes from several goroutines
+// (the spiller and evicting requests write concurrently) take and return
+// pooled files without two writes getting one file: every key reads back
+// its last value, and every file is either named by the index or pooled.
+func TestConcurrentPutsShareThePoolSafely(t *testing.T) {
+	dir := t.TempDir()
+	d, _, err := openDisk(dir, 1<<30, hclog.NewNullLogger(), NewMetrics(prometheus.NewRegistry()), nil)
+	must.NoError(t, err)
+	defer d.close()
+	const writers, keys, rounds = 4, 8, 40
+	var seq atomic.Uint64
+	var wg sync.WaitGroup
+	last := make([][keys]uint64, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < rounds; r++ {
+				for k := 0; k < keys; k++ {
+					n := seq.Add(1)
+					key := fmt.Sprintf("w%d-k%d", w, k)
+					must.NoError(t, d.put(key, val(int(n), 5000+int(n%7)*100), 0, n))
+					last[w][k] = n
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for w := 0; w < writers; w++ {
+		for k := 0; k < keys; k++ {
+			n := last[w][k]
+			v, _, ok, err := d.get(fmt.Sprintf("w%d-k%d", w, k), 0)
+			must.NoError(t, err)
+			must.True(t, ok)
+			must.Eq(t, val(int(n), 5000+int(n%7)*100), v)
+		}
+	}
+	blocks := 0
+	must.NoError(t, filepath.WalkDir(filepath.Join(dir, "blocks"), func(_ string, de fs.DirEntry, err error) error {
+		if err == nil && !de.IsDir() {
+			blocks++
+		}
+		return err
+	}))
+	pooled, err := os.ReadDir(filepath.Join(dir, "free"))
+	must.NoError(t, err)
+	d.mu.Lock()
+	must.Eq(t, len(d.idx), blocks)
+	must.Eq(t, len(d.pool), len(pooled))
+	d.mu.Unlock()
 }
