@@ -6,6 +6,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/u64map"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 )
 
@@ -35,7 +36,7 @@ type EventWorker struct {
 	model  string
 	index  *prefixindex.Index
 	dig    *Digester
-	hashes *hashMap // engine hash → Oasis digest
+	hashes *u64map.Map[blockdigest.Digest] // engine hash → Oasis digest (Root, all zero, is no digest of a real block)
 
 	hasher    *blockdigest.Hasher // for hasherDom and the last event's block size
 	hasherDom blockdigest.Domain
@@ -112,7 +113,7 @@ func (w *EventWorker) ApplyOrReplay(m kvevents.Message, now int64, fetch ReplayF
 // NewEventWorker returns the event state of worker id serving model. The
 // worker must be registered in index.
 func NewEventWorker(id, model string, index *prefixindex.Index, dig *Digester) *EventWorker {
-	return &EventWorker{id: id, model: model, index: index, dig: dig, hashes: newHashMap()}
+	return &EventWorker{id: id, model: model, index: index, dig: dig, hashes: u64map.New[blockdigest.Digest]()}
 }
 
 // Stats returns the counters so far.
@@ -126,7 +127,7 @@ func (w *EventWorker) Resync() error {
 }
 
 func (w *EventWorker) clear() error {
-	w.hashes = newHashMap() // start small again: a cleared table keeps its size
+	w.hashes.Reset() // start small again
 	if _, err := w.index.ClearWorker(w.id); err != nil {
 		return fmt.Errorf("clearing worker %s: %w", w.id, err)
 	}
@@ -173,7 +174,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 	}
 	parent := blockdigest.Root
 	if e.ParentBlockHash != nil {
-		p, known := w.hashes.get(engineKey(*e.ParentBlockHash))
+		p, known := w.hashes.Get(engineKey(*e.ParentBlockHash))
 		if !known {
 			w.stats.Orphans += int64(len(e.BlockHashes))
 			return nil
@@ -190,7 +191,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		ek = append(ek, engineKey(bh))
 	}
 	w.ek = ek
-	w.hashes.warm(ek)
+	w.hashes.Warm(ek)
 	if cap(w.block) < e.BlockSize {
 		w.block = make([]uint32, e.BlockSize)
 	}
@@ -200,7 +201,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		// A block the engine already stored in another tier (its CPU or disk
 		// copy of a GPU block) has its digest mapped: the engine hash covers
 		// the parent and the tokens, so the digest is the same.
-		if d, known := w.hashes.get(k); known {
+		if d, known := w.hashes.Get(k); known {
 			keys = append(keys, Key(d))
 			parent = d
 			continue
@@ -212,7 +213,7 @@ func (w *EventWorker) stored(e *kvevents.BlockStored, now int64) error {
 		if err != nil {
 			return fmt.Errorf("digesting blocks of %s: %w", w.id, err)
 		}
-		w.hashes.put(k, d)
+		w.hashes.Put(k, d)
 		keys = append(keys, Key(d))
 		parent = d
 	}
@@ -232,11 +233,11 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 	for _, bh := range e.BlockHashes {
 		all = append(all, engineKey(bh))
 	}
-	w.hashes.warm(all)
+	w.hashes.Warm(all)
 	// Known hashes are compacted to the front of the same buffer.
 	keys, ek := w.keys[:0], all[:0]
 	for _, k := range all {
-		d, known := w.hashes.get(k)
+		d, known := w.hashes.Get(k)
 		if !known {
 			continue
 		}
@@ -253,7 +254,7 @@ func (w *EventWorker) removed(e *kvevents.BlockRemoved) error {
 	}
 	for i, k := range ek {
 		if left[i]&w.own == 0 {
-			w.hashes.del(k)
+			w.hashes.Delete(k)
 		}
 	}
 	w.stats.BlocksRemoved += int64(len(keys))
@@ -279,4 +280,4 @@ func (w *EventWorker) hasherFor(dom blockdigest.Domain, blockSize int) (*blockdi
 }
 
 // KnownHashes returns how many engine block hashes the worker maps.
-func (w *EventWorker) KnownHashes() int { return w.hashes.len() }
+func (w *EventWorker) KnownHashes() int { return w.hashes.Len() }

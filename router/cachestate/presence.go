@@ -131,7 +131,7 @@ func oasisDigestKey(h kvevents.Hash) (uint64, bool) {
 }
 
 // lookupHash returns the digest an engine block hash maps to.
-func (w *EventWorker) lookupHash(k uint64) (blockdigest.Digest, bool) { return w.hashes.get(k) }
+func (w *EventWorker) lookupHash(k uint64) (blockdigest.Digest, bool) { return w.hashes.Get(k) }
 
 // SyncKVCaches makes the State follow exactly the given kvcached instances:
 // new ones get a subscriber, ones whose endpoints changed are resubscribed,

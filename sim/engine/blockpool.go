@@ -1,6 +1,9 @@
 package engine
 
-import "github.com/oasis-llm/oasis/internal/kvevents"
+import (
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/u64map"
+)
 
 const noBlock = -1
 
@@ -25,15 +28,15 @@ type block struct {
 type blockPool struct {
 	blocks     []block // materialized blocks, ids 0..len-1
 	total      int
-	head, tail int32 // free queue of materialized blocks, noBlock when empty
-	numFree    int   // never-used blocks + blocks in the queue
-	cached     *slotMap
-	events     []kvevents.Event // pending events, drained by the engine each step
+	head, tail int32              // free queue of materialized blocks, noBlock when empty
+	numFree    int                // never-used blocks + blocks in the queue
+	cached     *u64map.Map[int32] // hash → block id + 1 (0 is empty)
+	events     []kvevents.Event   // pending events, drained by the engine each step
 	emit       bool
 }
 
 func newBlockPool(n int, emit bool) *blockPool {
-	return &blockPool{total: n, numFree: n, head: noBlock, tail: noBlock, cached: newSlotMap(), emit: emit}
+	return &blockPool{total: n, numFree: n, head: noBlock, tail: noBlock, cached: u64map.New[int32](), emit: emit}
 }
 
 func (p *blockPool) pushTail(i int32) {
@@ -66,7 +69,8 @@ func (p *blockPool) unlink(i int32) {
 
 // lookup returns the cached block holding hash, if any.
 func (p *blockPool) lookup(hash uint64) (int32, bool) {
-	return p.cached.get(hash)
+	i, ok := p.cached.Get(hash)
+	return i - 1, ok
 }
 
 // touch takes a reference on a cached block found by lookup, reviving it from the
@@ -93,7 +97,7 @@ func (p *blockPool) allocate() int32 {
 	p.unlink(i)
 	b := &p.blocks[i]
 	if b.hashed {
-		p.cached.del(b.hash)
+		p.cached.Delete(b.hash)
 		if p.emit {
 			p.removed(b.hash)
 		}
@@ -126,12 +130,12 @@ func (p *blockPool) release(ids []int32) {
 // the same step); vLLM then keeps both, oasis-sim keeps the first so that a
 // BlockRemoved always means the engine no longer has the block.
 func (p *blockPool) cache(i int32, hash uint64) bool {
-	if _, ok := p.cached.get(hash); ok {
+	if _, ok := p.cached.Get(hash); ok {
 		return false
 	}
 	b := &p.blocks[i]
 	b.hash, b.hashed = hash, true
-	p.cached.put(hash, i)
+	p.cached.Put(hash, i+1)
 	return true
 }
 
@@ -144,7 +148,7 @@ func (p *blockPool) reset() bool {
 	for i := range p.blocks {
 		p.blocks[i].hashed = false
 	}
-	p.cached.init(64)
+	p.cached.Reset()
 	if p.emit {
 		p.events = append(p.events, kvevents.AllBlocksCleared{})
 	}

@@ -356,7 +356,7 @@ func (e *Engine) Stats() Stats {
 	st.NumGPUBlocks = e.cfg.NumGPUBlocks
 	st.UsedBlocks = e.cfg.NumGPUBlocks - e.pool.numFree
 	st.KVUsage = float64(st.UsedBlocks) / float64(e.cfg.NumGPUBlocks)
-	st.CachedBlocks = e.pool.cached.len()
+	st.CachedBlocks = e.pool.cached.Len()
 	if e.cpu != nil {
 		st.CPUCachedBlocks = e.cpu.len()
 	}

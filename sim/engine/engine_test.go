@@ -520,33 +520,3 @@ func TestDiskTier(t *testing.T) {
 	must.True(t, e.cpu.has(ha0))
 	assertNoLeak(t, e)
 }
-
-// TestSlotMap checks the open-addressing table against a Go map through
-// inserts, overwrites, deletes (with wrap-around shifts) and growth.
-func TestSlotMap(t *testing.T) {
-	m := newSlotMap()
-	ref := map[uint64]int32{}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 200_000 {
-		// A small key space makes collisions, overwrites and deletes of
-		// present keys frequent.
-		k := rng.Uint64N(5000)
-		switch rng.IntN(3) {
-		case 0, 1:
-			m.put(k, int32(i))
-			ref[k] = int32(i)
-		case 2:
-			m.del(k)
-			delete(ref, k)
-		}
-		if i%1000 == 0 {
-			must.Eq(t, len(ref), m.len())
-			for k := range uint64(5000) {
-				v, ok := m.get(k)
-				rv, rok := ref[k]
-				must.Eq(t, rok, ok, must.Sprintf("key %d", k))
-				must.Eq(t, rv, v, must.Sprintf("key %d", k))
-			}
-		}
-	}
-}

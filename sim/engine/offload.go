@@ -1,6 +1,9 @@
 package engine
 
-import "github.com/oasis-llm/oasis/internal/kvevents"
+import (
+	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/u64map"
+)
 
 // lruTier is an offloading tier below the GPU: a fixed number of block slots in
 // LRU order. The CPU tier models vLLM's native KV offloading (--kv-offloading-backend
@@ -13,8 +16,8 @@ import "github.com/oasis-llm/oasis/internal/kvevents"
 type lruTier struct {
 	slots      []lruSlot
 	capacity   int
-	head, tail int32 // LRU order, head evicted first
-	index      *slotMap
+	head, tail int32              // LRU order, head evicted first
+	index      *u64map.Map[int32] // hash → slot + 1 (0 is empty)
 	free       []int32
 }
 
@@ -24,11 +27,11 @@ type lruSlot struct {
 }
 
 func newLRUTier(capacity int) *lruTier {
-	return &lruTier{capacity: capacity, head: noBlock, tail: noBlock, index: newSlotMap()}
+	return &lruTier{capacity: capacity, head: noBlock, tail: noBlock, index: u64map.New[int32]()}
 }
 
 func (c *lruTier) has(h uint64) bool {
-	_, ok := c.index.get(h)
+	_, ok := c.index.Get(h)
 	return ok
 }
 
@@ -60,7 +63,8 @@ func (c *lruTier) pushTail(i int32) {
 
 // touch marks h most recently used; false if absent.
 func (c *lruTier) touch(h uint64) bool {
-	i, ok := c.index.get(h)
+	i, ok := c.index.Get(h)
+	i--
 	if ok {
 		c.unlink(i)
 		c.pushTail(i)
@@ -86,15 +90,15 @@ func (c *lruTier) store(h uint64) (evicted uint64, didEvict, stored bool) {
 		i = c.head
 		c.unlink(i)
 		evicted, didEvict = c.slots[i].hash, true
-		c.index.del(evicted)
+		c.index.Delete(evicted)
 	}
 	c.slots[i].hash = h
-	c.index.put(h, i)
+	c.index.Put(h, i+1)
 	c.pushTail(i)
 	return evicted, didEvict, true
 }
 
-func (c *lruTier) len() int { return c.index.len() }
+func (c *lruTier) len() int { return c.index.Len() }
 
 // appendRemoved adds h to a trailing BlockRemoved of the same medium or starts one.
 func appendRemoved(events []kvevents.Event, h uint64, medium string) []kvevents.Event {
