@@ -670,7 +670,7 @@ func (d *diskTier) readFile(seq uint64, key string, size int64, sum [32]byte) ([
 	if _, err := f.ReadAt(val, int64(hl+kl)); err != nil {
 		return nil, fmt.Errorf("reading block file value: %w", err)
 	}
-	if blockSum(key, val) != sum {
+	if readSum(key, val) != sum {
 		return nil, errors.New("checksum mismatch")
 	}
 	return val, nil
