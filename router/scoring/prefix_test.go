@@ -122,26 +122,35 @@ func TestPrefixTermGuardBound(t *testing.T) {
 func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 	const n, burst = 8, 64
 	system := prompt(1, 30)
-	run := func(slack float64, weights map[string]float64) (maxIn, meanIn float64, holders int) {
+	run := func(slack float64, weights map[string]float64, powerMeasured bool) (maxIn, meanIn float64, holders int) {
 		ids := make([]string, n)
 		ws := make([]*Worker, n)
 		for i := range ws {
 			ids[i] = fmt.Sprintf("w%d", i)
 			ws[i] = bsWorker(ids[i], 0)
+			if powerMeasured {
+				ws[i].Live.SetPower(300, 30, 0.1, 0.1) // equal GPUs
+			}
 		}
 		s := newPrefixState(t, ids...)
 		term := NewPrefixTerm(s)
 		term.LoadSlack = slack
-		reg, err := NewRegistry(append(BuiltinTerms(), term)...)
+		reg, err := NewRegistry(append(BuiltinTerms(), term, NewTTFTTerm(term))...)
 		must.NoError(t, err)
 		sel := NewSelector(reg)
 		cfg := Config{Policy: Weighted, Weights: weights}
 		must.NoError(t, reg.Validate(cfg))
 		for r := 0; r < burst; r++ {
 			tokens := append(append([]uint32{}, system...), prompt(10000+r*100, 2)...)
-			d, err := sel.Pick(context.Background(), cfg, tokReq(tokens), ws)
+			req := tokReq(tokens)
+			d, err := sel.Pick(context.Background(), cfg, req, ws)
 			must.NoError(t, err)
+			// What the gateway does for a forwarded request that has not
+			// answered yet.
 			d.Worker.Live.Begin(1)
+			if u, ok := req.UncachedTokens(d.Worker); ok {
+				d.Worker.Live.StartPrefill(u)
+			}
 			hold(t, s, d.Worker.ID, tokens)
 		}
 		keys, err := s.Keys(nil, "m", testBS, system)
@@ -159,12 +168,28 @@ func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 		return maxIn, meanIn, holders
 	}
 
-	maxIn, _, holders := run(-1, map[string]float64{"prefix": 1})
+	maxIn, _, holders := run(-1, map[string]float64{"prefix": 1}, false)
 	must.Eq(t, float64(burst), maxIn, must.Sprint("pure affinity sends the whole burst to the first holder"))
 	must.Eq(t, 1, holders)
 
-	maxIn, meanIn, holders := run(DefaultLoadSlack, map[string]float64{"prefix": 1, "load": 1})
+	maxIn, meanIn, holders := run(DefaultLoadSlack, map[string]float64{"prefix": 1, "load": 1}, false)
 	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("guarded imbalance max %v mean %v", maxIn, meanIn))
+	must.Greater(t, 1, holders)
+
+	// The router's default weights (policy.DefaultWeights) add ttft, which
+	// sees the prompts queued on the holder, and power, neutral until the
+	// workers have generated.
+	defaults := map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}
+	maxIn, meanIn, holders = run(DefaultLoadSlack, defaults, false)
+	t.Logf("default weights, power unmeasured: max %v mean %v holders %d", maxIn, meanIn, holders)
+	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("default weights imbalance max %v mean %v", maxIn, meanIn))
+	must.Greater(t, 1, holders)
+	// Once power is measured the term consolidates on purpose (a request
+	// joining a batch costs fewer joules per token), but only up to a batch
+	// of 2B, where its preference has fallen to nothing.
+	maxIn, meanIn, holders = run(DefaultLoadSlack, defaults, true)
+	t.Logf("default weights, power measured: max %v mean %v holders %d", maxIn, meanIn, holders)
+	must.LessEq(t, 2*DefaultPowerBatch, maxIn)
 	must.Greater(t, 1, holders)
 }
 
