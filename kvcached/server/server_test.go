@@ -210,6 +210,50 @@ func TestMalformedInputGetsErrorAndClose(t *testing.T) {
 	must.Eq(t, "+PONG\r\n", l2)
 }
 
+// A large value trickling in, then a command written a byte at a time: the
+// reader must assemble both. A guard for changes to how large values are
+// read: a receive low-water mark (SO_RCVLOWAT) set to the value's length and
+// not lowered as pieces are consumed waits for bytes the client will never
+// send (tried in session 3: this test hung).
+func TestLargeValueArrivingInPieces(t *testing.T) {
+	addr, _ := start(t, "", 4<<20)
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	val := []byte(strings.Repeat("0123456789abcdef", (1<<20)/16))
+	_, err = fmt.Fprintf(c, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n", len(val))
+	must.NoError(t, err)
+	for off := 0; off < len(val); off += 200_000 {
+		_, err = c.Write(val[off:min(off+200_000, len(val))])
+		must.NoError(t, err)
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, err = c.Write([]byte("\r\n"))
+	must.NoError(t, err)
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, "+OK\r\n", line)
+	// One byte at a time, after the large value: answered, not held back.
+	for _, b := range []byte("*1\r\n$4\r\nPING\r\n") {
+		_, err = c.Write([]byte{b})
+		must.NoError(t, err)
+	}
+	line, err = r.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, "+PONG\r\n", line)
+	_, err = fmt.Fprint(c, "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n")
+	must.NoError(t, err)
+	line, err = r.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, fmt.Sprintf("$%d\r\n", len(val)), line)
+	got := make([]byte, len(val)+2)
+	_, err = io.ReadFull(r, got)
+	must.NoError(t, err)
+	must.Eq(t, string(val), string(got[:len(val)]))
+}
+
 func TestRedisCLI(t *testing.T) {
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
