@@ -56,6 +56,60 @@ type Reader struct {
 	slab   []byte   // backing for small arguments; a fresh slab when full
 	budget *Budget  // optional, shared by all readers
 	held   int64    // budget held for the current command
+	// lowWater, when set, asks the socket to report readability only once n
+	// bytes are queued (SO_RCVLOWAT); n = 1 restores the default.
+	lowWater func(n int)
+}
+
+// Large values are read with the socket's receive low-water mark raised to
+// what is still owed (up to lowWaterMax): the reader is then woken once per
+// lowWaterMax bytes instead of at every segment, each wake-up costing a read
+// that finds the socket empty and a trip through the scheduler. The mark is set
+// before every read that may block and never above the bytes the client must
+// still send for this value, so a well-formed stream cannot stall on it.
+const (
+	lowWaterMin = 128 << 10
+	lowWaterMax = 512 << 10
+)
+
+// SetLowWater installs the socket's receive low-water mark setter.
+func (r *Reader) SetLowWater(f func(n int)) { r.lowWater = f }
+
+// readLarge fills arg from the stream (see lowWaterMin).
+func (r *Reader) readLarge(arg []byte) error {
+	if r.lowWater == nil || len(arg) < lowWaterMin {
+		_, err := io.ReadFull(r.br, arg)
+		return err
+	}
+	mark := 1
+	defer func() {
+		if mark != 1 {
+			r.lowWater(1)
+		}
+	}()
+	for got := 0; got < len(arg); {
+		if r.br.Buffered() == 0 {
+			want := 1
+			if owed := len(arg) - got; owed >= lowWaterMin {
+				want = min(owed, lowWaterMax)
+			}
+			if want != mark {
+				r.lowWater(want)
+				mark = want
+			}
+		}
+		n, err := r.br.Read(arg[got:])
+		got += n
+		if err != nil {
+			if err == io.EOF && got > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			if got < len(arg) {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // SetBudget makes the reader take large arguments' bytes from b; the caller
@@ -153,7 +207,7 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 				// Read fills every byte, so skip make's zeroing.
 				arg = nozero.Make(int(l))
 			}
-			if _, err := io.ReadFull(r.br, arg); err != nil {
+			if err := r.readLarge(arg); err != nil {
 				return nil, unexpectedEOF(err)
 			}
 			if tooLarge == nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -71,6 +72,34 @@ func TestReadCommand(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A large value read through a stream that yields a few KiB at a time: the
+// receive low-water mark is raised only to what the value still owes (never
+// more, or a client that has sent all but a little would never wake the
+// reader), and is back at one byte when the command is returned.
+func TestLargeValueLowWaterMark(t *testing.T) {
+	val := bytes.Repeat([]byte("abcdefgh"), (1<<20)/8)
+	in := "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$" + strconv.Itoa(len(val)) + "\r\n" + string(val) + "\r\n*1\r\n$4\r\nPING\r\n"
+	src := strings.NewReader(in)
+	r := NewReader(bufio.NewReaderSize(iotest.HalfReader(src), 64<<10), Limits{MaxArgs: 16, MaxBulk: 4 << 20, MaxInline: 64 << 10})
+	var marks []int
+	r.SetLowWater(func(n int) {
+		// What the value still owes: the unread stream less its CRLF and the PING.
+		owed := src.Len() + r.Buffered() - len("\r\n*1\r\n$4\r\nPING\r\n")
+		must.LessEq(t, max(owed, 1), n, must.Sprintf("mark %d with %d bytes owed", n, owed))
+		marks = append(marks, n)
+	})
+	args, err := r.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, 3, len(args))
+	must.Eq(t, string(val), string(args[2]))
+	must.Positive(t, len(marks))
+	must.Greater(t, 1, marks[0])
+	must.Eq(t, 1, marks[len(marks)-1])
+	args, err = r.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, "PING", string(args[0]))
 }
 
 func TestTooLargeKeepsStreamInSync(t *testing.T) {

@@ -25,6 +25,7 @@ import (
 	"github.com/oasis-llm/oasis/kvcached/resp"
 	"github.com/oasis-llm/oasis/kvcached/store"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 )
 
 // Version is what INFO and HELLO report as the server version; clients use
@@ -244,6 +245,13 @@ func (s *Server) serveConn(nc net.Conn) {
 		authed: s.passHash == nil,
 	}
 	c.r.SetBudget(s.budget)
+	if tc, ok := nc.(*net.TCPConn); ok {
+		if raw, err := tc.SyscallConn(); err == nil {
+			c.r.SetLowWater(func(n int) {
+				_ = raw.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, n) })
+			})
+		}
+	}
 	defer c.r.Done()
 	defer s.publish(c)
 	ctx := context.Background()
