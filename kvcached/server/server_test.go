@@ -211,10 +211,10 @@ func TestMalformedInputGetsErrorAndClose(t *testing.T) {
 }
 
 // A large value trickling in, then a command written a byte at a time: the
-// reader must assemble both. A guard for changes to how large values are
-// read: a receive low-water mark (SO_RCVLOWAT) set to the value's length and
+// reader, which raises the socket's receive low-water mark (SO_RCVLOWAT) for
+// large values, must assemble both. A mark set once to the value's length and
 // not lowered as pieces are consumed waits for bytes the client will never
-// send (tried in session 3: this test hung).
+// send: a first version did, and this test hung.
 func TestLargeValueArrivingInPieces(t *testing.T) {
 	addr, _ := start(t, "", 4<<20)
 	c, err := net.Dial("tcp", addr)
