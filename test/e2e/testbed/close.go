@@ -25,6 +25,13 @@ func (s *Stack) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	// The agent's plugin processes (logmon, executors) run in process groups
+	// of their own and outlive it, and a logmon's command line and working
+	// directory do not name Dir: remember the agent's process tree to end it.
+	var tree map[int]uint64
+	if s.nomad != nil && !s.nomad.exited() {
+		tree = descendants(s.nomad.pid)
+	}
 	if err := stopProcess(s.nomad, 20*time.Second); err != nil {
 		errs = append(errs, fmt.Errorf("stopping nomad: %w", err))
 	}
@@ -32,6 +39,9 @@ func (s *Stack) Close() error {
 	// sweep below, which would otherwise find it by its command line.
 	if err := stopProcess(s.consul, 10*time.Second); err != nil {
 		errs = append(errs, fmt.Errorf("stopping consul: %w", err))
+	}
+	if err := killTree(tree); err != nil {
+		errs = append(errs, err)
 	}
 	if err := s.killLeftovers(); err != nil {
 		errs = append(errs, err)
@@ -113,6 +123,76 @@ func (s *Stack) killLeftovers() error {
 		errs = append(errs, fmt.Errorf("processes %v survived SIGKILL", pids))
 	}
 	return errors.Join(errs...)
+}
+
+// descendants returns every process below root (children, their children,
+// ...) with its start time, so that killTree cannot hit a reused pid.
+func descendants(root int) map[int]uint64 {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	starts := map[int]uint64{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, start, ok := procStat(pid); ok {
+			children[ppid] = append(children[ppid], pid)
+			starts[pid] = start
+		}
+	}
+	out := map[int]uint64{}
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if _, seen := out[c]; !seen {
+				out[c] = starts[c]
+				queue = append(queue, c)
+			}
+		}
+	}
+	return out
+}
+
+// killTree SIGKILLs the processes of tree that are still the same processes.
+func killTree(tree map[int]uint64) error {
+	var errs []error
+	for pid, start := range tree {
+		if _, now, ok := procStat(pid); !ok || now != start {
+			continue // gone, or the pid was reused
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("killing agent child %d: %w", pid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// procStat reads a process's parent pid and start time (clock ticks since
+// boot) from /proc/<pid>/stat.
+func procStat(pid int) (ppid int, start uint64, ok bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name is in parentheses and may hold spaces or ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is the state (field 3); ppid is field 4, starttime field 22.
+	if len(f) < 20 {
+		return 0, 0, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	return ppid, start, err1 == nil && err2 == nil
 }
 
 func (s *Stack) stackPIDs(self int) []int {
