@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/oasis-llm/oasis/router/gateway/h1"
 )
 
 // Transport is the router's HTTP/1.1 client to engines: a keep-alive
@@ -124,19 +126,19 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	if host == "" {
 		host = req.URL.Host
 	}
-	if !validHeaderValue(host) || !validHeaderValue(req.Method) || strings.ContainsAny(req.Method, " ") {
+	if !h1.SafeToWrite(host) || !h1.SafeToWrite(req.Method) || strings.ContainsAny(req.Method, " ") {
 		return req.Write(w) // let net/http report what is wrong
 	}
 	uri := req.URL.RequestURI()
-	if !validHeaderValue(uri) || strings.ContainsAny(uri, " ") {
+	if !h1.SafeToWrite(uri) || strings.ContainsAny(uri, " ") {
 		return req.Write(w)
 	}
 	for k, vs := range req.Header {
-		if !validHeaderKey(k) {
+		if !h1.IsToken(k) {
 			return req.Write(w)
 		}
 		for _, v := range vs {
-			if !validHeaderValue(v) {
+			if !h1.SafeToWrite(v) {
 				return req.Write(w)
 			}
 		}
@@ -187,25 +189,6 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 		return fmt.Errorf("request body: %d bytes, ContentLength says %d", n, req.ContentLength)
 	}
 	return nil
-}
-
-// validHeaderKey reports whether k is an HTTP token (RFC 9110 §5.6.2).
-func validHeaderKey(k string) bool {
-	if k == "" {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue rejects what would end a header line early (CR, LF, NUL).
-func validHeaderValue(v string) bool {
-	return strings.IndexByte(v, '\r') < 0 && strings.IndexByte(v, '\n') < 0 && strings.IndexByte(v, 0) < 0
 }
 
 // body returns the connection to the pool when read to EOF and closed.
@@ -381,16 +364,14 @@ func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
 	for len(rest) > 0 {
 		line, rest, _ = bytes.Cut(rest, []byte("\r\n"))
 		k, v, found := bytes.Cut(line, []byte{':'})
-		if !found || !validHeaderKey(string(k)) {
+		if !found || !h1.IsToken(string(k)) {
 			return nil, false // also folded lines: their key starts with a space
 		}
-		v = trimOWS(v)
-		for _, c := range v {
-			if c < ' ' && c != '\t' || c == 0x7f {
-				return nil, false
-			}
+		v = h1.TrimOWS(v)
+		if !h1.ValidValue(v) {
+			return nil, false
 		}
-		key := responseKey(k)
+		key := h1.CanonicalKey(k)
 		vs := string(v)
 		switch key {
 		case "Content-Length":
@@ -414,12 +395,7 @@ func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
 				}
 			}
 		}
-		if cur, ok := resp.Header[key]; ok {
-			resp.Header[key] = append(cur, vs)
-			continue
-		}
-		vals = append(vals, vs)
-		resp.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		h1.AddValue(resp.Header, &vals, key, vs)
 	}
 	if resp.Close {
 		delete(resp.Header, "Connection") // as net/http
@@ -431,30 +407,6 @@ func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
 		resp.ContentLength = -1
 	}
 	return resp, true
-}
-
-// responseKey canonicalises a header name, without allocating for the
-// names engines usually send.
-func responseKey(k []byte) string {
-	switch string(k) {
-	case "Content-Type", "content-type":
-		return "Content-Type"
-	case "Content-Length", "content-length":
-		return "Content-Length"
-	case "Transfer-Encoding", "transfer-encoding":
-		return "Transfer-Encoding"
-	case "Date", "date":
-		return "Date"
-	case "Cache-Control", "cache-control":
-		return "Cache-Control"
-	case "X-Request-Id", "x-request-id":
-		return "X-Request-Id"
-	case "Connection", "connection":
-		return "Connection"
-	case "Server", "server":
-		return "Server"
-	}
-	return textproto.CanonicalMIMEHeaderKey(string(k))
 }
 
 // chunkedBody decodes a chunked body and consumes its trailer section, so
@@ -514,15 +466,3 @@ func (l *lengthBody) Read(p []byte) (int, error) {
 }
 
 func (l *lengthBody) Close() error { return nil }
-
-// trimOWS trims spaces and tabs around a header value (bytes.Trim builds
-// its cutset on every call).
-func trimOWS(v []byte) []byte {
-	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
-		v = v[1:]
-	}
-	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
-		v = v[:len(v)-1]
-	}
-	return v
-}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
-	"net/textproto"
 	"net/url"
 	"strings"
 )
@@ -54,7 +53,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 	if !ok1 || !ok2 || len(method) == 0 || len(target) == 0 {
 		return nil, badRequest("malformed request line"), nil
 	}
-	if !isToken(method) {
+	if !IsToken(method) {
 		return nil, badRequest("invalid method"), nil
 	}
 	h.method = internMethod(method)
@@ -101,16 +100,14 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			return nil, badRequest("folded header lines are not accepted"), nil
 		}
 		k, v, ok := bytes.Cut(line, []byte{':'})
-		if !ok || !isToken(k) {
+		if !ok || !IsToken(k) {
 			return nil, badRequest("malformed header line"), nil
 		}
-		v = trimOWS(v)
-		for _, c := range v {
-			if c < ' ' && c != '\t' || c == 0x7f {
-				return nil, badRequest("invalid header value"), nil
-			}
+		v = TrimOWS(v)
+		if !ValidValue(v) {
+			return nil, badRequest("invalid header value"), nil
 		}
-		key := canonicalKey(k)
+		key := CanonicalKey(k)
 		vs := string(v)
 		switch key {
 		case "Host":
@@ -148,12 +145,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			}
 			h.expectContinue = h.minor == 1
 		}
-		if cur, ok := h.header[key]; ok {
-			h.header[key] = append(cur, vs)
-			continue
-		}
-		vals = append(vals, vs)
-		h.header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		AddValue(h.header, &vals, key, vs)
 	}
 	if h.chunked {
 		if lengths > 0 || h.minor == 0 {
@@ -237,39 +229,7 @@ func internMethod(m []byte) string {
 	return string(m)
 }
 
-// commonKeys avoids allocating the canonical names of the usual headers.
-var commonKeys = map[string]string{}
-
-func init() {
-	for _, k := range []string{"Host", "Content-Type", "Content-Length", "User-Agent", "Accept",
-		"Accept-Encoding", "Authorization", "Connection", "Transfer-Encoding", "Expect", "X-Request-Id",
-		"X-Oasis-Deadline-Ms", "Openai-Organization", "Cache-Control"} {
-		commonKeys[k] = k
-		commonKeys[strings.ToLower(k)] = k
-	}
-}
-
-func canonicalKey(k []byte) string {
-	if c, ok := commonKeys[string(k)]; ok {
-		return c
-	}
-	return textproto.CanonicalMIMEHeaderKey(string(k))
-}
-
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-// isToken reports whether b is an RFC 9110 token.
-func isToken[T string | []byte](b T) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		if c := b[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
 
 // validHost accepts what net/http's Host check accepts, minus nothing.
 func validHost(h string) bool {
@@ -296,16 +256,4 @@ func parseLength(s string) (int64, bool) {
 		n = n*10 + int64(s[i]-'0')
 	}
 	return n, true
-}
-
-// trimOWS trims spaces and tabs around a header value (bytes.Trim builds
-// its cutset on every call).
-func trimOWS(v []byte) []byte {
-	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
-		v = v[1:]
-	}
-	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
-		v = v[:len(v)-1]
-	}
-	return v
 }

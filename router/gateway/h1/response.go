@@ -258,11 +258,11 @@ func writeHeaders(bw stringWriter, h http.Header, extra []string) {
 		case "Transfer-Encoding", "Connection", "Keep-Alive", "Trailer", "Upgrade":
 			continue
 		}
-		if !isToken(k) {
+		if !IsToken(k) {
 			continue
 		}
 		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n\x00") {
+			if !SafeToWrite(v) {
 				continue
 			}
 			_, _ = bw.WriteString(k)

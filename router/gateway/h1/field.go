@@ -1,0 +1,103 @@
+package h1
+
+import (
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// Header-field syntax (RFC 9110 §5), shared by this package's request
+// parser and response writer and by the gateway's client for engines.
+
+// IsToken reports whether b is an RFC 9110 token, what a field name or a
+// method must be.
+func IsToken[T string | []byte](b T) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		if c := b[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidValue reports whether a received field value holds no control
+// character but tab.
+func ValidValue(v []byte) bool {
+	for _, c := range v {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// SafeToWrite reports whether v can be written as a field value (or request
+// line part) without ending the line early: no CR, LF or NUL.
+func SafeToWrite(v string) bool { return !strings.ContainsAny(v, "\r\n\x00") }
+
+// TrimOWS trims spaces and tabs around a field value (bytes.Trim builds its
+// cutset on every call).
+func TrimOWS(v []byte) []byte {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
+// CanonicalKey canonicalises a field name, without allocating for the usual
+// request and response headers.
+func CanonicalKey(k []byte) string {
+	switch string(k) {
+	case "Host", "host":
+		return "Host"
+	case "Content-Type", "content-type":
+		return "Content-Type"
+	case "Content-Length", "content-length":
+		return "Content-Length"
+	case "User-Agent", "user-agent":
+		return "User-Agent"
+	case "Accept", "accept":
+		return "Accept"
+	case "Accept-Encoding", "accept-encoding":
+		return "Accept-Encoding"
+	case "Authorization", "authorization":
+		return "Authorization"
+	case "Connection", "connection":
+		return "Connection"
+	case "Transfer-Encoding", "transfer-encoding":
+		return "Transfer-Encoding"
+	case "Expect", "expect":
+		return "Expect"
+	case "X-Request-Id", "x-request-id":
+		return "X-Request-Id"
+	case "X-Oasis-Deadline-Ms", "x-oasis-deadline-ms":
+		return "X-Oasis-Deadline-Ms"
+	case "Openai-Organization", "openai-organization":
+		return "Openai-Organization"
+	case "Cache-Control", "cache-control":
+		return "Cache-Control"
+	case "Date", "date":
+		return "Date"
+	case "Server", "server":
+		return "Server"
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(k))
+}
+
+// AddValue appends v to h[key]. A key's first value is carved from *vals, one
+// backing array for the usual single-valued headers of a message.
+func AddValue(h http.Header, vals *[]string, key, v string) {
+	if cur, ok := h[key]; ok {
+		h[key] = append(cur, v)
+		return
+	}
+	*vals = append(*vals, v)
+	n := len(*vals)
+	h[key] = (*vals)[n-1 : n : n]
+}
