@@ -75,8 +75,28 @@ const (
 // SetLowWater installs the socket's receive low-water mark setter.
 func (r *Reader) SetLowWater(f func(n int)) { r.lowWater = f }
 
-// readLarge fills arg from the stream (see lowWaterMin).
-func (r *Reader) readLarge(arg []byte) error {
+// newArg returns room for an argument of l bytes: carved from the shared
+// slab when small, else taken from the budget and allocated without zeroing
+// (the caller fills every byte).
+func (r *Reader) newArg(l int64) []byte {
+	if l <= smallArg {
+		if len(r.slab) < int(l) {
+			r.slab = make([]byte, 4096)
+		}
+		arg := r.slab[:l:l]
+		r.slab = r.slab[l:]
+		return arg
+	}
+	if r.budget != nil {
+		r.budget.acquire(l, r.held)
+		r.held += l
+	}
+	return nozero.Make(int(l))
+}
+
+// readArg fills arg from the stream, a large one with the socket's low-water
+// mark raised (see lowWaterMin).
+func (r *Reader) readArg(arg []byte) error {
 	if r.lowWater == nil || len(arg) < lowWaterMin {
 		_, err := io.ReadFull(r.br, arg)
 		return err
@@ -193,21 +213,8 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 			}
 			tooLarge = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
 		} else {
-			var arg []byte
-			if l <= smallArg {
-				if len(r.slab) < int(l) {
-					r.slab = make([]byte, 4096)
-				}
-				arg, r.slab = r.slab[:l:l], r.slab[l:]
-			} else {
-				if r.budget != nil {
-					r.budget.acquire(l, r.held)
-					r.held += l
-				}
-				// Read fills every byte, so skip make's zeroing.
-				arg = nozero.Make(int(l))
-			}
-			if err := r.readLarge(arg); err != nil {
+			arg := r.newArg(l)
+			if err := r.readArg(arg); err != nil {
 				return nil, unexpectedEOF(err)
 			}
 			if tooLarge == nil {
@@ -247,19 +254,7 @@ func (r *Reader) bufferedArg() ([]byte, bool) {
 	if end > len(p) || p[i] != '\r' || p[i+1] != '\n' || p[end-2] != '\r' || p[end-1] != '\n' {
 		return nil, false
 	}
-	var arg []byte
-	if l <= smallArg {
-		if len(r.slab) < int(l) {
-			r.slab = make([]byte, 4096)
-		}
-		arg, r.slab = r.slab[:l:l], r.slab[l:]
-	} else {
-		if r.budget != nil {
-			r.budget.acquire(l, r.held)
-			r.held += l
-		}
-		arg = nozero.Make(int(l))
-	}
+	arg := r.newArg(l)
 	copy(arg, p[hdr:end-2])
 	r.br.Discard(end)
 	return arg, true
