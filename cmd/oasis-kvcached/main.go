@@ -116,7 +116,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// throughput at Go's default) or lets the heap grow by GiBs of fresh,
 	// page-faulted memory when much is. GOGC in the environment wins.
 	if os.Getenv("GOGC") == "" {
-		tuneGC(ctx, plan.headroom)
+		tuneGC(ctx, plan.headroom-plan.pool)
 	}
 	budget := resp.NewBudget(plan.inflight)
 
@@ -149,7 +149,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// miss, peers serve from the store. remote breaks the cycle.
 	remote := &lateRemote{}
 	st, err := store.Open(store.Config{
-		RAMBytes: plan.tier, DiskBytes: o.diskBytes, Dir: o.dataDir, MaxValue: o.maxValue,
+		RAMBytes: plan.tier, DiskBytes: o.diskBytes, Dir: o.dataDir, MaxValue: o.maxValue, PoolBytes: plan.pool,
 		Logger: log.Named("store"), Metrics: metrics, Observer: observer, Remote: remote,
 	})
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"io"
 	"strconv"
 
-	"github.com/oasis-llm/oasis/kvcached/internal/nozero"
+	"github.com/oasis-llm/oasis/kvcached/internal/bufpool"
 )
 
 // Limits bound what one command may make the reader allocate.
@@ -52,10 +52,11 @@ const smallArg = 64
 type Reader struct {
 	br     *bufio.Reader
 	limits Limits
-	args   [][]byte // reused between commands
-	slab   []byte   // backing for small arguments; a fresh slab when full
-	budget *Budget  // optional, shared by all readers
-	held   int64    // budget held for the current command
+	args   [][]byte      // reused between commands
+	slab   []byte        // backing for small arguments; a fresh slab when full
+	budget *Budget       // optional, shared by all readers
+	pool   *bufpool.Pool // optional: large arguments' buffers
+	held   int64         // budget held for the current command
 	// lowWater, when set, asks the socket to report readability only once n
 	// bytes are queued (SO_RCVLOWAT); n = 1 restores the default.
 	lowWater func(n int)
@@ -76,8 +77,8 @@ const (
 func (r *Reader) SetLowWater(f func(n int)) { r.lowWater = f }
 
 // newArg returns room for an argument of l bytes: carved from the shared
-// slab when small, else taken from the budget and allocated without zeroing
-// (the caller fills every byte).
+// slab when small, else taken from the budget and from the pool (allocated
+// without zeroing: the caller fills every byte).
 func (r *Reader) newArg(l int64) []byte {
 	if l <= smallArg {
 		if len(r.slab) < int(l) {
@@ -91,7 +92,7 @@ func (r *Reader) newArg(l int64) []byte {
 		r.budget.acquire(l, r.held)
 		r.held += l
 	}
-	return nozero.Make(int(l))
+	return r.pool.Get(int(l))
 }
 
 // readArg fills arg from the stream, a large one with the socket's low-water
@@ -131,6 +132,10 @@ func (r *Reader) readArg(arg []byte) error {
 	}
 	return nil
 }
+
+// SetPool makes the reader take large arguments' buffers from p (which the
+// store they are given to hands back).
+func (r *Reader) SetPool(p *bufpool.Pool) { r.pool = p }
 
 // SetBudget makes the reader take large arguments' bytes from b; the caller
 // gives them back with Done once it has finished with each command.

@@ -131,7 +131,8 @@ func (w *Writer) Error(msg string) {
 // Int writes an integer reply.
 func (w *Writer) Int(n int64) { w.intLine(':', n) }
 
-// Bulk writes a bulk string.
+// Bulk writes a bulk string. It does not keep b once it returns (a large b
+// is written out, a small one copied), so b may be reused right after.
 func (w *Writer) Bulk(b []byte) {
 	w.intLine('$', int64(len(b)))
 	if len(b) >= largeBulk {

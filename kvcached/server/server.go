@@ -245,6 +245,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		authed: s.passHash == nil,
 	}
 	c.r.SetBudget(s.budget)
+	c.r.SetPool(s.st.BufferPool())
 	if tc, ok := nc.(*net.TCPConn); ok {
 		if raw, err := tc.SyscallConn(); err == nil {
 			c.r.SetLowWater(func(n int) {
@@ -359,8 +360,11 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 			return
 		}
 		c.counted[cmdGet]++
-		if v, _, ok := s.st.Get(ctx, string(args[1])); ok {
+		// Borrowed: a large reply is written out before Bulk returns (a
+		// small one copied), so the value can go back at once.
+		if v, loan, _, ok := s.st.Borrow(ctx, string(args[1])); ok {
 			w.Bulk(v)
+			s.st.Release(loan)
 		} else {
 			w.Null()
 		}
@@ -401,8 +405,9 @@ func (s *Server) dispatch(ctx context.Context, c *conn, args [][]byte) {
 		c.counted[cmdMget]++
 		w.Array(n - 1)
 		for _, k := range args[1:] {
-			if v, _, ok := s.st.Get(ctx, string(k)); ok {
+			if v, loan, _, ok := s.st.Borrow(ctx, string(k)); ok {
 				w.Bulk(v)
+				s.st.Release(loan)
 			} else {
 				w.Null()
 			}

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,4 +334,104 @@ func TestGetOrSetRecognisesOnlyGetAndSet(t *testing.T) {
 	} {
 		must.Eq(t, want, getOrSet([]byte(name)), must.Sprintf("%q", name))
 	}
+}
+
+// startPooled is start with the store's buffer pool on.
+func startPooled(t *testing.T) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	st, err := store.Open(store.Config{RAMBytes: 128 << 20, DiskBytes: 64 << 20, Dir: t.TempDir(),
+		Metrics: store.NewMetrics(reg), MaxValue: 32 << 20, PoolBytes: 64 << 20})
+	must.NoError(t, err)
+	srv, err := New(Config{Store: st, Registry: reg})
+	must.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		srv.Close()
+		st.Close()
+	})
+	return l.Addr().String()
+}
+
+// A GET reply still being written to a client that reads slowly keeps its
+// value, while the key is overwritten with values of the same size (which
+// the pool would hand the overwritten value's buffer to, were it given back
+// before the reply was out).
+func TestSlowReaderKeepsItsValue(t *testing.T) {
+	addr := startPooled(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	const size = 16 << 20 // more than the sockets' buffers take at once
+	must.NoError(t, c.Set(ctx, "k", strings.Repeat("a", size), 0).Err())
+
+	slow, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer slow.Close()
+	must.NoError(t, slow.(*net.TCPConn).SetReadBuffer(64<<10))
+	_, err = slow.Write([]byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"))
+	must.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // the reply is now stuck in the write
+	for _, b := range "bcd" {
+		must.NoError(t, c.Set(ctx, "k", strings.Repeat(string(b), size), 0).Err())
+	}
+	br := bufio.NewReader(slow)
+	head, err := br.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, fmt.Sprintf("$%d\r\n", size), head)
+	got := make([]byte, size)
+	_, err = io.ReadFull(br, got)
+	must.NoError(t, err)
+	must.Eq(t, size, strings.Count(string(got), "a"), must.Sprint("the reply changed while it was written"))
+}
+
+// Values rewritten while GET, MGET and SET ... GET replies carry them reach
+// the client whole: every byte of a value names the write that made it.
+func TestRepliesSurviveBufferReuse(t *testing.T) {
+	addr := startPooled(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 8})
+	defer c.Close()
+	keys := []string{"a", "b", "c"}
+	whole := func(v string) bool { return len(v) == 64<<10 && strings.Count(v, v[:1]) == len(v) }
+	var bad atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				v := strings.Repeat(string(rune('A'+(i*2+w)%26)), 64<<10)
+				if i%7 == 0 {
+					// SET ... GET replies with the value it replaces.
+					if old, err := c.SetArgs(ctx, keys[i%3], v, redis.SetArgs{Get: true}).Result(); err == nil && !whole(old) {
+						bad.Add(1)
+					}
+					continue
+				}
+				must.NoError(t, c.Set(ctx, keys[i%3], v, 0).Err())
+			}
+		}(w)
+	}
+	for i := 0; i < 400; i++ {
+		if v, err := c.Get(ctx, keys[i%3]).Result(); err == nil && !whole(v) {
+			bad.Add(1)
+		}
+		for _, v := range c.MGet(ctx, keys...).Val() {
+			if s, ok := v.(string); ok && !whole(s) {
+				bad.Add(1)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	must.Eq(t, int64(0), bad.Load())
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/cockroachdb/pebble"
 	"github.com/hashicorp/go-hclog"
-	"github.com/oasis-llm/oasis/kvcached/internal/nozero"
+	"github.com/oasis-llm/oasis/kvcached/internal/bufpool"
 )
 
 // The disk tier keeps each block in its own file, blocks/<xx>/<seq>.blk, and
@@ -82,6 +82,7 @@ type diskTier struct {
 	log    hclog.Logger
 	m      *Metrics
 	events Observer
+	bufs   *bufpool.Pool // read buffers; nil allocates each
 
 	mu         sync.Mutex
 	idx        map[string]*diskEntry
@@ -666,11 +667,13 @@ func (d *diskTier) readFile(seq uint64, key string, size int64, sum [32]byte) ([
 			return nil, errors.New("block file holds another key")
 		}
 	}
-	val := nozero.Make(int(vl))
+	val := d.bufs.Get(int(vl))
 	if _, err := f.ReadAt(val, int64(hl+kl)); err != nil {
+		d.bufs.Put(val)
 		return nil, fmt.Errorf("reading block file value: %w", err)
 	}
 	if readSum(key, val) != sum {
+		d.bufs.Put(val)
 		return nil, errors.New("checksum mismatch")
 	}
 	return val, nil

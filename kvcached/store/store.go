@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/oasis-llm/oasis/kvcached/internal/bufpool"
 )
 
 // Tier names where a block sits.
@@ -78,6 +80,10 @@ type Config struct {
 	// (default DefaultSpillDelay; it waits at least half of it); Flush does
 	// not wait for it.
 	SpillDelay time.Duration
+	// PoolBytes bounds the buffers of values the store let go (overwritten,
+	// deleted, evicted, and held by nobody else) kept for reuse by its disk
+	// reads and by whoever receives values for it (BufferPool); 0 keeps none.
+	PoolBytes int64
 }
 
 // SetMode is SET's condition.
@@ -100,13 +106,19 @@ type item struct {
 	queued  bool
 	writing bool // a disk write is in flight
 	deleted bool // removed by DEL/overwrite while a write was in flight
-	prev    *item
-	next    *item
+	// pins counts Borrow loans of val not yet released; shared says val was
+	// handed out without one (Get, GetLocal, a peer fetch). Either keeps val
+	// from going back to the buffer pool when the item lets it go.
+	pins   int32
+	shared bool
+	prev   *item
+	next   *item
 }
 
 // Store is safe for concurrent use.
 type Store struct {
 	cfg  Config
+	pool *bufpool.Pool // nil without Config.PoolBytes
 	log  hclog.Logger
 	m    *Metrics
 	disk *diskTier // nil without a disk tier
@@ -154,6 +166,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, ram: make(map[string]*item), now: time.Now, epoch: time.Now(),
 		kick: make(chan struct{}, 1)}
+	if cfg.PoolBytes > 0 {
+		s.pool = bufpool.New(cfg.PoolBytes)
+	}
 	if cfg.DiskBytes > 0 {
 		if cfg.Dir == "" {
 			return nil, errors.New("opening store: a disk tier needs a directory")
@@ -162,6 +177,7 @@ func Open(cfg Config) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opening store: %w", err)
 		}
+		d.bufs = s.pool
 		s.disk = d
 		s.seq = maxSeq
 		s.spill = make(chan spillMsg, cfg.SpillQueue)
@@ -182,6 +198,10 @@ func (s *Store) Close() error {
 	s.wg.Wait()
 	return s.disk.close()
 }
+
+// BufferPool is where values for Set are best received into (a nil pool
+// allocates): the store hands back there the buffers of values it let go.
+func (s *Store) BufferPool() *bufpool.Pool { return s.pool }
 
 // MaxValue is the largest value Set accepts.
 func (s *Store) MaxValue() int64 { return s.cfg.MaxValue }
@@ -239,10 +259,23 @@ func (s *Store) dropRAMLocked(it *item, deleted bool) {
 	if deleted {
 		it.deleted = true
 		if !it.writing {
-			it.val = nil
+			s.releaseValLocked(it)
 			it.dirty = false
 		}
+	} else if !it.dirty && !it.writing {
+		// Evicted and already on disk (or never going there): nothing
+		// reads its value again.
+		s.releaseValLocked(it)
 	}
+}
+
+// releaseValLocked drops it's value, giving its buffer to the pool when no
+// loan or unpinned reader can still hold it.
+func (s *Store) releaseValLocked(it *item) {
+	if it.pins == 0 && !it.shared {
+		s.pool.Put(it.val)
+	}
+	it.val = nil
 }
 
 // gaugesLocked publishes the RAM tier's size when it changed: a key
@@ -260,7 +293,8 @@ func (s *Store) gaugesLocked() {
 }
 
 // Set stores val under key. expireAt is unix nanoseconds, 0 for none. It
-// reports whether the value was written (false when NX/XX failed).
+// reports whether the value was written (false when NX/XX failed). The store
+// keeps val (it is not copied): the caller must not change it afterwards.
 func (s *Store) Set(key string, val []byte, expireAt int64, mode SetMode) (bool, error) {
 	if int64(len(val)) > s.cfg.MaxValue {
 		s.m.TooLarge.Inc()
@@ -276,7 +310,7 @@ func (s *Store) Set(key string, val []byte, expireAt int64, mode SetMode) (bool,
 			return false, nil
 		}
 	}
-	s.insert(key, nil, val, expireAt, true)
+	s.insert(key, nil, val, expireAt, true, false)
 	return true, nil
 }
 
@@ -289,15 +323,17 @@ func (s *Store) SetKey(key []byte, val []byte) error {
 		_, err := s.Set(string(key), val, 0, SetAlways)
 		return err
 	}
-	s.insert("", key, val, 0, true)
+	s.insert("", key, val, 0, true, false)
 	return nil
 }
 
 // insert puts a value in RAM under key, or under kb when kb is not nil;
-// dirty values are queued for disk.
-func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty bool) {
+// dirty values are queued for disk. shared says the caller hands val out
+// too, so the store must never recycle its buffer.
+func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty, shared bool) {
 	dirty = dirty && s.disk != nil
 	send := false
+	var spare []byte // the overwritten value's buffer, for the pool
 	s.mu.Lock()
 	s.seq++
 	var old *item
@@ -318,7 +354,11 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty 
 		it = old
 		s.unlink(it)
 		s.ramUsed += int64(len(val)) - int64(len(it.val))
+		if it.pins == 0 && !it.shared {
+			spare = it.val
+		}
 		it.val, it.expireAt, it.seq = val, expireAt, s.seq
+		it.pins, it.shared = 0, shared
 		it.dirty = dirty
 		if dirty && !it.queued {
 			it.queued = true
@@ -332,7 +372,7 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty 
 				key = string(kb)
 			}
 		}
-		it = &item{key: key, val: val, expireAt: expireAt, seq: s.seq, dirty: dirty}
+		it = &item{key: key, val: val, expireAt: expireAt, seq: s.seq, dirty: dirty, shared: shared}
 		if dirty {
 			// Marked queued before it is visible: Flush counts it as pending.
 			it.queued = true
@@ -351,6 +391,7 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty 
 	victims := s.evictLocked()
 	s.gaugesLocked()
 	s.mu.Unlock()
+	s.pool.Put(spare)
 	if send {
 		// Sent once the lock is released (the send is most of the hold
 		// time otherwise).
@@ -420,7 +461,7 @@ func (s *Store) writeBack(it *item) {
 	it.dirty = false // written, or given up on: never retried
 	deleted := it.deleted
 	if deleted || s.ram[key] != it {
-		it.val = nil
+		s.releaseValLocked(it)
 	}
 	s.mu.Unlock()
 	if err != nil && s.disk != nil {
@@ -556,8 +597,8 @@ func (s *Store) writeEntry(e spillEntry) (again spillEntry, ok bool) {
 		return spillEntry{}, true
 	}
 	if t.seq != e.seen && s.flushing.Load() == 0 {
+		e.seen = t.seq // read under the lock: a SET may be rewriting it
 		s.mu.Unlock()
-		e.seen = t.seq
 		e.deadline = time.Since(s.epoch) + s.cfg.SpillDelay/2
 		return e, false
 	}
@@ -627,23 +668,59 @@ func (s *Store) Flush(ctx context.Context) error {
 }
 
 // Get returns the value of key from the fastest tier that holds it, asking
-// the Remote on a local miss. The returned slice must not be modified.
+// the Remote on a local miss. The returned slice must not be modified; the
+// store never reuses its memory (Borrow lends a value it may reuse later).
 func (s *Store) Get(ctx context.Context, key string) ([]byte, Tier, bool) {
-	if v, tier, ok := s.getLocal(key, true); ok {
+	v, _, tier, ok := s.get(ctx, key, false)
+	return v, tier, ok
+}
+
+// A Loan is a value lent by Borrow. Its bytes stay valid and unchanged, even
+// if the key is overwritten or deleted meanwhile, until the loan is given to
+// Release; after that the store may reuse them for another value.
+type Loan struct {
+	it  *item // nil: nothing to give back
+	seq uint64
+}
+
+// Borrow is Get for a caller that is done with the value soon (a reply
+// written to a socket) and says so with Release, so that the value's buffer
+// can be reused once the key lets it go. A loan never released only costs
+// the reuse.
+func (s *Store) Borrow(ctx context.Context, key string) ([]byte, Loan, Tier, bool) {
+	return s.get(ctx, key, true)
+}
+
+// Release gives back a loan from Borrow; the zero Loan is ignored.
+func (s *Store) Release(l Loan) {
+	if l.it == nil {
+		return
+	}
+	s.mu.Lock()
+	// A value overwritten in place since has a new seq and pins of its own;
+	// the lent one was not recycled (it was pinned) and needs nothing.
+	if l.it.seq == l.seq && l.it.pins > 0 {
+		l.it.pins--
+	}
+	s.mu.Unlock()
+}
+
+func (s *Store) get(ctx context.Context, key string, pin bool) ([]byte, Loan, Tier, bool) {
+	if v, loan, tier, ok := s.getLocal(key, true, pin); ok {
 		s.m.hit(tier)
-		return v, tier, true
+		return v, loan, tier, true
 	}
 	if v, ok := s.fetchRemote(ctx, key); ok {
 		s.m.hitPeer.Inc()
-		return v, TierPeer, true
+		return v, Loan{}, TierPeer, true
 	}
 	s.m.Misses.Inc()
-	return nil, 0, false
+	return nil, Loan{}, 0, false
 }
 
 // GetLocal reads RAM and disk only, without promotion: what peers are served.
 func (s *Store) GetLocal(key string) ([]byte, bool) {
-	v, _, ok := s.getLocal(key, false)
+	v, _, _, ok := s.getLocal(key, false, false)
 	return v, ok
 }
 
@@ -659,16 +736,18 @@ func (s *Store) ReadCost(key string) int64 {
 	return s.disk.size(key)
 }
 
-func (s *Store) getLocal(key string, promote bool) ([]byte, Tier, bool) {
+// getLocal reads key from RAM or disk, promoting a disk hit when promote is
+// set. With pin the value is lent (see Borrow), else it is marked shared.
+func (s *Store) getLocal(key string, promote, pin bool) ([]byte, Loan, Tier, bool) {
 	now := s.nowNano()
 	s.mu.Lock()
 	if it, ok := s.ram[key]; ok {
 		if !expired(it.expireAt, now) {
 			s.unlink(it)
 			s.pushFront(it)
-			v := it.val
+			v, loan := it.val, s.lendLocked(it, pin)
 			s.mu.Unlock()
-			return v, TierRAM, true
+			return v, loan, TierRAM, true
 		}
 		s.removeRAMLocked(it, true)
 		s.gaugesLocked()
@@ -679,33 +758,46 @@ func (s *Store) getLocal(key string, promote bool) ([]byte, Tier, bool) {
 		if s.cfg.Observer != nil {
 			s.cfg.Observer.Removed(key, TierRAM)
 		}
-		return nil, 0, false
+		return nil, Loan{}, 0, false
 	}
 	s.mu.Unlock()
 	if s.disk == nil {
-		return nil, 0, false
+		return nil, Loan{}, 0, false
 	}
 	v, expireAt, ok, _ := s.disk.get(key, now)
 	if !ok {
-		return nil, 0, false
+		return nil, Loan{}, 0, false
 	}
+	var loan Loan
 	if promote {
 		s.m.Promotions.Inc()
-		s.insertClean(key, v, expireAt)
+		loan = s.insertClean(key, v, expireAt, pin)
 	}
-	return v, TierDisk, true
+	return v, loan, TierDisk, true
+}
+
+// lendLocked records that it's value is handed out: lent (pin) or shared.
+func (s *Store) lendLocked(it *item, pin bool) Loan {
+	if !pin {
+		it.shared = true
+		return Loan{}
+	}
+	it.pins++
+	return Loan{it: it, seq: it.seq}
 }
 
 // insertClean promotes a block read from disk unless a newer write for the
-// key arrived meanwhile.
-func (s *Store) insertClean(key string, val []byte, expireAt int64) {
+// key arrived meanwhile, lending it to the reader (see getLocal).
+func (s *Store) insertClean(key string, val []byte, expireAt int64, pin bool) Loan {
 	s.mu.Lock()
 	if _, ok := s.ram[key]; ok {
+		// Not stored: the reader's copy is its own.
 		s.mu.Unlock()
-		return
+		return Loan{}
 	}
 	s.seq++
 	it := &item{key: key, val: val, expireAt: expireAt, seq: s.seq}
+	loan := s.lendLocked(it, pin)
 	s.ram[key] = it
 	s.pushFront(it)
 	s.ramUsed += int64(len(val))
@@ -716,6 +808,7 @@ func (s *Store) insertClean(key string, val []byte, expireAt int64) {
 		s.cfg.Observer.Stored(key, TierRAM)
 	}
 	s.writeVictims(victims)
+	return loan
 }
 
 func (s *Store) fetchRemote(ctx context.Context, key string) ([]byte, bool) {
@@ -727,7 +820,7 @@ func (s *Store) fetchRemote(ctx context.Context, key string) ([]byte, bool) {
 	if err != nil || int64(len(v)) > s.cfg.MaxValue || int64(len(v)) > s.cfg.RAMBytes {
 		return nil, false
 	}
-	s.insert(key, nil, v, 0, true)
+	s.insert(key, nil, v, 0, true, true)
 	return v, true
 }
 
