@@ -354,7 +354,7 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty,
 		it = old
 		s.unlink(it)
 		s.ramUsed += int64(len(val)) - int64(len(it.val))
-		if it.pins == 0 && !it.shared {
+		if len(it.val) >= bufpool.MinSize && it.pins == 0 && !it.shared {
 			spare = it.val
 		}
 		it.val, it.expireAt, it.seq = val, expireAt, s.seq
@@ -391,7 +391,9 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty,
 	victims := s.evictLocked()
 	s.gaugesLocked()
 	s.mu.Unlock()
-	s.pool.Put(spare)
+	if spare != nil {
+		s.pool.Put(spare)
+	}
 	if send {
 		// Sent once the lock is released (the send is most of the hold
 		// time otherwise).
