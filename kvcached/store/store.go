@@ -779,7 +779,12 @@ func (s *Store) getLocal(key string, promote, pin bool) ([]byte, Loan, Tier, boo
 }
 
 // lendLocked records that it's value is handed out: lent (pin) or shared.
+// A value too small for the pool needs neither (and its loan no Release
+// lock: pipelined small GETs are lock-bound).
 func (s *Store) lendLocked(it *item, pin bool) Loan {
+	if len(it.val) < bufpool.MinSize {
+		return Loan{}
+	}
 	if !pin {
 		it.shared = true
 		return Loan{}
