@@ -22,9 +22,15 @@ import (
 
 func start(t *testing.T, password string, maxValue int64) (string, *store.Store) {
 	t.Helper()
+	return startStore(t, password, store.Config{RAMBytes: 64 << 20, DiskBytes: 64 << 20, MaxValue: maxValue})
+}
+
+// startStore serves a store opened with cfg (its Dir and Metrics filled in).
+func startStore(t *testing.T, password string, cfg store.Config) (string, *store.Store) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	st, err := store.Open(store.Config{RAMBytes: 64 << 20, DiskBytes: 64 << 20, Dir: t.TempDir(),
-		Metrics: store.NewMetrics(reg), MaxValue: maxValue})
+	cfg.Dir, cfg.Metrics = t.TempDir(), store.NewMetrics(reg)
+	st, err := store.Open(cfg)
 	must.NoError(t, err)
 	srv, err := New(Config{Store: st, Registry: reg, Password: password})
 	must.NoError(t, err)
@@ -339,20 +345,8 @@ func TestGetOrSetRecognisesOnlyGetAndSet(t *testing.T) {
 // startPooled is start with the store's buffer pool on.
 func startPooled(t *testing.T) string {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	st, err := store.Open(store.Config{RAMBytes: 128 << 20, DiskBytes: 64 << 20, Dir: t.TempDir(),
-		Metrics: store.NewMetrics(reg), MaxValue: 32 << 20, PoolBytes: 64 << 20})
-	must.NoError(t, err)
-	srv, err := New(Config{Store: st, Registry: reg})
-	must.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	go srv.Serve(l)
-	t.Cleanup(func() {
-		srv.Close()
-		st.Close()
-	})
-	return l.Addr().String()
+	addr, _ := startStore(t, "", store.Config{RAMBytes: 128 << 20, DiskBytes: 64 << 20, MaxValue: 32 << 20, PoolBytes: 64 << 20})
+	return addr
 }
 
 // A GET reply still being written to a client that reads slowly keeps its

@@ -36,6 +36,16 @@ func pooledVal(s *Store, b byte) []byte {
 
 func sameBuf(a, b []byte) bool { return unsafe.SliceData(a) == unsafe.SliceData(b) }
 
+// mustBeIntact checks v still holds byte b throughout and that none of the
+// next buffers the pool hands out is v's memory.
+func mustBeIntact(t *testing.T, s *Store, v []byte, b byte) {
+	t.Helper()
+	for i := 0; i < 8; i++ {
+		must.False(t, sameBuf(v, s.BufferPool().Get(loanSize)))
+	}
+	must.True(t, bytes.Equal(v, bytes.Repeat([]byte{b}, loanSize)))
+}
+
 func TestReleasedValueIsReusedAfterOverwrite(t *testing.T) {
 	s := openPooled(t, "", 1<<20, 0)
 	ctx := context.Background()
@@ -83,11 +93,7 @@ func TestValueOnLoanOrSharedIsNeverReused(t *testing.T) {
 				must.NoError(t, s.SetKey([]byte("k"), pooledVal(s, 1)))
 				v, done := takeIt(s)
 				letGo(s)
-				// Drain the pool into fresh values: none may be v's memory.
-				for i := 0; i < 8; i++ {
-					must.False(t, sameBuf(v, s.BufferPool().Get(loanSize)))
-				}
-				must.True(t, bytes.Equal(v, bytes.Repeat([]byte{1}, loanSize)))
+				mustBeIntact(t, s, v, 1)
 				done()
 				must.Eq(t, int64(0), s.BufferPool().Held(), must.Sprint("a value let go while lent is left to the GC"))
 			})
@@ -104,8 +110,7 @@ func TestStaleReleaseLeavesTheNewValueLent(t *testing.T) {
 	v2, cur, _, _ := s.Borrow(ctx, "k")
 	s.Release(old) // a loan of the value before: must not end cur's
 	must.NoError(t, s.SetKey([]byte("k"), pooledVal(s, 3)))
-	must.False(t, sameBuf(v2, s.BufferPool().Get(loanSize)))
-	must.True(t, bytes.Equal(v2, bytes.Repeat([]byte{2}, loanSize)))
+	mustBeIntact(t, s, v2, 2)
 	s.Release(cur)
 }
 
@@ -122,8 +127,7 @@ func TestPromotedBlockIsLentToItsReader(t *testing.T) {
 	must.True(t, ok)
 	must.Eq(t, TierDisk, tier)
 	must.NoError(t, s.SetKey([]byte("k"), pooledVal(s, 7)))
-	must.False(t, sameBuf(v, s.BufferPool().Get(loanSize)))
-	must.True(t, bytes.Equal(v, bytes.Repeat([]byte{1}, loanSize)))
+	mustBeIntact(t, s, v, 1)
 	s.Release(loan)
 }
 
