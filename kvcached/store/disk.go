@@ -66,14 +66,16 @@ const (
 var errCorrupt = errors.New("corrupt block")
 
 type diskEntry struct {
-	key        string
-	seq        uint64
-	size       int64
-	expireAt   int64
-	sum        [32]byte
-	inline     bool       // value stored in the index entry, no file
-	prev, next *diskEntry // LRU, most recent at head
+	key      string
+	seq      uint64
+	size     int64
+	expireAt int64
+	sum      [32]byte
+	inline   bool // value stored in the index entry, no file
+	lruLinks[diskEntry]
 }
+
+func (e *diskEntry) links() *lruLinks[diskEntry] { return &e.lruLinks }
 
 type diskTier struct {
 	dir    string
@@ -86,7 +88,7 @@ type diskTier struct {
 
 	mu         sync.Mutex
 	idx        map[string]*diskEntry
-	head, tail *diskEntry
+	lru        lruList[diskEntry, *diskEntry]
 	used       int64 // value bytes of indexed blocks and pooled files
 	pool       []pooledFile
 	poolSeq    uint64
@@ -161,7 +163,7 @@ func (d *diskTier) load() (uint64, error) {
 		copy(e.sum[:], v[24:])
 		e.inline = v[indexValLen-1] == 1
 		d.idx[e.key] = e
-		d.pushFront(e)
+		d.lru.pushFront(e)
 		d.used += e.size
 		if !e.inline {
 			live[e.seq] = e.key
@@ -248,12 +250,12 @@ func (d *diskTier) recover(path string, seq uint64) bool {
 	if old != nil {
 		// The older write's file is an orphan now; the walk may already
 		// have passed it, so remove it here.
-		d.unlink(old)
+		d.lru.unlink(old)
 		d.used -= old.size
 		d.removeFile(old)
 	}
 	d.idx[key] = e
-	d.pushFront(e)
+	d.lru.pushFront(e)
 	d.used += e.size
 	return true
 }
@@ -262,31 +264,6 @@ func (d *diskTier) close() error { return d.db.Close() }
 
 func (d *diskTier) path(seq uint64) string {
 	return filepath.Join(d.dir, "blocks", fmt.Sprintf("%02x", seq&0xff), fmt.Sprintf("%016x.blk", seq))
-}
-
-func (d *diskTier) pushFront(e *diskEntry) {
-	e.prev, e.next = nil, d.head
-	if d.head != nil {
-		d.head.prev = e
-	}
-	d.head = e
-	if d.tail == nil {
-		d.tail = e
-	}
-}
-
-func (d *diskTier) unlink(e *diskEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		d.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		d.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
 }
 
 func (d *diskTier) updateGauges() {
@@ -365,10 +342,10 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 			d.used -= unpooled[len(unpooled)-1].size
 			continue
 		}
-		if d.tail == nil {
+		if d.lru.tail == nil {
 			break
 		}
-		v := d.tail
+		v := d.lru.tail
 		d.removeLocked(v)
 		victims = append(victims, v)
 	}
@@ -407,11 +384,11 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 	}
 	old := d.idx[key]
 	if old != nil {
-		d.unlink(old)
+		d.lru.unlink(old)
 		d.used -= old.size
 	}
 	d.idx[key] = e
-	d.pushFront(e)
+	d.lru.pushFront(e)
 	d.updateGauges()
 	d.mu.Unlock()
 	if old != nil {
@@ -562,8 +539,8 @@ func (d *diskTier) get(key string, now int64) (val []byte, expireAt int64, ok bo
 		return nil, 0, false, nil
 	}
 	if found {
-		d.unlink(e)
-		d.pushFront(e)
+		d.lru.unlink(e)
+		d.lru.pushFront(e)
 	}
 	var seq uint64
 	var size int64
@@ -686,7 +663,7 @@ func (d *diskTier) removeLocked(e *diskEntry) {
 		return
 	}
 	delete(d.idx, e.key)
-	d.unlink(e)
+	d.lru.unlink(e)
 	d.used -= e.size
 	if err := d.db.Delete(indexKey(e.key), pebble.NoSync); err != nil {
 		d.log.Warn("deleting index entry", "error", err)

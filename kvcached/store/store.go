@@ -111,9 +111,10 @@ type item struct {
 	// from going back to the buffer pool when the item lets it go.
 	pins   int32
 	shared bool
-	prev   *item
-	next   *item
+	lruLinks[item]
 }
+
+func (it *item) links() *lruLinks[item] { return &it.lruLinks }
 
 // Store is safe for concurrent use.
 type Store struct {
@@ -127,12 +128,12 @@ type Store struct {
 	// seq numbers writes in the order they enter RAM (taken under mu: a
 	// shared atomic taken before the lock was a cache-line transfer per SET
 	// and could order two racing SETs of a key opposite to RAM).
-	seq        uint64
-	ram        map[string]*item
-	head, tail *item
-	ramUsed    int64
-	pubUsed    int64 // ramUsed as last published to the gauges
-	pubBlocks  int   // len(ram) as last published
+	seq       uint64
+	ram       map[string]*item
+	lru       lruList[item, *item] // under mu
+	ramUsed   int64
+	pubUsed   int64 // ramUsed as last published to the gauges
+	pubBlocks int   // len(ram) as last published
 
 	spill    chan spillMsg
 	flushing atomic.Int32  // Flush calls in progress: the spiller skips its delay
@@ -217,33 +218,6 @@ func (s *Store) nowNano() int64 { return s.now().UnixNano() }
 
 func expired(at, now int64) bool { return at != 0 && at <= now }
 
-// --- RAM LRU list, under s.mu ---
-
-func (s *Store) pushFront(it *item) {
-	it.prev, it.next = nil, s.head
-	if s.head != nil {
-		s.head.prev = it
-	}
-	s.head = it
-	if s.tail == nil {
-		s.tail = it
-	}
-}
-
-func (s *Store) unlink(it *item) {
-	if it.prev != nil {
-		it.prev.next = it.next
-	} else {
-		s.head = it.next
-	}
-	if it.next != nil {
-		it.next.prev = it.prev
-	} else {
-		s.tail = it.prev
-	}
-	it.prev, it.next = nil, nil
-}
-
 // removeRAMLocked takes it out of RAM. A deleted (not evicted) item still
 // referenced by the spill queue gives up its value now, so queued references
 // never hold memory outside the RAM limit.
@@ -254,7 +228,7 @@ func (s *Store) removeRAMLocked(it *item, deleted bool) {
 
 // dropRAMLocked is removeRAMLocked without the map deletion.
 func (s *Store) dropRAMLocked(it *item, deleted bool) {
-	s.unlink(it)
+	s.lru.unlink(it)
 	s.ramUsed -= int64(len(it.val))
 	if deleted {
 		it.deleted = true
@@ -352,7 +326,7 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty,
 		// spill entry waits, no new entry: the entry finds the newer seq
 		// and waits again.
 		it = old
-		s.unlink(it)
+		s.lru.unlink(it)
 		s.ramUsed += int64(len(val)) - int64(len(it.val))
 		if len(it.val) >= bufpool.MinSize && it.pins == 0 && !it.shared {
 			spare = it.val
@@ -387,7 +361,7 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty,
 		s.ramUsed += int64(len(val))
 	}
 	key, seq := it.key, it.seq
-	s.pushFront(it)
+	s.lru.pushFront(it)
 	victims := s.evictLocked()
 	s.gaugesLocked()
 	s.mu.Unlock()
@@ -418,8 +392,8 @@ func (s *Store) insert(key string, kb []byte, val []byte, expireAt int64, dirty,
 // the dirty ones that still need a disk write.
 func (s *Store) evictLocked() []*item {
 	var victims []*item
-	for s.ramUsed > s.cfg.RAMBytes && s.tail != nil {
-		v := s.tail
+	for s.ramUsed > s.cfg.RAMBytes && s.lru.tail != nil {
+		v := s.lru.tail
 		s.removeRAMLocked(v, false)
 		s.m.evictRAM.Inc()
 		if v.dirty && !v.writing {
@@ -745,8 +719,8 @@ func (s *Store) getLocal(key string, promote, pin bool) ([]byte, Loan, Tier, boo
 	s.mu.Lock()
 	if it, ok := s.ram[key]; ok {
 		if !expired(it.expireAt, now) {
-			s.unlink(it)
-			s.pushFront(it)
+			s.lru.unlink(it)
+			s.lru.pushFront(it)
 			v, loan := it.val, s.lendLocked(it, pin)
 			s.mu.Unlock()
 			return v, loan, TierRAM, true
@@ -806,7 +780,7 @@ func (s *Store) insertClean(key string, val []byte, expireAt int64, pin bool) Lo
 	it := &item{key: key, val: val, expireAt: expireAt, seq: s.seq}
 	loan := s.lendLocked(it, pin)
 	s.ram[key] = it
-	s.pushFront(it)
+	s.lru.pushFront(it)
 	s.ramUsed += int64(len(val))
 	victims := s.evictLocked()
 	s.gaugesLocked()
