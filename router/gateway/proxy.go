@@ -275,48 +275,73 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	bp := g.bufs.Get().(*[]byte)
 	defer g.bufs.Put(bp)
 	buf := *bp
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			usage.feed(buf[:n])
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				rec.status = 499
-				return false, nil // client gone; ctx cancels the upstream
+	clientGone := false
+	// relay sends one read's worth of the engine's body to the client.
+	relay := func(data []byte, last bool) error {
+		if len(data) == 0 {
+			return nil
+		}
+		usage.feed(data)
+		if _, werr := w.Write(data); werr != nil {
+			clientGone = true
+			return werr
+		}
+		// One flush per read: engines write one SSE event per chunk, so
+		// every event reaches the client as soon as it arrives. When the
+		// engine's end of body came with these bytes the server's final
+		// write sends them with the terminator, in one syscall.
+		if !last {
+			_ = rc.Flush()
+		}
+		if f.Stream && !rec.ttftDone && resp.StatusCode == http.StatusOK {
+			// A stream's first event carries the first token; a whole
+			// response would time the decode too, so only streams teach.
+			pre.FirstToken(time.Since(sent))
+		}
+		rec.firstByte()
+		return nil
+	}
+	var rerr error
+	if sb, ok := resp.Body.(streamer); ok {
+		// The engine's chunks are decoded where they were read and waits
+		// between events skip the read that only sees EAGAIN.
+		rerr = sb.stream(buf, relay)
+	} else {
+		rerr = errStreamUnsupported
+	}
+	if rerr == errStreamUnsupported {
+		rerr = nil
+		for !clientGone && rerr == nil {
+			var n int
+			n, rerr = resp.Body.Read(buf)
+			if n > 0 {
+				_ = relay(buf[:n], rerr != nil)
 			}
-			// One flush per read: engines write one SSE event per chunk, so
-			// every event reaches the client as soon as it arrives. When the
-			// engine's end of body came with these bytes the server's final
-			// write sends them with the terminator, in one syscall.
-			if rerr == nil {
-				_ = rc.Flush()
-			}
-			if f.Stream && !rec.ttftDone && resp.StatusCode == http.StatusOK {
-				// A stream's first event carries the first token; a whole
-				// response would time the decode too, so only streams teach.
-				pre.FirstToken(time.Since(sent))
-			}
-			rec.firstByte()
 		}
 		if rerr == io.EOF {
-			break
+			rerr = nil
 		}
-		if rerr != nil {
-			if r.Context().Err() != nil {
-				rec.status = 499
-				return false, nil
-			}
-			// Bytes were sent: never retry. Abort so the client sees a broken
-			// response rather than a silently truncated one.
-			if ctx.Err() != nil {
-				g.log.Debug("deadline passed mid-stream; cutting the response", "worker", wk.ID, "request_id", reqID)
-				rec.status = http.StatusGatewayTimeout
-			} else {
-				g.log.Warn("engine stream broke after the first byte", "worker", wk.ID, "request_id", reqID, "error", rerr)
-				rec.status = http.StatusBadGateway
-			}
-			rec.done()
-			panic(http.ErrAbortHandler)
+	}
+	if clientGone {
+		rec.status = 499
+		return false, nil // client gone; ctx cancels the upstream
+	}
+	if rerr != nil {
+		if r.Context().Err() != nil {
+			rec.status = 499
+			return false, nil
 		}
+		// Bytes were sent: never retry. Abort so the client sees a broken
+		// response rather than a silently truncated one.
+		if ctx.Err() != nil {
+			g.log.Debug("deadline passed mid-stream; cutting the response", "worker", wk.ID, "request_id", reqID)
+			rec.status = http.StatusGatewayTimeout
+		} else {
+			g.log.Warn("engine stream broke after the first byte", "worker", wk.ID, "request_id", reqID, "error", rerr)
+			rec.status = http.StatusBadGateway
+		}
+		rec.done()
+		panic(http.ErrAbortHandler)
 	}
 	if p, c, ok := usage.result(); ok {
 		ws.PromptTokens.Add(float64(p))
@@ -324,6 +349,12 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		wk.Live.AddGenerated(int64(c))
 	}
 	return false, nil
+}
+
+// streamer is the engine transport's body, which relays chunked bodies
+// itself (body.stream).
+type streamer interface {
+	stream(buf []byte, emit func(data []byte, last bool) error) error
 }
 
 // copyHeaders sets dst's end-to-end headers from src, sharing the value

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/router/gateway/h1"
+	"github.com/oasis-llm/oasis/router/gateway/rawsock"
 )
 
 // Transport is the router's HTTP/1.1 client to engines: a keep-alive
@@ -210,6 +211,68 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// errStreamUnsupported: the body cannot be relayed by stream; use Read.
+var errStreamUnsupported = errors.New("stream relay not supported for this body")
+
+// emitError carries the error of stream's emit callback.
+type emitError struct{ err error }
+
+func (e emitError) Error() string { return e.err.Error() }
+func (e emitError) Unwrap() error { return e.err }
+
+// stream relays an unread chunked body: it calls emit once per read from
+// the engine with that read's decoded data (possibly empty) and last set
+// when the body ended with it. Waiting between reads happens in the
+// netpoller without the extra read that returns EAGAIN (rawsock.Relay).
+// errStreamUnsupported means nothing was read: use Read instead. An error
+// from emit comes back as an emitError.
+func (b *body) stream(buf []byte, emit func(data []byte, last bool) error) error {
+	rc, ok := b.pc.c.(*rawsock.Conn)
+	if _, chunked := b.rc.(*chunkedBody); !ok || !chunked || b.eof || len(buf) < b.pc.br.Size() {
+		return errStreamUnsupported
+	}
+	var d chunkDecoder
+	feed := func(p []byte) (bool, error) {
+		data, n, done, err := d.decode(p)
+		if err != nil {
+			// The data before the bad framing still goes out (and is
+			// flushed), as net/http's reader returns it before the error.
+			if len(data) > 0 {
+				if err := emit(data, false); err != nil {
+					return true, emitError{err}
+				}
+			}
+			return true, io.ErrUnexpectedEOF
+		}
+		if done {
+			b.eof = true
+			if n < len(p) {
+				b.reusable = false // bytes after the body: do not trust the connection
+			}
+		}
+		if len(data) > 0 || done {
+			if err := emit(data, done); err != nil {
+				return true, emitError{err}
+			}
+		}
+		return done, nil
+	}
+	// What came with the response head is decoded first.
+	if k := b.pc.br.Buffered(); k > 0 {
+		pend, _ := b.pc.br.Peek(k)
+		n := copy(buf, pend)
+		_, _ = b.pc.br.Discard(n)
+		if done, err := feed(buf[:n]); done || err != nil {
+			return err
+		}
+	}
+	err := rc.Relay(buf, feed)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF // the engine closed before the body's end
+	}
+	return err
+}
+
 func (b *body) Close() error {
 	if b.closed {
 		return nil
@@ -255,6 +318,7 @@ func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error)
 	if err != nil {
 		return nil, false, err
 	}
+	c = rawsock.Wrap(c)
 	return &pconn{c: c, br: bufio.NewReaderSize(c, 8<<10), bw: bufio.NewWriterSize(c, 4<<10), host: host}, false, nil
 }
 

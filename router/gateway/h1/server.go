@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/oasis-llm/oasis/router/gateway/rawsock"
 )
 
 // Server serves HTTP/1.1 on listeners.
@@ -143,6 +145,9 @@ func (s *Server) untrack(ln net.Listener) {
 }
 
 func (s *Server) newConn(c net.Conn) *conn {
+	// Raw system calls: no runtime syscall bookkeeping (and no wakeup of
+	// the runtime's monitor thread after idle moments) per read and write.
+	c = rawsock.Wrap(c)
 	cn := &conn{srv: s, c: c, remote: c.RemoteAddr().String()}
 	cn.last.Store(time.Now().UnixNano())
 	s.mu.Lock()

@@ -1,0 +1,142 @@
+package rawsock
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+// pair returns a wrapped server-side conn and the plain client side.
+func pair(t *testing.T) (*Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	must.NoError(t, err)
+	s, err := ln.Accept()
+	must.NoError(t, err)
+	w, ok := Wrap(s).(*Conn)
+	if !supported {
+		must.False(t, ok)
+		t.Skip("raw socket I/O is Linux only")
+	}
+	must.True(t, ok)
+	t.Cleanup(func() { w.Close(); client.Close() })
+	return w, client
+}
+
+func TestWrapLeavesOtherConnsAlone(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	must.Eq(t, a, Wrap(a))
+}
+
+func TestReadWrite(t *testing.T) {
+	c, peer := pair(t)
+	go func() {
+		time.Sleep(20 * time.Millisecond) // the read waits for it
+		_, _ = peer.Write([]byte("hello"))
+	}()
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	must.NoError(t, err)
+	must.Eq(t, "hello", string(buf[:n]))
+
+	big := make([]byte, 8<<20) // more than the socket buffers: Write must wait for the reader
+	for i := range big {
+		big[i] = byte(i)
+	}
+	got := make(chan []byte)
+	go func() { b, _ := io.ReadAll(peer); peer.Close(); got <- b }()
+	n, err = c.Write(big)
+	must.NoError(t, err)
+	must.Eq(t, len(big), n)
+	must.NoError(t, c.CloseWrite())
+	must.True(t, bytes.Equal(big, <-got))
+
+	n, err = c.Read(buf) // the peer's close
+	must.Eq(t, 0, n)
+	must.ErrorIs(t, err, io.EOF)
+}
+
+func TestRelay(t *testing.T) {
+	c, peer := pair(t)
+	go func() {
+		for _, s := range []string{"one", "two", "three"} {
+			time.Sleep(10 * time.Millisecond) // each its own read, after a short one
+			_, _ = peer.Write([]byte(s))
+		}
+	}()
+	var got []string
+	err := c.Relay(make([]byte, 64), func(p []byte) (bool, error) {
+		got = append(got, string(p))
+		return len(got) == 3, nil
+	})
+	must.NoError(t, err)
+	must.Eq(t, []string{"one", "two", "three"}, got)
+
+	// A read that fills the buffer is followed by another read at once.
+	_, err = peer.Write([]byte("abcdefgh"))
+	must.NoError(t, err)
+	got = nil
+	total := 0
+	err = c.Relay(make([]byte, 3), func(p []byte) (bool, error) {
+		got = append(got, string(p))
+		total += len(p)
+		return total == 8, nil
+	})
+	must.NoError(t, err)
+	must.Eq(t, "abcdefgh", join(got))
+
+	// fn's error ends the relay.
+	boom := errors.New("boom")
+	_, _ = peer.Write([]byte("x"))
+	err = c.Relay(make([]byte, 8), func([]byte) (bool, error) { return false, boom })
+	must.ErrorIs(t, err, boom)
+}
+
+func TestRelayInterrupted(t *testing.T) {
+	c, peer := pair(t)
+	// A past deadline interrupts the wait (the transport's cancellation).
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+	}()
+	err := c.Relay(make([]byte, 8), func([]byte) (bool, error) { return false, nil })
+	must.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	must.NoError(t, c.SetReadDeadline(time.Time{}))
+
+	// The peer's close is io.EOF, after the bytes sent before it.
+	_, _ = peer.Write([]byte("last"))
+	peer.Close()
+	var got []string
+	err = c.Relay(make([]byte, 8), func(p []byte) (bool, error) { got = append(got, string(p)); return false, nil })
+	must.ErrorIs(t, err, io.EOF)
+	must.Eq(t, "last", join(got))
+}
+
+func TestRelayClosed(t *testing.T) {
+	c, _ := pair(t)
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		c.Close()
+	}()
+	err := c.Relay(make([]byte, 8), func([]byte) (bool, error) { return false, nil })
+	must.ErrorIs(t, err, net.ErrClosed)
+}
+
+func join(s []string) string {
+	var out string
+	for _, x := range s {
+		out += x
+	}
+	return out
+}

@@ -1,0 +1,126 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+// rawEngine answers every request on a connection with answer(n), n
+// counting the engine's connections from 1, written as raw bytes; close
+// says whether to close the connection after it.
+func rawEngine(t *testing.T, answer func(conn int) (resp string, close bool)) (addr string, conns *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	conns = &atomic.Int64{}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := int(conns.Add(1))
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					resp, closeAfter := answer(n)
+					if _, err := io.WriteString(c, resp); err != nil || closeAfter {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), conns
+}
+
+func chunk(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+
+const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+func TestStreamRelaysChunksAndReusesConnection(t *testing.T) {
+	// Chunk extensions and a trailer are dropped; the data goes through.
+	a, conns := rawEngine(t, func(int) (string, bool) {
+		return sseHead + "f;x=1\r\ndata: {\"i\":0}\n\n\r\n" +
+			chunk("data: {\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1}}\n\n") +
+			chunk("data: [DONE]\n\n") + "0\r\nX-Trailer: 1\r\n\r\n", false
+	})
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + a})
+	for range 3 {
+		resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.NoError(t, err)
+		must.Eq(t, "data: {\"i\":0}\n\ndata: {\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", string(b))
+	}
+	must.Eq(t, int64(1), conns.Load())
+	eventually(t, func() bool { return value(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
+}
+
+func TestStreamBytesAfterBodyDropConnection(t *testing.T) {
+	// An engine that sends more than one response's worth is not trusted
+	// with the next request.
+	a, conns := rawEngine(t, func(int) (string, bool) {
+		return sseHead + "5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n", false
+	})
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + a})
+	for range 2 {
+		resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.NoError(t, err)
+		must.Eq(t, "hello", string(b))
+	}
+	must.Eq(t, int64(2), conns.Load())
+}
+
+func TestStreamBrokenFramingOrCloseCutsResponse(t *testing.T) {
+	for name, tail := range map[string]string{
+		"bad size line":           "zz\r\nmore\r\n",
+		"data without CRLF":       "3\r\nabcXY",
+		"close inside a chunk":    "9\r\nabc",
+		"close before last chunk": "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			// The engine writes its last bytes and closes at once: the FIN
+			// comes with them and must still end the stream.
+			a, _ := rawEngine(t, func(int) (string, bool) {
+				return sseHead + chunk("data: {\"i\":0}\n\n") + tail, true
+			})
+			h := newHarness(t, nil, nil, map[string]string{"a": "m@" + a})
+			done := make(chan struct{})
+			var b []byte
+			var err error
+			go func() {
+				defer close(done)
+				resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the broken stream did not end")
+			}
+			must.Error(t, err) // cut, not ended cleanly
+			must.True(t, strings.HasPrefix(string(b), "data: {\"i\":0}\n\n"))
+			eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "502", "a")) == 1 })
+		})
+	}
+}
