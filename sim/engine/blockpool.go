@@ -7,14 +7,13 @@ import (
 
 const noBlock = -1
 
-// block is one KV-cache block. Blocks live in a fixed array; the free queue is an
-// intrusive doubly linked list over indexes, as vLLM's FreeKVCacheBlockQueue.
+// block is one KV-cache block. Blocks live in a fixed array; the free queue is a
+// doubly linked list over their indexes, as vLLM's FreeKVCacheBlockQueue.
 type block struct {
-	hash       uint64
-	ref        int32
-	prev, next int32
-	hashed     bool
-	free       bool
+	hash   uint64
+	ref    int32
+	hashed bool
+	free   bool
 }
 
 // blockPool is vLLM's BlockPool: a fixed number of blocks, a free queue ordered by
@@ -26,44 +25,28 @@ type block struct {
 // so blocks never used are always at the front. They are kept implicit (blocks grows
 // on first use), so an idle engine costs almost nothing however large its cache.
 type blockPool struct {
-	blocks     []block // materialized blocks, ids 0..len-1
-	total      int
-	head, tail int32              // free queue of materialized blocks, noBlock when empty
-	numFree    int                // never-used blocks + blocks in the queue
-	cached     *u64map.Map[int32] // hash → block id + 1 (0 is empty)
-	events     []kvevents.Event   // pending events, drained by the engine each step
-	emit       bool
+	blocks  []block // materialized blocks, ids 0..len-1
+	total   int
+	queue   indexList          // free queue of materialized blocks, head evicted first
+	numFree int                // never-used blocks + blocks in the queue
+	cached  *u64map.Map[int32] // hash → block id + 1 (0 is empty)
+	events  []kvevents.Event   // pending events, drained by the engine each step
+	emit    bool
 }
 
 func newBlockPool(n int, emit bool) *blockPool {
-	return &blockPool{total: n, numFree: n, head: noBlock, tail: noBlock, cached: u64map.New[int32](), emit: emit}
+	return &blockPool{total: n, numFree: n, queue: newIndexList(), cached: u64map.New[int32](), emit: emit}
 }
 
 func (p *blockPool) pushTail(i int32) {
-	b := &p.blocks[i]
-	b.free, b.prev, b.next = true, p.tail, noBlock
-	if p.tail != noBlock {
-		p.blocks[p.tail].next = i
-	} else {
-		p.head = i
-	}
-	p.tail = i
+	p.blocks[i].free = true
+	p.queue.pushTail(i)
 	p.numFree++
 }
 
 func (p *blockPool) unlink(i int32) {
-	b := &p.blocks[i]
-	if b.prev != noBlock {
-		p.blocks[b.prev].next = b.next
-	} else {
-		p.head = b.next
-	}
-	if b.next != noBlock {
-		p.blocks[b.next].prev = b.prev
-	} else {
-		p.tail = b.prev
-	}
-	b.free, b.prev, b.next = false, noBlock, noBlock
+	p.blocks[i].free = false
+	p.queue.unlink(i)
 	p.numFree--
 }
 
@@ -89,11 +72,12 @@ func (p *blockPool) allocate() int32 {
 	if len(p.blocks) < p.total {
 		// A never-used block: ahead of every freed block in vLLM's queue.
 		i := int32(len(p.blocks))
-		p.blocks = append(p.blocks, block{ref: 1, prev: noBlock, next: noBlock})
+		p.blocks = append(p.blocks, block{ref: 1})
+		p.queue.grow()
 		p.numFree--
 		return i
 	}
-	i := p.head
+	i := p.queue.head
 	p.unlink(i)
 	b := &p.blocks[i]
 	if b.hashed {

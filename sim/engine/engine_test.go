@@ -56,7 +56,7 @@ func assertNoLeak(t *testing.T, e *Engine) {
 	must.Eq(t, e.pool.total, e.pool.numFree)
 	// The free list is consistent: walk it.
 	n := e.pool.total - len(e.pool.blocks)
-	for i := e.pool.head; i != noBlock; i = e.pool.blocks[i].next {
+	for i := e.pool.queue.head; i != noBlock; i = e.pool.queue.links[i].next {
 		n++
 	}
 	must.Eq(t, e.pool.numFree, n)
@@ -366,8 +366,8 @@ func randomWorkload(t *testing.T, cpuBlocks int) {
 		if e.cpu != nil {
 			// The CPU LRU list and index agree and stay within capacity.
 			n := 0
-			for i := e.cpu.head; i != noBlock; i = e.cpu.slots[i].next {
-				must.True(t, e.cpu.has(e.cpu.slots[i].hash))
+			for i := e.cpu.order.head; i != noBlock; i = e.cpu.order.links[i].next {
+				must.True(t, e.cpu.has(e.cpu.hashes[i]))
 				n++
 			}
 			must.Eq(t, e.cpu.len(), n)

@@ -14,20 +14,15 @@ import (
 // at disk bandwidth, and a block read from disk is written back to CPU memory (a
 // promotion). Stores and evictions are KV events with medium "CPU" or "DISK".
 type lruTier struct {
-	slots      []lruSlot
-	capacity   int
-	head, tail int32              // LRU order, head evicted first
-	index      *u64map.Map[int32] // hash → slot + 1 (0 is empty)
-	free       []int32
-}
-
-type lruSlot struct {
-	hash       uint64
-	prev, next int32
+	hashes   []uint64 // by slot
+	capacity int
+	order    indexList          // slots in LRU order, head evicted first
+	index    *u64map.Map[int32] // hash → slot + 1 (0 is empty)
+	free     []int32
 }
 
 func newLRUTier(capacity int) *lruTier {
-	return &lruTier{capacity: capacity, head: noBlock, tail: noBlock, index: u64map.New[int32]()}
+	return &lruTier{capacity: capacity, order: newIndexList(), index: u64map.New[int32]()}
 }
 
 func (c *lruTier) has(h uint64) bool {
@@ -35,39 +30,13 @@ func (c *lruTier) has(h uint64) bool {
 	return ok
 }
 
-func (c *lruTier) unlink(i int32) {
-	s := &c.slots[i]
-	if s.prev != noBlock {
-		c.slots[s.prev].next = s.next
-	} else {
-		c.head = s.next
-	}
-	if s.next != noBlock {
-		c.slots[s.next].prev = s.prev
-	} else {
-		c.tail = s.prev
-	}
-	s.prev, s.next = noBlock, noBlock
-}
-
-func (c *lruTier) pushTail(i int32) {
-	s := &c.slots[i]
-	s.prev, s.next = c.tail, noBlock
-	if c.tail != noBlock {
-		c.slots[c.tail].next = i
-	} else {
-		c.head = i
-	}
-	c.tail = i
-}
-
 // touch marks h most recently used; false if absent.
 func (c *lruTier) touch(h uint64) bool {
 	i, ok := c.index.Get(h)
 	i--
 	if ok {
-		c.unlink(i)
-		c.pushTail(i)
+		c.order.unlink(i)
+		c.order.pushTail(i)
 	}
 	return ok
 }
@@ -83,18 +52,19 @@ func (c *lruTier) store(h uint64) (evicted uint64, didEvict, stored bool) {
 	case len(c.free) > 0:
 		i = c.free[len(c.free)-1]
 		c.free = c.free[:len(c.free)-1]
-	case len(c.slots) < c.capacity:
-		c.slots = append(c.slots, lruSlot{prev: noBlock, next: noBlock})
-		i = int32(len(c.slots) - 1)
+	case len(c.hashes) < c.capacity:
+		c.hashes = append(c.hashes, 0)
+		c.order.grow()
+		i = int32(len(c.hashes) - 1)
 	default:
-		i = c.head
-		c.unlink(i)
-		evicted, didEvict = c.slots[i].hash, true
+		i = c.order.head
+		c.order.unlink(i)
+		evicted, didEvict = c.hashes[i], true
 		c.index.Delete(evicted)
 	}
-	c.slots[i].hash = h
+	c.hashes[i] = h
 	c.index.Put(h, i+1)
-	c.pushTail(i)
+	c.order.pushTail(i)
 	return evicted, didEvict, true
 }
 
