@@ -806,6 +806,25 @@ type matchScratch struct {
 	ext     []uint64  // bitset: live workers holding the current position
 }
 
+// tierDeviation sums, per worker, how its matched positions differ from a
+// match held in GPU alone: the tier weight's difference from GPU's, and the
+// positions GPU lacks.
+type tierDeviation struct {
+	devW   []float32
+	devGPU []int32
+	wt     *[16]float32
+}
+
+// add counts a matched position that worker slot holds in tiers.
+func (d *tierDeviation) add(slot int, tiers Tier) {
+	if tiers != TierGPU {
+		d.devW[slot] += d.wt[tiers] - d.wt[TierGPU]
+		if tiers&TierGPU == 0 {
+			d.devGPU[slot]++
+		}
+	}
+}
+
 // Match appends to out, for every worker holding at least the request's first
 // block, its longest held prefix. digests are the request's chained block
 // digests in order. With a TTL, expired entries are dropped by the sweeps in
@@ -839,6 +858,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 	clear(devW)
 	clear(devGPU)
 	wGPU := wt[TierGPU]
+	tally := tierDeviation{devW: devW, devGPU: devGPU, wt: &wt}
 
 	// A worker extends its prefix at position pos only if it held every
 	// position before: that is what makes the match a prefix, and what keeps
@@ -870,12 +890,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 	for pos := range digests {
 		if soloNode != nilNode && pos >= batchEnd {
 			if n := ix.adjacent(soloNode, uint16(solo), digests[pos]); n != nilNode {
-				if tiers := ix.node(n).tiers; tiers != TierGPU {
-					devW[solo] += wt[tiers] - wGPU
-					if tiers&TierGPU == 0 {
-						devGPU[solo]++
-					}
-				}
+				tally.add(solo, ix.node(n).tiers)
 				soloNode = n
 				end = pos + 1
 				continue
@@ -891,12 +906,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 		}
 		if solo >= 0 && info&infoOne != 0 && int(uint16(info)) == solo {
 			// One live worker, extending alone: most of a long match.
-			if tiers := Tier(info>>16) & allTiers; tiers != TierGPU {
-				devW[solo] += wt[tiers] - wGPU
-				if tiers&TierGPU == 0 {
-					devGPU[solo]++
-				}
-			}
+			tally.add(solo, Tier(info>>16)&allTiers)
 			soloNode = head
 			end = pos + 1
 			continue
@@ -910,12 +920,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 			if pos == 0 || live[word]&bit != 0 {
 				ext[word] = bit
 				extended = true
-				if tiers := Tier(info>>16) & allTiers; tiers != TierGPU {
-					devW[slot] += wt[tiers] - wGPU
-					if tiers&TierGPU == 0 {
-						devGPU[slot]++
-					}
-				}
+				tally.add(int(slot), Tier(info>>16)&allTiers)
 			}
 		} else if info&infoWide != 0 {
 			r := info & infoIdx
@@ -949,10 +954,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 					if peer[k]&bit != 0 {
 						tiers |= TierPeer
 					}
-					devW[slot] += wt[tiers] - wGPU
-					if tiers&TierGPU == 0 {
-						devGPU[slot]++
-					}
+					tally.add(slot, tiers)
 				}
 			}
 		} else {
@@ -965,12 +967,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 				}
 				ext[word] |= bit
 				extended = true
-				if n.tiers != TierGPU {
-					devW[n.slot] += wt[n.tiers&allTiers] - wGPU
-					if n.tiers&TierGPU == 0 {
-						devGPU[n.slot]++
-					}
-				}
+				tally.add(int(n.slot), n.tiers&allTiers)
 			}
 		}
 		if !extended {
