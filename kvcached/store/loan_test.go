@@ -57,6 +57,7 @@ func TestReleasedValueIsReusedAfterOverwrite(t *testing.T) {
 	s.Release(loan)
 	must.NoError(t, s.SetKey([]byte("k"), pooledVal(s, 2)))
 	must.Eq(t, int64(loanSize), s.BufferPool().Held())
+	must.Eq(t, float64(loanSize), value(s.cfg.Metrics.PoolBytes))
 	must.True(t, sameBuf(first, s.BufferPool().Get(loanSize)), must.Sprint("the overwritten value's buffer is what the next SET gets"))
 }
 

@@ -1,6 +1,12 @@
 package store
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/oasis-llm/oasis/kvcached/internal/bufpool"
+)
 
 // Metrics are the store's Prometheus collectors, registered on a registry the
 // caller owns.
@@ -18,7 +24,9 @@ type Metrics struct {
 	Corrupt      prometheus.Counter
 	DiskDegraded prometheus.Gauge
 	TooLarge     prometheus.Counter
+	PoolBytes    prometheus.GaugeFunc // read from the store's buffer pool at scrape time
 
+	pool atomic.Pointer[bufpool.Pool] // set by Open
 	// Resolved label values for the hot paths.
 	hitRAM, hitDisk, hitPeer prometheus.Counter
 	bytesRAM, bytesDisk      prometheus.Gauge
@@ -69,8 +77,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "oasis_kvcached_values_too_large_total", Help: "Writes refused because the value exceeded the size limit.",
 		}),
 	}
+	m.PoolBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "oasis_kvcached_buffer_pool_bytes", Help: "Bytes of released value buffers kept for reuse by the next values received or read from disk (outside the RAM tier's bytes).",
+	}, func() float64 { return float64(m.pool.Load().Held()) })
 	reg.MustRegister(m.Hits, m.Misses, m.Bytes, m.Blocks, m.Evictions, m.Spills, m.SpillBytes,
-		m.SpillErrors, m.SpillSkipped, m.Promotions, m.Corrupt, m.DiskDegraded, m.TooLarge)
+		m.SpillErrors, m.SpillSkipped, m.Promotions, m.Corrupt, m.DiskDegraded, m.TooLarge, m.PoolBytes)
 	m.hitRAM, m.hitDisk, m.hitPeer = m.Hits.WithLabelValues("ram"), m.Hits.WithLabelValues("disk"), m.Hits.WithLabelValues("peer")
 	m.bytesRAM, m.bytesDisk = m.Bytes.WithLabelValues("ram"), m.Bytes.WithLabelValues("disk")
 	m.blocksRAM, m.blocksDisk = m.Blocks.WithLabelValues("ram"), m.Blocks.WithLabelValues("disk")

@@ -169,6 +169,7 @@ func Open(cfg Config) (*Store, error) {
 		kick: make(chan struct{}, 1)}
 	if cfg.PoolBytes > 0 {
 		s.pool = bufpool.New(cfg.PoolBytes)
+		cfg.Metrics.pool.Store(s.pool)
 	}
 	if cfg.DiskBytes > 0 {
 		if cfg.Dir == "" {
