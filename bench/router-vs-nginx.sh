@@ -9,7 +9,9 @@
 # Env: ENGINES (default 3), SIM_SPEED (default 1: real-time simulated steps; 0: no
 # waiting, so the proxies are the bottleneck), ROUTER_ENV (extra env for the router, e.g. GOGC=200),
 # ROUTER_NET=1 (also a second router on net/http's server, -http-server net, as target router-net),
-# ROUTER_1P=1 (also a router with -gomaxprocs 1, as target router-1p).
+# ROUTER_1P=1 (also a router with -gomaxprocs 1, as target router-1p), ROUTER_BIN (a prebuilt
+# oasis-router instead of building this tree's), ROUTER_BASE_BIN (also that build of the router,
+# e.g. an older commit's, as target router-base, for before/after in the same run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINES=${ENGINES:-3}
@@ -30,7 +32,7 @@ freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0
 waitport() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
 go build -o "$work/oasis-sim" ./cmd/oasis-sim
-go build -o "$work/oasis-router" ./cmd/oasis-router
+if [ -n "${ROUTER_BIN:-}" ]; then cp "$ROUTER_BIN" "$work/oasis-router"; else go build -o "$work/oasis-router" ./cmd/oasis-router; fi
 go build -o "$work/routerload" ./bench/routerload
 
 direct=() engines=() upstream=""
@@ -61,6 +63,14 @@ if [ "${ROUTER_1P:-0}" = 1 ]; then
     -policy-file "$work/policy.json" -log-level warn >"$work/router-1p.log" 2>&1 &
   pids+=($!)
   extra_targets+=",router-1p=http://127.0.0.1:$r3port" extra_pids+=",router-1p=$!"
+fi
+
+if [ -n "${ROUTER_BASE_BIN:-}" ]; then
+  r4port=$(freeport)
+  env ${ROUTER_ENV:-} "$ROUTER_BASE_BIN" -listen "127.0.0.1:$r4port" -discovery static -engines "$(IFS=,; echo "${engines[*]}")" \
+    -policy-file "$work/policy.json" -log-level warn >"$work/router-base.log" 2>&1 &
+  pids+=($!)
+  extra_targets+=",router-base=http://127.0.0.1:$r4port" extra_pids+=",router-base=$!"
 fi
 
 nport=$(freeport)
@@ -99,7 +109,7 @@ npid=$!
 pids+=($npid)
 
 for u in "${direct[@]}"; do waitport "${u##*:}"; done
-waitport "$rport"; waitport "$nport"; [ -z "${r2port:-}" ] || waitport "$r2port"; [ -z "${r3port:-}" ] || waitport "$r3port"
+waitport "$rport"; waitport "$nport"; [ -z "${r2port:-}" ] || waitport "$r2port"; [ -z "${r3port:-}" ] || waitport "$r3port"; [ -z "${r4port:-}" ] || waitport "$r4port"
 sleep 1.5 # first discovery/scrape
 
 echo "machine: $(nproc) cores, $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); engines: $ENGINES × oasis-sim --speed $SIM_SPEED"

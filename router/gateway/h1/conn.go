@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"runtime/debug"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -29,6 +30,15 @@ type conn struct {
 	done   chan struct{} // from it, one value per finished job
 	state  atomic.Int32
 	last   atomic.Int64 // unix nanoseconds of the last state change
+
+	// With hangups (Linux), handlers run on the connection's goroutine and
+	// the server's hangup watcher cancels them (see hangups).
+	hangups  *hangups
+	watched  bool
+	hangupID int32
+	raw      syscall.RawConn
+	gone     atomic.Bool              // the client hung up
+	cur      atomic.Pointer[response] // the running request, once read whole
 }
 
 // closeIfIdle closes the connection when no request is being handled.
@@ -38,14 +48,20 @@ func (cn *conn) closeIfIdle() {
 	}
 }
 
-// serve reads requests one after the other. Handlers run in the
-// connection's worker goroutine; meanwhile this goroutine waits for the
-// client's next byte, which is either the next (pipelined or keep-alive)
-// request or the end of the connection, which cancels the running request.
+// serve reads requests one after the other. With the server's hangup
+// watcher (Linux) it runs each handler itself (handleInline). Otherwise
+// handlers run in the connection's worker goroutine while this goroutine
+// waits for the client's next byte, which is either the next (pipelined or
+// keep-alive) request or the end of the connection, which cancels the
+// running request (handle).
 func (cn *conn) serve() {
 	s := cn.srv
 	cn.br, cn.bw = s.getReader(cn.c), s.getWriter(cn.c)
 	cn.pend = make([]byte, 0, pendingMax)
+	if cn.hangups != nil && cn.hangups.add(cn) {
+		cn.watched = true
+		defer cn.hangups.remove(cn)
+	}
 	defer func() {
 		if cn.jobs != nil {
 			close(cn.jobs)
@@ -92,6 +108,9 @@ func (cn *conn) serve() {
 
 // handle runs one request; false means the connection is done.
 func (cn *conn) handle(h *head) bool {
+	if cn.watched {
+		return cn.handleInline(h)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
 	var rbody io.ReadCloser = http.NoBody
@@ -169,6 +188,71 @@ func (cn *conn) handle(h *head) bool {
 		}
 	}
 	return true
+}
+
+// handleInline runs one request on the connection's goroutine; the hangup
+// watcher cancels it if the client leaves.
+func (cn *conn) handleInline(h *head) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
+	var rbody io.ReadCloser = http.NoBody
+	switch {
+	case h.chunked:
+		b.chunked = httputil.NewChunkedReader(cn.br)
+		rbody = b
+	case h.contentLength > 0:
+		rbody = b
+	default:
+		b.eof = true
+	}
+	r := &http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
+		Header: h.header, Body: rbody, ContentLength: max(h.contentLength, 0), Close: h.close, Host: h.host,
+		RemoteAddr: cn.remote, RequestURI: h.target}
+	if h.chunked {
+		r.ContentLength = -1
+		r.TransferEncoding = []string{"chunked"}
+	}
+	r = r.WithContext(ctx)
+	w := &response{cn: cn, req: r, header: make(http.Header, 8), cl: -1, body: b, minor: h.minor,
+		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0], cancel: cancel}
+	b.w = w
+	if b.eof {
+		cn.arm(w)
+	} // else when the handler has read the body (body.end)
+	cn.run(w, r, cancel)
+	cn.cur.Store(nil)
+	if w.closeAfter {
+		return false
+	}
+	if !b.eof {
+		// Unread body the response promised to keep the connection for.
+		if _, err := io.Copy(io.Discard, io.LimitReader(b, maxDiscard+1)); err != nil || !b.eof {
+			return false
+		}
+	}
+	return true
+}
+
+// arm makes w cancellable by a hangup, once its request was read whole. A
+// client that sent more (pipelined requests) and then closed is answered,
+// as before: only a hangup with nothing left unread cancels.
+func (cn *conn) arm(w *response) {
+	if cn.br.Buffered() > 0 {
+		return
+	}
+	cn.cur.Store(w)
+	if cn.gone.Load() {
+		w.hangup()
+	}
+}
+
+// hangup is called by the hangup watcher when the client half-closed or
+// reset the connection.
+func (cn *conn) hangup() {
+	cn.gone.Store(true)
+	if w := cn.cur.Load(); w != nil {
+		w.hangup()
+	}
 }
 
 type job struct {
@@ -352,6 +436,9 @@ func (b *body) end() {
 	b.eof = true
 	if b.done != nil {
 		close(b.done)
+	}
+	if b.w != nil && b.w.cn.watched {
+		b.w.cn.arm(b.w)
 	}
 }
 

@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -31,6 +32,15 @@ type response struct {
 	closeAfter  bool
 	err         error // sticky write error
 	body        *body
+	cancel      context.CancelFunc // the request's context (hangup watcher)
+}
+
+// hangup cancels the request when the client left with nothing unread in
+// the socket (pipelined requests are still answered).
+func (w *response) hangup() {
+	if unread(w.cn.raw) == 0 {
+		w.cancel()
+	}
 }
 
 var errContentLength = errors.New("h1: wrote more than the declared Content-Length")

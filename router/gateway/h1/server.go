@@ -56,11 +56,14 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	sweeping  bool
-	shutdown  atomic.Bool
-	stop      chan struct{} // closed by Shutdown/Close: stops the sweeper
-	date      atomic.Pointer[string]
-	readers   sync.Pool // *bufio.Reader, 4 KiB
-	writers   sync.Pool // *bufio.Writer, 16 KiB
+	hangups   *hangups // nil: not Linux, or workerMode
+	// workerMode keeps the portable two-goroutine connections (tests).
+	workerMode bool
+	shutdown   atomic.Bool
+	stop       chan struct{} // closed by Shutdown/Close: stops the sweeper
+	date       atomic.Pointer[string]
+	readers    sync.Pool // *bufio.Reader, 4 KiB
+	writers    sync.Pool // *bufio.Writer, 16 KiB
 }
 
 // connection states, as the sweeper and Shutdown see them.
@@ -132,6 +135,14 @@ func (s *Server) track(ln net.Listener) bool {
 	s.listeners[ln] = struct{}{}
 	if !s.sweeping {
 		s.sweeping = true
+		if !s.workerMode {
+			if h, err := newHangups(); err == nil {
+				s.hangups = h
+				go h.run()
+			} else {
+				s.logger().Debug("client hangups are watched per connection", "reason", err)
+			}
+		}
 		s.updateDate(time.Now())
 		go s.sweep(s.stop)
 	}
@@ -152,6 +163,7 @@ func (s *Server) newConn(c net.Conn) *conn {
 	cn.last.Store(time.Now().UnixNano())
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	cn.hangups = s.hangups
 	if s.shutdown.Load() {
 		c.Close()
 		return nil
@@ -217,6 +229,7 @@ func (s *Server) updateDate(now time.Time) {
 // response) or ctx ends, returning ctx's error then.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeListeners()
+	defer s.closeHangups()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -246,12 +259,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // Close stops accepting and closes every connection at once.
 func (s *Server) Close() error {
 	s.closeListeners()
+	s.closeHangups()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for cn := range s.conns {
 		cn.c.Close()
 	}
 	return nil
+}
+
+func (s *Server) closeHangups() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hangups != nil {
+		s.hangups.close()
+	}
 }
 
 func (s *Server) closeListeners() {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,7 +23,7 @@ func start(t *testing.T, h http.Handler, tune ...func(*Server)) (*Server, string
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
-	s := &Server{Handler: h}
+	s := &Server{Handler: h, workerMode: testWorkerMode}
 	for _, f := range tune {
 		f(s)
 	}
@@ -33,6 +34,42 @@ func start(t *testing.T, h http.Handler, tune ...func(*Server)) (*Server, string
 		must.ErrorIs(t, <-served, http.ErrServerClosed)
 	})
 	return s, ln.Addr().String()
+}
+
+// testWorkerMode runs the tests on the portable connections (a worker
+// goroutine per connection waiting on the socket) instead of the Linux
+// hangup watcher (TestWorkerMode).
+var testWorkerMode bool
+
+func TestWorkerMode(t *testing.T) {
+	testWorkerMode = true
+	defer func() { testWorkerMode = false }()
+	for name, f := range map[string]func(*testing.T){
+		"KeepAliveAndPipelining":         TestKeepAliveAndPipelining,
+		"ClientDisconnectCancelsContext": TestClientDisconnectCancelsContext,
+		"HalfCloseAfterPipelining":       TestHalfCloseAfterPipelining,
+		"AbortHandlerCutsResponse":       TestAbortHandlerCutsResponse,
+		"UnreadBody":                     TestUnreadBody,
+		"ShutdownDrainsStreams":          TestShutdownDrainsStreams,
+		"ExpectContinue":                 TestExpectContinue,
+		"StreamingFlushesAndChunks":      TestStreamingFlushesAndChunks,
+	} {
+		t.Run(name, f)
+	}
+}
+
+func TestHangupWatcherIsUsedOnLinux(t *testing.T) {
+	if testWorkerMode || runtime.GOOS != "linux" {
+		t.Skip("Linux only")
+	}
+	watched := make(chan bool, 1)
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		watched <- w.(*response).cn.watched
+	}))
+	c := dial(t, addr)
+	c.send("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+	c.read("GET")
+	must.True(t, <-watched)
 }
 
 // rawConn sends bytes and reads responses on one connection.
@@ -283,6 +320,29 @@ func TestClientDisconnectCancelsContext(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the request's context was not cancelled when the client left")
 	}
+}
+
+func TestHalfCloseAfterPipelining(t *testing.T) {
+	// Requests sent before the client's FIN are still answered: only a
+	// hangup with nothing unread cancels the running request.
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+			w.WriteHeader(http.StatusTeapot)
+		case <-time.After(50 * time.Millisecond):
+			fmt.Fprint(w, r.URL.Path)
+		}
+	}))
+	c := dial(t, addr)
+	c.send("GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+	must.NoError(t, c.c.(*net.TCPConn).CloseWrite())
+	resp, body := c.read("GET")
+	must.EqOp(t, 200, resp.StatusCode)
+	must.EqOp(t, "/a", body)
+	// The last one, with nothing after it, sees the hangup (as net/http's
+	// server, which cancels on the EOF of its background read).
+	resp, _ = c.read("GET")
+	must.EqOp(t, http.StatusTeapot, resp.StatusCode)
 }
 
 func TestAbortHandlerCutsResponse(t *testing.T) {

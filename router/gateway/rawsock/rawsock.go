@@ -182,3 +182,6 @@ func (c *Conn) Relay(buf []byte, fn func(p []byte) (done bool, err error)) error
 	}
 	return ferr
 }
+
+// SyscallConn returns the wrapped connection's raw conn.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
