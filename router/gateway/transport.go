@@ -95,9 +95,16 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		stop()
 		return nil, err
 	}
-	if err := pc.bw.Flush(); err != nil {
+	var ferr error
+	if rc, ok := pc.c.(*rawsock.Conn); ok {
+		// No read that only sees EAGAIN before the engine answers.
+		ferr = rc.WriteThenAwaitRead(pc.bw.Flush)
+	} else {
+		ferr = pc.bw.Flush()
+	}
+	if ferr != nil {
 		stop()
-		return nil, err
+		return nil, ferr
 	}
 	resp, err := readResponse(pc.br, req)
 	// Skip interim responses (100 Continue, 103 Early Hints): the final one follows.

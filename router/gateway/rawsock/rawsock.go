@@ -183,5 +183,27 @@ func (c *Conn) Relay(buf []byte, fn func(p []byte) (done bool, err error)) error
 	return ferr
 }
 
+// WriteThenAwaitRead calls write (which writes to c, e.g. a request), then
+// waits until c is readable (e.g. its response began), without the read
+// that would only see EAGAIN. The wait is armed before write runs, so
+// bytes arriving during or after it are not missed. A deadline or closing c
+// interrupts the wait; write's error is returned as is.
+func (c *Conn) WriteThenAwaitRead(write func() error) error {
+	first := true
+	var werr error
+	err := c.rc.Read(func(uintptr) bool {
+		if first {
+			first = false
+			werr = write()
+			return werr != nil
+		}
+		return true
+	})
+	if werr != nil {
+		return werr
+	}
+	return err
+}
+
 // SyscallConn returns the wrapped connection's raw conn.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
