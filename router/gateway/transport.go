@@ -98,7 +98,7 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 	var ferr error
 	if rc, ok := pc.c.(*rawsock.Conn); ok {
 		// No read that only sees EAGAIN before the engine answers.
-		ferr = rc.WriteThenAwaitRead(pc.bw.Flush)
+		ferr = rc.WriteThenAwaitRead(pc.bw)
 	} else {
 		ferr = pc.bw.Flush()
 	}

@@ -36,6 +36,10 @@ type Conn struct {
 	wn      int
 	werr    error
 	writeFn func(uintptr) bool
+	aw      interface{ Flush() error } // WriteThenAwaitRead's state
+	awFirst bool
+	awErr   error
+	awaitFn func(uintptr) bool
 }
 
 type syscallConn interface {
@@ -183,26 +187,32 @@ func (c *Conn) Relay(buf []byte, fn func(p []byte) (done bool, err error)) error
 	return ferr
 }
 
-// WriteThenAwaitRead calls write (which writes to c, e.g. a request), then
+// WriteThenAwaitRead flushes w (which writes to c, e.g. a request), then
 // waits until c is readable (e.g. its response began), without the read
-// that would only see EAGAIN. The wait is armed before write runs, so
-// bytes arriving during or after it are not missed. A deadline or closing c
-// interrupts the wait; write's error is returned as is.
-func (c *Conn) WriteThenAwaitRead(write func() error) error {
-	first := true
-	var werr error
-	err := c.rc.Read(func(uintptr) bool {
-		if first {
-			first = false
-			werr = write()
-			return werr != nil
-		}
-		return true
-	})
+// that would only see EAGAIN. The wait is armed before the flush, so bytes
+// arriving during or after it are not missed. A deadline or closing c
+// interrupts the wait; the flush's error is returned as is.
+func (c *Conn) WriteThenAwaitRead(w interface{ Flush() error }) error {
+	c.aw, c.awFirst, c.awErr = w, true, nil
+	if c.awaitFn == nil {
+		c.awaitFn = c.doAwait // bound once: no allocation per call
+	}
+	err := c.rc.Read(c.awaitFn)
+	werr := c.awErr
+	c.aw, c.awErr = nil, nil
 	if werr != nil {
 		return werr
 	}
 	return err
+}
+
+func (c *Conn) doAwait(uintptr) bool {
+	if c.awFirst {
+		c.awFirst = false
+		c.awErr = c.aw.Flush()
+		return c.awErr != nil
+	}
+	return true
 }
 
 // SyscallConn returns the wrapped connection's raw conn.

@@ -149,7 +149,7 @@ func TestWriteThenAwaitRead(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // the wait must last until the answer
 		_, _ = peer.Write(b)
 	}()
-	must.NoError(t, c.WriteThenAwaitRead(func() error { _, err := c.Write([]byte("ping")); return err }))
+	must.NoError(t, c.WriteThenAwaitRead(flushFunc(func() error { _, err := c.Write([]byte("ping")); return err })))
 	buf := make([]byte, 8)
 	n, err := c.Read(buf)
 	must.NoError(t, err)
@@ -157,16 +157,20 @@ func TestWriteThenAwaitRead(t *testing.T) {
 
 	// An answer that came at once (during the write) is not missed.
 	go func() { _, _ = io.Copy(peer, peer) }()
-	must.NoError(t, c.WriteThenAwaitRead(func() error { _, err := c.Write([]byte("echo")); return err }))
+	must.NoError(t, c.WriteThenAwaitRead(flushFunc(func() error { _, err := c.Write([]byte("echo")); return err })))
 	n, err = c.Read(buf)
 	must.NoError(t, err)
 	must.Eq(t, "echo", string(buf[:n]))
 
 	boom := errors.New("boom")
-	must.ErrorIs(t, c.WriteThenAwaitRead(func() error { return boom }), boom)
+	must.ErrorIs(t, c.WriteThenAwaitRead(flushFunc(func() error { return boom })), boom)
 
 	// A deadline interrupts the wait.
 	must.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
-	err = c.WriteThenAwaitRead(func() error { return nil })
+	err = c.WriteThenAwaitRead(flushFunc(func() error { return nil }))
 	must.ErrorIs(t, err, os.ErrDeadlineExceeded)
 }
+
+type flushFunc func() error
+
+func (f flushFunc) Flush() error { return f() }
