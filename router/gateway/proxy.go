@@ -221,14 +221,17 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			hdr[k] = vs // shared, never modified: Set and Del replace map entries
 		}
 	}
+	// One allocation for the upstream request's parts and the relay's state.
+	st := &forwarding{}
 	var up *http.Request
 	if wk.Upstream == "" {
 		// Built from the parsed client URL: no URL string to parse again.
-		u := &url.URL{Scheme: "http", Host: wk.Address, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
-		up = (&http.Request{Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: hdr, Host: wk.Address, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
-			GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
-		}).WithContext(ctx)
+		st.u = url.URL{Scheme: "http", Host: wk.Address, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+		st.body.Reset(body)
+		// No GetBody: the transport rewinds the body (a Seeker) to resend it.
+		st.up = http.Request{Method: http.MethodPost, URL: &st.u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: hdr, Host: wk.Address, Body: &st.body, ContentLength: int64(len(body))}
+		up = st.up.WithContext(ctx)
 	} else {
 		// A hosted API: its base URL already ends in /v1, like the request path starts.
 		target := strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
@@ -267,61 +270,43 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	h.Set("X-Request-Id", reqID)
 	rec.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
-	rc := http.NewResponseController(w)
 	// Headers go out with the first body bytes (one write, not two); an
 	// empty body is flushed at the end by the server.
 
-	usage := usageScanner{sse: f.Stream}
 	bp := g.bufs.Get().(*[]byte)
 	defer g.bufs.Put(bp)
 	buf := *bp
-	clientGone := false
-	// relay sends one read's worth of the engine's body to the client.
-	relay := func(data []byte, last bool) error {
-		if len(data) == 0 {
-			return nil
-		}
-		usage.feed(data)
-		if _, werr := w.Write(data); werr != nil {
-			clientGone = true
-			return werr
-		}
-		// One flush per read: engines write one SSE event per chunk, so
-		// every event reaches the client as soon as it arrives. When the
-		// engine's end of body came with these bytes the server's final
-		// write sends them with the terminator, in one syscall.
-		if !last {
-			_ = rc.Flush()
-		}
-		if f.Stream && !rec.ttftDone && resp.StatusCode == http.StatusOK {
-			// A stream's first event carries the first token; a whole
-			// response would time the decode too, so only streams teach.
-			pre.FirstToken(time.Since(sent))
-		}
-		rec.firstByte()
-		return nil
+	rl := &st.relay
+	*rl = relayer{w: w, usage: usageScanner{sse: f.Stream}, rec: rec, pre: pre, sent: sent,
+		timeFirst: f.Stream && resp.StatusCode == http.StatusOK}
+	if fl, ok := w.(http.Flusher); ok {
+		rl.fl = fl
+	} else {
+		rl.fl = controllerFlusher{http.NewResponseController(w)}
 	}
 	var rerr error
 	if sb, ok := resp.Body.(streamer); ok {
 		// The engine's chunks are decoded where they were read and waits
 		// between events skip the read that only sees EAGAIN.
-		rerr = sb.stream(buf, relay)
+		rerr = sb.stream(buf, rl)
 	} else {
 		rerr = errStreamUnsupported
 	}
 	if rerr == errStreamUnsupported {
 		rerr = nil
-		for !clientGone && rerr == nil {
+		for !rl.clientGone && rerr == nil {
 			var n int
 			n, rerr = resp.Body.Read(buf)
 			if n > 0 {
-				_ = relay(buf[:n], rerr != nil)
+				_ = rl.emit(buf[:n], rerr != nil)
 			}
 		}
 		if rerr == io.EOF {
 			rerr = nil
 		}
 	}
+	clientGone := rl.clientGone
+	usage := &rl.usage
 	if clientGone {
 		rec.status = 499
 		return false, nil // client gone; ctx cancels the upstream
@@ -354,7 +339,64 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 // streamer is the engine transport's body, which relays chunked bodies
 // itself (body.stream).
 type streamer interface {
-	stream(buf []byte, emit func(data []byte, last bool) error) error
+	stream(buf []byte, em emitter) error
+}
+
+// forwarding is one forward's upstream request parts and relay state, in a
+// single allocation.
+type forwarding struct {
+	u     url.URL
+	body  reqBody
+	up    http.Request
+	relay relayer
+}
+
+// reqBody is the upstream request's body: the client's bytes, rewindable.
+type reqBody struct{ bytes.Reader }
+
+func (*reqBody) Close() error { return nil }
+
+// controllerFlusher flushes writers that only unwrap to a flusher.
+type controllerFlusher struct{ rc *http.ResponseController }
+
+func (c controllerFlusher) Flush() { _ = c.rc.Flush() }
+
+// relayer sends the engine's body to the client, one read at a time.
+type relayer struct {
+	w          http.ResponseWriter
+	fl         http.Flusher
+	usage      usageScanner
+	rec        *outcome
+	pre        *scoring.Prefill
+	sent       time.Time
+	timeFirst  bool // a stream's first event teaches the worker's prefill rate
+	clientGone bool
+}
+
+// emit sends one read's worth of the engine's body to the client.
+func (rl *relayer) emit(data []byte, last bool) error {
+	if len(data) == 0 {
+		return nil
+	}
+	rl.usage.feed(data)
+	if _, werr := rl.w.Write(data); werr != nil {
+		rl.clientGone = true
+		return werr
+	}
+	// One flush per read: engines write one SSE event per chunk, so
+	// every event reaches the client as soon as it arrives. When the
+	// engine's end of body came with these bytes the server's final
+	// write sends them with the terminator, in one syscall.
+	if !last {
+		rl.fl.Flush()
+	}
+	if rl.timeFirst && !rl.rec.ttftDone {
+		// A stream's first event carries the first token; a whole
+		// response would time the decode too, so only streams teach.
+		rl.pre.FirstToken(time.Since(rl.sent))
+	}
+	rl.rec.firstByte()
+	return nil
 }
 
 // copyHeaders sets dst's end-to-end headers from src, sharing the value
@@ -380,15 +422,16 @@ func estimateTokens(bodyLen int, f requestFields) int64 {
 // readBody reads the request body, at most max bytes. A body of known
 // length is read into a buffer of exactly that size.
 func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
-	rd := http.MaxBytesReader(w, r.Body, max)
 	if n := r.ContentLength; n >= 0 && n <= max {
+		// The server stops the body at its declared length: no limit
+		// reader needed.
 		b := make([]byte, n)
-		if _, err := io.ReadFull(rd, b); err != nil {
+		if _, err := io.ReadFull(r.Body, b); err != nil {
 			return nil, err
 		}
 		return b, nil
 	}
-	return io.ReadAll(rd)
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 }
 
 // requestIDs generates X-Request-Id values: a random per-process prefix and a

@@ -41,11 +41,26 @@ type Transport struct {
 }
 
 type pconn struct {
-	c      net.Conn
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	host   string
-	idleAt time.Time
+	c        net.Conn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	host     string
+	idleAt   time.Time
+	onCancel func() // pc.cancel, bound once: no closure per request
+}
+
+// cancel unblocks any read or write on the connection: a past deadline.
+func (pc *pconn) cancel() { _ = pc.c.SetDeadline(time.Unix(1, 0)) }
+
+// exchange holds one response's parsed head and body state in a single
+// allocation (the fast path of readResponse).
+type exchange struct {
+	resp http.Response
+	te   [1]string
+	vals [8]string
+	cb   chunkedBody
+	lb   lengthBody
+	body body
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -69,11 +84,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// A pooled connection the engine closed while idle fails before any
 		// response byte: send again on a fresh one (the request never reached
 		// the engine's handler).
-		if reused && attempt == 0 && ctx.Err() == nil && staleConnErr(err) && req.GetBody != nil {
-			body, berr := req.GetBody()
-			if berr == nil {
-				req.Body = body
-				continue
+		if reused && attempt == 0 && ctx.Err() == nil && staleConnErr(err) {
+			if req.GetBody != nil {
+				body, berr := req.GetBody()
+				if berr == nil {
+					req.Body = body
+					continue
+				}
+			} else if s, ok := req.Body.(io.Seeker); ok {
+				// A body that can rewind itself (the gateway's) needs no GetBody closure.
+				if _, serr := s.Seek(0, io.SeekStart); serr == nil {
+					continue
+				}
 			}
 		}
 		if ctx.Err() != nil {
@@ -90,7 +112,7 @@ func staleConnErr(err error) bool {
 
 func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 	// Cancellation: a past deadline unblocks any read or write on the conn.
-	stop := context.AfterFunc(req.Context(), func() { _ = pc.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(req.Context(), pc.onCancel)
 	if err := writeRequest(pc.bw, req); err != nil {
 		stop()
 		return nil, err
@@ -106,16 +128,21 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		stop()
 		return nil, ferr
 	}
-	resp, err := readResponse(pc.br, req)
+	resp, x, err := readResponse(pc.br, req)
 	// Skip interim responses (100 Continue, 103 Early Hints): the final one follows.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, err = readResponse(pc.br, req)
+		resp, x, err = readResponse(pc.br, req)
 	}
 	if err != nil {
 		stop()
 		return nil, err
 	}
-	resp.Body = &body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close}
+	b := &body{}
+	if x != nil {
+		b = &x.body
+	}
+	*b = body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close}
+	resp.Body = b
 	return resp, nil
 }
 
@@ -181,14 +208,22 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	}
 	if hasBody || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
 		_, _ = w.WriteString("Content-Length: ")
-		_, _ = w.WriteString(strconv.FormatInt(req.ContentLength, 10))
+		writeDecimal(w, req.ContentLength)
 		_, _ = w.WriteString("\r\n")
 	}
 	_, err := w.WriteString("\r\n")
 	if err != nil || !hasBody {
 		return err
 	}
-	n, err := io.Copy(w, io.LimitReader(req.Body, req.ContentLength))
+	var n int64
+	if br, ok := req.Body.(interface {
+		io.WriterTo
+		Len() int
+	}); ok && int64(br.Len()) == req.ContentLength {
+		n, err = br.WriteTo(w) // the gateway's bytes: no LimitReader
+	} else {
+		n, err = io.Copy(w, io.LimitReader(req.Body, req.ContentLength))
+	}
 	_ = req.Body.Close()
 	if err != nil {
 		return err
@@ -208,6 +243,14 @@ type body struct {
 	reusable bool
 	eof      bool
 	closed   bool
+	d        chunkDecoder // stream's state
+	em       emitter
+}
+
+// emitter takes what stream relays: one read's decoded data, and whether
+// the body ended with it.
+type emitter interface {
+	emit(data []byte, last bool) error
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -227,57 +270,61 @@ type emitError struct{ err error }
 func (e emitError) Error() string { return e.err.Error() }
 func (e emitError) Unwrap() error { return e.err }
 
-// stream relays an unread chunked body: it calls emit once per read from
+// stream relays an unread chunked body: it calls em.emit once per read from
 // the engine with that read's decoded data (possibly empty) and last set
 // when the body ended with it. Waiting between reads happens in the
 // netpoller without the extra read that returns EAGAIN (rawsock.Relay).
 // errStreamUnsupported means nothing was read: use Read instead. An error
 // from emit comes back as an emitError.
-func (b *body) stream(buf []byte, emit func(data []byte, last bool) error) error {
+func (b *body) stream(buf []byte, em emitter) error {
 	rc, ok := b.pc.c.(*rawsock.Conn)
 	if _, chunked := b.rc.(*chunkedBody); !ok || !chunked || b.eof || len(buf) < b.pc.br.Size() {
 		return errStreamUnsupported
 	}
-	var d chunkDecoder
-	feed := func(p []byte) (bool, error) {
-		data, n, done, err := d.decode(p)
-		if err != nil {
-			// The data before the bad framing still goes out (and is
-			// flushed), as net/http's reader returns it before the error.
-			if len(data) > 0 {
-				if err := emit(data, false); err != nil {
-					return true, emitError{err}
-				}
-			}
-			return true, io.ErrUnexpectedEOF
-		}
-		if done {
-			b.eof = true
-			if n < len(p) {
-				b.reusable = false // bytes after the body: do not trust the connection
-			}
-		}
-		if len(data) > 0 || done {
-			if err := emit(data, done); err != nil {
-				return true, emitError{err}
-			}
-		}
-		return done, nil
-	}
+	b.d, b.em = chunkDecoder{}, em
+	defer func() { b.em = nil }()
 	// What came with the response head is decoded first.
 	if k := b.pc.br.Buffered(); k > 0 {
 		pend, _ := b.pc.br.Peek(k)
 		n := copy(buf, pend)
 		_, _ = b.pc.br.Discard(n)
-		if done, err := feed(buf[:n]); done || err != nil {
+		if done, err := b.Feed(buf[:n]); done || err != nil {
 			return err
 		}
 	}
-	err := rc.Relay(buf, feed)
+	err := rc.RelayTo(buf, b)
 	if err == io.EOF {
 		err = io.ErrUnexpectedEOF // the engine closed before the body's end
 	}
 	return err
+}
+
+// Feed decodes one read of the chunked body in place and emits its data
+// (rawsock.Sink, for stream).
+func (b *body) Feed(p []byte) (bool, error) {
+	data, n, done, err := b.d.decode(p)
+	if err != nil {
+		// The data before the bad framing still goes out (and is
+		// flushed), as net/http's reader returns it before the error.
+		if len(data) > 0 {
+			if err := b.em.emit(data, false); err != nil {
+				return true, emitError{err}
+			}
+		}
+		return true, io.ErrUnexpectedEOF
+	}
+	if done {
+		b.eof = true
+		if n < len(p) {
+			b.reusable = false // bytes after the body: do not trust the connection
+		}
+	}
+	if len(data) > 0 || done {
+		if err := b.em.emit(data, done); err != nil {
+			return true, emitError{err}
+		}
+	}
+	return done, nil
 }
 
 func (b *body) Close() error {
@@ -326,7 +373,9 @@ func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error)
 		return nil, false, err
 	}
 	c = rawsock.Wrap(c)
-	return &pconn{c: c, br: bufio.NewReaderSize(c, 8<<10), bw: bufio.NewWriterSize(c, 4<<10), host: host}, false, nil
+	pc := &pconn{c: c, br: bufio.NewReaderSize(c, 8<<10), bw: bufio.NewWriterSize(c, 4<<10), host: host}
+	pc.onCancel = pc.cancel
+	return pc, false, nil
 }
 
 // put pools pc. Only connections whose cancellation hook never fired come
@@ -368,21 +417,25 @@ func (t *Transport) CloseIdle() {
 
 // readResponse reads one response. A head that arrived whole (the usual
 // case: engines write it in one segment) with nothing unusual in it is parsed
-// here, with fewer allocations than textproto; anything else, before a byte
-// is consumed, goes to http.ReadResponse.
-func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+// here, with fewer allocations than textproto, into an exchange (returned,
+// for the transport's body); anything else, before a byte is consumed, goes
+// to http.ReadResponse (and x is nil).
+func readResponse(br *bufio.Reader, req *http.Request) (resp *http.Response, x *exchange, err error) {
 	if _, err := br.Peek(1); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	buf, _ := br.Peek(br.Buffered())
 	end := bytes.Index(buf, []byte("\r\n\r\n"))
 	if end < 0 {
-		return http.ReadResponse(br, req)
+		resp, err = http.ReadResponse(br, req)
+		return resp, nil, err
 	}
-	resp, ok := parseResponseHead(buf[:end+2])
-	if !ok {
-		return http.ReadResponse(br, req)
+	x = &exchange{}
+	if !parseResponseHeadInto(x, buf[:end+2]) {
+		resp, err = http.ReadResponse(br, req)
+		return resp, nil, err
 	}
+	resp = &x.resp
 	_, _ = br.Discard(end + 4)
 	resp.Request = req
 	switch {
@@ -393,9 +446,11 @@ func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 			resp.ContentLength = 0
 		}
 	case resp.TransferEncoding != nil:
-		resp.Body = &chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
+		x.cb = chunkedBody{br: br} // its decoder is made on the first Read: the stream relay decodes itself
+		resp.Body = &x.cb
 	case resp.ContentLength >= 0:
-		resp.Body = &lengthBody{br: br, n: resp.ContentLength}
+		x.lb = lengthBody{br: br, n: resp.ContentLength}
+		resp.Body = &x.lb
 		if resp.ContentLength == 0 {
 			resp.Body = http.NoBody
 		}
@@ -403,62 +458,87 @@ func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 		resp.Close = true // the body ends with the connection
 		resp.Body = io.NopCloser(br)
 	}
-	return resp, nil
+	return resp, x, nil
 }
 
 // parseResponseHead parses an HTTP/1.1 status line and headers, each line
 // ending in CRLF. ok is false for anything it does not handle itself.
 func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
+	x := &exchange{}
+	if !parseResponseHeadInto(x, b) {
+		return nil, false
+	}
+	return &x.resp, true
+}
+
+// parseResponseHeadInto is parseResponseHead into x.resp. The field values
+// are slices of one string copied from b.
+func parseResponseHeadInto(x *exchange, b []byte) bool {
 	line, rest, _ := bytes.Cut(b, []byte("\r\n"))
 	if len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || (len(line) > 12 && line[12] != ' ') {
-		return nil, false
+		return false
 	}
 	code := 0
 	for _, c := range line[9:12] {
 		if c < '0' || c > '9' {
-			return nil, false
+			return false
 		}
 		code = code*10 + int(c-'0')
 	}
 	if code < 100 {
-		return nil, false
+		return false
 	}
 	for _, c := range line[12:] {
 		if c < ' ' && c != '\t' || c == 0x7f {
-			return nil, false
+			return false
 		}
 	}
-	resp = &http.Response{Status: string(line[9:]), StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	status := "200 OK"
+	if string(line[9:]) != status {
+		status = string(line[9:])
+	}
+	resp := &x.resp
+	*resp = http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: make(http.Header, 8), ContentLength: -1}
-	vals := make([]string, 0, 8)
+	vals := x.vals[:0]
+	// One string for all field values: each value is a slice of it.
+	all := string(rest)
+	off := 0 // of rest within all
 	lengths := 0
 	for len(rest) > 0 {
-		line, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		var next []byte
+		line, next, _ = bytes.Cut(rest, []byte("\r\n"))
+		lineOff := off
+		off += len(rest) - len(next)
+		rest = next
 		k, v, found := bytes.Cut(line, []byte{':'})
 		if !found || !h1.IsToken(string(k)) {
-			return nil, false // also folded lines: their key starts with a space
+			return false // also folded lines: their key starts with a space
 		}
-		v = h1.TrimOWS(v)
-		if !h1.ValidValue(v) {
-			return nil, false
+		v0 := len(k) + 1
+		tv := h1.TrimOWS(v)
+		if !h1.ValidValue(tv) {
+			return false
 		}
 		key := h1.CanonicalKey(k)
-		vs := string(v)
+		start := lineOff + v0 + cap(v) - cap(tv) // tv is v without its surrounding spaces
+		vs := all[start : start+len(tv)]
 		switch key {
 		case "Content-Length":
 			n, err := strconv.ParseInt(vs, 10, 64)
 			if lengths++; lengths > 1 || err != nil || n < 0 || vs[0] == '+' {
-				return nil, false
+				return false
 			}
 			resp.ContentLength = n
 		case "Transfer-Encoding":
 			if resp.TransferEncoding != nil || vs != "chunked" {
-				return nil, false
+				return false
 			}
-			resp.TransferEncoding = []string{"chunked"}
+			x.te[0] = "chunked"
+			resp.TransferEncoding = x.te[:]
 			continue // as net/http: not left in the header map
 		case "Trailer":
-			return nil, false // declared trailers: net/http's business
+			return false // declared trailers: net/http's business
 		case "Connection":
 			for _, tok := range strings.Split(vs, ",") {
 				if strings.EqualFold(strings.Trim(tok, " \t"), "close") {
@@ -473,11 +553,11 @@ func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
 	}
 	if resp.TransferEncoding != nil {
 		if lengths > 0 {
-			return nil, false
+			return false
 		}
 		resp.ContentLength = -1
 	}
-	return resp, true
+	return true
 }
 
 // chunkedBody decodes a chunked body and consumes its trailer section, so
@@ -492,6 +572,9 @@ type chunkedBody struct {
 func (c *chunkedBody) Read(p []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
+	}
+	if c.r == nil {
+		c.r = httputil.NewChunkedReader(c.br)
 	}
 	n, err := c.r.Read(p)
 	if err == io.EOF {
@@ -537,3 +620,15 @@ func (l *lengthBody) Read(p []byte) (int, error) {
 }
 
 func (l *lengthBody) Close() error { return nil }
+
+// writeDecimal writes n ≥ 0 in decimal without the string
+// strconv.FormatInt would allocate.
+func writeDecimal(w *bufio.Writer, n int64) {
+	d := int64(1)
+	for d <= n/10 {
+		d *= 10
+	}
+	for ; d > 0; d /= 10 {
+		_ = w.WriteByte(byte('0' + n/d%10))
+	}
+}

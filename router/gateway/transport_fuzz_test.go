@@ -33,7 +33,7 @@ func FuzzParseResponse(f *testing.F) {
 			return
 		}
 		br := bufio.NewReaderSize(bytes.NewReader(in), 1<<16)
-		got, err := readResponse(br, req)
+		got, _, err := readResponse(br, req)
 		if err != nil {
 			t.Fatalf("fast path failed: %v", err)
 		}

@@ -40,7 +40,23 @@ type Conn struct {
 	awFirst bool
 	awErr   error
 	awaitFn func(uintptr) bool
+	rlBuf   []byte // RelayTo's state
+	rlSink  Sink
+	rlErr   error
+	relayFn func(uintptr) bool
 }
+
+// Sink receives what RelayTo reads.
+type Sink interface {
+	// Feed takes one read's bytes; done or an error ends the relay.
+	Feed(p []byte) (done bool, err error)
+}
+
+// SinkFunc adapts a function to Sink.
+type SinkFunc func(p []byte) (done bool, err error)
+
+// Feed calls f.
+func (f SinkFunc) Feed(p []byte) (bool, error) { return f(p) }
 
 type syscallConn interface {
 	SyscallConn() (syscall.RawConn, error)
@@ -153,38 +169,52 @@ func (c *Conn) CloseWrite() error {
 // fn runs on the calling goroutine and may block (e.g. writing elsewhere).
 // Nothing may read c concurrently.
 func (c *Conn) Relay(buf []byte, fn func(p []byte) (done bool, err error)) error {
+	return c.RelayTo(buf, SinkFunc(fn))
+}
+
+// RelayTo is Relay feeding s, with its state kept on c: no closure is
+// allocated per call.
+func (c *Conn) RelayTo(buf []byte, s Sink) error {
 	if len(buf) == 0 {
 		return io.ErrShortBuffer
 	}
-	var ferr error
-	err := c.rc.Read(func(fd uintptr) bool {
-		for {
-			n, e := read(fd, buf)
-			switch e {
-			case 0:
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			default:
-				ferr = os.NewSyscallError("read", e)
-				return true
-			}
-			if n == 0 {
-				ferr = io.EOF
-				return true
-			}
-			done, err := fn(buf[:n])
-			if done || err != nil {
-				ferr = err
-				return true
-			}
-		}
-	})
+	c.rlBuf, c.rlSink, c.rlErr = buf, s, nil
+	if c.relayFn == nil {
+		c.relayFn = c.doRelay // bound once
+	}
+	err := c.rc.Read(c.relayFn)
+	ferr := c.rlErr
+	c.rlBuf, c.rlSink, c.rlErr = nil, nil, nil
 	if err != nil {
 		return err
 	}
 	return ferr
+}
+
+func (c *Conn) doRelay(fd uintptr) bool {
+	buf := c.rlBuf
+	for {
+		n, e := read(fd, buf)
+		switch e {
+		case 0:
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.rlErr = os.NewSyscallError("read", e)
+			return true
+		}
+		if n == 0 {
+			c.rlErr = io.EOF
+			return true
+		}
+		done, err := c.rlSink.Feed(buf[:n])
+		if done || err != nil {
+			c.rlErr = err
+			return true
+		}
+	}
 }
 
 // WriteThenAwaitRead flushes w (which writes to c, e.g. a request), then
