@@ -73,7 +73,8 @@ type Gateway struct {
 	draining atomic.Bool
 	started  int64
 	mux      *http.ServeMux
-	bufs     sync.Pool // *[]byte response copy buffers
+	proxyH   http.Handler // the /v1 completion routes' handler, also reached without the mux
+	bufs     sync.Pool    // *[]byte response copy buffers
 	ids      *requestIDs
 }
 
@@ -101,8 +102,9 @@ func New(o Options) *Gateway {
 		g.upstream = NewTransport(o.DialTimeout)
 	}
 	mux := http.NewServeMux()
+	g.proxyH = g.authenticated(http.HandlerFunc(g.proxy))
 	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
-		mux.Handle("POST "+p, g.authenticated(http.HandlerFunc(g.proxy)))
+		mux.Handle("POST "+p, g.proxyH)
 	}
 	mux.Handle("GET /v1/models", g.authenticated(http.HandlerFunc(g.models)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
@@ -127,7 +129,18 @@ func NewTransport(dialTimeout time.Duration) *Transport {
 }
 
 // ServeHTTP implements http.Handler.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+// The proxied routes, which are clean paths the mux would match exactly,
+// skip the mux's path cleaning and pattern lookup.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && r.URL.RawPath == "" {
+		switch r.URL.Path {
+		case "/v1/chat/completions", "/v1/completions", "/v1/embeddings":
+			g.proxyH.ServeHTTP(w, r)
+			return
+		}
+	}
+	g.mux.ServeHTTP(w, r)
+}
 
 // Drain makes /ready fail so load balancers stop sending; in-flight requests
 // continue (http.Server.Shutdown waits for them).

@@ -112,9 +112,9 @@ func staleConnErr(err error) bool {
 
 func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 	// Cancellation: a past deadline unblocks any read or write on the conn.
-	stop := context.AfterFunc(req.Context(), pc.onCancel)
+	stop := onCancel(req.Context(), pc.onCancel)
 	if err := writeRequest(pc.bw, req); err != nil {
-		stop()
+		stop.Stop()
 		return nil, err
 	}
 	var ferr error
@@ -125,7 +125,7 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		ferr = pc.bw.Flush()
 	}
 	if ferr != nil {
-		stop()
+		stop.Stop()
 		return nil, ferr
 	}
 	resp, x, err := readResponse(pc.br, req)
@@ -134,7 +134,7 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		resp, x, err = readResponse(pc.br, req)
 	}
 	if err != nil {
-		stop()
+		stop.Stop()
 		return nil, err
 	}
 	b := &body{}
@@ -144,6 +144,36 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 	*b = body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close}
 	resp.Body = b
 	return resp, nil
+}
+
+// cancelHooker is a context that registers cancellation callbacks without
+// allocating (the h1 server's request context).
+type cancelHooker interface {
+	CancelHook(f func()) (id uint64)
+	StopHook(id uint64) bool
+}
+
+// cancelReg is one registration of onCancel.
+type cancelReg struct {
+	hc   cancelHooker
+	id   uint64
+	stop func() bool
+}
+
+// onCancel arranges for f to run once ctx is done, as context.AfterFunc.
+func onCancel(ctx context.Context, f func()) cancelReg {
+	if hc, ok := ctx.(cancelHooker); ok {
+		return cancelReg{hc: hc, id: hc.CancelHook(f)}
+	}
+	return cancelReg{stop: context.AfterFunc(ctx, f)}
+}
+
+// Stop is context.AfterFunc's stop: false when f already ran or was started.
+func (r cancelReg) Stop() bool {
+	if r.hc != nil {
+		return r.hc.StopHook(r.id)
+	}
+	return r.stop()
 }
 
 // writeRequest writes req as HTTP/1.1 to w. Requests with a known body
@@ -239,7 +269,7 @@ type body struct {
 	rc       io.ReadCloser
 	pc       *pconn
 	t        *Transport
-	stop     func() bool
+	stop     cancelReg
 	reusable bool
 	eof      bool
 	closed   bool
@@ -334,7 +364,7 @@ func (b *body) Close() error {
 	b.closed = true
 	// stop() is false when the context already fired: the conn has a past
 	// deadline and may have been cut mid-response.
-	if b.stop() && b.eof && b.reusable {
+	if b.stop.Stop() && b.eof && b.reusable {
 		_ = b.rc.Close()
 		b.t.put(b.pc)
 		return nil

@@ -2,7 +2,6 @@ package h1
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -111,8 +110,9 @@ func (cn *conn) handle(h *head) bool {
 	if cn.watched {
 		return cn.handleInline(h)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
+	ex := &exchange{}
+	b := &ex.b
+	*b = body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
 	var rbody io.ReadCloser = http.NoBody
 	switch {
 	case h.chunked:
@@ -134,24 +134,14 @@ func (cn *conn) handle(h *head) bool {
 	if !b.eof {
 		b.done = make(chan struct{})
 	}
-	r := &http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
-		Header: h.header, Body: rbody, ContentLength: max(h.contentLength, 0), Close: h.close, Host: h.host,
-		RemoteAddr: cn.remote, RequestURI: h.target}
-	if h.chunked {
-		r.ContentLength = -1
-		r.TransferEncoding = []string{"chunked"}
-	}
-	r = r.WithContext(ctx)
-	w := &response{cn: cn, req: r, header: make(http.Header, 8), cl: -1, body: b, minor: h.minor,
-		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0]}
-	b.w = w
+	r, w := ex.start(cn, h, rbody)
 	if cn.jobs == nil {
 		// One handler goroutine per connection, reused: a fresh goroutine
 		// per request grew its stack to the handler's depth every time.
 		cn.jobs, cn.done = make(chan job), make(chan struct{}, 1)
 		go cn.worker()
 	}
-	cn.jobs <- job{w: w, r: r, cancel: cancel}
+	cn.jobs <- job{w: w, r: r}
 
 	finished := false
 	if b.done != nil {
@@ -172,7 +162,7 @@ func (cn *conn) handle(h *head) bool {
 		// The handler is still running: wait for the client. Bytes mean the
 		// next request (answered after this one); an error means it left.
 		if _, err := cn.br.Peek(1); err != nil {
-			cancel()
+			ex.ctx.cancel()
 			<-cn.done
 			return false
 		}
@@ -193,8 +183,9 @@ func (cn *conn) handle(h *head) bool {
 // handleInline runs one request on the connection's goroutine; the hangup
 // watcher cancels it if the client leaves.
 func (cn *conn) handleInline(h *head) bool {
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
+	ex := &exchange{}
+	b := &ex.b
+	*b = body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
 	var rbody io.ReadCloser = http.NoBody
 	switch {
 	case h.chunked:
@@ -205,21 +196,11 @@ func (cn *conn) handleInline(h *head) bool {
 	default:
 		b.eof = true
 	}
-	r := &http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
-		Header: h.header, Body: rbody, ContentLength: max(h.contentLength, 0), Close: h.close, Host: h.host,
-		RemoteAddr: cn.remote, RequestURI: h.target}
-	if h.chunked {
-		r.ContentLength = -1
-		r.TransferEncoding = []string{"chunked"}
-	}
-	r = r.WithContext(ctx)
-	w := &response{cn: cn, req: r, header: make(http.Header, 8), cl: -1, body: b, minor: h.minor,
-		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0], cancel: cancel}
-	b.w = w
+	r, w := ex.start(cn, h, rbody)
 	if b.eof {
 		cn.arm(w)
 	} // else when the handler has read the body (body.end)
-	cn.run(w, r, cancel)
+	cn.run(w, r)
 	cn.cur.Store(nil)
 	if w.closeAfter {
 		return false
@@ -256,22 +237,48 @@ func (cn *conn) hangup() {
 }
 
 type job struct {
-	w      *response
-	r      *http.Request
-	cancel context.CancelFunc
+	w *response
+	r *http.Request
+}
+
+// exchange is one request's server-side state, in a single allocation.
+type exchange struct {
+	ctx reqCtx
+	b   body
+	r   http.Request
+	w   response
+	te  [1]string
+}
+
+// start fills in the request and response for h, whose body is ex.b.
+func (ex *exchange) start(cn *conn, h *head, rbody io.ReadCloser) (*http.Request, *response) {
+	ex.r = http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
+		Header: h.header, Body: rbody, ContentLength: max(h.contentLength, 0), Close: h.close, Host: h.host,
+		RemoteAddr: cn.remote, RequestURI: h.target}
+	if h.chunked {
+		ex.te[0] = "chunked"
+		ex.r.ContentLength = -1
+		ex.r.TransferEncoding = ex.te[:]
+	}
+	r := ex.r.WithContext(&ex.ctx)
+	w := &ex.w
+	*w = response{cn: cn, req: r, header: make(http.Header, 8), cl: -1, body: &ex.b, minor: h.minor,
+		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0], ctx: &ex.ctx}
+	ex.b.w = w
+	return r, w
 }
 
 // worker runs the connection's handlers, one at a time.
 func (cn *conn) worker() {
 	for j := range cn.jobs {
-		cn.run(j.w, j.r, j.cancel)
+		cn.run(j.w, j.r)
 		cn.done <- struct{}{}
 	}
 }
 
 // run calls the handler and finishes the response.
-func (cn *conn) run(w *response, r *http.Request, cancel context.CancelFunc) {
-	defer cancel()
+func (cn *conn) run(w *response, r *http.Request) {
+	defer w.ctx.cancel()
 	defer func() {
 		if p := recover(); p != nil {
 			if p != http.ErrAbortHandler {

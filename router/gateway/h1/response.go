@@ -1,7 +1,6 @@
 package h1
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -32,14 +31,14 @@ type response struct {
 	closeAfter  bool
 	err         error // sticky write error
 	body        *body
-	cancel      context.CancelFunc // the request's context (hangup watcher)
+	ctx         *reqCtx // the request's context (hangup watcher)
 }
 
 // hangup cancels the request when the client left with nothing unread in
 // the socket (pipelined requests are still answered).
 func (w *response) hangup() {
 	if unread(w.cn.raw) == 0 {
-		w.cancel()
+		w.ctx.cancel()
 	}
 }
 
@@ -163,8 +162,10 @@ func (w *response) commit(final bool, next []byte) {
 	w.committed = true
 	h := w.header
 	bodyOK := w.bodyAllowed()
-	var extra [3]string
+	// Lines the server adds, written after h without building strings.
+	var extra [2]string
 	n := 0
+	writeCL := false
 	switch {
 	case !bodyOK:
 		h.Del("Content-Length")
@@ -174,10 +175,7 @@ func (w *response) commit(final bool, next []byte) {
 		if w.head {
 			w.cl = w.written // what a GET would have sent
 		}
-		if !w.head || w.cl > 0 {
-			extra[n] = "Content-Length: " + strconv.FormatInt(w.cl, 10)
-			n++
-		}
+		writeCL = !w.head || w.cl > 0
 	case w.minor == 0:
 		w.closeAfter = true // no chunking in HTTP/1.0: the close ends the body
 	default:
@@ -202,9 +200,9 @@ func (w *response) commit(final bool, next []byte) {
 		extra[n] = "Connection: close"
 		n++
 	}
+	date := ""
 	if _, ok := h["Date"]; !ok {
-		extra[n] = "Date: " + *w.cn.srv.date.Load()
-		n++
+		date = *w.cn.srv.date.Load()
 	}
 	if _, ok := h["Content-Type"]; !ok && bodyOK && !w.head {
 		if sniff := w.pending; len(sniff) > 0 || len(next) > 0 {
@@ -217,6 +215,16 @@ func (w *response) commit(final bool, next []byte) {
 	bw := w.cn.bw
 	writeStatus(bw, w.status)
 	writeHeaders(bw, h, extra[:n])
+	if writeCL {
+		_, _ = bw.WriteString("Content-Length: ")
+		writeDecimal(bw, w.cl)
+		_, _ = bw.WriteString("\r\n")
+	}
+	if date != "" {
+		_, _ = bw.WriteString("Date: ")
+		_, _ = bw.WriteString(date)
+		_, _ = bw.WriteString("\r\n")
+	}
 	_, err := bw.WriteString("\r\n")
 	w.setErr(err)
 	p := w.pending
@@ -284,5 +292,17 @@ func writeHeaders(bw stringWriter, h http.Header, extra []string) {
 	for _, e := range extra {
 		_, _ = bw.WriteString(e)
 		_, _ = bw.WriteString("\r\n")
+	}
+}
+
+// writeDecimal writes n ≥ 0 in decimal without the string strconv would
+// allocate.
+func writeDecimal(bw interface{ WriteByte(byte) error }, n int64) {
+	d := int64(1)
+	for d <= n/10 {
+		d *= 10
+	}
+	for ; d > 0; d /= 10 {
+		_ = bw.WriteByte(byte('0' + n/d%10))
 	}
 }
