@@ -20,10 +20,6 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// hopHeaders are connection-level headers a proxy must not forward (RFC 9110 §7.6.1).
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
 // proxy serves POST /v1/{chat/completions,completions,embeddings}.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
@@ -217,8 +213,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 	hdr := make(http.Header, len(r.Header)+2)
 	for k, vs := range r.Header {
-		if !slices.Contains(hopHeaders, k) {
-			hdr[k] = vs // shared, never modified: Set and Del replace map entries
+		if !isHopHeader(k) {
+			hdr[k] = vs // shared, never modified: entries are replaced, not changed
 		}
 	}
 	// One allocation for the upstream request's parts and the relay's state.
@@ -244,14 +240,15 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if wk.Upstream != "" {
 		rt = g.hosted
 	}
-	up.Header.Del("Expect") // the body is already here; never wait for 100 Continue
+	// Canonical keys, set directly: Header.Set and Del canonicalise each time.
+	delete(up.Header, "Expect") // the body is already here; never wait for 100 Continue
 	switch {
 	case wk.UpstreamKey != "":
-		up.Header.Set("Authorization", "Bearer "+wk.UpstreamKey)
+		up.Header["Authorization"] = []string{"Bearer " + wk.UpstreamKey}
 	case g.opts.Auth != nil:
-		up.Header.Del("Authorization") // the router's key is not the engine's
+		delete(up.Header, "Authorization") // the router's key is not the engine's
 	}
-	up.Header.Set("X-Request-Id", reqID)
+	up.Header["X-Request-Id"] = []string{reqID}
 	up.ContentLength = int64(len(body))
 
 	sent := time.Now()
@@ -267,7 +264,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 	h := w.Header()
 	copyHeaders(h, resp.Header)
-	h.Set("X-Request-Id", reqID)
+	h["X-Request-Id"] = up.Header["X-Request-Id"] // the same one-element slice, never modified
 	rec.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
 	// Headers go out with the first body bytes (one write, not two); an
@@ -403,11 +400,22 @@ func (rl *relayer) emit(data []byte, last bool) error {
 // slices: src is the engine's response header, read by nobody else.
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
-		if slices.Contains(hopHeaders, k) {
+		if isHopHeader(k) {
 			continue
 		}
 		dst[k] = vs
 	}
+}
+
+// isHopHeader reports whether k (canonical) is a connection-level header a
+// proxy must not forward (RFC 9110 §7.6.1).
+func isHopHeader(k string) bool {
+	switch k {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
 }
 
 // estimateTokens approximates prompt (≈4 bytes per token) plus output tokens.

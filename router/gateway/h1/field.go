@@ -36,7 +36,42 @@ func ValidValue(v []byte) bool {
 
 // SafeToWrite reports whether v can be written as a field value (or request
 // line part) without ending the line early: no CR, LF or NUL.
-func SafeToWrite(v string) bool { return !strings.ContainsAny(v, "\r\n\x00") }
+func SafeToWrite(v string) bool {
+	// A byte loop: strings.ContainsAny builds a set on every call, and
+	// this runs for every header value written.
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c == '\r' || c == '\n' || c == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// internValue returns v as a string, without allocating for field values
+// the router's clients and engines commonly send.
+func internValue(v []byte) string {
+	switch string(v) {
+	case "application/json":
+		return "application/json"
+	case "text/event-stream":
+		return "text/event-stream"
+	case "gzip":
+		return "gzip"
+	case "Go-http-client/1.1":
+		return "Go-http-client/1.1"
+	case "*/*":
+		return "*/*"
+	case "keep-alive":
+		return "keep-alive"
+	case "close":
+		return "close"
+	case "chunked":
+		return "chunked"
+	case "no-cache":
+		return "no-cache"
+	}
+	return string(v)
+}
 
 // TrimOWS trims spaces and tabs around a field value (bytes.Trim builds its
 // cutset on every call).

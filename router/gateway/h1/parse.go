@@ -21,6 +21,9 @@ type head struct {
 	chunked        bool
 	close          bool // the client asked to close after this request (or HTTP/1.0)
 	expectContinue bool
+
+	u    url.URL    // url, when the target is a plain path
+	vals [12]string // backing array of single-valued header fields
 }
 
 // protoError is a request the server answers itself with status.
@@ -74,8 +77,11 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			return nil, badRequest("invalid request target"), nil
 		}
 	}
-	h.target = string(target)
-	if h.url, ok1 = fastPath(h.target); !ok1 {
+	h.target = internTarget(target)
+	if plainPath(h.target) {
+		h.u.Path = h.target
+		h.url = &h.u
+	} else {
 		if h.method == http.MethodConnect && h.target[0] != '/' {
 			return nil, &protoError{http.StatusMethodNotAllowed, "CONNECT is not supported"}, nil
 		}
@@ -86,7 +92,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 
 	h.header = make(http.Header, 8)
 	// One backing array for the common case of a single value per header.
-	vals := make([]string, 0, 12)
+	vals := h.vals[:0]
 	var hosts, lengths int
 	for {
 		line, err := readLine(br, &budget)
@@ -108,7 +114,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			return nil, badRequest("invalid header value"), nil
 		}
 		key := CanonicalKey(k)
-		vs := string(v)
+		vs := internValue(v)
 		switch key {
 		case "Host":
 			hosts++
@@ -202,19 +208,41 @@ func readLine(br *bufio.Reader, budget *int) ([]byte, error) {
 	return line, nil
 }
 
-// fastPath builds the URL of an origin-form target made only of characters
-// url.ParseRequestURI keeps as they are.
-func fastPath(t string) (*url.URL, bool) {
+// plainPath reports whether t is an origin-form target made only of
+// characters url.ParseRequestURI keeps as they are: its URL is just the path.
+func plainPath(t string) bool {
 	if t[0] != '/' || strings.HasPrefix(t, "//") {
-		return nil, false
+		return false
 	}
 	for i := 0; i < len(t); i++ {
 		c := t[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '/' || c == '-' || c == '_' || c == '.' || c == '~') {
-			return nil, false
+			return false
 		}
 	}
-	return &url.URL{Path: t}, true
+	return true
+}
+
+// internTarget returns t as a string, without allocating for the router's
+// own API paths.
+func internTarget(t []byte) string {
+	switch string(t) {
+	case "/v1/chat/completions":
+		return "/v1/chat/completions"
+	case "/v1/completions":
+		return "/v1/completions"
+	case "/v1/embeddings":
+		return "/v1/embeddings"
+	case "/v1/models":
+		return "/v1/models"
+	case "/health":
+		return "/health"
+	case "/ready":
+		return "/ready"
+	case "/metrics":
+		return "/metrics"
+	}
+	return string(t)
 }
 
 func internMethod(m []byte) string {
