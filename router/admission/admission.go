@@ -41,6 +41,36 @@ func New() *Controller { return &Controller{models: map[string]*gate{}} }
 // release func on success. It fails at once with ErrQueueFull when the queue
 // is full, with ErrQueueTimeout after lim.QueueTimeout, or with ctx's error.
 func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limits) (release func(), err error) {
+	if err := c.acquire(ctx, model, lim); err != nil {
+		return nil, err
+	}
+	return c.releaser(model, lim), nil
+}
+
+// Slot is an admitted request's in-flight slot (AcquireSlot).
+type Slot struct {
+	c     *Controller
+	model string
+	lim   policy.Limits
+}
+
+// AcquireSlot is Acquire returning the slot as a value, without the release
+// closure Acquire allocates: Release must be called exactly once.
+func (c *Controller) AcquireSlot(ctx context.Context, model string, lim policy.Limits) (Slot, error) {
+	if err := c.acquire(ctx, model, lim); err != nil {
+		return Slot{}, err
+	}
+	return Slot{c: c, model: model, lim: lim}, nil
+}
+
+// Release frees the slot.
+func (s Slot) Release() {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	s.c.handOff(s.model, s.c.models[s.model], s.lim)
+}
+
+func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limits) (err error) {
 	c.mu.Lock()
 	g := c.models[model]
 	if g == nil {
@@ -51,11 +81,11 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 	if lim.MaxInFlight <= 0 || (g.inFlight < lim.MaxInFlight && len(g.waiters) == 0) {
 		g.inFlight++
 		c.mu.Unlock()
-		return c.releaser(model, lim), nil
+		return nil
 	}
 	if len(g.waiters) >= lim.MaxQueue {
 		c.mu.Unlock()
-		return nil, ErrQueueFull
+		return ErrQueueFull
 	}
 	ch := make(chan struct{})
 	g.waiters = append(g.waiters, ch)
@@ -70,7 +100,7 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	select {
 	case <-ch:
-		return c.releaser(model, lim), nil
+		return nil
 	case <-timeout:
 		err = ErrQueueTimeout
 	case <-ctx.Done():
@@ -82,12 +112,12 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 		if w == ch {
 			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
 			c.queued(model, g)
-			return nil, err
+			return err
 		}
 	}
 	// Handed a slot while giving up: pass it on.
 	c.handOff(model, g, lim)
-	return nil, err
+	return err
 }
 
 // Queued returns the number of requests waiting for model.

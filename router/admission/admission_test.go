@@ -119,3 +119,27 @@ func TestModelsIndependent(t *testing.T) {
 	_, err = c.Acquire(context.Background(), "b", lim)
 	must.NoError(t, err)
 }
+
+func TestAcquireSlotHandsOffOnRelease(t *testing.T) {
+	c := New()
+	lim := policy.Limits{MaxInFlight: 1, MaxQueue: 1, QueueTimeout: time.Minute}
+	s, err := c.AcquireSlot(context.Background(), "m", lim)
+	must.NoError(t, err)
+	must.Eq(t, 1, c.InFlight("m"))
+	got := make(chan error, 1)
+	go func() {
+		s2, err := c.AcquireSlot(context.Background(), "m", lim)
+		if err == nil {
+			s2.Release()
+		}
+		got <- err
+	}()
+	for c.Queued("m") != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	_, err = c.AcquireSlot(context.Background(), "m", lim)
+	must.True(t, errors.Is(err, ErrQueueFull))
+	s.Release()
+	must.NoError(t, <-got)
+	must.Eq(t, 0, c.InFlight("m"))
+}

@@ -23,7 +23,9 @@ import (
 // proxy serves POST /v1/{chat/completions,completions,embeddings}.
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rec := &outcome{g: g, start: start, status: http.StatusOK}
+	ps := &proxyState{} // one allocation for the request's bookkeeping
+	rec := &ps.rec
+	*rec = outcome{g: g, start: start, status: http.StatusOK}
 	defer rec.done()
 
 	body, err := readBody(w, r, g.opts.MaxBodyBytes)
@@ -67,7 +69,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	pol := g.opts.Policy.Current().For(f.Model)
 
-	release, err := g.opts.Admission.Acquire(ctx, f.Model, pol.Limits)
+	slot, err := g.opts.Admission.AcquireSlot(ctx, f.Model, pol.Limits)
 	if err != nil {
 		switch {
 		case errors.Is(err, admission.ErrQueueFull):
@@ -83,9 +85,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	defer release()
+	defer slot.Release()
 
-	req := &scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream,
+	req := &ps.req
+	*req = scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream,
 		EstimatedTokens: estimateTokens(len(body), f)}
 	if g.opts.Prepare != nil {
 		g.opts.Prepare(req)
@@ -95,7 +98,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if reqID == "" {
 		reqID = g.ids.next()
 	}
-	var tried []*scoring.Worker
+	tried := ps.tried[:0]
 	for attempt := 0; attempt < 2; attempt++ {
 		cands := g.candidates(f.Model)
 		if len(tried) > 0 {
@@ -204,8 +207,9 @@ func (g *Gateway) contextFailed(w http.ResponseWriter, r *http.Request, rec *out
 // worker. A 5xx on the last attempt is passed to the client as the engine sent it.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
 	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields, pre *scoring.Prefill) (retryable bool, err error) {
-	end := wk.Live.Begin(estimateTokens(len(body), f))
-	defer end()
+	tokens := estimateTokens(len(body), f)
+	wk.Live.Enter(tokens)
+	defer wk.Live.Leave(tokens)
 	ws := g.m.Worker(wk.Model, wk.ID)
 	rec.ws = ws
 	ws.InFlight.Inc()
@@ -467,6 +471,13 @@ func (ids *requestIDs) next() string {
 		n >>= 4
 	}
 	return string(b[:])
+}
+
+// proxyState is what proxy keeps per request.
+type proxyState struct {
+	rec   outcome
+	req   scoring.Request
+	tried [2]*scoring.Worker
 }
 
 // outcome records one request's metrics exactly once.

@@ -271,3 +271,18 @@ func TestLiveBeginEnd(t *testing.T) {
 	end2()
 	must.Eq(t, int64(0), l.Snapshot().InFlightTokens)
 }
+
+func TestLiveEnterLeave(t *testing.T) {
+	l := NewLive()
+	l.Enter(10)
+	l.Enter(5)
+	s := l.Snapshot()
+	if s.InFlight != 2 || s.InFlightTokens != 15 {
+		t.Fatalf("after two Enters: in flight %d, tokens %d; want 2, 15", s.InFlight, s.InFlightTokens)
+	}
+	l.Leave(10)
+	s = l.Snapshot()
+	if s.InFlight != 1 || s.InFlightTokens != 5 {
+		t.Fatalf("after Leave: in flight %d, tokens %d; want 1, 5", s.InFlight, s.InFlightTokens)
+	}
+}

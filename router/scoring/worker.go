@@ -120,6 +120,18 @@ func (l *Live) Begin(tokens int64) (end func()) {
 	}
 }
 
+// Enter is Begin without the end closure: Leave(tokens) must follow exactly once.
+func (l *Live) Enter(tokens int64) {
+	l.inFlight.Add(1)
+	l.inFlightTokens.Add(tokens)
+}
+
+// Leave ends what Enter(tokens) began.
+func (l *Live) Leave(tokens int64) {
+	l.inFlight.Add(-1)
+	l.inFlightTokens.Add(-tokens)
+}
+
 // AddGenerated counts completion tokens an engine reported in a usage object.
 func (l *Live) AddGenerated(n int64) { l.generated.Add(n) }
 
