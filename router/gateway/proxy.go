@@ -215,10 +215,16 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	ws.InFlight.Inc()
 	defer ws.InFlight.Dec()
 
-	hdr := make(http.Header, len(r.Header)+2)
-	for k, vs := range r.Header {
-		if !isHopHeader(k) {
-			hdr[k] = vs // shared, never modified: entries are replaced, not changed
+	// The client's header goes upstream as it is when nothing in it needs
+	// removing (the usual case): only X-Request-Id is set in it, which the
+	// client's request carries on no further. Otherwise a copy is edited.
+	hdr := r.Header
+	if !g.forwardAsIs(r.Header, wk) {
+		hdr = make(http.Header, len(r.Header)+2)
+		for k, vs := range r.Header {
+			if !isHopHeader(k) {
+				hdr[k] = vs // shared, never modified: entries are replaced, not changed
+			}
 		}
 	}
 	// One allocation for the upstream request's parts and the relay's state.
@@ -391,7 +397,7 @@ func (rl *relayer) emit(data []byte, last bool) error {
 	if !last {
 		rl.fl.Flush()
 	}
-	if rl.timeFirst && !rl.rec.ttftDone {
+	if rl.timeFirst && rl.pre != nil && !rl.rec.ttftDone {
 		// A stream's first event carries the first token; a whole
 		// response would time the decode too, so only streams teach.
 		rl.pre.FirstToken(time.Since(rl.sent))
@@ -409,6 +415,20 @@ func copyHeaders(dst, src http.Header) {
 		}
 		dst[k] = vs
 	}
+}
+
+// forwardAsIs reports whether the client's header h needs no header removed
+// on its way to wk (see forward).
+func (g *Gateway) forwardAsIs(h http.Header, wk *scoring.Worker) bool {
+	if wk.UpstreamKey != "" || h == nil {
+		return false
+	}
+	for k := range h {
+		if isHopHeader(k) || k == "Expect" || k == "Authorization" && g.opts.Auth != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // isHopHeader reports whether k (canonical) is a connection-level header a
