@@ -51,7 +51,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	rec.model = f.Model
 
 	ctx := r.Context()
-	if v := r.Header.Get(DeadlineHeader); v != "" {
+	if v := firstValue(r.Header, DeadlineHeader); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms <= 0 {
 			rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_deadline", "",
@@ -94,7 +94,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		g.opts.Prepare(req)
 	}
 
-	reqID := r.Header.Get("X-Request-Id")
+	reqID := firstValue(r.Header, "X-Request-Id")
 	if reqID == "" {
 		reqID = g.ids.next()
 	}
@@ -272,9 +272,22 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return true, errors.New("engine answered " + resp.Status)
 	}
 
-	h := w.Header()
-	copyHeaders(h, resp.Header)
-	h["X-Request-Id"] = up.Header["X-Request-Id"] // the same one-element slice, never modified
+	reqIDs := up.Header["X-Request-Id"] // one element, never modified: shared
+	if hs, ok := w.(headerSetter); ok && resp.Header != nil {
+		// The engine's response header is the router's own: edited in
+		// place and handed to the server instead of copied.
+		for k := range resp.Header {
+			if isHopHeader(k) {
+				delete(resp.Header, k)
+			}
+		}
+		resp.Header["X-Request-Id"] = reqIDs
+		if !hs.SetHeader(resp.Header) {
+			copyHeaders(w.Header(), resp.Header)
+		}
+	} else {
+		copyResponseHeader(w.Header(), resp.Header, reqIDs)
+	}
 	rec.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
 	// Headers go out with the first body bytes (one write, not two); an
@@ -406,6 +419,14 @@ func (rl *relayer) emit(data []byte, last bool) error {
 	return nil
 }
 
+// headerSetter is a ResponseWriter that can take a header map over (h1).
+type headerSetter interface{ SetHeader(http.Header) bool }
+
+func copyResponseHeader(h, src http.Header, reqIDs []string) {
+	copyHeaders(h, src)
+	h["X-Request-Id"] = reqIDs
+}
+
 // copyHeaders sets dst's end-to-end headers from src, sharing the value
 // slices: src is the engine's response header, read by nobody else.
 func copyHeaders(dst, src http.Header) {
@@ -429,6 +450,15 @@ func (g *Gateway) forwardAsIs(h http.Header, wk *scoring.Worker) bool {
 		}
 	}
 	return true
+}
+
+// firstValue is h.Get(key) for a canonical key, without canonicalising it
+// again.
+func firstValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // isHopHeader reports whether k (canonical) is a connection-level header a
@@ -508,6 +538,7 @@ type outcome struct {
 	worker   string
 	status   int
 	ws       *metrics.WorkerSeries // the chosen worker's series, once forwarded
+	ms       *metrics.ModelSeries  // o.model's series, once the first byte went out
 	ttftDone bool
 	recorded bool
 }
@@ -515,7 +546,8 @@ type outcome struct {
 func (o *outcome) firstByte() {
 	if !o.ttftDone {
 		o.ttftDone = true
-		o.g.m.Model(o.model).TTFT.Observe(time.Since(o.start).Seconds())
+		o.ms = o.g.m.Model(o.model)
+		o.ms.TTFT.Observe(time.Since(o.start).Seconds())
 	}
 }
 
@@ -540,5 +572,9 @@ func (o *outcome) done() {
 	} else {
 		o.g.m.Requests.WithLabelValues(model, strconv.Itoa(o.status), o.worker).Inc()
 	}
-	o.g.m.Model(model).Duration.Observe(time.Since(o.start).Seconds())
+	ms := o.ms
+	if ms == nil || model != o.model {
+		ms = o.g.m.Model(model)
+	}
+	ms.Duration.Observe(time.Since(o.start).Seconds())
 }

@@ -262,7 +262,7 @@ func (ex *exchange) start(cn *conn, h *head, rbody io.ReadCloser) (*http.Request
 	}
 	r := ex.r.WithContext(&ex.ctx)
 	w := &ex.w
-	*w = response{cn: cn, req: r, header: make(http.Header, 8), cl: -1, body: &ex.b, minor: h.minor,
+	*w = response{cn: cn, req: r, cl: -1, body: &ex.b, minor: h.minor,
 		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0], ctx: &ex.ctx}
 	ex.b.w = w
 	return r, w

@@ -44,7 +44,26 @@ func (w *response) hangup() {
 
 var errContentLength = errors.New("h1: wrote more than the declared Content-Length")
 
-func (w *response) Header() http.Header { return w.header }
+// Header returns the header map, made on first use (a proxy may hand its
+// own over instead: SetHeader).
+func (w *response) Header() http.Header {
+	if w.header == nil {
+		w.header = make(http.Header, 8)
+	}
+	return w.header
+}
+
+// SetHeader makes h the response's header map, when nothing was set or
+// written yet: a proxy passes its upstream response's header on without
+// copying it. It reports whether it did; the caller must not change h
+// afterwards other than through the response.
+func (w *response) SetHeader(h http.Header) bool {
+	if w.wroteHeader || w.committed || len(w.header) > 0 || h == nil {
+		return false
+	}
+	w.header = h
+	return true
+}
 
 func (w *response) WriteHeader(code int) {
 	if w.wroteHeader || w.committed {
@@ -160,7 +179,7 @@ func (w *response) FlushError() error {
 // (for sniffing the content type when nothing was held back).
 func (w *response) commit(final bool, next []byte) {
 	w.committed = true
-	h := w.header
+	h := w.Header()
 	bodyOK := w.bodyAllowed()
 	// Lines the server adds, written after h without building strings.
 	var extra [2]string

@@ -459,3 +459,36 @@ func TestHeaderTimeoutClosesConnection(t *testing.T) {
 	c.send("GET / HTTP/1.1\r\nHost: h\r\n") // never finished
 	must.True(t, c.closed())
 }
+
+func TestSetHeader(t *testing.T) {
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hs := w.(interface{ SetHeader(http.Header) bool })
+		if r.URL.Path == "/set" {
+			if !hs.SetHeader(http.Header{"X-Handed": {"over"}}) {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+		} else {
+			w.Header().Set("X-Own", "1") // a header already set is not replaced
+			if hs.SetHeader(http.Header{"X-Handed": {"over"}}) {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "ok")
+		if hs.SetHeader(http.Header{"X-Late": {"1"}}) { // too late: written
+			panic("SetHeader after a write took the map")
+		}
+	}))
+	c := dial(t, addr)
+	c.send("GET /set HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp, body := c.read("GET")
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	must.Eq(t, "ok", body)
+	must.Eq(t, "over", resp.Header.Get("X-Handed"))
+	c.send("GET /own HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp, _ = c.read("GET")
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	must.Eq(t, "1", resp.Header.Get("X-Own"))
+	must.Eq(t, "", resp.Header.Get("X-Handed"))
+}
