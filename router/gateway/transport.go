@@ -536,11 +536,15 @@ func parseResponseHeadInto(x *exchange, b []byte) bool {
 	off := 0 // of rest within all
 	lengths := 0
 	for len(rest) > 0 {
-		var next []byte
-		line, next, _ = bytes.Cut(rest, []byte("\r\n"))
+		// Lines end in CRLF; a bare LF is left to net/http.
+		i := bytes.IndexByte(rest, '\n')
+		if i < 1 || rest[i-1] != '\r' {
+			return false
+		}
+		line = rest[:i-1]
 		lineOff := off
-		off += len(rest) - len(next)
-		rest = next
+		off += i + 1
+		rest = rest[i+1:]
 		k, v, found := bytes.Cut(line, []byte{':'})
 		if !found || !h1.IsToken(string(k)) {
 			return false // also folded lines: their key starts with a space

@@ -3,7 +3,6 @@ package h1
 import (
 	"net/http"
 	"net/textproto"
-	"strings"
 )
 
 // Header-field syntax (RFC 9110 §5), shared by this package's request
@@ -16,9 +15,23 @@ func IsToken[T string | []byte](b T) bool {
 		return false
 	}
 	for i := 0; i < len(b); i++ {
-		if c := b[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+		if !isTokenChar(b[i]) {
 			return false
 		}
+	}
+	return true
+}
+
+// isTokenChar reports whether c is an RFC 9110 tchar: a switch, not a
+// search of the delimiter string per byte (this runs for every field name
+// read or written).
+func isTokenChar(c byte) bool {
+	if c <= ' ' || c >= 0x7f {
+		return false
+	}
+	switch c {
+	case '"', '(', ')', ',', '/', ':', ';', '<', '=', '>', '?', '@', '[', '\\', ']', '{', '}':
+		return false
 	}
 	return true
 }
