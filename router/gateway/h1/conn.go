@@ -168,6 +168,13 @@ func (cn *conn) handle(h *head) bool {
 		}
 		<-cn.done
 	}
+	return keepAfter(w, b)
+}
+
+// keepAfter reports whether the connection serves another request after w
+// answered the request whose body is b: not when the response closes it, nor
+// when more of the body is left unread than is worth discarding.
+func keepAfter(w *response, b *body) bool {
 	if w.closeAfter {
 		return false
 	}
@@ -202,16 +209,7 @@ func (cn *conn) handleInline(h *head) bool {
 	} // else when the handler has read the body (body.end)
 	cn.run(w, r)
 	cn.cur.Store(nil)
-	if w.closeAfter {
-		return false
-	}
-	if !b.eof {
-		// Unread body the response promised to keep the connection for.
-		if _, err := io.Copy(io.Discard, io.LimitReader(b, maxDiscard+1)); err != nil || !b.eof {
-			return false
-		}
-	}
-	return true
+	return keepAfter(w, b)
 }
 
 // arm makes w cancellable by a hangup, once its request was read whole. A
