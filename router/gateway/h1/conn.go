@@ -105,6 +105,27 @@ func (cn *conn) serve() {
 	}
 }
 
+// openBody sets b up as the body of h's request and returns what the handler
+// reads (http.NoBody without one). With copyBuffered, a body that came whole
+// with the head (the usual small API request) is copied out, so the
+// connection's goroutine can wait on the socket at once.
+func (cn *conn) openBody(b *body, h *head, copyBuffered bool) io.ReadCloser {
+	*b = body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
+	switch {
+	case h.chunked:
+		b.chunked = httputil.NewChunkedReader(cn.br)
+	case copyBuffered && h.contentLength > 0 && int(h.contentLength) <= cn.br.Buffered():
+		buf := make([]byte, h.contentLength)
+		_, _ = io.ReadFull(cn.br, buf)
+		b.buf, b.remaining, b.eof = buf, 0, true
+	case h.contentLength > 0:
+	default:
+		b.eof = true
+		return http.NoBody
+	}
+	return b
+}
+
 // handle runs one request; false means the connection is done.
 func (cn *conn) handle(h *head) bool {
 	if cn.watched {
@@ -112,25 +133,7 @@ func (cn *conn) handle(h *head) bool {
 	}
 	ex := &exchange{}
 	b := &ex.b
-	*b = body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
-	var rbody io.ReadCloser = http.NoBody
-	switch {
-	case h.chunked:
-		b.chunked = httputil.NewChunkedReader(cn.br)
-		rbody = b
-	case h.contentLength > 0 && int(h.contentLength) <= cn.br.Buffered():
-		// The whole body came with the head (the usual small API request):
-		// hand the handler a copy, so this goroutine can wait on the
-		// connection at once.
-		buf := make([]byte, h.contentLength)
-		_, _ = io.ReadFull(cn.br, buf)
-		b.buf, b.remaining, b.eof = buf, 0, true
-		rbody = b
-	case h.contentLength > 0:
-		rbody = b
-	default:
-		b.eof = true
-	}
+	rbody := cn.openBody(b, h, true)
 	if !b.eof {
 		b.done = make(chan struct{})
 	}
@@ -192,18 +195,7 @@ func keepAfter(w *response, b *body) bool {
 func (cn *conn) handleInline(h *head) bool {
 	ex := &exchange{}
 	b := &ex.b
-	*b = body{br: cn.br, remaining: h.contentLength, expectContinue: h.expectContinue}
-	var rbody io.ReadCloser = http.NoBody
-	switch {
-	case h.chunked:
-		b.chunked = httputil.NewChunkedReader(cn.br)
-		rbody = b
-	case h.contentLength > 0:
-		rbody = b
-	default:
-		b.eof = true
-	}
-	r, w := ex.start(cn, h, rbody)
+	r, w := ex.start(cn, h, cn.openBody(b, h, false))
 	if b.eof {
 		cn.arm(w)
 	} // else when the handler has read the body (body.end)
