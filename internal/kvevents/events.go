@@ -25,11 +25,13 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Storage media vLLM names in events.
+// Storage media vLLM names in events, and DISK, which oasis-kvcached uses for
+// its SSD tier (and oasis-sim for the tier that models it).
 const (
 	MediumGPU     = "GPU"
 	MediumCPU     = "CPU"
 	MediumStorage = "STORAGE"
+	MediumDisk    = "DISK"
 )
 
 // Hash is an engine block hash as sent on the wire: an integer or a byte string. It is

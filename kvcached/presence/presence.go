@@ -44,7 +44,7 @@ import (
 // Media names the events use for kvcached's tiers.
 const (
 	MediumRAM  = kvevents.MediumCPU
-	MediumDisk = "DISK"
+	MediumDisk = kvevents.MediumDisk
 )
 
 // Config configures a Publisher.

@@ -650,7 +650,7 @@ func (e *Engine) allocate(s *sequence, hits []int32, n int) bool {
 			// Spilled when it enters CPU memory, as oasis-kvcached spills a
 			// new value: a block CPU memory still holds is on disk already
 			// (or was evicted there as colder than what was spilled since).
-			diskEv, _ = e.writeThrough(e.disk, mediumDisk, s, k, h, diskEv)
+			diskEv, _ = e.writeThrough(e.disk, kvevents.MediumDisk, s, k, h, diskEv)
 		}
 		if e.cfg.KVEvents {
 			if ev == nil {
@@ -674,10 +674,6 @@ func (e *Engine) allocate(s *sequence, hits []int32, n int) bool {
 	}
 	return true
 }
-
-// mediumDisk names the disk tier in KV events, as oasis-kvcached's presence
-// events do.
-const mediumDisk = "DISK"
 
 // writeThrough stores block k of s in tier t, extending the pending BlockStored
 // event of the tier's medium (or starting one) and reporting any eviction. It
