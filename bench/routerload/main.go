@@ -161,9 +161,12 @@ func main() {
 
 	if strings.Contains(*phases, "throughput") {
 		res := map[string]*result{}
+		perRound := map[string][]float64{} // req/s of each round, for paired ratios
 		for r := 0; r < *rounds; r++ {
 			for _, t := range targets {
-				res[t.name] = merge(res[t.name], run(t, func() *result { return closedLoop(client, t, body, *conc, *round) }))
+				got := run(t, func() *result { return closedLoop(client, t, body, *conc, *round) })
+				perRound[t.name] = append(perRound[t.name], float64(got.completed)/got.elapsed.Seconds())
+				res[t.name] = merge(res[t.name], got)
 			}
 		}
 		fmt.Printf("throughput phase: %d concurrent streaming clients, %d rounds × %s per target\n", *conc, *rounds, *round)
@@ -182,6 +185,10 @@ func main() {
 			}
 			fmt.Printf("throughput ratio router/%s: %.3f (goal ≥ 1.000: %s)\n", *peer, rps["router"]/p, verdict)
 			out["router_over_peer"] = rps["router"] / p
+			if rs := pairedRatios(perRound["router"], perRound[*peer]); len(rs) > 1 {
+				fmt.Printf("per-round ratios router/%s: %s\n", *peer, describeRatios(rs))
+				out["router_over_peer_rounds"] = rs
+			}
 		}
 		printCPU(res, targets, pids, *peer)
 		out["throughput"] = tp
@@ -295,6 +302,35 @@ func closedLoop(client *http.Client, t target, body string, conc int, d time.Dur
 	res.elapsed = d
 	_ = start
 	return res
+}
+
+// pairedRatios divides each round's req/s by the peer's in the same round:
+// adjacent rounds see nearly the same machine load, so the spread of these
+// ratios says how much of a whole-run ratio is noise.
+func pairedRatios(a, b []float64) []float64 {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			rs = append(rs, a[i]/b[i])
+		}
+	}
+	return rs
+}
+
+func describeRatios(rs []float64) string {
+	s := slices.Clone(rs)
+	slices.Sort(s)
+	above := 0
+	for _, r := range s {
+		if r >= 1 {
+			above++
+		}
+	}
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return fmt.Sprintf("median %.3f, min %.3f, max %.3f, %d of %d rounds ≥ 1", med, s[0], s[len(s)-1], above, len(s))
 }
 
 func merge(a, b *result) *result {
