@@ -2,6 +2,7 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/oasis-llm/oasis/router/gateway/rawsock"
 )
 
 // maxDiscard is how much of a request body a handler left unread is read
@@ -38,6 +41,48 @@ type conn struct {
 	raw      syscall.RawConn
 	gone     atomic.Bool              // the client hung up
 	cur      atomic.Pointer[response] // the running request, once read whole
+
+	// With hangups and a raw socket, requests are read and handled inside
+	// one rawsock Hold (serveHeld), which reports back through these.
+	rs       *rawsock.Conn
+	heldFn   func() bool
+	maxHead  int
+	held     heldExit
+	heldHead *head       // heldHandle: the request to handle outside Hold
+	heldPerr *protoError // heldReject
+	heldHow  closeHow    // heldDone: how to close
+}
+
+// heldExit is why serveHeld left its Hold.
+type heldExit int8
+
+const (
+	heldDone     heldExit = iota // the connection is done (heldHow says how to close it)
+	heldReadHead                 // a head longer than the read buffer: read it the usual way
+	heldHandle                   // heldHead's body is still to come: handle it the usual way
+	heldReject                   // heldPerr: answer it and close
+)
+
+// closeHow is how a connection ends after a request.
+type closeHow int8
+
+const (
+	keepOpen      closeHow = iota
+	closeNow               // close at once (a cut response, or an error)
+	closeGraceful          // FIN first (closeGracefully)
+	closeDrain             // FIN, then drop what the client still sends (closeDraining)
+)
+
+// closeAs ends the connection as how says.
+func (cn *conn) closeAs(how closeHow) {
+	switch how {
+	case closeNow:
+		cn.c.Close()
+	case closeGraceful:
+		closeGracefully(cn.c)
+	case closeDrain:
+		closeDraining(cn.c)
+	}
 }
 
 // closeIfIdle closes the connection when no request is being handled.
@@ -70,39 +115,138 @@ func (cn *conn) serve() {
 		s.forget(cn)
 		s.putBuffers(cn.br, cn.bw)
 	}()
-	max := s.MaxHeaderBytes
-	if max <= 0 {
-		max = 1 << 20
+	cn.maxHead = s.MaxHeaderBytes
+	if cn.maxHead <= 0 {
+		cn.maxHead = 1 << 20
+	}
+	if rs, ok := cn.c.(*rawsock.Conn); ok && cn.watched {
+		cn.rs, cn.heldFn = rs, cn.serveHeld
 	}
 	for {
-		if cn.br.Buffered() == 0 {
-			if _, err := cn.br.Peek(1); err != nil {
+		var h *head
+		if cn.rs != nil {
+			cn.held, cn.heldHead, cn.heldPerr, cn.heldHow = heldDone, nil, nil, closeNow
+			if err := cn.rs.Hold(cn.heldFn); err != nil {
+				return
+			}
+			switch cn.held {
+			case heldDone:
+				cn.closeAs(cn.heldHow)
+				return
+			case heldReject:
+				cn.protocolError(cn.heldPerr)
+				return
+			case heldHandle:
+				h = cn.heldHead
+			}
+			// heldReadHead: the state is stateHeader already.
+		} else {
+			if cn.br.Buffered() == 0 {
+				if _, err := cn.br.Peek(1); err != nil {
+					return
+				}
+			}
+			if !cn.startHead() {
 				return
 			}
 		}
-		// Losing this race to Shutdown or the sweeper closed the connection;
-		// winning it means a request that arrived during Shutdown is still
-		// answered (with Connection: close).
-		if !cn.state.CompareAndSwap(stateIdle, stateHeader) {
-			return
-		}
-		cn.last.Store(time.Now().UnixNano())
-		h, perr, err := readHead(cn.br, max)
-		if err != nil {
-			return
-		}
-		if perr != nil {
-			cn.state.Store(stateActive)
-			cn.protocolError(perr)
-			return
-		}
-		if !cn.state.CompareAndSwap(stateHeader, stateActive) {
-			return
+		if h == nil {
+			var perr *protoError
+			var err error
+			if h, perr, err = readHead(cn.br, cn.maxHead); err != nil {
+				return
+			}
+			if perr != nil {
+				cn.state.Store(stateActive)
+				cn.protocolError(perr)
+				return
+			}
+			if !cn.state.CompareAndSwap(stateHeader, stateActive) {
+				return
+			}
 		}
 		if !cn.handle(h) {
 			return
 		}
 	}
+}
+
+// startHead marks the connection as reading a request's head, on its first
+// byte. Losing this race to Shutdown or the sweeper closed the connection;
+// winning it means a request that arrived during Shutdown is still answered
+// (with Connection: close).
+func (cn *conn) startHead() bool {
+	if !cn.state.CompareAndSwap(stateIdle, stateHeader) {
+		return false
+	}
+	cn.last.Store(time.Now().UnixNano())
+	return true
+}
+
+// serveHeld reads and handles requests inside the socket's Hold, so that
+// waiting for the next keep-alive request needs no read that finds nothing
+// (see rawsock.Conn.Hold). It leaves the Hold (returning true, with cn.held
+// saying why) for whatever may block on reading the socket or close it: a
+// head longer than the read buffer, a body not all read with the head, a
+// rejected request, the connection's end. false waits for the socket.
+func (cn *conn) serveHeld() bool {
+	br := cn.br
+	for {
+		if br.Buffered() == 0 {
+			if cn.rs.Drained() {
+				// Nothing came since the last read: wait. Bytes that came
+				// meanwhile end the wait at once.
+				return false
+			}
+			if _, err := br.Peek(1); err != nil {
+				return !errors.Is(err, rawsock.ErrWouldBlock)
+			}
+		}
+		if cn.state.Load() != stateHeader && !cn.startHead() {
+			return true
+		}
+		buf, _ := br.Peek(br.Buffered())
+		if !headEnds(buf) {
+			if len(buf) == br.Size() {
+				cn.held = heldReadHead
+				return true
+			}
+			if _, err := br.Peek(len(buf) + 1); err != nil {
+				return !errors.Is(err, rawsock.ErrWouldBlock)
+			}
+			continue
+		}
+		// The whole head is buffered: readHead reads nothing from the socket.
+		h, perr, err := readHead(br, cn.maxHead)
+		if err != nil {
+			return true
+		}
+		if perr != nil {
+			cn.state.Store(stateActive)
+			cn.held, cn.heldPerr = heldReject, perr
+			return true
+		}
+		if !cn.state.CompareAndSwap(stateHeader, stateActive) {
+			return true
+		}
+		if h.chunked || h.contentLength > int64(br.Buffered()) {
+			cn.held, cn.heldHead = heldHandle, h
+			return true
+		}
+		// The body (if any) is buffered too: the handler's reads of it
+		// never reach the socket.
+		if how := cn.handleInline(h); how != keepOpen {
+			cn.heldHow = how
+			return true
+		}
+	}
+}
+
+// headEnds reports whether b holds the end of a request head (an empty line,
+// CRLF or LF terminated, as readLine reads them).
+func headEnds(b []byte) bool {
+	return bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\n\n")) ||
+		bytes.Contains(b, []byte("\n\r\n")) || bytes.HasPrefix(b, []byte("\n")) || bytes.HasPrefix(b, []byte("\r\n"))
 }
 
 // openBody sets b up as the body of h's request and returns what the handler
@@ -129,7 +273,9 @@ func (cn *conn) openBody(b *body, h *head, copyBuffered bool) io.ReadCloser {
 // handle runs one request; false means the connection is done.
 func (cn *conn) handle(h *head) bool {
 	if cn.watched {
-		return cn.handleInline(h)
+		how := cn.handleInline(h)
+		cn.closeAs(how)
+		return how == keepOpen
 	}
 	ex := &exchange{}
 	b := &ex.b
@@ -191,17 +337,21 @@ func keepAfter(w *response, b *body) bool {
 }
 
 // handleInline runs one request on the connection's goroutine; the hangup
-// watcher cancels it if the client leaves.
-func (cn *conn) handleInline(h *head) bool {
+// watcher cancels it if the client leaves. The caller closes the connection
+// as the result says.
+func (cn *conn) handleInline(h *head) closeHow {
 	ex := &exchange{}
 	b := &ex.b
 	r, w := ex.start(cn, h, cn.openBody(b, h, false))
 	if b.eof {
 		cn.arm(w)
 	} // else when the handler has read the body (body.end)
-	cn.run(w, r)
+	how := cn.run(w, r)
 	cn.cur.Store(nil)
-	return keepAfter(w, b)
+	if how == keepOpen && !keepAfter(w, b) {
+		how = closeNow
+	}
+	return how
 }
 
 // arm makes w cancellable by a hangup, once its request was read whole. A
@@ -261,13 +411,15 @@ func (ex *exchange) start(cn *conn, h *head, rbody io.ReadCloser) (*http.Request
 // worker runs the connection's handlers, one at a time.
 func (cn *conn) worker() {
 	for j := range cn.jobs {
-		cn.run(j.w, j.r)
+		cn.closeAs(cn.run(j.w, j.r))
 		cn.done <- struct{}{}
 	}
 }
 
-// run calls the handler and finishes the response.
-func (cn *conn) run(w *response, r *http.Request) {
+// run calls the handler and finishes the response; the caller closes the
+// connection as the result says (run may run inside a Hold, which must not
+// close it).
+func (cn *conn) run(w *response, r *http.Request) (how closeHow) {
 	defer w.ctx.cancel()
 	defer func() {
 		if p := recover(); p != nil {
@@ -279,7 +431,7 @@ func (cn *conn) run(w *response, r *http.Request) {
 			w.closeAfter = true
 			_ = cn.bw.Flush()
 			cn.state.Store(stateClosed)
-			cn.c.Close()
+			how = closeNow
 			return
 		}
 		w.finish()
@@ -287,9 +439,9 @@ func (cn *conn) run(w *response, r *http.Request) {
 			w.closeAfter = true
 			cn.state.Store(stateClosed)
 			if w.body.eof {
-				closeGracefully(cn.c)
+				how = closeGraceful
 			} else {
-				closeDraining(cn.c)
+				how = closeDrain
 			}
 			return
 		}
@@ -297,6 +449,7 @@ func (cn *conn) run(w *response, r *http.Request) {
 		cn.state.Store(stateIdle)
 	}()
 	cn.srv.Handler.ServeHTTP(w, r)
+	return keepOpen
 }
 
 // closeGracefully sends FIN before closing, so a response is not lost to a

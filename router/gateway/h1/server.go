@@ -263,7 +263,9 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for cn := range s.conns {
-		cn.c.Close()
+		// Not waiting: closing a connection whose handler runs inside its
+		// socket's Hold completes when the handler returns.
+		go cn.c.Close()
 	}
 	return nil
 }

@@ -53,6 +53,9 @@ func TestWorkerMode(t *testing.T) {
 		"ShutdownDrainsStreams":          TestShutdownDrainsStreams,
 		"ExpectContinue":                 TestExpectContinue,
 		"StreamingFlushesAndChunks":      TestStreamingFlushesAndChunks,
+		"RequestArrivingDuringHandler":   TestRequestArrivingDuringHandlerIsServed,
+		"SplitRequestsOnKeepAlive":       TestSplitRequestsOnKeepAlive,
+		"CloseWithHandlerRunning":        TestCloseWithHandlerRunning,
 	} {
 		t.Run(name, f)
 	}

@@ -13,6 +13,7 @@
 package rawsock
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -44,7 +45,16 @@ type Conn struct {
 	rlSink  Sink
 	rlErr   error
 	relayFn func(uintptr) bool
+	hold    func() bool // Hold's state
+	holdFn  func(uintptr) bool
+	hfd     uintptr
+	holding bool
+	drained bool
 }
+
+// ErrWouldBlock is what Read returns inside Hold when nothing is there to
+// read yet.
+var ErrWouldBlock = errors.New("rawsock: read would block")
 
 // Sink receives what RelayTo reads.
 type Sink interface {
@@ -85,6 +95,9 @@ func Wrap(c net.Conn) net.Conn {
 func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if c.holding {
+		return c.readHeld(p)
 	}
 	c.rp, c.rn, c.rerr = p, 0, nil
 	err := c.rc.Read(c.readFn)
@@ -243,6 +256,67 @@ func (c *Conn) doAwait(uintptr) bool {
 		return c.awErr != nil
 	}
 	return true
+}
+
+// Hold calls fn inside one RawConn.Read, repeatedly: fn returns true when it
+// is done, false to wait until c is readable, and is called again then. While
+// fn runs, Read on c makes one system call and returns ErrWouldBlock instead
+// of waiting.
+//
+// Why: every RawConn.Read (so every net.Conn Read) starts by resetting the
+// netpoller's record that c became readable, so a server that waits for a
+// keep-alive connection's next request must first read, see EAGAIN, and only
+// then wait: one futile system call per request. Within one RawConn.Read
+// nothing resets that record between waits, so fn may return false without
+// that read, once Drained says the socket had nothing more: data that came
+// while fn ran (e.g. while it handled a request) ends the wait at once.
+//
+// fn must not close c: Close waits until fn has returned (CloseWrite is
+// fine), which also means that closing c from another goroutine waits until
+// fn returns or waits. Only fn's goroutine may read c meanwhile.
+func (c *Conn) Hold(fn func() (done bool)) error {
+	c.hold = fn
+	if c.holdFn == nil {
+		c.holdFn = c.doHold // bound once
+	}
+	err := c.rc.Read(c.holdFn)
+	c.hold, c.holding = nil, false
+	return err
+}
+
+func (c *Conn) doHold(fd uintptr) bool {
+	// Called first or after a wait: what is readable is unknown.
+	c.hfd, c.holding, c.drained = fd, true, false
+	done := c.hold()
+	c.holding = false
+	return done
+}
+
+// Drained reports, inside Hold, whether the last read since fn was called
+// found the socket empty (EAGAIN) or returned less than asked for: anything
+// arriving later ends Hold's next wait at once, so fn may return false
+// without reading first.
+func (c *Conn) Drained() bool { return c.holding && c.drained }
+
+func (c *Conn) readHeld(p []byte) (int, error) {
+	for {
+		n, e := read(c.hfd, p)
+		switch e {
+		case 0:
+			c.drained = n < len(p)
+			if n == 0 {
+				return 0, io.EOF
+			}
+			return n, nil
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			c.drained = true
+			return 0, ErrWouldBlock
+		default:
+			return 0, os.NewSyscallError("read", e)
+		}
+	}
 }
 
 // SyscallConn returns the wrapped connection's raw conn.

@@ -174,3 +174,87 @@ func TestWriteThenAwaitRead(t *testing.T) {
 type flushFunc func() error
 
 func (f flushFunc) Flush() error { return f() }
+
+func TestHold(t *testing.T) {
+	c, peer := pair(t)
+	must.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second))) // a lost wakeup fails, not hangs
+	buf := make([]byte, 16)
+	calls := 0
+	err := c.Hold(func() bool {
+		calls++
+		switch calls {
+		case 1:
+			// Nothing yet: Read does not wait.
+			must.False(t, c.Drained())
+			_, err := c.Read(buf)
+			must.ErrorIs(t, err, ErrWouldBlock)
+			must.True(t, c.Drained())
+			// Bytes arriving now, with no read after them, end the wait
+			// that returning false starts.
+			_, err = peer.Write([]byte("ab"))
+			must.NoError(t, err)
+			return false
+		case 2:
+			must.False(t, c.Drained()) // after a wait: unknown
+			n, err := c.Read(buf)
+			must.NoError(t, err)
+			must.Eq(t, "ab", string(buf[:n]))
+			must.True(t, c.Drained()) // a short read
+			_, err = peer.Write([]byte("cdef"))
+			must.NoError(t, err)
+			n, err = c.Read(buf[:2]) // a full one: more may be there
+			must.NoError(t, err)
+			must.Eq(t, "cd", string(buf[:n]))
+			must.False(t, c.Drained())
+			return false // the stale readiness of "cdef" ends the wait
+		default:
+			n, err := c.Read(buf)
+			must.NoError(t, err)
+			must.Eq(t, "ef", string(buf[:n]))
+			return true
+		}
+	})
+	must.NoError(t, err)
+	must.Eq(t, 3, calls)
+	must.False(t, c.Drained()) // outside Hold
+
+	// After Hold, Read waits again as usual.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_, _ = peer.Write([]byte("later"))
+	}()
+	n, err := c.Read(buf)
+	must.NoError(t, err)
+	must.Eq(t, "later", string(buf[:n]))
+
+	// The peer's close is io.EOF inside Hold too.
+	peer.Close()
+	err = c.Hold(func() bool {
+		_, err := c.Read(buf)
+		if errors.Is(err, ErrWouldBlock) {
+			return false
+		}
+		must.ErrorIs(t, err, io.EOF)
+		return true
+	})
+	must.NoError(t, err)
+}
+
+func TestHoldInterrupted(t *testing.T) {
+	c, _ := pair(t)
+	wait := func() bool {
+		_, err := c.Read(make([]byte, 8))
+		must.ErrorIs(t, err, ErrWouldBlock)
+		return false
+	}
+	// A deadline ends the wait.
+	must.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+	must.ErrorIs(t, c.Hold(wait), os.ErrDeadlineExceeded)
+	must.NoError(t, c.SetReadDeadline(time.Time{}))
+	// So does closing c from another goroutine.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		c.Close()
+	}()
+	must.ErrorIs(t, c.Hold(wait), net.ErrClosed)
+}
