@@ -63,7 +63,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 
-	if len(g.candidates(f.Model)) == 0 {
+	first := g.candidates(f.Model)
+	if len(first) == 0 {
 		g.noWorker(w, rec, f.Model)
 		return
 	}
@@ -100,8 +101,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	tried := ps.tried[:0]
 	for attempt := 0; attempt < 2; attempt++ {
-		cands := g.candidates(f.Model)
+		cands := first
 		if len(tried) > 0 {
+			cands = g.candidates(f.Model)
 			cands = slices.DeleteFunc(slices.Clone(cands), func(w *scoring.Worker) bool { return slices.Contains(tried, w) || sameID(tried, w) })
 		}
 		if len(cands) == 0 {
@@ -115,7 +117,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		t0 := time.Now()
 		d, err := g.opts.Selector.Pick(ctx, pol.Scoring, req, cands)
-		g.m.RoutingDecision.Observe(time.Since(t0).Seconds())
+		// The end of the decision is also when the request counts as sent
+		// (prefill timing, the connection pool's idle age): one clock read.
+		picked := time.Now()
+		g.m.RoutingDecision.Observe(picked.Sub(t0).Seconds())
 		if err != nil {
 			g.log.Error("choosing worker failed", "model", f.Model, "error", err)
 			rec.fail(w, http.StatusInternalServerError, "server_error", "routing_failed", "", "choosing a worker failed", 0)
@@ -134,7 +139,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		if n, ok := req.UncachedTokens(wk); ok {
 			pre = wk.Live.StartPrefill(n)
 		}
-		retryable, err := g.forward(ctx, w, r, rec, wk, body, reqID, attempt == 0, f, pre)
+		retryable, err := g.forward(ctx, w, r, rec, &ps.fw, wk, body, reqID, attempt == 0, f, pre, picked)
 		pre.Cancel()
 		if err == nil {
 			return
@@ -205,8 +210,8 @@ func (g *Gateway) contextFailed(w http.ResponseWriter, r *http.Request, rec *out
 // returns retryable=true with an error when nothing was written to the client
 // and the failure was a connect error or a 5xx: the caller may try another
 // worker. A 5xx on the last attempt is passed to the client as the engine sent it.
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields, pre *scoring.Prefill) (retryable bool, err error) {
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, st *forwarding,
+	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields, pre *scoring.Prefill, sent time.Time) (retryable bool, err error) {
 	tokens := estimateTokens(len(body), f)
 	wk.Live.Enter(tokens)
 	defer wk.Live.Leave(tokens)
@@ -227,8 +232,10 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			}
 		}
 	}
-	// One allocation for the upstream request's parts and the relay's state.
-	st := &forwarding{}
+	// The upstream request's parts and the relay's state live in the
+	// request's proxyState: no allocation of their own. Nothing holds on to
+	// them once forward returns, so a retry reuses them.
+	*st = forwarding{}
 	var up *http.Request
 	if wk.Upstream == "" {
 		// Built from the parsed client URL: no URL string to parse again.
@@ -237,7 +244,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// No GetBody: the transport rewinds the body (a Seeker) to resend it.
 		st.up = http.Request{Method: http.MethodPost, URL: &st.u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 			Header: hdr, Host: wk.Address, Body: &st.body, ContentLength: int64(len(body))}
-		up = st.up.WithContext(ctx)
+		up = &st.up // its context is passed to the transport apart (roundTrip)
 	} else {
 		// A hosted API: its base URL already ends in /v1, like the request path starts.
 		target := strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
@@ -258,11 +265,19 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case g.opts.Auth != nil:
 		delete(up.Header, "Authorization") // the router's key is not the engine's
 	}
-	up.Header["X-Request-Id"] = []string{reqID}
+	st.reqID[0] = reqID
+	up.Header["X-Request-Id"] = st.reqID[:]
 	up.ContentLength = int64(len(body))
 
-	sent := time.Now()
-	resp, err := rt.RoundTrip(up)
+	var resp *http.Response
+	switch t, ok := rt.(*Transport); {
+	case ok && up == &st.up:
+		resp, err = t.roundTrip(ctx, up, sent)
+	case up == &st.up:
+		resp, err = rt.RoundTrip(up.WithContext(ctx))
+	default:
+		resp, err = rt.RoundTrip(up)
+	}
 	if err != nil {
 		return true, err
 	}
@@ -272,13 +287,16 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return true, errors.New("engine answered " + resp.Status)
 	}
 
-	reqIDs := up.Header["X-Request-Id"] // one element, never modified: shared
+	reqIDs := st.reqID[:] // one element, never modified: shared
 	if hs, ok := w.(headerSetter); ok && resp.Header != nil {
 		// The engine's response header is the router's own: edited in
-		// place and handed to the server instead of copied.
-		for k := range resp.Header {
-			if isHopHeader(k) {
-				delete(resp.Header, k)
+		// place and handed to the server instead of copied. The
+		// transport's head parser says when there is nothing to remove.
+		if !hopFree(resp) {
+			for k := range resp.Header {
+				if isHopHeader(k) {
+					delete(resp.Header, k)
+				}
 			}
 		}
 		resp.Header["X-Request-Id"] = reqIDs
@@ -362,12 +380,12 @@ type streamer interface {
 	stream(buf []byte, em emitter) error
 }
 
-// forwarding is one forward's upstream request parts and relay state, in a
-// single allocation.
+// forwarding is one forward's upstream request parts and relay state.
 type forwarding struct {
 	u     url.URL
 	body  reqBody
 	up    http.Request
+	reqID [1]string // the upstream X-Request-Id value, also the response's
 	relay relayer
 }
 
@@ -410,12 +428,15 @@ func (rl *relayer) emit(data []byte, last bool) error {
 	if !last {
 		rl.fl.Flush()
 	}
-	if rl.timeFirst && rl.pre != nil && !rl.rec.ttftDone {
-		// A stream's first event carries the first token; a whole
-		// response would time the decode too, so only streams teach.
-		rl.pre.FirstToken(time.Since(rl.sent))
+	if !rl.rec.ttftDone {
+		now := time.Now() // one clock read for both first-byte timings
+		if rl.timeFirst && rl.pre != nil {
+			// A stream's first event carries the first token; a whole
+			// response would time the decode too, so only streams teach.
+			rl.pre.FirstToken(now.Sub(rl.sent))
+		}
+		rl.rec.firstByte(now)
 	}
-	rl.rec.firstByte()
 	return nil
 }
 
@@ -528,6 +549,7 @@ type proxyState struct {
 	rec   outcome
 	req   scoring.Request
 	tried [2]*scoring.Worker
+	fw    forwarding
 }
 
 // outcome records one request's metrics exactly once.
@@ -543,11 +565,12 @@ type outcome struct {
 	recorded bool
 }
 
-func (o *outcome) firstByte() {
+// firstByte records the time to the first byte, now.
+func (o *outcome) firstByte(now time.Time) {
 	if !o.ttftDone {
 		o.ttftDone = true
 		o.ms = o.g.m.Model(o.model)
-		o.ms.TTFT.Observe(time.Since(o.start).Seconds())
+		o.ms.TTFT.Observe(now.Sub(o.start).Seconds())
 	}
 }
 
@@ -564,7 +587,9 @@ func (o *outcome) done() {
 	model := o.model
 	if model == "" {
 		model = "_unparsed"
-	} else if !o.g.opts.Pool.Known(model) {
+	} else if o.ws == nil && !o.g.opts.Pool.Known(model) {
+		// (A forwarded request's model had workers, so it is known: the
+		// pool's known models only grow.)
 		model = "_unknown" // bound label cardinality: clients choose model strings
 	}
 	if o.ws != nil && model == o.model {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -122,5 +123,31 @@ func TestStreamBrokenFramingOrCloseCutsResponse(t *testing.T) {
 			must.True(t, strings.HasPrefix(string(b), "data: {\"i\":0}\n\n"))
 			eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "502", "a")) == 1 })
 		})
+	}
+}
+
+func TestResponseHopHeadersDropped(t *testing.T) {
+	// Connection-level fields in the engine's response head never reach the
+	// client; end-to-end ones do, and a head without any is passed as it is.
+	a, _ := rawEngine(t, func(conn int) (string, bool) {
+		if conn%2 == 1 {
+			return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nKeep-Alive: timeout=5\r\n" +
+				"Proxy-Authenticate: Basic\r\nUpgrade: h2c\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\n{}", true
+		}
+		return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Kept: 2\r\nContent-Length: 2\r\n\r\n{}", true
+	})
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + a})
+	for i := 1; i <= 2; i++ {
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.NoError(t, err)
+		must.Eq(t, "{}", string(b))
+		must.Eq(t, strconv.Itoa(i), resp.Header.Get("X-Kept"))
+		must.Eq(t, "application/json", resp.Header.Get("Content-Type"))
+		must.NotEq(t, "", resp.Header.Get("X-Request-Id"))
+		for _, k := range []string{"Keep-Alive", "Proxy-Authenticate", "Upgrade"} {
+			must.SliceEmpty(t, resp.Header.Values(k), must.Sprint(k))
+		}
 	}
 }

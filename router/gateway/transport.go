@@ -45,8 +45,8 @@ type pconn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	host     string
-	idleAt   time.Time
-	onCancel func() // pc.cancel, bound once: no closure per request
+	usedAt   time.Time // when its latest request was sent: its idle age is at most now - usedAt
+	onCancel func()    // pc.cancel, bound once: no closure per request
 }
 
 // cancel unblocks any read or write on the connection: a past deadline.
@@ -61,22 +61,30 @@ type exchange struct {
 	cb   chunkedBody
 	lb   lengthBody
 	body body
+	hop  bool // the head had a connection-level field (isHopHeader) in resp.Header
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
 // RoundTrip sends req and returns the response with its body unread.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.roundTrip(req.Context(), req, time.Now())
+}
+
+// roundTrip is RoundTrip with the request's context passed apart (the
+// gateway's upstream requests carry none: no WithContext copy of the request
+// each time) and now, a clock reading taken just before (for the idle
+// connections' age: no clock read of its own).
+func (t *Transport) roundTrip(ctx context.Context, req *http.Request, now time.Time) (*http.Response, error) {
 	if req.URL.Scheme != "http" {
 		return nil, errors.New("oasis-router transport: only http:// engines are supported")
 	}
-	ctx := req.Context()
 	for attempt := 0; ; attempt++ {
-		pc, reused, err := t.conn(ctx, req.URL.Host)
+		pc, reused, err := t.conn(ctx, req.URL.Host, now)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := t.send(pc, req)
+		resp, err := t.send(ctx, pc, req, now)
 		if err == nil {
 			return resp, nil
 		}
@@ -110,9 +118,10 @@ func staleConnErr(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
+func (t *Transport) send(ctx context.Context, pc *pconn, req *http.Request, now time.Time) (*http.Response, error) {
+	pc.usedAt = now
 	// Cancellation: a past deadline unblocks any read or write on the conn.
-	stop := onCancel(req.Context(), pc.onCancel)
+	stop := onCancel(ctx, pc.onCancel)
 	if err := writeRequest(pc.bw, req); err != nil {
 		stop.Stop()
 		return nil, err
@@ -137,13 +146,23 @@ func (t *Transport) send(pc *pconn, req *http.Request) (*http.Response, error) {
 		stop.Stop()
 		return nil, err
 	}
-	b := &body{}
+	var b *body
 	if x != nil {
-		b = &x.body
+		b = &x.body // no allocation of its own
+	} else {
+		b = new(body)
 	}
-	*b = body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close}
+	*b = body{rc: resp.Body, pc: pc, t: t, stop: stop, reusable: !resp.Close && !req.Close,
+		hopFree: x != nil && !x.hop}
 	resp.Body = b
 	return resp, nil
+}
+
+// hopFree reports whether resp, from a Transport, has no connection-level
+// field (isHopHeader) in its header.
+func hopFree(resp *http.Response) bool {
+	b, ok := resp.Body.(*body)
+	return ok && b.hopFree
 }
 
 // cancelHooker is a context that registers cancellation callbacks without
@@ -271,6 +290,7 @@ type body struct {
 	t        *Transport
 	stop     cancelReg
 	reusable bool
+	hopFree  bool // resp.Header has no connection-level field (see forward)
 	eof      bool
 	closed   bool
 	d        chunkDecoder // stream's state
@@ -376,7 +396,7 @@ func (b *body) Close() error {
 	return err
 }
 
-func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error) {
+func (t *Transport) conn(ctx context.Context, host string, now time.Time) (*pconn, bool, error) {
 	idleTimeout := t.IdleTimeout
 	if idleTimeout == 0 {
 		idleTimeout = 90 * time.Second
@@ -386,7 +406,7 @@ func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error)
 		pc := stack[len(stack)-1]
 		stack[len(stack)-1] = nil
 		t.idle[host] = stack[:len(stack)-1]
-		if time.Since(pc.idleAt) > idleTimeout {
+		if now.Sub(pc.usedAt) > idleTimeout {
 			pc.c.Close()
 			continue
 		}
@@ -410,7 +430,9 @@ func (t *Transport) conn(ctx context.Context, host string) (*pconn, bool, error)
 
 // put pools pc. Only connections whose cancellation hook never fired come
 // here, so no deadline was set on them and none needs clearing (a deadline
-// change is a runtime timer update per request).
+// change is a runtime timer update per request). Its idle age counts from
+// when its request was sent (usedAt): an overestimate, never too young,
+// without a clock read here.
 func (t *Transport) put(pc *pconn) {
 	if pc.br.Buffered() > 0 { // the engine sent more than one response: do not trust it
 		pc.c.Close()
@@ -420,7 +442,6 @@ func (t *Transport) put(pc *pconn) {
 	if max == 0 {
 		max = 4096
 	}
-	pc.idleAt = time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.idle == nil {
@@ -527,6 +548,7 @@ func parseResponseHeadInto(x *exchange, b []byte) bool {
 	if string(line[9:]) != status {
 		status = string(line[9:])
 	}
+	x.hop = false
 	resp := &x.resp
 	*resp = http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: make(http.Header, 8), ContentLength: -1}
@@ -579,6 +601,9 @@ func parseResponseHeadInto(x *exchange, b []byte) bool {
 					resp.Close = true
 				}
 			}
+		}
+		if isHopHeader(key) {
+			x.hop = true
 		}
 		h1.AddValue(resp.Header, &vals, key, vs)
 	}

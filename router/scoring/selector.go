@@ -78,7 +78,10 @@ func (s *Selector) Pick(ctx context.Context, cfg Config, req *Request, workers [
 	}
 	switch cfg.Policy {
 	case RoundRobin:
-		v, _ := s.rr.LoadOrStore(req.Model, new(atomic.Uint64))
+		v, ok := s.rr.Load(req.Model)
+		if !ok { // LoadOrStore alone would allocate a counter every time
+			v, _ = s.rr.LoadOrStore(req.Model, new(atomic.Uint64))
+		}
 		n := v.(*atomic.Uint64).Add(1) - 1
 		return Decision{Worker: workers[n%uint64(len(workers))]}, nil
 	case LeastLoad:
