@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -50,6 +51,7 @@ type Conn struct {
 	hfd     uintptr
 	holding bool
 	drained bool
+	closed  atomic.Bool // Close was called (Hold keeps the descriptor open)
 }
 
 // ErrWouldBlock is what Read returns inside Hold when nothing is there to
@@ -131,15 +133,48 @@ func (c *Conn) doRead(fd uintptr) bool {
 }
 
 // Write writes all of p unless an error occurs, as net.Conn's Write does.
+// Inside Hold (from fn, or a goroutine fn waits for) it writes directly, the
+// descriptor being held open, and waits through RawConn.Write only when the
+// socket is full.
 func (c *Conn) Write(p []byte) (int, error) {
+	done := 0
+	if c.holding {
+		if c.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		for len(p) > 0 {
+			n, e := write(c.hfd, p)
+			if e == syscall.EINTR {
+				continue
+			}
+			if e == syscall.EAGAIN {
+				break
+			}
+			if e != 0 {
+				return done, os.NewSyscallError("write", e)
+			}
+			done += n
+			p = p[n:]
+		}
+		if len(p) == 0 {
+			return done, nil
+		}
+	}
 	c.wp, c.wn, c.werr = p, 0, nil
 	err := c.rc.Write(c.writeFn)
 	n, werr := c.wn, c.werr
 	c.wp, c.werr = nil, nil
 	if err != nil {
-		return n, err
+		return done + n, err
 	}
-	return n, werr
+	return done + n, werr
+}
+
+// Close closes the connection. Inside Hold the descriptor stays open until
+// Hold returns, but Write fails at once, as after any close.
+func (c *Conn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }
 
 func (c *Conn) doWrite(fd uintptr) bool {

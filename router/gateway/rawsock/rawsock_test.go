@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 )
 
 // pair returns a wrapped server-side conn and the plain client side.
@@ -257,4 +258,50 @@ func TestHoldInterrupted(t *testing.T) {
 		c.Close()
 	}()
 	must.ErrorIs(t, c.Hold(wait), net.ErrClosed)
+}
+
+func TestWriteInsideHold(t *testing.T) {
+	c, peer := pair(t)
+	big := make([]byte, 8<<20) // more than the socket buffers: the write must wait for the reader
+	for i := range big {
+		big[i] = byte(i)
+	}
+	got := make(chan []byte)
+	go func() {
+		b := make([]byte, 5+len(big))
+		_, _ = io.ReadFull(peer, b)
+		got <- b
+	}()
+	err := c.Hold(func() bool {
+		n, err := c.Write([]byte("hello"))
+		must.NoError(t, err)
+		must.Eq(t, 5, n)
+		n, err = c.Write(big)
+		must.NoError(t, err)
+		must.Eq(t, len(big), n)
+		return true
+	})
+	must.NoError(t, err)
+	b := <-got
+	must.Eq(t, "hello", string(b[:5]))
+	must.True(t, bytes.Equal(big, b[5:]))
+
+	// Closed from elsewhere while fn runs: writes fail at once, and the
+	// socket's close completes when fn returns.
+	closed := make(chan struct{})
+	err = c.Hold(func() bool {
+		go func() { c.Close(); close(closed) }()
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+			_, err := c.Write([]byte("x"))
+			return errors.Is(err, net.ErrClosed)
+		}), wait.Timeout(5*time.Second)))
+		select {
+		case <-closed:
+			t.Error("Close returned while fn still held the socket")
+		default:
+		}
+		return true
+	})
+	must.NoError(t, err)
+	<-closed
 }
