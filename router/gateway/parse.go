@@ -24,12 +24,15 @@ type requestFields struct {
 // (encoding/json struct decoding would also accept "Model"); a repeated key's
 // last value wins, as in Python's json.
 //
-// It runs on every request, so instead of decoding the whole body into maps it
-// validates once (json.Valid, no allocation) and then walks only the top-level
-// keys, skipping values it does not need.
+// It runs on every request, so instead of decoding the whole body into maps
+// it makes one pass that both validates the body (accepting exactly what
+// json.Valid accepts) and notes the raw values of the top-level keys it
+// needs, without allocating.
 func parseRequest(body []byte) (requestFields, error) {
 	var f requestFields
-	if !json.Valid(body) {
+	var raw rawFields
+	valid, object := scanRequest(body, &raw)
+	if !valid {
 		var v any
 		err := json.Unmarshal(body, &v) // only to name the syntax error
 		msg := "malformed JSON body"
@@ -38,24 +41,10 @@ func parseRequest(body []byte) (requestFields, error) {
 		}
 		return f, errors.New(msg)
 	}
-	var model, stream, maxTok, maxCompl, streamOpts []byte
-	ok := topLevel(body, func(key, val []byte) {
-		switch string(key) {
-		case "model":
-			model = val
-		case "stream":
-			stream = val
-		case "max_tokens":
-			maxTok = val
-		case "max_completion_tokens":
-			maxCompl = val
-		case "stream_options":
-			streamOpts = val
-		}
-	})
-	if !ok {
+	if !object {
 		return f, errors.New("request body must be a JSON object")
 	}
+	model := raw.model
 	if model == nil || string(model) == "null" {
 		return f, errors.New("you must provide a model parameter")
 	}
@@ -64,24 +53,24 @@ func parseRequest(body []byte) (requestFields, error) {
 	} else {
 		f.Model = s
 	}
-	switch string(stream) {
+	switch string(raw.stream) {
 	case "", "null", "false":
 	case "true":
 		f.Stream = true
 	default:
 		return f, errors.New("stream must be a boolean")
 	}
-	for _, raw := range [][]byte{maxCompl, maxTok} {
-		if len(raw) == 0 {
+	for _, r := range [...][]byte{raw.maxCompl, raw.maxTok} {
+		if len(r) == 0 {
 			continue // absent: Atoi would allocate its error
 		}
-		if n, err := strconv.Atoi(string(raw)); err == nil && n >= 0 {
+		if n, err := strconv.Atoi(string(r)); err == nil && n >= 0 {
 			f.MaxTokens, f.HasMaxTokens = n, true
 			break
 		}
 	}
-	if len(streamOpts) > 0 && streamOpts[0] == '{' {
-		topLevel(streamOpts, func(key, val []byte) {
+	if so := raw.streamOpts; len(so) > 0 && so[0] == '{' {
+		topLevel(so, func(key, val []byte) {
 			if string(key) == "include_usage" {
 				f.IncludeUsage = string(val) == "true"
 			}
@@ -90,8 +79,235 @@ func parseRequest(body []byte) (requestFields, error) {
 	return f, nil
 }
 
+// rawFields are the raw JSON values of the top-level keys parseRequest reads
+// (nil when absent).
+type rawFields struct {
+	model, stream, maxTok, maxCompl, streamOpts []byte
+}
+
+// maxJSONDepth is encoding/json's nesting limit, which scanRequest keeps so
+// that it accepts exactly what json.Valid accepts.
+const maxJSONDepth = 10000
+
+// scanRequest validates b as JSON and reports whether it is an object; for
+// an object it fills raw from its top-level members (the last of a repeated
+// key wins). raw is only meaningful when both results are true.
+func scanRequest(b []byte, raw *rawFields) (valid, object bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) {
+		return false, false
+	}
+	if b[i] != '{' {
+		end, ok := scanValue(b, i, 0)
+		return ok && skipWS(b, end) == len(b), false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return skipWS(b, i+1) == len(b), true
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false, true
+		}
+		ks := i
+		var ok bool
+		if i, ok = scanString(b, i); !ok {
+			return false, true
+		}
+		key := b[ks+1 : i-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			s, _ := jsonString(b[ks:i])
+			key = []byte(s)
+		}
+		i = skipWS(b, i)
+		if i >= len(b) || b[i] != ':' {
+			return false, true
+		}
+		vs := skipWS(b, i+1)
+		if i, ok = scanValue(b, vs, 1); !ok {
+			return false, true
+		}
+		switch val := b[vs:i]; string(key) {
+		case "model":
+			raw.model = val
+		case "stream":
+			raw.stream = val
+		case "max_tokens":
+			raw.maxTok = val
+		case "max_completion_tokens":
+			raw.maxCompl = val
+		case "stream_options":
+			raw.streamOpts = val
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return false, true
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return skipWS(b, i+1) == len(b), true
+		default:
+			return false, true
+		}
+	}
+}
+
+// scanValue validates the JSON value starting at b[i], inside depth
+// enclosing arrays and objects, and returns the index after it.
+func scanValue(b []byte, i, depth int) (int, bool) {
+	if i >= len(b) {
+		return i, false
+	}
+	switch c := b[i]; {
+	case c == '"':
+		return scanString(b, i)
+	case c == '{' || c == '[':
+		if depth++; depth > maxJSONDepth {
+			return i, false
+		}
+		closer := byte('}')
+		if c == '[' {
+			closer = ']'
+		}
+		i = skipWS(b, i+1)
+		if i < len(b) && b[i] == closer {
+			return i + 1, true
+		}
+		for {
+			var ok bool
+			if closer == '}' {
+				if i >= len(b) || b[i] != '"' {
+					return i, false
+				}
+				if i, ok = scanString(b, i); !ok {
+					return i, false
+				}
+				i = skipWS(b, i)
+				if i >= len(b) || b[i] != ':' {
+					return i, false
+				}
+				i = skipWS(b, i+1)
+			}
+			if i, ok = scanValue(b, i, depth); !ok {
+				return i, false
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return i, false
+			}
+			switch b[i] {
+			case ',':
+				i = skipWS(b, i+1)
+			case closer:
+				return i + 1, true
+			default:
+				return i, false
+			}
+		}
+	case c == 't':
+		return scanLiteral(b, i, "true")
+	case c == 'f':
+		return scanLiteral(b, i, "false")
+	case c == 'n':
+		return scanLiteral(b, i, "null")
+	case c == '-' || '0' <= c && c <= '9':
+		return scanNumber(b, i)
+	}
+	return i, false
+}
+
+func scanLiteral(b []byte, i int, lit string) (int, bool) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return i, false
+	}
+	return i + len(lit), true
+}
+
+// scanString validates the string token at b[i] == '"' as encoding/json
+// does (escapes checked, control characters refused, bytes otherwise
+// unchecked) and returns the index after it.
+func scanString(b []byte, i int) (int, bool) {
+	for i++; i < len(b); i++ {
+		c := b[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		switch c {
+		case '"':
+			return i + 1, true
+		case '\\':
+			i++
+			if i >= len(b) {
+				return i, false
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if len(b)-i <= 4 {
+					return i, false
+				}
+				for _, h := range b[i+1 : i+5] {
+					if _, ok := unhex(h); !ok {
+						return i, false
+					}
+				}
+				i += 4
+			default:
+				return i, false
+			}
+		default: // a control character
+			return i, false
+		}
+	}
+	return i, false
+}
+
+// scanNumber validates the number at b[i] (JSON's grammar:
+// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?) and returns the index after it.
+func scanNumber(b []byte, i int) (int, bool) {
+	if b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && '1' <= b[i] && b[i] <= '9':
+		i = digits(b, i+1)
+	default:
+		return i, false
+	}
+	if i < len(b) && b[i] == '.' {
+		j := digits(b, i+1)
+		if j == i+1 {
+			return j, false
+		}
+		i = j
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		j := digits(b, i)
+		if j == i {
+			return j, false
+		}
+		i = j
+	}
+	return i, true
+}
+
+func digits(b []byte, i int) int {
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
+}
+
 // topLevel calls fn with each key (unescaped) and raw value of the JSON object
-// in b, which must be valid JSON. It reports false when b is not an object.
+// in b, which must be valid JSON (stream_options, after scanRequest). It reports false when b is not an object.
 func topLevel(b []byte, fn func(key, val []byte)) bool {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {

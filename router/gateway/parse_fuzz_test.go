@@ -3,6 +3,8 @@ package gateway
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -44,6 +46,72 @@ func parseReference(body []byte) (requestFields, error) {
 	return f, nil
 }
 
+// parseTwoPass is parseRequest as it was before its single pass: json.Valid,
+// then a walk of the top-level keys. The single pass must give exactly its
+// results, error messages included.
+func parseTwoPass(body []byte) (requestFields, error) {
+	var f requestFields
+	if !json.Valid(body) {
+		var v any
+		err := json.Unmarshal(body, &v)
+		msg := "malformed JSON body"
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		return f, errors.New(msg)
+	}
+	var model, stream, maxTok, maxCompl, streamOpts []byte
+	ok := topLevel(body, func(key, val []byte) {
+		switch string(key) {
+		case "model":
+			model = val
+		case "stream":
+			stream = val
+		case "max_tokens":
+			maxTok = val
+		case "max_completion_tokens":
+			maxCompl = val
+		case "stream_options":
+			streamOpts = val
+		}
+	})
+	if !ok {
+		return f, errors.New("request body must be a JSON object")
+	}
+	if model == nil || string(model) == "null" {
+		return f, errors.New("you must provide a model parameter")
+	}
+	if s, isStr := jsonString(model); !isStr || s == "" {
+		return f, errors.New("model must be a non-empty string")
+	} else {
+		f.Model = s
+	}
+	switch string(stream) {
+	case "", "null", "false":
+	case "true":
+		f.Stream = true
+	default:
+		return f, errors.New("stream must be a boolean")
+	}
+	for _, raw := range [][]byte{maxCompl, maxTok} {
+		if len(raw) == 0 {
+			continue
+		}
+		if n, err := strconv.Atoi(string(raw)); err == nil && n >= 0 {
+			f.MaxTokens, f.HasMaxTokens = n, true
+			break
+		}
+	}
+	if len(streamOpts) > 0 && streamOpts[0] == '{' {
+		topLevel(streamOpts, func(key, val []byte) {
+			if string(key) == "include_usage" {
+				f.IncludeUsage = string(val) == "true"
+			}
+		})
+	}
+	return f, nil
+}
+
 var parseSeeds = []string{
 	`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`,
 	`{"model":"m","prompt":"x","max_tokens":16,"stream_options":{"include_usage":true}}`,
@@ -53,6 +121,11 @@ var parseSeeds = []string{
 	`{"model":"m","model":"n","stream":null,"stream_options":null}`,
 	`{"Model":"m"}`, `{"model":"` + "\xff" + `"}`, `{"x":{"model":"inner"},"model":"outer","y":["}",{"]":"{"}]}`,
 	`{"model":"m","max_tokens":16.0,"max_completion_tokens":"8"}`,
+	`{"model":"m","n":-0.5e+3,"a":[1,-0,0.0,1E9,true,false,null,"\ud800\/\b\f\n\r\t"]}`,
+	`{"model":"m","n":01}`, `{"model":"m","n":1.}`, `{"model":"m","n":-}`, `{"model":"m","n":1e}`,
+	`{"model":"m","s":"\x"}`, `{"model":"m","s":"\u12g4"}`, "{\"model\":\"m\t\"}", `{"model":"m",}`,
+	`{"model":"m"}x`, `{"model" "m"}`, `{"model":"m" "x":1}`, `[1,]`, `[1 2]`, `{"a":tru}`, ` 12 `, `"s"`,
+	`{"model":"m","stream_options":{"include_usage":true},"stream_options":{"x":1}}`, "\t{\r\n}\n",
 }
 
 func TestParseRequestMatchesReference(t *testing.T) {
@@ -63,6 +136,17 @@ func TestParseRequestMatchesReference(t *testing.T) {
 
 func checkParse(t *testing.T, body []byte) {
 	got, err := parseRequest(body)
+	// Exactly the two-pass parser's results and messages.
+	old, oerr := parseTwoPass(body)
+	if (err == nil) != (oerr == nil) || err != nil && err.Error() != oerr.Error() {
+		t.Fatalf("parseRequest err=%v, two-pass err=%v for %q", err, oerr, body)
+	}
+	must.Eq(t, old, got, must.Sprintf("body %q", body))
+	// The validation alone, on any JSON value: json.Valid's verdict.
+	var raw rawFields
+	if valid, _ := scanRequest(body, &raw); valid != json.Valid(body) {
+		t.Fatalf("scanRequest valid=%v, json.Valid=%v for %q", valid, !valid, body)
+	}
 	want, werr := parseReference(body)
 	if (err == nil) != (werr == nil) {
 		t.Fatalf("parseRequest err=%v, reference err=%v for %q", err, werr, body)
@@ -77,4 +161,24 @@ func FuzzParseRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(checkParse)
+}
+
+func TestScanRequestDepthLimit(t *testing.T) {
+	// encoding/json refuses more than 10000 nested arrays and objects.
+	for _, n := range []int{maxJSONDepth - 1, maxJSONDepth, maxJSONDepth + 1} {
+		for _, open := range []string{"[", `{"a":`} {
+			closer, inner := "]", ""
+			if open != "[" {
+				closer, inner = "}", "1"
+			}
+			arr := strings.Repeat(open, n) + inner + strings.Repeat(closer, n)
+			obj := `{"model":"m","x":` + strings.Repeat(open, n-1) + inner + strings.Repeat(closer, n-1) + `}`
+			for _, b := range []string{arr, obj} {
+				var raw rawFields
+				valid, _ := scanRequest([]byte(b), &raw)
+				must.Eq(t, json.Valid([]byte(b)), valid, must.Sprintf("depth %d, %s", n, open))
+				must.Eq(t, n <= maxJSONDepth, valid, must.Sprintf("depth %d, %s", n, open))
+			}
+		}
+	}
 }
