@@ -611,3 +611,10 @@ func TestMalformedHTTPGetsOpenAIError(t *testing.T) {
 	must.EqOp(t, "invalid_request_error", e.Error.Type)
 	must.NotEq(t, "", e.Error.Message)
 }
+
+func TestMentionsUsage(t *testing.T) {
+	for _, s := range []string{"", "g", `"usage"`, `usage"`, `"usage`, `x"usage":1`, `"usag"`, `gggg"usage"gg`,
+		`data: {"choices":[],"usage":{"prompt_tokens":1}}`, `"usAge"`, `"usage""usage"`, `ag"usage`} {
+		must.Eq(t, bytes.Contains([]byte(s), []byte(`"usage"`)), mentionsUsage([]byte(s)), must.Sprint(s))
+	}
+}
