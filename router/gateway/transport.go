@@ -217,50 +217,55 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	if !h1.SafeToWrite(uri) || strings.ContainsAny(uri, " ") {
 		return req.Write(w)
 	}
+	// The head is built in the writer's free buffer, checked as it goes,
+	// and committed with one Write: one walk of the header map, and a field
+	// net/http must refuse still goes to req.Write with nothing written.
+	b := w.AvailableBuffer()
+	b = append(b, req.Method...)
+	b = append(b, ' ')
+	b = append(b, uri...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\n"...)
+	hasUA := false
 	for k, vs := range req.Header {
 		if !h1.IsToken(k) {
 			return req.Write(w)
+		}
+		skip := false
+		switch k {
+		case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+			skip = true // written from the request's fields
+		case "Connection":
+			skip = req.Close
+		case "User-Agent":
+			hasUA = true
 		}
 		for _, v := range vs {
 			if !h1.SafeToWrite(v) {
 				return req.Write(w)
 			}
-		}
-	}
-	_, _ = w.WriteString(req.Method)
-	_ = w.WriteByte(' ')
-	_, _ = w.WriteString(uri)
-	_, _ = w.WriteString(" HTTP/1.1\r\nHost: ")
-	_, _ = w.WriteString(host)
-	_, _ = w.WriteString("\r\n")
-	if _, ok := req.Header["User-Agent"]; !ok {
-		_, _ = w.WriteString("User-Agent: Go-http-client/1.1\r\n")
-	}
-	for k, vs := range req.Header {
-		switch k {
-		case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
-			continue // written from the request's fields
-		case "Connection":
-			if req.Close {
-				continue
+			if !skip {
+				b = append(b, k...)
+				b = append(b, ": "...)
+				b = append(b, v...)
+				b = append(b, "\r\n"...)
 			}
 		}
-		for _, v := range vs {
-			_, _ = w.WriteString(k)
-			_, _ = w.WriteString(": ")
-			_, _ = w.WriteString(v)
-			_, _ = w.WriteString("\r\n")
-		}
+	}
+	if !hasUA {
+		b = append(b, "User-Agent: Go-http-client/1.1\r\n"...)
 	}
 	if req.Close {
-		_, _ = w.WriteString("Connection: close\r\n")
+		b = append(b, "Connection: close\r\n"...)
 	}
 	if hasBody || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
-		_, _ = w.WriteString("Content-Length: ")
-		writeDecimal(w, req.ContentLength)
-		_, _ = w.WriteString("\r\n")
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, req.ContentLength, 10)
+		b = append(b, "\r\n"...)
 	}
-	_, err := w.WriteString("\r\n")
+	b = append(b, "\r\n"...)
+	_, err := w.Write(b)
 	if err != nil || !hasBody {
 		return err
 	}
@@ -679,15 +684,3 @@ func (l *lengthBody) Read(p []byte) (int, error) {
 }
 
 func (l *lengthBody) Close() error { return nil }
-
-// writeDecimal writes n ≥ 0 in decimal without the string
-// strconv.FormatInt would allocate.
-func writeDecimal(w *bufio.Writer, n int64) {
-	d := int64(1)
-	for d <= n/10 {
-		d *= 10
-	}
-	for ; d > 0; d /= 10 {
-		_ = w.WriteByte(byte('0' + n/d%10))
-	}
-}
