@@ -179,7 +179,7 @@ func (cn *conn) startHead() bool {
 	if !cn.state.CompareAndSwap(stateIdle, stateHeader) {
 		return false
 	}
-	cn.last.Store(time.Now().UnixNano())
+	cn.last.Store(cn.srv.clock.Load())
 	return true
 }
 
@@ -445,7 +445,7 @@ func (cn *conn) run(w *response, r *http.Request) (how closeHow) {
 			}
 			return
 		}
-		cn.last.Store(time.Now().UnixNano())
+		cn.last.Store(cn.srv.clock.Load())
 		cn.state.Store(stateIdle)
 	}()
 	cn.srv.Handler.ServeHTTP(w, r)

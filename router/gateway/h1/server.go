@@ -62,8 +62,12 @@ type Server struct {
 	shutdown   atomic.Bool
 	stop       chan struct{} // closed by Shutdown/Close: stops the sweeper
 	date       atomic.Pointer[string]
-	readers    sync.Pool // *bufio.Reader, 4 KiB
-	writers    sync.Pool // *bufio.Writer, 16 KiB
+	// clock is the sweeper's time (unix nanoseconds), updated with date:
+	// connections stamp their state changes with it instead of reading the
+	// clock twice per request; the timeouts have a second's resolution.
+	clock   atomic.Int64
+	readers sync.Pool // *bufio.Reader, 4 KiB
+	writers sync.Pool // *bufio.Writer, 16 KiB
 }
 
 // connection states, as the sweeper and Shutdown see them.
@@ -222,6 +226,7 @@ func (s *Server) sweep(stop chan struct{}) {
 func (s *Server) updateDate(now time.Time) {
 	d := now.UTC().Format(http.TimeFormat)
 	s.date.Store(&d)
+	s.clock.Store(now.UnixNano())
 }
 
 // Shutdown stops accepting, closes idle connections, and waits until every
