@@ -48,7 +48,7 @@ type conn struct {
 	heldFn   func() bool
 	maxHead  int
 	held     heldExit
-	heldHead *head       // heldHandle: the request to handle outside Hold
+	heldEx   *exchange   // heldHandle: the request to handle outside Hold
 	heldPerr *protoError // heldReject
 	heldHow  closeHow    // heldDone: how to close
 }
@@ -59,7 +59,7 @@ type heldExit int8
 const (
 	heldDone     heldExit = iota // the connection is done (heldHow says how to close it)
 	heldReadHead                 // a head longer than the read buffer: read it the usual way
-	heldHandle                   // heldHead's body is still to come: handle it the usual way
+	heldHandle                   // heldEx's body is still to come: handle it the usual way
 	heldReject                   // heldPerr: answer it and close
 )
 
@@ -123,9 +123,9 @@ func (cn *conn) serve() {
 		cn.rs, cn.heldFn = rs, cn.serveHeld
 	}
 	for {
-		var h *head
+		var ex *exchange
 		if cn.rs != nil {
-			cn.held, cn.heldHead, cn.heldPerr, cn.heldHow = heldDone, nil, nil, closeNow
+			cn.held, cn.heldEx, cn.heldPerr, cn.heldHow = heldDone, nil, nil, closeNow
 			if err := cn.rs.Hold(cn.heldFn); err != nil {
 				return
 			}
@@ -137,7 +137,7 @@ func (cn *conn) serve() {
 				cn.protocolError(cn.heldPerr)
 				return
 			case heldHandle:
-				h = cn.heldHead
+				ex = cn.heldEx
 			}
 			// heldReadHead: the state is stateHeader already.
 		} else {
@@ -150,10 +150,10 @@ func (cn *conn) serve() {
 				return
 			}
 		}
-		if h == nil {
-			var perr *protoError
-			var err error
-			if h, perr, err = readHead(cn.br, cn.maxHead); err != nil {
+		if ex == nil {
+			ex = &exchange{}
+			perr, err := readHeadInto(cn.br, cn.maxHead, &ex.h)
+			if err != nil {
 				return
 			}
 			if perr != nil {
@@ -165,7 +165,7 @@ func (cn *conn) serve() {
 				return
 			}
 		}
-		if !cn.handle(h) {
+		if !cn.handle(ex) {
 			return
 		}
 	}
@@ -217,7 +217,9 @@ func (cn *conn) serveHeld() bool {
 			continue
 		}
 		// The whole head is buffered: readHead reads nothing from the socket.
-		h, perr, err := readHead(br, cn.maxHead)
+		ex := &exchange{}
+		h := &ex.h
+		perr, err := readHeadInto(br, cn.maxHead, h)
 		if err != nil {
 			return true
 		}
@@ -230,12 +232,12 @@ func (cn *conn) serveHeld() bool {
 			return true
 		}
 		if h.chunked || h.contentLength > int64(br.Buffered()) {
-			cn.held, cn.heldHead = heldHandle, h
+			cn.held, cn.heldEx = heldHandle, ex
 			return true
 		}
 		// The body (if any) is buffered too: the handler's reads of it
 		// never reach the socket.
-		if how := cn.handleInline(h); how != keepOpen {
+		if how := cn.handleInline(ex); how != keepOpen {
 			cn.heldHow = how
 			return true
 		}
@@ -270,14 +272,15 @@ func (cn *conn) openBody(b *body, h *head, copyBuffered bool) io.ReadCloser {
 	return b
 }
 
-// handle runs one request; false means the connection is done.
-func (cn *conn) handle(h *head) bool {
+// handle runs the request whose head is in ex; false means the connection
+// is done.
+func (cn *conn) handle(ex *exchange) bool {
 	if cn.watched {
-		how := cn.handleInline(h)
+		how := cn.handleInline(ex)
 		cn.closeAs(how)
 		return how == keepOpen
 	}
-	ex := &exchange{}
+	h := &ex.h
 	b := &ex.b
 	rbody := cn.openBody(b, h, true)
 	if !b.eof {
@@ -339,8 +342,8 @@ func keepAfter(w *response, b *body) bool {
 // handleInline runs one request on the connection's goroutine; the hangup
 // watcher cancels it if the client leaves. The caller closes the connection
 // as the result says.
-func (cn *conn) handleInline(h *head) closeHow {
-	ex := &exchange{}
+func (cn *conn) handleInline(ex *exchange) closeHow {
+	h := &ex.h
 	b := &ex.b
 	r, w := ex.start(cn, h, cn.openBody(b, h, false))
 	if b.eof {
@@ -381,26 +384,29 @@ type job struct {
 	r *http.Request
 }
 
-// exchange is one request's server-side state, in a single allocation.
+// exchange is one request's server-side state, in a single allocation (but
+// for the http.Request: see start).
 type exchange struct {
+	h   head
 	ctx reqCtx
 	b   body
-	r   http.Request
 	w   response
 	te  [1]string
 }
 
 // start fills in the request and response for h, whose body is ex.b.
 func (ex *exchange) start(cn *conn, h *head, rbody io.ReadCloser) (*http.Request, *response) {
-	ex.r = http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
+	// WithContext, the only way to set a request's context, copies it to the
+	// heap: the template stays on the stack.
+	tmpl := http.Request{Method: h.method, URL: h.url, Proto: protoString(h.minor), ProtoMajor: h.major, ProtoMinor: h.minor,
 		Header: h.header, Body: rbody, ContentLength: max(h.contentLength, 0), Close: h.close, Host: h.host,
 		RemoteAddr: cn.remote, RequestURI: h.target}
 	if h.chunked {
 		ex.te[0] = "chunked"
-		ex.r.ContentLength = -1
-		ex.r.TransferEncoding = ex.te[:]
+		tmpl.ContentLength = -1
+		tmpl.TransferEncoding = ex.te[:]
 	}
-	r := ex.r.WithContext(&ex.ctx)
+	r := tmpl.WithContext(&ex.ctx)
 	w := &ex.w
 	*w = response{cn: cn, req: r, cl: -1, body: &ex.b, minor: h.minor,
 		head: h.method == http.MethodHead, closeAfter: h.close, pending: cn.pend[:0], ctx: &ex.ctx}

@@ -45,19 +45,28 @@ var errTooLarge = &protoError{http.StatusRequestHeaderFieldsTooLarge, "request h
 // Transfer-Encoding, any transfer coding but chunked): such requests get 400
 // or 501. A read error is returned as is (nil *protoError).
 func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
+	h := &head{}
+	if perr, err := readHeadInto(br, max, h); perr != nil || err != nil {
+		return nil, perr, err
+	}
+	return h, nil, nil
+}
+
+// readHeadInto is readHead filling in h, a zero head (one allocation with
+// the rest of the request's state).
+func readHeadInto(br *bufio.Reader, max int, h *head) (*protoError, error) {
 	budget := max
 	line, err := readLine(br, &budget)
 	if err != nil {
 		return asProto(err)
 	}
-	h := &head{contentLength: 0}
 	method, rest, ok1 := bytes.Cut(line, []byte{' '})
 	target, proto, ok2 := bytes.Cut(rest, []byte{' '})
 	if !ok1 || !ok2 || len(method) == 0 || len(target) == 0 {
-		return nil, badRequest("malformed request line"), nil
+		return badRequest("malformed request line"), nil
 	}
 	if !IsToken(method) {
-		return nil, badRequest("invalid method"), nil
+		return badRequest("invalid method"), nil
 	}
 	h.method = internMethod(method)
 	switch string(proto) {
@@ -68,13 +77,13 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 		h.close = true
 	default:
 		if len(proto) == 8 && bytes.HasPrefix(proto, []byte("HTTP/")) && isDigit(proto[5]) && proto[6] == '.' && isDigit(proto[7]) {
-			return nil, &protoError{http.StatusHTTPVersionNotSupported, "unsupported protocol version"}, nil
+			return &protoError{http.StatusHTTPVersionNotSupported, "unsupported protocol version"}, nil
 		}
-		return nil, badRequest("malformed HTTP version"), nil
+		return badRequest("malformed HTTP version"), nil
 	}
 	for _, c := range target {
 		if c <= ' ' || c == 0x7f {
-			return nil, badRequest("invalid request target"), nil
+			return badRequest("invalid request target"), nil
 		}
 	}
 	h.target = internTarget(target)
@@ -83,10 +92,10 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 		h.url = &h.u
 	} else {
 		if h.method == http.MethodConnect && h.target[0] != '/' {
-			return nil, &protoError{http.StatusMethodNotAllowed, "CONNECT is not supported"}, nil
+			return &protoError{http.StatusMethodNotAllowed, "CONNECT is not supported"}, nil
 		}
 		if h.url, err = url.ParseRequestURI(h.target); err != nil {
-			return nil, badRequest("invalid request target"), nil
+			return badRequest("invalid request target"), nil
 		}
 	}
 
@@ -103,15 +112,15 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			break
 		}
 		if line[0] == ' ' || line[0] == '\t' {
-			return nil, badRequest("folded header lines are not accepted"), nil
+			return badRequest("folded header lines are not accepted"), nil
 		}
 		k, v, ok := bytes.Cut(line, []byte{':'})
 		if !ok || !IsToken(k) {
-			return nil, badRequest("malformed header line"), nil
+			return badRequest("malformed header line"), nil
 		}
 		v = TrimOWS(v)
 		if !ValidValue(v) {
-			return nil, badRequest("invalid header value"), nil
+			return badRequest("invalid header value"), nil
 		}
 		key := CanonicalKey(k)
 		vs := internValue(v)
@@ -119,7 +128,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 		case "Host":
 			hosts++
 			if !validHost(vs) {
-				return nil, badRequest("malformed Host header"), nil
+				return badRequest("malformed Host header"), nil
 			}
 			h.host = vs
 			continue // net/http keeps Host out of the header map too
@@ -127,12 +136,12 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			lengths++
 			n, ok := parseLength(vs)
 			if !ok || lengths > 1 && n != h.contentLength {
-				return nil, badRequest("bad Content-Length"), nil
+				return badRequest("bad Content-Length"), nil
 			}
 			h.contentLength = n
 		case "Transfer-Encoding":
 			if h.chunked || !strings.EqualFold(vs, "chunked") {
-				return nil, &protoError{http.StatusNotImplemented, "unsupported transfer encoding"}, nil
+				return &protoError{http.StatusNotImplemented, "unsupported transfer encoding"}, nil
 			}
 			h.chunked = true
 		case "Connection":
@@ -147,7 +156,7 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 			}
 		case "Expect":
 			if !strings.EqualFold(vs, "100-continue") {
-				return nil, &protoError{http.StatusExpectationFailed, "unsupported Expect"}, nil
+				return &protoError{http.StatusExpectationFailed, "unsupported Expect"}, nil
 			}
 			h.expectContinue = h.minor == 1
 		}
@@ -155,27 +164,27 @@ func readHead(br *bufio.Reader, max int) (*head, *protoError, error) {
 	}
 	if h.chunked {
 		if lengths > 0 || h.minor == 0 {
-			return nil, badRequest("Transfer-Encoding with Content-Length or in HTTP/1.0"), nil
+			return badRequest("Transfer-Encoding with Content-Length or in HTTP/1.0"), nil
 		}
 		h.contentLength = -1
 	}
 	if h.url.Host != "" {
 		h.host = h.url.Host // absolute-form target
 	} else if h.minor == 1 && hosts != 1 {
-		return nil, badRequest("missing or repeated Host header"), nil
+		return badRequest("missing or repeated Host header"), nil
 	}
 	if hosts > 1 {
-		return nil, badRequest("repeated Host header"), nil
+		return badRequest("repeated Host header"), nil
 	}
-	return h, nil, nil
+	return nil, nil
 }
 
-func asProto(err error) (*head, *protoError, error) {
+func asProto(err error) (*protoError, error) {
 	var pe *protoError
 	if errors.As(err, &pe) {
-		return nil, pe, nil
+		return pe, nil
 	}
-	return nil, nil, err
+	return nil, err
 }
 
 // readLine returns one line without its CRLF (or LF), charging its length
