@@ -48,8 +48,9 @@ type Conn struct {
 	relayFn func(uintptr) bool
 	hold    func() bool // Hold's state
 	holdFn  func(uintptr) bool
-	hfd     uintptr
-	holding bool
+	hfd     uintptr // the descriptor, while a RawConn.Read holds it open
+	holding bool    // inside Hold's fn: reads and writes are direct
+	direct  bool    // inside WriteThenAwaitRead's flush: writes are direct
 	drained bool
 	closed  atomic.Bool // Close was called (Hold keeps the descriptor open)
 }
@@ -133,12 +134,12 @@ func (c *Conn) doRead(fd uintptr) bool {
 }
 
 // Write writes all of p unless an error occurs, as net.Conn's Write does.
-// Inside Hold (from fn, or a goroutine fn waits for) it writes directly, the
-// descriptor being held open, and waits through RawConn.Write only when the
-// socket is full.
+// Inside Hold (from fn, or a goroutine fn waits for) and WriteThenAwaitRead
+// it writes directly, the descriptor being held open, and waits through
+// RawConn.Write only when the socket is full.
 func (c *Conn) Write(p []byte) (int, error) {
 	done := 0
-	if c.holding {
+	if c.holding || c.direct {
 		if c.closed.Load() {
 			return 0, net.ErrClosed
 		}
@@ -284,10 +285,12 @@ func (c *Conn) WriteThenAwaitRead(w interface{ Flush() error }) error {
 	return err
 }
 
-func (c *Conn) doAwait(uintptr) bool {
+func (c *Conn) doAwait(fd uintptr) bool {
 	if c.awFirst {
 		c.awFirst = false
+		c.hfd, c.direct = fd, true
 		c.awErr = c.aw.Flush()
+		c.direct = false
 		return c.awErr != nil
 	}
 	return true

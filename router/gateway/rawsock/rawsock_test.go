@@ -305,3 +305,29 @@ func TestWriteInsideHold(t *testing.T) {
 	must.NoError(t, err)
 	<-closed
 }
+
+func TestWriteThenAwaitReadLargeFlush(t *testing.T) {
+	c, peer := pair(t)
+	big := make([]byte, 8<<20) // more than the socket buffers: the flush waits for the reader
+	for i := range big {
+		big[i] = byte(i)
+	}
+	go func() {
+		b := make([]byte, len(big))
+		_, _ = io.ReadFull(peer, b)
+		if bytes.Equal(b, big) {
+			_, _ = peer.Write([]byte("ok"))
+		}
+	}()
+	must.NoError(t, c.WriteThenAwaitRead(flushFunc(func() error {
+		n, err := c.Write(big)
+		if err == nil && n != len(big) {
+			err = io.ErrShortWrite
+		}
+		return err
+	})))
+	buf := make([]byte, 8)
+	n, err := c.Read(buf)
+	must.NoError(t, err)
+	must.Eq(t, "ok", string(buf[:n]))
+}
