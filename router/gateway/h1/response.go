@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"net/http"
@@ -79,7 +80,7 @@ func (w *response) WriteHeader(code int) {
 		// Interim response: status line and current headers, sent now.
 		bw := w.cn.bw
 		writeStatus(bw, code)
-		writeHeaders(bw, w.header, nil)
+		writeHeaders(bw, w.header)
 		_, _ = bw.WriteString("\r\n")
 		w.setErr(bw.Flush())
 		return
@@ -181,9 +182,6 @@ func (w *response) commit(final bool, next []byte) {
 	w.committed = true
 	h := w.Header()
 	bodyOK := w.bodyAllowed()
-	// Lines the server adds, written after h without building strings.
-	var extra [2]string
-	n := 0
 	writeCL := false
 	switch {
 	case !bodyOK:
@@ -199,13 +197,6 @@ func (w *response) commit(final bool, next []byte) {
 		w.closeAfter = true // no chunking in HTTP/1.0: the close ends the body
 	default:
 		w.chunked = !w.head
-		if w.chunked {
-			extra[n] = "Transfer-Encoding: chunked"
-			n++
-		}
-	}
-	if v := h.Get("Connection"); v != "" && strings.Contains(strings.ToLower(v), "close") {
-		w.closeAfter = true
 	}
 	if b := w.body; b != nil && !b.eof && (b.chunked != nil || b.remaining > maxDiscard || b.expectContinue) {
 		// Too much left unread to drop and keep the connection, or a body the
@@ -214,14 +205,6 @@ func (w *response) commit(final bool, next []byte) {
 	}
 	if w.cn.srv.shutdown.Load() {
 		w.closeAfter = true
-	}
-	if w.closeAfter {
-		extra[n] = "Connection: close"
-		n++
-	}
-	date := ""
-	if _, ok := h["Date"]; !ok {
-		date = *w.cn.srv.date.Load()
 	}
 	if _, ok := h["Content-Type"]; !ok && bodyOK && !w.head {
 		if sniff := w.pending; len(sniff) > 0 || len(next) > 0 {
@@ -233,15 +216,26 @@ func (w *response) commit(final bool, next []byte) {
 	}
 	bw := w.cn.bw
 	writeStatus(bw, w.status)
-	writeHeaders(bw, h, extra[:n])
+	// One walk of h writes it and notes what decides the lines the server
+	// adds after it.
+	hasDate, connClose := writeHeaders(bw, h)
+	if connClose {
+		w.closeAfter = true
+	}
+	if w.chunked {
+		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	if w.closeAfter {
+		_, _ = bw.WriteString("Connection: close\r\n")
+	}
 	if writeCL {
 		_, _ = bw.WriteString("Content-Length: ")
 		writeDecimal(bw, w.cl)
 		_, _ = bw.WriteString("\r\n")
 	}
-	if date != "" {
+	if !hasDate {
 		_, _ = bw.WriteString("Date: ")
-		_, _ = bw.WriteString(date)
+		_, _ = bw.WriteString(*w.cn.srv.date.Load())
 		_, _ = bw.WriteString("\r\n")
 	}
 	_, err := bw.WriteString("\r\n")
@@ -287,13 +281,23 @@ func writeStatus(bw stringWriter, code int) {
 	_, _ = bw.WriteString("HTTP/1.1 " + strconv.Itoa(code) + " " + text + "\r\n")
 }
 
-// writeHeaders writes h (less the hop-by-hop headers the server manages and
-// any name or value that would break the header block) and the extra lines.
-func writeHeaders(bw stringWriter, h http.Header, extra []string) {
+// writeHeaders writes h, less the hop-by-hop headers the server manages and
+// any name or value that would break the header block. It reports whether h
+// has a Date, and whether its Connection header asks to close.
+func writeHeaders(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
 	for k, vs := range h {
 		switch k {
-		case "Transfer-Encoding", "Connection", "Keep-Alive", "Trailer", "Upgrade":
+		case "Connection":
+			for _, v := range vs {
+				if containsFold(v, "close") {
+					connClose = true
+				}
+			}
 			continue
+		case "Transfer-Encoding", "Keep-Alive", "Trailer", "Upgrade":
+			continue
+		case "Date":
+			hasDate = true // even nil: the handler suppressed it (as net/http)
 		}
 		if !IsToken(k) {
 			continue
@@ -302,16 +306,32 @@ func writeHeaders(bw stringWriter, h http.Header, extra []string) {
 			if !SafeToWrite(v) {
 				continue
 			}
+			if len(k)+len(v)+4 <= bw.Available() {
+				// The line built in the writer's free space: one Write.
+				b := append(bw.AvailableBuffer(), k...)
+				b = append(b, ':', ' ')
+				b = append(b, v...)
+				_, _ = bw.Write(append(b, '\r', '\n'))
+				continue
+			}
 			_, _ = bw.WriteString(k)
 			_, _ = bw.WriteString(": ")
 			_, _ = bw.WriteString(v)
 			_, _ = bw.WriteString("\r\n")
 		}
 	}
-	for _, e := range extra {
-		_, _ = bw.WriteString(e)
-		_, _ = bw.WriteString("\r\n")
+	return hasDate, connClose
+}
+
+// containsFold reports whether s contains the lower-case ASCII word sub, in
+// any case.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
 	}
+	return false
 }
 
 // writeDecimal writes n ≥ 0 in decimal without the string strconv would

@@ -495,3 +495,38 @@ func TestSetHeader(t *testing.T) {
 	must.Eq(t, "1", resp.Header.Get("X-Own"))
 	must.Eq(t, "", resp.Header.Get("X-Handed"))
 }
+
+func TestResponseHeadersTheServerManages(t *testing.T) {
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-A", "1")
+		h.Set("Keep-Alive", "timeout=5") // hop-by-hop: dropped
+		h.Set("X-Bad", "a\r\nInjected: yes")
+		switch r.URL.Path {
+		case "/nodate":
+			h["Date"] = nil // suppressed, as with net/http
+		case "/owndate":
+			h.Set("Date", "Mon, 02 Jan 2006 15:04:05 GMT")
+		case "/close":
+			h.Set("Connection", "Keep-Alive, CLOSE")
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	c := dial(t, addr)
+	c.send("GET /nodate HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp, _ := c.read("GET")
+	must.Eq(t, "1", resp.Header.Get("X-A"))
+	must.MapNotContainsKey(t, resp.Header, "Date")
+	must.MapNotContainsKey(t, resp.Header, "Keep-Alive")
+	must.MapNotContainsKey(t, resp.Header, "X-Bad")
+	must.MapNotContainsKey(t, resp.Header, "Injected")
+	must.False(t, resp.Close)
+	c.send("GET /owndate HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp, _ = c.read("GET")
+	must.Eq(t, []string{"Mon, 02 Jan 2006 15:04:05 GMT"}, resp.Header.Values("Date"))
+	c.send("GET /close HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp, body := c.read("GET")
+	must.Eq(t, "ok", body)
+	must.True(t, resp.Close)
+	must.True(t, c.closed())
+}
