@@ -5,11 +5,14 @@
 // (a background read goroutine and an extra EAGAIN read per request to
 // notice client disconnects, per-request deadline timers, header parsing
 // through textproto) cost about a third of the router's CPU per request.
-// Here one goroutine per connection parses requests and, while a request's
-// handler runs in its own goroutine, waits for the client's next bytes: that
-// single wait both notices a disconnect (cancelling the request's context)
-// and receives the next keep-alive request. Timeouts are enforced by one
-// sweeper per server instead of per-request deadlines.
+// Here one goroutine per connection parses requests. On Linux it runs their
+// handlers itself, inside one RawConn.Read of the socket (rawsock.Conn.Hold:
+// no read that finds nothing before each idle wait), and one watcher per
+// server notices hangups (hangups). Elsewhere, while a request's handler
+// runs in the connection's worker goroutine, it waits for the client's next
+// bytes: that single wait both notices a disconnect (cancelling the
+// request's context) and receives the next keep-alive request. Timeouts are
+// enforced by one sweeper per server instead of per-request deadlines.
 //
 // Supported: HTTP/1.0 and 1.1, keep-alive, pipelined requests (answered in
 // order), Content-Length and chunked request bodies, Expect: 100-continue,
