@@ -115,11 +115,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		t0 := time.Now()
+		t0 := rec.now()
 		d, err := g.opts.Selector.Pick(ctx, pol.Scoring, req, cands)
 		// The end of the decision is also when the request counts as sent
 		// (prefill timing, the connection pool's idle age): one clock read.
-		picked := time.Now()
+		picked := rec.now()
 		g.m.RoutingDecision.Observe(picked.Sub(t0).Seconds())
 		if err != nil {
 			g.log.Error("choosing worker failed", "model", f.Model, "error", err)
@@ -138,6 +138,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		var pre *scoring.Prefill
 		if n, ok := req.UncachedTokens(wk); ok {
 			pre = wk.Live.StartPrefill(n)
+		}
+		if attempt > 0 {
+			ps.fw = forwarding{} // the first attempt's, done with
 		}
 		retryable, err := g.forward(ctx, w, r, rec, &ps.fw, wk, body, reqID, attempt == 0, f, pre, picked)
 		pre.Cancel()
@@ -233,18 +236,19 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 	}
 	// The upstream request's parts and the relay's state live in the
-	// request's proxyState: no allocation of their own. Nothing holds on to
-	// them once forward returns, so a retry reuses them.
-	*st = forwarding{}
+	// request's proxyState (zero here: the caller clears it before a retry),
+	// no allocation of their own. Their fields are set one by one: a
+	// composite literal is built aside and copied, hundreds of bytes.
 	var up *http.Request
 	if wk.Upstream == "" {
 		// Built from the parsed client URL: no URL string to parse again.
-		st.u = url.URL{Scheme: "http", Host: wk.Address, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+		u := &st.u
+		u.Scheme, u.Host, u.Path, u.RawPath, u.RawQuery = "http", wk.Address, r.URL.Path, r.URL.RawPath, r.URL.RawQuery
 		st.body.Reset(body)
 		// No GetBody: the transport rewinds the body (a Seeker) to resend it.
-		st.up = http.Request{Method: http.MethodPost, URL: &st.u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: hdr, Host: wk.Address, Body: &st.body, ContentLength: int64(len(body))}
 		up = &st.up // its context is passed to the transport apart (roundTrip)
+		up.Method, up.URL, up.Header, up.Host, up.Body = http.MethodPost, u, hdr, wk.Address, &st.body
+		up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/1.1", 1, 1
 	} else {
 		// A hosted API: its base URL already ends in /v1, like the request path starts.
 		target := strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
@@ -315,8 +319,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer g.bufs.Put(bp)
 	buf := *bp
 	rl := &st.relay
-	*rl = relayer{w: w, usage: usageScanner{sse: f.Stream}, rec: rec, pre: pre, sent: sent,
-		timeFirst: f.Stream && resp.StatusCode == http.StatusOK}
+	rl.w, rl.usage.sse, rl.rec, rl.pre, rl.sent = w, f.Stream, rec, pre, sent
+	rl.timeFirst = f.Stream && resp.StatusCode == http.StatusOK
 	if fl, ok := w.(http.Flusher); ok {
 		rl.fl = fl
 	} else {
@@ -429,7 +433,7 @@ func (rl *relayer) emit(data []byte, last bool) error {
 		rl.fl.Flush()
 	}
 	if !rl.rec.ttftDone {
-		now := time.Now() // one clock read for both first-byte timings
+		now := rl.rec.now() // one clock read for both first-byte timings
 		if rl.timeFirst && rl.pre != nil {
 			// A stream's first event carries the first token; a whole
 			// response would time the decode too, so only streams teach.
@@ -564,6 +568,10 @@ type outcome struct {
 	ttftDone bool
 	recorded bool
 }
+
+// now is time.Now from the monotonic clock alone, read once where time.Now
+// reads the wall clock as well: the request path's timings only subtract.
+func (o *outcome) now() time.Time { return o.start.Add(time.Since(o.start)) }
 
 // firstByte records the time to the first byte, now.
 func (o *outcome) firstByte(now time.Time) {
