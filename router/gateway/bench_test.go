@@ -67,7 +67,7 @@ func BenchmarkParseRequest(b *testing.B) {
 
 func BenchmarkParseResponseHead(b *testing.B) {
 	head := []byte("HTTP/1.1 200 OK\r\nCache-Control: no-cache\r\nContent-Type: text/event-stream; charset=utf-8\r\n" +
-		"X-Request-Id: 0123456789abcdef01234567\r\nDate: Sat, 21 Nov 2026 07:04:31 GMT\r\nTransfer-Encoding: chunked\r\n")
+		"X-Request-Id: 0123456789abcdef01234567\r\nDate: Sat, 21 Nov 2026 07:04:31 GMT\r\nTransfer-Encoding: chunked\r\n\r\n")
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, ok := parseResponseHead(head); !ok {

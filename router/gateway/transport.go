@@ -481,18 +481,14 @@ func readResponse(br *bufio.Reader, req *http.Request) (resp *http.Response, x *
 		return nil, nil, err
 	}
 	buf, _ := br.Peek(br.Buffered())
-	end := bytes.Index(buf, []byte("\r\n\r\n"))
-	if end < 0 {
-		resp, err = http.ReadResponse(br, req)
-		return resp, nil, err
-	}
 	x = &exchange{}
-	if !parseResponseHeadInto(x, buf[:end+2]) {
+	n := parseResponseHeadInto(x, buf)
+	if n == 0 {
 		resp, err = http.ReadResponse(br, req)
 		return resp, nil, err
 	}
 	resp = &x.resp
-	_, _ = br.Discard(end + 4)
+	_, _ = br.Discard(n)
 	resp.Request = req
 	switch {
 	case resp.StatusCode < 200 || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified ||
@@ -517,89 +513,114 @@ func readResponse(br *bufio.Reader, req *http.Request) (resp *http.Response, x *
 	return resp, x, nil
 }
 
-// parseResponseHead parses an HTTP/1.1 status line and headers, each line
-// ending in CRLF. ok is false for anything it does not handle itself.
+// parseResponseHead parses the response head at the start of b: the status
+// line and fields, each line ending in CRLF, through the blank line. ok is
+// false for anything it does not handle itself.
 func parseResponseHead(b []byte) (resp *http.Response, ok bool) {
 	x := &exchange{}
-	if !parseResponseHeadInto(x, b) {
+	if parseResponseHeadInto(x, b) == 0 {
 		return nil, false
 	}
 	return &x.resp, true
 }
 
-// parseResponseHeadInto is parseResponseHead into x.resp. The field values
-// are slices of one string copied from b.
-func parseResponseHeadInto(x *exchange, b []byte) bool {
-	line, rest, _ := bytes.Cut(b, []byte("\r\n"))
+// headField is one field of a response head: its canonical name and where
+// its value lies in the head.
+type headField struct {
+	key        string
+	start, end int
+}
+
+// maxHeadFields is the most fields parseResponseHeadInto takes; a head with
+// more goes to net/http.
+const maxHeadFields = 16
+
+// parseResponseHeadInto is parseResponseHead into x.resp, in one pass over
+// the head: it returns the head's length, blank line included, or 0 when
+// the head is not all in b or has anything it does not handle itself. The
+// field values are slices of one string copied from the head.
+func parseResponseHeadInto(x *exchange, b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	if i < 1 || b[i-1] != '\r' {
+		return 0
+	}
+	line := b[:i-1]
 	if len(line) < 12 || string(line[:9]) != "HTTP/1.1 " || (len(line) > 12 && line[12] != ' ') {
-		return false
+		return 0
 	}
 	code := 0
 	for _, c := range line[9:12] {
 		if c < '0' || c > '9' {
-			return false
+			return 0
 		}
 		code = code*10 + int(c-'0')
 	}
 	if code < 100 {
-		return false
+		return 0
 	}
 	for _, c := range line[12:] {
 		if c < ' ' && c != '\t' || c == 0x7f {
-			return false
+			return 0
 		}
+	}
+	// The fields, up to the blank line: checked and located first, their
+	// values copied once the head's end is known.
+	var fields [maxHeadFields]headField
+	nf := 0
+	first := i + 1 // the first field line
+	p := first
+	for {
+		// Lines end in CRLF; a bare LF is left to net/http.
+		j := bytes.IndexByte(b[p:], '\n')
+		if j < 1 || b[p+j-1] != '\r' {
+			return 0 // also a head not all in b
+		}
+		if j == 1 {
+			break // the blank line
+		}
+		line := b[p : p+j-1]
+		k, v, found := bytes.Cut(line, []byte{':'})
+		if !found || !h1.IsToken(k) || nf == maxHeadFields {
+			return 0 // also folded lines: their name starts with a space
+		}
+		tv := h1.TrimOWS(v)
+		if !h1.ValidValue(tv) {
+			return 0
+		}
+		start := p + len(k) + 1 + cap(v) - cap(tv) // tv is v without its leading spaces
+		fields[nf] = headField{key: h1.CanonicalKey(k), start: start, end: start + len(tv)}
+		nf++
+		p += j + 1
 	}
 	status := "200 OK"
 	if string(line[9:]) != status {
 		status = string(line[9:])
 	}
-	x.hop = false
 	resp := &x.resp
 	*resp = http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header, 8), ContentLength: -1}
+		Header: make(http.Header, nf), ContentLength: -1}
+	x.hop = false
 	vals := x.vals[:0]
-	// One string for all field values: each value is a slice of it.
-	all := string(rest)
-	off := 0 // of rest within all
+	all := string(b[first:p]) // one string for all field values: each value is a slice of it
 	lengths := 0
-	for len(rest) > 0 {
-		// Lines end in CRLF; a bare LF is left to net/http.
-		i := bytes.IndexByte(rest, '\n')
-		if i < 1 || rest[i-1] != '\r' {
-			return false
-		}
-		line = rest[:i-1]
-		lineOff := off
-		off += i + 1
-		rest = rest[i+1:]
-		k, v, found := bytes.Cut(line, []byte{':'})
-		if !found || !h1.IsToken(string(k)) {
-			return false // also folded lines: their key starts with a space
-		}
-		v0 := len(k) + 1
-		tv := h1.TrimOWS(v)
-		if !h1.ValidValue(tv) {
-			return false
-		}
-		key := h1.CanonicalKey(k)
-		start := lineOff + v0 + cap(v) - cap(tv) // tv is v without its surrounding spaces
-		vs := all[start : start+len(tv)]
-		switch key {
+	for fi, f := range fields[:nf] {
+		vs := all[f.start-first : f.end-first]
+		switch f.key {
 		case "Content-Length":
 			n, err := strconv.ParseInt(vs, 10, 64)
 			if lengths++; lengths > 1 || err != nil || n < 0 || vs[0] == '+' {
-				return false
+				return 0
 			}
 			resp.ContentLength = n
 		case "Transfer-Encoding":
 			if resp.TransferEncoding != nil || vs != "chunked" {
-				return false
+				return 0
 			}
 			x.te[0] = "chunked"
 			resp.TransferEncoding = x.te[:]
 			continue // as net/http: not left in the header map
 		case "Trailer":
-			return false // declared trailers: net/http's business
+			return 0 // declared trailers: net/http's business
 		case "Connection":
 			for _, tok := range strings.Split(vs, ",") {
 				if strings.EqualFold(strings.Trim(tok, " \t"), "close") {
@@ -607,21 +628,36 @@ func parseResponseHeadInto(x *exchange, b []byte) bool {
 				}
 			}
 		}
-		if isHopHeader(key) {
+		if isHopHeader(f.key) {
 			x.hop = true
 		}
-		h1.AddValue(resp.Header, &vals, key, vs)
+		// A name seen before in this head gets the value appended; a new
+		// one (nearly always) is set without looking it up first.
+		repeated := false
+		for _, e := range fields[:fi] {
+			if e.key == f.key {
+				repeated = true
+				break
+			}
+		}
+		if repeated {
+			resp.Header[f.key] = append(resp.Header[f.key], vs)
+		} else {
+			vals = append(vals, vs)
+			n := len(vals)
+			resp.Header[f.key] = vals[n-1 : n : n]
+		}
 	}
 	if resp.Close {
 		delete(resp.Header, "Connection") // as net/http
 	}
 	if resp.TransferEncoding != nil {
 		if lengths > 0 {
-			return false
+			return 0
 		}
 		resp.ContentLength = -1
 	}
-	return true
+	return p + 2
 }
 
 // chunkedBody decodes a chunked body and consumes its trailer section, so

@@ -6,7 +6,10 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/shoenig/test/must"
 )
 
 // FuzzParseResponse checks the transport's response reader against
@@ -21,16 +24,15 @@ func FuzzParseResponse(f *testing.F) {
 		"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
 		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT",
 		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
+		"HTTP/1.1 200 OK\r\nX-A: 1\r\nx-b:  2 \r\nX-A: 3\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\n" + strings.Repeat("X-Many: v\r\n", maxHeadFields+1) + "Content-Length: 0\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		req := &http.Request{Method: http.MethodPost}
-		head, _ := bytes.CutSuffix(in, nil)
-		if end := bytes.Index(head, []byte("\r\n\r\n")); end < 0 {
-			return // the fast path only takes a whole head
-		} else if _, ok := parseResponseHead(head[:end+2]); !ok {
-			return
+		if _, ok := parseResponseHead(in); !ok {
+			return // only what the fast path takes
 		}
 		br := bufio.NewReaderSize(bytes.NewReader(in), 1<<16)
 		got, _, err := readResponse(br, req)
@@ -64,4 +66,24 @@ func FuzzParseResponse(f *testing.F) {
 			t.Fatalf("after the body: %d bytes left, net/http %d", br.Buffered(), rbr.Buffered())
 		}
 	})
+}
+
+func TestReadResponseFields(t *testing.T) {
+	// Repeated names keep every value in order; a head with more fields
+	// than the fast path takes is read by net/http, with the same result.
+	for _, n := range []int{1, maxHeadFields - 3, maxHeadFields - 2, maxHeadFields + 4} {
+		in := "HTTP/1.1 200 OK\r\nX-A: first\r\n" + strings.Repeat("X-Many: v\r\n", n) +
+			"X-A:  second \r\nContent-Length: 2\r\n\r\nokNEXT"
+		br := bufio.NewReader(strings.NewReader(in))
+		resp, x, err := readResponse(br, &http.Request{Method: http.MethodPost})
+		must.NoError(t, err)
+		must.Eq(t, n+3 <= maxHeadFields, x != nil, must.Sprintf("fast path for %d fields", n+3))
+		must.Eq(t, []string{"first", "second"}, resp.Header["X-A"])
+		must.Eq(t, n, len(resp.Header["X-Many"]))
+		b, err := io.ReadAll(resp.Body)
+		must.NoError(t, err)
+		must.Eq(t, "ok", string(b))
+		rest, _ := io.ReadAll(br)
+		must.Eq(t, "NEXT", string(rest))
+	}
 }
