@@ -218,8 +218,11 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	tokens := estimateTokens(len(body), f)
 	wk.Live.Enter(tokens)
 	defer wk.Live.Leave(tokens)
-	ws := g.m.Worker(wk.Model, wk.ID)
+	ws, ms := g.series(wk)
 	rec.ws = ws
+	if wk.Model == rec.model {
+		rec.ms = ms
+	}
 	ws.InFlight.Inc()
 	defer ws.InFlight.Dec()
 
@@ -376,6 +379,30 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		wk.Live.AddGenerated(int64(c))
 	}
 	return false, nil
+}
+
+// workerSeries are a worker's metric series, kept on its scoring.Live
+// (series).
+type workerSeries struct {
+	m         *metrics.Metrics // whose series they are
+	model, id string
+	ws        *metrics.WorkerSeries
+	ms        *metrics.ModelSeries // of model
+}
+
+// series returns wk's metric series and its model's. They are kept on the
+// worker's Live, which outlives pool updates, instead of being looked up
+// by label values on every request.
+func (g *Gateway) series(wk *scoring.Worker) (*metrics.WorkerSeries, *metrics.ModelSeries) {
+	if wk.Live == nil {
+		return g.m.Worker(wk.Model, wk.ID), g.m.Model(wk.Model)
+	}
+	if c, ok := wk.Live.Attached().(*workerSeries); ok && c.m == g.m && c.model == wk.Model && c.id == wk.ID {
+		return c.ws, c.ms
+	}
+	c := &workerSeries{m: g.m, model: wk.Model, id: wk.ID, ws: g.m.Worker(wk.Model, wk.ID), ms: g.m.Model(wk.Model)}
+	wk.Live.Attach(c)
+	return c.ws, c.ms
 }
 
 // streamer is the engine transport's body, which relays chunked bodies
@@ -564,7 +591,7 @@ type outcome struct {
 	worker   string
 	status   int
 	ws       *metrics.WorkerSeries // the chosen worker's series, once forwarded
-	ms       *metrics.ModelSeries  // o.model's series, once the first byte went out
+	ms       *metrics.ModelSeries  // o.model's series, once forwarded or the first byte went out
 	ttftDone bool
 	recorded bool
 }
@@ -577,7 +604,9 @@ func (o *outcome) now() time.Time { return o.start.Add(time.Since(o.start)) }
 func (o *outcome) firstByte(now time.Time) {
 	if !o.ttftDone {
 		o.ttftDone = true
-		o.ms = o.g.m.Model(o.model)
+		if o.ms == nil {
+			o.ms = o.g.m.Model(o.model)
+		}
 		o.ms.TTFT.Observe(now.Sub(o.start).Seconds())
 	}
 }

@@ -538,7 +538,8 @@ const maxHeadFields = 16
 // parseResponseHeadInto is parseResponseHead into x.resp, in one pass over
 // the head: it returns the head's length, blank line included, or 0 when
 // the head is not all in b or has anything it does not handle itself. The
-// field values are slices of one string copied from the head.
+// field values are slices of one string copied from the head. x must be
+// new.
 func parseResponseHeadInto(x *exchange, b []byte) int {
 	i := bytes.IndexByte(b, '\n')
 	if i < 1 || b[i-1] != '\r' {
@@ -596,10 +597,11 @@ func parseResponseHeadInto(x *exchange, b []byte) int {
 	if string(line[9:]) != status {
 		status = string(line[9:])
 	}
+	// x is new (zero): fields set in place, where a composite literal
+	// would be built aside and copied.
 	resp := &x.resp
-	*resp = http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: make(http.Header, nf), ContentLength: -1}
-	x.hop = false
+	resp.Status, resp.StatusCode, resp.Header, resp.ContentLength = status, code, make(http.Header, nf), -1
+	resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.1", 1, 1
 	vals := x.vals[:0]
 	all := string(b[first:p]) // one string for all field values: each value is a slice of it
 	lengths := 0

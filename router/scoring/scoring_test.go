@@ -286,3 +286,14 @@ func TestLiveEnterLeave(t *testing.T) {
 		t.Fatalf("after Leave: in flight %d, tokens %d; want 1, 5", s.InFlight, s.InFlightTokens)
 	}
 }
+
+func TestLiveAttach(t *testing.T) {
+	l := NewLive()
+	must.Nil(t, l.Attached())
+	type state struct{ n int }
+	a, b := &state{1}, &state{2}
+	l.Attach(a)
+	must.Eq(t, any(a), l.Attached())
+	l.Attach(b)
+	must.Eq(t, any(b), l.Attached())
+}

@@ -99,10 +99,20 @@ type Live struct {
 	inFlightTokens atomic.Int64
 	generated      atomic.Int64 // completion tokens from engine usage objects
 	prefill        prefillState
+	attached       atomic.Value // Attach's value
 
 	mu sync.RWMutex
 	s  Signals // engine and power fields only
 }
+
+// Attach keeps v with the worker's live state, for a caller that needs
+// per-worker state of its own on every request (the gateway's metric
+// series) without a map lookup; Attached returns it, nil before any Attach.
+// Every Attach to one Live must pass the same concrete type.
+func (l *Live) Attach(v any) { l.attached.Store(v) }
+
+// Attached returns what Attach stored last, or nil.
+func (l *Live) Attached() any { return l.attached.Load() }
 
 // NewLive returns empty live signals.
 func NewLive() *Live { return &Live{} }
