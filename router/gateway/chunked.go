@@ -37,11 +37,14 @@ const (
 
 var errChunked = errors.New("malformed chunked encoding")
 
-// decode decodes p in place: data is a prefix of p holding the chunk data
+// decode decodes p in place: data is the part of p holding the chunk data
 // found in it, n the bytes of p consumed (less than len(p) only when the
 // body ended before the end of p), done whether the body ended.
 func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err error) {
-	w := 0 // write position for data
+	// The first chunk's data stays where it lies (data starts at base);
+	// only data of later chunks in p is moved, to follow it. An engine
+	// writes one event per chunk, so a read usually moves nothing.
+	base, w := 0, 0
 	i := 0
 	for i < len(p) {
 		c := p[i]
@@ -51,7 +54,7 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			switch {
 			case ok:
 				if d.digits == 16 {
-					return p[:w], i, false, errors.New("chunk size too large")
+					return p[base : base+w], i, false, errors.New("chunk size too large")
 				}
 				d.size = d.size<<4 | uint64(v)
 				d.digits++
@@ -60,7 +63,7 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			case d.digits > 0 && c == '\r':
 				d.state = stSizeLF
 			default:
-				return p[:w], i, false, errChunked
+				return p[base : base+w], i, false, errChunked
 			}
 			i++
 			d.line++
@@ -69,16 +72,16 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			case c == '\r':
 				d.state = stSizeLF
 			case c == '\n' || c == 0:
-				return p[:w], i, false, errChunked
+				return p[base : base+w], i, false, errChunked
 			}
 			i++
 			d.line++
 			if d.line > maxChunkLine {
-				return p[:w], i, false, errChunked
+				return p[base : base+w], i, false, errChunked
 			}
 		case stSizeLF:
 			if c != '\n' {
-				return p[:w], i, false, errChunked
+				return p[base : base+w], i, false, errChunked
 			}
 			i++
 			d.line, d.digits = 0, 0
@@ -92,7 +95,12 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			if k > d.size {
 				k = d.size
 			}
-			w += copy(p[w:], p[i:i+int(k)])
+			if w == 0 {
+				base = i
+			} else {
+				copy(p[base+w:], p[i:i+int(k)])
+			}
+			w += int(k)
 			i += int(k)
 			d.size -= k
 			if d.size == 0 {
@@ -104,7 +112,7 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 				want = '\n'
 			}
 			if c != want {
-				return p[:w], i, false, errChunked
+				return p[base : base+w], i, false, errChunked
 			}
 			i++
 			if d.state == stDataCR {
@@ -116,33 +124,33 @@ func (d *chunkDecoder) decode(p []byte) (data []byte, n int, done bool, err erro
 			// Trailer fields are dropped (the router forwards none); only
 			// their line structure and size are checked.
 			if d.budget--; d.budget < 0 {
-				return p[:w], i, false, errors.New("chunked trailer too large")
+				return p[base : base+w], i, false, errors.New("chunked trailer too large")
 			}
 			switch {
 			case d.state == stTrailer && c == '\r':
 				d.state = stEndLF
 			case d.state == stTrailer || d.state == stTrLine:
 				if c == '\n' || c == 0 {
-					return p[:w], i, false, errChunked
+					return p[base : base+w], i, false, errChunked
 				}
 				d.state = stTrLine
 				if c == '\r' {
 					d.state = stTrLF
 				}
 			case c != '\n':
-				return p[:w], i, false, errChunked
+				return p[base : base+w], i, false, errChunked
 			case d.state == stTrLF:
 				d.state = stTrailer
 			default: // stEndLF
 				d.state = stDone
-				return p[:w], i + 1, true, nil
+				return p[base : base+w], i + 1, true, nil
 			}
 			i++
 		case stDone:
-			return p[:w], i, true, nil
+			return p[base : base+w], i, true, nil
 		}
 	}
-	return p[:w], i, d.state == stDone, nil
+	return p[base : base+w], i, d.state == stDone, nil
 }
 
 func unhex(c byte) (byte, bool) {

@@ -279,7 +279,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var resp *http.Response
 	switch t, ok := rt.(*Transport); {
 	case ok && up == &st.up:
-		resp, err = t.roundTrip(ctx, up, sent)
+		resp, err = t.roundTrip(ctx, up, sent, &st.x)
 	case up == &st.up:
 		resp, err = rt.RoundTrip(up.WithContext(ctx))
 	default:
@@ -418,6 +418,7 @@ type forwarding struct {
 	up    http.Request
 	reqID [1]string // the upstream X-Request-Id value, also the response's
 	relay relayer
+	x     exchange // the engine's response (Transport); its header goes on to the client's
 }
 
 // reqBody is the upstream request's body: the client's bytes, rewindable.

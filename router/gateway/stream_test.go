@@ -151,3 +151,24 @@ func TestResponseHopHeadersDropped(t *testing.T) {
 		}
 	}
 }
+
+func TestInterimResponsesSkipped(t *testing.T) {
+	// The engine's 1xx responses are read into the same per-request state
+	// as the final one: none of their fields may leak into it.
+	a, _ := rawEngine(t, func(int) (string, bool) {
+		return "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\nX-Early: 1\r\n\r\n" +
+			"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Final: 1\r\nContent-Length: 2\r\n\r\n{}", false
+	})
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + a})
+	for range 2 {
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.NoError(t, err)
+		must.Eq(t, 200, resp.StatusCode)
+		must.Eq(t, "{}", string(b))
+		must.Eq(t, "1", resp.Header.Get("X-Final"))
+		must.Eq(t, "", resp.Header.Get("X-Early"))
+		must.Eq(t, "", resp.Header.Get("Link"))
+	}
+}

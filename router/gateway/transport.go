@@ -68,14 +68,16 @@ var _ http.RoundTripper = (*Transport)(nil)
 
 // RoundTrip sends req and returns the response with its body unread.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return t.roundTrip(req.Context(), req, time.Now())
+	return t.roundTrip(req.Context(), req, time.Now(), nil)
 }
 
 // roundTrip is RoundTrip with the request's context passed apart (the
 // gateway's upstream requests carry none: no WithContext copy of the request
-// each time) and now, a clock reading taken just before (for the idle
-// connections' age: no clock read of its own).
-func (t *Transport) roundTrip(ctx context.Context, req *http.Request, now time.Time) (*http.Response, error) {
+// each time), now, a clock reading taken just before (for the idle
+// connections' age: no clock read of its own), and x, when not nil, a zero
+// exchange the response is read into (the gateway's, inside its own
+// per-request state: no allocation of the transport's).
+func (t *Transport) roundTrip(ctx context.Context, req *http.Request, now time.Time, x *exchange) (*http.Response, error) {
 	if req.URL.Scheme != "http" {
 		return nil, errors.New("oasis-router transport: only http:// engines are supported")
 	}
@@ -84,7 +86,10 @@ func (t *Transport) roundTrip(ctx context.Context, req *http.Request, now time.T
 		if err != nil {
 			return nil, err
 		}
-		resp, err := t.send(ctx, pc, req, now)
+		if attempt > 0 && x != nil {
+			*x = exchange{} // the failed attempt may have used it
+		}
+		resp, err := t.send(ctx, pc, req, now, x)
 		if err == nil {
 			return resp, nil
 		}
@@ -118,7 +123,7 @@ func staleConnErr(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-func (t *Transport) send(ctx context.Context, pc *pconn, req *http.Request, now time.Time) (*http.Response, error) {
+func (t *Transport) send(ctx context.Context, pc *pconn, req *http.Request, now time.Time, into *exchange) (*http.Response, error) {
 	pc.usedAt = now
 	// Cancellation: a past deadline unblocks any read or write on the conn.
 	stop := onCancel(ctx, pc.onCancel)
@@ -137,10 +142,13 @@ func (t *Transport) send(ctx context.Context, pc *pconn, req *http.Request, now 
 		stop.Stop()
 		return nil, ferr
 	}
-	resp, x, err := readResponse(pc.br, req)
+	resp, x, err := readResponse(pc.br, req, into)
 	// Skip interim responses (100 Continue, 103 Early Hints): the final one follows.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, x, err = readResponse(pc.br, req)
+		if into != nil {
+			*into = exchange{}
+		}
+		resp, x, err = readResponse(pc.br, req, into)
 	}
 	if err != nil {
 		stop.Stop()
@@ -476,12 +484,14 @@ func (t *Transport) CloseIdle() {
 // here, with fewer allocations than textproto, into an exchange (returned,
 // for the transport's body); anything else, before a byte is consumed, goes
 // to http.ReadResponse (and x is nil).
-func readResponse(br *bufio.Reader, req *http.Request) (resp *http.Response, x *exchange, err error) {
+func readResponse(br *bufio.Reader, req *http.Request, into *exchange) (resp *http.Response, x *exchange, err error) {
 	if _, err := br.Peek(1); err != nil {
 		return nil, nil, err
 	}
 	buf, _ := br.Peek(br.Buffered())
-	x = &exchange{}
+	if x = into; x == nil {
+		x = &exchange{}
+	}
 	n := parseResponseHeadInto(x, buf)
 	if n == 0 {
 		resp, err = http.ReadResponse(br, req)

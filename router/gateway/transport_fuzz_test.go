@@ -35,7 +35,7 @@ func FuzzParseResponse(f *testing.F) {
 			return // only what the fast path takes
 		}
 		br := bufio.NewReaderSize(bytes.NewReader(in), 1<<16)
-		got, _, err := readResponse(br, req)
+		got, _, err := readResponse(br, req, nil)
 		if err != nil {
 			t.Fatalf("fast path failed: %v", err)
 		}
@@ -75,7 +75,7 @@ func TestReadResponseFields(t *testing.T) {
 		in := "HTTP/1.1 200 OK\r\nX-A: first\r\n" + strings.Repeat("X-Many: v\r\n", n) +
 			"X-A:  second \r\nContent-Length: 2\r\n\r\nokNEXT"
 		br := bufio.NewReader(strings.NewReader(in))
-		resp, x, err := readResponse(br, &http.Request{Method: http.MethodPost})
+		resp, x, err := readResponse(br, &http.Request{Method: http.MethodPost}, nil)
 		must.NoError(t, err)
 		must.Eq(t, n+3 <= maxHeadFields, x != nil, must.Sprintf("fast path for %d fields", n+3))
 		must.Eq(t, []string{"first", "second"}, resp.Header["X-A"])
