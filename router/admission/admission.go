@@ -22,7 +22,7 @@ var (
 // call New.
 type Controller struct {
 	mu     sync.Mutex
-	models map[string]*gate
+	models map[string]*gate // never removed: a Slot keeps its model's gate
 
 	// OnQueue, when set, is called with a model's queue length whenever it
 	// changes (under the controller's lock: keep it cheap, e.g. a gauge Set).
@@ -41,7 +41,7 @@ func New() *Controller { return &Controller{models: map[string]*gate{}} }
 // release func on success. It fails at once with ErrQueueFull when the queue
 // is full, with ErrQueueTimeout after lim.QueueTimeout, or with ctx's error.
 func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limits) (release func(), err error) {
-	if err := c.acquire(ctx, model, lim); err != nil {
+	if _, err := c.acquire(ctx, model, lim); err != nil {
 		return nil, err
 	}
 	return c.releaser(model, lim), nil
@@ -50,6 +50,7 @@ func (c *Controller) Acquire(ctx context.Context, model string, lim policy.Limit
 // Slot is an admitted request's in-flight slot (AcquireSlot).
 type Slot struct {
 	c     *Controller
+	g     *gate // the model's, which is never removed: no map lookup on Release
 	model string
 	lim   policy.Limits
 }
@@ -57,20 +58,22 @@ type Slot struct {
 // AcquireSlot is Acquire returning the slot as a value, without the release
 // closure Acquire allocates: Release must be called exactly once.
 func (c *Controller) AcquireSlot(ctx context.Context, model string, lim policy.Limits) (Slot, error) {
-	if err := c.acquire(ctx, model, lim); err != nil {
+	g, err := c.acquire(ctx, model, lim)
+	if err != nil {
 		return Slot{}, err
 	}
-	return Slot{c: c, model: model, lim: lim}, nil
+	return Slot{c: c, g: g, model: model, lim: lim}, nil
 }
 
 // Release frees the slot.
 func (s Slot) Release() {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	s.c.handOff(s.model, s.c.models[s.model], s.lim)
+	s.c.handOff(s.model, s.g, s.lim)
 }
 
-func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limits) (err error) {
+// acquire returns the model's gate with a slot taken in it.
+func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limits) (_ *gate, err error) {
 	c.mu.Lock()
 	g := c.models[model]
 	if g == nil {
@@ -81,11 +84,11 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 	if lim.MaxInFlight <= 0 || (g.inFlight < lim.MaxInFlight && len(g.waiters) == 0) {
 		g.inFlight++
 		c.mu.Unlock()
-		return nil
+		return g, nil
 	}
 	if len(g.waiters) >= lim.MaxQueue {
 		c.mu.Unlock()
-		return ErrQueueFull
+		return nil, ErrQueueFull
 	}
 	ch := make(chan struct{})
 	g.waiters = append(g.waiters, ch)
@@ -100,7 +103,7 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	select {
 	case <-ch:
-		return nil
+		return g, nil
 	case <-timeout:
 		err = ErrQueueTimeout
 	case <-ctx.Done():
@@ -112,12 +115,12 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 		if w == ch {
 			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
 			c.queued(model, g)
-			return err
+			return nil, err
 		}
 	}
 	// Handed a slot while giving up: pass it on.
 	c.handOff(model, g, lim)
-	return err
+	return nil, err
 }
 
 // Queued returns the number of requests waiting for model.
