@@ -35,6 +35,7 @@ import (
 	"github.com/oasis-llm/oasis/router/gateway/h1"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/procs"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/router/signals"
 	"github.com/oasis-llm/oasis/router/tokens"
@@ -95,7 +96,7 @@ func main() {
 	fs.IntVar(&c.kvcachedBlocks, "kvcached-max-blocks", cachestate.DefaultPresenceCapacity, "most blocks tracked from kvcached presence events (each costs one index entry per event-driven engine)")
 	fs.StringVar(&c.kvcachedService, "kvcached-service", discovery.KVCachedService, "Consul service of the node-local kvcached instances whose presence events count offloaded prefixes as CPU/disk/peer hits (empty: ignore them)")
 	fs.IntVar(&c.gcPercent, "gc-percent", 400, "Go GC target percentage (runtime/debug.SetGCPercent): the router's live heap is a few MiB, so collecting less often trades a little memory for CPU per request; -1 disables GC except under -memory-limit")
-	fs.IntVar(&c.gomaxprocs, "gomaxprocs", 0, "threads running Go code at once (runtime.GOMAXPROCS); 0 leaves the runtime's default (the CPUs available); 1 used 10-13% less CPU per streamed request on a shared 2-core machine (BENCHMARKS.md) but caps the router at one core")
+	fs.IntVar(&c.gomaxprocs, "gomaxprocs", 0, "threads running Go code at once (runtime.GOMAXPROCS); 0 sizes them to the router's CPU use, from 1 up to the CPUs available (as does a GOMAXPROCS environment variable, which is then the most used); N > 0 fixes them at N")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 0, "soft memory limit in bytes for the Go runtime (runtime/debug.SetMemoryLimit); 0 leaves the runtime's default")
 	fs.StringVar(&c.httpServer, "http-server", "h1", "API server: h1 (the router's own HTTP/1.1 server: less CPU per request) or net (net/http's server, kept for comparison)")
 	_ = fs.Parse(os.Args[1:])
@@ -131,6 +132,16 @@ func run(c config, log hclog.Logger) error {
 		go func() { defer wg.Done(); f() }()
 	}
 	defer func() { bgCancel(); wg.Wait() }()
+
+	if c.gomaxprocs <= 0 {
+		// Max defaults to the runtime's count: the CPUs available, or
+		// $GOMAXPROCS where set.
+		pc, err := procs.New(procs.Config{Logger: log.Named("procs"), Registerer: reg})
+		if err != nil {
+			return err
+		}
+		bg(func() { pc.Run(bgCtx) })
+	}
 
 	// KV-cache state (engines' KV events, or the router's own decisions for
 	// engines without events) behind the prefix term.
