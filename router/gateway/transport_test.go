@@ -128,6 +128,63 @@ func TestTransportSkipsInterimResponses(t *testing.T) {
 	must.Eq(t, "ok", string(b))
 }
 
+// A head that arrives in pieces, with waits between them (bare LF line ends
+// in one), is read whole before it is parsed; a large head fills the read
+// buffer and goes to net/http.
+func TestTransportHeadInPieces(t *testing.T) {
+	big := strings.Repeat("x", 9000)
+	for _, pieces := range [][]string{
+		{"HTTP/1.1 200 OK\r\nContent-", "Length: 2\r\n\r", "\nok"},
+		{"HTTP/1.1 200 OK\n", "Content-Length: 2\n", "\n", "ok"},
+		{"HTTP/1.1 200 OK\r\nX-Big: " + big[:4000], big[4000:] + "\r\nContent-Length: 2\r\n\r\nok"},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		must.NoError(t, err)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 4096)
+			_, _ = c.Read(buf)
+			for _, p := range pieces {
+				_, _ = io.WriteString(c, p)
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/", bytes.NewReader([]byte("{}")))
+		resp, err := NewTransport(time.Second).RoundTrip(req)
+		must.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ln.Close()
+		must.Eq(t, 200, resp.StatusCode)
+		must.Eq(t, "ok", string(b))
+	}
+}
+
+// An engine that closes after part of a head: an error, never a response.
+func TestTransportPartialHeadFails(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le")
+		time.Sleep(20 * time.Millisecond)
+		c.Close()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/", bytes.NewReader([]byte("{}")))
+	_, err = NewTransport(time.Second).RoundTrip(req)
+	must.ErrorContains(t, err, "malformed MIME header") // net/http's verdict, as before
+}
+
 func TestWriteRequestRoundTrips(t *testing.T) {
 	body := `{"model":"m","stream":true}`
 	newPost := func() *http.Request {
@@ -203,6 +260,49 @@ func TestWriteRequestRejectsHeaderInjection(t *testing.T) {
 		}
 		if _, ok := got.Header["Injected"]; ok || len(got.Header) > 3+len(h) {
 			t.Fatalf("header %q injected a header: %q", h, got.Header)
+		}
+	}
+}
+
+// A CR, LF or NUL anywhere in what writeRequest would write, or in a field
+// it leaves out, sends the request to net/http's writer with nothing of its
+// own written: the output is exactly req.Write's.
+func TestWriteRequestFallsBackOnBadParts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*http.Request)
+	}{
+		{"LF in value", func(r *http.Request) { r.Header["X-A"] = []string{"ok", "a\nInjected: 1"} }},
+		{"CRLF in value", func(r *http.Request) { r.Header["X-A"] = []string{"a\r\nInjected: 1"} }},
+		{"lone CR in value", func(r *http.Request) { r.Header["X-A"] = []string{"a\rb"} }},
+		{"NUL in value", func(r *http.Request) { r.Header["X-A"] = []string{"a\x00b"} }},
+		{"CRLF in left-out field", func(r *http.Request) { r.Header["Content-Length"] = []string{"2\r\nInjected: 1"} }},
+		{"CRLF in host", func(r *http.Request) { r.Host = "engine\r\nInjected: 1" }},
+		{"NUL in host", func(r *http.Request) { r.Host = "engine\x00" }},
+		{"CRLF in method", func(r *http.Request) { r.Method = "POST\r\nInjected: 1" }},
+		{"space in method", func(r *http.Request) { r.Method = "PO ST" }},
+		{"bad name", func(r *http.Request) { r.Header["Bad Key"] = []string{"v"} }},
+	} {
+		write := func(own bool) (string, error) {
+			req, _ := http.NewRequest(http.MethodPost, "http://engine/v1/completions", strings.NewReader("{}"))
+			req.Header["Content-Type"] = []string{"application/json"}
+			req.Header["X-B"] = []string{"fine"}
+			tc.change(req)
+			var buf bytes.Buffer
+			w := bufio.NewWriter(&buf)
+			var err error
+			if own {
+				err = writeRequest(w, req)
+			} else {
+				err = req.Write(w)
+			}
+			_ = w.Flush()
+			return buf.String(), err
+		}
+		got, gerr := write(true)
+		want, werr := write(false)
+		if got != want || (gerr == nil) != (werr == nil) {
+			t.Errorf("%s: writeRequest wrote %q (%v), net/http %q (%v)", tc.name, got, gerr, want, werr)
 		}
 	}
 }
