@@ -87,11 +87,13 @@ func (w *response) WriteHeader(code int) {
 	}
 	w.wroteHeader = true
 	w.status = code
-	if v := w.header.Get("Content-Length"); v != "" {
-		if n, ok := parseLength(strings.TrimSpace(v)); ok {
+	// The canonical key looked up directly: Header.Get and Del would
+	// canonicalise the constant on every response.
+	if vs := w.header["Content-Length"]; len(vs) > 0 && vs[0] != "" {
+		if n, ok := parseLength(strings.TrimSpace(vs[0])); ok {
 			w.cl = n
 		} else {
-			w.header.Del("Content-Length")
+			delete(w.header, "Content-Length")
 		}
 	}
 }
