@@ -235,11 +235,15 @@ func (e *Engine) ask(ctx context.Context, r Replica, payload []byte) ([]uint32, 
 type Auto struct {
 	Replicas ReplicaSource
 	Engine   *Engine
+
+	tokenizeReq func(context.Context, *scoring.Request) ([]uint32, error) // a.tokenizeRequest, bound once by NewAuto
 }
 
 // NewAuto returns an Auto over replicas, with an Engine tokenizer using client.
 func NewAuto(replicas ReplicaSource, client *http.Client) *Auto {
-	return &Auto{Replicas: replicas, Engine: NewEngine(EngineConfig{Replicas: replicas, Client: client})}
+	a := &Auto{Replicas: replicas, Engine: NewEngine(EngineConfig{Replicas: replicas, Client: client})}
+	a.tokenizeReq = a.tokenizeRequest
+	return a
 }
 
 // Mode names the tokenizer Auto uses for model: "sim", "engine" or "bytes".
@@ -276,9 +280,18 @@ func (a *Auto) Tokenize(ctx context.Context, model, path string, body []byte) ([
 	return Bytes{}.Tokenize(ctx, model, path, body)
 }
 
-// Prepare sets req.Tokenize, for the gateway's Options.Prepare hook.
+// Prepare sets req.Tokenize, for the gateway's Options.Prepare hook. It runs
+// for every request: an Auto from NewAuto hands out one func bound once, no
+// closure allocated per request.
 func (a *Auto) Prepare(req *scoring.Request) {
-	req.Tokenize = func(ctx context.Context, r *scoring.Request) ([]uint32, error) {
-		return a.Tokenize(ctx, r.Model, r.Path, r.Body)
+	if a.tokenizeReq != nil {
+		req.Tokenize = a.tokenizeReq
+		return
 	}
+	req.Tokenize = a.tokenizeRequest
+}
+
+// tokenizeRequest tokenizes r's body for r's model (scoring.Request.Tokenize).
+func (a *Auto) tokenizeRequest(ctx context.Context, r *scoring.Request) ([]uint32, error) {
+	return a.Tokenize(ctx, r.Model, r.Path, r.Body)
 }

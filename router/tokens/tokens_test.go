@@ -180,4 +180,14 @@ func TestAutoModes(t *testing.T) {
 	must.NoError(t, err)
 	want, _ := Sim{}.Tokenize(context.Background(), "sim", bodies[0].path, []byte(bodies[0].body))
 	must.Eq(t, want, got)
+
+	// Prepare runs per request: no allocation for an Auto from NewAuto.
+	must.Eq(t, 0.0, testing.AllocsPerRun(100, func() { a.Prepare(&scoring.Request{}) }))
+	// An Auto built as a literal prepares the same.
+	lit := &Auto{Replicas: a.Replicas, Engine: a.Engine}
+	req = &scoring.Request{Model: "sim", Path: bodies[0].path, Body: []byte(bodies[0].body)}
+	lit.Prepare(req)
+	got, err = req.PromptTokens(context.Background())
+	must.NoError(t, err)
+	must.Eq(t, want, got)
 }
