@@ -2,6 +2,7 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
@@ -286,7 +287,53 @@ func writeStatus(bw stringWriter, code int) {
 // writeHeaders writes h, less the hop-by-hop headers the server manages and
 // any name or value that would break the header block. It reports whether h
 // has a Date, and whether its Connection header asks to close.
+//
+// All lines are built in the writer's free space and their values checked
+// at once (exactly one CR and one LF per line, no NUL: vectorised counts
+// over bytes just written), then committed with one Write; a byte loop per
+// value was most of this function's time. When they do not fit, or a name
+// or value is bad, nothing is committed and writeHeadersChecked writes h.
 func writeHeaders(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
+	b := bw.AvailableBuffer()
+	lines := 0
+	for k, vs := range h {
+		switch k {
+		case "Connection":
+			for _, v := range vs {
+				if containsFold(v, "close") {
+					connClose = true
+				}
+			}
+			continue
+		case "Transfer-Encoding", "Keep-Alive", "Trailer", "Upgrade":
+			continue
+		case "Date":
+			hasDate = true // even nil: the handler suppressed it (as net/http)
+		}
+		if !IsToken(k) {
+			return writeHeadersChecked(bw, h)
+		}
+		for _, v := range vs {
+			if len(b)+len(k)+len(v)+4 > cap(b) {
+				return writeHeadersChecked(bw, h) // appending would allocate
+			}
+			b = append(b, k...)
+			b = append(b, ':', ' ')
+			b = append(b, v...)
+			b = append(b, '\r', '\n')
+		}
+		lines += len(vs)
+	}
+	if bytes.Count(b, []byte{'\n'}) != lines || bytes.Count(b, []byte{'\r'}) != lines || bytes.IndexByte(b, 0) >= 0 {
+		return writeHeadersChecked(bw, h)
+	}
+	_, _ = bw.Write(b)
+	return hasDate, connClose
+}
+
+// writeHeadersChecked is writeHeaders checking each name and value as it
+// goes, leaving out the bad ones.
+func writeHeadersChecked(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
 	for k, vs := range h {
 		switch k {
 		case "Connection":

@@ -502,6 +502,9 @@ func TestResponseHeadersTheServerManages(t *testing.T) {
 		h.Set("X-A", "1")
 		h.Set("Keep-Alive", "timeout=5") // hop-by-hop: dropped
 		h.Set("X-Bad", "a\r\nInjected: yes")
+		h["X-Cr"] = []string{"a\rb"}
+		h["X-Nul"] = []string{"a\x00b"}
+		h["Bad Key"] = []string{"v"}
 		switch r.URL.Path {
 		case "/nodate":
 			h["Date"] = nil // suppressed, as with net/http
@@ -520,6 +523,8 @@ func TestResponseHeadersTheServerManages(t *testing.T) {
 	must.MapNotContainsKey(t, resp.Header, "Keep-Alive")
 	must.MapNotContainsKey(t, resp.Header, "X-Bad")
 	must.MapNotContainsKey(t, resp.Header, "Injected")
+	must.MapNotContainsKey(t, resp.Header, "X-Cr")
+	must.MapNotContainsKey(t, resp.Header, "X-Nul")
 	must.False(t, resp.Close)
 	c.send("GET /owndate HTTP/1.1\r\nHost: h\r\n\r\n")
 	resp, _ = c.read("GET")
