@@ -13,7 +13,8 @@ import (
 func newTest(t *testing.T, maxProcs int) (*Controller, *[]int) {
 	t.Helper()
 	var sets []int
-	c, err := New(Config{Max: maxProcs, set: func(n int) { sets = append(sets, n) }, cpuTime: func() (time.Duration, error) { return 0, nil }})
+	c, err := New(Config{Max: maxProcs, set: func(n int) { sets = append(sets, n) },
+		cpuTime: func() (time.Duration, error) { return 0, nil }, stall: func() (time.Duration, bool) { return 0, false }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,12 +43,60 @@ func TestDecide(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, _ := newTest(t, tc.max)
 			for i, u := range tc.samples {
-				c.observe(u)
+				c.observe(u, 0)
 				if c.cur != tc.want[i] {
 					t.Fatalf("after sample %d (%.2f cores): %d Ps, want %d", i, u, c.cur, tc.want[i])
 				}
 			}
 		})
+	}
+}
+
+// TestContendedNodeGetsAllPs: while the node's tasks wait for CPUs, the
+// router runs with a P per CPU whatever its own use, and shrinks again only
+// after calm samples without contention.
+func TestContendedNodeGetsAllPs(t *testing.T) {
+	c, _ := newTest(t, 4)
+	for range calm {
+		c.observe(0.3, 0.1)
+	}
+	if c.cur != 1 {
+		t.Fatalf("idle, uncontended: %d Ps, want 1", c.cur)
+	}
+	c.observe(0.3, 0.86)
+	if c.cur != 4 {
+		t.Fatalf("contended: %d Ps, want 4", c.cur)
+	}
+	for i := range calm - 1 {
+		c.observe(0.3, 0.9)
+		c.observe(0.3, 0.2)
+		if c.cur != 4 {
+			t.Fatalf("sample %d: %d Ps while contention comes and goes, want 4", i, c.cur)
+		}
+	}
+	for range calm {
+		c.observe(0.3, 0.2)
+	}
+	if c.cur != 1 {
+		t.Fatalf("contention over: %d Ps, want 1", c.cur)
+	}
+}
+
+func TestParseStall(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"some avg10=29.84 avg60=63.47 avg300=59.64 total=14328533103\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", 14328533103 * time.Microsecond, true},
+		{"full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n", 0, false},
+		{"some avg10=1.00 total=x\n", 0, false},
+		{"", 0, false},
+	} {
+		got, ok := parseStall([]byte(tc.in))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("parseStall(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
 	}
 }
 
@@ -67,7 +116,8 @@ func TestRunFollowsCPUTime(t *testing.T) {
 	busy := false
 	sets := make(chan int, 100)
 	c, err := New(Config{Max: 4, Interval: time.Millisecond,
-		set: func(n int) { sets <- n },
+		set:   func(n int) { sets <- n },
+		stall: func() (time.Duration, bool) { return 0, true },
 		cpuTime: func() (time.Duration, error) {
 			mu.Lock()
 			defer mu.Unlock()
