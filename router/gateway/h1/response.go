@@ -297,18 +297,8 @@ func writeHeaders(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
 	b := bw.AvailableBuffer()
 	lines := 0
 	for k, vs := range h {
-		switch k {
-		case "Connection":
-			for _, v := range vs {
-				if containsFold(v, "close") {
-					connClose = true
-				}
-			}
+		if managed(k, vs, &hasDate, &connClose) {
 			continue
-		case "Transfer-Encoding", "Keep-Alive", "Trailer", "Upgrade":
-			continue
-		case "Date":
-			hasDate = true // even nil: the handler suppressed it (as net/http)
 		}
 		if !IsToken(k) {
 			return writeHeadersChecked(bw, h)
@@ -331,22 +321,32 @@ func writeHeaders(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
 	return hasDate, connClose
 }
 
+// managed notes what the server must know of a header it manages itself (a
+// Date, a Connection that asks to close) and reports whether the field is
+// left out of the written header (hop-by-hop fields the server writes).
+func managed(k string, vs []string, hasDate, connClose *bool) (skip bool) {
+	switch k {
+	case "Connection":
+		for _, v := range vs {
+			if containsFold(v, "close") {
+				*connClose = true
+			}
+		}
+		return true
+	case "Transfer-Encoding", "Keep-Alive", "Trailer", "Upgrade":
+		return true
+	case "Date":
+		*hasDate = true // even nil: the handler suppressed it (as net/http)
+	}
+	return false
+}
+
 // writeHeadersChecked is writeHeaders checking each name and value as it
 // goes, leaving out the bad ones.
 func writeHeadersChecked(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
 	for k, vs := range h {
-		switch k {
-		case "Connection":
-			for _, v := range vs {
-				if containsFold(v, "close") {
-					connClose = true
-				}
-			}
+		if managed(k, vs, &hasDate, &connClose) {
 			continue
-		case "Transfer-Encoding", "Keep-Alive", "Trailer", "Upgrade":
-			continue
-		case "Date":
-			hasDate = true // even nil: the handler suppressed it (as net/http)
 		}
 		if !IsToken(k) {
 			continue
