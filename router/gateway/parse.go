@@ -70,7 +70,7 @@ func parseRequest(body []byte) (requestFields, error) {
 		}
 	}
 	if so := raw.streamOpts; len(so) > 0 && so[0] == '{' {
-		topLevel(so, func(key, val []byte) {
+		scanMembers(so, 0, 2, func(key, val []byte) {
 			if string(key) == "include_usage" {
 				f.IncludeUsage = string(val) == "true"
 			}
@@ -101,33 +101,8 @@ func scanRequest(b []byte, raw *rawFields) (valid, object bool) {
 		end, ok := scanValue(b, i, 0)
 		return ok && skipWS(b, end) == len(b), false
 	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b), true
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return false, true
-		}
-		ks := i
-		var ok bool
-		if i, ok = scanString(b, i); !ok {
-			return false, true
-		}
-		key := b[ks+1 : i-1]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			s, _ := jsonString(b[ks:i])
-			key = []byte(s)
-		}
-		i = skipWS(b, i)
-		if i >= len(b) || b[i] != ':' {
-			return false, true
-		}
-		vs := skipWS(b, i+1)
-		if i, ok = scanValue(b, vs, 1); !ok {
-			return false, true
-		}
-		switch val := b[vs:i]; string(key) {
+	end, ok := scanMembers(b, i, 1, func(key, val []byte) {
+		switch string(key) {
 		case "model":
 			raw.model = val
 		case "stream":
@@ -139,17 +114,57 @@ func scanRequest(b []byte, raw *rawFields) (valid, object bool) {
 		case "stream_options":
 			raw.streamOpts = val
 		}
+	})
+	return ok && skipWS(b, end) == len(b), true
+}
+
+// scanMembers validates the JSON object whose '{' is b[i], depth being the
+// nesting of its members' values (the object included), and returns the
+// index after its '}'. With fn it calls fn with each member's key
+// (unescaped) and raw value, in order: one walk both checks a body and finds
+// the fields the router reads.
+func scanMembers(b []byte, i, depth int, fn func(key, val []byte)) (int, bool) {
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, true
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return i, false
+		}
+		ks := i
+		var ok bool
+		if i, ok = scanString(b, i); !ok {
+			return i, false
+		}
+		ke := i
+		i = skipWS(b, i)
+		if i >= len(b) || b[i] != ':' {
+			return i, false
+		}
+		vs := skipWS(b, i+1)
+		if i, ok = scanValue(b, vs, depth); !ok {
+			return i, false
+		}
+		if fn != nil {
+			key := b[ks+1 : ke-1]
+			if bytes.IndexByte(key, '\\') >= 0 {
+				s, _ := jsonString(b[ks:ke])
+				key = []byte(s)
+			}
+			fn(key, b[vs:i])
+		}
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return false, true
+			return i, false
 		}
 		switch b[i] {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
-			return skipWS(b, i+1) == len(b), true
+			return i + 1, true
 		default:
-			return false, true
+			return i, false
 		}
 	}
 }
@@ -163,33 +178,21 @@ func scanValue(b []byte, i, depth int) (int, bool) {
 	switch c := b[i]; {
 	case c == '"':
 		return scanString(b, i)
-	case c == '{' || c == '[':
+	case c == '{':
 		if depth++; depth > maxJSONDepth {
 			return i, false
 		}
-		closer := byte('}')
-		if c == '[' {
-			closer = ']'
+		return scanMembers(b, i, depth, nil)
+	case c == '[':
+		if depth++; depth > maxJSONDepth {
+			return i, false
 		}
 		i = skipWS(b, i+1)
-		if i < len(b) && b[i] == closer {
+		if i < len(b) && b[i] == ']' {
 			return i + 1, true
 		}
 		for {
 			var ok bool
-			if closer == '}' {
-				if i >= len(b) || b[i] != '"' {
-					return i, false
-				}
-				if i, ok = scanString(b, i); !ok {
-					return i, false
-				}
-				i = skipWS(b, i)
-				if i >= len(b) || b[i] != ':' {
-					return i, false
-				}
-				i = skipWS(b, i+1)
-			}
 			if i, ok = scanValue(b, i, depth); !ok {
 				return i, false
 			}
@@ -200,7 +203,7 @@ func scanValue(b []byte, i, depth int) (int, bool) {
 			switch b[i] {
 			case ',':
 				i = skipWS(b, i+1)
-			case closer:
+			case ']':
 				return i + 1, true
 			default:
 				return i, false
@@ -306,37 +309,6 @@ func digits(b []byte, i int) int {
 	return i
 }
 
-// topLevel calls fn with each key (unescaped) and raw value of the JSON object
-// in b, which must be valid JSON (stream_options, after scanRequest). It reports false when b is not an object.
-func topLevel(b []byte, fn func(key, val []byte)) bool {
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
-	i++
-	for {
-		i = skipWS(b, i)
-		if i >= len(b) || b[i] == '}' {
-			return true
-		}
-		if b[i] == ',' {
-			i = skipWS(b, i+1)
-		}
-		ks := i
-		i = skipString(b, i)
-		key := b[ks+1 : i-1]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			s, _ := jsonString(b[ks:i])
-			key = []byte(s)
-		}
-		i = skipWS(b, i)
-		i = skipWS(b, i+1) // ':'
-		vs := i
-		i = skipValue(b, i)
-		fn(key, b[vs:i])
-	}
-}
-
 // jsonString decodes a JSON string token.
 func jsonString(tok []byte) (string, bool) {
 	if len(tok) < 2 || tok[0] != '"' {
@@ -358,48 +330,4 @@ func skipWS(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// skipString returns the index after the string token starting at b[i] == '"'.
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return i
-}
-
-// skipValue returns the index after the (valid) JSON value starting at b[i].
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	default: // number, true, false, null
-		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
-			i++
-		}
-		return i
-	}
 }
