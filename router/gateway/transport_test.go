@@ -105,21 +105,9 @@ func TestTransportCancel(t *testing.T) {
 }
 
 func TestTransportSkipsInterimResponses(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		buf := make([]byte, 4096)
-		_, _ = c.Read(buf)
-		_, _ = io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
-			"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-	}()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/", bytes.NewReader([]byte("{}")))
+	url := scriptedEngine(t, 0, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader([]byte("{}")))
 	resp, err := NewTransport(time.Second).RoundTrip(req)
 	must.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
@@ -138,27 +126,11 @@ func TestTransportHeadInPieces(t *testing.T) {
 		{"HTTP/1.1 200 OK\n", "Content-Length: 2\n", "\n", "ok"},
 		{"HTTP/1.1 200 OK\r\nX-Big: " + big[:4000], big[4000:] + "\r\nContent-Length: 2\r\n\r\nok"},
 	} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		must.NoError(t, err)
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			buf := make([]byte, 4096)
-			_, _ = c.Read(buf)
-			for _, p := range pieces {
-				_, _ = io.WriteString(c, p)
-				time.Sleep(20 * time.Millisecond)
-			}
-		}()
-		req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/", bytes.NewReader([]byte("{}")))
+		req, _ := http.NewRequest(http.MethodPost, scriptedEngine(t, 20*time.Millisecond, pieces...), bytes.NewReader([]byte("{}")))
 		resp, err := NewTransport(time.Second).RoundTrip(req)
 		must.NoError(t, err)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		ln.Close()
 		must.Eq(t, 200, resp.StatusCode)
 		must.Eq(t, "ok", string(b))
 	}
@@ -166,23 +138,32 @@ func TestTransportHeadInPieces(t *testing.T) {
 
 // An engine that closes after part of a head: an error, never a response.
 func TestTransportPartialHeadFails(t *testing.T) {
+	req, _ := http.NewRequest(http.MethodPost, scriptedEngine(t, 20*time.Millisecond, "HTTP/1.1 200 OK\r\nContent-Le"), bytes.NewReader([]byte("{}")))
+	_, err := NewTransport(time.Second).RoundTrip(req)
+	must.ErrorContains(t, err, "malformed MIME header") // net/http's verdict, as before
+}
+
+// scriptedEngine accepts one connection, reads the request, writes pieces
+// with gap after each and closes; it returns the URL to post to.
+func scriptedEngine(t *testing.T, gap time.Duration, pieces ...string) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		defer c.Close()
 		buf := make([]byte, 4096)
 		_, _ = c.Read(buf)
-		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le")
-		time.Sleep(20 * time.Millisecond)
-		c.Close()
+		for _, p := range pieces {
+			_, _ = io.WriteString(c, p)
+			time.Sleep(gap)
+		}
 	}()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/", bytes.NewReader([]byte("{}")))
-	_, err = NewTransport(time.Second).RoundTrip(req)
-	must.ErrorContains(t, err, "malformed MIME header") // net/http's verdict, as before
+	return "http://" + ln.Addr().String() + "/"
 }
 
 func TestWriteRequestRoundTrips(t *testing.T) {
