@@ -154,19 +154,27 @@ func scanMembers(b []byte, i, depth int, fn func(key, val []byte)) (int, bool) {
 			}
 			fn(key, b[vs:i])
 		}
-		i = skipWS(b, i)
-		if i >= len(b) {
-			return i, false
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return i + 1, true
-		default:
-			return i, false
+		var more bool
+		if i, more, ok = afterElement(b, i, '}'); !ok || !more {
+			return i, ok
 		}
 	}
+}
+
+// afterElement reads what follows an object's member or an array's element:
+// a ',' (more to come; i after it and the spaces after that) or closer (the
+// end; i after it).
+func afterElement(b []byte, i int, closer byte) (next int, more, ok bool) {
+	i = skipWS(b, i)
+	if i < len(b) {
+		switch b[i] {
+		case ',':
+			return skipWS(b, i+1), true, true
+		case closer:
+			return i + 1, false, true
+		}
+	}
+	return i, false, false
 }
 
 // scanValue validates the JSON value starting at b[i], inside depth
@@ -192,21 +200,12 @@ func scanValue(b []byte, i, depth int) (int, bool) {
 			return i + 1, true
 		}
 		for {
-			var ok bool
+			var ok, more bool
 			if i, ok = scanValue(b, i, depth); !ok {
 				return i, false
 			}
-			i = skipWS(b, i)
-			if i >= len(b) {
-				return i, false
-			}
-			switch b[i] {
-			case ',':
-				i = skipWS(b, i+1)
-			case ']':
-				return i + 1, true
-			default:
-				return i, false
+			if i, more, ok = afterElement(b, i, ']'); !ok || !more {
+				return i, ok
 			}
 		}
 	case c == 't':
