@@ -104,24 +104,13 @@ func TestTransportCancel(t *testing.T) {
 	must.Less(t, 2*time.Second, time.Since(start))
 }
 
-func TestTransportSkipsInterimResponses(t *testing.T) {
-	url := scriptedEngine(t, 0, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
-		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader([]byte("{}")))
-	resp, err := NewTransport(time.Second).RoundTrip(req)
-	must.NoError(t, err)
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	must.Eq(t, 200, resp.StatusCode)
-	must.Eq(t, "ok", string(b))
-}
-
 // A head that arrives in pieces, with waits between them (bare LF line ends
 // in one), is read whole before it is parsed; a large head fills the read
-// buffer and goes to net/http.
-func TestTransportHeadInPieces(t *testing.T) {
+// buffer and goes to net/http; interim (1xx) responses are skipped.
+func TestTransportReadsHeads(t *testing.T) {
 	big := strings.Repeat("x", 9000)
 	for _, pieces := range [][]string{
+		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"},
 		{"HTTP/1.1 200 OK\r\nContent-", "Length: 2\r\n\r", "\nok"},
 		{"HTTP/1.1 200 OK\n", "Content-Length: 2\n", "\n", "ok"},
 		{"HTTP/1.1 200 OK\r\nX-Big: " + big[:4000], big[4000:] + "\r\nContent-Length: 2\r\n\r\nok"},
