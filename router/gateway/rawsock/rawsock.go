@@ -138,37 +138,23 @@ func (c *Conn) doRead(fd uintptr) bool {
 // it writes directly, the descriptor being held open, and waits through
 // RawConn.Write only when the socket is full.
 func (c *Conn) Write(p []byte) (int, error) {
-	done := 0
-	if c.holding || c.direct {
-		if c.closed.Load() {
-			return 0, net.ErrClosed
-		}
-		for len(p) > 0 {
-			n, e := write(c.hfd, p)
-			if e == syscall.EINTR {
-				continue
-			}
-			if e == syscall.EAGAIN {
-				break
-			}
-			if e != 0 {
-				return done, os.NewSyscallError("write", e)
-			}
-			done += n
-			p = p[n:]
-		}
-		if len(p) == 0 {
-			return done, nil
-		}
-	}
 	c.wp, c.wn, c.werr = p, 0, nil
-	err := c.rc.Write(c.writeFn)
+	var err error
+	switch {
+	case (c.holding || c.direct) && c.closed.Load():
+		err = net.ErrClosed
+	case (c.holding || c.direct) && c.doWrite(c.hfd):
+	default:
+		// Waits while the socket is full, then goes on from where a direct
+		// write stopped.
+		err = c.rc.Write(c.writeFn)
+	}
 	n, werr := c.wn, c.werr
 	c.wp, c.werr = nil, nil
 	if err != nil {
-		return done + n, err
+		return n, err
 	}
-	return done + n, werr
+	return n, werr
 }
 
 // Close closes the connection. Inside Hold the descriptor stays open until
