@@ -99,11 +99,16 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if c.holding {
-		return c.readHeld(p)
-	}
 	c.rp, c.rn, c.rerr = p, 0, nil
-	err := c.rc.Read(c.readFn)
+	var err error
+	if c.holding {
+		// One system call, never a wait: Hold's fn waits by returning.
+		if !c.doRead(c.hfd) {
+			err = ErrWouldBlock
+		}
+	} else {
+		err = c.rc.Read(c.readFn)
+	}
 	n, rerr := c.rn, c.rerr
 	c.rp, c.rerr = nil, nil
 	if err != nil {
@@ -112,12 +117,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, rerr
 }
 
+// doRead reads once into c.rp. It also notes, for Drained, whether the
+// socket had nothing more: an empty socket (EAGAIN) or a short read.
 func (c *Conn) doRead(fd uintptr) bool {
 	for {
 		n, e := read(fd, c.rp)
 		switch e {
 		case 0:
-			c.rn = n
+			c.rn, c.drained = n, n < len(c.rp)
 			if n == 0 {
 				c.rerr = io.EOF
 			}
@@ -125,6 +132,7 @@ func (c *Conn) doRead(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			c.drained = true
 			return false
 		default:
 			c.rerr = os.NewSyscallError("read", e)
@@ -321,27 +329,6 @@ func (c *Conn) doHold(fd uintptr) bool {
 // arriving later ends Hold's next wait at once, so fn may return false
 // without reading first.
 func (c *Conn) Drained() bool { return c.holding && c.drained }
-
-func (c *Conn) readHeld(p []byte) (int, error) {
-	for {
-		n, e := read(c.hfd, p)
-		switch e {
-		case 0:
-			c.drained = n < len(p)
-			if n == 0 {
-				return 0, io.EOF
-			}
-			return n, nil
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			c.drained = true
-			return 0, ErrWouldBlock
-		default:
-			return 0, os.NewSyscallError("read", e)
-		}
-	}
-}
 
 // SyscallConn returns the wrapped connection's raw conn.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
