@@ -287,8 +287,7 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 		b = append(b, "\r\n"...)
 		lines++
 	}
-	if head := b[start:]; bytes.Count(head, []byte{'\n'}) != lines || bytes.Count(head, []byte{'\r'}) != lines ||
-		bytes.IndexByte(head, 0) >= 0 {
+	if !h1.LinesSafe(b[start:], lines) {
 		return req.Write(w) // a CR, LF or NUL inside a line: net/http reports it
 	}
 	b = append(b, "\r\n"...)

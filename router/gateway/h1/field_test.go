@@ -56,3 +56,23 @@ func sameLines(a, b string) bool {
 	slices.Sort(lb)
 	return slices.Equal(la, lb)
 }
+
+func TestLinesSafe(t *testing.T) {
+	for _, tc := range []struct {
+		b     string
+		lines int
+		want  bool
+	}{
+		{"A: b\r\nC: d\r\n", 2, true},
+		{"", 0, true},
+		{"A: b\r\nC: d\r\n", 1, false},       // more line ends than lines built
+		{"A: b\nX: y\r\nC: d\r\n", 2, false}, // an LF inside a value
+		{"A: b\rX\r\nC: d\r\n", 2, false},    // a lone CR inside a value
+		{"A: b\x00\r\nC: d\r\n", 2, false},   // a NUL
+		{"A: b\r\n", 1, true},
+	} {
+		if got := LinesSafe([]byte(tc.b), tc.lines); got != tc.want {
+			t.Errorf("LinesSafe(%q, %d) = %v, want %v", tc.b, tc.lines, got, tc.want)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package h1
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
@@ -314,7 +313,7 @@ func writeHeaders(bw *bufio.Writer, h http.Header) (hasDate, connClose bool) {
 		}
 		lines += len(vs)
 	}
-	if bytes.Count(b, []byte{'\n'}) != lines || bytes.Count(b, []byte{'\r'}) != lines || bytes.IndexByte(b, 0) >= 0 {
+	if !LinesSafe(b, lines) {
 		return writeHeadersChecked(bw, h)
 	}
 	_, _ = bw.Write(b)
