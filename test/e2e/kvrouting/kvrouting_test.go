@@ -90,8 +90,9 @@ func startRouter(t *testing.T, ctx context.Context, doc *policy.Document) *route
 	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(cache))...)
 	must.NoError(t, err)
 	must.NoError(t, doc.Validate(reg))
-	gw := gateway.New(gateway.Options{Pool: pool, Policy: gateway.StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(reg),
-		Admission: admission.New(), Metrics: m, Log: log, Prepare: tok.Prepare})
+	gw, err := gateway.New(gateway.Config{Pool: pool, Policy: gateway.StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(reg),
+		Admission: admission.New(), Metrics: m, Logger: log, Prepare: tok.Prepare})
+	must.NoError(t, err)
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 	return &router{url: srv.URL, pool: pool, cache: cache, doc: doc}
