@@ -17,6 +17,7 @@ import (
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -39,10 +40,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		rec.status = 499
 		return
 	}
-	f, err := parseRequest(body)
+	f, err := openai.ParseRequest(r.URL.Path, body)
 	if err != nil {
 		param := ""
-		if strings.Contains(err.Error(), "model") {
+		var fe *openai.FieldError
+		if errors.As(err, &fe) && fe.Field == "model" {
 			param = "model"
 		}
 		rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", param, err.Error(), 0)
@@ -89,7 +91,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	defer slot.Release()
 
 	req := &ps.req
-	*req = scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream,
+	*req = scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream, Prompt: f.Prompt,
 		EstimatedTokens: estimateTokens(len(body), f)}
 	if g.opts.Prepare != nil {
 		g.opts.Prepare(req)
@@ -214,7 +216,7 @@ func (g *Gateway) contextFailed(w http.ResponseWriter, r *http.Request, rec *out
 // and the failure was a connect error or a 5xx: the caller may try another
 // worker. A 5xx on the last attempt is passed to the client as the engine sent it.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, st *forwarding,
-	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f requestFields, pre *scoring.Prefill, sent time.Time) (retryable bool, err error) {
+	wk *scoring.Worker, body []byte, reqID string, mayRetry bool, f openai.Request, pre *scoring.Prefill, sent time.Time) (retryable bool, err error) {
 	tokens := estimateTokens(len(body), f)
 	wk.Live.Enter(tokens)
 	defer wk.Live.Leave(tokens)
@@ -526,7 +528,7 @@ func isHopHeader(k string) bool {
 }
 
 // estimateTokens approximates prompt (≈4 bytes per token) plus output tokens.
-func estimateTokens(bodyLen int, f requestFields) int64 {
+func estimateTokens(bodyLen int, f openai.Request) int64 {
 	out := 256
 	if f.HasMaxTokens {
 		out = f.MaxTokens
