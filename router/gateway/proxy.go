@@ -10,12 +10,12 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -29,10 +29,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	f, err := parseRequest(body)
+	f, err := openai.ParseRequest(r.URL.Path, body)
 	if err != nil {
 		param := ""
-		if strings.Contains(err.Error(), "model") {
+		if fe := (*openai.FieldError)(nil); errors.As(err, &fe) && fe.Field == "model" {
 			param = "model"
 		}
 		rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", param, err.Error(), 0)
@@ -64,7 +64,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	defer slot.Release()
 
-	req := &scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream,
+	req := &scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream, Prompt: f.Prompt,
 		EstimatedTokens: estimateTokens(len(body), f)}
 	if g.cfg.Prepare != nil {
 		g.cfg.Prepare(req)
@@ -79,7 +79,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 // exchange is what every attempt at one request shares.
 type exchange struct {
 	req    *scoring.Request
-	fields requestFields
+	fields openai.Request
 	body   []byte
 	reqID  string
 	pol    policy.Resolved
@@ -254,7 +254,7 @@ func (g *Gateway) contextFailed(w http.ResponseWriter, r *http.Request, rec *out
 }
 
 // estimateTokens approximates prompt (≈4 bytes per token) plus output tokens.
-func estimateTokens(bodyLen int, f requestFields) int64 {
+func estimateTokens(bodyLen int, f openai.Request) int64 {
 	out := 256
 	if f.HasMaxTokens {
 		out = f.MaxTokens

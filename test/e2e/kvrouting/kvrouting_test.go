@@ -32,6 +32,7 @@ import (
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -157,8 +158,8 @@ func burst(t *testing.T, r *router, tag string, n int) burstResult {
 	chat(t, r.url, system, "warm-up question")
 	// Wait for the holder's BlockStored events to reach the index, as a
 	// follow-up request would in steady state.
-	toks, err := tokens.Sim{}.Tokenize(context.Background(), modelName, "/v1/chat/completions",
-		[]byte(fmt.Sprintf(`{"messages":[{"role":"system","content":%q}]}`, system)))
+	toks, err := tokens.Sim{}.Tokenize(context.Background(), modelName,
+		openai.Prompt{Chat: true, Messages: []byte(fmt.Sprintf(`[{"role":"system","content":%q}]`, system))})
 	must.NoError(t, err)
 	keys, err := r.cache.Keys(nil, modelName, 16, toks[:len(toks)/2])
 	must.NoError(t, err)
