@@ -112,8 +112,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	debug.SetMemoryLimit(plan.goLimit)
 	// The heap goal follows the live heap plus the plan's headroom (tuneGC):
 	// every large SET allocates its value, and a fixed GC percent either
-	// collects every few MiB of them when little is stored (~20% of 1 MiB SET
-	// throughput at Go's default) or lets the heap grow by GiBs of fresh,
+	// collects every few MiB of them when little is stored (a large share of
+	// 1 MiB SET throughput at Go's default) or lets the heap grow by GiBs of fresh,
 	// page-faulted memory when much is. GOGC in the environment wins.
 	if os.Getenv("GOGC") == "" {
 		tuneGC(ctx, plan.headroom-plan.pool)

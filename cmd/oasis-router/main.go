@@ -32,7 +32,6 @@ import (
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
-	"github.com/oasis-llm/oasis/router/gateway/h1"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/procs"
@@ -66,7 +65,6 @@ type config struct {
 	kvcachedBlocks  int
 	gcPercent       int
 	memoryLimit     int64
-	httpServer      string
 	gomaxprocs      int
 }
 
@@ -98,7 +96,6 @@ func main() {
 	fs.IntVar(&c.gcPercent, "gc-percent", 400, "Go GC target percentage (runtime/debug.SetGCPercent): the router's live heap is a few MiB, so collecting less often trades a little memory for CPU per request; -1 disables GC except under -memory-limit")
 	fs.IntVar(&c.gomaxprocs, "gomaxprocs", 0, "threads running Go code at once (runtime.GOMAXPROCS); 0 sizes them to the router's CPU use, from 1 up to the CPUs available (as does a GOMAXPROCS environment variable, which is then the most used); N > 0 fixes them at N")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 0, "soft memory limit in bytes for the Go runtime (runtime/debug.SetMemoryLimit); 0 leaves the runtime's default")
-	fs.StringVar(&c.httpServer, "http-server", "h1", "API server: h1 (the router's own HTTP/1.1 server: less CPU per request) or net (net/http's server, kept for comparison)")
 	_ = fs.Parse(os.Args[1:])
 	// Set in code from flags, not from GOGC/GOMEMLIMIT, so what the router
 	// runs with is visible on its command line.
@@ -273,7 +270,7 @@ func run(c config, log hclog.Logger) error {
 		}
 	}
 
-	transport := gateway.NewTransport(2 * time.Second)
+	transport := gateway.NewEngineTransport(gateway.EngineTransportConfig{})
 	if c.scrapeInterval > 0 {
 		sc := &signals.Scraper{Pool: pool, HTTP: &http.Client{Transport: transport}, Interval: c.scrapeInterval,
 			Log: log.Named("signals"), Metrics: m}
@@ -293,9 +290,9 @@ func run(c config, log hclog.Logger) error {
 		return out
 	}, &http.Client{Transport: transport, Timeout: 2 * time.Second})
 
-	gw := gateway.New(gateway.Options{
+	gw, err := gateway.New(gateway.Config{
 		Pool: pool, Policy: pol, Selector: scoring.NewSelector(terms), Admission: admission.New(),
-		Metrics: m, Gatherer: reg, Log: log, Auth: authn, MaxBodyBytes: c.maxBody, Transport: transport,
+		Metrics: m, Gatherer: reg, Logger: log, Auth: authn, MaxBodyBytes: c.maxBody, Transport: transport,
 		Prepare: tok.Prepare,
 		OnPick: func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker) {
 			// Where the prefix term scored the request: count how much of the prompt the
@@ -312,22 +309,15 @@ func run(c config, log hclog.Logger) error {
 			}
 		},
 	})
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	var srv apiServer
-	switch c.httpServer {
-	case "h1":
-		srv = &h1.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-			ProtocolError: gateway.WriteProtocolError, Log: log.Named("http")}
-	case "net":
-		srv = &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-			ErrorLog: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
-	default:
-		ln.Close()
-		return fmt.Errorf("-http-server: %q is neither h1 nor net", c.httpServer)
-	}
+	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		MaxHeaderBytes: 1 << 20, ErrorLog: log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
 	log.Info("serving", "listen", ln.Addr().String(), "discovery", c.discovery, "api_keys", authn != nil)
 
 	var serviceID string
@@ -372,12 +362,6 @@ func run(c config, log hclog.Logger) error {
 	}
 	log.Info("drained")
 	return nil
-}
-
-// apiServer is what both HTTP servers offer.
-type apiServer interface {
-	Serve(net.Listener) error
-	Shutdown(context.Context) error
 }
 
 func register(consul *consulapi.Client, c config, bound string) (string, error) {

@@ -409,8 +409,7 @@ func (d *diskTier) removeFile(e *diskEntry) {
 // overwritten or deleted), renamed into free/ to be overwritten by a later
 // block rather than deleted. Creating a file and deleting one per 1 MiB
 // block (ext4 inode allocation, page-cache pages freed and allocated again)
-// was 16% of kvcached's CPU with 1,000 keys rewritten in turn, more than the
-// write itself.
+// costs more CPU than the write itself when keys are rewritten in turn.
 type pooledFile struct {
 	path string
 	size int64 // value bytes, still counted in the tier's used bytes

@@ -11,8 +11,8 @@ import (
 // for the two written in turn, computed on the calling goroutine alone.
 // The library's Hasher.Write starts a goroutine for every 16 KiB subtree of
 // a large write (64 per 1 MiB block): goroutine creation and stack growth
-// were ~5% of a disk write's CPU, and the hashing of a background disk write
-// spread over every P, ahead of the connections' requests.
+// add to a disk write's CPU, and the hashing of a background disk write
+// would spread over every P, ahead of the connections' requests.
 //
 // It hashes the same tree as the Hasher: 1 KiB chunks, the first holding
 // the key and the start of the value, then the value's chunks straight out
@@ -92,8 +92,8 @@ func slowSum(key string, val []byte) [32]byte {
 
 // readSum is blockSum for a block read from disk to answer a request: the
 // library's hasher spreads a large value over every core, which costs more
-// CPU than blockSum but less time (SSD-tier GET 1 MiB p50 ~580 µs against
-// ~690 µs with blockSum, pinned to the 2 vCPUs here).
+// CPU than blockSum but less time, and a request is waiting for it
+// (BENCHMARKS.md, oasis-kvcached: SSD-tier GET).
 func readSum(key string, val []byte) [32]byte {
 	var sum [32]byte
 	h := blake3.New(32, nil)

@@ -126,8 +126,8 @@ type Store struct {
 
 	mu sync.Mutex
 	// seq numbers writes in the order they enter RAM (taken under mu: a
-	// shared atomic taken before the lock was a cache-line transfer per SET
-	// and could order two racing SETs of a key opposite to RAM).
+	// shared atomic taken before the lock would cost a cache-line transfer
+	// per SET and could order two racing SETs of a key opposite to RAM).
 	seq       uint64
 	ram       map[string]*item
 	lru       lruList[item, *item] // under mu
@@ -291,8 +291,8 @@ func (s *Store) Set(key string, val []byte, expireAt int64, mode SetMode) (bool,
 
 // SetKey is Set (unconditional, no expiry) with the key as bytes: the key
 // string is allocated only when the key is new, and an overwrite reuses the
-// stored one (Redis clients rewrite the same keys; the conversion was ~3% of
-// kvcached's CPU under pipelined 1 KiB SETs). key is not retained.
+// stored one (Redis clients rewrite the same keys, and a conversion per SET
+// shows in kvcached's CPU under pipelined 1 KiB SETs). key is not retained.
 func (s *Store) SetKey(key []byte, val []byte) error {
 	if int64(len(val)) > s.cfg.MaxValue || int64(len(val)) > s.cfg.RAMBytes {
 		_, err := s.Set(string(key), val, 0, SetAlways)

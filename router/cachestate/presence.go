@@ -22,9 +22,9 @@ type KVCache struct {
 
 // DefaultPresenceCapacity bounds how many distinct blocks the router tracks
 // as held by kvcached instances. Each costs about 100 bytes here plus one
-// index entry (32 bytes) per event-driven worker, since every worker gets a
-// mark (CPU/disk on the node, peer elsewhere): 64k blocks × 64 workers ≈
-// 128 MiB of index.
+// index entry (≈60 bytes, see prefixindex's TestBytesPerEntry) per
+// event-driven worker, since every worker gets a mark (CPU/disk on the node,
+// peer elsewhere): 64k blocks × 64 workers ≈ 250 MiB of index.
 const DefaultPresenceCapacity = 1 << 16
 
 // PresenceStats counts what one kvcached's presence events did.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/tokens"
 	"github.com/shoenig/test/must"
 )
@@ -119,7 +120,9 @@ func TestReplayAcrossPartitionWithRealOasisSim(t *testing.T) {
 			s.Sync(ctx, []Engine{eng})
 
 			keysOf := func(body string) []uint64 {
-				toks, err := tokens.Sim{}.Tokenize(ctx, "sim-model", "/v1/completions", []byte(body))
+				req, err := openai.ParseRequest("/v1/completions", []byte(body))
+				must.NoError(t, err)
+				toks, err := tokens.Sim{}.Tokenize(ctx, "sim-model", req.Prompt)
 				must.NoError(t, err)
 				k, err := s.Keys(nil, "sim-model", 16, toks)
 				must.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/tokens"
 	"github.com/shoenig/test/must"
 )
@@ -123,7 +124,9 @@ func TestEventsFromRealOasisSim(t *testing.T) {
 	}
 
 	keysOf := func(body string) []uint64 {
-		toks, err := tokens.Sim{}.Tokenize(ctx, "sim-model", "/v1/completions", []byte(body))
+		req, err := openai.ParseRequest("/v1/completions", []byte(body))
+		must.NoError(t, err)
+		toks, err := tokens.Sim{}.Tokenize(ctx, "sim-model", req.Prompt)
 		must.NoError(t, err)
 		k, err := s.Keys(nil, "sim-model", 16, toks)
 		must.NoError(t, err)

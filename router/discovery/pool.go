@@ -61,6 +61,7 @@ type Pool struct {
 	known  map[string]struct{}      // every model ever seen, to tell 404 from 503
 	knownV atomic.Pointer[map[string]struct{}]
 	onSet  []func(workers []*scoring.Worker)
+	synced atomic.Bool // a source has delivered a list
 
 	hosted   *HostedPolicy
 	log      hclog.Logger
@@ -127,11 +128,17 @@ func (p *Pool) Known(model string) bool {
 	return ok
 }
 
+// Synced reports whether a source has delivered a list since the router
+// started. Until then the router knows no models, so an unknown model means
+// "not discovered yet" (503), not "not served" (404).
+func (p *Pool) Synced() bool { return p.synced.Load() }
+
 // Set replaces the pool with instances. Instances without a model, and
 // hosted ones the pool's HostedPolicy refuses, are ignored.
 func (p *Pool) Set(instances []Instance) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.synced.Store(true)
 	v := &view{byModel: map[string][]*scoring.Worker{}}
 	seen := make(map[string]struct{}, len(instances))
 	newKnown := false

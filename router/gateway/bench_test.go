@@ -1,12 +1,10 @@
 package gateway
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -55,52 +53,4 @@ func benchStream(b *testing.B, url string) {
 			resp.Body.Close()
 		}
 	})
-}
-
-func BenchmarkParseRequest(b *testing.B) {
-	body := []byte(`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly and precisely."},{"role":"user","content":"Explain how a reverse proxy streams server-sent events without buffering them, in three sentences."}],"max_tokens":128,"temperature":0.7,"stream":true,"stream_options":{"include_usage":true}}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := parseRequest(body); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkParseResponseHead(b *testing.B) {
-	head := []byte("HTTP/1.1 200 OK\r\nCache-Control: no-cache\r\nContent-Type: text/event-stream; charset=utf-8\r\n" +
-		"X-Request-Id: 0123456789abcdef01234567\r\nDate: Sat, 21 Nov 2026 07:04:31 GMT\r\nTransfer-Encoding: chunked\r\n\r\n")
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, ok := parseResponseHead(head); !ok {
-			b.Fatal("not parsed")
-		}
-	}
-}
-
-// BenchmarkWriteRequest writes a gateway-style upstream request: the
-// client's header (as the h1 server parsed it) plus X-Request-Id.
-func BenchmarkWriteRequest(b *testing.B) {
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}`)
-	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:8000/v1/chat/completions", nil)
-	req.Header = http.Header{
-		"Content-Type":   {"application/json"},
-		"Accept":         {"text/event-stream"},
-		"User-Agent":     {"Go-http-client/1.1"},
-		"Content-Length": {strconv.Itoa(len(body))},
-		"Authorization":  {"Bearer sk-0123456789abcdef0123456789abcdef"},
-		"X-Request-Id":   {"0123456789abcdef01234567"},
-	}
-	req.ContentLength = int64(len(body))
-	var rb reqBody
-	req.Body = &rb
-	w := bufio.NewWriterSize(io.Discard, 4<<10)
-	b.ReportAllocs()
-	for b.Loop() {
-		rb.Reset(body)
-		if err := writeRequest(w, req); err != nil {
-			b.Fatal(err)
-		}
-		w.Reset(io.Discard)
-	}
 }

@@ -15,6 +15,11 @@ type apiError struct {
 	Code    *string `json:"code"`
 }
 
+// errorBody is OpenAI's error response: {"error": {...}}.
+type errorBody struct {
+	Error apiError `json:"error"`
+}
+
 // writeError sends {"error": {...}} with status. retryAfter > 0 adds a
 // Retry-After header (whole seconds, at least 1).
 func writeError(w http.ResponseWriter, status int, typ, code, param, msg string, retryAfter time.Duration) {
@@ -25,9 +30,7 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string,
 	if param != "" {
 		e.Param = &param
 	}
-	body, _ := json.Marshal(struct {
-		Error apiError `json:"error"`
-	}{e})
+	body, _ := json.Marshal(errorBody{e})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
@@ -37,12 +40,4 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string,
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
-}
-
-// WriteProtocolError answers a request the HTTP server rejected before the
-// gateway saw it (malformed request line or headers, header block too large,
-// unsupported transfer coding), in OpenAI's error shape like every other
-// error (h1.Server.ProtocolError).
-func WriteProtocolError(w http.ResponseWriter, status int, msg string) {
-	writeError(w, status, "invalid_request_error", "bad_request", "", msg, 0)
 }

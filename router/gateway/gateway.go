@@ -1,10 +1,14 @@
 // Package gateway is oasis-router's HTTP front: the OpenAI-compatible API,
-// admission, worker choice and the streaming reverse proxy to engines.
+// admission, worker choice and the streaming reverse proxy to engines. It is
+// an http.Handler served by net/http (HTTP/1.1, and HTTP/2 over TLS), and it
+// reaches engines through net/http's Transport.
 package gateway
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -36,75 +40,102 @@ func (s StaticPolicy) Current() *policy.Document { return s.Doc }
 // queueing included. Past it before the first byte the router answers 504.
 const DeadlineHeader = "X-Oasis-Deadline-Ms"
 
-// Options configure a Gateway.
-type Options struct {
+// Config configures a Gateway.
+type Config struct {
 	Pool      *discovery.Pool
 	Policy    PolicySource
 	Selector  *scoring.Selector
 	Admission *admission.Controller
-	Metrics   *metrics.Metrics
-	Gatherer  prometheus.Gatherer // served at /metrics
-	Log       hclog.Logger
+	Metrics   *metrics.Metrics    // the router's instruments
+	Gatherer  prometheus.Gatherer // served at /metrics; nil: no /metrics
+	Logger    hclog.Logger        // nil: no logs
 
 	// Auth, when set, requires an API key on /v1/*.
 	Auth *auth.Authenticator
 
-	MaxBodyBytes int64         // default 16 MiB
-	DialTimeout  time.Duration // default 2s
+	// MaxBodyBytes bounds a request body (default 16 MiB; 413 above).
+	MaxBodyBytes int64
+	// BodyReadTimeout bounds the time a client takes to send its body
+	// (default 30 s; 408 after), so a slow client cannot hold a connection
+	// and its goroutine open indefinitely.
+	BodyReadTimeout time.Duration
+
+	// Transport reaches engines (default NewEngineTransport with its defaults).
+	Transport http.RoundTripper
+	// HostedTransport reaches hosted OpenAI-compatible APIs over HTTPS
+	// (default: net/http's, honouring the proxy environment).
+	HostedTransport http.RoundTripper
+
 	// Prepare, when set, may fill the scoring request (e.g. its Tokenize func)
 	// before the worker is chosen.
 	Prepare func(*scoring.Request)
 	// OnPick, when set, is told every choice before the request is sent
 	// (approximate cache learning). It runs on the request path: keep it short.
 	OnPick func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
-	// Transport overrides the upstream transport (tests).
-	Transport http.RoundTripper
-	// HostedTransport overrides the transport to hosted endpoints (HTTPS; tests).
-	HostedTransport http.RoundTripper
 }
 
 // Gateway serves the router's HTTP API.
 type Gateway struct {
-	opts     Options
-	upstream http.RoundTripper
-	hosted   http.RoundTripper // hosted OpenAI-compatible APIs, over TLS
+	cfg      Config
 	log      hclog.Logger
 	m        *metrics.Metrics
 	draining atomic.Bool
 	started  int64
 	mux      *http.ServeMux
-	proxyH   http.Handler // the /v1 completion routes' handler, also reached without the mux
-	bufs     sync.Pool    // *[]byte response copy buffers
+	bufs     sync.Pool // *[]byte relay buffers
 	ids      *requestIDs
+	ttft     ttftWindows
 }
 
-// New returns a gateway.
-func New(o Options) *Gateway {
-	if o.MaxBodyBytes == 0 {
-		o.MaxBodyBytes = 16 << 20
+// New validates c and returns a gateway.
+func New(c Config) (*Gateway, error) {
+	switch {
+	case c.Pool == nil:
+		return nil, errors.New("gateway: Config.Pool is required")
+	case c.Policy == nil:
+		return nil, errors.New("gateway: Config.Policy is required")
+	case c.Selector == nil:
+		return nil, errors.New("gateway: Config.Selector is required")
+	case c.Admission == nil:
+		return nil, errors.New("gateway: Config.Admission is required")
+	case c.Metrics == nil:
+		return nil, errors.New("gateway: Config.Metrics is required")
+	case c.MaxBodyBytes < 0:
+		return nil, errors.New("gateway: Config.MaxBodyBytes must be ≥ 0")
+	case c.BodyReadTimeout < 0:
+		return nil, errors.New("gateway: Config.BodyReadTimeout must be ≥ 0")
 	}
-	if o.DialTimeout == 0 {
-		o.DialTimeout = 2 * time.Second
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
 	}
-	g := &Gateway{opts: o, log: o.Log.Named("gateway"), m: o.Metrics, started: time.Now().Unix(),
-		ids: newRequestIDs()}
-	g.bufs.New = func() any { b := make([]byte, 16<<10); return &b }
-	if o.Admission.OnQueue == nil {
-		o.Admission.OnQueue = func(model string, n int) { o.Metrics.Queued.WithLabelValues(model).Set(float64(n)) }
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 16 << 20
 	}
-	g.hosted = o.HostedTransport
-	if g.hosted == nil {
-		g.hosted = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true,
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = 30 * time.Second
+	}
+	if c.Transport == nil {
+		c.Transport = NewEngineTransport(EngineTransportConfig{})
+	}
+	if c.HostedTransport == nil {
+		c.HostedTransport = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true,
 			TLSHandshakeTimeout: 10 * time.Second, IdleConnTimeout: 90 * time.Second, MaxIdleConnsPerHost: 64}
 	}
-	g.upstream = o.Transport
-	if g.upstream == nil {
-		g.upstream = NewTransport(o.DialTimeout)
+	m := c.Metrics
+	if c.Admission.OnQueue == nil {
+		c.Admission.OnQueue = func(model string, n int) { m.Queued.WithLabelValues(model).Set(float64(n)) }
 	}
+	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, started: time.Now().Unix(), ids: newRequestIDs()}
+	g.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	g.mux = g.routes()
+	return g, nil
+}
+
+func (g *Gateway) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	g.proxyH = g.authenticated(http.HandlerFunc(g.proxy))
+	proxy := g.authenticated(http.HandlerFunc(g.proxy))
 	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
-		mux.Handle("POST "+p, g.proxyH)
+		mux.Handle("POST "+p, proxy)
 	}
 	mux.Handle("GET /v1/models", g.authenticated(http.HandlerFunc(g.models)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
@@ -112,35 +143,52 @@ func New(o Options) *Gateway {
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 	})
 	mux.HandleFunc("GET /ready", g.ready)
-	if o.Gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	if g.cfg.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
 			"", "Unknown request URL: "+r.Method+" "+r.URL.Path, 0)
 	})
-	g.mux = mux
-	return g
+	return mux
 }
 
-// NewTransport returns the pooled keep-alive transport used for engines.
-func NewTransport(dialTimeout time.Duration) *Transport {
-	return &Transport{DialTimeout: dialTimeout, IdleTimeout: 90 * time.Second, MaxIdlePerHost: 4096}
+// EngineTransportConfig tunes the transport to engines.
+type EngineTransportConfig struct {
+	DialTimeout         time.Duration // default 2 s
+	IdleConnTimeout     time.Duration // idle connections are closed after this (default 90 s)
+	MaxIdleConnsPerHost int           // default 1024
+}
+
+// NewEngineTransport returns net/http's Transport tuned for engines on the
+// cluster's network: no proxy, no compression (bodies pass through as the
+// engine wrote them), a large idle pool per engine, HTTP/1.1 (engines serve
+// no HTTP/2). The response-header timeout is the gateway's, per model
+// (policy timeouts), not the transport's. Idle connections an engine closes
+// are noticed and dropped by the transport at once; the rest expire after
+// IdleConnTimeout.
+func NewEngineTransport(c EngineTransportConfig) *http.Transport {
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 2 * time.Second
+	}
+	if c.IdleConnTimeout <= 0 {
+		c.IdleConnTimeout = 90 * time.Second
+	}
+	if c.MaxIdleConnsPerHost <= 0 {
+		c.MaxIdleConnsPerHost = 1024
+	}
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: c.MaxIdleConnsPerHost,
+		IdleConnTimeout:     c.IdleConnTimeout,
+		DisableCompression:  true,
+		// Prompts can be large: write them in few system calls.
+		WriteBufferSize: 64 << 10,
+	}
 }
 
 // ServeHTTP implements http.Handler.
-// The proxied routes, which are clean paths the mux would match exactly,
-// skip the mux's path cleaning and pattern lookup.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodPost && r.URL.RawPath == "" {
-		switch r.URL.Path {
-		case "/v1/chat/completions", "/v1/completions", "/v1/embeddings":
-			g.proxyH.ServeHTTP(w, r)
-			return
-		}
-	}
-	g.mux.ServeHTTP(w, r)
-}
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
 
 // Drain makes /ready fail so load balancers stop sending; in-flight requests
 // continue (http.Server.Shutdown waits for them).
@@ -150,7 +198,7 @@ func (g *Gateway) ready(w http.ResponseWriter, _ *http.Request) {
 	switch {
 	case g.draining.Load():
 		writeError(w, http.StatusServiceUnavailable, "server_error", "draining", "", "router is shutting down", 0)
-	case len(g.opts.Pool.All()) == 0:
+	case len(g.cfg.Pool.All()) == 0:
 		writeError(w, http.StatusServiceUnavailable, "server_error", "no_healthy_worker", "", "no healthy engine instance known", 0)
 	default:
 		w.Header().Set("Content-Type", "application/json")
@@ -161,18 +209,18 @@ func (g *Gateway) ready(w http.ResponseWriter, _ *http.Request) {
 type ctxKey struct{}
 
 func (g *Gateway) authenticated(next http.Handler) http.Handler {
-	if g.opts.Auth == nil {
+	if g.cfg.Auth == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		k, err := g.opts.Auth.Authenticate(r)
+		k, err := g.cfg.Auth.Authenticate(r)
 		if err != nil {
 			g.m.AuthFailures.Inc()
 			w.Header().Set("WWW-Authenticate", `Bearer realm="oasis"`)
 			writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "", err.Error(), 0)
 			return
 		}
-		if ok, wait := g.opts.Auth.Allow(k); !ok {
+		if ok, wait := g.cfg.Auth.Allow(k); !ok {
 			g.m.RateLimited.Inc()
 			writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded", "",
 				"rate limit reached for API key "+strconv.Quote(k.ID), wait)
@@ -193,7 +241,7 @@ func (g *Gateway) models(w http.ResponseWriter, _ *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, m := range g.opts.Pool.Models() {
+	for _, m := range g.cfg.Pool.Models() {
 		out.Data = append(out.Data, model{ID: m, Object: "model", Created: g.started, OwnedBy: "oasis"})
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -26,7 +26,6 @@ import (
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/discovery"
-	"github.com/oasis-llm/oasis/router/gateway/h1"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -41,38 +40,40 @@ type harness struct {
 	m    *metrics.Metrics
 	reg  *prometheus.Registry
 	gw   *Gateway
-	srv  *apiServer
+	srv  *httptest.Server
 	doc  *policy.Document
 }
 
-// apiServer is the gateway served by the router's own HTTP/1.1 server, as
-// oasis-router runs it (hosted_test and prefill_test serve it with net/http).
-type apiServer struct{ URL string }
-
-func serveH1(t *testing.T, h http.Handler) *apiServer {
+func newHarness(t *testing.T, doc *policy.Document, authn *auth.Authenticator, engines map[string]string) *harness {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	srv := &h1.Server{Handler: h, ProtocolError: WriteProtocolError}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return &apiServer{URL: "http://" + ln.Addr().String()}
+	return newHarnessWith(t, Config{Auth: authn}, doc, engines)
 }
 
-func newHarness(t *testing.T, doc *policy.Document, authn *auth.Authenticator, engines map[string]string) *harness {
+// newHarnessWith serves a gateway configured by c (its pool, policy,
+// selector, admission and metrics filled in here) over net/http, as
+// oasis-router serves it. A nil engines map leaves the pool unsynced, as
+// before discovery's first answer.
+func newHarnessWith(t *testing.T, c Config, doc *policy.Document, engines map[string]string) *harness {
 	t.Helper()
 	if doc == nil {
 		doc = &policy.Document{Policy: scoring.RoundRobin}
 	}
 	h := &harness{t: t, pool: discovery.NewPool(), reg: prometheus.NewRegistry(), doc: doc}
 	h.m = metrics.New(h.reg)
-	h.setEngines(engines)
+	if engines != nil {
+		h.setEngines(engines)
+	}
 	terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
 	must.NoError(t, err)
-	h.gw = New(Options{Pool: h.pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
-		Admission: admission.New(), Metrics: h.m, Gatherer: h.reg, Log: hclog.NewNullLogger(), Auth: authn,
-		MaxBodyBytes: 1 << 10})
-	h.srv = serveH1(t, h.gw)
+	c.Pool, c.Policy, c.Selector, c.Admission = h.pool, StaticPolicy{Doc: doc}, scoring.NewSelector(terms), admission.New()
+	c.Metrics, c.Gatherer, c.Logger = h.m, h.reg, hclog.NewNullLogger()
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 10
+	}
+	h.gw, err = New(c)
+	must.NoError(t, err)
+	h.srv = httptest.NewServer(h.gw)
+	t.Cleanup(h.srv.Close)
 	return h
 }
 
@@ -325,10 +326,29 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	must.Eq(t, 200, resp.StatusCode)
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	must.Error(t, err) // the client sees a broken stream, not a clean end
-	must.StrContains(t, string(body), `{"i":0}`)
+	must.NoError(t, err) // a proper end of the body, after an error event
+	must.StrHasPrefix(t, "data: {\"i\":0}\n\n", string(body))
+	must.Eq(t, "upstream_error", errorEventCode(t, string(body)))
 	must.Eq(t, int64(0), second.Load())
 	must.Eq(t, 0.0, value(h.m.Retries.WithLabelValues("m")))
+	must.Eq(t, 1.0, value(h.m.StreamErrors.WithLabelValues("m", "upstream_broken")))
+}
+
+// errorEventCode checks that an event stream ends with an error event in
+// OpenAI's shape and then [DONE], and returns the error's code.
+func errorEventCode(t *testing.T, body string) string {
+	t.Helper()
+	rest, ok := strings.CutSuffix(body, "\n\ndata: [DONE]\n\n")
+	must.True(t, ok, must.Sprintf("stream does not end with [DONE]: %q", body))
+	i := strings.LastIndex(rest, "data: ")
+	must.Positive(t, i+1, must.Sprintf("no error event in %q", body))
+	must.True(t, i >= 2 && rest[i-2:i] == "\n\n", must.Sprintf("error event not on an event boundary: %q", body))
+	var e apiErr
+	must.NoError(t, json.Unmarshal([]byte(rest[i+len("data: "):]), &e))
+	must.Eq(t, "server_error", e.Error.Type)
+	must.NotEq(t, "", e.Error.Message)
+	must.NotNil(t, e.Error.Code)
+	return *e.Error.Code
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
@@ -396,7 +416,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 		}()
 	}
 	<-started
-	for h.gw.opts.Admission.Queued("m") != 1 {
+	for h.gw.cfg.Admission.Queued("m") != 1 {
 		time.Sleep(time.Millisecond)
 	}
 	must.Eq(t, 1.0, value(h.m.Queued.WithLabelValues("m")))
@@ -549,7 +569,7 @@ func TestUsageScanner(t *testing.T) {
 	_ = bytes.MinRead
 }
 
-func TestDeadlineMidStreamCutsResponse(t *testing.T) {
+func TestDeadlineMidStreamEndsWithErrorEvent(t *testing.T) {
 	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -571,8 +591,9 @@ func TestDeadlineMidStreamCutsResponse(t *testing.T) {
 	must.Eq(t, 200, resp.StatusCode)
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	must.Error(t, err) // cut, not ended cleanly
+	must.NoError(t, err)
 	must.StrContains(t, string(body), `{"i":0}`)
+	must.Eq(t, "deadline_exceeded", errorEventCode(t, string(body)))
 	eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
 }
 
@@ -590,26 +611,6 @@ func TestRequestIDsAreUnique(t *testing.T) {
 			seen[id] = true
 		}
 	}
-}
-
-// A request the HTTP server itself rejects still gets OpenAI's error shape.
-func TestMalformedHTTPGetsOpenAIError(t *testing.T) {
-	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + deadAddr(t)})
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
-	must.NoError(t, err)
-	defer c.Close()
-	_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n")
-	must.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	must.NoError(t, err)
-	defer resp.Body.Close()
-	must.EqOp(t, http.StatusBadRequest, resp.StatusCode)
-	var e struct {
-		Error struct{ Type, Message string } `json:"error"`
-	}
-	must.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
-	must.EqOp(t, "invalid_request_error", e.Error.Type)
-	must.NotEq(t, "", e.Error.Message)
 }
 
 func TestMentionsUsage(t *testing.T) {

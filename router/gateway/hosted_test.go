@@ -49,9 +49,10 @@ func TestHostedUpstream(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
 			must.NoError(t, err)
-			gw := New(Options{Pool: pool, Policy: StaticPolicy{Doc: &policy.Document{Policy: scoring.RoundRobin}},
+			gw, err := New(Config{Pool: pool, Policy: StaticPolicy{Doc: &policy.Document{Policy: scoring.RoundRobin}},
 				Selector: scoring.NewSelector(terms), Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg,
-				Log: hclog.NewNullLogger(), HostedTransport: hosted.Client().Transport})
+				Logger: hclog.NewNullLogger(), HostedTransport: hosted.Client().Transport})
+			must.NoError(t, err)
 			srv := httptest.NewServer(gw)
 			defer srv.Close()
 

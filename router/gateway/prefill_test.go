@@ -66,14 +66,15 @@ func TestGatewayTeachesPrefillRate(t *testing.T) {
 	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(emptyCache{})...)...)
 	must.NoError(t, err)
 	doc := &policy.Document{Policy: scoring.Weighted, Weights: map[string]float64{"ttft": 1, "prefix": 1}}
-	gw := New(Options{Pool: pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
-		Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg, Log: hclog.NewNullLogger(),
+	gw, err := New(Config{Pool: pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
+		Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg, Logger: hclog.NewNullLogger(),
 		MaxBodyBytes: 1 << 20,
 		Prepare: func(r *scoring.Request) {
 			r.Tokenize = func(context.Context, *scoring.Request) ([]uint32, error) {
 				return make([]uint32, promptTokens), nil
 			}
 		}})
+	must.NoError(t, err)
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 	t.Cleanup(unhold) // runs first: a failed assertion must not leave the servers waiting on it

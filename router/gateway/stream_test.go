@@ -91,7 +91,7 @@ func TestStreamBytesAfterBodyDropConnection(t *testing.T) {
 	must.Eq(t, int64(2), conns.Load())
 }
 
-func TestStreamBrokenFramingOrCloseCutsResponse(t *testing.T) {
+func TestStreamBrokenFramingOrCloseEndsWithErrorEvent(t *testing.T) {
 	for name, tail := range map[string]string{
 		"bad size line":           "zz\r\nmore\r\n",
 		"data without CRLF":       "3\r\nabcXY",
@@ -119,8 +119,9 @@ func TestStreamBrokenFramingOrCloseCutsResponse(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the broken stream did not end")
 			}
-			must.Error(t, err) // cut, not ended cleanly
+			must.NoError(t, err) // a proper end, after an error event
 			must.True(t, strings.HasPrefix(string(b), "data: {\"i\":0}\n\n"))
+			must.Eq(t, "upstream_error", errorEventCode(t, string(b)))
 			eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "502", "a")) == 1 })
 		})
 	}

@@ -34,6 +34,10 @@ type Metrics struct {
 	AuthFailures prometheus.Counter
 	KeyReloads   *prometheus.CounterVec // result
 
+	// Upstream failures the gateway turns into clean errors.
+	UpstreamTimeouts *prometheus.CounterVec // model, phase (response_header|first_token|stream_idle)
+	StreamErrors     *prometheus.CounterVec // model, reason: a stream ended with an SSE error event
+
 	PrefixRequestBlocks *prometheus.CounterVec // model
 	PrefixMatchedBlocks *prometheus.CounterVec // model
 	WorkerPower         *prometheus.GaugeVec   // model, worker, node
@@ -146,6 +150,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Requests with a missing or unknown API key."}),
 		KeyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "api_key_reloads_total",
 			Help: "API key set reloads by result (ok|rejected)."}, []string{"result"}),
+		UpstreamTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_timeouts_total",
+			Help: "Engine requests that timed out, by phase: response_header (no response head), first_token (no first token), stream_idle (no event between two)."}, []string{"model", "phase"}),
+		StreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stream_errors_total",
+			Help: "Streams that failed after their first byte and ended with an SSE error event, by reason (upstream_broken|stream_idle|deadline)."}, []string{"model", "reason"}),
 		PrefixRequestBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_request_blocks_total",
 			Help: "Full KV blocks in the prompts routed with the prefix term."}, []string{"model"}),
 		PrefixMatchedBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_matched_blocks_total",
@@ -156,7 +164,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.RoutingDecision, m.WorkerInFlight, m.Workers,
 		m.Retries, m.AdmissionRefused, m.Queued, m.Tokens, m.PolicyReloads, m.PolicyRejects,
 		m.DiscoveryStale, m.DiscoveryLastSuccess, m.DiscoveryErrors, m.ScrapeErrors, m.RateLimited,
-		m.AuthFailures, m.KeyReloads, m.PrefixRequestBlocks, m.PrefixMatchedBlocks, m.WorkerPower)
+		m.AuthFailures, m.KeyReloads, m.UpstreamTimeouts, m.StreamErrors, m.PrefixRequestBlocks, m.PrefixMatchedBlocks, m.WorkerPower)
 
 	m.HostedRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hosted_rejected_total",
 		Help: "Engine registrations ignored because their hosted upstream (oasis_upstream, oasis_upstream_key_env) is not allow-listed, once per instance and value, by reason (invalid_upstream|upstream_not_allowed|key_env_not_allowed|key_env_without_upstream)."},

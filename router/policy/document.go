@@ -19,6 +19,7 @@ import (
 //	  "policy": "weighted",
 //	  "weights": {"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3},
 //	  "admission": {"max_in_flight": 256, "max_queue": 512, "queue_timeout": "10s"},
+//	  "timeouts": {"response_header": "5m", "stream_idle": "60s", "first_token_hold": "auto"},
 //	  "models": {
 //	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
 //	  }
@@ -29,6 +30,7 @@ type Document struct {
 	Policy    string             `json:"policy"`
 	Weights   map[string]float64 `json:"weights,omitempty"`
 	Admission Admission          `json:"admission"`
+	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
 	Models    map[string]Model   `json:"models,omitempty"`
 }
 
@@ -37,6 +39,24 @@ type Model struct {
 	Policy    string             `json:"policy,omitempty"`
 	Weights   map[string]float64 `json:"weights,omitempty"`
 	Admission *Admission         `json:"admission,omitempty"`
+	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
+}
+
+// Timeouts bound the router's wait for an engine. In a per-model override an
+// omitted field inherits the default.
+type Timeouts struct {
+	// ResponseHeader bounds the wait for the engine's response head after the
+	// request is sent. A non-streaming answer's head comes only when the whole
+	// answer is generated, so it must cover the longest generation.
+	ResponseHeader *string `json:"response_header,omitempty"`
+	// StreamIdle bounds the wait between two reads of a streamed answer (the
+	// engine's role chunk and the first token included).
+	StreamIdle *string `json:"stream_idle,omitempty"`
+	// FirstTokenHold bounds how long a stream's head and role-only first chunk
+	// are held back from the client waiting for the first token; a failure
+	// while they are held is retried on another worker. "auto": twice the
+	// model's observed time-to-first-token p99, at most 30 s; "0s": no hold.
+	FirstTokenHold *string `json:"first_token_hold,omitempty"`
 }
 
 // Admission caps concurrency per model. Zero MaxInFlight means unlimited.
@@ -54,10 +74,29 @@ type Limits struct {
 	QueueTimeout time.Duration // longest wait for a slot; beyond → 503
 }
 
+// UpstreamTimeouts are resolved timeouts.
+type UpstreamTimeouts struct {
+	ResponseHeader time.Duration
+	StreamIdle     time.Duration
+	// FirstTokenHold is the fixed hold; HoldAuto says the router derives it
+	// from the model's observed time to first token instead.
+	FirstTokenHold time.Duration
+	HoldAuto       bool
+}
+
+// Default timeouts: a generation of a few thousand tokens at tens of tokens
+// per second fits in the response-header timeout; a minute without an event
+// is no engine's normal pace.
+const (
+	DefaultResponseHeaderTimeout = 5 * time.Minute
+	DefaultStreamIdleTimeout     = 60 * time.Second
+)
+
 // Resolved is the policy that applies to one model.
 type Resolved struct {
-	Scoring scoring.Config
-	Limits  Limits
+	Scoring  scoring.Config
+	Limits   Limits
+	Timeouts UpstreamTimeouts
 }
 
 // DefaultWeights are the weighted policy's terms when no document says otherwise. Estimated
@@ -120,6 +159,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 	if err := d.Admission.validate("admission"); err != nil {
 		return err
 	}
+	if err := d.Timeouts.validate("timeouts"); err != nil {
+		return err
+	}
 	for name, m := range d.Models {
 		if name == "" {
 			return errors.New("models: empty model name")
@@ -133,8 +175,58 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 				return err
 			}
 		}
+		if err := m.Timeouts.validate("models." + name + ".timeouts"); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+func (t *Timeouts) validate(where string) error {
+	if t == nil {
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		v    *string
+	}{{"response_header", t.ResponseHeader}, {"stream_idle", t.StreamIdle}} {
+		if f.v == nil {
+			continue
+		}
+		if d, err := time.ParseDuration(*f.v); err != nil || d <= 0 {
+			return fmt.Errorf("%s.%s: want a duration > 0 like \"60s\", got %q", where, f.name, *f.v)
+		}
+	}
+	if h := t.FirstTokenHold; h != nil && *h != "auto" {
+		if d, err := time.ParseDuration(*h); err != nil || d < 0 {
+			return fmt.Errorf("%s.first_token_hold: want \"auto\" or a duration ≥ 0 like \"5s\", got %q", where, *h)
+		}
+	}
+	return nil
+}
+
+func (t *Timeouts) apply(u UpstreamTimeouts) UpstreamTimeouts {
+	if t == nil {
+		return u
+	}
+	if t.ResponseHeader != nil {
+		if d, err := time.ParseDuration(*t.ResponseHeader); err == nil {
+			u.ResponseHeader = d
+		}
+	}
+	if t.StreamIdle != nil {
+		if d, err := time.ParseDuration(*t.StreamIdle); err == nil {
+			u.StreamIdle = d
+		}
+	}
+	if h := t.FirstTokenHold; h != nil {
+		if *h == "auto" {
+			u.HoldAuto, u.FirstTokenHold = true, 0
+		} else if d, err := time.ParseDuration(*h); err == nil {
+			u.HoldAuto, u.FirstTokenHold = false, d
+		}
+	}
+	return u
 }
 
 func (a Admission) validate(where string) error {
@@ -158,7 +250,10 @@ func (a Admission) validate(where string) error {
 func (d *Document) For(model string) Resolved {
 	r := Resolved{Scoring: scoring.Config{Policy: d.Policy, Weights: d.Weights}}
 	r.Limits = d.Admission.apply(Limits{MaxQueue: 1024, QueueTimeout: 30 * time.Second})
+	r.Timeouts = d.Timeouts.apply(UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout,
+		StreamIdle: DefaultStreamIdleTimeout, HoldAuto: true})
 	if m, ok := d.Models[model]; ok {
+		r.Timeouts = m.Timeouts.apply(r.Timeouts)
 		if m.Policy != "" {
 			r.Scoring.Policy = m.Policy
 		}

@@ -41,6 +41,12 @@ func TestParse(t *testing.T) {
 		{"model weighted inherits no weights", `{"policy":"round_robin","models":{"x":{"policy":"weighted"}}}`, "models.x.weights"},
 		{"model bad admission", `{"policy":"round_robin","models":{"x":{"admission":{"max_queue":-3}}}}`, "models.x.admission.max_queue"},
 		{"empty model name", `{"policy":"round_robin","models":{"":{}}}`, "empty model name"},
+		{"timeouts", `{"policy":"round_robin","timeouts":{"response_header":"2m","stream_idle":"5s","first_token_hold":"auto"},
+			"models":{"x":{"timeouts":{"first_token_hold":"0s"}}}}`, ""},
+		{"zero stream idle", `{"policy":"round_robin","timeouts":{"stream_idle":"0s"}}`, "timeouts.stream_idle: want a duration > 0"},
+		{"bad header timeout", `{"policy":"round_robin","timeouts":{"response_header":"later"}}`, "timeouts.response_header"},
+		{"bad hold", `{"policy":"round_robin","models":{"x":{"timeouts":{"first_token_hold":"-1s"}}}}`, "models.x.timeouts.first_token_hold"},
+		{"unknown timeout", `{"policy":"round_robin","timeouts":{"idle":"1s"}}`, `unknown field "idle"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,6 +60,22 @@ func TestParse(t *testing.T) {
 	}
 }
 
+var defaults = UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout, StreamIdle: DefaultStreamIdleTimeout, HoldAuto: true}
+
+func TestTimeoutsFor(t *testing.T) {
+	doc, err := Parse([]byte(`{"policy":"round_robin","timeouts":{"stream_idle":"5s","first_token_hold":"2s"},
+		"models":{"a":{"timeouts":{"response_header":"1m"}},"b":{"timeouts":{"first_token_hold":"auto"}}}}`), registry(t))
+	must.NoError(t, err)
+	base := UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout, StreamIdle: 5 * time.Second, FirstTokenHold: 2 * time.Second}
+	a := base
+	a.ResponseHeader = time.Minute
+	b := base
+	b.FirstTokenHold, b.HoldAuto = 0, true
+	must.Eq(t, base, doc.For("other").Timeouts)
+	must.Eq(t, a, doc.For("a").Timeouts)
+	must.Eq(t, b, doc.For("b").Timeouts)
+}
+
 func TestFor(t *testing.T) {
 	doc, err := Parse([]byte(`{"policy":"weighted","weights":{"load":1},
 		"admission":{"max_in_flight":8,"max_queue":4,"queue_timeout":"2s"},
@@ -63,9 +85,9 @@ func TestFor(t *testing.T) {
 		model string
 		want  Resolved
 	}{
-		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}}},
-		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}}},
-		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}}},
+		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}, defaults}},
+		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}, defaults}},
+		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}, defaults}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.model, func(t *testing.T) { must.Eq(t, tc.want, doc.For(tc.model)) })
@@ -96,11 +118,17 @@ model "a" {
 }
 model "b" {
   weights = { kv_capacity = 1 }
+  timeouts { stream_idle = "3s" }
+}
+timeouts {
+  response_header = "2m"
+  first_token_hold = "0s"
 }
 `
 	json := `{"policy":"weighted","weights":{"load":1,"power":0.5},
 		"admission":{"max_in_flight":8,"max_queue":4,"queue_timeout":"2s"},
-		"models":{"a":{"policy":"least_load","admission":{"max_in_flight":2}},"b":{"weights":{"kv_capacity":1}}}}`
+		"timeouts":{"response_header":"2m","first_token_hold":"0s"},
+		"models":{"a":{"policy":"least_load","admission":{"max_in_flight":2}},"b":{"weights":{"kv_capacity":1},"timeouts":{"stream_idle":"3s"}}}}`
 	fromHCL, err := Parse([]byte(hcl), registry(t))
 	must.NoError(t, err)
 	fromJSON, err := Parse([]byte(json), registry(t))

@@ -16,6 +16,9 @@ import (
 //	  max_queue     = 1024
 //	  queue_timeout = "30s"
 //	}
+//	timeouts {
+//	  stream_idle = "60s"
+//	}
 //	model "llama-3-8b" {
 //	  policy = "least_load"
 //	  admission { max_in_flight = 64 }
@@ -24,7 +27,14 @@ type hclDocument struct {
 	Policy    string             `hcl:"policy,optional"`
 	Weights   map[string]float64 `hcl:"weights,optional"`
 	Admission *hclAdmission      `hcl:"admission,block"`
+	Timeouts  *hclTimeouts       `hcl:"timeouts,block"`
 	Models    []hclModel         `hcl:"model,block"`
+}
+
+type hclTimeouts struct {
+	ResponseHeader *string `hcl:"response_header,optional"`
+	StreamIdle     *string `hcl:"stream_idle,optional"`
+	FirstTokenHold *string `hcl:"first_token_hold,optional"`
 }
 
 type hclAdmission struct {
@@ -38,6 +48,7 @@ type hclModel struct {
 	Policy    string             `hcl:"policy,optional"`
 	Weights   map[string]float64 `hcl:"weights,optional"`
 	Admission *hclAdmission      `hcl:"admission,block"`
+	Timeouts  *hclTimeouts       `hcl:"timeouts,block"`
 }
 
 // decodeHCL turns an HCL policy document into a Document (not yet validated).
@@ -55,6 +66,10 @@ func decodeHCL(data []byte) (*Document, error) {
 	if h.Admission != nil {
 		d.Admission = Admission(*h.Admission)
 	}
+	if h.Timeouts != nil {
+		t := Timeouts(*h.Timeouts)
+		d.Timeouts = &t
+	}
 	for _, m := range h.Models {
 		if d.Models == nil {
 			d.Models = map[string]Model{}
@@ -67,9 +82,13 @@ func decodeHCL(data []byte) (*Document, error) {
 			a := Admission(*m.Admission)
 			mm.Admission = &a
 		}
+		if m.Timeouts != nil {
+			t := Timeouts(*m.Timeouts)
+			mm.Timeouts = &t
+		}
 		d.Models[m.Name] = mm
 	}
-	if d.Policy == "" && d.Weights == nil && h.Admission == nil && len(h.Models) == 0 {
+	if d.Policy == "" && d.Weights == nil && h.Admission == nil && h.Timeouts == nil && len(h.Models) == 0 {
 		return nil, errors.New("decoding policy HCL: empty document")
 	}
 	return d, nil

@@ -22,8 +22,9 @@
 //     memory (per-worker capacity) and lets TTL expiry sweep from the tail.
 //
 // Match looks positions up in batches (independent loads whose cache misses
-// overlap) before walking them in order; on this project's VM a dependent
-// memory access costs ~190 ns, an overlapped one ~16 ns. Once one worker is
+// overlap) before walking them in order: a dependent memory access costs
+// about ten times an overlapped one (BENCHMARKS.md has this machine's
+// figures). Once one worker is
 // left extending its prefix, Match checks the slab node next to that worker's
 // last matched node first: the blocks of one Store sit in consecutive nodes,
 // so a long match becomes a sequential walk the hardware prefetches, and a
@@ -85,7 +86,8 @@ type TierWeights struct {
 	GPU, CPU, Disk, Peer float64
 }
 
-// DefaultTierWeights are the weights the issue and peers (Dynamo, llm-d) use.
+// DefaultTierWeights value a matched block by how cheaply the worker can use
+// it: in its GPU 1, in its CPU memory 0.75, on its disk 0.25, at a peer 0.5.
 func DefaultTierWeights() TierWeights {
 	return TierWeights{GPU: 1.0, CPU: 0.75, Disk: 0.25, Peer: 0.5}
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/oasis-llm/oasis/router/openai"
 )
 
 // Worker is one engine instance serving one model, as discovered in Consul or
@@ -189,6 +191,9 @@ type Request struct {
 	Path   string // e.g. /v1/chat/completions
 	Body   []byte // the unmodified client body; do not mutate
 	Stream bool
+	// Prompt is the body's prompt, parsed with the rest of the body
+	// (openai.ParseRequest); its raw values point into Body.
+	Prompt openai.Prompt
 	// EstimatedTokens approximates prompt + maximum output tokens; the router
 	// uses it for its in-flight token count.
 	EstimatedTokens int64

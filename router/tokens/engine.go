@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -95,28 +98,13 @@ func NewEngine(cfg EngineConfig) *Engine {
 // CacheStats returns cache hits and misses (round trips started).
 func (e *Engine) CacheStats() (hits, misses int64) { return e.hits.Load(), e.misses.Load() }
 
-// Tokenize implements Tokenizer.
-func (e *Engine) Tokenize(ctx context.Context, model, path string, body []byte) ([]uint32, error) {
-	p, err := ParsePrompt(path, body)
-	if err != nil {
+// Tokenize implements Tokenizer. The /tokenize request carries the prompt's
+// raw values as the client sent them, and its bytes are the cache key.
+func (e *Engine) Tokenize(ctx context.Context, model string, p openai.Prompt) ([]uint32, error) {
+	if err := checkPrompt(p); err != nil {
 		return nil, err
 	}
-	req := map[string]any{"model": model}
-	if p.Chat {
-		req["messages"] = p.Messages
-		if p.AddGenerationPrompt != nil {
-			req["add_generation_prompt"] = *p.AddGenerationPrompt
-		}
-	} else {
-		req["prompt"] = p.Prompt
-	}
-	if p.AddSpecialTokens != nil {
-		req["add_special_tokens"] = *p.AddSpecialTokens
-	}
-	payload, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("encoding tokenize request: %w", err)
-	}
+	payload := tokenizePayload(model, p)
 	key := sha256.Sum256(payload)
 
 	e.mu.Lock()
@@ -151,6 +139,52 @@ func (e *Engine) Tokenize(ctx context.Context, model, path string, body []byte) 
 	e.mu.Unlock()
 	close(c.done)
 	return c.tokens, c.err
+}
+
+// tokenizePayload is the body of a /tokenize request for p: the members of
+// the client's body the engine's tokenizer reads, appended as they came
+// rather than decoded and encoded again.
+func tokenizePayload(model string, p openai.Prompt) []byte {
+	const flags = len(`,"add_generation_prompt":false,"add_special_tokens":false}`)
+	b := make([]byte, 0, len(`{"model":,"messages":`)+len(model)+2+len(p.Messages)+len(p.Prompt)+flags)
+	b = append(b, `{"model":`...)
+	b = appendJSONString(b, model)
+	if p.Chat {
+		b = append(b, `,"messages":`...)
+		b = append(b, p.Messages...)
+		b = appendFlag(b, "add_generation_prompt", p.AddGenerationPrompt)
+	} else {
+		b = append(b, `,"prompt":`...)
+		b = append(b, p.Prompt...)
+	}
+	b = appendFlag(b, "add_special_tokens", p.AddSpecialTokens)
+	return append(b, '}')
+}
+
+// appendFlag appends the member key: f unless f is unset, so that the
+// engine applies its own default.
+func appendFlag(b []byte, key string, f openai.Flag) []byte {
+	if f != openai.FlagTrue && f != openai.FlagFalse {
+		return b
+	}
+	b = append(b, `,"`...)
+	b = append(b, key...)
+	b = append(b, `":`...)
+	return strconv.AppendBool(b, f == openai.FlagTrue)
+}
+
+// appendJSONString appends s as a JSON string. Model names need no escapes;
+// any other name goes through encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 func (e *Engine) add(key [32]byte, toks []uint32) {
@@ -270,14 +304,14 @@ func (a *Auto) Mode(model string) string {
 }
 
 // Tokenize implements Tokenizer.
-func (a *Auto) Tokenize(ctx context.Context, model, path string, body []byte) ([]uint32, error) {
+func (a *Auto) Tokenize(ctx context.Context, model string, p openai.Prompt) ([]uint32, error) {
 	switch a.Mode(model) {
 	case "sim":
-		return Sim{}.Tokenize(ctx, model, path, body)
+		return Sim{}.Tokenize(ctx, model, p)
 	case "engine":
-		return a.Engine.Tokenize(ctx, model, path, body)
+		return a.Engine.Tokenize(ctx, model, p)
 	}
-	return Bytes{}.Tokenize(ctx, model, path, body)
+	return Bytes{}.Tokenize(ctx, model, p)
 }
 
 // Prepare sets req.Tokenize, for the gateway's Options.Prepare hook. It runs
@@ -291,7 +325,7 @@ func (a *Auto) Prepare(req *scoring.Request) {
 	req.Tokenize = a.tokenizeRequest
 }
 
-// tokenizeRequest tokenizes r's body for r's model (scoring.Request.Tokenize).
+// tokenizeRequest tokenizes r's prompt for r's model (scoring.Request.Tokenize).
 func (a *Auto) tokenizeRequest(ctx context.Context, r *scoring.Request) ([]uint32, error) {
-	return a.Tokenize(ctx, r.Model, r.Path, r.Body)
+	return a.Tokenize(ctx, r.Model, r.Prompt)
 }

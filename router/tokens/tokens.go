@@ -1,5 +1,6 @@
-// Package tokens turns an OpenAI request body into the token ids the engine
-// will see, so the router can digest the prompt's KV blocks.
+// Package tokens turns an OpenAI request's prompt, as openai.ParseRequest
+// found it in the body, into the token ids the engine will see, so the
+// router can digest the prompt's KV blocks.
 //
 // Three tokenizers implement one interface:
 //   - Sim: oasis-sim's stand-in tokenizer and chat template (internal/tokenizer),
@@ -25,52 +26,32 @@ import (
 	"strings"
 
 	"github.com/oasis-llm/oasis/internal/tokenizer"
+	"github.com/oasis-llm/oasis/router/openai"
 )
 
-// Tokenizer returns the prompt token ids of an OpenAI request body for model.
-// path is the request path (/v1/chat/completions or /v1/completions).
+// Tokenizer returns the prompt token ids of a request's prompt (as
+// openai.ParseRequest found it in the body) for model.
 type Tokenizer interface {
-	Tokenize(ctx context.Context, model, path string, body []byte) ([]uint32, error)
+	Tokenize(ctx context.Context, model string, p openai.Prompt) ([]uint32, error)
 }
 
-// Prompt is the part of a request body that determines its prompt tokens.
-type Prompt struct {
-	Chat                bool
-	Messages            json.RawMessage
-	Prompt              json.RawMessage
-	AddGenerationPrompt *bool
-	AddSpecialTokens    *bool
-}
-
-// ErrNoPrompt means the body has no prompt this package can tokenize.
+// ErrNoPrompt means the request has no prompt this package can tokenize.
 var ErrNoPrompt = errors.New("request has no prompt to tokenize")
 
-// ParsePrompt extracts the prompt fields of a chat or completions body.
-func ParsePrompt(path string, body []byte) (Prompt, error) {
-	var b struct {
-		Messages            json.RawMessage `json:"messages"`
-		Prompt              json.RawMessage `json:"prompt"`
-		AddGenerationPrompt *bool           `json:"add_generation_prompt"`
-		AddSpecialTokens    *bool           `json:"add_special_tokens"`
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		return Prompt{}, fmt.Errorf("parsing request body: %w", err)
-	}
-	p := Prompt{Messages: b.Messages, Prompt: b.Prompt, AddGenerationPrompt: b.AddGenerationPrompt, AddSpecialTokens: b.AddSpecialTokens}
+// checkPrompt refuses a prompt no engine would tokenize: no messages on a
+// chat request, no prompt on any other, or a flag that is not a boolean.
+func checkPrompt(p openai.Prompt) error {
 	switch {
-	case strings.HasSuffix(path, "/chat/completions"):
-		p.Chat = true
-		if len(b.Messages) == 0 || string(b.Messages) == "null" {
-			return Prompt{}, fmt.Errorf("messages: %w", ErrNoPrompt)
-		}
-	case strings.HasSuffix(path, "/completions"):
-		if len(b.Prompt) == 0 || string(b.Prompt) == "null" {
-			return Prompt{}, fmt.Errorf("prompt: %w", ErrNoPrompt)
-		}
-	default:
-		return Prompt{}, fmt.Errorf("path %s: %w", path, ErrNoPrompt)
+	case p.Chat && p.Messages == nil:
+		return fmt.Errorf("messages: %w", ErrNoPrompt)
+	case !p.Chat && p.Prompt == nil:
+		return fmt.Errorf("prompt: %w", ErrNoPrompt)
+	case p.AddGenerationPrompt == openai.FlagInvalid:
+		return errors.New("add_generation_prompt must be a boolean")
+	case p.AddSpecialTokens == openai.FlagInvalid:
+		return errors.New("add_special_tokens must be a boolean")
 	}
-	return p, nil
+	return nil
 }
 
 // Sim is oasis-sim's tokenizer and chat template: exactly the ids an oasis-sim
@@ -83,9 +64,8 @@ type chatMessage struct {
 }
 
 // Tokenize implements Tokenizer.
-func (Sim) Tokenize(_ context.Context, _, path string, body []byte) ([]uint32, error) {
-	p, err := ParsePrompt(path, body)
-	if err != nil {
+func (Sim) Tokenize(_ context.Context, _ string, p openai.Prompt) ([]uint32, error) {
+	if err := checkPrompt(p); err != nil {
 		return nil, err
 	}
 	var ids []int32
@@ -94,9 +74,10 @@ func (Sim) Tokenize(_ context.Context, _, path string, body []byte) ([]uint32, e
 		if err != nil {
 			return nil, err
 		}
-		ids = tokenizer.EncodeChat(msgs, p.AddGenerationPrompt == nil || *p.AddGenerationPrompt)
+		ids = tokenizer.EncodeChat(msgs, p.AddGenerationPrompt.Or(true))
 	} else {
-		ids, err = simPrompt(p.Prompt, p.AddSpecialTokens == nil || *p.AddSpecialTokens)
+		var err error
+		ids, err = simPrompt(p.Prompt, p.AddSpecialTokens.Or(true))
 		if err != nil {
 			return nil, err
 		}
@@ -181,9 +162,8 @@ func mustJSON(v any) json.RawMessage {
 type Bytes struct{}
 
 // Tokenize implements Tokenizer.
-func (Bytes) Tokenize(_ context.Context, _, path string, body []byte) ([]uint32, error) {
-	p, err := ParsePrompt(path, body)
-	if err != nil {
+func (Bytes) Tokenize(_ context.Context, _ string, p openai.Prompt) ([]uint32, error) {
+	if err := checkPrompt(p); err != nil {
 		return nil, err
 	}
 	var text []byte

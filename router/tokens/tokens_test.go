@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/sim/server"
 	"github.com/shoenig/test/must"
@@ -34,6 +35,14 @@ var bodies = []struct {
 	{"completion no special", "/v1/completions", `{"model":"sim-model","prompt":"Once upon a time","add_special_tokens":false}`},
 }
 
+// promptOf parses body as the gateway does and returns its prompt.
+func promptOf(t testing.TB, path, body string) openai.Prompt {
+	t.Helper()
+	r, err := openai.ParseRequest(path, []byte(body))
+	must.NoError(t, err)
+	return r.Prompt
+}
+
 // The sim tokenizer gives exactly the ids a real oasis-sim computes, checked
 // through the engine round trip against a real oasis-sim server.
 func TestSimMatchesEngineRoundTrip(t *testing.T) {
@@ -42,10 +51,11 @@ func TestSimMatchesEngineRoundTrip(t *testing.T) {
 	eng := NewEngine(EngineConfig{Replicas: func(string) []Replica { return []Replica{{Address: addr, Engine: "sim"}} }})
 	for _, b := range bodies {
 		t.Run(b.name, func(t *testing.T) {
-			want, err := eng.Tokenize(context.Background(), "sim-model", b.path, []byte(b.body))
+			p := promptOf(t, b.path, b.body)
+			want, err := eng.Tokenize(context.Background(), "sim-model", p)
 			must.NoError(t, err)
 			must.SliceNotEmpty(t, want)
-			got, err := Sim{}.Tokenize(context.Background(), "sim-model", b.path, []byte(b.body))
+			got, err := Sim{}.Tokenize(context.Background(), "sim-model", p)
 			must.NoError(t, err)
 			must.Eq(t, want, got)
 		})
@@ -88,14 +98,14 @@ func TestEngineCacheAndFailover(t *testing.T) {
 		{Address: addr, Engine: "openai_compat"}, // no /tokenize: never asked
 	}
 	eng := NewEngine(EngineConfig{Replicas: func(string) []Replica { return reps }})
-	b := bodies[0]
+	p := promptOf(t, bodies[0].path, bodies[0].body)
 	var wg sync.WaitGroup
 	results := make([][]uint32, 8)
 	for i := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			toks, err := eng.Tokenize(context.Background(), "sim-model", b.path, []byte(b.body))
+			toks, err := eng.Tokenize(context.Background(), "sim-model", p)
 			if err == nil {
 				results[i] = toks
 			}
@@ -107,7 +117,7 @@ func TestEngineCacheAndFailover(t *testing.T) {
 		must.SliceNotEmpty(t, r)
 	}
 	for i := 0; i < 5; i++ {
-		_, err := eng.Tokenize(context.Background(), "sim-model", b.path, []byte(b.body))
+		_, err := eng.Tokenize(context.Background(), "sim-model", p)
 		must.NoError(t, err)
 	}
 	mu.Lock()
@@ -118,7 +128,7 @@ func TestEngineCacheAndFailover(t *testing.T) {
 	must.Eq(t, int64(12), hits)
 
 	none := NewEngine(EngineConfig{Replicas: func(string) []Replica { return reps[2:] }})
-	_, err := none.Tokenize(context.Background(), "sim-model", b.path, []byte(b.body))
+	_, err := none.Tokenize(context.Background(), "sim-model", p)
 	must.ErrorContains(t, err, "no healthy replica")
 }
 
@@ -133,33 +143,41 @@ func TestEngineCacheBounded(t *testing.T) {
 }
 
 func TestBytesDeterministicPrefixes(t *testing.T) {
-	a := `{"messages":[{"role":"system","content":"shared system prompt, long enough"},{"role":"user","content":"one"}]}`
-	b := `{"messages":[{"role":"system","content":"shared system prompt, long enough"},{"role":"user","content":"two"}]}`
-	ta, err := Bytes{}.Tokenize(context.Background(), "m", "/v1/chat/completions", []byte(a))
+	a := `{"model":"m","messages":[{"role":"system","content":"shared system prompt, long enough"},{"role":"user","content":"one"}]}`
+	b := `{"model":"m","messages":[{"role":"system","content":"shared system prompt, long enough"},{"role":"user","content":"two"}]}`
+	ta, err := Bytes{}.Tokenize(context.Background(), "m", promptOf(t, "/v1/chat/completions", a))
 	must.NoError(t, err)
-	tb, err := Bytes{}.Tokenize(context.Background(), "m", "/v1/chat/completions", []byte(b))
+	tb, err := Bytes{}.Tokenize(context.Background(), "m", promptOf(t, "/v1/chat/completions", b))
 	must.NoError(t, err)
 	// "system\0" + 33 bytes + "\0" + "user\0" = 46 bytes shared → 11 whole pseudo-tokens.
 	must.Eq(t, ta[:11], tb[:11])
 	must.NotEq(t, ta, tb)
-	tc, err := Bytes{}.Tokenize(context.Background(), "m", "/v1/completions", []byte(`{"prompt":"abcdefgh"}`))
+	tc, err := Bytes{}.Tokenize(context.Background(), "m", promptOf(t, "/v1/completions", `{"model":"m","prompt":"abcdefgh"}`))
 	must.NoError(t, err)
 	must.SliceLen(t, 3, tc) // the JSON string with its quotes: 10 bytes
 }
 
-func TestParsePromptErrors(t *testing.T) {
+func TestTokenizeRefusesMissingPrompts(t *testing.T) {
 	cases := []struct{ path, body, err string }{
-		{"/v1/chat/completions", `{"model":"m"}`, "messages"},
-		{"/v1/completions", `{"model":"m"}`, "prompt"},
-		{"/v1/embeddings", `{"input":"x"}`, "no prompt"},
-		{"/v1/chat/completions", `{`, "parsing request body"},
+		{"/v1/chat/completions", `{"model":"m"}`, "messages: request has no prompt"},
+		{"/v1/chat/completions", `{"model":"m","messages":null}`, "messages: request has no prompt"},
+		{"/v1/completions", `{"model":"m"}`, "prompt: request has no prompt"},
+		{"/v1/embeddings", `{"model":"m","input":"x"}`, "prompt: request has no prompt"},
+		{"/v1/chat/completions", `{"model":"m","messages":[],"add_generation_prompt":"yes"}`, "add_generation_prompt must be a boolean"},
+		{"/v1/completions", `{"model":"m","prompt":"x","add_special_tokens":1}`, "add_special_tokens must be a boolean"},
 	}
+	eng := NewEngine(EngineConfig{Replicas: func(string) []Replica { return nil }})
 	for _, tc := range cases {
-		_, err := ParsePrompt(tc.path, []byte(tc.body))
-		must.ErrorContains(t, err, tc.err)
+		p := promptOf(t, tc.path, tc.body)
+		for _, tok := range []Tokenizer{Sim{}, Bytes{}, eng} {
+			_, err := tok.Tokenize(context.Background(), "m", p)
+			must.ErrorContains(t, err, tc.err, must.Sprintf("%T %s", tok, tc.body))
+		}
 	}
-	_, err := Sim{}.Tokenize(context.Background(), "m", "/v1/chat/completions", []byte(`{"messages":[{"role":"user","content":5}]}`))
+	_, err := Sim{}.Tokenize(context.Background(), "m", promptOf(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":5}]}`))
 	must.ErrorContains(t, err, "content")
+	_, err = Sim{}.Tokenize(context.Background(), "m", promptOf(t, "/v1/chat/completions", `{"model":"m","messages":[]}`))
+	must.ErrorIs(t, err, ErrNoPrompt)
 }
 
 func TestAutoModes(t *testing.T) {
@@ -174,18 +192,19 @@ func TestAutoModes(t *testing.T) {
 	must.Eq(t, "bytes", a.Mode("llama"))
 	must.Eq(t, "bytes", a.Mode("unknown"))
 
-	req := &scoring.Request{Model: "sim", Path: bodies[0].path, Body: []byte(bodies[0].body)}
+	p := promptOf(t, bodies[0].path, bodies[0].body)
+	req := &scoring.Request{Model: "sim", Path: bodies[0].path, Body: []byte(bodies[0].body), Prompt: p}
 	a.Prepare(req)
 	got, err := req.PromptTokens(context.Background())
 	must.NoError(t, err)
-	want, _ := Sim{}.Tokenize(context.Background(), "sim", bodies[0].path, []byte(bodies[0].body))
+	want, _ := Sim{}.Tokenize(context.Background(), "sim", p)
 	must.Eq(t, want, got)
 
 	// Prepare runs per request: no allocation for an Auto from NewAuto.
 	must.Eq(t, 0.0, testing.AllocsPerRun(100, func() { a.Prepare(&scoring.Request{}) }))
 	// An Auto built as a literal prepares the same.
 	lit := &Auto{Replicas: a.Replicas, Engine: a.Engine}
-	req = &scoring.Request{Model: "sim", Path: bodies[0].path, Body: []byte(bodies[0].body)}
+	req = &scoring.Request{Model: "sim", Path: bodies[0].path, Body: []byte(bodies[0].body), Prompt: p}
 	lit.Prepare(req)
 	got, err = req.PromptTokens(context.Background())
 	must.NoError(t, err)

@@ -2,8 +2,8 @@
 //
 // kvcached allocates one buffer per value it receives or reads from disk
 // (up to 64 MiB) and overwrites every byte before anyone reads it. make
-// zeroes the memory first: that was a quarter of kvcached's CPU time under
-// 1 MiB SETs. The standard library's strings.Builder allocates its buffer
+// zeroes the memory first, a large share of kvcached's CPU under 1 MiB
+// SETs. The standard library's strings.Builder allocates its buffer
 // uninitialised (it only ever appends), so Make takes its memory from one.
 package nozero
 

@@ -374,7 +374,7 @@ func pdJob(id string) string {
 
 // TestDisaggregatedSimPair runs a prefill and a decode engine rendered
 // with NIXL (+ native offload stacked in a MultiConnector) and drives one
-// request through both legs the way the router does.
+// request through both legs as a disaggregating proxy would (vLLM's protocol).
 func TestDisaggregatedSimPair(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

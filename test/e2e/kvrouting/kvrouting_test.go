@@ -32,6 +32,7 @@ import (
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -90,8 +91,9 @@ func startRouter(t *testing.T, ctx context.Context, doc *policy.Document) *route
 	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(cache))...)
 	must.NoError(t, err)
 	must.NoError(t, doc.Validate(reg))
-	gw := gateway.New(gateway.Options{Pool: pool, Policy: gateway.StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(reg),
-		Admission: admission.New(), Metrics: m, Log: log, Prepare: tok.Prepare})
+	gw, err := gateway.New(gateway.Config{Pool: pool, Policy: gateway.StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(reg),
+		Admission: admission.New(), Metrics: m, Logger: log, Prepare: tok.Prepare})
+	must.NoError(t, err)
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 	return &router{url: srv.URL, pool: pool, cache: cache, doc: doc}
@@ -156,8 +158,8 @@ func burst(t *testing.T, r *router, tag string, n int) burstResult {
 	chat(t, r.url, system, "warm-up question")
 	// Wait for the holder's BlockStored events to reach the index, as a
 	// follow-up request would in steady state.
-	toks, err := tokens.Sim{}.Tokenize(context.Background(), modelName, "/v1/chat/completions",
-		[]byte(fmt.Sprintf(`{"messages":[{"role":"system","content":%q}]}`, system)))
+	toks, err := tokens.Sim{}.Tokenize(context.Background(), modelName,
+		openai.Prompt{Chat: true, Messages: []byte(fmt.Sprintf(`[{"role":"system","content":%q}]`, system))})
 	must.NoError(t, err)
 	keys, err := r.cache.Keys(nil, modelName, 16, toks[:len(toks)/2])
 	must.NoError(t, err)

@@ -1,4 +1,4 @@
-# oasis-sim engines in disaggregated prefill/decode roles: exercises the router's P/D path without GPUs.
+# oasis-sim engine used by the tiny disaggregated recipe: a prefill and a decode instance of the same model (the router does not yet run the prefill → decode handoff; see README.md)
 #
 #   nomad job run recipes/tiny/sim/disagg/job.nomad.hcl
 

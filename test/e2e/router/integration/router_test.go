@@ -54,15 +54,16 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	must.NoError(t, err)
 	src := &discovery.Consul{Client: client, Tag: r.tag, Log: log, Metrics: r.m}
 	r.watcher = policy.NewWatcher(client, r.key, terms, r.m, log)
-	tr := gateway.NewTransport(time.Second)
+	tr := gateway.NewEngineTransport(gateway.EngineTransportConfig{DialTimeout: time.Second})
 	sc := &signals.Scraper{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Log: log, Metrics: r.m}
 	var wg sync.WaitGroup
 	for _, f := range []func(){func() { src.Run(ctx, r.pool) }, func() { r.watcher.Run(ctx) }, func() { sc.Run(ctx) }} {
 		wg.Add(1)
 		go func() { defer wg.Done(); f() }()
 	}
-	gw := gateway.New(gateway.Options{Pool: r.pool, Policy: r.watcher, Selector: scoring.NewSelector(terms),
-		Admission: admission.New(), Metrics: r.m, Gatherer: reg, Log: log, Transport: tr})
+	gw, err := gateway.New(gateway.Config{Pool: r.pool, Policy: r.watcher, Selector: scoring.NewSelector(terms),
+		Admission: admission.New(), Metrics: r.m, Gatherer: reg, Logger: log, Transport: tr})
+	must.NoError(t, err)
 	srv := httptest.NewServer(gw)
 	r.url = srv.URL
 	t.Cleanup(func() {

@@ -1,88 +1,16 @@
-package gateway
+package openai
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"strconv"
 	"unicode/utf8"
 )
 
-// requestFields are the only body fields the router reads. The body itself is
-// forwarded byte for byte.
-type requestFields struct {
-	Model        string
-	Stream       bool
-	MaxTokens    int
-	HasMaxTokens bool
-	IncludeUsage bool
-}
-
-// parseRequest extracts the routing fields from an OpenAI request body. It
-// fails when the body is not valid JSON, not an object, or model is missing or
-// not a non-empty string. Keys match exactly, as the Python engines match them
-// (encoding/json struct decoding would also accept "Model"); a repeated key's
-// last value wins, as in Python's json.
-//
-// It runs on every request, so instead of decoding the whole body into maps
-// it makes one pass that both validates the body (accepting exactly what
-// json.Valid accepts) and notes the raw values of the top-level keys it
-// needs, without allocating.
-func parseRequest(body []byte) (requestFields, error) {
-	var f requestFields
-	var raw rawFields
-	valid, object := scanRequest(body, &raw)
-	if !valid {
-		var v any
-		err := json.Unmarshal(body, &v) // only to name the syntax error
-		msg := "malformed JSON body"
-		if err != nil {
-			msg += ": " + err.Error()
-		}
-		return f, errors.New(msg)
-	}
-	if !object {
-		return f, errors.New("request body must be a JSON object")
-	}
-	model := raw.model
-	if model == nil || string(model) == "null" {
-		return f, errors.New("you must provide a model parameter")
-	}
-	if s, isStr := jsonString(model); !isStr || s == "" {
-		return f, errors.New("model must be a non-empty string")
-	} else {
-		f.Model = s
-	}
-	switch string(raw.stream) {
-	case "", "null", "false":
-	case "true":
-		f.Stream = true
-	default:
-		return f, errors.New("stream must be a boolean")
-	}
-	for _, r := range [...][]byte{raw.maxCompl, raw.maxTok} {
-		if len(r) == 0 {
-			continue // absent: Atoi would allocate its error
-		}
-		if n, err := strconv.Atoi(string(r)); err == nil && n >= 0 {
-			f.MaxTokens, f.HasMaxTokens = n, true
-			break
-		}
-	}
-	if so := raw.streamOpts; len(so) > 0 && so[0] == '{' {
-		scanMembers(so, 0, 2, func(key, val []byte) {
-			if string(key) == "include_usage" {
-				f.IncludeUsage = string(val) == "true"
-			}
-		})
-	}
-	return f, nil
-}
-
-// rawFields are the raw JSON values of the top-level keys parseRequest reads
-// (nil when absent).
+// rawFields are the raw JSON values of the top-level members ParseRequest
+// reads (nil when absent).
 type rawFields struct {
 	model, stream, maxTok, maxCompl, streamOpts []byte
+	messages, prompt, addGenPrompt, addSpecial  []byte
 }
 
 // maxJSONDepth is encoding/json's nesting limit, which scanRequest keeps so
@@ -113,6 +41,14 @@ func scanRequest(b []byte, raw *rawFields) (valid, object bool) {
 			raw.maxCompl = val
 		case "stream_options":
 			raw.streamOpts = val
+		case "messages":
+			raw.messages = val
+		case "prompt":
+			raw.prompt = val
+		case "add_generation_prompt":
+			raw.addGenPrompt = val
+		case "add_special_tokens":
+			raw.addSpecial = val
 		}
 	})
 	return ok && skipWS(b, end) == len(b), true
@@ -251,7 +187,7 @@ func scanString(b []byte, i int) (int, bool) {
 					return i, false
 				}
 				for _, h := range b[i+1 : i+5] {
-					if _, ok := unhex(h); !ok {
+					if !isHex(h) {
 						return i, false
 					}
 				}
@@ -322,6 +258,10 @@ func jsonString(tok []byte) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func skipWS(b []byte, i int) int {

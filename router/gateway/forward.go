@@ -1,0 +1,194 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// upstreamError is an attempt that failed before anything reached the
+// client: the caller may retry it on another worker.
+type upstreamError struct {
+	err     error
+	timeout bool // response_header or stream_idle passed
+}
+
+func (e *upstreamError) Error() string { return e.err.Error() }
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// Causes of an attempt's upstream context ending on the router's own timers.
+var (
+	errResponseHeaderTimeout = errors.New("no response head from the engine within the response_header timeout")
+	errStreamIdle            = errors.New("no data from the engine within the stream_idle timeout")
+)
+
+// upstreamTimer cancels an attempt's upstream request when the engine is
+// silent for too long: first waiting for the response head, then between
+// two reads of the body. One timer per attempt, re-armed on every read.
+type upstreamTimer struct {
+	t      *time.Timer
+	cancel context.CancelCauseFunc
+	idle   atomic.Bool // past the head: the stream_idle phase
+}
+
+func newUpstreamTimer(cancel context.CancelCauseFunc, header time.Duration) *upstreamTimer {
+	ut := &upstreamTimer{cancel: cancel}
+	ut.t = time.AfterFunc(header, func() {
+		if ut.idle.Load() {
+			cancel(errStreamIdle)
+		} else {
+			cancel(errResponseHeaderTimeout)
+		}
+	})
+	return ut
+}
+
+// streaming switches to the stream_idle phase and re-arms the timer.
+func (ut *upstreamTimer) streaming(idle time.Duration) {
+	ut.idle.Store(true)
+	ut.t.Reset(idle)
+}
+
+// forward sends the request to one worker and relays the answer. It returns
+// an *upstreamError when the attempt failed before anything was written to
+// the client (a connect error, no response head in time, a 5xx while a
+// retry is allowed, a stream that broke before its first token); any other
+// failure has already been answered or reported to the client.
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
+	wk *scoring.Worker, mayRetry bool) error {
+	tokens := x.req.EstimatedTokens
+	wk.Live.Enter(tokens)
+	defer wk.Live.Leave(tokens)
+	ws := g.series(wk)
+	rec.ws = ws
+	ws.InFlight.Inc()
+	defer ws.InFlight.Dec()
+
+	// The ttft term's prefill queue: this request's uncached prompt tokens
+	// until its first token (which teaches the worker's prefill rate) or its end.
+	var pre *scoring.Prefill
+	if n, ok := x.req.UncachedTokens(wk); ok {
+		pre = wk.Live.StartPrefill(n)
+	}
+	defer pre.Cancel()
+
+	uctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	up, rt, err := g.upstreamRequest(uctx, r, x, wk)
+	if err != nil {
+		return err // not an upstreamError: answered 500 by the caller
+	}
+	to := x.pol.Timeouts
+	timer := newUpstreamTimer(cancel, to.ResponseHeader)
+	defer timer.t.Stop()
+	sent := time.Now()
+	resp, err := rt.RoundTrip(up)
+	if err != nil {
+		if errors.Is(context.Cause(uctx), errResponseHeaderTimeout) {
+			g.m.UpstreamTimeouts.WithLabelValues(x.req.Model, "response_header").Inc()
+			return &upstreamError{err: errResponseHeaderTimeout, timeout: true}
+		}
+		return &upstreamError{err: err}
+	}
+	defer resp.Body.Close()
+	timer.streaming(to.StreamIdle)
+	if resp.StatusCode >= 500 && mayRetry {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return &upstreamError{err: errors.New("engine answered " + resp.Status)}
+	}
+
+	rl := &relay{g: g, w: w, rec: rec, x: x, wk: wk, resp: resp, pre: pre, sent: sent, timer: timer,
+		stream: x.fields.Stream, sse: x.fields.Stream && resp.StatusCode == http.StatusOK && isEventStream(resp.Header)}
+	rl.usage.sse = rl.sse
+	if fl, ok := w.(http.Flusher); ok {
+		rl.fl = fl
+	}
+	bp := g.bufs.Get().(*[]byte)
+	defer g.bufs.Put(bp)
+	rl.buf = *bp
+	if rl.sse {
+		if hold := g.holdFor(x); hold > 0 {
+			if err := rl.hold(hold); err != nil {
+				return g.beforeFirstByte(x, uctx, err)
+			}
+		}
+	}
+	return rl.run(ctx, uctx, r)
+}
+
+// beforeFirstByte turns a response that failed before anything reached the
+// client into the attempt's error.
+func (g *Gateway) beforeFirstByte(x *exchange, uctx context.Context, err error) error {
+	if errors.Is(context.Cause(uctx), errStreamIdle) {
+		g.m.UpstreamTimeouts.WithLabelValues(x.req.Model, "stream_idle").Inc()
+		return &upstreamError{err: errStreamIdle, timeout: true}
+	}
+	if uctx.Err() != nil {
+		return uctx.Err() // the client left or the deadline passed
+	}
+	return &upstreamError{err: err}
+}
+
+// upstreamRequest builds the request to wk: the client's body and its
+// end-to-end headers, X-Request-Id, and a hosted API's key.
+func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *exchange, wk *scoring.Worker) (*http.Request, http.RoundTripper, error) {
+	target, rt := "http://"+wk.Address+r.URL.RequestURI(), g.cfg.Transport
+	if wk.Upstream != "" {
+		// A hosted API: its base URL already ends in /v1, like the request path starts.
+		target = strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
+		rt = g.cfg.HostedTransport
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(x.body))
+	if err != nil {
+		return nil, nil, err
+	}
+	// Lets the transport resend the body on a pooled connection the engine
+	// had closed before reading anything.
+	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(x.body)), nil }
+	up.Header = endToEnd(r.Header, len(r.Header)+1)
+	delete(up.Header, "Expect") // the body is already here; never wait for 100 Continue
+	switch {
+	case wk.UpstreamKey != "":
+		up.Header.Set("Authorization", "Bearer "+wk.UpstreamKey)
+	case g.cfg.Auth != nil:
+		up.Header.Del("Authorization") // the router's key is not the engine's
+	}
+	up.Header.Set("X-Request-Id", x.reqID)
+	return up, rt, nil
+}
+
+// series returns wk's metric series, kept on the worker's Live (which
+// outlives pool updates) instead of being looked up by label values on
+// every request.
+func (g *Gateway) series(wk *scoring.Worker) *metrics.WorkerSeries {
+	if wk.Live == nil {
+		return g.m.Worker(wk.Model, wk.ID)
+	}
+	if c, ok := wk.Live.Attached().(*workerSeries); ok && c.m == g.m && c.model == wk.Model && c.id == wk.ID {
+		return c.ws
+	}
+	c := &workerSeries{m: g.m, model: wk.Model, id: wk.ID, ws: g.m.Worker(wk.Model, wk.ID)}
+	wk.Live.Attach(c)
+	return c.ws
+}
+
+// workerSeries are a worker's metric series, kept on its scoring.Live.
+type workerSeries struct {
+	m         *metrics.Metrics // whose series they are
+	model, id string
+	ws        *metrics.WorkerSeries
+}
+
+func isEventStream(h http.Header) bool {
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && mt == "text/event-stream"
+}

@@ -1,0 +1,183 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+// These tests kill (SIGKILL) or freeze (SIGSTOP) a real oasis-sim behind the
+// router, as an engine crash or a hung GPU would, and check what the client
+// sees: a retry on another worker while nothing was sent, an SSE error event
+// and a proper end of the stream after.
+
+// setPolicy stores doc as the router's policy and waits until it applies.
+func (r *router) setPolicy(t *testing.T, c *consulapi.Client, doc string) {
+	t.Helper()
+	_, err := c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(doc)}, nil)
+	must.NoError(t, err)
+	p, _, err := c.KV().Get(r.key, nil)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() == p.ModifyIndex }),
+		wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)))
+}
+
+// signal sends sig to the sim's process; a stopped sim is continued when the
+// test ends so that it can be killed.
+func (s *sim) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	must.NoError(t, s.cmd.Process.Signal(sig))
+	if sig == syscall.SIGSTOP {
+		t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+	}
+}
+
+// streamChat sends a streaming chat request and returns the response.
+func streamChat(t *testing.T, url, model string, maxTokens int) *http.Response {
+	t.Helper()
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"` + strings.Repeat("tell me a long story ", 10) +
+		`"}],"max_tokens":` + strconv.Itoa(maxTokens) + `,"stream":true}`
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	return resp
+}
+
+// sseEvents reads a whole event stream: its data payloads in order. The
+// body must end properly (no read error).
+func sseEvents(t *testing.T, resp *http.Response) []string {
+	t.Helper()
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	must.NoError(t, sc.Err(), must.Sprint("the stream must end properly"))
+	return out
+}
+
+// twoSims registers a slow-prefilling sim (chosen first by round robin) and
+// a normal one for model, behind a round-robin router with short timeouts.
+func twoSims(t *testing.T, model string, slowArgs ...string) (*router, *sim, *sim) {
+	c := consul.client
+	r := newRouter(t, c)
+	slow := startSim(t, model, slowArgs...)
+	fast := startSim(t, model)
+	r.register(t, c, "a-"+model, model, slow)
+	r.register(t, c, "b-"+model, model, fast)
+	r.setPolicy(t, c, `{"policy":"round_robin","timeouts":{"stream_idle":"1s","first_token_hold":"auto"}}`)
+	r.waitPool(t, model, "a-"+model, "b-"+model)
+	return r, slow, fast
+}
+
+func TestEngineFailsBeforeFirstToken(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			model := "fail-prefill-" + strconv.Itoa(int(sig))
+			// Prefill takes seconds on the slow sim: the signal lands during it.
+			r, slow, _ := twoSims(t, model, "--speed", "1", "--step-time-per-prefill-token", "40ms")
+			done := make(chan *http.Response, 1)
+			go func() { done <- streamChat(t, r.url, model, 4) }()
+			time.Sleep(500 * time.Millisecond)
+			slow.signal(t, sig)
+			var resp *http.Response
+			select {
+			case resp = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("no answer after the engine failed")
+			}
+			must.Eq(t, http.StatusOK, resp.StatusCode)
+			events := sseEvents(t, resp)
+			must.Eq(t, "[DONE]", events[len(events)-1])
+			for _, e := range events {
+				must.StrNotContains(t, e, `"error"`)
+			}
+			must.Eq(t, 1.0, counter(r.m.Retries.WithLabelValues(model)))
+		})
+	}
+}
+
+func TestEngineFailsMidStream(t *testing.T) {
+	cases := []struct {
+		sig  syscall.Signal
+		code string
+	}{{syscall.SIGKILL, "upstream_error"}, {syscall.SIGSTOP, "upstream_timeout"}}
+	for _, tc := range cases {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			model := "fail-decode-" + strconv.Itoa(int(tc.sig))
+			r, slow, _ := twoSims(t, model, "--speed", "1", "--step-time-base", "100ms")
+			resp := streamChat(t, r.url, model, 50)
+			must.Eq(t, http.StatusOK, resp.StatusCode)
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadString('\n')
+				must.NoError(t, err)
+				if strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
+					break // a token reached the client
+				}
+			}
+			slow.signal(t, tc.sig)
+			resp.Body = io.NopCloser(br)
+			events := sseEvents(t, resp)
+			must.GreaterEq(t, 2, len(events)) // ..., the error, [DONE]
+			must.Eq(t, "[DONE]", events[len(events)-1])
+			var e struct {
+				Error struct{ Code, Type, Message string } `json:"error"`
+			}
+			must.NoError(t, json.Unmarshal([]byte(events[len(events)-2]), &e))
+			must.Eq(t, tc.code, e.Error.Code)
+			must.Eq(t, "server_error", e.Error.Type)
+			must.Eq(t, 0.0, counter(r.m.Retries.WithLabelValues(model)))
+		})
+	}
+}
+
+// TestConsulDownAtStartup runs the oasis-router binary against a Consul
+// address nothing listens on: requests get 503 with Retry-After (the model
+// may exist; discovery has not answered), never 404.
+func TestConsulDownAtStartup(t *testing.T) {
+	ports, err := testbed.FreePorts(2)
+	must.NoError(t, err)
+	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.json")
+	must.NoError(t, os.WriteFile(pol, []byte(`{"policy":"round_robin"}`), 0o644))
+	cmd := exec.Command(routerBin, "-listen", listen, "-consul-addr", "127.0.0.1:"+strconv.Itoa(ports[1]),
+		"-policy-file", pol, "-kvcached-service", "", "-log-level", "error")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	url := "http://" + listen
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		resp, err := http.Get(url + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}), wait.Timeout(20*time.Second), wait.Gap(50*time.Millisecond)))
+	code, body := chat(t, url, "any-model", false)
+	must.Eq(t, http.StatusServiceUnavailable, code)
+	must.StrContains(t, body, `"code":"no_healthy_worker"`)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"any-model"}`))
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, "1", resp.Header.Get("Retry-After"))
+}
