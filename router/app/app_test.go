@@ -395,3 +395,43 @@ func TestMaxConnections(t *testing.T) {
 func waitFor(f func() bool) *wait.Constraint {
 	return wait.InitialSuccess(wait.BoolFunc(f), wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond))
 }
+
+// The routing decisions teach the router which prompts a worker without KV
+// events holds: a prompt sent twice to a sim engine (oasis-sim's tokenizer,
+// no /tokenize round trip) is matched in full the second time, and the
+// oasis_router_prefix_* counters say so.
+func TestDecisionsLearnPrefixes(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	cfg := baseConfig(t)
+	cfg.Engines = []StaticEngine{{Model: "m", Address: strings.TrimPrefix(eng.URL, "http://"), Engine: "sim"}}
+	cfg.PolicyFile = policyFile(t, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`)
+	r := start(t, cfg)
+
+	prompt := strings.Repeat("the same long system prompt shared by every request ", 40)
+	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, prompt)
+	counters := func() (requested, matched float64) {
+		mfs, err := cfg.Registry.Gather()
+		must.NoError(t, err)
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				switch mf.GetName() {
+				case "oasis_router_prefix_request_blocks_total":
+					requested += m.GetCounter().GetValue()
+				case "oasis_router_prefix_matched_blocks_total":
+					matched += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return requested, matched
+	}
+	for range 2 {
+		resp, err := http.Post(r.url("http")+"/v1/completions", "application/json", strings.NewReader(body))
+		must.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		must.Eq(t, http.StatusOK, resp.StatusCode)
+	}
+	requested, matched := counters()
+	must.Greater(t, 0, requested)
+	must.Eq(t, requested/2, matched) // nothing the first time, everything the second
+}
