@@ -6,9 +6,11 @@
 // CheckInterval, so a rotation needs no restart and drops no connection (a
 // connection keeps the certificate it was made with).
 //
-// A reload that fails (a file half written, a key that does not match, an
-// empty bundle) keeps the last good files, is logged and counted; the next
-// change of any file is tried again.
+// A reload that fails (a key that does not match, an empty bundle) keeps
+// the last good files, is logged and counted; the next change of any file
+// is tried again. Files that do not load are first taken for a rotation
+// under way (one file written, the other not yet) and retried at the next
+// checks; they count as a failure two intervals later.
 package tlsfiles
 
 import (
@@ -60,12 +62,15 @@ func (e *FileError) Unwrap() error { return e.Err }
 
 // Files is the current certificate and CA bundle. Safe for concurrent use.
 type Files struct {
-	cfg     Config
-	cur     atomic.Pointer[state]
-	next    atomic.Int64 // unix nanoseconds before which no check is due
-	mu      sync.Mutex   // one check at a time
-	seen    [3]stamp     // the files as last tried, good or bad
-	reloads *prometheus.CounterVec
+	cfg  Config
+	cur  atomic.Pointer[state]
+	next atomic.Int64 // unix nanoseconds before which no check is due
+	mu   sync.Mutex   // one check at a time
+	seen [3]stamp     // the files as last loaded or reported bad
+	// failingSince is when files that do not load were first seen since
+	// the last load or report (zero: none).
+	failingSince time.Time
+	reloads      *prometheus.CounterVec
 }
 
 // state is one good set of files.
@@ -162,13 +167,27 @@ func (f *Files) check() error {
 	if st == f.seen {
 		return nil
 	}
-	f.seen = st
 	next, err := f.load()
 	if err != nil {
+		// Renderers write the files one by one (Nomad's template block,
+		// cert-manager): a new certificate beside the old key is most
+		// likely a rotation under way. It is tried again at the next
+		// checks, and counts as a failure only when it still does not
+		// load two intervals after it was first seen.
+		now := f.cfg.now()
+		if f.failingSince.IsZero() {
+			f.failingSince = now
+		}
+		if now.Sub(f.failingSince) < 2*f.cfg.Interval {
+			f.cfg.Logger.Debug("TLS files changed but do not load yet; trying again", "error", err)
+			return err
+		}
+		f.seen, f.failingSince = st, time.Time{}
 		f.count("error")
 		f.cfg.Logger.Error("reloading TLS files failed; keeping the current ones", "error", err)
 		return err
 	}
+	f.seen, f.failingSince = st, time.Time{}
 	f.cur.Store(next)
 	f.count("ok")
 	f.cfg.Logger.Info("reloaded TLS files", "cert", f.cfg.CertFile, "client_ca", f.cfg.ClientCAFile)

@@ -169,24 +169,40 @@ func TestReloadOnChange(t *testing.T) {
 		must.Eq(t, "tick\n", line)
 	}
 
-	// Half-written or mismatched files keep the last good pair.
-	tlsfilestest.WriteFile(t, dir, "cert.pem", []byte("-----BEGIN CERTIFICATE-----\ntrunc"))
-	clk.advance(1100 * time.Millisecond)
-	must.Eq(t, "second", servedBy(t, addr, client))
-	must.Eq(t, 1.0, counter(t, reg, "error"))
+	// A certificate written before its key (a rotation under way) is no
+	// failure: the last pair stays until the key arrives.
 	third := ca.Issue(t, "third", "127.0.0.1")
 	tlsfilestest.WriteFile(t, dir, "cert.pem", third.CertPEM)
-	err = f.Reload()
-	var fe *FileError
-	must.True(t, errors.As(err, &fe))
-	must.Eq(t, "KeyFile", fe.Field)
+	clk.advance(1100 * time.Millisecond)
 	must.Eq(t, "second", servedBy(t, addr, client))
-	must.NoError(t, f.Reload()) // unchanged since the failed try: nothing to do
-	must.Eq(t, 2.0, counter(t, reg, "error"))
-
 	tlsfilestest.WriteFile(t, dir, "key.pem", third.KeyPEM)
 	clk.advance(1100 * time.Millisecond)
 	must.Eq(t, "third", servedBy(t, addr, client))
+	must.Eq(t, 0.0, counter(t, reg, "error"))
+	must.Eq(t, 2.0, counter(t, reg, "ok"))
+
+	// Files that stay bad keep the last good pair and count as one failure,
+	// two intervals after they were first seen.
+	tlsfilestest.WriteFile(t, dir, "cert.pem", []byte("-----BEGIN CERTIFICATE-----\ntrunc"))
+	for range 4 {
+		clk.advance(1100 * time.Millisecond)
+		must.Eq(t, "third", servedBy(t, addr, client))
+	}
+	must.Eq(t, 1.0, counter(t, reg, "error"))
+	must.NoError(t, f.Reload()) // reported, unchanged since: nothing to do
+
+	fourth, other := ca.Issue(t, "fourth", "127.0.0.1"), ca.Issue(t, "other", "127.0.0.1")
+	tlsfilestest.WriteFile(t, dir, "cert.pem", fourth.CertPEM)
+	tlsfilestest.WriteFile(t, dir, "key.pem", other.KeyPEM)
+	err = f.Reload()
+	var fe *FileError
+	must.True(t, errors.As(err, &fe), must.Sprint(err))
+	must.Eq(t, "KeyFile", fe.Field)
+	tlsfilestest.WriteFile(t, dir, "key.pem", fourth.KeyPEM)
+	clk.advance(1100 * time.Millisecond)
+	must.Eq(t, "fourth", servedBy(t, addr, client))
+	must.Eq(t, 1.0, counter(t, reg, "error"))
+
 	line, err := lines.ReadString('\n')
 	must.NoError(t, err)
 	must.Eq(t, "tick\n", line)
