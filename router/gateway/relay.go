@@ -50,6 +50,10 @@ func (rl *relay) emit(data []byte, firstToken bool) bool {
 		return true
 	}
 	rl.usage.feed(data)
+	// A slow client is not a silent engine: stream_idle times the engine's
+	// reads only.
+	rl.timer.t.Stop()
+	defer rl.timer.streaming(rl.x.pol.Timeouts.StreamIdle)
 	if _, err := rl.w.Write(data); err != nil {
 		return false
 	}
@@ -104,7 +108,6 @@ func (rl *relay) hold(wait time.Duration) error {
 			ok := rl.emit(held.data, false)
 			rd = <-res
 			if ok && rd.n > 0 {
-				rl.timer.streaming(rl.x.pol.Timeouts.StreamIdle)
 				ok = rl.emit(rl.buf[:rd.n], true)
 			}
 			rl.pending, rl.clientGone = rd.err, !ok
@@ -143,7 +146,6 @@ func (rl *relay) run(ctx, uctx context.Context, r *http.Request) error {
 		var n int
 		n, err = rl.resp.Body.Read(rl.buf)
 		if n > 0 {
-			rl.timer.streaming(rl.x.pol.Timeouts.StreamIdle)
 			if !rl.committed {
 				rl.commit()
 			}
