@@ -192,7 +192,8 @@ func parsePattern(s string) (urlPattern, error) {
 	bad := func(why string) (urlPattern, error) {
 		return urlPattern{}, fmt.Errorf("upstream %q: %s: %w", s, why, ErrBadPattern)
 	}
-	u, err := url.Parse(strings.TrimSpace(s))
+	raw := strings.TrimSpace(s)
+	u, err := url.Parse(raw)
 	if err != nil {
 		return bad("not a URL")
 	}
@@ -203,10 +204,10 @@ func parsePattern(s string) (urlPattern, error) {
 		if !strings.Contains(strings.Split(rest, ":")[0], ".") {
 			return bad(`a wildcard needs a domain of two labels or more after "*."`)
 		}
-		wildcard = true
-		u.Host = "x." + rest // parsed like a real host, then the label dropped
+		// Parsed like a real host, then the label dropped.
+		wildcard, raw = true, strings.Replace(raw, "://*.", "://x.", 1)
 	}
-	p, err := parseUpstream(u.String())
+	p, err := parseUpstream(raw)
 	if err != nil {
 		return bad(err.Error())
 	}

@@ -178,3 +178,66 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	must.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
 }
+
+// Registrations are untrusted input: Allow never panics, and what it allows
+// is an https (or loopback http) URL matching an entry.
+func FuzzHostedPolicyAllow(f *testing.F) {
+	for _, s := range []string{"https://api.openai.com/v1", "https://x.openai.azure.com/openai/d", "http://127.0.0.1:9/v1",
+		"https://api.openai.com/v1/../x", "https://[::1]:7000/v1", "https://u@h/", "://", "https://%zz", "https://a..b/v1"} {
+		f.Add(s, "OPENAI_KEY")
+	}
+	hp, err := ParseHostedPolicy([]string{"https://api.openai.com/v1", "https://*.openai.azure.com/openai", "http://127.0.0.1:9/v1"},
+		[]string{"OPENAI_KEY=https://api.openai.com/v1", "ANY"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, upstream, keyEnv string) {
+		err := hp.Allow(upstream, keyEnv)
+		if err != nil {
+			var he *HostedError
+			if !errors.As(err, &he) || he.Reason() == "other" {
+				t.Fatalf("untyped refusal %v", err)
+			}
+			return
+		}
+		if upstream == "" {
+			if keyEnv != "" {
+				t.Fatalf("key %q allowed without an upstream", keyEnv)
+			}
+			return
+		}
+		u, perr := parseUpstream(upstream)
+		if perr != nil || !matchAny(hp.upstreams, u) {
+			t.Fatalf("allowed %q that does not parse or match: %v", upstream, perr)
+		}
+		if u.scheme == "http" && !loopbackHost(u.host) {
+			t.Fatalf("allowed plain http beyond loopback: %q", upstream)
+		}
+	})
+}
+
+// Allow-list entries come from flags: a bad one is an error, never a panic,
+// and an entry that parses allows its own URL.
+func FuzzParseHostedPolicy(f *testing.F) {
+	for _, s := range []string{"https://api.openai.com/v1", "https://*.openai.azure.com/openai", "http://127.0.0.1:9/v1",
+		"https://*.com", "https://*:80", "KEY=https://a.b/c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, entry string) {
+		if _, err := ParseHostedPolicy(nil, []string{entry}); err != nil && !errors.Is(err, ErrBadPattern) {
+			t.Fatalf("untyped error %v", err)
+		}
+		hp, err := ParseHostedPolicy([]string{entry}, nil)
+		if err != nil {
+			if !errors.Is(err, ErrBadPattern) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if !strings.Contains(entry, "*") {
+			if err := hp.Allow(strings.TrimSpace(entry), ""); err != nil {
+				t.Fatalf("entry %q does not allow itself: %v", entry, err)
+			}
+		}
+	})
+}
