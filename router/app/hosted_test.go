@@ -58,17 +58,21 @@ func hostedRegistration(c *capture) map[string]string {
 		discovery.MetaUpstream: c.URL + "/v1", discovery.MetaUpstreamKeyEnv: secretEnv}
 }
 
-// hostedCases are the router configurations the exploit runs against.
-var hostedCases = []struct {
+// hostedCase is a router configuration the exploit runs against.
+type hostedCase struct {
 	name                 string
 	upstreams, keyEnvs   func(c *capture) []string
 	used                 bool
 	wantRejectedByReason string
-}{
-	{"default: nothing allowed", nothing, nothing, false, "upstream_not_allowed"},
-	{"upstream allowed, key variable not", captureURL, nothing, false, "key_env_not_allowed"},
-	{"key variable allowed, upstream not", nothing, secretName, false, "upstream_not_allowed"},
-	{"both allowed", captureURL, secretName, true, ""},
+}
+
+func hostedCases() []hostedCase {
+	return []hostedCase{
+		{"default: nothing allowed", nothing, nothing, false, "upstream_not_allowed"},
+		{"upstream allowed, key variable not", captureURL, nothing, false, "key_env_not_allowed"},
+		{"key variable allowed, upstream not", nothing, secretName, false, "upstream_not_allowed"},
+		{"both allowed", captureURL, secretName, true, ""},
+	}
 }
 
 func nothing(*capture) []string      { return nil }
@@ -114,7 +118,7 @@ func rejected(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 // discovery source would.
 func TestHostedUpstreamNeedsAllowList(t *testing.T) {
 	t.Setenv(secretEnv, "sk-do-not-leak")
-	for _, tc := range hostedCases {
+	for _, tc := range hostedCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCapture(t)
 			cfg := baseConfig(t, newEngine(t, 1, 0).URL)
@@ -136,7 +140,7 @@ func TestHostedUpstreamNeedsAllowList(t *testing.T) {
 func TestHostedUpstreamFromConsulNeedsAllowList(t *testing.T) {
 	consul, addr := startConsul(t)
 	t.Setenv(secretEnv, "sk-do-not-leak")
-	for _, tc := range hostedCases {
+	for _, tc := range hostedCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCapture(t)
 			must.NoError(t, consul.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
