@@ -6,6 +6,7 @@ package router
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -41,19 +43,39 @@ func engineJob(id string) string {
 
 // routerProc is the oasis-router binary under test.
 type routerProc struct {
-	url  string
-	key  string
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
+	url    string
+	key    string
+	client *http.Client // plain, or trusting the router's test CA
+	cmd    *exec.Cmd
+	done   chan struct{}
+	log    string
 }
 
 func startRouter(t *testing.T, prefix string, extra ...string) *routerProc {
+	return startRouterWith(t, prefix, "http", http.DefaultClient, extra...)
+}
+
+// startRouterTLS runs the router with a certificate for 127.0.0.1 from a
+// test CA, and a client that trusts that CA and negotiates HTTP/2.
+func startRouterTLS(t *testing.T, prefix string) *routerProc {
+	t.Helper()
+	ca := tlsfilestest.NewCA(t, "oasis-e2e-ca")
+	leaf := ca.Issue(t, "oasis-router", "127.0.0.1")
+	dir := t.TempDir()
+	cert := tlsfilestest.WriteFile(t, dir, "router.crt", leaf.CertPEM)
+	key := tlsfilestest.WriteFile(t, dir, "router.key", leaf.KeyPEM)
+	client := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{RootCAs: tlsfilestest.Pool(ca), MinVersion: tls.VersionTLS12}}}
+	t.Cleanup(client.CloseIdleConnections)
+	return startRouterWith(t, prefix, "https", client, "-tls-cert", cert, "-tls-key", key)
+}
+
+func startRouterWith(t *testing.T, prefix, scheme string, client *http.Client, extra ...string) *routerProc {
 	t.Helper()
 	ports, err := testbed.FreePorts(1)
 	must.NoError(t, err)
-	r := &routerProc{url: "http://127.0.0.1:" + strconv.Itoa(ports[0]), key: prefix + "/policy", done: make(chan struct{}),
-		log: filepath.Join(t.TempDir(), "router.log")}
+	r := &routerProc{url: scheme + "://127.0.0.1:" + strconv.Itoa(ports[0]), key: prefix + "/policy", client: client,
+		done: make(chan struct{}), log: filepath.Join(t.TempDir(), "router.log")}
 	logf, err := os.Create(r.log)
 	must.NoError(t, err)
 	args := append([]string{"-listen", "127.0.0.1:" + strconv.Itoa(ports[0]),
@@ -77,7 +99,7 @@ func startRouter(t *testing.T, prefix string, extra ...string) *routerProc {
 		}
 	})
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		resp, err := http.Get(r.url + "/health")
+		resp, err := r.client.Get(r.url + "/health")
 		if err != nil {
 			return false
 		}
@@ -90,7 +112,7 @@ func startRouter(t *testing.T, prefix string, extra ...string) *routerProc {
 // metrics scrapes the router's /metrics: family → label-set string → value.
 func (r *routerProc) metrics(t *testing.T) map[string]map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(r.url + "/metrics")
+	resp, err := r.client.Get(r.url + "/metrics")
 	must.NoError(t, err)
 	defer resp.Body.Close()
 	parser := expfmt.NewTextParser(model.LegacyValidation)
@@ -140,20 +162,35 @@ func (r *routerProc) putPolicy(t *testing.T, doc string) {
 }
 
 func chat(url string, maxTokens int, model ...string) (status int, events int, err error) {
+	status, events, _, err = chatWith(http.DefaultClient, url, maxTokens, model...)
+	return status, events, err
+}
+
+// chatWith streams a chat completion and counts its events. A stream that
+// ends with an error event, or without [DONE], is an error.
+func chatWith(client *http.Client, url string, maxTokens int, model ...string) (status int, events int, proto string, err error) {
 	m := "llama"
 	if len(model) > 0 {
 		m = model[0]
 	}
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"tell me a story"}],"max_tokens":%d,"stream":true}`, m, maxTokens)
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	defer resp.Body.Close()
+	status, events, err = readStream(resp)
+	return status, events, resp.Proto, err
+}
+
+func readStream(resp *http.Response) (status int, events int, err error) {
 	br := bufio.NewReader(resp.Body)
 	done := false
 	for {
 		line, rerr := br.ReadString('\n')
+		if strings.HasPrefix(line, `data: {"error"`) {
+			return resp.StatusCode, events, fmt.Errorf("error event: %s", strings.TrimSpace(line))
+		}
 		if strings.HasPrefix(line, "data: {") {
 			events++
 		}
@@ -231,6 +268,36 @@ func TestRouterOnTestbed(t *testing.T) {
 		after := r.servedBy(t)
 		for w, n := range after {
 			must.Eq(t, 10.0, n-before[w], must.Sprintf("worker %s still round robin", w))
+		}
+	})
+
+	t.Run("over TLS and HTTP/2", func(t *testing.T) {
+		tr := startRouterTLS(t, "oasis-e2e/router-tls")
+		tr.putPolicy(t, `{"policy":"round_robin"}`)
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+			return tr.metrics(t)["oasis_router_workers"]["model=llama"] == 3
+		}), wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)))
+		for range 9 {
+			code, events, proto, err := chatWith(tr.client, tr.url, 4)
+			must.NoError(t, err)
+			must.Eq(t, 200, code)
+			must.Eq(t, "HTTP/2.0", proto)
+			must.Positive(t, events)
+		}
+		// The same router speaks HTTP/1.1 over TLS to clients without HTTP/2.
+		cfg := tr.client.Transport.(*http.Transport).TLSClientConfig.Clone()
+		cfg.NextProtos = []string{"http/1.1"}
+		h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+		code, _, proto, err := chatWith(h1, tr.url, 4)
+		must.NoError(t, err)
+		must.Eq(t, 200, code)
+		must.Eq(t, "HTTP/1.1", proto)
+		// Plain HTTP to the TLS listener gets no completion.
+		resp, err := http.Post(strings.Replace(tr.url, "https://", "http://", 1)+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"llama"}`))
+		if err == nil {
+			resp.Body.Close()
+			must.Eq(t, http.StatusBadRequest, resp.StatusCode)
 		}
 	})
 
