@@ -4,6 +4,10 @@
 #
 #   nomad job run jobs/router.nomad.hcl
 #   nomad job run -var 'http_port=8080' -var 'oasis_bin_dir=/opt/oasis/bin' jobs/router.nomad.hcl
+#   nomad job run -var 'tls_enabled=true' jobs/router.nomad.hcl   # certificate from a Nomad variable
+#
+# jobs/README.md says how to put the TLS certificate into the Nomad variable and what hosted
+# upstreams the router must be told to allow.
 
 variable "datacenters" {
   description = "Datacenters the router runs in."
@@ -53,6 +57,42 @@ variable "api_keys_kv" {
   default     = false
 }
 
+variable "tls_enabled" {
+  description = "Serve the API over TLS (HTTP/1.1 and HTTP/2) with the certificate and key in the Nomad variable tls_variable (items tls_cert, tls_key). Off, the job needs no variable."
+  type        = bool
+  default     = false
+}
+
+variable "tls_mutual" {
+  description = "With tls_enabled, also require client certificates signed by a CA in the variable's item tls_client_ca (mutual TLS). The Consul check is then a TCP check: Consul has no client certificate."
+  type        = bool
+  default     = false
+}
+
+variable "tls_variable" {
+  description = "Nomad variable holding the PEM items tls_cert, tls_key and tls_client_ca. The job's tasks may read nomad/jobs/<job id> without a policy."
+  type        = string
+  default     = "nomad/jobs/oasis-router"
+}
+
+variable "hosted_upstreams" {
+  description = "Hosted OpenAI-compatible base URLs engines may name in oasis_upstream (https; exact, or with a leading *. host label, e.g. https://*.openai.azure.com/openai). Registrations naming others are ignored."
+  type        = list(string)
+  default     = []
+}
+
+variable "hosted_key_envs" {
+  description = "Environment variables of the router whose value engines may ask to be sent as the hosted API key (oasis_upstream_key_env): NAME, or NAME=URL pattern to bind it to upstreams."
+  type        = list(string)
+  default     = []
+}
+
+variable "max_connections" {
+  description = "Most client connections served at once (0: no limit); further ones wait in the kernel's accept queue."
+  type        = number
+  default     = 4096
+}
+
 variable "cpu" {
   type    = number
   default = 500
@@ -61,6 +101,13 @@ variable "cpu" {
 variable "memory" {
   type    = number
   default = 256
+}
+
+locals {
+  tls_files = concat(
+    var.tls_enabled ? [{ item = "tls_cert", file = "cert.pem" }, { item = "tls_key", file = "key.pem" }] : [],
+    var.tls_enabled && var.tls_mutual ? [{ item = "tls_client_ca", file = "client-ca.pem" }] : [],
+  )
 }
 
 job "oasis-router" {
@@ -97,13 +144,29 @@ job "oasis-router" {
         oasis_node = "${node.unique.id}"
       }
       # Liveness, not readiness: /ready is 503 while no engine is up, which must not fail a
-      # deployment of the router itself.
-      check {
-        name     = "health"
-        type     = "http"
-        path     = "/health"
-        interval = "5s"
-        timeout  = "2s"
+      # deployment of the router itself. Over TLS Consul does not verify the router's
+      # certificate (its CA is the operator's); with mutual TLS it cannot present a client
+      # certificate, so the check only connects.
+      dynamic "check" {
+        for_each = var.tls_enabled && var.tls_mutual ? [] : ["health"]
+        content {
+          name            = "health"
+          type            = "http"
+          protocol        = var.tls_enabled ? "https" : "http"
+          tls_skip_verify = var.tls_enabled
+          path            = "/health"
+          interval        = "5s"
+          timeout         = "2s"
+        }
+      }
+      dynamic "check" {
+        for_each = var.tls_enabled && var.tls_mutual ? ["listening"] : []
+        content {
+          name     = "listening"
+          type     = "tcp"
+          interval = "5s"
+          timeout  = "2s"
+        }
       }
     }
 
@@ -112,7 +175,7 @@ job "oasis-router" {
 
       config {
         command = "${var.oasis_bin_dir}/oasis-router"
-        args = [
+        args = concat([
           "-listen", "${var.bind_address}:${NOMAD_PORT_http}",
           "-consul-addr", var.consul_addr,
           "-kv-prefix", var.kv_prefix,
@@ -120,7 +183,28 @@ job "oasis-router" {
           "-nomad-addr", var.nomad_addr,
           "-power-from-nomad",
           "-log-json",
-        ]
+          "-max-connections=${var.max_connections}",
+          "-hosted-upstreams=${join(",", var.hosted_upstreams)}",
+          "-hosted-key-envs=${join(",", var.hosted_key_envs)}",
+          ], var.tls_enabled ? [
+          "-tls-cert", "${NOMAD_SECRETS_DIR}/tls/cert.pem",
+          "-tls-key", "${NOMAD_SECRETS_DIR}/tls/key.pem",
+          ] : [], var.tls_enabled && var.tls_mutual ? [
+          "-tls-client-ca", "${NOMAD_SECRETS_DIR}/tls/client-ca.pem",
+        ] : [])
+      }
+
+      # The PEM files come from the Nomad variable. The router re-reads them when they change
+      # (at most once a second, keeping the last good pair if new ones are bad), so a rotation
+      # restarts nothing: change_mode is noop.
+      dynamic "template" {
+        for_each = local.tls_files
+        content {
+          data        = "{{ with nomadVar \"${var.tls_variable}\" }}{{ .${template.value.item} }}{{ end }}"
+          destination = "secrets/tls/${template.value.file}"
+          perms       = "0600"
+          change_mode = "noop"
+        }
       }
 
       # Drain in-flight streams on stop (the router waits up to -shutdown-timeout).

@@ -3,6 +3,7 @@
 package discovery
 
 import (
+	"errors"
 	"os"
 	"slices"
 	"sort"
@@ -11,6 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -58,7 +62,26 @@ type Pool struct {
 	knownV atomic.Pointer[map[string]struct{}]
 	onSet  []func(workers []*scoring.Worker)
 	synced atomic.Bool // a source has delivered a list
+
+	hosted   *HostedPolicy
+	log      hclog.Logger
+	metrics  *metrics.Metrics
+	rejected map[string]string // instance id → the refused upstream and key variable, logged once
 }
+
+// PoolOption configures a Pool.
+type PoolOption func(*Pool)
+
+// WithHostedPolicy sets the allow-list of hosted upstreams (nil, the
+// default, allows none): an instance whose oasis_upstream or
+// oasis_upstream_key_env it refuses is left out of the pool.
+func WithHostedPolicy(hp *HostedPolicy) PoolOption { return func(p *Pool) { p.hosted = hp } }
+
+// WithLogger sets where refused instances are reported (default: nowhere).
+func WithLogger(l hclog.Logger) PoolOption { return func(p *Pool) { p.log = l } }
+
+// WithMetrics counts refused instances in m.HostedRejected.
+func WithMetrics(m *metrics.Metrics) PoolOption { return func(p *Pool) { p.metrics = m } }
 
 type view struct {
 	byModel map[string][]*scoring.Worker
@@ -66,8 +89,12 @@ type view struct {
 }
 
 // NewPool returns an empty pool.
-func NewPool() *Pool {
-	p := &Pool{live: map[string]*scoring.Live{}, known: map[string]struct{}{}}
+func NewPool(opts ...PoolOption) *Pool {
+	p := &Pool{live: map[string]*scoring.Live{}, known: map[string]struct{}{}, rejected: map[string]string{},
+		log: hclog.NewNullLogger()}
+	for _, o := range opts {
+		o(p)
+	}
 	p.view.Store(&view{byModel: map[string][]*scoring.Worker{}})
 	k := map[string]struct{}{}
 	p.knownV.Store(&k)
@@ -106,7 +133,8 @@ func (p *Pool) Known(model string) bool {
 // "not discovered yet" (503), not "not served" (404).
 func (p *Pool) Synced() bool { return p.synced.Load() }
 
-// Set replaces the pool with instances. Instances without a model are ignored.
+// Set replaces the pool with instances. Instances without a model, and
+// hosted ones the pool's HostedPolicy refuses, are ignored.
 func (p *Pool) Set(instances []Instance) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -115,7 +143,12 @@ func (p *Pool) Set(instances []Instance) {
 	seen := make(map[string]struct{}, len(instances))
 	newKnown := false
 	for _, in := range instances {
-		w := workerOf(in)
+		get := metaOf(in)
+		if err := p.hosted.Allow(get(MetaUpstream), get(MetaUpstreamKeyEnv)); err != nil {
+			p.refuse(in.ID, err)
+			continue
+		}
+		w := workerOf(in.ID, in.Address, in.Tags, get)
 		if w.Model == "" || w.Address == "" {
 			continue
 		}
@@ -141,6 +174,7 @@ func (p *Pool) Set(instances []Instance) {
 			delete(p.live, id)
 		}
 	}
+	p.forgetRefused(instances)
 	// Stable order so round_robin walks instances predictably.
 	for _, ws := range v.byModel {
 		slices.SortFunc(ws, func(a, b *scoring.Worker) int { return strings.Compare(a.ID, b.ID) })
@@ -158,13 +192,51 @@ func (p *Pool) Set(instances []Instance) {
 	}
 }
 
-func workerOf(in Instance) *scoring.Worker {
-	meta := in.Meta
-	get := func(k string) string {
-		if v, ok := meta[k]; ok {
+// refuse reports a refused instance, once per instance and refused value:
+// sources deliver the whole list on every change, and one bad registration
+// must not log on each.
+func (p *Pool) refuse(id string, err error) {
+	var he *HostedError
+	if !errors.As(err, &he) {
+		return
+	}
+	what := he.Upstream + "\x00" + he.KeyEnv
+	if p.rejected[id] == what {
+		return
+	}
+	p.rejected[id] = what
+	p.log.Warn("ignoring engine with a hosted upstream the router does not allow (see -hosted-upstreams, -hosted-key-envs)",
+		"instance", id, "upstream", he.Upstream, "key_env", he.KeyEnv, "reason", he.Reason())
+	if p.metrics != nil {
+		p.metrics.HostedRejected.WithLabelValues(he.Reason()).Inc()
+	}
+}
+
+// forgetRefused drops the refusals of instances no longer listed, so that
+// the set stays as small as the registrations and one that returns is
+// reported again.
+func (p *Pool) forgetRefused(instances []Instance) {
+	if len(p.rejected) == 0 {
+		return
+	}
+	listed := make(map[string]struct{}, len(instances))
+	for _, in := range instances {
+		listed[in.ID] = struct{}{}
+	}
+	for id := range p.rejected {
+		if _, ok := listed[id]; !ok {
+			delete(p.rejected, id)
+		}
+	}
+}
+
+// metaOf returns the lookup of an instance's oasis_* values: its meta, or
+// tags "oasis_model=x" where a source has no meta.
+func metaOf(in Instance) func(string) string {
+	return func(k string) string {
+		if v, ok := in.Meta[k]; ok {
 			return v
 		}
-		// Tags "oasis_model=x" stand in for meta where a source has none.
 		for _, t := range in.Tags {
 			if v, ok := strings.CutPrefix(t, k+"="); ok {
 				return v
@@ -172,6 +244,11 @@ func workerOf(in Instance) *scoring.Worker {
 		}
 		return ""
 	}
+}
+
+// workerOf builds the worker of an instance whose hosted upstream, if any,
+// the pool's policy allowed.
+func workerOf(id, address string, tags []string, get func(string) string) *scoring.Worker {
 	bs, _ := strconv.Atoi(get(MetaBlockSize))
 	upstream := get(MetaUpstream)
 	var key string
@@ -187,17 +264,17 @@ func workerOf(in Instance) *scoring.Worker {
 		role = "both"
 	}
 	return &scoring.Worker{
-		ID:               in.ID,
+		ID:               id,
 		Model:            get(MetaModel),
 		Engine:           get(MetaEngine),
 		Role:             role,
-		Address:          in.Address,
+		Address:          address,
 		Node:             get(MetaNode),
 		BlockSize:        bs,
 		KVEventsEndpoint: get(MetaKVEvents),
 		KVEventsReplay:   get(MetaKVEventsReplay),
 		MetricsPath:      mp,
-		Tags:             in.Tags,
+		Tags:             tags,
 		Upstream:         upstream,
 		UpstreamKey:      key,
 	}

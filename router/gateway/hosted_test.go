@@ -41,7 +41,9 @@ func TestHostedUpstream(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := discovery.NewPool()
+			hp, err := discovery.ParseHostedPolicy([]string{hosted.URL + "/v1"}, []string{"OASIS_TEST_HOSTED_KEY"})
+			must.NoError(t, err)
+			pool := discovery.NewPool(discovery.WithHostedPolicy(hp))
 			pool.Set([]discovery.Instance{{ID: "hosted-1", Address: "127.0.0.1:1", Meta: map[string]string{
 				discovery.MetaModel: "gpt-x", discovery.MetaEngine: "openai_compat",
 				discovery.MetaUpstream: hosted.URL + "/v1", discovery.MetaUpstreamKeyEnv: tc.keyEnv,

@@ -42,6 +42,10 @@ type Metrics struct {
 	PrefixMatchedBlocks *prometheus.CounterVec // model
 	WorkerPower         *prometheus.GaugeVec   // model, worker, node
 
+	// Engine registrations left out of the pool because the operator's
+	// allow-list refuses their hosted upstream (discovery.HostedPolicy).
+	HostedRejected *prometheus.CounterVec // reason
+
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
 	// vector's lock, which showed up in the router's CPU profile.
@@ -161,5 +165,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.Retries, m.AdmissionRefused, m.Queued, m.Tokens, m.PolicyReloads, m.PolicyRejects,
 		m.DiscoveryStale, m.DiscoveryLastSuccess, m.DiscoveryErrors, m.ScrapeErrors, m.RateLimited,
 		m.AuthFailures, m.KeyReloads, m.UpstreamTimeouts, m.StreamErrors, m.PrefixRequestBlocks, m.PrefixMatchedBlocks, m.WorkerPower)
+
+	m.HostedRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hosted_rejected_total",
+		Help: "Engine registrations ignored because their hosted upstream (oasis_upstream, oasis_upstream_key_env) is not allow-listed, once per instance and value, by reason (invalid_upstream|upstream_not_allowed|key_env_not_allowed|key_env_without_upstream)."},
+		[]string{"reason"})
+	reg.MustRegister(m.HostedRejected)
 	return m
 }

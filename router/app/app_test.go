@@ -1,0 +1,437 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+)
+
+// engine is an httptest OpenAI-compatible engine. A completion whose prompt
+// starts with "stream" is answered with events spaced by gap; any other
+// with one JSON body.
+type engine struct {
+	*httptest.Server
+	events int
+	gap    time.Duration
+
+	mu   sync.Mutex
+	seen int
+}
+
+func newEngine(t *testing.T, events int, gap time.Duration) *engine {
+	e := &engine{events: events, gap: gap}
+	e.Server = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *engine) requests() int { e.mu.Lock(); defer e.mu.Unlock(); return e.seen }
+
+func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/metrics" {
+		return
+	}
+	var body struct {
+		Prompt string `json:"prompt"`
+		Stream bool   `json:"stream"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	e.mu.Lock()
+	e.seen++
+	e.mu.Unlock()
+	if !body.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range e.events {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"text\":\"t%d\"}]}\n\n", i)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(e.gap):
+		}
+	}
+	io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// wantEvents are the data lines of a whole stream from engine.serve.
+func wantEvents(n int) []string {
+	out := make([]string, 0, n+1)
+	for i := range n {
+		out = append(out, fmt.Sprintf(`data: {"choices":[{"index":0,"text":"t%d"}]}`, i))
+	}
+	return append(out, "data: [DONE]")
+}
+
+// readEvents reads an SSE body's data lines to its end.
+func readEvents(t *testing.T, r io.Reader) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if sc.Text() != "" {
+			out = append(out, sc.Text())
+		}
+	}
+	must.NoError(t, sc.Err())
+	return out
+}
+
+// testLogger writes the app's logs to the test's log.
+func testLogger(t *testing.T) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "router", Level: hclog.Debug, Output: tlog{t}})
+}
+
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// policyFile writes a policy document and returns its path.
+func policyFile(t *testing.T, doc string) string {
+	p := filepath.Join(t.TempDir(), "policy.json")
+	must.NoError(t, os.WriteFile(p, []byte(doc), 0o600))
+	return p
+}
+
+// baseConfig is a static-discovery router of model "m" on the engines,
+// round robin, nothing else running in the background.
+func baseConfig(t *testing.T, engines ...string) Config {
+	cfg := Config{Listen: "127.0.0.1:0", Discovery: DiscoveryStatic, PolicyFile: policyFile(t, `{"policy":"round_robin"}`),
+		Logger: testLogger(t), Registry: prometheus.NewRegistry(), ShutdownTimeout: 10 * time.Second}
+	for _, e := range engines {
+		cfg.Engines = append(cfg.Engines, StaticEngine{Model: "m", Address: strings.TrimPrefix(e, "http://")})
+	}
+	return cfg
+}
+
+// running is an App serving in the background.
+type running struct {
+	*App
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start builds and runs an App; the test's cleanup stops it.
+func start(t *testing.T, cfg Config) *running {
+	t.Helper()
+	a, err := New(cfg)
+	must.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{App: a, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(20 * time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	})
+	return r
+}
+
+func (r *running) url(scheme string) string { return scheme + "://" + r.Addr().String() }
+
+// complete posts a completion and returns the response.
+func complete(t *testing.T, c *http.Client, base string, stream bool) *http.Response {
+	t.Helper()
+	resp, err := c.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":"stream me","stream":%t}`, stream)))
+	must.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func TestStaticRouterServesCompletion(t *testing.T) {
+	eng := newEngine(t, 3, 0)
+	cfg := baseConfig(t, eng.URL)
+	r := start(t, cfg)
+
+	resp := complete(t, http.DefaultClient, r.url("http"), false)
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	var body struct {
+		Choices []struct{ Text string } `json:"choices"`
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	must.Eq(t, "hello", body.Choices[0].Text)
+
+	resp = complete(t, http.DefaultClient, r.url("http"), true)
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	must.Eq(t, wantEvents(3), readEvents(t, resp.Body))
+
+	for path, want := range map[string]string{"/health": "ok", "/v1/models": `"id":"m"`,
+		"/metrics": `oasis_router_requests_total{model="m",status="200"`} {
+		resp, err := http.Get(r.url("http") + path)
+		must.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(path))
+		must.StrContains(t, string(b), want)
+	}
+}
+
+func TestParseEngines(t *testing.T) {
+	cases := []struct {
+		in      string
+		want    []StaticEngine
+		wantErr string
+	}{
+		{"", nil, ""},
+		{"m=127.0.0.1:9000", []StaticEngine{{Model: "m", Address: "127.0.0.1:9000"}}, ""},
+		{" a=h1:1 , b=h2:2@sim ,", []StaticEngine{{Model: "a", Address: "h1:1"}, {Model: "b", Address: "h2:2", Engine: "sim"}}, ""},
+		{"m=[::1]:9000@vllm", []StaticEngine{{Model: "m", Address: "[::1]:9000", Engine: "vllm"}}, ""},
+		{"org/model-7b=10.0.0.1:8000", []StaticEngine{{Model: "org/model-7b", Address: "10.0.0.1:8000"}}, ""},
+		{"127.0.0.1:9000", nil, "want model=host:port"},
+		{"=127.0.0.1:9000", nil, "want model=host:port"},
+		{"m=127.0.0.1", nil, "missing port"},
+		{"m=127.0.0.1:", nil, "missing port"},
+		{"m=127.0.0.1:9000@", nil, "empty engine"},
+		{"a=h:1,b", nil, "entry 1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseEngines(tc.in)
+			if tc.wantErr != "" {
+				var ce *ConfigError
+				must.True(t, errors.As(err, &ce), must.Sprint(err))
+				must.Eq(t, "-engines", ce.Flag)
+				must.StrContains(t, err.Error(), tc.wantErr)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got)
+		})
+	}
+}
+
+// A static engine's @engine fills oasis_engine.
+func TestStaticEngineNamesItsEngine(t *testing.T) {
+	cfg := baseConfig(t)
+	cfg.Engines = []StaticEngine{{Model: "m", Address: "127.0.0.1:1", Engine: "sim"}, {Model: "m", Address: "127.0.0.1:2"}}
+	r := start(t, cfg)
+	must.Wait(t, waitFor(func() bool { return len(r.Pool().Workers("m")) == 2 }))
+	ws := r.Pool().Workers("m")
+	must.Eq(t, "sim", ws[0].Engine)
+	must.Eq(t, "", ws[1].Engine)
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		must.NoError(t, os.WriteFile(p, []byte(data), 0o600))
+		return p
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer busy.Close()
+	pki := newPKI(t)
+	badPolicy := write("bad-policy.json", `{"policy":"fastest"}`)
+	junk := write("junk.pem", "not PEM")
+
+	cases := []struct {
+		name string
+		edit func(*Config)
+		flag string
+	}{
+		{"listen without port", func(c *Config) { c.Listen = "127.0.0.1" }, "-listen"},
+		{"listen address in use", func(c *Config) { c.Listen = busy.Addr().String() }, "-listen"},
+		{"unknown discovery", func(c *Config) { c.Discovery = "dns" }, "-discovery"},
+		{"static without engines", func(c *Config) { c.Engines = nil }, "-engines"},
+		{"engines with consul", func(c *Config) { c.Discovery = DiscoveryConsul }, "-engines"},
+		{"engine without model", func(c *Config) { c.Engines = []StaticEngine{{Address: "h:1"}} }, "-engines"},
+		{"engine without port", func(c *Config) { c.Engines = []StaticEngine{{Model: "m", Address: "h"}} }, "-engines"},
+		{"both key sources", func(c *Config) { c.APIKeysFile, c.APIKeysKV = junk, true }, "-api-keys-kv"},
+		{"bad API keys file", func(c *Config) { c.APIKeysFile = junk }, "-api-keys-file"},
+		{"negative body size", func(c *Config) { c.MaxBodyBytes = -1 }, "-max-body-bytes"},
+		{"negative body read timeout", func(c *Config) { c.BodyReadTimeout = -time.Second }, "-body-read-timeout"},
+		{"negative header size", func(c *Config) { c.MaxHeaderBytes = -1 }, "-max-header-bytes"},
+		{"negative connections", func(c *Config) { c.MaxConnections = -1 }, "-max-connections"},
+		{"negative scrape interval", func(c *Config) { c.ScrapeInterval = -time.Second }, "-scrape-interval"},
+		{"negative shutdown timeout", func(c *Config) { c.ShutdownTimeout = -time.Second }, "-shutdown-timeout"},
+		{"negative kvcached blocks", func(c *Config) { c.KVCachedMaxBlocks = -1 }, "-kvcached-max-blocks"},
+		{"bad advertise", func(c *Config) { c.Advertise = "nowhere" }, "-advertise"},
+		{"bad pprof address", func(c *Config) { c.PprofListen = "6060" }, "-pprof-listen"},
+		{"missing policy file", func(c *Config) { c.PolicyFile = filepath.Join(dir, "none.json") }, "-policy-file"},
+		{"invalid policy", func(c *Config) { c.PolicyFile = badPolicy }, "-policy-file"},
+		{"certificate without key", func(c *Config) { c.TLSCert = pki.serverCert }, "-tls-key"},
+		{"key without certificate", func(c *Config) { c.TLSKey = pki.serverKey }, "-tls-cert"},
+		{"client CA without certificate", func(c *Config) { c.TLSClientCA = pki.clientCAFile }, "-tls-cert"},
+		{"missing certificate file", func(c *Config) {
+			c.TLSCert, c.TLSKey = filepath.Join(dir, "none.pem"), pki.serverKey
+		}, "-tls-cert"},
+		{"key of another certificate", func(c *Config) { c.TLSCert, c.TLSKey = pki.serverCert, pki.clientKey }, "-tls-key"},
+		{"client CA not PEM", func(c *Config) {
+			c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKey, junk
+		}, "-tls-client-ca"},
+		{"hosted upstream over http", func(c *Config) { c.HostedUpstreams = []string{"http://api.example.com/v1"} }, "-hosted-upstreams"},
+		{"hosted upstream wildcard TLD", func(c *Config) { c.HostedUpstreams = []string{"https://*.com"} }, "-hosted-upstreams"},
+		{"hosted key variable name", func(c *Config) { c.HostedKeyEnvs = []string{"NOT-A-NAME"} }, "-hosted-key-envs"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := baseConfig(t, "127.0.0.1:1")
+			tc.edit(&cfg)
+			a, err := New(cfg)
+			if err == nil {
+				a.Close()
+			}
+			var ce *ConfigError
+			must.True(t, errors.As(err, &ce), must.Sprintf("got %v", err))
+			must.Eq(t, tc.flag, ce.Flag, must.Sprint(err))
+			must.StrContains(t, err.Error(), tc.flag)
+		})
+	}
+}
+
+// Run returns when its context ends, after the stream in flight finished:
+// the client gets every event, and new connections are refused meanwhile.
+func TestRunDrainsInFlightStream(t *testing.T) {
+	const events = 10
+	eng := newEngine(t, events, 50*time.Millisecond)
+	r := start(t, baseConfig(t, eng.URL))
+
+	resp := complete(t, http.DefaultClient, r.url("http"), true)
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, wantEvents(events)[0]+"\n", first)
+
+	r.cancel()
+	must.Wait(t, waitFor(func() bool {
+		ready, err := http.Get(r.url("http") + "/ready")
+		if err != nil {
+			return true // the listener is closed
+		}
+		ready.Body.Close()
+		return ready.StatusCode == http.StatusServiceUnavailable
+	}))
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned before the stream ended: %v", err)
+	default:
+	}
+	rest := readEvents(t, br)
+	must.Eq(t, wantEvents(events)[1:], rest)
+	select {
+	case err := <-r.done:
+		must.NoError(t, err)
+		r.done <- err // for the cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the stream ended")
+	}
+	_, err = net.DialTimeout("tcp", r.Addr().String(), time.Second)
+	must.Error(t, err)
+}
+
+// With the cap at 2, a third connection is not served until one of the
+// first two closes.
+func TestMaxConnections(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	cfg := baseConfig(t, eng.URL)
+	cfg.MaxConnections = 2
+	r := start(t, cfg)
+
+	get := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	var conns []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", r.Addr().String())
+		must.NoError(t, err)
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	must.NoError(t, get(conns[0]))
+	must.NoError(t, get(conns[1]))
+	err := get(conns[2])
+	var ne net.Error
+	must.True(t, errors.As(err, &ne) && ne.Timeout(), must.Sprintf("third connection served: %v", err))
+
+	conns[0].Close()
+	conns[2].SetDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conns[2]), nil)
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+}
+
+func waitFor(f func() bool) *wait.Constraint {
+	return wait.InitialSuccess(wait.BoolFunc(f), wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond))
+}
+
+// The routing decisions teach the router which prompts a worker without KV
+// events holds: a prompt sent twice to a sim engine (oasis-sim's tokenizer,
+// no /tokenize round trip) is matched in full the second time, and the
+// oasis_router_prefix_* counters say so.
+func TestDecisionsLearnPrefixes(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	cfg := baseConfig(t)
+	cfg.Engines = []StaticEngine{{Model: "m", Address: strings.TrimPrefix(eng.URL, "http://"), Engine: "sim"}}
+	cfg.PolicyFile = policyFile(t, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`)
+	r := start(t, cfg)
+
+	prompt := strings.Repeat("the same long system prompt shared by every request ", 40)
+	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, prompt)
+	counters := func() (requested, matched float64) {
+		mfs, err := cfg.Registry.Gather()
+		must.NoError(t, err)
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				switch mf.GetName() {
+				case "oasis_router_prefix_request_blocks_total":
+					requested += m.GetCounter().GetValue()
+				case "oasis_router_prefix_matched_blocks_total":
+					matched += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return requested, matched
+	}
+	for range 2 {
+		resp, err := http.Post(r.url("http")+"/v1/completions", "application/json", strings.NewReader(body))
+		must.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		must.Eq(t, http.StatusOK, resp.StatusCode)
+	}
+	requested, matched := counters()
+	must.Greater(t, 0, requested)
+	must.Eq(t, requested/2, matched) // nothing the first time, everything the second
+}

@@ -1,0 +1,267 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/oasis-llm/oasis/router/cachestate"
+	"github.com/oasis-llm/oasis/router/discovery"
+)
+
+// Discovery sources of engines.
+const (
+	DiscoveryConsul = "consul" // Consul's health API
+	DiscoveryNomad  = "nomad"  // Nomad's native service discovery
+	DiscoveryStatic = "static" // Config.Engines
+)
+
+// Defaults of the fields whose zero value means "the default".
+const (
+	DefaultListen          = "127.0.0.1:8080"
+	DefaultKVPrefix        = "oasis/router"
+	DefaultMaxBodyBytes    = 16 << 20
+	DefaultBodyReadTimeout = 30 * time.Second
+	DefaultMaxHeaderBytes  = 1 << 20
+	DefaultShutdownTimeout = 60 * time.Second
+	DefaultMaxConnections  = 4096
+
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 120 * time.Second
+)
+
+// Config is everything the router's flags set. Each field's comment names
+// its flag; errors from New name the flag too. Zero values mean the flag's
+// default unless the comment says otherwise.
+type Config struct {
+	Listen     string // -listen (default DefaultListen)
+	Discovery  string // -discovery: DiscoveryConsul (default), DiscoveryNomad or DiscoveryStatic
+	ConsulAddr string // -consul-addr (default $CONSUL_HTTP_ADDR or Consul's default)
+	NomadAddr  string // -nomad-addr (default $NOMAD_ADDR)
+	Service    string // -service (default discovery.EngineService)
+	ServiceTag string // -service-tag
+	KVPrefix   string // -kv-prefix (default DefaultKVPrefix)
+	// Engines are the engines of DiscoveryStatic (-engines, ParseEngines).
+	Engines []StaticEngine
+
+	PolicyFile  string // -policy-file: a fixed policy instead of Consul KV
+	APIKeysFile string // -api-keys-file (reloaded by App.ReloadAPIKeys)
+	APIKeysKV   bool   // -api-keys-kv
+
+	MaxBodyBytes    int64         // -max-body-bytes (default DefaultMaxBodyBytes)
+	BodyReadTimeout time.Duration // -body-read-timeout (default DefaultBodyReadTimeout)
+	MaxHeaderBytes  int           // -max-header-bytes (default DefaultMaxHeaderBytes)
+	// MaxConnections caps concurrent client connections (-max-connections;
+	// 0: unlimited).
+	MaxConnections int
+
+	ScrapeInterval time.Duration // -scrape-interval (0: no engine metrics scraping)
+	PowerFromNomad bool          // -power-from-nomad
+
+	Register        bool          // -register
+	Advertise       string        // -advertise (default: the bound address)
+	ShutdownTimeout time.Duration // -shutdown-timeout (default DefaultShutdownTimeout)
+	PprofListen     string        // -pprof-listen (empty: off)
+
+	KVCachedService   string // -kvcached-service (empty: kvcached presence events ignored)
+	KVCachedMaxBlocks int    // -kvcached-max-blocks (default cachestate.DefaultPresenceCapacity)
+
+	// AdaptiveGOMAXPROCS sizes GOMAXPROCS to the router's CPU use while it
+	// runs (-gomaxprocs=0). It changes process-wide state: off in tests.
+	AdaptiveGOMAXPROCS bool
+
+	TLSCert     string // -tls-cert: PEM certificate chain; serves HTTPS (HTTP/1.1 and HTTP/2)
+	TLSKey      string // -tls-key: its PEM key
+	TLSClientCA string // -tls-client-ca: PEM CA bundle client certificates must chain to (mutual TLS)
+
+	HostedUpstreams []string // -hosted-upstreams: allowed oasis_upstream base URLs (discovery.ParseHostedPolicy)
+	HostedKeyEnvs   []string // -hosted-key-envs: allowed oasis_upstream_key_env names
+
+	Logger hclog.Logger // nil: no logs
+	// Registry gets the router's metrics and is served at /metrics; nil: a
+	// new one with the Go runtime and process collectors.
+	Registry *prometheus.Registry
+}
+
+// StaticEngine is one engine of -engines.
+type StaticEngine struct {
+	Model   string
+	Address string // host:port
+	Engine  string // oasis_engine, e.g. "sim" (optional)
+}
+
+// ConfigError is an invalid Config field; Flag names the flag that sets it.
+type ConfigError struct {
+	Flag string
+	Err  error
+}
+
+func (e *ConfigError) Error() string { return e.Flag + ": " + e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func flagErr(flag, format string, args ...any) error {
+	return &ConfigError{Flag: flag, Err: fmt.Errorf(format, args...)}
+}
+
+// ParseEngines parses -engines: model=host:port[@engine], comma-separated.
+func ParseEngines(s string) ([]StaticEngine, error) {
+	var out []StaticEngine
+	for i, e := range strings.Split(s, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		model, addr, ok := strings.Cut(e, "=")
+		if !ok || model == "" {
+			return nil, flagErr("-engines", "entry %d %q: want model=host:port[@engine]", i, e)
+		}
+		addr, engine, hasEngine := strings.Cut(addr, "@")
+		if hasEngine && engine == "" {
+			return nil, flagErr("-engines", "entry %d %q: empty engine after @", i, e)
+		}
+		if err := checkHostPort(addr); err != nil {
+			return nil, flagErr("-engines", "entry %d %q: %w", i, e, err)
+		}
+		out = append(out, StaticEngine{Model: model, Address: addr, Engine: engine})
+	}
+	return out, nil
+}
+
+// instances are the static engines as discovery instances.
+func instances(engines []StaticEngine) []discovery.Instance {
+	out := make([]discovery.Instance, len(engines))
+	for i, e := range engines {
+		meta := map[string]string{discovery.MetaModel: e.Model}
+		if e.Engine != "" {
+			meta[discovery.MetaEngine] = e.Engine
+		}
+		out[i] = discovery.Instance{ID: fmt.Sprintf("static-%d-%s", i, e.Address), Address: e.Address, Meta: meta}
+	}
+	return out
+}
+
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if port == "" {
+		return errors.New("missing port")
+	}
+	return nil
+}
+
+// withDefaults fills the zero fields that have a default.
+func (c Config) withDefaults() Config {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&c.Listen, DefaultListen)
+	def(&c.Discovery, DiscoveryConsul)
+	def(&c.Service, discovery.EngineService)
+	def(&c.KVPrefix, DefaultKVPrefix)
+	c.KVPrefix = strings.TrimSuffix(c.KVPrefix, "/")
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.KVCachedMaxBlocks == 0 {
+		c.KVCachedMaxBlocks = cachestate.DefaultPresenceCapacity
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	return c
+}
+
+// validate checks what can be checked without touching files or the network.
+func (c Config) validate() error {
+	if err := checkHostPort(c.Listen); err != nil {
+		return flagErr("-listen", "%w", err)
+	}
+	switch c.Discovery {
+	case DiscoveryConsul, DiscoveryNomad:
+		if len(c.Engines) > 0 {
+			return flagErr("-engines", "only used with -discovery=static")
+		}
+	case DiscoveryStatic:
+		if len(c.Engines) == 0 {
+			return flagErr("-engines", "-discovery=static needs at least one engine")
+		}
+	default:
+		return flagErr("-discovery", "want consul, nomad or static, got %q", c.Discovery)
+	}
+	for i, e := range c.Engines {
+		if e.Model == "" {
+			return flagErr("-engines", "engine %d has no model", i)
+		}
+		if err := checkHostPort(e.Address); err != nil {
+			return flagErr("-engines", "engine %d: %w", i, err)
+		}
+	}
+	if c.APIKeysFile != "" && c.APIKeysKV {
+		return flagErr("-api-keys-kv", "-api-keys-file and -api-keys-kv are exclusive")
+	}
+	for _, n := range []struct {
+		flag string
+		v    int64
+	}{
+		{"-max-body-bytes", c.MaxBodyBytes}, {"-body-read-timeout", int64(c.BodyReadTimeout)},
+		{"-max-header-bytes", int64(c.MaxHeaderBytes)}, {"-max-connections", int64(c.MaxConnections)},
+		{"-scrape-interval", int64(c.ScrapeInterval)}, {"-shutdown-timeout", int64(c.ShutdownTimeout)},
+		{"-kvcached-max-blocks", int64(c.KVCachedMaxBlocks)},
+	} {
+		if n.v < 0 {
+			return flagErr(n.flag, "must not be negative")
+		}
+	}
+	for _, a := range []struct{ flag, v string }{{"-advertise", c.Advertise}, {"-pprof-listen", c.PprofListen}} {
+		if a.v == "" {
+			continue
+		}
+		if err := checkHostPort(a.v); err != nil {
+			return flagErr(a.flag, "%w", err)
+		}
+	}
+	return c.validateTLS()
+}
+
+func (c Config) validateTLS() error {
+	switch {
+	case c.TLSCert != "" && c.TLSKey == "":
+		return flagErr("-tls-key", "required with -tls-cert")
+	case c.TLSKey != "" && c.TLSCert == "":
+		return flagErr("-tls-cert", "required with -tls-key")
+	case c.TLSClientCA != "" && c.TLSCert == "":
+		return flagErr("-tls-cert", "required with -tls-client-ca (mutual TLS needs a server certificate)")
+	}
+	return nil
+}
+
+// tlsFlag names the flag that sets a tlsfiles.Config field.
+func tlsFlag(field string) string {
+	switch field {
+	case "CertFile":
+		return "-tls-cert"
+	case "KeyFile":
+		return "-tls-key"
+	case "ClientCAFile":
+		return "-tls-client-ca"
+	}
+	return "-tls-cert"
+}

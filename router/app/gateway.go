@@ -1,0 +1,56 @@
+package app
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/admission"
+	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/tokens"
+)
+
+// initGateway builds the gateway over the pool, policy and terms, with the
+// engine transport shared by proxying, metrics scraping and /tokenize.
+func (a *App) initGateway() error {
+	a.engines = gateway.NewEngineTransport(gateway.EngineTransportConfig{})
+	// Prompt tokens, computed only when a term or the cache learning asks.
+	tok := tokens.NewAuto(func(model string) []tokens.Replica {
+		ws := a.pool.Workers(model)
+		out := make([]tokens.Replica, len(ws))
+		for i, w := range ws {
+			out[i] = tokens.Replica{Address: w.Address, Engine: w.Engine}
+		}
+		return out
+	}, &http.Client{Transport: a.engines, Timeout: 2 * time.Second})
+	gw, err := gateway.New(gateway.Config{
+		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: admission.New(),
+		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
+		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
+		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn,
+	})
+	if err != nil {
+		return err
+	}
+	a.gw = gw
+	return nil
+}
+
+// learn is told every routing decision. Where the prefix term scored the
+// request it counts how much of the prompt the chosen worker held and, for
+// engines without KV events, records the decision as the approximate view
+// of that worker's cache. The keys are the prefix term's, computed at the
+// worker's block size or, where it advertises none, the term's default: the
+// recorded view matches what the term will look up.
+func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w *scoring.Worker) {
+	keys, matched, ok := req.PrefixResult(w.ID)
+	if !ok || len(keys) == 0 {
+		return
+	}
+	a.m.PrefixRequestBlocks.WithLabelValues(w.Model).Add(float64(len(keys)))
+	a.m.PrefixMatchedBlocks.WithLabelValues(w.Model).Add(float64(matched))
+	if !a.cache.EventDriven(w.ID) {
+		a.cache.Record(w.ID, keys)
+	}
+}

@@ -1,0 +1,145 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/net/netutil"
+)
+
+// initServer binds the listener and builds the API's HTTP server.
+//
+// No ReadTimeout or WriteTimeout: answers stream for minutes, and a
+// server-wide read deadline that fires while a handler runs cancels its
+// request. Headers must arrive within ReadHeaderTimeout (which also bounds
+// the TLS handshake); the gateway bounds the body's arrival itself
+// (Config.BodyReadTimeout).
+func (a *App) initServer() error {
+	ln, err := net.Listen("tcp", a.cfg.Listen)
+	if err != nil {
+		return flagErr("-listen", "%w", err)
+	}
+	if a.cfg.MaxConnections > 0 {
+		// Past the cap, connections wait in the kernel's accept queue: each
+		// served one costs goroutines and buffers, and under a flood the
+		// router keeps serving the ones it has.
+		ln = netutil.LimitListener(ln, a.cfg.MaxConnections)
+	}
+	a.ln = ln
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true) // over TLS by ALPN only: unencrypted HTTP/2 stays off
+	a.srv = &http.Server{
+		Handler:           a.gw,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    a.cfg.MaxHeaderBytes,
+		Protocols:         &protocols,
+		ErrorLog:          log.New(serverLog{a.log.Named("http")}, "", 0),
+	}
+	if a.tls != nil {
+		tc := a.tls.ServerConfig()
+		// Set here, not left to http.Server: with mutual TLS every
+		// handshake gets a copy of tc, which must offer them itself.
+		tc.NextProtos = []string{"h2", "http/1.1"}
+		a.srv.TLSConfig = tc
+	}
+	return nil
+}
+
+// serverLog writes net/http's server errors to hclog: failed TLS handshakes
+// (scanners, clients without a certificate) at debug, the rest as warnings.
+type serverLog struct{ log hclog.Logger }
+
+func (s serverLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	if strings.Contains(msg, "TLS handshake error") {
+		s.log.Debug(msg)
+	} else {
+		s.log.Warn(msg)
+	}
+	return len(p), nil
+}
+
+// Run serves until ctx ends or serving fails, then drains: /ready turns
+// 503, the router leaves Consul, and the server stops accepting and waits up
+// to ShutdownTimeout for in-flight requests (streams included) to finish.
+// Background work stops after that, and the App is closed.
+func (a *App) Run(ctx context.Context) error {
+	defer a.Close()
+	a.startBackground()
+	if a.cfg.PprofListen != "" {
+		stop := a.servePprof()
+		defer stop()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		if a.tls != nil {
+			errc <- a.srv.ServeTLS(a.ln, "", "")
+		} else {
+			errc <- a.srv.Serve(a.ln)
+		}
+	}()
+	a.log.Info("serving", "listen", a.ln.Addr().String(), "tls", a.tls != nil, "mutual_tls", a.cfg.TLSClientCA != "",
+		"discovery", a.cfg.Discovery, "api_keys", a.auth != nil)
+	if a.auth == nil && !isLoopback(a.ln.Addr()) {
+		a.log.Warn("API keys are disabled and the router listens beyond loopback", "listen", a.ln.Addr().String())
+	}
+	serviceID, err := a.register()
+	if err != nil {
+		a.srv.Close()
+		<-errc
+		return err
+	}
+	select {
+	case err := <-errc:
+		a.deregister(serviceID)
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	return a.drain(serviceID, errc)
+}
+
+// drain stops taking requests and waits for the ones in flight.
+func (a *App) drain(serviceID string, errc <-chan error) error {
+	a.log.Info("shutting down; draining in-flight requests", "timeout", a.cfg.ShutdownTimeout)
+	// Leave Consul first so that no new traffic arrives.
+	a.gw.Drain()
+	a.deregister(serviceID)
+	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	err := a.srv.Shutdown(sctx)
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		a.log.Warn("server stopped with an error", "error", serr)
+	}
+	if err != nil {
+		a.srv.Close() // what is still running is cut
+		return fmt.Errorf("draining: %w", err)
+	}
+	a.log.Info("drained")
+	return nil
+}
+
+// servePprof serves net/http/pprof on PprofListen; stop closes it.
+func (a *App) servePprof() (stop func()) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	dbg := &http.Server{Addr: a.cfg.PprofListen, Handler: mux, ReadHeaderTimeout: readHeaderTimeout}
+	go func() { a.log.Info("pprof stopped", "addr", a.cfg.PprofListen, "error", dbg.ListenAndServe()) }()
+	return func() { dbg.Close() }
+}
+
+func isLoopback(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
