@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-router-proxy-bound bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -73,10 +73,13 @@ DISK_GIB ?= 2048
 bench-routing:
 	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 -out bench/out
 
-## bench-router: added latency and throughput, router vs nginx in front of the same engines
+## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps
-	bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 5 -concurrency 64 -max-tokens 4
-	SIM_SPEED=0 bench/router-vs-nginx.sh -phases throughput -round 2s -rounds 5 -concurrency 64 -max-tokens 4
+	BOTH=1 bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 5 -concurrency 64 -max-tokens 4
+
+## bench-router-proxy-bound: throughput with engines that never wait (SIM_SPEED=0), so the proxies are the bottleneck; not the headline
+bench-router-proxy-bound: build deps
+	SIM_SPEED=0 BOTH=1 bench/router-vs-nginx.sh -phases throughput -round 2s -rounds 5 -concurrency 64 -max-tokens 4
 
 ## bench-kvcached: redis-benchmark against kvcached and redis-server, and the tier/peer Go benchmarks
 bench-kvcached: deps

@@ -3,12 +3,23 @@
 //
 // Latency phase: open-loop streaming requests at a fixed rate, rotating
 // between targets in short rounds so machine noise hits every target alike;
-// reports time to first event and to end of stream per target, and the
-// router's added latency (router − direct) at p50/p90/p99.
+// reports time to first token (the first event that carries one) and to end
+// of stream per target, and the router's added latency (router − direct) at
+// p50/p90/p99. Time to first event is reported beside it: engines send a
+// role-only chunk at once, which the router holds until a token comes (see
+// router/gateway/hold.go), so the first event is comparable between targets
+// only as far as they forward it.
 //
 // Throughput phase: closed-loop, C concurrent streaming clients per target for
 // a fixed time, rotated the same way; reports completed requests per second
 // and the ratio between targets.
+//
+// Targets are http:// or https://. Each target has its own client (own
+// connection pool): HTTP/1.1 with keep-alive; to https targets TLS with the
+// CA from -ca, a session cache so that a new connection resumes a session, and
+// with -h2 HTTP/2 where the server offers it by ALPN. The protocol each
+// target's connections negotiated, and how many were opened (TLS: full
+// handshakes and resumptions), are printed with each phase.
 package main
 
 import (
@@ -19,7 +30,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,17 +42,23 @@ import (
 )
 
 type target struct {
-	name string
-	urls []string // rotated per request (direct: one URL per engine)
+	name   string
+	urls   []string // rotated per request (direct: one URL per engine)
+	client *http.Client
+	conns  *connStats
 }
 
+// nameWidth is the width of the target column: 8, or the longest name.
+var nameWidth = 8
+
 type result struct {
-	ttfe, total []time.Duration
-	errors      int
-	late        int // requests sent >1ms after their scheduled time (generator saturated)
-	completed   int
-	elapsed     time.Duration
-	cpu         time.Duration // CPU time of the target's process while it was loaded (-cpu-pids)
+	ttft, ttfe, total []time.Duration // first token, first event, end of stream
+	errors            int
+	firstErr          error
+	late              int // requests sent >1ms after their scheduled time (generator saturated)
+	completed         int
+	elapsed           time.Duration
+	cpu               time.Duration // CPU time of the target's process while it was loaded (-cpu-pids)
 }
 
 func main() {
@@ -59,8 +75,15 @@ func main() {
 		peer      = flag.String("peer", "nginx", "throughput phase: target the router is compared with")
 		jsonOut   = flag.String("json", "", "also write results as JSON to this file")
 		cpuPids   = flag.String("cpu-pids", "", "name=pid,... : also report the CPU time per request of these processes (and their child processes) while their target was loaded, e.g. router=123,nginx=456")
+		caFile    = flag.String("ca", "", "PEM file of the CA that https targets' certificates are checked against (default: the system's roots)")
+		h2        = flag.Bool("h2", false, "HTTP/2 to https targets that offer it by ALPN (default: HTTP/1.1 with keep-alive)")
 	)
 	flag.Parse()
+	tlsCfg, err := clientTLS(*caFile, *h2)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	pids := map[string]int{}
 	if *cpuPids != "" {
 		for _, e := range strings.Split(*cpuPids, ",") {
@@ -91,38 +114,51 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bad -targets entry:", t)
 			os.Exit(2)
 		}
-		targets = append(targets, target{name: name, urls: strings.Split(urls, "|")})
+		t := target{name: name, urls: strings.Split(urls, "|"), conns: newConnStats()}
+		t.client = newClient(tlsCfg, *h2, t.conns)
+		targets = append(targets, t)
+	}
+	for _, t := range targets {
+		nameWidth = max(nameWidth, len(t.name))
 	}
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":%d,"stream":true}`, *model, *maxTokens)
-	client := &http.Client{Transport: &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 4096, IdleConnTimeout: 60 * time.Second, DisableCompression: true,
-	}}
 	out := map[string]any{"rate": *rate, "round": round.String(), "rounds": *rounds, "concurrency": *conc, "max_tokens": *maxTokens}
 
-	// Warm every target's connection pool.
+	// Warm every target's connection pool (and TLS session cache). A target
+	// that answers nothing is a set-up error, not a figure.
 	for _, t := range targets {
-		openLoop(client, t, body, 200, 500*time.Millisecond)
+		r := openLoop(t, body, 200, 500*time.Millisecond)
+		if r.errors > 0 {
+			fmt.Fprintf(os.Stderr, "warm-up: %s: %d of %d requests failed, first: %v\n", t.name, r.errors, r.errors+r.completed, r.firstErr)
+		}
+		if r.completed == 0 {
+			os.Exit(1)
+		}
 	}
+	protos := map[string]any{}
+	for _, t := range targets {
+		protos[t.name] = t.conns.protocol()
+	}
+	out["protocol"] = protos
 
 	if strings.Contains(*phases, "latency") {
 		res := map[string]*result{}
+		c0 := snapshot(targets)
 		for r := 0; r < *rounds; r++ {
 			for _, t := range targets {
-				got := run(t, func() *result { return openLoop(client, t, body, *rate, *round) })
+				got := run(t, func() *result { return openLoop(t, body, *rate, *round) })
 				res[t.name] = merge(res[t.name], got)
 			}
 		}
-		fmt.Printf("latency phase: %.0f streaming req/s open loop, %d rounds × %s per target, max_tokens=%d\n", *rate, *rounds, *round, *maxTokens)
-		fmt.Printf("%-8s %8s %6s %6s %10s %10s %10s %10s %10s %10s\n", "target", "requests", "errors", "late", "ttfe_p50", "ttfe_p90", "ttfe_p99", "total_p50", "total_p90", "total_p99")
+		fmt.Printf("latency phase: %.0f streaming req/s open loop, %d rounds × %s per target, max_tokens=%d; %s\n", *rate, *rounds, *round, *maxTokens, protocolLine(targets))
+		fmt.Printf("%-*s %8s %6s %6s %10s %10s %10s %10s %10s %10s\n", nameWidth, "target", "requests", "errors", "late", "ttft_p50", "ttft_p90", "ttft_p99", "total_p50", "total_p90", "total_p99")
 		lat := map[string]any{}
 		for _, t := range targets {
 			r := res[t.name]
-			fmt.Printf("%-8s %8d %6d %6d %10s %10s %10s %10s %10s %10s\n", t.name, len(r.ttfe), r.errors, r.late,
-				us(pct(r.ttfe, 50)), us(pct(r.ttfe, 90)), us(pct(r.ttfe, 99)), us(pct(r.total, 50)), us(pct(r.total, 90)), us(pct(r.total, 99)))
-			lat[t.name] = map[string]any{"requests": len(r.ttfe), "errors": r.errors, "late": r.late,
-				"ttfe_us": pcts(r.ttfe), "total_us": pcts(r.total)}
+			fmt.Printf("%-*s %8d %6d %6d %10s %10s %10s %10s %10s %10s\n", nameWidth, t.name, len(r.ttft), r.errors, r.late,
+				us(pct(r.ttft, 50)), us(pct(r.ttft, 90)), us(pct(r.ttft, 99)), us(pct(r.total, 50)), us(pct(r.total, 90)), us(pct(r.total, 99)))
+			lat[t.name] = map[string]any{"requests": len(r.ttft), "errors": r.errors, "late": r.late,
+				"ttft_us": pcts(r.ttft), "ttfe_us": pcts(r.ttfe), "total_us": pcts(r.total)}
 		}
 		if b, ok := res[*baseline]; ok {
 			for _, t := range targets {
@@ -130,14 +166,14 @@ func main() {
 					continue
 				}
 				r := res[t.name]
-				fmt.Printf("added latency %s − %s: ttfe p50 %s p90 %s p99 %s | total p50 %s p90 %s p99 %s\n", t.name, *baseline,
-					us(pct(r.ttfe, 50)-pct(b.ttfe, 50)), us(pct(r.ttfe, 90)-pct(b.ttfe, 90)), us(pct(r.ttfe, 99)-pct(b.ttfe, 99)),
+				fmt.Printf("added latency %s − %s: ttft p50 %s p90 %s p99 %s | total p50 %s p90 %s p99 %s\n", t.name, *baseline,
+					us(pct(r.ttft, 50)-pct(b.ttft, 50)), us(pct(r.ttft, 90)-pct(b.ttft, 90)), us(pct(r.ttft, 99)-pct(b.ttft, 99)),
 					us(pct(r.total, 50)-pct(b.total, 50)), us(pct(r.total, 90)-pct(b.total, 90)), us(pct(r.total, 99)-pct(b.total, 99)))
 			}
 			// The issue's goal, checked against this run: added time to first
 			// event p50 ≤ 0.3 ms and p99 ≤ 1 ms, with the peer's in the same run.
 			if r, ok := res["router"]; ok {
-				a50, a99 := pct(r.ttfe, 50)-pct(b.ttfe, 50), pct(r.ttfe, 99)-pct(b.ttfe, 99)
+				a50, a99 := pct(r.ttft, 50)-pct(b.ttft, 50), pct(r.ttft, 99)-pct(b.ttft, 99)
 				verdict := func(d, goal time.Duration) string {
 					switch {
 					case d < 0:
@@ -147,14 +183,20 @@ func main() {
 					}
 					return "NOT met"
 				}
-				fmt.Printf("summary: router adds ttfe p50 %s (goal ≤ 300µs: %s), p99 %s (goal ≤ 1000µs: %s)", us(a50),
+				fmt.Printf("summary: router adds ttft p50 %s (goal ≤ 300µs: %s), p99 %s (goal ≤ 1000µs: %s)", us(a50),
 					verdict(a50, 300*time.Microsecond), us(a99), verdict(a99, time.Millisecond))
 				if p, ok := res[*peer]; ok {
-					fmt.Printf("; %s adds p50 %s, p99 %s", *peer, us(pct(p.ttfe, 50)-pct(b.ttfe, 50)), us(pct(p.ttfe, 99)-pct(b.ttfe, 99)))
+					fmt.Printf("; %s adds p50 %s, p99 %s", *peer, us(pct(p.ttft, 50)-pct(b.ttft, 50)), us(pct(p.ttft, 99)-pct(b.ttft, 99)))
 				}
 				fmt.Println()
 			}
 		}
+		fe := make([]string, len(targets))
+		for i, t := range targets {
+			fe[i] = fmt.Sprintf("%s %s/%s", t.name, us(pct(res[t.name].ttfe, 50)), us(pct(res[t.name].ttfe, 99)))
+		}
+		fmt.Printf("first event (the role-only chunk where forwarded at once) p50/p99: %s\n", strings.Join(fe, ", "))
+		fmt.Println(connLine(targets, c0))
 		printCPU(res, targets, pids, *peer)
 		out["latency"] = lat
 	}
@@ -162,21 +204,36 @@ func main() {
 	if strings.Contains(*phases, "throughput") {
 		res := map[string]*result{}
 		perRound := map[string][]float64{} // req/s of each round, for paired ratios
+		c0 := snapshot(targets)
 		for r := 0; r < *rounds; r++ {
 			for _, t := range targets {
-				got := run(t, func() *result { return closedLoop(client, t, body, *conc, *round) })
+				got := run(t, func() *result { return closedLoop(t, body, *conc, *round) })
 				perRound[t.name] = append(perRound[t.name], float64(got.completed)/got.elapsed.Seconds())
 				res[t.name] = merge(res[t.name], got)
 			}
 		}
-		fmt.Printf("throughput phase: %d concurrent streaming clients, %d rounds × %s per target\n", *conc, *rounds, *round)
+		fmt.Printf("throughput phase: %d concurrent streaming clients, %d rounds × %s per target; %s\n", *conc, *rounds, *round, protocolLine(targets))
 		tp := map[string]any{}
 		rps := map[string]float64{}
 		for _, t := range targets {
 			r := res[t.name]
 			rps[t.name] = float64(r.completed) / r.elapsed.Seconds()
-			fmt.Printf("%-8s %10.0f req/s  (%d completed, %d errors, p50 %s p99 %s)\n", t.name, rps[t.name], r.completed, r.errors, us(pct(r.total, 50)), us(pct(r.total, 99)))
+			fmt.Printf("%-*s %10.0f req/s  (%d completed, %d errors, p50 %s p99 %s)\n", nameWidth, t.name, rps[t.name], r.completed, r.errors, us(pct(r.total, 50)), us(pct(r.total, 99)))
 			tp[t.name] = map[string]any{"req_per_s": rps[t.name], "completed": r.completed, "errors": r.errors, "total_us": pcts(r.total)}
+		}
+		// The issue's goal with real-time engines: the router keeps ≥ 0.99×
+		// the throughput of calling the engines directly.
+		if b := rps[*baseline]; b > 0 && rps["router"] > 0 {
+			verdict := "met"
+			if rps["router"] < 0.99*b {
+				verdict = "NOT met"
+			}
+			fmt.Printf("throughput ratio router/%s: %.3f (goal ≥ 0.990: %s)", *baseline, rps["router"]/b, verdict)
+			if p, ok := rps[*peer]; ok {
+				fmt.Printf("; %s/%s: %.3f", *peer, *baseline, p/b)
+			}
+			fmt.Println()
+			out["router_over_baseline"] = rps["router"] / b
 		}
 		if p, ok := rps[*peer]; ok && p > 0 {
 			verdict := "met"
@@ -190,6 +247,7 @@ func main() {
 				out["router_over_peer_rounds"] = rs
 			}
 		}
+		fmt.Println(connLine(targets, c0))
 		printCPU(res, targets, pids, *peer)
 		out["throughput"] = tp
 	}
@@ -199,46 +257,87 @@ func main() {
 	}
 }
 
+// timing is one streamed request's: first event, first token, end.
+type timing struct{ ttfe, ttft, total time.Duration }
+
 // stream sends one streaming request and reads it to the end.
-func stream(client *http.Client, url, body string) (ttfe, total time.Duration, err error) {
+func stream(client *http.Client, url, body string) (tm timing, err error) {
 	start := time.Now()
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
-		return 0, 0, err
+		return tm, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+		return tm, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	br := bufio.NewReaderSize(resp.Body, 16<<10)
-	first := true
 	done := false
 	for {
 		line, err := br.ReadSlice('\n')
-		if len(line) > 0 && first && bytes.HasPrefix(line, []byte("data:")) {
-			ttfe, first = time.Since(start), false
-		}
-		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
-			done = true
+		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			if tm.ttfe == 0 {
+				tm.ttfe = time.Since(start)
+			}
+			if tm.ttft == 0 && carriesToken(data) {
+				tm.ttft = time.Since(start)
+			}
+			if bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
+				done = true
+			}
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil && err != bufio.ErrBufferFull {
-			return 0, 0, err
+			return tm, err
 		}
 	}
 	if !done {
-		return 0, 0, fmt.Errorf("stream ended without [DONE]")
+		return tm, fmt.Errorf("stream ended without [DONE]")
 	}
-	return ttfe, time.Since(start), nil
+	tm.total = time.Since(start)
+	return tm, nil
 }
 
-func openLoop(client *http.Client, t target, body string, rate float64, d time.Duration) *result {
+// carriesToken reports whether an event's data is something the user sees:
+// a token, a finish, an error, [DONE] or anything else that is not a
+// role-only chunk with empty content (what engines send before the prompt
+// is scheduled). The same rule as the router's hold (router/gateway/hold.go).
+func carriesToken(data []byte) bool {
+	var c struct {
+		Error   json.RawMessage `json:"error"`
+		Choices []struct {
+			Text         *string                    `json:"text"`
+			Delta        map[string]json.RawMessage `json:"delta"`
+			FinishReason *string                    `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &c) != nil || len(c.Error) > 0 || len(c.Choices) == 0 {
+		return true
+	}
+	for _, ch := range c.Choices {
+		if ch.FinishReason != nil || ch.Text != nil && *ch.Text != "" {
+			return true
+		}
+		for k, v := range ch.Delta {
+			switch string(bytes.TrimSpace(v)) {
+			case "null", `""`, "[]", "{}":
+			default:
+				if k != "role" {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func openLoop(t target, body string, rate float64, d time.Duration) *result {
 	n := int(rate * d.Seconds())
 	interval := time.Duration(float64(time.Second) / rate)
-	res := &result{ttfe: make([]time.Duration, 0, n), total: make([]time.Duration, 0, n)}
+	res := &result{ttft: make([]time.Duration, 0, n), ttfe: make([]time.Duration, 0, n), total: make([]time.Duration, 0, n)}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -252,7 +351,7 @@ func openLoop(client *http.Client, t target, body string, rate float64, d time.D
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ttfe, total, err := stream(client, url, body)
+			tm, err := stream(t.client, url, body)
 			mu.Lock()
 			defer mu.Unlock()
 			if late {
@@ -260,10 +359,14 @@ func openLoop(client *http.Client, t target, body string, rate float64, d time.D
 			}
 			if err != nil {
 				res.errors++
+				if res.firstErr == nil {
+					res.firstErr = fmt.Errorf("%s: %w", url, err)
+				}
 				return
 			}
-			res.ttfe = append(res.ttfe, ttfe)
-			res.total = append(res.total, total)
+			res.ttft = append(res.ttft, tm.ttft)
+			res.ttfe = append(res.ttfe, tm.ttfe)
+			res.total = append(res.total, tm.total)
 			res.completed++
 		}()
 	}
@@ -272,7 +375,7 @@ func openLoop(client *http.Client, t target, body string, rate float64, d time.D
 	return res
 }
 
-func closedLoop(client *http.Client, t target, body string, conc int, d time.Duration) *result {
+func closedLoop(t target, body string, conc int, d time.Duration) *result {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	res := &result{}
@@ -286,13 +389,16 @@ func closedLoop(client *http.Client, t target, body string, conc int, d time.Dur
 			defer wg.Done()
 			for ctx.Err() == nil {
 				url := t.urls[int(seq.Add(1))%len(t.urls)]
-				_, total, err := stream(client, url, body)
+				tm, err := stream(t.client, url, body)
 				mu.Lock()
 				if err != nil {
 					res.errors++
+					if res.firstErr == nil {
+						res.firstErr = fmt.Errorf("%s: %w", url, err)
+					}
 				} else if ctx.Err() == nil {
 					res.completed++
-					res.total = append(res.total, total)
+					res.total = append(res.total, tm.total)
 				}
 				mu.Unlock()
 			}
@@ -337,9 +443,13 @@ func merge(a, b *result) *result {
 	if a == nil {
 		return b
 	}
+	a.ttft = append(a.ttft, b.ttft...)
 	a.ttfe = append(a.ttfe, b.ttfe...)
 	a.total = append(a.total, b.total...)
 	a.errors += b.errors
+	if a.firstErr == nil {
+		a.firstErr = b.firstErr
+	}
 	a.late += b.late
 	a.completed += b.completed
 	a.elapsed += b.elapsed
@@ -377,7 +487,7 @@ func printCPU(res map[string]*result, targets []target, pids map[string]int, pee
 			continue
 		}
 		per[t.name] = float64(r.cpu.Microseconds()) / float64(r.completed)
-		fmt.Printf("cpu %-8s %6.1f µs per request (%s CPU for %d requests)\n", t.name, per[t.name], r.cpu.Round(time.Millisecond), r.completed)
+		fmt.Printf("cpu %-*s %6.1f µs per request (%s CPU for %d requests)\n", nameWidth, t.name, per[t.name], r.cpu.Round(time.Millisecond), r.completed)
 	}
 	if p := per[peer]; p > 0 && per["router"] > 0 {
 		fmt.Printf("cpu ratio router/%s: %.2f\n", peer, per["router"]/p)
