@@ -245,6 +245,8 @@ func TestIsPreamble(t *testing.T) {
 		{`data: not json`, false},
 		{"event: error\ndata: {}", false},
 		{`data: {"choices":[{"delta":{"refusal":"no"}}]}`, false},
+		{`data: {"choices":[{"delta":{"content":"a \"content\":\"\" b"}}]}`, false},
+		{`data: {"choices":[{"delta":{"role":"assistant","content":""},"logprobs":{"content":[]}}]}`, true},
 	}
 	for _, tc := range cases {
 		must.Eq(t, tc.want, isPreamble([]byte(tc.ev)), must.Sprint(tc.ev))

@@ -80,6 +80,9 @@ func isPreamble(ev []byte) bool {
 			}
 			continue // comments, id:, retry:
 		}
+		if hasText(data, `"content":"`) || hasText(data, `"text":"`) {
+			return false // a token: the common case, decided without decoding
+		}
 		var c preambleChunk
 		if json.Unmarshal(bytes.TrimSpace(data), &c) != nil || len(c.Error) > 0 || len(c.Choices) == 0 {
 			return false
@@ -96,6 +99,24 @@ func isPreamble(ev []byte) bool {
 		}
 	}
 	return true
+}
+
+// hasText reports whether data has the member opener key (`"name":"`)
+// followed by a non-empty string. Text inside a string value escapes its
+// quotes, so a match is a member (of the delta, or of an object beside it,
+// which then also carries text): a false match only ends the hold early,
+// which is always safe.
+func hasText(data []byte, key string) bool {
+	for {
+		i := bytes.Index(data, []byte(key))
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(key):]
+		if len(data) > 0 && data[0] != '"' {
+			return true
+		}
+	}
 }
 
 func emptyJSON(v json.RawMessage) bool {
