@@ -200,3 +200,48 @@ func BenchmarkSSDTierGet1MiB(b *testing.B) {
 	}
 	reportLatencies(b, lat)
 }
+
+// BenchmarkPipelinedGetSet: 64-byte SETs and GETs of the same keys,
+// pipelined 100 to a write over one connection as redis-benchmark -P sends
+// them, so what is measured is the command path (parse, dispatch, reply)
+// rather than round trips or copies of large values. One op is one batch.
+func BenchmarkPipelinedGetSet(b *testing.B) {
+	c, _ := benchServer(b, 1<<30, 0)
+	nc, err := net.Dial("tcp", c.Options().Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { nc.Close() })
+	const pairs = 50
+	val := strings.Repeat("v", 64)
+	var batch, want strings.Builder
+	for i := 0; i < pairs; i++ {
+		k := fmt.Sprintf("key:%02d", i)
+		fmt.Fprintf(&batch, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", len(k), k, len(val), val)
+		want.WriteString("+OK\r\n")
+	}
+	for i := 0; i < pairs; i++ {
+		k := fmt.Sprintf("key:%02d", i)
+		fmt.Fprintf(&batch, "*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n", len(k), k)
+		fmt.Fprintf(&want, "$%d\r\n%s\r\n", len(val), val)
+	}
+	req, wantReply := []byte(batch.String()), want.String()
+	br := bufio.NewReaderSize(nc, 64<<10)
+	got := make([]byte, len(wantReply))
+	roundTrip := func() {
+		if _, err := nc.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(br, got); err != nil {
+			b.Fatal(err)
+		}
+	}
+	roundTrip()
+	if string(got) != wantReply {
+		b.Fatalf("unexpected replies %q", got)
+	}
+	for b.Loop() {
+		roundTrip()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*2*pairs), "ns/cmd")
+}
