@@ -429,3 +429,50 @@ func TestRepliesSurviveBufferReuse(t *testing.T) {
 	wg.Wait()
 	must.Eq(t, int64(0), bad.Load())
 }
+
+// Errors for unknown commands, wrong arities and unauthenticated clients
+// are Redis's, to the byte: clients match on their text.
+func TestErrorReplies(t *testing.T) {
+	addr, _ := start(t, "pw", 1<<20)
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	send := func(args ...string) string {
+		t.Helper()
+		fmt.Fprintf(c, "*%d\r\n", len(args))
+		for _, a := range args {
+			fmt.Fprintf(c, "$%d\r\n%s\r\n", len(a), a)
+		}
+		line, err := r.ReadString('\n')
+		must.NoError(t, err)
+		return line
+	}
+	must.Eq(t, "-NOAUTH Authentication required.\r\n", send("GET", "k"))
+	must.Eq(t, "-NOAUTH Authentication required.\r\n", send("nosuch"))
+	must.Eq(t, "-ERR unknown command\r\n", send(strings.Repeat("x", 33)))
+	must.Eq(t, "-ERR wrong number of arguments for 'auth' command\r\n", send("AUTH"))
+	must.Eq(t, "+OK\r\n", send("AUTH", "pw"))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"nosuch", "a"}, "-ERR unknown command 'nosuch', with args beginning with: \r\n"},
+		{[]string{strings.Repeat("y", 32)}, "-ERR unknown command '" + strings.Repeat("y", 32) + "', with args beginning with: \r\n"},
+		{[]string{strings.Repeat("y", 33)}, "-ERR unknown command\r\n"},
+		{[]string{"gEt"}, "-ERR wrong number of arguments for 'get' command\r\n"},
+		{[]string{"SET", "k"}, "-ERR wrong number of arguments for 'set' command\r\n"},
+		{[]string{"UNLINK"}, "-ERR wrong number of arguments for 'unlink' command\r\n"},
+		{[]string{"MSET", "a", "1", "b"}, "-ERR wrong number of arguments for 'mset' command\r\n"},
+		{[]string{"PEXPIRE", "k"}, "-ERR wrong number of arguments for 'pexpire' command\r\n"},
+		{[]string{"PING", "a", "b"}, "-ERR wrong number of arguments for 'ping' command\r\n"},
+		{[]string{"TTL", "a", "b"}, "-ERR wrong number of arguments for 'ttl' command\r\n"},
+		{[]string{"CLIENT", "SETNAME"}, "-ERR wrong number of arguments for 'client|setname' command\r\n"},
+		{[]string{"CONFIG", "GET"}, "-ERR wrong number of arguments for 'config|get' command\r\n"},
+		{[]string{"PEXPIRE", "k", "99999999999999999"}, "-ERR invalid expire time in 'pexpire' command\r\n"},
+		{[]string{"DBSIZE", "extra"}, ":0\r\n"},
+	} {
+		must.Eq(t, tc.want, send(tc.args...), must.Sprint(tc.args))
+	}
+}
