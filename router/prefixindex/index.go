@@ -797,8 +797,10 @@ type Match struct {
 	GPUBlocks int
 }
 
+// matchScratch is one Match's working memory, pooled so that a routing
+// decision allocates nothing.
 type matchScratch struct {
-	matched []int32
+	matched []int32   // per worker: the length of its prefix, once it ended
 	devW    []float32 // per worker: tier weight minus GPU weight, summed over non-GPU-only positions
 	devGPU  []int32   // per worker: matched positions not held in GPU
 	live    []uint64  // bitset: workers holding every position so far
@@ -806,6 +808,30 @@ type matchScratch struct {
 	heads   []uint32  // per position: first holder, nilNode when absent
 	infos   []uint32  // per position: the slot's holder summary
 	ext     []uint64  // bitset: live workers holding the current position
+}
+
+// prepare sizes the scratch for nslots worker slots, bitsets of words
+// words and n positions, and zeroes the per-worker sums.
+func (sc *matchScratch) prepare(nslots, words, n int) {
+	if cap(sc.matched) < nslots {
+		sc.matched = make([]int32, nslots)
+		sc.devW = make([]float32, nslots)
+		sc.devGPU = make([]int32, nslots)
+	}
+	if cap(sc.live) < words {
+		sc.live = make([]uint64, words)
+		sc.ext = make([]uint64, words)
+	}
+	if cap(sc.heads) < n {
+		sc.heads = make([]uint32, n)
+		sc.infos = make([]uint32, n)
+	}
+	sc.matched, sc.devW, sc.devGPU = sc.matched[:nslots], sc.devW[:nslots], sc.devGPU[:nslots]
+	sc.live, sc.ext = sc.live[:words], sc.ext[:words]
+	sc.heads, sc.infos = sc.heads[:n], sc.infos[:n]
+	clear(sc.matched)
+	clear(sc.devW)
+	clear(sc.devGPU)
 }
 
 // tierDeviation sums, per worker, how its matched positions differ from a
@@ -844,48 +870,39 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	nslots, words := len(ix.bySlot), ix.words
-	if cap(sc.matched) < nslots {
-		sc.matched = make([]int32, nslots)
-		sc.devW = make([]float32, nslots)
-		sc.devGPU = make([]int32, nslots)
+	sc.prepare(len(ix.bySlot), ix.words, len(digests))
+	tally := tierDeviation{devW: sc.devW, devGPU: sc.devGPU, wt: &wt}
+	end := ix.walk(sc, digests, &tally)
+	if end == 0 {
+		return out
 	}
-	if cap(sc.live) < words {
-		sc.live = make([]uint64, words)
-		sc.ext = make([]uint64, words)
-	}
-	matched, devW, devGPU := sc.matched[:nslots], sc.devW[:nslots], sc.devGPU[:nslots]
-	live, ext := sc.live[:words], sc.ext[:words]
-	clear(matched)
-	clear(devW)
-	clear(devGPU)
-	wGPU := wt[TierGPU]
-	tally := tierDeviation{devW: devW, devGPU: devGPU, wt: &wt}
+	return ix.appendMatches(sc, end, wt[TierGPU], out)
+}
 
-	// A worker extends its prefix at position pos only if it held every
-	// position before: that is what makes the match a prefix, and what keeps
-	// a block held at another position from counting. live is the set of
-	// workers still extending.
+// walk follows the workers' prefixes along digests and returns the length
+// of the longest (0: no worker holds the first block). It tallies every
+// matched position's tiers, leaves the workers whose prefix runs to the end
+// in sc.live and records where each other prefix ended in sc.matched.
+//
+// A worker extends its prefix at a position only if it held every position
+// before: that is what makes the match a prefix, and what keeps a block held
+// at another position from counting.
+//
+// Positions are looked up in batches ahead of the walk, so that their cache
+// misses overlap instead of queueing one after another behind the
+// per-position work (matchBatch of them is past what the CPU keeps in
+// flight; larger batches would only waste loads past the match's end).
+//
+// Once a single worker is left extending (most of a long match), its next
+// block is usually in the slab node next to the one it matched last: the
+// blocks of one Store are allocated together. Such a node is checked
+// directly, and it proves the position exactly: a live node is an entry,
+// with its worker and full digest. That walk is sequential memory, which the
+// hardware prefetches; only where it fails does walk go back to the table, a
+// batch at a time.
+func (ix *Index) walk(sc *matchScratch, digests []uint64, tally *tierDeviation) int {
+	heads, infos := sc.heads, sc.infos
 	end := 0
-	// Positions are looked up in batches before they are processed: the
-	// lookups are independent, so their cache misses overlap instead of
-	// queueing one after another behind the per-position work.
-	if cap(sc.heads) < len(digests) {
-		sc.heads = make([]uint32, len(digests))
-		sc.infos = make([]uint32, len(digests))
-	}
-	heads, infos := sc.heads[:len(digests)], sc.infos[:len(digests)]
-	// Positions are looked up in batches ahead of the walk, so that their
-	// cache misses overlap (matchBatch of them is past what the CPU keeps in
-	// flight; larger batches would only waste loads past the match's end).
-	//
-	// Once a single worker is left extending (most of a long match), its next
-	// block is usually in the slab node next to the one it matched last: the
-	// blocks of one Store are allocated together. Such a node is checked
-	// directly, and it proves the position exactly: a live node is an entry,
-	// with its worker and full digest. That walk is sequential memory, which
-	// the hardware prefetches; only where it fails does Match go back to the
-	// table, a batch at a time.
 	batchEnd := 0
 	solo := -1                  // the only live worker's slot, or -1
 	soloNode := uint32(nilNode) // solo's node at the last position, when known
@@ -900,7 +917,7 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 		}
 		if pos >= batchEnd {
 			batchEnd = min(len(digests), pos+matchBatch)
-			sc.sink += ix.probe(digests[pos:batchEnd], heads[pos:batchEnd], infos[pos:batchEnd], words)
+			sc.sink += ix.probe(digests[pos:batchEnd], heads[pos:batchEnd], infos[pos:batchEnd], len(sc.live))
 		}
 		head, info := heads[pos], infos[pos]
 		if head == nilNode {
@@ -913,103 +930,137 @@ func (ix *Index) Match(digests []uint64, weights TierWeights, out []Match) []Mat
 			end = pos + 1
 			continue
 		}
-		clear(ext)
-		extended := false
-		if info&infoOne != 0 {
-			// The common case: one holder, described by the slot itself.
-			slot := uint16(info)
-			word, bit := slot/64, uint64(1)<<(slot%64)
-			if pos == 0 || live[word]&bit != 0 {
-				ext[word] = bit
-				extended = true
-				tally.add(int(slot), Tier(info>>16)&allTiers)
-			}
-		} else if info&infoWide != 0 {
-			r := info & infoIdx
-			base := int(r) * numTiers * words
-			gpu := ix.wide[base : base+words]
-			cpu := ix.wide[base+words : base+2*words]
-			disk := ix.wide[base+2*words : base+3*words]
-			peer := ix.wide[base+3*words : base+4*words]
-			for k := 0; k < words; k++ {
-				held := gpu[k] | cpu[k] | disk[k] | peer[k]
-				if pos > 0 {
-					held &= live[k]
-				}
-				ext[k] = held
-				extended = extended || held != 0
-				// Positions held other than in GPU alone adjust the weights.
-				for dev := held &^ (gpu[k] &^ (cpu[k] | disk[k] | peer[k])); dev != 0; dev &= dev - 1 {
-					b := bits.TrailingZeros64(dev)
-					slot := k*64 + b
-					bit := uint64(1) << b
-					var tiers Tier
-					if gpu[k]&bit != 0 {
-						tiers |= TierGPU
-					}
-					if cpu[k]&bit != 0 {
-						tiers |= TierCPU
-					}
-					if disk[k]&bit != 0 {
-						tiers |= TierDisk
-					}
-					if peer[k]&bit != 0 {
-						tiers |= TierPeer
-					}
-					tally.add(slot, tiers)
-				}
-			}
-		} else {
-			for i := head; i != nilNode; {
-				n := ix.node(i)
-				i = n.holder
-				word, bit := n.slot/64, uint64(1)<<(n.slot%64)
-				if pos > 0 && live[word]&bit == 0 {
-					continue
-				}
-				ext[word] |= bit
-				extended = true
-				tally.add(int(n.slot), n.tiers&allTiers)
-			}
+		// The holders that extend their prefix here, by how the slot
+		// describes them.
+		clear(sc.ext)
+		var extended bool
+		switch {
+		case info&infoOne != 0:
+			extended = extendOne(sc.live, sc.ext, pos, info, tally)
+		case info&infoWide != 0:
+			extended = ix.extendWide(sc.live, sc.ext, pos, info&infoIdx, tally)
+		default:
+			extended = ix.extendChain(sc.live, sc.ext, pos, head, tally)
 		}
 		if !extended {
 			break
 		}
-		// Workers that were live and did not extend end their prefix here.
 		if pos > 0 {
-			for k := 0; k < words; k++ {
-				for gone := live[k] &^ ext[k]; gone != 0; gone &= gone - 1 {
-					matched[k*64+bits.TrailingZeros64(gone)] = int32(pos)
-				}
-			}
+			endPrefixes(sc.matched, sc.live, sc.ext, pos)
 		}
-		copy(live, ext)
+		copy(sc.live, sc.ext)
 		end = pos + 1
-		solo, soloNode = soloSlot(live), nilNode
+		solo, soloNode = soloSlot(sc.live), nilNode
 		if solo >= 0 && info&infoOne != 0 {
 			soloNode = head // the single holder is the solo worker
 		}
 	}
-	if end == 0 {
-		return out
+	return end
+}
+
+// extendOne sets ext to the holder of position pos if it extends its
+// prefix there (at position 0, or if it is live), for the common case of a
+// position with a single holder, which its slot's info describes. It tallies
+// the holder's tiers and reports whether it extends.
+func extendOne(live, ext []uint64, pos int, info uint32, tally *tierDeviation) bool {
+	slot := uint16(info)
+	word, bit := slot/64, uint64(1)<<(slot%64)
+	if pos > 0 && live[word]&bit == 0 {
+		return false
 	}
+	ext[word] = bit
+	tally.add(int(slot), Tier(info>>16)&allTiers)
+	return true
+}
+
+// extendWide is extendOne for a position whose holders are in wide record
+// r, a bitset of worker slots per tier: ext gets every holder that extends.
+func (ix *Index) extendWide(live, ext []uint64, pos int, r uint32, tally *tierDeviation) bool {
+	words := len(ext)
+	base := int(r) * numTiers * words
+	gpu := ix.wide[base : base+words]
+	cpu := ix.wide[base+words : base+2*words]
+	disk := ix.wide[base+2*words : base+3*words]
+	peer := ix.wide[base+3*words : base+4*words]
+	extended := false
 	for k := 0; k < words; k++ {
-		for l := live[k]; l != 0; l &= l - 1 {
-			matched[k*64+bits.TrailingZeros64(l)] = int32(end)
+		held := gpu[k] | cpu[k] | disk[k] | peer[k]
+		if pos > 0 {
+			held &= live[k]
+		}
+		ext[k] = held
+		extended = extended || held != 0
+		// Positions held other than in GPU alone adjust the weights.
+		for dev := held &^ (gpu[k] &^ (cpu[k] | disk[k] | peer[k])); dev != 0; dev &= dev - 1 {
+			b := bits.TrailingZeros64(dev)
+			bit := uint64(1) << b
+			var tiers Tier
+			if gpu[k]&bit != 0 {
+				tiers |= TierGPU
+			}
+			if cpu[k]&bit != 0 {
+				tiers |= TierCPU
+			}
+			if disk[k]&bit != 0 {
+				tiers |= TierDisk
+			}
+			if peer[k]&bit != 0 {
+				tiers |= TierPeer
+			}
+			tally.add(k*64+b, tiers)
 		}
 	}
-	for slot, m := range matched {
+	return extended
+}
+
+// extendChain is extendWide for a position whose holders are chained
+// through their nodes from head.
+func (ix *Index) extendChain(live, ext []uint64, pos int, head uint32, tally *tierDeviation) bool {
+	extended := false
+	for i := head; i != nilNode; {
+		n := ix.node(i)
+		i = n.holder
+		word, bit := n.slot/64, uint64(1)<<(n.slot%64)
+		if pos > 0 && live[word]&bit == 0 {
+			continue
+		}
+		ext[word] |= bit
+		extended = true
+		tally.add(int(n.slot), n.tiers&allTiers)
+	}
+	return extended
+}
+
+// endPrefixes records that the workers in live but not in ext, which held
+// every position before pos and not pos, have prefixes pos blocks long.
+func endPrefixes(matched []int32, live, ext []uint64, pos int) {
+	for k := range live {
+		for gone := live[k] &^ ext[k]; gone != 0; gone &= gone - 1 {
+			matched[k*64+bits.TrailingZeros64(gone)] = int32(pos)
+		}
+	}
+}
+
+// appendMatches appends to out a Match for every worker with a prefix: the
+// ones walk left live hold all end positions.
+func (ix *Index) appendMatches(sc *matchScratch, end int, wGPU float32, out []Match) []Match {
+	for k, l := range sc.live {
+		for ; l != 0; l &= l - 1 {
+			sc.matched[k*64+bits.TrailingZeros64(l)] = int32(end)
+		}
+	}
+	for slot, m := range sc.matched {
 		if m == 0 {
 			continue
 		}
 		// Filled in place: a Match built on the stack and copied in stalls on
-		// store forwarding, which cost a sixth of a 64-worker decision.
+		// store forwarding.
 		out = append(out, Match{})
 		r := &out[len(out)-1]
 		r.Worker = ix.bySlot[slot].id
 		r.Blocks = int(m)
-		r.Weighted = float64(m)*float64(wGPU) + float64(devW[slot])
-		r.GPUBlocks = int(m - devGPU[slot])
+		r.Weighted = float64(m)*float64(wGPU) + float64(sc.devW[slot])
+		r.GPUBlocks = int(m - sc.devGPU[slot])
 	}
 	return out
 }
