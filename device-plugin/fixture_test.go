@@ -1,9 +1,7 @@
 package deviceplugin
 
 import (
-	"bytes"
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // Values the fixture's GPUs report, in NVML units.
@@ -178,29 +177,11 @@ func newFixture(t testing.TB) *fixture {
 	return fx
 }
 
-// syncBuffer collects log output from the plugin's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // newTestPlugin returns a plugin on lib configured with cfg (the plugin
 // block's config, decoded through Nomad's own HCL path) and its log.
-func newTestPlugin(t testing.TB, lib nvml.Interface, cfg map[string]any) (*Plugin, *syncBuffer) {
+func newTestPlugin(t testing.TB, lib nvml.Interface, cfg map[string]any) (*Plugin, *testutil.SyncBuffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: logs})
 	p := New(logger, lib)
 	p.eventWait = 20 * time.Millisecond

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,24 +14,14 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
-	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // pluginBin is the nomad-device-gpu binary built once for these tests.
 var pluginBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gpu-check-test-")
-	if err != nil {
-		panic(err)
-	}
-	pluginBin = filepath.Join(dir, "nomad-device-gpu")
-	if err := gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/nomad-device-gpu"); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testutil.RunWithCommand(m, "github.com/oasis-llm/oasis/cmd/nomad-device-gpu", &pluginBin))
 }
 
 // localGPUs says how many GPUs this machine's NVML reports (-1: no NVML).
@@ -81,7 +69,7 @@ func TestPluginBinary_StaysUpQuietlyWithoutGPUs(t *testing.T) {
 	if localGPUs(t) > 0 {
 		t.Skip("this machine has GPUs; TestRun covers it")
 	}
-	logs := &lockedBuffer{}
+	logs := &testutil.SyncBuffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Trace, Output: logs})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -112,22 +100,4 @@ func TestPluginBinary_StaysUpQuietlyWithoutGPUs(t *testing.T) {
 
 	text := logs.String()
 	must.Eq(t, 1, strings.Count(text, "libnvidia-ml.so.1 not found"), must.Sprint(text))
-}
-
-// lockedBuffer collects the plugin's log lines from go-plugin's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/kvcached/peer"
 	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
 	"github.com/shoenig/test/must"
@@ -46,25 +46,13 @@ func startConsul(t *testing.T) (*consulapi.Client, string) {
 	if bin == "" {
 		skipUnlessCI(t, "no consul binary: set OASIS_CONSUL_BIN or build bin/consul (make hashistack)")
 	}
-	httpAddr := freeTCP(t)
+	httpAddr := testutil.FreeAddr(t)
 	args := []string{"agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
 		"-http-port", port(t, httpAddr), "-dns-port", "-1",
-		"-serf-lan-port", port(t, freeTCP(t)), "-serf-wan-port", port(t, freeTCP(t)),
-		"-server-port", port(t, freeTCP(t)), "-grpc-port", "-1", "-grpc-tls-port", "-1",
+		"-serf-lan-port", strconv.Itoa(testutil.FreePort(t)), "-serf-wan-port", strconv.Itoa(testutil.FreePort(t)),
+		"-server-port", strconv.Itoa(testutil.FreePort(t)), "-grpc-port", "-1", "-grpc-tls-port", "-1",
 		"-data-dir", t.TempDir(), "-log-level", "warn"}
-	cmd := exec.Command(bin, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &out}, &lockedWriter{w: &out}
-	must.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			t.Logf("consul output:\n%s", out.String())
-		}
-	})
+	testutil.Start(t, exec.Command(bin, args...))
 	cfg := consulapi.DefaultConfig()
 	cfg.Address = httpAddr
 	client, err := consulapi.NewClient(cfg)
@@ -117,8 +105,8 @@ func TestPeersFromConsulCatalog(t *testing.T) {
 		return a.metric(t, "oasis_kvcached_peers_healthy") == 1 && b.metric(t, "oasis_kvcached_peers_healthy") == 1
 	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
 	// Each has exactly the other as a peer, not itself.
-	must.StrContains(t, b.logText(), `kvcached peer set changed: peers=["`+qa+`"]`)
-	must.StrContains(t, a.logText(), `kvcached peer set changed: peers=["`+qb+`"]`)
+	must.StrContains(t, b.Output(), `kvcached peer set changed: peers=["`+qa+`"]`)
+	must.StrContains(t, a.Output(), `kvcached peer set changed: peers=["`+qb+`"]`)
 
 	// a leaves the catalog: b drops it from its peer set.
 	must.NoError(t, client.Agent().ServiceDeregister("kvcached-a"))

@@ -9,16 +9,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
@@ -29,27 +27,7 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kvcached-bin-")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "oasis-kvcached")
-	if err := gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/oasis-kvcached"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	os.Exit(testutil.RunWithCommand(m, "github.com/oasis-llm/oasis/cmd/oasis-kvcached", &binary))
 }
 
 func freeUDP(t *testing.T) string {
@@ -61,70 +39,34 @@ func freeUDP(t *testing.T) string {
 }
 
 type proc struct {
-	cmd      *exec.Cmd
+	*testutil.Process
 	addr     string
 	httpAddr string
 	quicAddr string
-	log      *bytes.Buffer
-	logMu    *sync.Mutex
 	client   *redis.Client
-}
-
-func (p *proc) logText() string {
-	p.logMu.Lock()
-	defer p.logMu.Unlock()
-	return p.log.String()
 }
 
 // start runs the binary with extra flags, waits until it answers PING, and
 // stops it when the test ends.
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
-	p := &proc{addr: freeTCP(t), httpAddr: freeTCP(t), log: &bytes.Buffer{}}
+	p := &proc{addr: testutil.FreeAddr(t), httpAddr: testutil.FreeAddr(t)}
 	full := append([]string{"--addr", p.addr, "--http-addr", p.httpAddr, "--log-level", "debug"}, args...)
 	for i, a := range full {
 		if a == "--quic-addr" {
 			p.quicAddr = full[i+1]
 		}
 	}
-	p.cmd = exec.Command(binary, full...)
-	lb := &lockedWriter{w: p.log}
-	p.logMu = &lb.mu
-	p.cmd.Stdout, p.cmd.Stderr = lb, lb
-	must.NoError(t, p.cmd.Start())
-	done := make(chan struct{})
-	go func() { p.cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			lb.mu.Lock()
-			t.Logf("oasis-kvcached %s log:\n%s", p.addr, p.log.String())
-			lb.mu.Unlock()
-		}
-	})
+	p.Process = testutil.Start(t, exec.Command(binary, full...))
 	p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	t.Cleanup(func() { p.client.Close() })
 	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
-		select {
-		case <-done:
+		if p.Exited() {
 			return wait.ErrTimeoutExceeded
-		default:
 		}
 		return p.client.Ping(context.Background()).Err()
 	}), wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
 	return p
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
 }
 
 func (p *proc) metric(t *testing.T, name string) float64 {
@@ -195,7 +137,7 @@ func TestCrashKeepsEveryReturnedBlockIntact(t *testing.T) {
 	}
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return acked.Load() >= 400 }),
 		wait.Timeout(60*time.Second), wait.Gap(10*time.Millisecond)))
-	must.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	must.NoError(t, p.Kill())
 	close(stop)
 	wg.Wait()
 	attempted := int(next.Load())
@@ -330,7 +272,7 @@ func TestRSSStaysWithinRAMLimit(t *testing.T) {
 			}
 			_, err := pipe.Exec(ctx)
 			must.NoError(t, err)
-			hwm := peakRSS(t, p.cmd.Process.Pid)
+			hwm := peakRSS(t, p.Pid())
 			t.Logf("peak RSS %d MiB for --ram-bytes %d MiB", hwm>>20, ram>>20)
 			plan, err := planMemory(ram, 64<<20, disk)
 			must.NoError(t, err)

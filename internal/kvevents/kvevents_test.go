@@ -5,11 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/shoenig/test/must"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -272,15 +272,15 @@ func TestHash(t *testing.T) {
 // problem: a PUB drops messages until the subscription arrives).
 func publishUntil(t *testing.T, p *Publisher, b EventBatch, received func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !received() {
+	testutil.Eventually(t, 10*time.Second, "the subscriber to receive a batch", func() bool {
+		if received() {
+			return true
+		}
 		_, err := p.Publish(b)
 		must.NoError(t, err)
-		if time.Now().After(deadline) {
-			t.Fatal("subscriber never received a batch")
-		}
 		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func TestPubSubOverZMQ(t *testing.T) {
@@ -493,10 +493,7 @@ func TestSubscriberSeesPublisherRestart(t *testing.T) {
 func TestSubscriberBeforePublisher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	ep := "tcp://" + l.Addr().String()
-	must.NoError(t, l.Close())
+	ep := "tcp://" + testutil.FreeAddr(t)
 	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep, Topic: "t"})
 	must.NoError(t, err)
 	defer s.Close()

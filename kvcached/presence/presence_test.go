@@ -3,12 +3,12 @@ package presence
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/kvcached/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
@@ -44,19 +44,12 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // TestStoreEventsReachASubscriber runs a store with the publisher as its
 // observer and reads the events from a real ZMQ subscriber.
 func TestStoreEventsReachASubscriber(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	ep := "tcp://" + testutil.FreeAddr(t)
 	p, err := New(ctx, Config{Endpoint: ep, BlockSize: 256})
 	must.NoError(t, err)
 	defer p.Close()

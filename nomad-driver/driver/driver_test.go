@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -26,16 +25,9 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // newHarness starts the driver behind Nomad's plugin harness, configured
 // like the test bed: binaries = { sim = ... }.
@@ -69,7 +61,7 @@ type simTask struct {
 // waits 4 s for a writer that never comes otherwise).
 func newSimTask(t testing.TB, h *dtestutil.DriverHarness, logs bool, mutate func(*config.TaskConfig)) *simTask {
 	t.Helper()
-	st := &simTask{httpPort: freePort(t), kvPort: freePort(t)}
+	st := &simTask{httpPort: testutil.FreePort(t), kvPort: testutil.FreePort(t)}
 	allocID := uuid.Generate()
 	st.cfg = &drivers.TaskConfig{
 		AllocID: allocID,
@@ -424,7 +416,7 @@ func TestDriver_OpenAICompat(t *testing.T) {
 	must.EqOp(t, drivers.TaskStateExited, st.State)
 	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
 
-	down := fmt.Sprintf("http://127.0.0.1:%d/v1", freePort(t))
+	down := fmt.Sprintf("http://127.0.0.1:%d/v1", testutil.FreePort(t))
 	task2 := newSimTask(t, h, false, func(c *config.TaskConfig) {
 		*c = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: down}
 	})
@@ -635,7 +627,7 @@ func TestDriver_SimAcceptsEveryRendering(t *testing.T) {
 						c.NIXLSideChannelPort = "nixl"
 					}
 				})
-				nixl := freePort(t)
+				nixl := testutil.FreePort(t)
 				*task.cfg.Resources.Ports = append(*task.cfg.Resources.Ports,
 					nstructs.AllocatedPortMapping{Label: "nixl", Value: nixl, HostIP: "127.0.0.1"})
 				_, _, err := h.StartTask(task.cfg)

@@ -3,10 +3,7 @@ package cachestate
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,14 +11,13 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/blockdigest"
-	"github.com/oasis-llm/oasis/internal/gobuild"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 )
 
 // kvcachedProc is a real oasis-kvcached process with presence events on.
 type kvcachedProc struct {
-	cmd            *exec.Cmd
 	addr           string
 	events, replay string
 	client         *redis.Client
@@ -30,31 +26,17 @@ type kvcachedProc struct {
 func startKVCached(t *testing.T, bin string) *kvcachedProc {
 	t.Helper()
 	p := &kvcachedProc{
-		addr:   fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		events: fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)),
-		replay: fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)),
+		addr:   testutil.FreeAddr(t),
+		events: "tcp://" + testutil.FreeAddr(t),
+		replay: "tcp://" + testutil.FreeAddr(t),
 	}
-	p.cmd = exec.Command(bin, "--addr", p.addr, "--http-addr", "", "--ram-bytes", "64MiB",
+	testutil.Start(t, exec.Command(bin, "--addr", p.addr, "--http-addr", "", "--ram-bytes", "64MiB",
 		"--disk-bytes", "64MiB", "--data-dir", t.TempDir(),
 		"--kv-events-endpoint", p.events, "--kv-events-replay-endpoint", p.replay,
-		"--kv-events-block-size", "16", "--log-level", "warn")
-	p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	must.NoError(t, p.cmd.Start())
-	t.Cleanup(func() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-	})
+		"--kv-events-block-size", "16", "--log-level", "warn"))
 	p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	t.Cleanup(func() { p.client.Close() })
-	waitFor(t, "oasis-kvcached to answer PING", func() bool {
+	testutil.Eventually(t, 10*time.Second, "oasis-kvcached to answer PING", func() bool {
 		return p.client.Ping(context.Background()).Err() == nil
 	})
 	return p
@@ -71,9 +53,7 @@ func TestPresenceFromRealKVCached(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs oasis-kvcached")
 	}
-	dir := t.TempDir()
-	must.NoError(t, gobuild.Commands(context.Background(), dir, "github.com/oasis-llm/oasis/cmd/oasis-kvcached"))
-	bin := filepath.Join(dir, "oasis-kvcached")
+	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-kvcached")
 	kcA, kcB := startKVCached(t, bin), startKVCached(t, bin)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -107,7 +87,7 @@ func TestPresenceFromRealKVCached(t *testing.T) {
 	for _, d := range digests {
 		must.NoError(t, kcA.client.Set(ctx, "oasis@"+model+"@"+d.String(), value, 0).Err())
 	}
-	waitFor(t, "native keys marked", func() bool {
+	testutil.Eventually(t, 10*time.Second, "native keys marked", func() bool {
 		for _, k := range keys {
 			if ix.Holds("a1", k)&prefixindex.TierCPU == 0 || ix.Holds("b1", k) != prefixindex.TierPeer {
 				return false
@@ -116,7 +96,7 @@ func TestPresenceFromRealKVCached(t *testing.T) {
 		return true
 	})
 	// The spill to SSD adds the disk tier on node A.
-	waitFor(t, "spill to disk marked", func() bool { return ix.Holds("a1", keys[0])&prefixindex.TierDisk != 0 })
+	testutil.Eventually(t, 10*time.Second, "spill to disk marked", func() bool { return ix.Holds("a1", keys[0])&prefixindex.TierDisk != 0 })
 	// The router's match counts the prompt as held by both, in lower tiers.
 	for _, m := range s.Match(keys, prefixindex.DefaultTierWeights(), nil) {
 		must.Eq(t, 3, m.Blocks, must.Sprintf("worker %s", m.Worker))
@@ -137,17 +117,11 @@ func TestPresenceFromRealKVCached(t *testing.T) {
 	const vllmHash = uint64(0x5eed0000c0ffee01)
 	stored := kvevents.EventBatch{TS: 1, Events: []kvevents.Event{kvevents.BlockStored{
 		BlockHashes: []kvevents.Hash{kvevents.HashUint64(vllmHash)}, TokenIDs: tokens, BlockSize: blockSize}}}
-	deadline := time.Now().Add(10 * time.Second)
-	for ix.Holds("a1", lk[0]) != prefixindex.TierGPU {
-		must.True(t, time.Now().Before(deadline), must.Sprint("engine event not indexed"))
-		_, err := engA.Publish(stored)
-		must.NoError(t, err)
-		time.Sleep(20 * time.Millisecond)
-	}
+	publishUntil(t, engA, stored, "the engine event indexed", func() bool { return ix.Holds("a1", lk[0]) == prefixindex.TierGPU })
 	lmKey := fmt.Sprintf("%s@1@0@%x@bfloat16", model, vllmHash)
 	must.NoError(t, kcB.client.Set(ctx, lmKey+"kv_bytes", value, 0).Err())
 	must.NoError(t, kcB.client.Set(ctx, lmKey+"metadata", []byte("meta"), 0).Err())
-	waitFor(t, "LMCache chunk marked", func() bool {
+	testutil.Eventually(t, 10*time.Second, "LMCache chunk marked", func() bool {
 		return ix.Holds("b1", lk[0])&prefixindex.TierCPU != 0 && ix.Holds("a1", lk[0]) == prefixindex.TierGPU|prefixindex.TierPeer
 	})
 
@@ -155,7 +129,7 @@ func TestPresenceFromRealKVCached(t *testing.T) {
 	for _, d := range digests {
 		must.NoError(t, kcA.client.Del(ctx, "oasis@"+model+"@"+d.String()).Err())
 	}
-	waitFor(t, "native marks withdrawn", func() bool {
+	testutil.Eventually(t, 10*time.Second, "native marks withdrawn", func() bool {
 		return ix.Holds("a1", keys[0]) == 0 && ix.Holds("b1", keys[0]) == 0
 	})
 

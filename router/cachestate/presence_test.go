@@ -10,6 +10,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/shoenig/test/must"
 )
@@ -71,16 +72,6 @@ func newPub(t *testing.T, ctx context.Context, replay bool) *kvevents.Publisher 
 
 func endpointOf(a net.Addr) string { return fmt.Sprintf("tcp://*:%d", a.(*net.TCPAddr).Port) }
 
-// waitFor polls cond (events cross real sockets).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		must.True(t, time.Now().Before(deadline), must.Sprintf("timed out waiting for %s", what))
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func presenceStored(medium string, hs ...kvevents.Hash) kvevents.EventBatch {
 	return kvevents.EventBatch{TS: float64(time.Now().UnixNano()), Events: []kvevents.Event{
 		kvevents.BlockStored{BlockHashes: hs, BlockSize: bs, TokenIDs: []int32{}, Medium: medium}}}
@@ -113,60 +104,49 @@ func TestPresenceOverZMQ(t *testing.T) {
 	})
 	ix := s.EventIndex()
 	holds := func(w string, k uint64) prefixindex.Tier { return ix.Holds(w, k) }
-	// publish repeats a batch until cond holds (PUB drops until subscribed).
-	publish := func(p *kvevents.Publisher, b kvevents.EventBatch, what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			must.True(t, time.Now().Before(deadline), must.Sprintf("timed out waiting for %s", what))
-			_, err := p.Publish(b)
-			must.NoError(t, err)
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 
 	// 1. Oasis-native key: a 16-byte digest, indexed as is.
 	d := blockdigest.FromUint64s(0xA1A2A3A4A5A6A7A8, 0xB1B2B3B4B5B6B7B8)
 	dk := Key(d)
-	publish(kcA, presenceStored("CPU", kvevents.HashBytes(d[:])), "native digest in kc-a",
+	publishUntil(t, kcA, presenceStored("CPU", kvevents.HashBytes(d[:])), "native digest in kc-a",
 		func() bool { return holds("a1", dk) == prefixindex.TierCPU && holds("b1", dk) == prefixindex.TierPeer })
 	// Spilled to SSD and dropped from RAM.
-	publish(kcA, presenceStored("DISK", kvevents.HashBytes(d[:])), "spill",
+	publishUntil(t, kcA, presenceStored("DISK", kvevents.HashBytes(d[:])), "spill",
 		func() bool { return holds("a1", dk) == prefixindex.TierCPU|prefixindex.TierDisk })
-	publish(kcA, presenceRemoved("CPU", kvevents.HashBytes(d[:])), "RAM eviction",
+	publishUntil(t, kcA, presenceRemoved("CPU", kvevents.HashBytes(d[:])), "RAM eviction",
 		func() bool { return holds("a1", dk) == prefixindex.TierDisk && holds("b1", dk) == prefixindex.TierPeer })
 
 	// 2. Engine hash: a1 stores a block (GPU) under vLLM hash 0xABC; kvcached B
 	// announces the LMCache chunk hash whose last 8 bytes are that hash.
 	seq := toks(1, bs)
 	ek := keys(t, "model-a", seq)[0]
-	publish(engA, kvevents.EventBatch{TS: 1, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(0xABC)}, seq, "")}},
+	publishUntil(t, engA, kvevents.EventBatch{TS: 1, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(0xABC)}, seq, "")}},
 		"a1's GPU block", func() bool { return holds("a1", ek) == prefixindex.TierGPU })
 	chunk := make([]byte, 32)
 	chunk[0] = 0x7f
 	binary.BigEndian.PutUint64(chunk[24:], 0xABC)
-	publish(kcB, presenceStored("CPU", kvevents.HashBytes(chunk)), "chunk hash in kc-b",
+	publishUntil(t, kcB, presenceStored("CPU", kvevents.HashBytes(chunk)), "chunk hash in kc-b",
 		func() bool { return holds("b1", ek) == prefixindex.TierCPU })
 	must.Eq(t, prefixindex.TierGPU|prefixindex.TierPeer, holds("a1", ek))
 	// a1 evicts it from GPU: the lower tiers remain.
-	publish(engA, kvevents.EventBatch{TS: 2, Events: []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{h(0xABC)}}}},
+	publishUntil(t, engA, kvevents.EventBatch{TS: 2, Events: []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{h(0xABC)}}}},
 		"a1's GPU eviction", func() bool { return holds("a1", ek) == prefixindex.TierPeer })
 	// kvcached A fetches it from B later (a peer fetch stores it locally): it
 	// resolves through kc-b's holding although no engine maps it any more.
-	publish(kcA, presenceStored("CPU", kvevents.HashBytes(chunk)), "peer-fetched chunk in kc-a",
+	publishUntil(t, kcA, presenceStored("CPU", kvevents.HashBytes(chunk)), "peer-fetched chunk in kc-a",
 		func() bool { return holds("a1", ek) == prefixindex.TierCPU|prefixindex.TierPeer })
 	// B drops it: a1 keeps CPU (kc-a), b1 now sees it on a peer.
-	publish(kcB, presenceRemoved("CPU", kvevents.HashBytes(chunk)), "kc-b removal",
+	publishUntil(t, kcB, presenceRemoved("CPU", kvevents.HashBytes(chunk)), "kc-b removal",
 		func() bool { return holds("a1", ek) == prefixindex.TierCPU && holds("b1", ek) == prefixindex.TierPeer })
 
 	// 3. A hash nobody reported stays unindexed and is counted.
-	publish(kcB, presenceStored("CPU", kvevents.HashUint64(0xDEAD)), "unresolved count",
+	publishUntil(t, kcB, presenceStored("CPU", kvevents.HashUint64(0xDEAD)), "unresolved count",
 		func() bool { st, _ := s.KVCacheStats("kc-b"); return st.Unresolved > 0 })
 
 	// 4. An engine resync keeps what kvcached holds reachable for it.
-	publish(engA, kvevents.EventBatch{TS: 3, Events: []kvevents.Event{kvevents.AllBlocksCleared{}}},
+	publishUntil(t, engA, kvevents.EventBatch{TS: 3, Events: []kvevents.Event{kvevents.AllBlocksCleared{}}},
 		"a1 cleared", func() bool { st, _ := s.EngineStats("a1"); return st.Clears > 0 })
-	waitFor(t, "marks restored after the clear", func() bool {
+	testutil.Eventually(t, 10*time.Second, "marks restored after the clear", func() bool {
 		return holds("a1", ek) == prefixindex.TierCPU && holds("a1", dk) == prefixindex.TierDisk
 	})
 
@@ -207,13 +187,9 @@ func TestPresenceBootstrapAndCapacity(t *testing.T) {
 	s.Sync(ctx, []Engine{{ID: "a1", Model: "m", Address: "127.0.0.1:1", BlockSize: bs, KVEvents: endpointOf(eng.Addr()), Node: "A"}})
 	s.SyncKVCaches(ctx, []KVCache{{ID: "kc", Address: "127.0.0.1:1", Node: "A", KVEvents: endpointOf(kc.Addr()), KVEventsReplay: endpointOf(kc.ReplayAddr())}})
 	d5 := blockdigest.FromUint64s(5<<32, 5)
-	deadline := time.Now().Add(10 * time.Second)
-	for s.EventIndex().Holds("a1", Key(ds[0])) == 0 {
-		must.True(t, time.Now().Before(deadline), must.Sprint("the replay buffer's blocks never arrived"))
-		_, err := kc.Publish(presenceStored("CPU", kvevents.HashBytes(d5[:])))
-		must.NoError(t, err)
-		time.Sleep(20 * time.Millisecond)
-	}
+	publishUntil(t, kc, presenceStored("CPU", kvevents.HashBytes(d5[:])), "the replay buffer's blocks", func() bool {
+		return s.EventIndex().Holds("a1", Key(ds[0])) != 0
+	})
 	for _, d := range ds[:3] {
 		must.Eq(t, prefixindex.TierCPU, s.EventIndex().Holds("a1", Key(d)))
 	}

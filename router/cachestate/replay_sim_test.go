@@ -5,15 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/tokens"
 	"github.com/shoenig/test/must"
@@ -31,7 +28,7 @@ type cutProxy struct {
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
 	t.Helper()
-	p := &cutProxy{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), target: target}
+	p := &cutProxy{addr: testutil.FreeAddr(t), target: target}
 	must.NoError(t, p.open())
 	t.Cleanup(p.cut)
 	return p
@@ -79,20 +76,6 @@ func (p *cutProxy) cut() {
 	p.conns = nil
 }
 
-func startSimWithReplay(t *testing.T, bin string, apiPort, evPort, replayPort int) *simProc {
-	t.Helper()
-	cfg := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d"}`, evPort, replayPort)
-	cmd := exec.Command(bin, "serve", "sim-model", "--port", fmt.Sprint(apiPort), "--block-size", "16",
-		"--speed", "0", "--kv-events-config", cfg, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	must.NoError(t, cmd.Start())
-	p := &simProc{cmd: cmd, api: fmt.Sprintf("127.0.0.1:%d", apiPort)}
-	t.Cleanup(p.stop)
-	waitHealthy(t, p)
-	return p
-}
-
 // TestReplayAcrossPartitionWithRealOasisSim cuts the connection between the
 // router's subscriber and a real oasis-sim's KV events socket, serves a
 // prompt while the events cannot arrive, and heals the partition. With the
@@ -102,18 +85,18 @@ func TestReplayAcrossPartitionWithRealOasisSim(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs oasis-sim")
 	}
-	bin := buildSim(t)
+	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-sim")
 	for _, withReplay := range []bool{true, false} {
 		t.Run(fmt.Sprintf("replay=%v", withReplay), func(t *testing.T) {
-			apiPort, evPort, replayPort := freePort(t), freePort(t), freePort(t)
-			sim := startSimWithReplay(t, bin, apiPort, evPort, replayPort)
+			apiPort, evPort, replayPort := testutil.FreePort(t), testutil.FreePort(t), testutil.FreePort(t)
+			sim := startSim(t, bin, apiPort, evPort, replayPort)
 			proxy := newCutProxy(t, fmt.Sprintf("127.0.0.1:%d", evPort))
 
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			s := New(Config{})
 			defer s.Close()
-			eng := Engine{ID: "sim-1", Model: "sim-model", Address: sim.api, BlockSize: 16, KVEvents: "tcp://" + proxy.addr}
+			eng := Engine{ID: "sim-1", Model: "sim-model", Address: sim.Addr, BlockSize: 16, KVEvents: "tcp://" + proxy.addr}
 			if withReplay {
 				eng.KVEventsReplay = fmt.Sprintf("tcp://*:%d", replayPort) // wildcard host: the engine's address
 			}
@@ -131,26 +114,30 @@ func TestReplayAcrossPartitionWithRealOasisSim(t *testing.T) {
 			// serveUntil serves fresh prompts until cond holds (a PUB socket drops
 			// what it publishes before the subscription is up).
 			serveUntil := func(what string, cond func() bool) {
-				deadline := time.Now().Add(20 * time.Second)
-				for i := 0; !cond(); i++ {
-					must.True(t, time.Now().Before(deadline), must.Sprintf("timed out waiting for %s", what))
-					sim.complete(t, completionBody(fmt.Sprintf("%s %d %s", what, i, strings.Repeat("y ", 40))))
+				i := 0
+				testutil.Eventually(t, 20*time.Second, what, func() bool {
+					if cond() {
+						return true
+					}
+					i++
+					complete(t, sim, completionBody(fmt.Sprintf("%s %d %s", what, i, strings.Repeat("y ", 40))))
 					time.Sleep(100 * time.Millisecond)
-				}
+					return false
+				})
 			}
 			stats := func() EventStats { st, _ := s.EngineStats("sim-1"); return st }
 			serveUntil("warm up", func() bool { return stats().Batches > 0 })
 
 			before := completionBody("Before the partition. " + strings.Repeat("All work and no play makes Jack a dull boy. ", 12))
 			kb := keysOf(before)
-			sim.complete(t, before)
+			complete(t, sim, before)
 			serveUntil("before", func() bool { return matchBlocks(s, kb, "sim-1") == len(kb) })
 			resyncs, replays := stats().Resyncs, stats().Replays
 
 			proxy.cut()
 			during := completionBody("During the partition. " + strings.Repeat("Events published now never reach the router. ", 12))
 			kd := keysOf(during)
-			sim.complete(t, during)
+			complete(t, sim, during)
 			time.Sleep(300 * time.Millisecond)
 			must.Eq(t, 0, matchBlocks(s, kd, "sim-1"), must.Sprint("events crossed the partition"))
 			must.NoError(t, proxy.open())
@@ -169,21 +156,5 @@ func TestReplayAcrossPartitionWithRealOasisSim(t *testing.T) {
 				must.Greater(t, resyncs, stats().Resyncs)
 			}
 		})
-	}
-}
-
-func waitHealthy(t *testing.T, p *simProc) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get("http://" + p.api + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		must.True(t, time.Now().Before(deadline), must.Sprint("oasis-sim did not become healthy"))
-		time.Sleep(50 * time.Millisecond)
 	}
 }

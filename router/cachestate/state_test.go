@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/shoenig/test/must"
 )
@@ -46,18 +47,18 @@ func matchBlocks(s *State, keys []uint64, id string) int {
 }
 
 // publishUntil publishes batch repeatedly (a PUB socket drops messages until
-// the subscriber's connection is up) until cond holds.
-func publishUntil(t *testing.T, pub *kvevents.Publisher, batch kvevents.EventBatch, cond func() bool) {
+// the subscriber's connection is up) until cond holds; what names cond.
+func publishUntil(t *testing.T, pub *kvevents.Publisher, batch kvevents.EventBatch, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
+	testutil.Eventually(t, 10*time.Second, what, func() bool {
+		if cond() {
+			return true
 		}
 		_, err := pub.Publish(batch)
 		must.NoError(t, err)
-		time.Sleep(30 * time.Millisecond)
-	}
+		time.Sleep(20 * time.Millisecond)
+		return false
+	})
 }
 
 // TestStateOverZMQ runs the event-driven path over real ZMQ sockets: events
@@ -79,7 +80,7 @@ func TestStateOverZMQ(t *testing.T) {
 	seq := toks(1, 3*bs)
 	k := keys(t, "model-a", seq)
 	first := kvevents.EventBatch{TS: 1, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(1), h(2), h(3)}, seq, "")}}
-	publishUntil(t, pub, first, func() bool { return matchBlocks(s, k, "e1") == 3 })
+	publishUntil(t, pub, first, "the first batch", func() bool { return matchBlocks(s, k, "e1") == 3 })
 
 	// Restart: a new publisher on the same port counts from seq 0 again.
 	must.NoError(t, pub.Close())
@@ -96,7 +97,7 @@ func TestStateOverZMQ(t *testing.T) {
 	fresh := toks(500, bs)
 	kf := keys(t, "model-a", fresh)
 	second := kvevents.EventBatch{TS: 2, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(9)}, fresh, "")}}
-	publishUntil(t, pub2, second, func() bool { return matchBlocks(s, kf, "e1") == 1 })
+	publishUntil(t, pub2, second, "the second batch", func() bool { return matchBlocks(s, kf, "e1") == 1 })
 	must.Eq(t, 0, matchBlocks(s, k, "e1"))
 	st, ok := s.EngineStats("e1")
 	must.True(t, ok)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tokenizer"
 	"github.com/oasis-llm/oasis/sim/engine"
 	dto "github.com/prometheus/client_model/go"
@@ -521,17 +522,10 @@ func TestClientDisconnectFreesBlocks(t *testing.T) {
 	must.Positive(t, st.UsedBlocks)
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.Eventually(t, 10*time.Second, "blocks freed after disconnect", func() bool {
 		st, _ = s.snapshot()
-		if st.Running == 0 && st.UsedBlocks == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("blocks not freed after disconnect: %+v", st)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return st.Running == 0 && st.UsedBlocks == 0
+	})
 	mfs := scrape(t, url)
 	must.Eq(t, 1.0, metricWithLabel(t, mfs, "vllm:request_success_total", "finished_reason", "abort"))
 }

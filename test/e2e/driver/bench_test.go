@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/shoenig/test/must"
 )
 
@@ -66,13 +66,8 @@ func BenchmarkStartTaskToReady(b *testing.B) {
 // directStartup starts oasis-sim with the argv the driver renders and
 // returns the milliseconds until /health answers 200.
 func directStartup(b testing.TB) float64 {
-	ports := make([]int, 2)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		must.NoError(b, err)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-	}
+	ports, err := testutil.FreePorts(2)
+	must.NoError(b, err)
 	events := fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","topic":"kv-events"}`, ports[1])
 	cmd := exec.Command(stack.Bin("oasis-sim"), "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1",
 		"--port", strconv.Itoa(ports[0]), "--served-model-name", "llama", "--tensor-parallel-size", "1",

@@ -20,6 +20,7 @@ import (
 
 	nomadapi "github.com/hashicorp/nomad/api"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -97,7 +98,7 @@ func jobFiles(root string, out io.Writer) ([]string, error) {
 // localVariables sizes the jobs for one machine: free ports instead of the production static
 // ones, small RAM/disk tiers, state under .oasis. Keys are job file names; "" applies to all.
 func localVariables(s *testbed.Stack, home string) (map[string]map[string]string, error) {
-	ports, err := testbed.FreePorts(4)
+	ports, err := testutil.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,32 +12,15 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
-// FreePorts reserves n distinct free TCP ports on 127.0.0.1. The listeners are closed before
-// returning, so a port can in principle be taken by someone else before it is used; holding all
-// n until the end at least keeps them distinct from each other.
-func FreePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	listeners := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range listeners {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserving a free port: %w", err)
-		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// FreePorts is testutil.FreePorts, kept for the tests under test/e2e/router
+// until they call it directly.
+func FreePorts(n int) ([]int, error) { return testutil.FreePorts(n) }
 
 func (s *Stack) startConsul(ctx context.Context) error {
-	ports, err := FreePorts(4)
+	ports, err := testutil.FreePorts(4)
 	if err != nil {
 		return err
 	}
@@ -89,7 +71,7 @@ func (s *Stack) startConsul(ctx context.Context) error {
 }
 
 func (s *Stack) writeNomadConfig(opts Options) error {
-	ports, err := FreePorts(3)
+	ports, err := testutil.FreePorts(3)
 	if err != nil {
 		return err
 	}

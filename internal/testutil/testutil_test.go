@@ -1,0 +1,33 @@
+package testutil
+
+import (
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+)
+
+func TestFreePortsAreDistinct(t *testing.T) {
+	ports, err := FreePorts(8)
+	must.NoError(t, err)
+	seen := map[int]bool{}
+	for _, p := range ports {
+		must.Positive(t, p)
+		must.False(t, seen[p])
+		seen[p] = true
+	}
+}
+
+func TestStopReportsHowTheProcessExited(t *testing.T) {
+	ok := Start(t, exec.Command("sh", "-c", "echo out; echo err >&2"))
+	Eventually(t, 5*time.Second, "sh to exit", ok.Exited)
+	must.NoError(t, ok.Stop())
+	must.StrContains(t, ok.Output(), "out\n")
+	must.StrContains(t, ok.Output(), "err\n")
+
+	// SIGTERM ends sleep, so Stop returns without killing.
+	sleep := Start(t, exec.Command("sleep", "60"))
+	must.ErrorContains(t, sleep.Stop(), "signal: terminated")
+	must.True(t, sleep.Exited())
+}
