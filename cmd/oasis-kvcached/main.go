@@ -136,7 +136,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var observer store.Observer
 	if o.eventsEndpoint != "" {
 		p, err := presence.New(ctx, presence.Config{Endpoint: o.eventsEndpoint, ReplayEndpoint: o.eventsReplay,
-			BlockSize: o.blockSize, Logger: log.Named("presence"), Registry: reg})
+			BlockSize: o.blockSize, Logger: log.Named("presence"), Registerer: reg})
 		if err != nil {
 			return err
 		}
@@ -163,7 +163,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		node, err := peer.New(peer.Config{ListenAddr: o.quicAddr, ServerTLS: stls, ClientTLS: ctls, Local: st,
-			Logger: log.Named("peer"), Registry: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval})
+			Logger: log.Named("peer"), Registerer: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval})
 		if err != nil {
 			return err
 		}
@@ -184,7 +184,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
-	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registry: reg, Password: password, MaxBulk: o.maxValue, Budget: budget})
+	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget})
 	if err != nil {
 		return err
 	}

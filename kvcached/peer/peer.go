@@ -88,8 +88,10 @@ type Config struct {
 	ServerTLS  *tls.Config
 	ClientTLS  *tls.Config
 	Local      Local
-	Logger     hclog.Logger
-	Registry   prometheus.Registerer
+	// Logger receives the node's logs; nil discards them.
+	Logger hclog.Logger
+	// Registerer takes the node's metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
 	// MaxValue bounds a fetched block.
 	MaxValue int64
 	// FetchTimeout bounds one fetch, dial included (default 2s).
@@ -151,8 +153,8 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
 	}
 	if cfg.MaxValue <= 0 {
 		cfg.MaxValue = 64 << 20
@@ -197,7 +199,7 @@ func New(cfg Config) (*Node, error) {
 	n.mHealthy = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peers_healthy", Help: "Peers whose last exchange succeeded."})
 	n.mServed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_requests_served_total", Help: "Requests served to peers, by op (get, filter) and result."}, []string{"op", "result"})
 	n.mFilterSz = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peer_filter_bytes", Help: "Size of this node's membership filter as sent to peers."})
-	cfg.Registry.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz)
+	cfg.Registerer.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz)
 	for _, r := range []string{"hit", "miss", "error", "timeout"} {
 		n.mFetches.WithLabelValues(r)
 	}

@@ -53,8 +53,10 @@ type Config struct {
 	ReplayEndpoint string // optional ZMQ ROUTER replay address
 	Topic          string
 	BlockSize      int // tokens per announced block (LMCache chunk_size); default 256
-	Logger         hclog.Logger
-	Registry       prometheus.Registerer
+	// Logger receives the publisher's logs; nil discards them.
+	Logger hclog.Logger
+	// Registerer takes the publisher's metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
 	// FlushInterval batches events (default 10ms); QueueSize bounds the
 	// events waiting (default 65536; beyond it events are dropped and
 	// counted).
@@ -94,8 +96,8 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
 	}
 	pub, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{
 		Endpoint: cfg.Endpoint, ReplayEndpoint: cfg.ReplayEndpoint, Topic: cfg.Topic, Logger: cfg.Logger,
@@ -106,7 +108,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	p := &Publisher{cfg: cfg, log: cfg.Logger, pub: pub, ch: make(chan event, cfg.QueueSize)}
 	p.mEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_presence_events_total", Help: "Block presence events published, by type and medium."}, []string{"type", "medium"})
 	p.mDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "oasis_kvcached_presence_events_dropped_total", Help: "Presence events dropped because the publish queue was full."})
-	cfg.Registry.MustRegister(p.mEvents, p.mDropped)
+	cfg.Registerer.MustRegister(p.mEvents, p.mDropped)
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	p.wg.Add(1)

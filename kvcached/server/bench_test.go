@@ -35,7 +35,7 @@ func benchServer(b *testing.B, ram, disk int64) (*redis.Client, *store.Store) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(Config{Store: st, Registry: reg})
+	srv, err := New(Config{Store: st, Registerer: reg})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -29,9 +29,11 @@ const Version = "7.2.0"
 
 // Config configures a Server.
 type Config struct {
-	Store    *store.Store
-	Logger   hclog.Logger
-	Registry prometheus.Registerer
+	Store *store.Store
+	// Logger receives the server's logs; nil discards them.
+	Logger hclog.Logger
+	// Registerer takes the server's metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
 	// Password, when set, is required through AUTH or HELLO ... AUTH. Only
 	// its SHA-256 is kept.
 	Password string
@@ -84,8 +86,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
 	}
 	if cfg.MaxBulk <= 0 {
 		cfg.MaxBulk = cfg.Store.MaxValue()
@@ -110,7 +112,7 @@ func New(cfg Config) (*Server, error) {
 	s.mConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_connections", Help: "Open Redis-protocol client connections."})
 	s.mCommands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_commands_total", Help: "Redis commands served, by command."}, []string{"command"})
 	s.mErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_command_errors_total", Help: "Error replies, by kind (protocol, too_large, auth, unknown, args)."}, []string{"kind"})
-	cfg.Registry.MustRegister(s.mConns, s.mCommands, s.mErrors)
+	cfg.Registerer.MustRegister(s.mConns, s.mCommands, s.mErrors)
 	for i, name := range countedNames {
 		s.cmdCount[i] = s.mCommands.WithLabelValues(name)
 	}

@@ -32,7 +32,7 @@ func startStore(t *testing.T, password string, cfg store.Config) (string, *store
 	cfg.Dir, cfg.Metrics = t.TempDir(), store.NewMetrics(reg)
 	st, err := store.Open(cfg)
 	must.NoError(t, err)
-	srv, err := New(Config{Store: st, Registry: reg, Password: password})
+	srv, err := New(Config{Store: st, Registerer: reg, Password: password})
 	must.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/oasis-llm/oasis/kvcached/internal/bufpool"
 )
@@ -66,14 +67,16 @@ type Remote interface {
 
 // Config configures a Store.
 type Config struct {
-	RAMBytes  int64  // RAM tier limit; required
-	DiskBytes int64  // disk tier limit; 0 disables the disk tier
-	Dir       string // disk tier directory; required with DiskBytes
-	MaxValue  int64  // largest value accepted; default 64 MiB
-	Logger    hclog.Logger
-	Metrics   *Metrics // required
-	Observer  Observer // optional
-	Remote    Remote   // optional
+	RAMBytes  int64        // RAM tier limit; required
+	DiskBytes int64        // disk tier limit; 0 disables the disk tier
+	Dir       string       // disk tier directory; required with DiskBytes
+	MaxValue  int64        // largest value accepted; default 64 MiB
+	Logger    hclog.Logger // nil discards the store's logs
+	// Metrics are the collectors the store updates (NewMetrics registers
+	// them); nil keeps them unregistered.
+	Metrics  *Metrics
+	Observer Observer // optional
+	Remote   Remote   // optional
 	// SpillQueue bounds blocks waiting for their background disk write.
 	SpillQueue int
 	// SpillDelay bounds how long a block waits before its disk write
@@ -151,7 +154,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("opening store: RAM limit %d must be positive", cfg.RAMBytes)
 	}
 	if cfg.Metrics == nil {
-		return nil, errors.New("opening store: metrics are required")
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
 	if cfg.MaxValue <= 0 {
 		cfg.MaxValue = 64 << 20
