@@ -180,7 +180,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				return fmt.Errorf("creating Consul client: %w", err)
 			}
 			isSelf := peer.SelfMatcher(o.quicAdvertise, node.Addr())
-			go peer.WatchConsul(ctx, client, o.consulService, isSelf, static, log.Named("consul"), node.SetPeers)
+			go peer.WatchConsul(ctx, peer.ConsulConfig{Client: client, Service: o.consulService, IsSelf: isSelf,
+				Static: static, Logger: log.Named("consul"), Set: node.SetPeers})
 		}
 	}
 

@@ -15,20 +15,42 @@ import (
 // port; the service's own port is its Redis port.
 const QUICPortMeta = "oasis_quic_port"
 
-// WatchConsul follows the passing instances of service in Consul's catalog
-// with blocking queries and calls set with their QUIC addresses (those for
-// which isSelf is true excluded, plus static) whenever the set changes, until
-// ctx ends.
-func WatchConsul(ctx context.Context, client *consulapi.Client, service string, isSelf func(string) bool, static []string, log hclog.Logger, set func([]string)) {
+// ConsulConfig says whose instances WatchConsul follows and where their
+// addresses go.
+type ConsulConfig struct {
+	// Client reaches the Consul agent; required.
+	Client *consulapi.Client
+	// Service is the kvcached service's name in the catalog.
+	Service string
+	// IsSelf reports whether a QUIC address is this node's own (see
+	// SelfMatcher); nil counts none as its own.
+	IsSelf func(addr string) bool
+	// Static are peers kept in the set beside the catalog's.
+	Static []string
+	// Logger receives the watch's logs; nil discards them.
+	Logger hclog.Logger
+	// Set receives the peer set whenever it changes; required.
+	Set func(addrs []string)
+}
+
+// WatchConsul follows the passing instances of cfg.Service in Consul's
+// catalog with blocking queries and calls cfg.Set with their QUIC addresses
+// (its own excluded, cfg.Static added) whenever the set changes, until ctx
+// ends.
+func WatchConsul(ctx context.Context, cfg ConsulConfig) {
+	log, isSelf := cfg.Logger, cfg.IsSelf
 	if log == nil {
 		log = hclog.NewNullLogger()
+	}
+	if isSelf == nil {
+		isSelf = func(string) bool { return false }
 	}
 	var index uint64
 	var last []string
 	backoff := time.Second
 	for ctx.Err() == nil {
 		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx)
-		entries, meta, err := client.Health().Service(service, "", true, q)
+		entries, meta, err := cfg.Client.Health().Service(cfg.Service, "", true, q)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -48,7 +70,7 @@ func WatchConsul(ctx context.Context, client *consulapi.Client, service string, 
 		} else {
 			index = meta.LastIndex
 		}
-		addrs := slices.Clone(static)
+		addrs := slices.Clone(cfg.Static)
 		for _, e := range entries {
 			if a := quicAddr(e); a != "" && !isSelf(a) {
 				addrs = append(addrs, a)
@@ -58,7 +80,7 @@ func WatchConsul(ctx context.Context, client *consulapi.Client, service string, 
 		addrs = slices.Compact(addrs)
 		if !slices.Equal(addrs, last) {
 			log.Info("kvcached peer set changed", "peers", addrs)
-			set(addrs)
+			cfg.Set(addrs)
 			last = addrs
 		}
 	}
