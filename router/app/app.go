@@ -205,8 +205,12 @@ func (a *App) poolChanged(ws []*scoring.Worker) {
 // initPolicy reads the fixed policy file, or prepares the Consul KV watcher.
 func (a *App) initPolicy() error {
 	if a.cfg.PolicyFile == "" {
-		a.watcher = policy.NewWatcher(a.consul, a.cfg.KVPrefix+"/policy", a.terms, a.m, a.log)
-		a.policy = a.watcher
+		w, err := policy.NewWatcher(policy.WatcherConfig{Client: a.consul, Key: a.cfg.KVPrefix + "/policy",
+			Terms: a.terms, Metrics: a.m, Logger: a.log})
+		if err != nil {
+			return err
+		}
+		a.watcher, a.policy = w, w
 		return nil
 	}
 	data, err := os.ReadFile(a.cfg.PolicyFile)

@@ -3,36 +3,72 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync/atomic"
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// Watcher keeps the current policy document from Consul KV up to date with
-// blocking queries. Until the first read succeeds Current returns Default().
-type Watcher struct {
-	kv      *consulapi.KV
-	key     string
-	reg     *scoring.Registry
-	log     hclog.Logger
-	m       *metrics.Metrics
-	current atomic.Pointer[Document]
-	applied atomic.Uint64 // ModifyIndex of the KV entry behind current (0: built-in default)
-
-	// WaitTime bounds each blocking query; Consul returns earlier on change.
+// WatcherConfig configures a Watcher.
+type WatcherConfig struct {
+	// Client reaches Consul; required.
+	Client *consulapi.Client
+	// Key is the policy document's key in Consul KV; required.
+	Key string
+	// Terms are the scoring terms a document may weigh; required.
+	Terms *scoring.Registry
+	// Metrics counts applied and rejected documents; nil counts them in
+	// collectors registered nowhere.
+	Metrics *metrics.Metrics
+	// Logger receives the watcher's logs; nil discards them.
+	Logger hclog.Logger
+	// WaitTime bounds each blocking query (default 5m); Consul returns
+	// earlier on change.
 	WaitTime time.Duration
 }
 
-// NewWatcher returns a watcher of key.
-func NewWatcher(client *consulapi.Client, key string, reg *scoring.Registry, m *metrics.Metrics, log hclog.Logger) *Watcher {
-	w := &Watcher{kv: client.KV(), key: key, reg: reg, log: log.Named("policy"), m: m, WaitTime: 5 * time.Minute}
+// Watcher keeps the current policy document from Consul KV up to date with
+// blocking queries. Until the first read succeeds Current returns Default().
+type Watcher struct {
+	kv       *consulapi.KV
+	key      string
+	reg      *scoring.Registry
+	log      hclog.Logger
+	m        *metrics.Metrics
+	waitTime time.Duration
+	current  atomic.Pointer[Document]
+	applied  atomic.Uint64 // ModifyIndex of the KV entry behind current (0: built-in default)
+}
+
+// NewWatcher returns a watcher of cfg.Key; Run starts it.
+func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("creating policy watcher: a Consul client is required")
+	case cfg.Key == "":
+		return nil, errors.New("creating policy watcher: a KV key is required")
+	case cfg.Terms == nil:
+		return nil, errors.New("creating policy watcher: scoring terms are required")
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.WaitTime <= 0 {
+		cfg.WaitTime = 5 * time.Minute
+	}
+	w := &Watcher{kv: cfg.Client.KV(), key: cfg.Key, reg: cfg.Terms, log: cfg.Logger.Named("policy"), m: cfg.Metrics,
+		waitTime: cfg.WaitTime}
 	w.current.Store(Default())
-	return w
+	return w, nil
 }
 
 // Current returns the last good document. Never nil.
@@ -48,7 +84,7 @@ func (w *Watcher) Run(ctx context.Context) {
 	var index, seen uint64
 	backoff := 250 * time.Millisecond
 	for ctx.Err() == nil {
-		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: w.WaitTime}).WithContext(ctx)
+		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: w.waitTime}).WithContext(ctx)
 		pair, meta, err := w.kv.Get(w.key, q)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -53,7 +53,8 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(nil)...)...)
 	must.NoError(t, err)
 	src := &discovery.Consul{Client: client, Tag: r.tag, Log: log, Metrics: r.m}
-	r.watcher = policy.NewWatcher(client, r.key, terms, r.m, log)
+	r.watcher, err = policy.NewWatcher(policy.WatcherConfig{Client: client, Key: r.key, Terms: terms, Metrics: r.m, Logger: log})
+	must.NoError(t, err)
 	tr := gateway.NewEngineTransport(gateway.EngineTransportConfig{DialTimeout: time.Second})
 	sc := &signals.Scraper{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Log: log, Metrics: r.m}
 	var wg sync.WaitGroup
