@@ -32,12 +32,16 @@ func (a *App) startBackground() {
 		a.goBackground(func() { a.auth.WatchKV(a.bg, a.consul, a.cfg.KVPrefix+"/keys", a.m, a.log) })
 	}
 	if a.cfg.ScrapeInterval > 0 {
-		sc := &signals.Scraper{Pool: a.pool, HTTP: &http.Client{Transport: a.engines}, Interval: a.cfg.ScrapeInterval,
-			Log: a.log.Named("signals"), Metrics: a.m}
+		scrapeCfg := signals.ScraperConfig{Pool: a.pool, HTTP: &http.Client{Transport: a.engines}, Interval: a.cfg.ScrapeInterval,
+			Logger: a.log.Named("signals"), Metrics: a.m}
 		if a.cfg.PowerFromNomad {
-			sc.Nomad = a.nomad
+			scrapeCfg.Nomad = a.nomad
 		}
-		a.goBackground(func() { sc.Run(a.bg) })
+		if sc, err := signals.NewScraper(scrapeCfg); err != nil {
+			a.log.Error("engine metrics are not scraped", "error", err)
+		} else {
+			a.goBackground(func() { sc.Run(a.bg) })
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package signals
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -20,25 +21,76 @@ import (
 // GPU power draw (oasis-sim exposes one; real engines do not).
 var DefaultPowerMetrics = []string{"oasis_sim_power_watts", "oasis_sim_gpu_power_watts"}
 
+// ScraperConfig configures a Scraper.
+type ScraperConfig struct {
+	// Pool holds the workers to scrape; required.
+	Pool *discovery.Pool
+	// HTTP reads the engines' metrics pages (default http.DefaultClient);
+	// each read is bounded by Interval.
+	HTTP *http.Client
+	// Interval is how often the engines are scraped (default 1s).
+	Interval time.Duration
+	// Nomad, when set, is asked for node stats every PowerInterval
+	// (default 5s).
+	Nomad         *nomadapi.Client
+	PowerInterval time.Duration
+	// PowerMetrics are the engine gauges read as GPU power (default
+	// DefaultPowerMetrics).
+	PowerMetrics []string
+	// Metrics takes scrape errors and worker power; nil keeps them in
+	// collectors registered nowhere.
+	Metrics *metrics.Metrics
+	// Logger receives the scraper's logs; nil discards them.
+	Logger hclog.Logger
+}
+
 // Scraper periodically reads every worker's metrics page and, when a Nomad
 // client is set, the GPU power of each worker's node, and stores the result
 // in the workers' Live signals.
 type Scraper struct {
-	Pool     *discovery.Pool
-	HTTP     *http.Client
-	Interval time.Duration // engine metrics (default 1s)
-	Log      hclog.Logger
-	Metrics  *metrics.Metrics
-
-	// Nomad, when set, is asked for node stats every PowerInterval (default 5s).
-	Nomad         *nomadapi.Client
-	PowerInterval time.Duration
-	PowerMetrics  []string // default DefaultPowerMetrics
+	pool          *discovery.Pool
+	http          *http.Client
+	interval      time.Duration
+	nomad         *nomadapi.Client
+	powerInterval time.Duration
+	powerMetrics  []string
+	m             *metrics.Metrics
+	log           hclog.Logger
 
 	mu     sync.Mutex
 	state  map[string]*workerState // by worker id
 	nodeW  map[string]float64      // node id → GPU watts
 	energy map[string]energySample // node id → last cumulative GPU energy
+}
+
+// NewScraper returns a scraper of cfg.Pool's workers; Run starts it.
+func NewScraper(cfg ScraperConfig) (*Scraper, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("creating scraper: a worker pool is required")
+	}
+	if cfg.HTTP == nil {
+		cfg.HTTP = http.DefaultClient
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.PowerInterval <= 0 {
+		cfg.PowerInterval = 5 * time.Second
+	}
+	if cfg.PowerMetrics == nil {
+		cfg.PowerMetrics = DefaultPowerMetrics
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	return &Scraper{
+		pool: cfg.Pool, http: cfg.HTTP, interval: cfg.Interval, nomad: cfg.Nomad, powerInterval: cfg.PowerInterval,
+		powerMetrics: cfg.PowerMetrics, m: cfg.Metrics, log: cfg.Logger,
+		state: map[string]*workerState{}, nodeW: map[string]float64{}, energy: map[string]energySample{},
+	}, nil
 }
 
 type energySample struct {
@@ -58,29 +110,15 @@ type workerState struct {
 
 // Run scrapes until ctx ends.
 func (s *Scraper) Run(ctx context.Context) {
-	iv := s.Interval
-	if iv == 0 {
-		iv = time.Second
-	}
-	piv := s.PowerInterval
-	if piv == 0 {
-		piv = 5 * time.Second
-	}
-	if s.PowerMetrics == nil {
-		s.PowerMetrics = DefaultPowerMetrics
-	}
-	s.state = map[string]*workerState{}
-	s.nodeW = map[string]float64{}
-	s.energy = map[string]energySample{}
-	t := time.NewTicker(iv)
+	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	var lastPower time.Time
 	for {
-		if s.Nomad != nil && time.Since(lastPower) >= piv {
+		if s.nomad != nil && time.Since(lastPower) >= s.powerInterval {
 			s.pollNodes(ctx)
 			lastPower = time.Now()
 		}
-		s.scrapeAll(ctx, iv)
+		s.scrapeAll(ctx, s.interval)
 		select {
 		case <-ctx.Done():
 			return
@@ -91,7 +129,7 @@ func (s *Scraper) Run(ctx context.Context) {
 
 func (s *Scraper) pollNodes(ctx context.Context) {
 	nodes := map[string]struct{}{}
-	for _, w := range s.Pool.All() {
+	for _, w := range s.pool.All() {
 		if w.Node != "" {
 			nodes[w.Node] = struct{}{}
 		}
@@ -99,9 +137,9 @@ func (s *Scraper) pollNodes(ctx context.Context) {
 	got := map[string]float64{}
 	now := time.Now()
 	for n := range nodes {
-		hs, err := s.Nomad.Nodes().Stats(n, (&nomadapi.QueryOptions{}).WithContext(ctx))
+		hs, err := s.nomad.Nodes().Stats(n, (&nomadapi.QueryOptions{}).WithContext(ctx))
 		if err != nil {
-			s.Log.Debug("reading node stats failed", "node", n, "error", err)
+			s.log.Debug("reading node stats failed", "node", n, "error", err)
 			continue
 		}
 		if w, ok := s.nodeWatts(n, hs, now); ok {
@@ -131,7 +169,7 @@ func (s *Scraper) nodeWatts(node string, hs *nomadapi.HostStats, now time.Time) 
 }
 
 func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {
-	workers := s.Pool.All()
+	workers := s.pool.All()
 	perNode := map[string]int{}
 	for _, w := range workers {
 		perNode[w.Node]++
@@ -157,7 +195,7 @@ func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {
 	for id := range s.state {
 		if !live[id] {
 			delete(s.state, id)
-			s.Metrics.WorkerPower.DeletePartialMatch(prometheus.Labels{"worker": id})
+			s.m.WorkerPower.DeletePartialMatch(prometheus.Labels{"worker": id})
 		}
 	}
 	s.mu.Unlock()
@@ -170,8 +208,8 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 	now := time.Now()
 	if err != nil {
 		w.Live.ClearEngine()
-		s.Metrics.ScrapeErrors.WithLabelValues(w.ID).Inc()
-		s.Log.Debug("scraping engine metrics failed", "worker", w.ID, "error", err)
+		s.m.ScrapeErrors.WithLabelValues(w.ID).Inc()
+		s.log.Debug("scraping engine metrics failed", "worker", w.ID, "error", err)
 	} else if em.HasLoad {
 		w.Live.SetEngine(em.Running, em.Waiting, em.KVUsage, now)
 	}
@@ -192,7 +230,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 		watts, haveW = nw/float64(sameNode), true
 	}
 	if haveW {
-		s.Metrics.WorkerPower.WithLabelValues(w.Model, w.ID, w.Node).Set(watts)
+		s.m.WorkerPower.WithLabelValues(w.Model, w.ID, w.Node).Set(watts)
 	}
 	own := w.Live.Generated()
 	// Sequences running: the engine's count, else the router's own in-flight.
@@ -233,7 +271,7 @@ func (s *Scraper) fetch(ctx context.Context, w *scoring.Worker) (EngineMetrics, 
 	if err != nil {
 		return EngineMetrics{}, err
 	}
-	resp, err := s.HTTP.Do(req)
+	resp, err := s.http.Do(req)
 	if err != nil {
 		return EngineMetrics{}, err
 	}
@@ -241,7 +279,7 @@ func (s *Scraper) fetch(ctx context.Context, w *scoring.Worker) (EngineMetrics, 
 	if resp.StatusCode != http.StatusOK {
 		return EngineMetrics{}, fmt.Errorf("GET %s: %s", w.MetricsPath, resp.Status)
 	}
-	return ParseEngineMetrics(resp.Body, s.PowerMetrics)
+	return ParseEngineMetrics(resp.Body, s.powerMetrics)
 }
 
 // smooth folds sample x into the exponentially smoothed v (0: none yet).

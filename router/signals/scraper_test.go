@@ -10,12 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/router/discovery"
-	"github.com/oasis-llm/oasis/router/metrics"
 )
 
 func TestScraperEngineAndPower(t *testing.T) {
@@ -32,8 +29,8 @@ func TestScraperEngineAndPower(t *testing.T) {
 	defer e.Close()
 	pool := discovery.NewPool()
 	pool.Set([]discovery.Instance{{ID: "w", Address: strings.TrimPrefix(e.URL, "http://"), Meta: map[string]string{discovery.MetaModel: "m"}}})
-	s := &Scraper{Pool: pool, HTTP: e.Client(), Log: hclog.NewNullLogger(), Metrics: metrics.New(prometheus.NewRegistry()),
-		PowerMetrics: DefaultPowerMetrics, state: map[string]*workerState{}, nodeW: map[string]float64{}}
+	s, err := NewScraper(ScraperConfig{Pool: pool, HTTP: e.Client()})
+	must.NoError(t, err)
 	w := pool.Workers("m")[0]
 
 	s.scrapeAll(context.Background(), time.Second)
@@ -81,8 +78,9 @@ func TestScraperNodePowerSplit(t *testing.T) {
 		{ID: "a", Address: addr, Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}},
 		{ID: "b", Address: addr, Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}},
 	})
-	s := &Scraper{Pool: pool, HTTP: e.Client(), Log: hclog.NewNullLogger(), Metrics: metrics.New(prometheus.NewRegistry()),
-		state: map[string]*workerState{}, nodeW: map[string]float64{"n1": 600}}
+	s, err := NewScraper(ScraperConfig{Pool: pool, HTTP: e.Client()})
+	must.NoError(t, err)
+	s.nodeW["n1"] = 600
 	s.scrapeAll(context.Background(), time.Second)
 	// Router-counted tokens stand in for an engine without a token counter.
 	for _, w := range pool.Workers("m") {

@@ -56,7 +56,8 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	r.watcher, err = policy.NewWatcher(policy.WatcherConfig{Client: client, Key: r.key, Terms: terms, Metrics: r.m, Logger: log})
 	must.NoError(t, err)
 	tr := gateway.NewEngineTransport(gateway.EngineTransportConfig{DialTimeout: time.Second})
-	sc := &signals.Scraper{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Log: log, Metrics: r.m}
+	sc, err := signals.NewScraper(signals.ScraperConfig{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Logger: log, Metrics: r.m})
+	must.NoError(t, err)
 	var wg sync.WaitGroup
 	for _, f := range []func(){func() { src.Run(ctx, r.pool) }, func() { r.watcher.Run(ctx) }, func() { sc.Run(ctx) }} {
 		wg.Add(1)
