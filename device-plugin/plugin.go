@@ -88,8 +88,11 @@ var _ device.DevicePlugin = (*Plugin)(nil)
 // New returns a plugin that reads GPUs through lib (nvml.New() in
 // production, a go-nvml mock in tests). It does not touch NVML until the
 // first Fingerprint: Nomad starts each plugin once just to validate its
-// config.
+// config. A nil logger discards the plugin's logs.
 func New(logger hclog.Logger, lib nvml.Interface) *Plugin {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
 	return &Plugin{
 		logger:    logger.Named(PluginName),
 		lib:       lib,

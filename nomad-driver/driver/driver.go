@@ -48,8 +48,12 @@ type Driver struct {
 	timing         healthTiming
 }
 
-// New returns the driver; ctx bounds its background work.
+// New returns the driver; ctx bounds its background work. A nil logger
+// discards the driver's logs.
 func New(ctx context.Context, logger hclog.Logger) *Driver {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
 	logger = logger.Named(PluginName)
 	return &Driver{
 		ctx:            ctx,

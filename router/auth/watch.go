@@ -7,6 +7,7 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/oasis-llm/oasis/router/metrics"
 )
@@ -28,7 +29,15 @@ func (a *Authenticator) LoadFile(path string) error {
 // WatchKV keeps a's key set equal to the document at key in Consul KV, with
 // blocking queries, until ctx ends. An invalid document is rejected and the
 // current keys stay; a missing key means no keys (every request refused).
+// Reloads are counted in m and logged to log; nil counts them in collectors
+// registered nowhere and discards the logs.
 func (a *Authenticator) WatchKV(ctx context.Context, client *consulapi.Client, key string, m *metrics.Metrics, log hclog.Logger) {
+	if m == nil {
+		m = metrics.New(prometheus.NewRegistry())
+	}
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
 	log = log.Named("auth")
 	var index, seen uint64
 	for ctx.Err() == nil {
