@@ -423,7 +423,8 @@ func TestDriver_OpenAICompat(t *testing.T) {
 	_, _, err = h.StartTask(task2.cfg)
 	must.ErrorContains(t, err, "endpoint: openai_compat endpoint unreachable")
 	var rec nstructs.Recoverable
-	must.True(t, errors.As(err, &rec) || strings.Contains(err.Error(), "unreachable"))
+	must.True(t, errors.As(err, &rec), must.Sprintf("%T", err))
+	must.True(t, rec.IsRecoverable())
 }
 
 // TestDriver_OpenAICompatEndpointGoesAway: three failed checks in a row end

@@ -2,14 +2,16 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"github.com/oasis-llm/oasis/internal/gobuild"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/oasis-llm/oasis/internal/gobuild"
 )
 
 // simBinEnv carries the oasis-sim binary built by the parent test process.
@@ -103,7 +105,8 @@ func reexecUnprivileged() int {
 	cmd.Env = append(os.Environ(), simBinEnv+"="+filepath.Join(dir, "oasis-sim"), "HOME="+tmp, "TMPDIR="+tmp)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			return ee.ExitCode()
 		}
 		return fail("running as nobody: %v", err)

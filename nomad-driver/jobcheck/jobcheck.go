@@ -7,10 +7,12 @@
 package jobcheck
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
+	"slices"
 	"strings"
 
 	nomadapi "github.com/hashicorp/nomad/api"
@@ -77,27 +79,59 @@ func Check(job *nomadapi.Job) []Result {
 
 // decode maps a parsed config block onto the task config; unknown fields
 // and wrong types are errors naming the field, as the client's schema check.
+// encoding/json's unknown-field error has no type to check for, so the
+// block's keys are checked against the config's fields here. The decoder
+// reads the keys in sorted order and reports the first bad one; so does
+// decode, by decoding the keys before the first unknown one on their own.
 func decode(raw map[string]interface{}) (config.TaskConfig, error) {
+	keys := slices.Sorted(maps.Keys(raw))
+	for i, k := range keys {
+		if taskFields[strings.ToLower(k)] {
+			continue
+		}
+		before := make(map[string]interface{}, i)
+		for _, k := range keys[:i] {
+			before[k] = raw[k]
+		}
+		if tc, err := decodeKnown(before); err != nil {
+			return tc, err
+		}
+		return config.TaskConfig{}, &config.FieldError{Field: k, Msg: "unknown field (see nomad-driver/README.md for the task config reference)"}
+	}
+	return decodeKnown(raw)
+}
+
+// decodeKnown is decode for a block whose keys are all fields.
+func decodeKnown(raw map[string]interface{}) (config.TaskConfig, error) {
 	var tc config.TaskConfig
 	b, err := json.Marshal(raw)
 	if err != nil {
 		return tc, fmt.Errorf("encoding config block: %w", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&tc); err != nil {
+	if err := json.Unmarshal(b, &tc); err != nil {
 		var te *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &te):
+		if errors.As(err, &te) {
 			return tc, &config.FieldError{Field: te.Field, Msg: fmt.Sprintf("wrong type: got %s, want %s", te.Value, te.Type)}
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-			return tc, &config.FieldError{Field: name, Msg: "unknown field (see nomad-driver/README.md for the task config reference)"}
 		}
 		return tc, fmt.Errorf("decoding config block: %w", err)
 	}
 	return tc, nil
 }
+
+// taskFields holds the task config's JSON field names in lower case: the
+// decoder matches keys to them regardless of case.
+var taskFields = func() map[string]bool {
+	t := reflect.TypeFor[config.TaskConfig]()
+	names := make(map[string]bool, t.NumField())
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		names[strings.ToLower(name)] = true
+	}
+	return names
+}()
 
 // gpus stands in for the device plugin's reservation: one id per GPU the
 // task requests (device "gpu", "nvidia/gpu" or "nvidia/gpu/<model>").
