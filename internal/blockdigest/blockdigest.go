@@ -84,18 +84,6 @@ func FromUint64s(hi, lo uint64) Digest {
 	return d
 }
 
-// Parse decodes the hex form of a digest.
-func Parse(s string) (Digest, error) {
-	var d Digest
-	if hex.DecodedLen(len(s)) != Size {
-		return d, fmt.Errorf("parsing digest %q: want %d hex characters", s, 2*Size)
-	}
-	if _, err := hex.Decode(d[:], []byte(s)); err != nil {
-		return d, fmt.Errorf("parsing digest %q: %w", s, err)
-	}
-	return d, nil
-}
-
 // Domain separates digest spaces: the same tokens under another model, LoRA
 // adapter or cache salt give unrelated digests.
 type Domain struct {

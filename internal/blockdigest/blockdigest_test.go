@@ -2,8 +2,10 @@ package blockdigest
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -232,4 +234,16 @@ func BenchmarkAppendDigests(b *testing.B) {
 		dst = h.AppendDigests(dst[:0], Root, toks)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*256), "ns/block")
+}
+
+// Parse decodes the hex form of a digest.
+func Parse(s string) (Digest, error) {
+	var d Digest
+	if hex.DecodedLen(len(s)) != Size {
+		return d, fmt.Errorf("parsing digest %q: want %d hex characters", s, 2*Size)
+	}
+	if _, err := hex.Decode(d[:], []byte(s)); err != nil {
+		return d, fmt.Errorf("parsing digest %q: %w", s, err)
+	}
+	return d, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -551,4 +552,13 @@ func FuzzDecode(f *testing.F) {
 		}
 		must.Eq(t, len(b.Events), len(b2.Events))
 	})
+}
+
+// Replay asks the engine's replay endpoint for every buffered batch with seq >= from.
+// It does not change what Next reports.
+func (s *Subscriber) Replay(ctx context.Context, from int64) ([]Message, error) {
+	if s.cfg.ReplayEndpoint == "" {
+		return nil, errors.New("kv-events replay: no replay endpoint configured")
+	}
+	return Replay(ctx, s.cfg.ReplayEndpoint, s.cfg.Topic, from)
 }

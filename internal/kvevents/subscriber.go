@@ -227,15 +227,6 @@ func (s *Subscriber) Next(ctx context.Context) (Message, error) {
 	}
 }
 
-// Replay asks the engine's replay endpoint for every buffered batch with seq >= from.
-// It does not change what Next reports.
-func (s *Subscriber) Replay(ctx context.Context, from int64) ([]Message, error) {
-	if s.cfg.ReplayEndpoint == "" {
-		return nil, errors.New("kv-events replay: no replay endpoint configured")
-	}
-	return Replay(ctx, s.cfg.ReplayEndpoint, s.cfg.Topic, from)
-}
-
 // Replay fetches buffered batches with seq >= from from a replay endpoint.
 func Replay(ctx context.Context, endpoint, topic string, from int64) ([]Message, error) {
 	ctx, cancel := context.WithCancel(ctx)

@@ -1,7 +1,9 @@
 package config
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/shoenig/test/must"
@@ -27,4 +29,25 @@ func TestNormalizeDefaults(t *testing.T) {
 	must.EqOp(t, 0, c.BlockSize)
 	must.False(t, c.EventsOn())
 	must.EqOp(t, OffloadNone, c.KVOffload)
+}
+
+// Matrix renders the support table as Markdown for the README.
+func Matrix() string {
+	var b strings.Builder
+	b.WriteString("| engine | " + strings.Join(Offloads, " | ") + " |\n|---|" + strings.Repeat("---|", len(Offloads)) + "\n")
+	for _, e := range Engines {
+		b.WriteString("| " + e + " |")
+		for _, o := range Offloads {
+			roles := matrix[e][o].roles
+			cell := "—"
+			if len(roles) == 3 {
+				cell = "all"
+			} else if len(roles) > 0 {
+				cell = strings.Join(roles, ", ")
+			}
+			fmt.Fprintf(&b, " %s |", cell)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 )
@@ -87,25 +86,4 @@ func orNone(s []string) string {
 		return "none (no kv_offload works with this role)"
 	}
 	return strings.Join(s, ", ")
-}
-
-// Matrix renders the support table as Markdown for the README.
-func Matrix() string {
-	var b strings.Builder
-	b.WriteString("| engine | " + strings.Join(Offloads, " | ") + " |\n|---|" + strings.Repeat("---|", len(Offloads)) + "\n")
-	for _, e := range Engines {
-		b.WriteString("| " + e + " |")
-		for _, o := range Offloads {
-			roles := matrix[e][o].roles
-			cell := "—"
-			if len(roles) == 3 {
-				cell = "all"
-			} else if len(roles) > 0 {
-				cell = strings.Join(roles, ", ")
-			}
-			fmt.Fprintf(&b, " %s |", cell)
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
 }

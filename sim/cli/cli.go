@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -623,18 +622,3 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 
 const usage = `usage: oasis-sim serve MODEL [flags]     (flags as vllm serve; see sim/README.md)
        oasis-sim --version`
-
-// IgnoredFlagNames returns the sorted names of accepted-but-unmodelled flags.
-func (o *Options) IgnoredFlagNames() []string {
-	var names []string
-	seen := map[string]bool{}
-	for _, ig := range o.Ignored {
-		n, _, _ := strings.Cut(ig, " ")
-		if !seen[n] {
-			seen[n] = true
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
-	return names
-}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -173,4 +174,19 @@ func TestServeRunsAndStops(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not stop")
 	}
+}
+
+// IgnoredFlagNames returns the sorted names of accepted-but-unmodelled flags.
+func (o *Options) IgnoredFlagNames() []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, ig := range o.Ignored {
+		n, _, _ := strings.Cut(ig, " ")
+		if !seen[n] {
+			seen[n] = true
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
 }

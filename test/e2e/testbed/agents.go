@@ -218,9 +218,6 @@ func (s *Stack) RestartNomad(ctx context.Context) error {
 // NomadLog returns the last lines of the Nomad agent's log, for test failure messages.
 func (s *Stack) NomadLog() string { return s.tail("nomad.log") }
 
-// ConsulLog returns the last lines of the Consul agent's log.
-func (s *Stack) ConsulLog() string { return s.tail("consul.log") }
-
 func (s *Stack) tail(name string) string {
 	data, err := os.ReadFile(filepath.Join(s.Dir, name))
 	if err != nil {
