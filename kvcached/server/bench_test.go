@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/kvcached/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -60,28 +61,13 @@ func redisServer(b *testing.B) *redis.Client {
 	if err != nil {
 		b.Skip("redis-server not installed (Debian package redis-server)")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
+	port := testutil.FreePort(b)
+	testutil.Start(b, exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"))
 	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), PoolSize: 1})
-	b.Cleanup(func() {
-		c.Close()
-		cmd.Process.Kill()
-		cmd.Wait()
+	b.Cleanup(func() { c.Close() })
+	testutil.Eventually(b, 5*time.Second, "redis-server to answer PING", func() bool {
+		return c.Ping(context.Background()).Err() == nil
 	})
-	for i := 0; c.Ping(context.Background()).Err() != nil; i++ {
-		if i > 100 {
-			b.Fatal("redis-server did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	return c
 }
 
