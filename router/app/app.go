@@ -175,11 +175,11 @@ func (a *App) initPool() error {
 		return err
 	}
 	// Upstreams alone first, so that an error names the flag at fault.
-	hosted, err := discovery.ParseHostedPolicy(a.cfg.HostedUpstreams, nil)
-	if err != nil {
+	if _, err := discovery.ParseHostedPolicy(a.cfg.HostedUpstreams, nil); err != nil {
 		return flagErr("-hosted-upstreams", "%w", err)
 	}
-	if hosted, err = discovery.ParseHostedPolicy(a.cfg.HostedUpstreams, a.cfg.HostedKeyEnvs); err != nil {
+	hosted, err := discovery.ParseHostedPolicy(a.cfg.HostedUpstreams, a.cfg.HostedKeyEnvs)
+	if err != nil {
 		return flagErr("-hosted-key-envs", "%w", err)
 	}
 	a.pool = discovery.NewPool(discovery.WithHostedPolicy(hosted), discovery.WithMetrics(a.m),

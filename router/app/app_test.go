@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,9 +29,6 @@ type engine struct {
 	*httptest.Server
 	events int
 	gap    time.Duration
-
-	mu   sync.Mutex
-	seen int
 }
 
 func newEngine(t *testing.T, events int, gap time.Duration) *engine {
@@ -41,8 +37,6 @@ func newEngine(t *testing.T, events int, gap time.Duration) *engine {
 	t.Cleanup(e.Close)
 	return e
 }
-
-func (e *engine) requests() int { e.mu.Lock(); defer e.mu.Unlock(); return e.seen }
 
 func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/metrics" {
@@ -56,9 +50,6 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	e.mu.Lock()
-	e.seen++
-	e.mu.Unlock()
 	if !body.Stream {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":"hello","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
