@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -82,57 +83,57 @@ func (rl *relay) emit(data []byte, firstToken bool) bool {
 // event carries a token (or an error, or the end), or until wait passes.
 // An error means nothing was sent and the attempt may be retried.
 func (rl *relay) hold(wait time.Duration) error {
-	var held holdBuffer
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	type result struct {
-		n   int
-		err error
-	}
-	// The body is read on a helper goroutine so that the wait can end
-	// while a read is blocked; once the hold ends, reads return to the
-	// handler's goroutine.
-	res := make(chan result, 1)
+	var (
+		mu    sync.Mutex // orders the handler's reads with the timer's send
+		held  holdBuffer
+		late  bool // the bound passed: the timer sent the head and the held bytes
+		ended bool // hold returned: the timer must not touch the writer
+	)
+	// The bound can pass while a read is blocked. The timer then sends the
+	// head and the held bytes itself: the handler, blocked in Read, is not
+	// using the writer, and the stream can no longer be retried.
+	t := time.AfterFunc(wait, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended {
+			return
+		}
+		late = true
+		rl.commit()
+		rl.clientGone = !rl.emit(held.data, false)
+	})
+	defer t.Stop()
 	for {
-		go func() {
-			n, err := rl.resp.Body.Read(rl.buf)
-			res <- result{n, err}
-		}()
-		var rd result
-		select {
-		case rd = <-res:
-		case <-deadline.C:
-			// The first token is late: the client gets the head now and
-			// the stream can no longer be retried.
-			rl.commit()
-			ok := rl.emit(held.data, false)
-			rd = <-res
-			if ok && rd.n > 0 {
-				ok = rl.emit(rl.buf[:rd.n], true)
+		n, err := rl.resp.Body.Read(rl.buf)
+		mu.Lock()
+		if late {
+			if n > 0 && !rl.clientGone {
+				rl.clientGone = !rl.emit(rl.buf[:n], true)
 			}
-			rl.pending, rl.clientGone = rd.err, !ok
+			rl.pending, ended = err, true
+			mu.Unlock()
 			return nil
 		}
-		if rd.n > 0 {
+		release := false
+		if n > 0 {
 			rl.timer.streaming(rl.x.pol.Timeouts.StreamIdle)
-			if held.feed(rl.buf[:rd.n]) {
-				rl.commit()
-				rl.clientGone = !rl.emit(held.data, true)
-				rl.pending = rd.err
-				return nil
-			}
+			release = held.feed(rl.buf[:n])
 		}
-		if errors.Is(rd.err, io.EOF) {
-			// The engine ended its answer itself (a crash cuts it short:
-			// io.ErrUnexpectedEOF): whatever it sent is the answer.
+		// A clean end (io.EOF) means the engine ended its answer itself (a
+		// crash cuts it short: io.ErrUnexpectedEOF): what it sent is the answer.
+		if release || errors.Is(err, io.EOF) {
 			rl.commit()
 			rl.clientGone = !rl.emit(held.data, true)
-			rl.pending = rd.err
+			rl.pending, ended = err, true
+			mu.Unlock()
 			return nil
 		}
-		if rd.err != nil {
-			return rd.err
+		if err != nil {
+			ended = true
+			mu.Unlock()
+			return err
 		}
+		mu.Unlock()
 	}
 }
 
