@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -18,53 +15,10 @@ import (
 	"github.com/shoenig/test/wait"
 )
 
-// consulBinary finds a real consul: $OASIS_CONSUL_BIN, the repository's
-// bin/consul (built by the lead's tools), or PATH.
-func consulBinary() string {
-	if p := os.Getenv("OASIS_CONSUL_BIN"); p != "" {
-		return p
-	}
-	if p, err := filepath.Abs("../../bin/consul"); err == nil {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	p, _ := exec.LookPath("consul")
-	return p
-}
-
 func port(t *testing.T, addr string) string {
 	_, p, err := net.SplitHostPort(addr)
 	must.NoError(t, err)
 	return p
-}
-
-// startConsul runs a real Consul dev agent on free loopback ports.
-func startConsul(t *testing.T) (*consulapi.Client, string) {
-	t.Helper()
-	bin := consulBinary()
-	if bin == "" {
-		skipUnlessCI(t, "no consul binary: set OASIS_CONSUL_BIN or build bin/consul (make hashistack)")
-	}
-	httpAddr := testutil.FreeAddr(t)
-	args := []string{"agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
-		"-http-port", port(t, httpAddr), "-dns-port", "-1",
-		"-serf-lan-port", strconv.Itoa(testutil.FreePort(t)), "-serf-wan-port", strconv.Itoa(testutil.FreePort(t)),
-		"-server-port", strconv.Itoa(testutil.FreePort(t)), "-grpc-port", "-1", "-grpc-tls-port", "-1",
-		"-data-dir", t.TempDir(), "-log-level", "warn"}
-	testutil.Start(t, exec.Command(bin, args...))
-	cfg := consulapi.DefaultConfig()
-	cfg.Address = httpAddr
-	client, err := consulapi.NewClient(cfg)
-	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
-		leader, err := client.Status().Leader()
-		if err == nil && leader == "" {
-			return wait.ErrTimeoutExceeded
-		}
-		return err
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
-	return client, httpAddr
 }
 
 // TestPeersFromConsulCatalog registers two kvcached instances in a real
@@ -72,7 +26,7 @@ func startConsul(t *testing.T) (*consulapi.Client, string) {
 // oasis_quic_port) and checks they find and fetch from each other, and that
 // a deregistered instance leaves the peer set.
 func TestPeersFromConsulCatalog(t *testing.T) {
-	client, consulAddr := startConsul(t)
+	client, consulAddr := testutil.StartConsul(t)
 	dir := t.TempDir()
 	ca := testcerts.NewCA(t, "oasis test CA")
 	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", peer.DefaultServerName)
@@ -113,14 +67,4 @@ func TestPeersFromConsulCatalog(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		return b.metric(t, "oasis_kvcached_peers_healthy") == 0
 	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
-}
-
-// skipUnlessCI skips a test whose prerequisite is missing on a developer's machine, but fails it
-// in CI, where `make test` provides every prerequisite and a skip would pass unnoticed.
-func skipUnlessCI(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
 }

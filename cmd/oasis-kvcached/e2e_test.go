@@ -218,11 +218,11 @@ func TestPeersFetchOverQUICWithMutualTLS(t *testing.T) {
 // and says so in a metric and /health.
 func TestFullDiskDegradesToRAMOnly(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipUnlessCI(t, "mounting a tmpfs needs root")
+		testutil.SkipUnlessCI(t, "mounting a tmpfs needs root")
 	}
 	dir := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
-		skipUnlessCI(t, fmt.Sprintf("cannot mount tmpfs: %v %s", err, out))
+		testutil.SkipUnlessCI(t, fmt.Sprintf("cannot mount tmpfs: %v %s", err, out))
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 	p := start(t, "--ram-bytes", "64MiB", "--disk-bytes", "64MiB", "--data-dir", dir)

@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 )
 
 // engine is an httptest OpenAI-compatible engine. A completion whose prompt
@@ -226,7 +226,7 @@ func TestStaticEngineNamesItsEngine(t *testing.T) {
 	cfg := baseConfig(t)
 	cfg.Engines = []StaticEngine{{Model: "m", Address: "127.0.0.1:1", Engine: "sim"}, {Model: "m", Address: "127.0.0.1:2"}}
 	r := start(t, cfg)
-	must.Wait(t, waitFor(func() bool { return len(r.Pool().Workers("m")) == 2 }))
+	testutil.Eventually(t, 10*time.Second, "both static engines in the pool", func() bool { return len(r.Pool().Workers("m")) == 2 })
 	ws := r.Pool().Workers("m")
 	must.Eq(t, "sim", ws[0].Engine)
 	must.Eq(t, "", ws[1].Engine)
@@ -316,14 +316,14 @@ func TestRunDrainsInFlightStream(t *testing.T) {
 	must.Eq(t, wantEvents(events)[0]+"\n", first)
 
 	r.cancel()
-	must.Wait(t, waitFor(func() bool {
+	testutil.Eventually(t, 10*time.Second, "the router to stop serving", func() bool {
 		ready, err := http.Get(r.url("http") + "/ready")
 		if err != nil {
 			return true // the listener is closed
 		}
 		ready.Body.Close()
 		return ready.StatusCode == http.StatusServiceUnavailable
-	}))
+	})
 	select {
 	case err := <-r.done:
 		t.Fatalf("Run returned before the stream ended: %v", err)
@@ -381,10 +381,6 @@ func TestMaxConnections(t *testing.T) {
 	must.NoError(t, err)
 	resp.Body.Close()
 	must.Eq(t, http.StatusOK, resp.StatusCode)
-}
-
-func waitFor(f func() bool) *wait.Constraint {
-	return wait.InitialSuccess(wait.BoolFunc(f), wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond))
 }
 
 // The routing decisions teach the router which prompts a worker without KV

@@ -1,15 +1,9 @@
 package app
 
 import (
-	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,8 +11,8 @@ import (
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/discovery"
 )
 
@@ -125,7 +119,7 @@ func TestHostedUpstreamNeedsAllowList(t *testing.T) {
 			cfg.Engines[0].Model = "local"
 			cfg.HostedUpstreams, cfg.HostedKeyEnvs = tc.upstreams(c), tc.keyEnvs(c)
 			r := start(t, cfg)
-			must.Wait(t, waitFor(func() bool { return len(r.Pool().Workers("local")) == 1 }))
+			testutil.Eventually(t, 10*time.Second, "the local engine in the pool", func() bool { return len(r.Pool().Workers("local")) == 1 })
 			r.Pool().Set(append(instances(cfg.Engines), discovery.Instance{ID: "hosted-1", Address: "127.0.0.1:1",
 				Meta: hostedRegistration(c)}))
 			checkHosted(t, r, c, tc.used)
@@ -138,7 +132,7 @@ func TestHostedUpstreamNeedsAllowList(t *testing.T) {
 
 // The same exploit through a real Consul agent's registration.
 func TestHostedUpstreamFromConsulNeedsAllowList(t *testing.T) {
-	consul, addr := startConsul(t)
+	consul, addr := testutil.StartConsul(t)
 	t.Setenv(secretEnv, "sk-do-not-leak")
 	for _, tc := range hostedCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,72 +145,13 @@ func TestHostedUpstreamFromConsulNeedsAllowList(t *testing.T) {
 			cfg.Discovery, cfg.ConsulAddr = DiscoveryConsul, addr
 			cfg.HostedUpstreams, cfg.HostedKeyEnvs = tc.upstreams(c), tc.keyEnvs(c)
 			r := start(t, cfg)
-			must.Wait(t, waitFor(func() bool {
+			testutil.Eventually(t, 10*time.Second, "the registration to be used or refused", func() bool {
 				if tc.used {
 					return len(r.Pool().Workers("m")) == 1
 				}
 				return r.Pool().Synced() && rejected(t, cfg.Registry, tc.wantRejectedByReason) == 1
-			}))
+			})
 			checkHosted(t, r, c, tc.used)
 		})
 	}
-}
-
-// consulBinary finds a real consul: $OASIS_CONSUL_BIN, the repository's
-// bin/consul (make hashistack), or PATH.
-func consulBinary() string {
-	if p := os.Getenv("OASIS_CONSUL_BIN"); p != "" {
-		return p
-	}
-	if p, err := filepath.Abs("../../bin/consul"); err == nil {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	p, _ := exec.LookPath("consul")
-	return p
-}
-
-// startConsul runs a Consul dev agent on free loopback ports.
-func startConsul(t *testing.T) (*consulapi.Client, string) {
-	t.Helper()
-	bin := consulBinary()
-	if bin == "" {
-		t.Skip("no consul binary: set OASIS_CONSUL_BIN or run make hashistack (bin/consul)")
-	}
-	httpAddr := freePort(t)
-	port := func(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
-	cmd := exec.Command(bin, "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
-		"-http-port", port(httpAddr), "-dns-port", "-1", "-serf-lan-port", port(freePort(t)),
-		"-serf-wan-port", port(freePort(t)), "-server-port", port(freePort(t)), "-grpc-port", "-1",
-		"-grpc-tls-port", "-1", "-data-dir", t.TempDir(), "-log-level", "warn")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	must.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			t.Logf("consul output:\n%s", out.String())
-		}
-	})
-	cc := consulapi.DefaultConfig()
-	cc.Address = httpAddr
-	client, err := consulapi.NewClient(cc)
-	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		leader, err := client.Status().Leader()
-		return err == nil && leader != ""
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
-	return client, httpAddr
-}
-
-// freePort returns a loopback address no one listens on now.
-func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer ln.Close()
-	return strings.Replace(ln.Addr().String(), "[::1]", "127.0.0.1", 1)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 )
 
@@ -178,14 +179,14 @@ func TestCertificateRotationKeepsStreams(t *testing.T) {
 	must.NoError(t, err)
 
 	p.writeServer(t, "second")
-	must.Wait(t, waitFor(func() bool {
+	testutil.Eventually(t, 10*time.Second, "new connections to see the rotated certificate", func() bool {
 		c, err := tls.Dial("tcp", r.Addr().String(), &tls.Config{RootCAs: tlsfilestest.Pool(p.serverCA)})
 		if err != nil {
 			return false
 		}
 		defer c.Close()
 		return c.ConnectionState().PeerCertificates[0].Subject.CommonName == "second"
-	}))
+	})
 	fresh := complete(t, p.httpClient(t, true), r.url("https"), false)
 	must.Eq(t, http.StatusOK, fresh.StatusCode)
 	must.Eq(t, "second", fresh.TLS.PeerCertificates[0].Subject.CommonName)

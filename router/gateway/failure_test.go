@@ -17,6 +17,7 @@ import (
 
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -131,7 +132,7 @@ func TestFailureBeforeFirstTokenIsRetried(t *testing.T) {
 			must.Eq(t, want, resp.StatusCode)
 			must.Eq(t, code, *readErr(t, resp).Error.Code)
 			// The frozen engine held neither the request nor its worker slot.
-			eventually(t, func() bool { return value(h.m.WorkerInFlight.WithLabelValues("m", "a")) == 0 })
+			testutil.Eventually(t, 5*time.Second, "the worker's in-flight gauge to return to 0", func() bool { return value(h.m.WorkerInFlight.WithLabelValues("m", "a")) == 0 })
 		})
 	}
 }
@@ -400,5 +401,5 @@ func TestIdleEngineConnectionsClosedWithTheEngine(t *testing.T) {
 	}
 	e.CloseClientConnections() // the engine goes away, closing its side of each pooled connection
 	time.Sleep(200 * time.Millisecond)
-	eventually(t, func() bool { return closeWaitTo(t, port) == 0 })
+	testutil.Eventually(t, 5*time.Second, "no socket to the engine in CLOSE_WAIT", func() bool { return closeWaitTo(t, port) == 0 })
 }

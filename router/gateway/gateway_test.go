@@ -21,8 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -162,7 +162,7 @@ func TestBodyForwardedUnchanged(t *testing.T) {
 	must.NotEq(t, "", resp.Header.Get("X-Request-Id"))
 	// Usage is taken from the engine's answer (recorded as the handler ends,
 	// which may be just after the client has the body).
-	eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "200", "a")) == 1 })
+	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return value(h.m.Requests.WithLabelValues("m", "200", "a")) == 1 })
 	must.Eq(t, 5.0, value(h.m.Tokens.WithLabelValues("m", "a", "completion")))
 }
 
@@ -256,7 +256,7 @@ func TestStreamingFlushesEachEvent(t *testing.T) {
 	rest, err := io.ReadAll(br)
 	must.NoError(t, err)
 	must.StrContains(t, string(rest), "[DONE]")
-	eventually(t, func() bool { return value(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
+	testutil.Eventually(t, 5*time.Second, "the usage to be counted", func() bool { return value(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
 }
 
 func TestRetryBeforeFirstByte(t *testing.T) {
@@ -427,7 +427,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 	close(release)
 	must.Eq(t, 200, <-results)
 	must.Eq(t, 200, <-results)
-	eventually(t, func() bool { return value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")) == 1 })
+	testutil.Eventually(t, 5*time.Second, "the refusal to be counted", func() bool { return value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")) == 1 })
 	must.Eq(t, 0.0, value(h.m.Queued.WithLabelValues("m")))
 }
 
@@ -524,11 +524,6 @@ func TestPolicySpreadsRequests(t *testing.T) {
 	must.Eq(t, []int64{10, 10, 10}, []int64{a.Load(), b.Load(), c.Load()})
 }
 
-func eventually(t *testing.T, cond func() bool) {
-	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(5*time.Second), wait.Gap(time.Millisecond)))
-}
-
 // value reads a counter or gauge.
 func value(c prometheus.Metric) float64 {
 	var m dto.Metric
@@ -594,7 +589,7 @@ func TestDeadlineMidStreamEndsWithErrorEvent(t *testing.T) {
 	must.NoError(t, err)
 	must.StrContains(t, string(body), `{"i":0}`)
 	must.Eq(t, "deadline_exceeded", errorEventCode(t, string(body)))
-	eventually(t, func() bool { return value(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
+	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return value(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
 }
 
 func TestRequestIDsAreUnique(t *testing.T) {

@@ -27,6 +27,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
@@ -72,7 +73,7 @@ func startRouterTLS(t *testing.T, prefix string) *routerProc {
 
 func startRouterWith(t *testing.T, prefix, scheme string, client *http.Client, extra ...string) *routerProc {
 	t.Helper()
-	ports, err := testbed.FreePorts(1)
+	ports, err := testutil.FreePorts(1)
 	must.NoError(t, err)
 	r := &routerProc{url: scheme + "://127.0.0.1:" + strconv.Itoa(ports[0]), key: prefix + "/policy", client: client,
 		done: make(chan struct{}), log: filepath.Join(t.TempDir(), "router.log")}

@@ -15,10 +15,6 @@ import (
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
-// FreePorts is testutil.FreePorts, kept for the tests under test/e2e/router
-// until they call it directly.
-func FreePorts(n int) ([]int, error) { return testutil.FreePorts(n) }
-
 func (s *Stack) startConsul(ctx context.Context) error {
 	ports, err := testutil.FreePorts(4)
 	if err != nil {

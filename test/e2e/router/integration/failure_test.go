@@ -15,10 +15,9 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
-
-	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
 // These tests kill (SIGKILL) or freeze (SIGSTOP) a real oasis-sim behind the
@@ -41,9 +40,9 @@ func (r *router) setPolicy(t *testing.T, c *consulapi.Client, doc string) {
 // test ends so that it can be killed.
 func (s *sim) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	must.NoError(t, s.cmd.Process.Signal(sig))
+	must.NoError(t, syscall.Kill(s.Pid(), sig))
 	if sig == syscall.SIGSTOP {
-		t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+		t.Cleanup(func() { _ = syscall.Kill(s.Pid(), syscall.SIGCONT) })
 	}
 }
 
@@ -153,7 +152,7 @@ func TestEngineFailsMidStream(t *testing.T) {
 // address nothing listens on: requests get 503 with Retry-After (the model
 // may exist; discovery has not answered), never 404.
 func TestConsulDownAtStartup(t *testing.T) {
-	ports, err := testbed.FreePorts(2)
+	ports, err := testutil.FreePorts(2)
 	must.NoError(t, err)
 	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()

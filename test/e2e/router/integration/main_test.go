@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	consulapi "github.com/hashicorp/consul/api"
 
 	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -84,7 +84,7 @@ func startConsul(dir string) (*agent, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := testbed.FreePorts(4)
+	ports, err := testutil.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
@@ -145,60 +145,20 @@ func (a *agent) stop() {
 }
 
 // sim is one oasis-sim process.
-type sim struct {
-	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
+type sim struct{ *testutil.Sim }
 
 // startSim runs oasis-sim serving model on a free port and waits for /health.
 func startSim(t *testing.T, model string, extra ...string) *sim {
 	t.Helper()
-	ports, err := testbed.FreePorts(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sim{addr: "127.0.0.1:" + strconv.Itoa(ports[0]), done: make(chan struct{})}
-	args := append([]string{"serve", model, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]), "--log-level", "warn"}, extra...)
-	s.cmd = exec.Command(simBin, args...)
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	logf, err := os.Create(filepath.Join(t.TempDir(), "sim.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.done) }()
-	t.Cleanup(s.kill)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
-		if resp, err := http.Get("http://" + s.addr + "/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("oasis-sim on %s never became healthy", s.addr)
-	return nil
-}
-
-func (s *sim) kill() {
-	if s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
+	return &sim{testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model,
+		Args: append([]string{"--log-level", "warn"}, extra...)})}
 }
 
 // register adds the sim to Consul as an oasis-engine instance with a TTL
 // check, passing from the start.
 func register(t *testing.T, c *consulapi.Client, id, model string, s *sim) {
 	t.Helper()
-	host, portS, _ := net.SplitHostPort(s.addr)
+	host, portS, _ := net.SplitHostPort(s.Addr)
 	port, _ := strconv.Atoi(portS)
 	err := c.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
 		ID: id, Name: "oasis-engine", Address: host, Port: port,

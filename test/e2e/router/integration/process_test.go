@@ -22,9 +22,9 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/metrics"
-	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
 // TestGracefulShutdownDrainsStreams runs the oasis-router binary, starts a
@@ -32,7 +32,7 @@ import (
 // router to deregister from Consul and to exit 0.
 func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	s := startSim(t, "alpha", "--speed", "1", "--step-time-base", "40ms")
-	ports, err := testbed.FreePorts(1)
+	ports, err := testutil.FreePorts(1)
 	must.NoError(t, err)
 	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()
@@ -41,7 +41,7 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	logf, err := os.Create(filepath.Join(dir, "router.log"))
 	must.NoError(t, err)
 	defer logf.Close()
-	cmd := exec.Command(routerBin, "-listen", listen, "-discovery", "static", "-engines", "alpha="+s.addr,
+	cmd := exec.Command(routerBin, "-listen", listen, "-discovery", "static", "-engines", "alpha="+s.Addr,
 		"-policy-file", pol, "-consul-addr", consul.addr, "-register", "-shutdown-timeout", "20s")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -126,23 +126,21 @@ func TestAPIKeysFromConsulKV(t *testing.T) {
 		must.NoError(t, err)
 	}
 	authed := func(k string) bool { _, err := a.Authenticate(req(k)); return err == nil }
-	eventually := func(cond func() bool) {
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
-	}
+	eventually := func(what string, cond func() bool) { testutil.Eventually(t, 5*time.Second, what, cond) }
 
 	// No document: nobody gets in.
 	must.False(t, authed("sk-one"))
 	put(fmt.Sprintf(`{"keys":[{"id":"one","sha256":%q}]}`, digest("sk-one")))
-	eventually(func() bool { return authed("sk-one") })
+	eventually("sk-one to be accepted", func() bool { return authed("sk-one") })
 	// A bad document is rejected and the keys stay.
 	put(`{"keys":[{"id":"x","sha256":"sk-two-in-clear"}]}`)
-	eventually(func() bool { return counter(m.KeyReloads.WithLabelValues("rejected")) == 1 })
+	eventually("the bad document to be rejected", func() bool { return counter(m.KeyReloads.WithLabelValues("rejected")) == 1 })
 	must.True(t, authed("sk-one"))
 	// Rotation: the old key stops working, the new one starts.
 	put(fmt.Sprintf(`{"keys":[{"id":"two","sha256":%q}]}`, digest("sk-two")))
-	eventually(func() bool { return authed("sk-two") && !authed("sk-one") })
+	eventually("the key rotation", func() bool { return authed("sk-two") && !authed("sk-one") })
 	// Deleting the document locks everyone out.
 	_, err := c.KV().Delete(key, nil)
 	must.NoError(t, err)
-	eventually(func() bool { return !authed("sk-two") })
+	eventually("everyone locked out", func() bool { return !authed("sk-two") })
 }

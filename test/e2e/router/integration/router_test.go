@@ -152,7 +152,7 @@ func TestDiscoveryJoinFailMaintenance(t *testing.T) {
 	must.Eq(t, "sim", w.Engine)
 	must.Eq(t, 16, w.BlockSize)
 	must.Eq(t, "node-e1", w.Node)
-	must.Eq(t, s1.addr, w.Address)
+	must.Eq(t, s1.Addr, w.Address)
 
 	code, _ := chat(t, r.url, "beta", false)
 	must.Eq(t, 200, code)
@@ -290,7 +290,7 @@ func TestRoutingAcrossSims(t *testing.T) {
 
 	// A sim that dies without its check failing yet costs no request: connect
 	// failures before the first byte are retried on another worker.
-	sims[1].kill()
+	_ = sims[1].Kill()
 	for range 12 {
 		code, _ := chat(t, r.url, "alpha", true)
 		must.Eq(t, 200, code)
