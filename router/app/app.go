@@ -25,9 +25,9 @@ import (
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/gomaxprocs"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
-	"github.com/oasis-llm/oasis/router/procs"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -50,8 +50,8 @@ type App struct {
 	auth    *auth.Authenticator
 	engines *http.Transport // to engines: proxying, metrics scraping, /tokenize
 	gw      *gateway.Gateway
-	tls     *tlsfiles.Files   // nil without TLS
-	procs   *procs.Controller // nil unless AdaptiveGOMAXPROCS
+	tls     *tlsfiles.Files        // nil without TLS
+	procs   *gomaxprocs.Controller // nil unless AdaptiveGOMAXPROCS
 
 	ln  net.Listener
 	srv *http.Server
@@ -131,7 +131,7 @@ func (a *App) initMetrics() error {
 	if a.cfg.AdaptiveGOMAXPROCS {
 		// Its maximum defaults to the runtime's count: the CPUs available,
 		// or $GOMAXPROCS where set.
-		pc, err := procs.New(procs.Config{Logger: a.log.Named("procs"), Registerer: a.reg})
+		pc, err := gomaxprocs.New(gomaxprocs.Config{Logger: a.log.Named("gomaxprocs"), Registerer: a.reg})
 		if err != nil {
 			return fmt.Errorf("GOMAXPROCS controller: %w", err)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
-	"github.com/oasis-llm/oasis/router/signals"
+	"github.com/oasis-llm/oasis/router/enginestats"
 )
 
 // goBackground runs f until the background context ends; Close waits for it.
@@ -32,12 +32,12 @@ func (a *App) startBackground() {
 		a.goBackground(func() { a.auth.WatchKV(a.bg, a.consul, a.cfg.KVPrefix+"/keys", a.m, a.log) })
 	}
 	if a.cfg.ScrapeInterval > 0 {
-		scrapeCfg := signals.ScraperConfig{Pool: a.pool, HTTP: &http.Client{Transport: a.engines}, Interval: a.cfg.ScrapeInterval,
-			Logger: a.log.Named("signals"), Metrics: a.m}
+		scrapeCfg := enginestats.ScraperConfig{Pool: a.pool, HTTP: &http.Client{Transport: a.engines}, Interval: a.cfg.ScrapeInterval,
+			Logger: a.log.Named("enginestats"), Metrics: a.m}
 		if a.cfg.PowerFromNomad {
 			scrapeCfg.Nomad = a.nomad
 		}
-		if sc, err := signals.NewScraper(scrapeCfg); err != nil {
+		if sc, err := enginestats.NewScraper(scrapeCfg); err != nil {
 			a.log.Error("engine metrics are not scraped", "error", err)
 		} else {
 			a.goBackground(func() { sc.Run(a.bg) })

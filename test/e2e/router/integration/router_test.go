@@ -22,11 +22,11 @@ import (
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/enginestats"
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
-	"github.com/oasis-llm/oasis/router/signals"
 )
 
 // router is an in-process oasis-router wired like cmd/oasis-router, against
@@ -56,7 +56,7 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	r.watcher, err = policy.NewWatcher(policy.WatcherConfig{Client: client, Key: r.key, Terms: terms, Metrics: r.m, Logger: log})
 	must.NoError(t, err)
 	tr := gateway.NewEngineTransport(gateway.EngineTransportConfig{DialTimeout: time.Second})
-	sc, err := signals.NewScraper(signals.ScraperConfig{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Logger: log, Metrics: r.m})
+	sc, err := enginestats.NewScraper(enginestats.ScraperConfig{Pool: r.pool, HTTP: &http.Client{Transport: tr}, Interval: 200 * time.Millisecond, Logger: log, Metrics: r.m})
 	must.NoError(t, err)
 	var wg sync.WaitGroup
 	for _, f := range []func(){func() { src.Run(ctx, r.pool) }, func() { r.watcher.Run(ctx) }, func() { sc.Run(ctx) }} {

@@ -1,6 +1,6 @@
-// Package signals gathers the live load and power signals the scoring terms
+// Package enginestats gathers the live load and power signals the scoring terms
 // read: each engine's Prometheus metrics and GPU power per Nomad node.
-package signals
+package enginestats
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-// Package procs sizes the Go scheduler (GOMAXPROCS) to the router's own CPU
+// Package gomaxprocs sizes the Go scheduler (GOMAXPROCS) to the router's own CPU
 // use. The router runs as a Nomad system job beside the engines it fronts, and
 // mostly needs a fraction of one core: with a P per CPU, every goroutine woken
 // by the network poller can start another thread spinning on an idle P, which
@@ -7,7 +7,7 @@
 // it needs more, keeps that cost off the node. When the node's CPUs are
 // saturated it runs with a P per CPU, as Go does by default: then a thread of
 // its own is often waiting for a CPU, and requests must not queue behind it.
-package procs
+package gomaxprocs
 
 import (
 	"bytes"
