@@ -8,6 +8,8 @@ import (
 	"testing"
 	"unsafe"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
 
@@ -57,7 +59,7 @@ func TestReleasedValueIsReusedAfterOverwrite(t *testing.T) {
 	s.Release(loan)
 	must.NoError(t, s.SetKey([]byte("k"), pooledVal(s, 2)))
 	must.Eq(t, int64(loanSize), s.BufferPool().Held())
-	must.Eq(t, float64(loanSize), value(s.cfg.Metrics.PoolBytes))
+	must.Eq(t, float64(loanSize), promtest.ToFloat64(s.cfg.Metrics.PoolBytes))
 	must.True(t, sameBuf(first, s.BufferPool().Get(loanSize)), must.Sprint("the overwritten value's buffer is what the next SET gets"))
 }
 

@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/shoenig/test/must"
 )
 
@@ -49,8 +50,8 @@ func TestRAMOnlyEvictsLRU(t *testing.T) {
 		must.Eq(t, TierRAM, tier)
 		must.Eq(t, 1000, len(v))
 	}
-	must.Eq(t, 1.0, value(m.Evictions.WithLabelValues("ram")))
-	must.Eq(t, 1.0, value(m.Misses))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.Evictions.WithLabelValues("ram")))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.Misses))
 	must.Eq(t, int64(3000), s.Stats().RAMBytes)
 }
 
@@ -71,7 +72,7 @@ func TestSpillPromoteEvictAndRestart(t *testing.T) {
 	must.True(t, ok)
 	must.Eq(t, TierDisk, tier)
 	must.Eq(t, val(0, 1000), v)
-	must.Eq(t, 1.0, value(m.Promotions))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.Promotions))
 	_, tier, _ = s.Get(ctx, "0")
 	must.Eq(t, TierRAM, tier)
 	// Two more blocks push the oldest ones out of the 5000-byte disk tier.
@@ -81,7 +82,7 @@ func TestSpillPromoteEvictAndRestart(t *testing.T) {
 	}
 	must.NoError(t, s.Flush(ctx))
 	must.Eq(t, 5, s.Stats().DiskBlocks)
-	must.Eq(t, 1.0, value(m.Evictions.WithLabelValues("disk")))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.Evictions.WithLabelValues("disk")))
 	must.NoError(t, s.Close())
 
 	// A restart keeps the disk tier.
@@ -121,7 +122,7 @@ func TestCorruptBlockIsAMissAndDeleted(t *testing.T) {
 		_, _, ok := s.Get(ctx, k)
 		must.False(t, ok, must.Sprint(k))
 	}
-	must.Eq(t, 2.0, value(m.Corrupt))
+	must.Eq(t, 2.0, promtest.ToFloat64(m.Corrupt))
 	must.Eq(t, 1, s.Stats().DiskBlocks)
 	_, err = os.Stat(d.path(e0.seq))
 	must.True(t, os.IsNotExist(err))
@@ -245,23 +246,11 @@ func TestDiskUnwritableDegradesToRAMOnly(t *testing.T) {
 		must.NoError(t, err)
 	}
 	must.NoError(t, s.Flush(ctx))
-	must.Eq(t, 1.0, value(m.DiskDegraded))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.DiskDegraded))
 	must.True(t, s.Stats().DiskDegraded)
 	v, _, ok := s.Get(ctx, "3")
 	must.True(t, ok)
 	must.Eq(t, val(3, 5000), v)
-}
-
-// value reads a single-series counter or gauge.
-func value(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }
 
 // TestUnindexedCompleteBlockIsRecovered simulates a crash that lost the
@@ -291,7 +280,7 @@ func TestUnindexedCompleteBlockIsRecovered(t *testing.T) {
 	}
 	_, _, ok := s2.Get(context.Background(), "lost-file")
 	must.False(t, ok)
-	must.Eq(t, 0.0, value(m.Corrupt))
+	must.Eq(t, 0.0, promtest.ToFloat64(m.Corrupt))
 }
 
 // TestSupersededBlocksAreNotWritten checks write-back coalescing: a key
@@ -311,7 +300,7 @@ func TestSupersededBlocksAreNotWritten(t *testing.T) {
 	must.NoError(t, err)
 	must.True(t, s.Delete("gone"))
 	must.NoError(t, s.Flush(context.Background()))
-	must.Eq(t, 1.0, value(m.Spills))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.Spills))
 	must.NoError(t, s.Close())
 
 	s, _ = open(t, dir, 1<<20, 1<<20)
@@ -336,7 +325,7 @@ func TestFlushWritesBlocksAFullQueueLeftOut(t *testing.T) {
 		must.NoError(t, err)
 	}
 	must.NoError(t, s.Flush(context.Background()))
-	must.Eq(t, 20.0, value(m.Spills))
+	must.Eq(t, 20.0, promtest.ToFloat64(m.Spills))
 	must.Eq(t, 20, s.Stats().DiskBlocks)
 	must.NoError(t, s.Close())
 }
@@ -361,7 +350,7 @@ func TestOverwrittenBlockEvictedBeforeItsSpill(t *testing.T) {
 	must.NoError(t, s.Flush(context.Background()))
 	// hot (evicted, written by the evicting SET), a (evicted likewise), and
 	// b and c written by Flush: one write each.
-	must.Eq(t, 4.0, value(m.Spills))
+	must.Eq(t, 4.0, promtest.ToFloat64(m.Spills))
 	must.NoError(t, s.Close())
 
 	s, _ = open(t, dir, 1<<20, 1<<20)
@@ -397,7 +386,7 @@ func TestSetKey(t *testing.T) {
 	must.Eq(t, 3, s.Len())
 	var tl *ValueTooLargeError
 	must.ErrorAs(t, s.SetKey([]byte("big"), make([]byte, 1001)), &tl)
-	must.Eq(t, 1.0, value(m.TooLarge))
+	must.Eq(t, 1.0, promtest.ToFloat64(m.TooLarge))
 }
 
 // TestPooledBlockFilesAreReusedWhole: files of overwritten blocks are pooled
@@ -441,7 +430,7 @@ func TestPooledBlockFilesAreReusedWhole(t *testing.T) {
 		must.Eq(t, TierDisk, tier)
 		must.Eq(t, val(5*4+k, sizes[(k+5)%4]), v)
 	}
-	must.Eq(t, 0.0, value(m.Corrupt))
+	must.Eq(t, 0.0, promtest.ToFloat64(m.Corrupt))
 }
 
 // TestUnindexedFileIsVerifiedBeforeRecovery: a block file without an index
@@ -486,7 +475,7 @@ func TestUnindexedFileIsVerifiedBeforeRecovery(t *testing.T) {
 		_, err := os.Stat(p)
 		must.ErrorIs(t, err, fs.ErrNotExist)
 	}
-	must.Eq(t, 0.0, value(m.Corrupt))
+	must.Eq(t, 0.0, promtest.ToFloat64(m.Corrupt))
 }
 
 // TestOverwriteInPlaceKeepsAccounting: a key rewritten with values of other

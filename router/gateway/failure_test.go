@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
@@ -116,9 +118,9 @@ func TestFailureBeforeFirstTokenIsRetried(t *testing.T) {
 			must.Eq(t, 200, resp.StatusCode)
 			must.Eq(t, roleChunk+tokenChunk("he")+tokenChunk("llo")+"data: [DONE]\n\n", readAllString(t, resp))
 			must.Eq(t, int64(1), good.Load())
-			must.Eq(t, 1.0, value(h.m.Retries.WithLabelValues("m")))
+			must.Eq(t, 1.0, promtest.ToFloat64(h.m.Retries.WithLabelValues("m")))
 			if tc.phase != "" {
-				must.Eq(t, 1.0, value(h.m.UpstreamTimeouts.WithLabelValues("m", tc.phase)))
+				must.Eq(t, 1.0, promtest.ToFloat64(h.m.UpstreamTimeouts.WithLabelValues("m", tc.phase)))
 			}
 		})
 		t.Run(tc.name+", no other worker", func(t *testing.T) {
@@ -132,7 +134,7 @@ func TestFailureBeforeFirstTokenIsRetried(t *testing.T) {
 			must.Eq(t, want, resp.StatusCode)
 			must.Eq(t, code, *readErr(t, resp).Error.Code)
 			// The frozen engine held neither the request nor its worker slot.
-			testutil.Eventually(t, 5*time.Second, "the worker's in-flight gauge to return to 0", func() bool { return value(h.m.WorkerInFlight.WithLabelValues("m", "a")) == 0 })
+			testutil.Eventually(t, 5*time.Second, "the worker's in-flight gauge to return to 0", func() bool { return promtest.ToFloat64(h.m.WorkerInFlight.WithLabelValues("m", "a")) == 0 })
 		})
 	}
 }
@@ -167,7 +169,7 @@ func TestFailureAfterFirstTokenEndsWithErrorEvent(t *testing.T) {
 			must.StrHasPrefix(t, roleChunk+tokenChunk("he"), body)
 			must.Eq(t, tc.code, errorEventCode(t, body))
 			must.Eq(t, int64(0), other.Load()) // never retried once a token was sent
-			must.Eq(t, 1.0, value(h.m.StreamErrors.WithLabelValues("m", tc.reason)))
+			must.Eq(t, 1.0, promtest.ToFloat64(h.m.StreamErrors.WithLabelValues("m", tc.reason)))
 		})
 	}
 }

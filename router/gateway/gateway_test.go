@@ -17,9 +17,10 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
@@ -162,8 +163,8 @@ func TestBodyForwardedUnchanged(t *testing.T) {
 	must.NotEq(t, "", resp.Header.Get("X-Request-Id"))
 	// Usage is taken from the engine's answer (recorded as the handler ends,
 	// which may be just after the client has the body).
-	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return value(h.m.Requests.WithLabelValues("m", "200", "a")) == 1 })
-	must.Eq(t, 5.0, value(h.m.Tokens.WithLabelValues("m", "a", "completion")))
+	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return promtest.ToFloat64(h.m.Requests.WithLabelValues("m", "200", "a")) == 1 })
+	must.Eq(t, 5.0, promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "a", "completion")))
 }
 
 func TestBadInput(t *testing.T) {
@@ -256,7 +257,7 @@ func TestStreamingFlushesEachEvent(t *testing.T) {
 	rest, err := io.ReadAll(br)
 	must.NoError(t, err)
 	must.StrContains(t, string(rest), "[DONE]")
-	testutil.Eventually(t, 5*time.Second, "the usage to be counted", func() bool { return value(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
+	testutil.Eventually(t, 5*time.Second, "the usage to be counted", func() bool { return promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
 }
 
 func TestRetryBeforeFirstByte(t *testing.T) {
@@ -283,7 +284,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 			resp.Body.Close()
 			must.Eq(t, 200, resp.StatusCode)
 			must.Eq(t, int64(1), good.Load())
-			must.Eq(t, 1.0, value(h.m.Retries.WithLabelValues("m")))
+			must.Eq(t, 1.0, promtest.ToFloat64(h.m.Retries.WithLabelValues("m")))
 		})
 	}
 	t.Run("only one retry", func(t *testing.T) {
@@ -330,8 +331,8 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	must.StrHasPrefix(t, "data: {\"i\":0}\n\n", string(body))
 	must.Eq(t, "upstream_error", errorEventCode(t, string(body)))
 	must.Eq(t, int64(0), second.Load())
-	must.Eq(t, 0.0, value(h.m.Retries.WithLabelValues("m")))
-	must.Eq(t, 1.0, value(h.m.StreamErrors.WithLabelValues("m", "upstream_broken")))
+	must.Eq(t, 0.0, promtest.ToFloat64(h.m.Retries.WithLabelValues("m")))
+	must.Eq(t, 1.0, promtest.ToFloat64(h.m.StreamErrors.WithLabelValues("m", "upstream_broken")))
 }
 
 // errorEventCode checks that an event stream ends with an error event in
@@ -419,7 +420,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 	for h.gw.cfg.Admission.Queued("m") != 1 {
 		time.Sleep(time.Millisecond)
 	}
-	must.Eq(t, 1.0, value(h.m.Queued.WithLabelValues("m")))
+	must.Eq(t, 1.0, promtest.ToFloat64(h.m.Queued.WithLabelValues("m")))
 	resp := h.post("/v1/completions", `{"model":"m"}`)
 	must.Eq(t, 429, resp.StatusCode)
 	must.Eq(t, "1", resp.Header.Get("Retry-After"))
@@ -427,8 +428,8 @@ func TestAdmissionQueueFull(t *testing.T) {
 	close(release)
 	must.Eq(t, 200, <-results)
 	must.Eq(t, 200, <-results)
-	testutil.Eventually(t, 5*time.Second, "the refusal to be counted", func() bool { return value(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")) == 1 })
-	must.Eq(t, 0.0, value(h.m.Queued.WithLabelValues("m")))
+	testutil.Eventually(t, 5*time.Second, "the refusal to be counted", func() bool { return promtest.ToFloat64(h.m.AdmissionRefused.WithLabelValues("m", "queue_full")) == 1 })
+	must.Eq(t, 0.0, promtest.ToFloat64(h.m.Queued.WithLabelValues("m")))
 }
 
 func TestAuthAndRateLimit(t *testing.T) {
@@ -524,18 +525,6 @@ func TestPolicySpreadsRequests(t *testing.T) {
 	must.Eq(t, []int64{10, 10, 10}, []int64{a.Load(), b.Load(), c.Load()})
 }
 
-// value reads a counter or gauge.
-func value(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
-}
-
 func TestUsageScanner(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -589,7 +578,7 @@ func TestDeadlineMidStreamEndsWithErrorEvent(t *testing.T) {
 	must.NoError(t, err)
 	must.StrContains(t, string(body), `{"i":0}`)
 	must.Eq(t, "deadline_exceeded", errorEventCode(t, string(body)))
-	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return value(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
+	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return promtest.ToFloat64(h.m.Requests.WithLabelValues("m", "504", "a")) == 1 })
 }
 
 func TestRequestIDsAreUnique(t *testing.T) {

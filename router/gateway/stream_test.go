@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/shoenig/test/must"
 )
@@ -72,7 +74,7 @@ func TestStreamRelaysChunksAndReusesConnection(t *testing.T) {
 		must.Eq(t, "data: {\"i\":0}\n\ndata: {\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", string(b))
 	}
 	must.Eq(t, int64(1), conns.Load())
-	testutil.Eventually(t, 5*time.Second, "the usage to be counted", func() bool { return value(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
+	testutil.Eventually(t, 5*time.Second, "the usage to be counted", func() bool { return promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 3 })
 }
 
 func TestStreamBytesAfterBodyDropConnection(t *testing.T) {
@@ -123,7 +125,7 @@ func TestStreamBrokenFramingOrCloseEndsWithErrorEvent(t *testing.T) {
 			must.NoError(t, err) // a proper end, after an error event
 			must.True(t, strings.HasPrefix(string(b), "data: {\"i\":0}\n\n"))
 			must.Eq(t, "upstream_error", errorEventCode(t, string(b)))
-			testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return value(h.m.Requests.WithLabelValues("m", "502", "a")) == 1 })
+			testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool { return promtest.ToFloat64(h.m.Requests.WithLabelValues("m", "502", "a")) == 1 })
 		})
 	}
 }

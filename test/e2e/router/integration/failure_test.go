@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/shoenig/test/must"
@@ -108,7 +110,7 @@ func TestEngineFailsBeforeFirstToken(t *testing.T) {
 			for _, e := range events {
 				must.StrNotContains(t, e, `"error"`)
 			}
-			must.Eq(t, 1.0, counter(r.m.Retries.WithLabelValues(model)))
+			must.Eq(t, 1.0, promtest.ToFloat64(r.m.Retries.WithLabelValues(model)))
 		})
 	}
 }
@@ -143,7 +145,7 @@ func TestEngineFailsMidStream(t *testing.T) {
 			must.NoError(t, json.Unmarshal([]byte(events[len(events)-2]), &e))
 			must.Eq(t, tc.code, e.Error.Code)
 			must.Eq(t, "server_error", e.Error.Type)
-			must.Eq(t, 0.0, counter(r.m.Retries.WithLabelValues(model)))
+			must.Eq(t, 0.0, promtest.ToFloat64(r.m.Retries.WithLabelValues(model)))
 		})
 	}
 }

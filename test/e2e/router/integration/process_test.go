@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,7 +136,7 @@ func TestAPIKeysFromConsulKV(t *testing.T) {
 	eventually("sk-one to be accepted", func() bool { return authed("sk-one") })
 	// A bad document is rejected and the keys stay.
 	put(`{"keys":[{"id":"x","sha256":"sk-two-in-clear"}]}`)
-	eventually("the bad document to be rejected", func() bool { return counter(m.KeyReloads.WithLabelValues("rejected")) == 1 })
+	eventually("the bad document to be rejected", func() bool { return promtest.ToFloat64(m.KeyReloads.WithLabelValues("rejected")) == 1 })
 	must.True(t, authed("sk-one"))
 	// Rotation: the old key stops working, the new one starts.
 	put(fmt.Sprintf(`{"keys":[{"id":"two","sha256":%q}]}`, digest("sk-two")))

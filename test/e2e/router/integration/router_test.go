@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
@@ -130,15 +131,6 @@ func chat(t *testing.T, url, model string, stream bool) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func counter(c prometheus.Metric) float64 {
-	var m dto.Metric
-	_ = c.Write(&m)
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
-}
-
 func TestDiscoveryJoinFailMaintenance(t *testing.T) {
 	c := consul.client
 	r := newRouter(t, c)
@@ -179,7 +171,7 @@ func TestDiscoveryJoinFailMaintenance(t *testing.T) {
 	must.StrContains(t, body, "no_healthy_worker")
 	code, _ = chat(t, r.url, "gamma", false)
 	must.Eq(t, 404, code)
-	must.Eq(t, 0.0, counter(r.m.DiscoveryStale))
+	must.Eq(t, 0.0, promtest.ToFloat64(r.m.DiscoveryStale))
 }
 
 func TestConsulUnreachableKeepsPool(t *testing.T) {
@@ -192,12 +184,12 @@ func TestConsulUnreachableKeepsPool(t *testing.T) {
 	r.register(t, own.client, "e1", "alpha", s)
 	r.waitPool(t, "alpha", "e1")
 	own.stop()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return counter(r.m.DiscoveryStale) == 1 }),
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return promtest.ToFloat64(r.m.DiscoveryStale) == 1 }),
 		wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond)))
 	must.Eq(t, []string{"e1"}, r.ids("alpha"))
 	code, _ := chat(t, r.url, "alpha", true)
 	must.Eq(t, 200, code)
-	must.Greater(t, 0.0, counter(r.m.DiscoveryErrors))
+	must.Greater(t, 0.0, promtest.ToFloat64(r.m.DiscoveryErrors))
 }
 
 func TestPolicyDocument(t *testing.T) {
@@ -219,20 +211,20 @@ func TestPolicyDocument(t *testing.T) {
 		must.NoError(t, err)
 		return p.ModifyIndex
 	}
-	reloads := counter(r.m.PolicyReloads)
+	reloads := promtest.ToFloat64(r.m.PolicyReloads)
 	idx := put(`{"policy":"least_load","models":{"alpha":{"policy":"round_robin","admission":{"max_in_flight":4}}}}`)
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() == idx }),
 		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
 	must.Eq(t, scoring.LeastLoad, r.watcher.Current().For("x").Scoring.Policy)
 	must.Eq(t, scoring.RoundRobin, r.watcher.Current().For("alpha").Scoring.Policy)
 	must.Eq(t, 4, r.watcher.Current().For("alpha").Limits.MaxInFlight)
-	must.Eq(t, reloads+1, counter(r.m.PolicyReloads))
+	must.Eq(t, reloads+1, promtest.ToFloat64(r.m.PolicyReloads))
 
 	// Invalid documents are rejected, counted, and change nothing.
 	good := r.watcher.Current()
 	for i, bad := range []string{`{"policy":"weighted","weights":{"nope":1}}`, `not json`, `{"policy":"least_load","typo":1}`} {
 		put(bad)
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return counter(r.m.PolicyRejects) == float64(i+1) }),
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return promtest.ToFloat64(r.m.PolicyRejects) == float64(i+1) }),
 			wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
 		must.True(t, good == r.watcher.Current(), must.Sprint("the last good document stays"))
 	}
@@ -268,7 +260,7 @@ func TestRoutingAcrossSims(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.RoundRobin }),
 		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
 
-	served := func(id string) float64 { return counter(r.m.Requests.WithLabelValues("alpha", "200", id)) }
+	served := func(id string) float64 { return promtest.ToFloat64(r.m.Requests.WithLabelValues("alpha", "200", id)) }
 	for range 30 {
 		code, body := chat(t, r.url, "alpha", true)
 		must.Eq(t, 200, code)
@@ -279,8 +271,8 @@ func TestRoutingAcrossSims(t *testing.T) {
 		return served("e0") == 10 && served("e1") == 10 && served("e2") == 10
 	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
 	// Usage came from the engines' final events.
-	must.Eq(t, 30*4.0, counter(r.m.Tokens.WithLabelValues("alpha", "e0", "completion"))+
-		counter(r.m.Tokens.WithLabelValues("alpha", "e1", "completion"))+counter(r.m.Tokens.WithLabelValues("alpha", "e2", "completion")))
+	must.Eq(t, 30*4.0, promtest.ToFloat64(r.m.Tokens.WithLabelValues("alpha", "e0", "completion"))+
+		promtest.ToFloat64(r.m.Tokens.WithLabelValues("alpha", "e1", "completion"))+promtest.ToFloat64(r.m.Tokens.WithLabelValues("alpha", "e2", "completion")))
 
 	// The scraper sees the sims' load and power gauges.
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
@@ -295,7 +287,7 @@ func TestRoutingAcrossSims(t *testing.T) {
 		code, _ := chat(t, r.url, "alpha", true)
 		must.Eq(t, 200, code)
 	}
-	must.Greater(t, 0.0, counter(r.m.Retries.WithLabelValues("alpha")))
+	must.Greater(t, 0.0, promtest.ToFloat64(r.m.Retries.WithLabelValues("alpha")))
 }
 
 func TestStreamingThroughRouterIsIncremental(t *testing.T) {
@@ -384,12 +376,12 @@ func TestPowerAwareRouting(t *testing.T) {
 	must.NoError(t, err)
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.Weighted }),
 		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
-	before := counter(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))
+	before := promtest.ToFloat64(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))
 	for range 20 {
 		code, _ := chat(t, r.url, "alpha", true)
 		must.Eq(t, 200, code)
 	}
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		return counter(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))-before >= 18
+		return promtest.ToFloat64(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))-before >= 18
 	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
 }
