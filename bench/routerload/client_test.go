@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/oasis-llm/oasis/router/openai"
 )
 
 // sseServer answers every request as an engine streams: a role-only chunk at
@@ -177,8 +179,8 @@ func TestCarriesToken(t *testing.T) {
 		{` [DONE]`, true},
 		{`not json`, true},
 	} {
-		if got := carriesToken([]byte(tc.data)); got != tc.want {
-			t.Errorf("carriesToken(%s) = %v, want %v", tc.data, got, tc.want)
+		if got := !openai.IsPreamble([]byte(tc.data)); got != tc.want {
+			t.Errorf("!IsPreamble(%s) = %v, want %v", tc.data, got, tc.want)
 		}
 	}
 }

@@ -39,6 +39,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/oasis-llm/oasis/router/openai"
 )
 
 type target struct {
@@ -280,7 +282,7 @@ func stream(client *http.Client, url, body string) (tm timing, err error) {
 			if tm.ttfe == 0 {
 				tm.ttfe = time.Since(start)
 			}
-			if tm.ttft == 0 && carriesToken(data) {
+			if tm.ttft == 0 && !openai.IsPreamble(data) { // the router's own rule for its hold
 				tm.ttft = time.Since(start)
 			}
 			if bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
@@ -299,39 +301,6 @@ func stream(client *http.Client, url, body string) (tm timing, err error) {
 	}
 	tm.total = time.Since(start)
 	return tm, nil
-}
-
-// carriesToken reports whether an event's data is something the user sees:
-// a token, a finish, an error, [DONE] or anything else that is not a
-// role-only chunk with empty content (what engines send before the prompt
-// is scheduled). The same rule as the router's hold (router/gateway/hold.go).
-func carriesToken(data []byte) bool {
-	var c struct {
-		Error   json.RawMessage `json:"error"`
-		Choices []struct {
-			Text         *string                    `json:"text"`
-			Delta        map[string]json.RawMessage `json:"delta"`
-			FinishReason *string                    `json:"finish_reason"`
-		} `json:"choices"`
-	}
-	if json.Unmarshal(bytes.TrimSpace(data), &c) != nil || len(c.Error) > 0 || len(c.Choices) == 0 {
-		return true
-	}
-	for _, ch := range c.Choices {
-		if ch.FinishReason != nil || ch.Text != nil && *ch.Text != "" {
-			return true
-		}
-		for k, v := range ch.Delta {
-			switch string(bytes.TrimSpace(v)) {
-			case "null", `""`, "[]", "{}":
-			default:
-				if k != "role" {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 func openLoop(t target, body string, rate float64, d time.Duration) *result {

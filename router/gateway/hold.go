@@ -2,10 +2,11 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/json"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/oasis-llm/oasis/router/openai"
 )
 
 // Engines (vLLM, SGLang, oasis-sim) answer a chat stream with its head and
@@ -57,74 +58,24 @@ func nextEvent(b []byte) (ev []byte, n int) {
 	return ev, n
 }
 
-// preambleChunk is what an event's data must look like to carry no token.
-type preambleChunk struct {
-	Error   json.RawMessage `json:"error"`
-	Choices []struct {
-		Text         *string                    `json:"text"`
-		Delta        map[string]json.RawMessage `json:"delta"`
-		FinishReason *string                    `json:"finish_reason"`
-	} `json:"choices"`
-}
-
 // isPreamble reports whether an SSE event carries nothing for the client
-// yet: comments, or chunks whose choices have only a role and empty
-// content. Anything the router cannot read counts as content.
+// yet: comments, or data that openai.IsPreamble calls preamble. A named
+// event (an engine's error) is passed on.
 func isPreamble(ev []byte) bool {
 	for _, line := range bytes.Split(ev, []byte("\n")) {
 		line = bytes.TrimSuffix(line, []byte("\r"))
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
 			if bytes.HasPrefix(line, []byte("event:")) {
-				return false // a named event (an engine's error): pass it on
+				return false
 			}
 			continue // comments, id:, retry:
 		}
-		if hasText(data, `"content":"`) || hasText(data, `"text":"`) {
-			return false // a token: the common case, decided without decoding
-		}
-		var c preambleChunk
-		if json.Unmarshal(bytes.TrimSpace(data), &c) != nil || len(c.Error) > 0 || len(c.Choices) == 0 {
+		if !openai.IsPreamble(data) {
 			return false
-		}
-		for _, ch := range c.Choices {
-			if ch.FinishReason != nil || ch.Text != nil && *ch.Text != "" {
-				return false
-			}
-			for k, v := range ch.Delta {
-				if k != "role" && !emptyJSON(v) {
-					return false
-				}
-			}
 		}
 	}
 	return true
-}
-
-// hasText reports whether data has the member opener key (`"name":"`)
-// followed by a non-empty string. Text inside a string value escapes its
-// quotes, so a match is a member (of the delta, or of an object beside it,
-// which then also carries text): a false match only ends the hold early,
-// which is always safe.
-func hasText(data []byte, key string) bool {
-	for {
-		i := bytes.Index(data, []byte(key))
-		if i < 0 {
-			return false
-		}
-		data = data[i+len(key):]
-		if len(data) > 0 && data[0] != '"' {
-			return true
-		}
-	}
-}
-
-func emptyJSON(v json.RawMessage) bool {
-	switch string(bytes.TrimSpace(v)) {
-	case "null", `""`, "[]", "{}":
-		return true
-	}
-	return false
 }
 
 // Bounds of the automatic hold: twice the model's observed time to first
