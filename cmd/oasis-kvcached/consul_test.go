@@ -9,8 +9,8 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/kvcached/peer"
-	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 )
@@ -28,7 +28,7 @@ func port(t *testing.T, addr string) string {
 func TestPeersFromConsulCatalog(t *testing.T) {
 	client, consulAddr := testutil.StartConsul(t)
 	dir := t.TempDir()
-	ca := testcerts.NewCA(t, "oasis test CA")
+	ca := tlsfilestest.NewCA(t, "oasis test CA")
 	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", peer.DefaultServerName)
 	_, certB, keyB := ca.WriteFiles(t, dir, "b", peer.DefaultServerName)
 	qa, qb := freeUDP(t), freeUDP(t)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
-	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
@@ -175,11 +175,11 @@ func TestCrashKeepsEveryReturnedBlockIntact(t *testing.T) {
 // other's blocks, and a third whose certificate comes from another CA.
 func TestPeersFetchOverQUICWithMutualTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca := testcerts.NewCA(t, "oasis test CA")
+	ca := tlsfilestest.NewCA(t, "oasis test CA")
 	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", "oasis-kvcached")
 	_, certB, keyB := ca.WriteFiles(t, dir, "b", "oasis-kvcached")
 	rogueDir := t.TempDir()
-	rogue := testcerts.NewCA(t, "rogue CA")
+	rogue := tlsfilestest.NewCA(t, "rogue CA")
 	_, certR, keyR := rogue.WriteFiles(t, rogueDir, "r", "oasis-kvcached")
 
 	qa, qb, qr := freeUDP(t), freeUDP(t), freeUDP(t)

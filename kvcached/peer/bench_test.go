@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 )
 
 func benchPeers(b *testing.B, key string, val []byte) *Node {
-	ca := testcerts.NewCA(b, "bench CA")
+	ca := tlsfilestest.NewCA(b, "bench CA")
 	a := node(b, ca, &mapStore{m: map[string][]byte{key: val}})
 	c := node(b, ca, &mapStore{m: map[string][]byte{}})
 	c.cfg.FetchTimeout = 30 * time.Second
@@ -74,7 +74,7 @@ func BenchmarkPeerFetch32MiB(b *testing.B) {
 // concurrent 8 MiB fetches (four streams on the one connection), to see
 // whether spreading a transfer over streams raises throughput.
 func BenchmarkPeerFetch32MiBAs4Streams(b *testing.B) {
-	ca := testcerts.NewCA(b, "bench CA")
+	ca := tlsfilestest.NewCA(b, "bench CA")
 	m := map[string][]byte{}
 	for i := range 4 {
 		m[fmt.Sprint("blk", i)] = bytes.Repeat([]byte{byte(i)}, 8<<20)

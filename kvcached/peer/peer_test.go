@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/kvcached/peer/testcerts"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 )
@@ -37,15 +37,15 @@ func (s *mapStore) Keys() []string {
 	return out
 }
 
-func node(t testing.TB, ca *testcerts.CA, local Local) *Node {
+func node(t testing.TB, ca *tlsfilestest.CA, local Local) *Node {
 	t.Helper()
 	return budgetedNode(t, ca, local, nil)
 }
 
-func budgetedNode(t testing.TB, ca *testcerts.CA, local Local, budget Budget) *Node {
+func budgetedNode(t testing.TB, ca *tlsfilestest.CA, local Local, budget Budget) *Node {
 	t.Helper()
-	cert, _, _ := ca.Issue(t, DefaultServerName)
-	st, ct, err := TLSConfigs(ca.Pool(), cert, "")
+	cert := ca.Issue(t, DefaultServerName, DefaultServerName).TLS(t)
+	st, ct, err := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
 	must.NoError(t, err)
 	n, err := New(Config{ListenAddr: "127.0.0.1:0", ServerTLS: st, ClientTLS: ct, Local: local,
 		FetchTimeout: 500 * time.Millisecond, FilterInterval: 100 * time.Millisecond, Budget: budget})
@@ -55,7 +55,7 @@ func budgetedNode(t testing.TB, ca *testcerts.CA, local Local, budget Budget) *N
 }
 
 func TestFetchBetweenPeers(t *testing.T) {
-	ca := testcerts.NewCA(t, "kvcached test CA")
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
 	a := node(t, ca, &mapStore{m: map[string][]byte{"blk": big, "small": []byte("x")}})
 	b := node(t, ca, &mapStore{m: map[string][]byte{}})
@@ -116,7 +116,7 @@ func (s *costStore) ReadCost(k string) int64 {
 // TestFetchAndServeBuffersAreBudgeted checks both ends take a block's bytes
 // from their memory budget while they hold its buffer, and give them back.
 func TestFetchAndServeBuffersAreBudgeted(t *testing.T) {
-	ca := testcerts.NewCA(t, "kvcached test CA")
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
 	big := bytes.Repeat([]byte("b"), 1<<20)
 	var ab, bb peakBudget
 	a := budgetedNode(t, ca, &costStore{mapStore{m: map[string][]byte{"blk": big}}}, &ab)
@@ -148,12 +148,12 @@ func TestFetchAndServeBuffersAreBudgeted(t *testing.T) {
 }
 
 func TestPeerWithForeignCertificateIsRefused(t *testing.T) {
-	ca := testcerts.NewCA(t, "kvcached test CA")
-	rogue := testcerts.NewCA(t, "rogue CA")
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
+	rogue := tlsfilestest.NewCA(t, "rogue CA")
 	a := node(t, ca, &mapStore{m: map[string][]byte{"blk": []byte("secret")}})
 	// b trusts the real CA but presents a certificate from another CA.
-	cert, _, _ := rogue.Issue(t, DefaultServerName)
-	st, ct, err := TLSConfigs(ca.Pool(), cert, "")
+	cert := rogue.Issue(t, DefaultServerName, DefaultServerName).TLS(t)
+	st, ct, err := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
 	must.NoError(t, err)
 	b, err := New(Config{ListenAddr: "127.0.0.1:0", ServerTLS: st, ClientTLS: ct, Local: &mapStore{m: map[string][]byte{}},
 		FetchTimeout: 500 * time.Millisecond, FilterInterval: time.Hour})
@@ -169,7 +169,7 @@ func TestPeerWithForeignCertificateIsRefused(t *testing.T) {
 }
 
 func TestDeadPeerCostsOneTimeoutThenIsSkipped(t *testing.T) {
-	ca := testcerts.NewCA(t, "kvcached test CA")
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
 	a := node(t, ca, &mapStore{m: map[string][]byte{"blk": []byte("v")}})
 	b := node(t, ca, &mapStore{m: map[string][]byte{}})
 	// A UDP socket that never answers stands in for a dead peer.
@@ -205,7 +205,7 @@ func TestDeadPeerCostsOneTimeoutThenIsSkipped(t *testing.T) {
 }
 
 func TestPeerComesBackWhenHealthy(t *testing.T) {
-	ca := testcerts.NewCA(t, "kvcached test CA")
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
 	store := &mapStore{m: map[string][]byte{"k": []byte("v")}}
 	a := node(t, ca, store)
 	addr := a.Addr().String()
@@ -217,8 +217,8 @@ func TestPeerComesBackWhenHealthy(t *testing.T) {
 	b.RefreshFilters(context.Background())
 	must.Eq(t, 0.0, gauge(b))
 	// Restart on the same port.
-	cert, _, _ := ca.Issue(t, DefaultServerName)
-	st, ct, _ := TLSConfigs(ca.Pool(), cert, "")
+	cert := ca.Issue(t, DefaultServerName, DefaultServerName).TLS(t)
+	st, ct, _ := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
 	a2, err := New(Config{ListenAddr: addr, ServerTLS: st, ClientTLS: ct, Local: store, FetchTimeout: 500 * time.Millisecond})
 	must.NoError(t, err)
 	defer a2.Close()

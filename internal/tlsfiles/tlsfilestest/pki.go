@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -82,6 +83,26 @@ func (ca *CA) Issue(t testing.TB, commonName string, names ...string) *Leaf {
 	}
 	return &Leaf{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})}
+}
+
+// TLS is the leaf as a tls.Certificate, to serve or dial with.
+func (l *Leaf) TLS(t testing.TB) tls.Certificate {
+	t.Helper()
+	c, err := tls.X509KeyPair(l.CertPEM, l.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// WriteFiles issues a certificate for names (the first is its common name)
+// and writes ca.pem, <name>.pem and <name>-key.pem into dir, returning the
+// three paths.
+func (ca *CA) WriteFiles(t testing.TB, dir, name string, names ...string) (caFile, certFile, keyFile string) {
+	t.Helper()
+	l := ca.Issue(t, names[0], names...)
+	return WriteFile(t, dir, "ca.pem", ca.PEM), WriteFile(t, dir, name+".pem", l.CertPEM),
+		WriteFile(t, dir, name+"-key.pem", l.KeyPEM)
 }
 
 // Pool is a certificate pool holding the CAs.
