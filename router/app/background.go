@@ -50,10 +50,10 @@ func (a *App) startBackground() {
 func (a *App) startDiscovery() {
 	switch a.cfg.Discovery {
 	case DiscoveryConsul:
-		src := &discovery.Consul{Client: a.consul, Service: a.cfg.Service, Tag: a.cfg.ServiceTag, Log: a.log, Metrics: a.m}
+		src := &discovery.Consul{Client: a.consul, Service: a.cfg.Service, Tag: a.cfg.ServiceTag, Logger: a.log, Metrics: a.m}
 		a.goBackground(func() { src.Run(a.bg, a.pool) })
 	case DiscoveryNomad:
-		src := &discovery.Nomad{Client: a.nomad, Service: a.cfg.Service, Log: a.log, Metrics: a.m}
+		src := &discovery.Nomad{Client: a.nomad, Service: a.cfg.Service, Logger: a.log, Metrics: a.m}
 		a.goBackground(func() { src.Run(a.bg, a.pool) })
 	case DiscoveryStatic:
 		a.pool.Set(instances(a.cfg.Engines))
@@ -62,7 +62,7 @@ func (a *App) startDiscovery() {
 		return
 	}
 	// kvcached registers in Consul (jobs/kvcached.nomad.hcl) whatever the engines use.
-	src := &discovery.Consul{Client: a.consul, Service: a.cfg.KVCachedService, Log: a.log}
+	src := &discovery.Consul{Client: a.consul, Service: a.cfg.KVCachedService, Logger: a.log}
 	a.goBackground(func() {
 		src.Watch(a.bg, func(ins []discovery.Instance) {
 			kcs := discovery.KVCachesOf(ins)

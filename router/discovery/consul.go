@@ -19,9 +19,9 @@ import (
 // the discovery_stale metric is 1.
 type Consul struct {
 	Client  *consulapi.Client
-	Service string // default EngineService
-	Tag     string // optional tag filter
-	Log     hclog.Logger
+	Service string       // default EngineService
+	Tag     string       // optional tag filter
+	Logger  hclog.Logger // nil: no logs
 	Metrics *metrics.Metrics
 
 	// WaitTime bounds each blocking query (default 5m).
@@ -42,7 +42,11 @@ func (c *Consul) Watch(ctx context.Context, fn func([]Instance)) {
 	if wait == 0 {
 		wait = 5 * time.Minute
 	}
-	log := c.Log.Named("discovery.consul")
+	log := c.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	log = log.Named("discovery.consul")
 	var index uint64
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {

@@ -26,7 +26,7 @@ import (
 type Nomad struct {
 	Client  *nomadapi.Client
 	Service string
-	Log     hclog.Logger
+	Logger  hclog.Logger // nil: no logs
 	Metrics *metrics.Metrics
 
 	// CheckInterval bounds each blocking query and therefore how late a
@@ -47,7 +47,11 @@ func (n *Nomad) Run(ctx context.Context, pool *Pool) {
 	if wait == 0 {
 		wait = time.Second
 	}
-	log := n.Log.Named("discovery.nomad")
+	log := n.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	log = log.Named("discovery.nomad")
 	var index uint64
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {

@@ -78,7 +78,7 @@ func startRouter(t *testing.T, ctx context.Context, doc *policy.Document) *route
 	t.Cleanup(cache.Close)
 	pool := discovery.NewPool()
 	pool.OnChange(func(ws []*scoring.Worker) { cache.Sync(ctx, enginesOf(ws)) })
-	src := &discovery.Consul{Client: stack.Consul, Service: discovery.EngineService, Tag: "kvrouting-e2e", Log: log, Metrics: m, WaitTime: 5 * time.Second}
+	src := &discovery.Consul{Client: stack.Consul, Service: discovery.EngineService, Tag: "kvrouting-e2e", Logger: log, Metrics: m, WaitTime: 5 * time.Second}
 	go src.Run(ctx, pool)
 
 	tok := tokens.NewAuto(func(model string) []tokens.Replica {

@@ -53,7 +53,7 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	// discovery, policy and proxying) rely on.
 	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(nil)...)...)
 	must.NoError(t, err)
-	src := &discovery.Consul{Client: client, Tag: r.tag, Log: log, Metrics: r.m}
+	src := &discovery.Consul{Client: client, Tag: r.tag, Logger: log, Metrics: r.m}
 	r.watcher, err = policy.NewWatcher(policy.WatcherConfig{Client: client, Key: r.key, Terms: terms, Metrics: r.m, Logger: log})
 	must.NoError(t, err)
 	tr := gateway.NewEngineTransport(gateway.EngineTransportConfig{DialTimeout: time.Second})
