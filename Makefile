@@ -92,8 +92,11 @@ bench-driver: hashistack
 
 ## fuzz: a bounded run of each fuzz target
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./router/gateway
+	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./router/openai
+	$(GO) test -run '^$$' -fuzz FuzzParseHostedPolicy -fuzztime 30s ./router/discovery
+	$(GO) test -run '^$$' -fuzz FuzzHostedPolicyAllow -fuzztime 30s ./router/discovery
 	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime 60s ./kvcached/resp
+	$(GO) test -run '^$$' -fuzz FuzzReaderPathsAgree -fuzztime 30s ./kvcached/resp
 	$(GO) test -run '^$$' -fuzz FuzzAPI -fuzztime 30s ./sim/server
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./internal/kvevents
 	$(GO) test -run '^$$' -fuzz FuzzRoundTrip -fuzztime 30s ./internal/tokenizer
