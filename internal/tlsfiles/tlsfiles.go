@@ -155,11 +155,6 @@ func (f *Files) current() *state {
 	return f.cur.Load()
 }
 
-// Reload checks the files now, whatever the interval, and loads them if any
-// changed since the last check. The error is that of a failed load; the last
-// good files stay in use.
-func (f *Files) Reload() error { return f.check() }
-
 func (f *Files) check() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

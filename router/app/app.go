@@ -84,12 +84,6 @@ func New(cfg Config) (*App, error) {
 	return a, nil
 }
 
-// Addr is the address the API listens on.
-func (a *App) Addr() net.Addr { return a.ln.Addr() }
-
-// Pool is the engine pool the configured discovery feeds.
-func (a *App) Pool() *discovery.Pool { return a.pool }
-
 // Close releases an App that will not Run (or has run).
 func (a *App) Close() error {
 	a.bgCancel()

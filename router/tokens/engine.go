@@ -95,9 +95,6 @@ func NewEngine(cfg EngineConfig) *Engine {
 	return &Engine{cfg: cfg, entries: map[[32]byte]*list.Element{}, lru: list.New(), inflight: map[[32]byte]*call{}}
 }
 
-// CacheStats returns cache hits and misses (round trips started).
-func (e *Engine) CacheStats() (hits, misses int64) { return e.hits.Load(), e.misses.Load() }
-
 // Tokenize implements Tokenizer. The /tokenize request carries the prompt's
 // raw values as the client sent them, and its bytes are the cache key.
 func (e *Engine) Tokenize(ctx context.Context, model string, p openai.Prompt) ([]uint32, error) {
