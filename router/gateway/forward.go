@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"strings"
@@ -40,9 +41,12 @@ type upstreamTimer struct {
 	idle   atomic.Bool // past the head: the stream_idle phase
 }
 
+// newUpstreamTimer arms the response-header timeout. A timeout ≤ 0 (a
+// policy the validator never lets through) waits without bound rather than
+// failing every request at once.
 func newUpstreamTimer(cancel context.CancelCauseFunc, header time.Duration) *upstreamTimer {
 	ut := &upstreamTimer{cancel: cancel}
-	ut.t = time.AfterFunc(header, func() {
+	ut.t = time.AfterFunc(orNever(header), func() {
 		if ut.idle.Load() {
 			cancel(errStreamIdle)
 		} else {
@@ -55,7 +59,14 @@ func newUpstreamTimer(cancel context.CancelCauseFunc, header time.Duration) *ups
 // streaming switches to the stream_idle phase and re-arms the timer.
 func (ut *upstreamTimer) streaming(idle time.Duration) {
 	ut.idle.Store(true)
-	ut.t.Reset(idle)
+	ut.t.Reset(orNever(idle))
+}
+
+func orNever(d time.Duration) time.Duration {
+	if d <= 0 {
+		return math.MaxInt64
+	}
+	return d
 }
 
 // forward sends the request to one worker and relays the answer. It returns
