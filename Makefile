@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-router-proxy-bound bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-router-proxy-bound soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -89,6 +89,12 @@ bench-kvcached: deps
 ## bench-driver: llm driver StartTask -> ready overhead and plugin RSS on the real test bed
 bench-driver: hashistack
 	$(GO) test -count=1 ./test/e2e/driver -run '^$$' -bench StartTaskToReady -benchtime 20x
+
+## soak: the local stack under mixed load for SOAK_DURATION (default 10m): outcomes by cause, router and
+## kvcached RSS and goroutines over time; fails on unbounded growth or a request lost without an error
+SOAK_DURATION ?= 10m
+soak: hashistack
+	$(GO) run ./bench/soak -duration $(SOAK_DURATION)
 
 ## fuzz: a bounded run of each fuzz target
 fuzz:
