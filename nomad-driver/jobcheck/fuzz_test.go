@@ -89,7 +89,7 @@ func FuzzTaskConfig(f *testing.F) {
 		"engine = \"sim\"\nmodel = \"m\"\nport = \"http\"\nkv_events = true\nkv_events_port = \"kv\"\nkv_events_replay_port = \"replay\"\n",
 		"engine = \"vllm\"\nmodel = \"m\"\ntensor_parallel_size = \"two\"\n",
 		"engine = \"vllm\"\nmodel = \"m\"\ntensor_parallelism = 2\n",
-		"Engine = \"vllm\"\nmodel = \"m\"\nport = \"http\"\n",
+		"Engine = \"vllm\"\nmodel = \"m\"\nport = \"http\"\nkv_events = false\n",
 	} {
 		f.Add([]byte(s))
 	}
