@@ -97,6 +97,8 @@ soak: hashistack
 	$(GO) run ./bench/soak -duration $(SOAK_DURATION)
 
 ## fuzz: a bounded run of each fuzz target
+# FuzzRequestFraming's inputs are QUIC round trips: minimizing one with a 64 KiB
+# key would take the whole run, so it minimizes once (-fuzzminimizetime 1x).
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./router/openai
 	$(GO) test -run '^$$' -fuzz FuzzParseHostedPolicy -fuzztime 30s ./router/discovery
@@ -106,6 +108,14 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzAPI -fuzztime 30s ./sim/server
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./internal/kvevents
 	$(GO) test -run '^$$' -fuzz FuzzRoundTrip -fuzztime 30s ./internal/tokenizer
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./router/policy
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 20s ./router/auth
+	$(GO) test -run '^$$' -fuzz FuzzParseEngineMetrics -fuzztime 30s ./router/enginestats
+	$(GO) test -run '^$$' -fuzz FuzzTaskConfig -fuzztime 30s ./nomad-driver/jobcheck
+	$(GO) test -run '^$$' -fuzz FuzzParseFrames -fuzztime 20s ./internal/kvevents
+	$(GO) test -run '^$$' -fuzz FuzzSequence -fuzztime 20s ./internal/kvevents
+	$(GO) test -run '^$$' -fuzz FuzzRequestFraming -fuzztime 30s -fuzzminimizetime 1x ./kvcached/peer
+	$(GO) test -run '^$$' -fuzz FuzzUnmarshalBloom -fuzztime 20s ./kvcached/peer
 
 ## gpu-check: on a machine with an NVIDIA GPU, run the built device plugin through Nomad's
 ## plugin client and print its fingerprint and two stats samples against real NVML

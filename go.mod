@@ -21,6 +21,7 @@ require (
 	github.com/shoenig/test v1.12.2
 	github.com/vmihailenco/msgpack/v5 v5.3.5
 	github.com/zclconf/go-cty v1.17.0
+	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/net v0.59.0
 	golang.org/x/sys v0.48.0

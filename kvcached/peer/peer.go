@@ -54,7 +54,10 @@ const (
 	statusNotFound = 1
 	statusError    = 2
 
-	maxKeyLen = 64 << 10
+	// maxKeyLen is the longest key a request's uint16 length field holds.
+	// (It was 64 KiB, one more: a key of exactly 65536 bytes went out with
+	// length 0 and the peer answered with its block for the empty key.)
+	maxKeyLen = 1<<16 - 1
 )
 
 // Local is the store a node serves peers from.

@@ -86,7 +86,7 @@ func Check(job *nomadapi.Job) []Result {
 func decode(raw map[string]interface{}) (config.TaskConfig, error) {
 	keys := slices.Sorted(maps.Keys(raw))
 	for i, k := range keys {
-		if taskFields[strings.ToLower(k)] {
+		if taskFields[k] {
 			continue
 		}
 		before := make(map[string]interface{}, i)
@@ -118,8 +118,9 @@ func decodeKnown(raw map[string]interface{}) (config.TaskConfig, error) {
 	return tc, nil
 }
 
-// taskFields holds the task config's JSON field names in lower case: the
-// decoder matches keys to them regardless of case.
+// taskFields holds the task config's JSON field names. Keys must match them
+// exactly: encoding/json would match "Engine" to engine, but the client's
+// hclspec refuses it, and the pre-flight must not pass a job that fails there.
 var taskFields = func() map[string]bool {
 	t := reflect.TypeFor[config.TaskConfig]()
 	names := make(map[string]bool, t.NumField())
@@ -128,7 +129,7 @@ var taskFields = func() map[string]bool {
 		if name == "" {
 			name = f.Name
 		}
-		names[strings.ToLower(name)] = true
+		names[name] = true
 	}
 	return names
 }()

@@ -38,6 +38,8 @@ func TestCheck(t *testing.T) {
 		{"tp above devices", func(map[string]interface{}) {}, 1, "tensor_parallel_size: 2 is larger than the 1 GPU(s)"},
 		{"wrong type", func(c map[string]interface{}) { c["tensor_parallel_size"] = "two" }, 2, "tensor_parallel_size: wrong type: got string, want int"},
 		{"unknown field", func(c map[string]interface{}) { c["tensor_parallelism"] = 2 }, 2, "tensor_parallelism: unknown field"},
+		// The client's hclspec matches names exactly; encoding/json would not.
+		{"key case", func(c map[string]interface{}) { c["Engine"] = c["engine"]; delete(c, "engine") }, 2, "Engine: unknown field"},
 		{"port label", func(c map[string]interface{}) { c["port"] = "api" }, 2, `port: port label "api" is not in the group's network block; labels: http, kv`},
 		{"combination", func(c map[string]interface{}) { c["kv_offload"] = "hicache" }, 2, `kv_offload: "hicache" is not supported by engine vllm`},
 	}

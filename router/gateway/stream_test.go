@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,14 +26,29 @@ func rawEngine(t *testing.T, answer func(conn int) (resp string, close bool)) (a
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
 	conns = &atomic.Int64{}
+	// The engine's connections close with the test: the gateway keeps idle
+	// upstream connections, and their read and write loops outlive the test
+	// (goleak, TestMain) while the engine holds its end open.
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range open {
+			c.Close()
+		}
+	})
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
 			n := int(conns.Add(1))
 			go func() {
 				defer c.Close()
