@@ -81,7 +81,10 @@ func first(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 		if math.IsNaN(sum) || math.IsInf(sum, 0) {
 			continue
 		}
-		return sum, true
+		// Every signal read here is a count, a fraction or watts: a
+		// negative value is an engine's bug (or a lie to attract traffic
+		// through the load terms), read as 0.
+		return max(sum, 0), true
 	}
 	return 0, false
 }

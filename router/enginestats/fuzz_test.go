@@ -9,8 +9,9 @@ import (
 // FuzzParseEngineMetrics feeds arbitrary Prometheus text (an engine's /metrics
 // page: whatever a worker, or anything listening at its address, serves) to
 // ParseEngineMetrics. Beyond never panicking:
-//   - every value is finite (NaN and ±Inf series are skipped, as documented:
-//     one would poison the load and power terms of every score);
+//   - every value is finite and ≥ 0 (NaN and ±Inf series are skipped and
+//     negative sums read 0: either would poison the load and power terms of
+//     every score);
 //   - a signal that is absent reads 0;
 //   - an unrelated family appended to an accepted page changes nothing, so the
 //     result depends only on the names the router knows.
@@ -27,6 +28,7 @@ func FuzzParseEngineMetrics(f *testing.F) {
 		"vllm:num_requests_running +Inf\nvllm:num_requests_running{a=\"b\"} -Inf\n",
 		"vllm:num_requests_running 1e308\nvllm:num_requests_running{a=\"b\"} 1e308\n",
 		"vllm:num_requests_running 1 1700000000000\n",
+		"vllm:num_requests_running -5\nvllm:num_requests_waiting -1e9\n",
 		"bad metric line {",
 	} {
 		f.Add([]byte(s))
@@ -42,7 +44,7 @@ func FuzzParseEngineMetrics(f *testing.F) {
 		}
 		for name, v := range map[string]float64{"running": m.Running, "waiting": m.Waiting,
 			"kv usage": m.KVUsage, "generated tokens": m.GenTokens, "power": m.PowerWatts} {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 				t.Fatalf("%s = %v", name, v)
 			}
 		}
