@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -296,4 +297,40 @@ func peakRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatal("no VmHWM in /proc/pid/status")
 	return 0
+}
+
+// TestOneCommandCannotExceedTheInflightBudget sends one MSET of 16 values of
+// 64 MiB over a raw socket to a 256 MiB budget: the command is refused once
+// its arguments would hold more than the in-flight budget, the rest of it is
+// skipped, the connection keeps working, and RSS stays within the budget.
+func TestOneCommandCannotExceedTheInflightBudget(t *testing.T) {
+	const ram = 256 << 20
+	p := start(t, "--ram-bytes", strconv.Itoa(ram))
+	c, err := net.Dial("tcp", p.addr)
+	must.NoError(t, err)
+	defer c.Close()
+	const n, size = 16, 64 << 20
+	val := bytes.Repeat([]byte{7}, size)
+	go func() {
+		w := bufio.NewWriterSize(c, 1<<20)
+		fmt.Fprintf(w, "*%d\r\n$4\r\nMSET\r\n", 1+2*n)
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(w, "$%d\r\n%s\r\n$%d\r\n", len(blockKey(i)), blockKey(i), size)
+			w.Write(val)
+			w.WriteString("\r\n")
+		}
+		w.WriteString("*1\r\n$4\r\nPING\r\n")
+		w.Flush()
+	}()
+	c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	must.NoError(t, err)
+	must.StrContains(t, line, "in-flight memory limit")
+	line, err = br.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, "+PONG\r\n", line)
+	hwm := peakRSS(t, p.Pid())
+	t.Logf("peak RSS %d MiB for --ram-bytes %d MiB", hwm>>20, ram>>20)
+	must.LessEq(t, int64(ram)*11/10, hwm)
 }

@@ -24,6 +24,21 @@ type Limits struct {
 	MaxArgs int
 	// MaxInline is the longest inline command line.
 	MaxInline int
+	// MaxSkip is the longest bulk string skipped, with a TooLargeError, to
+	// keep the connection; a longer one is a ProtocolError that closes it,
+	// since skipping it would tie the connection up for that many bytes.
+	// 0: the larger of MaxBulk and Redis's default proto-max-bulk-len.
+	MaxSkip int64
+}
+
+// redisMaxBulk is Redis's default proto-max-bulk-len.
+const redisMaxBulk = 512 << 20
+
+func (l Limits) maxSkip() int64 {
+	if l.MaxSkip > 0 {
+		return max(l.MaxSkip, l.MaxBulk)
+	}
+	return max(redisMaxBulk, l.MaxBulk)
 }
 
 // DefaultLimits allows 64 MiB values, LMCache's largest chunk with headroom.
@@ -57,6 +72,8 @@ type Reader struct {
 	budget *Budget       // optional, shared by all readers
 	pool   *bufpool.Pool // optional: large arguments' buffers
 	held   int64         // budget held for the current command
+	// overdraft: the current command went past the budget (see Budget).
+	overdraft bool
 	// lowWater, when set, asks the socket to report readability only once n
 	// bytes are queued (SO_RCVLOWAT); n = 1 restores the default.
 	lowWater func(n int)
@@ -78,21 +95,38 @@ func (r *Reader) SetLowWater(f func(n int)) { r.lowWater = f }
 
 // newArg returns room for an argument of l bytes: carved from the shared
 // slab when small, else taken from the budget and from the pool (allocated
-// without zeroing: the caller fills every byte).
-func (r *Reader) newArg(l int64) []byte {
+// without zeroing: the caller fills every byte). It refuses an argument that
+// would make the command hold more than the whole budget, before anything is
+// allocated.
+func (r *Reader) newArg(l int64) ([]byte, error) {
 	if l <= smallArg {
 		if len(r.slab) < int(l) {
 			r.slab = make([]byte, 4096)
 		}
 		arg := r.slab[:l:l]
 		r.slab = r.slab[l:]
-		return arg
+		return arg, nil
 	}
 	if r.budget != nil {
-		r.budget.acquire(l, r.held)
+		if !r.fits(l) {
+			return nil, &OverBudgetError{Need: r.held + l, Limit: r.budget.limit}
+		}
+		if r.budget.acquire(l, r.held) {
+			r.overdraft = true
+		}
+		if r.held == 0 {
+			r.budget.holders.Add(1)
+		}
 		r.held += l
 	}
-	return r.pool.Get(int(l))
+	return r.pool.Get(int(l)), nil
+}
+
+// fits reports whether the command may take l more bytes of the budget: one
+// argument larger than the whole budget goes through alone, but a command
+// already holding bytes may not grow past the budget.
+func (r *Reader) fits(l int64) bool {
+	return r.budget == nil || l <= smallArg || r.held == 0 || r.held+l <= r.budget.limit
 }
 
 // readArg fills arg from the stream, a large one with the socket's low-water
@@ -143,9 +177,15 @@ func (r *Reader) SetBudget(b *Budget) { r.budget = b }
 
 // Done returns the budget held for the last command (a no-op without one).
 func (r *Reader) Done() {
-	if r.budget != nil {
-		r.budget.release(r.held)
-		r.held = 0
+	if r.budget == nil || r.held == 0 {
+		return
+	}
+	r.budget.holders.Add(-1)
+	r.budget.release(r.held)
+	r.held = 0
+	if r.overdraft {
+		r.overdraft = false
+		r.budget.endOverdraft()
 	}
 }
 
@@ -190,9 +230,11 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 	// Grow the slice as arguments arrive rather than trusting n up front.
 	args := r.args[:0]
 	defer func() { r.args = args[:0] }()
-	var tooLarge error
+	// refused: the command is answered with this error once its remaining
+	// arguments are skipped (read and dropped, never allocated).
+	var refused error
 	for i := int64(0); i < n; i++ {
-		if tooLarge == nil {
+		if refused == nil {
 			if arg, ok := r.bufferedArg(); ok {
 				args = append(args, arg)
 				continue
@@ -212,26 +254,39 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 		if l < 0 {
 			return nil, &ProtocolError{Msg: fmt.Sprintf("invalid bulk length %d", l)}
 		}
-		if l > r.limits.MaxBulk {
+		if max := r.limits.maxSkip(); l > max {
+			return nil, &ProtocolError{Msg: fmt.Sprintf("invalid bulk length %d", l)}
+		}
+		if refused == nil && l > r.limits.MaxBulk {
+			refused = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
+		}
+		if refused == nil && !r.fits(l) {
+			refused = &OverBudgetError{Need: r.held + l, Limit: r.budget.limit}
+		}
+		if refused != nil {
+			// What the command already holds is of no more use: give it
+			// back before skipping what may be many more bytes.
+			args = args[:0]
+			r.Done()
 			if _, err := io.CopyN(io.Discard, r.br, l); err != nil {
 				return nil, unexpectedEOF(err)
 			}
-			tooLarge = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
 		} else {
-			arg := r.newArg(l)
+			arg, err := r.newArg(l)
+			if err != nil {
+				return nil, err
+			}
 			if err := r.readArg(arg); err != nil {
 				return nil, unexpectedEOF(err)
 			}
-			if tooLarge == nil {
-				args = append(args, arg)
-			}
+			args = append(args, arg)
 		}
 		if err := r.expectCRLF(); err != nil {
 			return nil, err
 		}
 	}
-	if tooLarge != nil {
-		return nil, tooLarge
+	if refused != nil {
+		return nil, refused
 	}
 	return args, nil
 }
@@ -251,7 +306,7 @@ func (r *Reader) bufferedArg() ([]byte, bool) {
 	for ; i < len(p) && i <= 19 && '0' <= p[i] && p[i] <= '9'; i++ {
 		l = l*10 + int64(p[i]-'0')
 	}
-	if i == 1 || i > 19 || l > r.limits.MaxBulk {
+	if i == 1 || i > 19 || l > r.limits.MaxBulk || !r.fits(l) {
 		return nil, false
 	}
 	hdr := i + 2
@@ -259,7 +314,10 @@ func (r *Reader) bufferedArg() ([]byte, bool) {
 	if end > len(p) || p[i] != '\r' || p[i+1] != '\n' || p[end-2] != '\r' || p[end-1] != '\n' {
 		return nil, false
 	}
-	arg := r.newArg(l)
+	arg, err := r.newArg(l)
+	if err != nil {
+		return nil, false
+	}
 	copy(arg, p[hdr:end-2])
 	r.br.Discard(end)
 	return arg, true

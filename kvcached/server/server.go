@@ -245,11 +245,15 @@ func (s *Server) serveConn(nc net.Conn) {
 		args, err := c.r.ReadCommand()
 		if err != nil {
 			var tl *resp.TooLargeError
+			var ob *resp.OverBudgetError
 			var pe *resp.ProtocolError
 			switch {
 			case errors.As(err, &tl):
 				s.mErrors.WithLabelValues("too_large").Inc()
 				c.w.Error("ERR " + tl.Error())
+			case errors.As(err, &ob):
+				s.mErrors.WithLabelValues("too_large").Inc()
+				c.w.Error("ERR " + ob.Error())
 			case errors.As(err, &pe):
 				s.mErrors.WithLabelValues("protocol").Inc()
 				c.w.Error("ERR " + pe.Error())
