@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -333,4 +334,42 @@ func TestOneCommandCannotExceedTheInflightBudget(t *testing.T) {
 	hwm := peakRSS(t, p.Pid())
 	t.Logf("peak RSS %d MiB for --ram-bytes %d MiB", hwm>>20, ram>>20)
 	must.LessEq(t, int64(ram)*11/10, hwm)
+}
+
+// TestIdleAndAuthTimeoutFlags: the binary closes a connection that stays
+// idle past --idle-timeout, and with a password one that does not
+// authenticate within --auth-timeout.
+func TestIdleAndAuthTimeoutFlags(t *testing.T) {
+	closedWithin := func(t *testing.T, addr string, d time.Duration) {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		must.NoError(t, err)
+		defer c.Close()
+		begin := time.Now()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.ReadAll(c)
+		must.NoError(t, err) // EOF: the server closed it
+		must.Less(t, d, time.Since(begin))
+	}
+	p := start(t, "--ram-bytes", "64MiB", "--idle-timeout", "300ms")
+	closedWithin(t, p.addr, 5*time.Second)
+
+	pw := filepath.Join(t.TempDir(), "password")
+	must.NoError(t, os.WriteFile(pw, []byte("s3cret\n"), 0o600))
+	addr, httpAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	testutil.Start(t, exec.Command(binary, "--addr", addr, "--http-addr", httpAddr, "--ram-bytes", "64MiB",
+		"--password-file", pw, "--auth-timeout", "300ms"))
+	client := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret"})
+	defer client.Close()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return client.Ping(context.Background()).Err() }),
+		wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
+	closedWithin(t, addr, 5*time.Second)
+}
+
+func TestIsLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:6380": true, "[::1]:6380": true, "0.0.0.0:6380": false, "10.0.0.5:6380": false, "[::]:6380": false} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		must.NoError(t, err)
+		must.Eq(t, want, isLoopback(a), must.Sprint(addr))
+	}
 }

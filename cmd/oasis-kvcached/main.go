@@ -53,6 +53,7 @@ type options struct {
 	eventsEndpoint, eventsReplay     string
 	blockSize                        int
 	fetchTimeout, filterInterval     time.Duration
+	idleTimeout, authTimeout         time.Duration
 	logLevel                         string
 	pprof                            bool
 }
@@ -69,6 +70,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(&maxv, "max-value-bytes", "largest value accepted (proto-max-bulk-len)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory of the SSD tier (block files and Pebble index)")
 	fs.StringVar(&o.passwordFile, "password-file", "", "file holding the Redis password (or set OASIS_KVCACHED_PASSWORD); none by default")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close Redis connections that send no command for this long (0 disables)")
+	fs.DurationVar(&o.authTimeout, "auth-timeout", server.DefaultAuthTimeout, "with a password, close connections that have not authenticated this long after connecting (0 disables)")
 	fs.StringVar(&o.quicAddr, "quic-addr", "", "UDP address serving peers over QUIC (empty disables peers)")
 	fs.StringVar(&o.quicAdvertise, "quic-advertise", "", "host:port peers reach this node on, to skip itself in the Consul catalog (default: --quic-addr, or every local address with its port when that is a wildcard)")
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM CA that signs every kvcached certificate")
@@ -185,13 +188,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
-	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget})
+	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget,
+		IdleTimeout: disabledIfZero(o.idleTimeout), AuthTimeout: disabledIfZero(o.authTimeout)})
 	if err != nil {
 		return err
 	}
 	l, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.addr, err)
+	}
+	if password == "" && !isLoopback(l.Addr()) {
+		log.Warn("serving the Redis protocol beyond loopback without a password: anyone who reaches this address can read, overwrite and delete blocks; set --password-file or OASIS_KVCACHED_PASSWORD", "addr", l.Addr().String())
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
@@ -236,6 +243,22 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// disabledIfZero maps a flag's 0 (disabled) to server.Config's negative
+// (disabled), whose 0 means the default.
+func disabledIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// isLoopback reports whether a listener's address is reachable only from
+// this host.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 // lateRemote forwards to the peer node once it exists.

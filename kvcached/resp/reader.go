@@ -34,6 +34,17 @@ type Limits struct {
 // redisMaxBulk is Redis's default proto-max-bulk-len.
 const redisMaxBulk = 512 << 20
 
+// Before a connection authenticates, commands are limited as Redis limits
+// them (redis/redis src/networking.c, processMultibulkBuffer: "ll > 10 &&
+// authRequired(c)" and "ll > 16384 && authRequired(c)", added in 6.2.6 and
+// 6.0.16 for CVE-2021-32675 and unchanged since, 7.2 and 8.x included): a
+// client without the password can make the server hold no more than a few
+// small arguments, enough for AUTH, HELLO and QUIT.
+const (
+	unauthMaxArgs = 10
+	unauthMaxBulk = 16384
+)
+
 func (l Limits) maxSkip() int64 {
 	if l.MaxSkip > 0 {
 		return max(l.MaxSkip, l.MaxBulk)
@@ -74,6 +85,9 @@ type Reader struct {
 	held   int64         // budget held for the current command
 	// overdraft: the current command went past the budget (see Budget).
 	overdraft bool
+	// unauthenticated applies Redis's limits for clients that have not
+	// authenticated (unauthMaxArgs, unauthMaxBulk).
+	unauthenticated bool
 	// lowWater, when set, asks the socket to report readability only once n
 	// bytes are queued (SO_RCVLOWAT); n = 1 restores the default.
 	lowWater func(n int)
@@ -167,6 +181,10 @@ func (r *Reader) readArg(arg []byte) error {
 	return nil
 }
 
+// SetUnauthenticated makes the following commands subject to the limits of
+// a connection that has not authenticated (true) or lifts them (false).
+func (r *Reader) SetUnauthenticated(on bool) { r.unauthenticated = on }
+
 // SetPool makes the reader take large arguments' buffers from p (which the
 // store they are given to hands back).
 func (r *Reader) SetPool(p *bufpool.Pool) { r.pool = p }
@@ -227,6 +245,9 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 	if n > int64(r.limits.MaxArgs) {
 		return nil, &ProtocolError{Msg: fmt.Sprintf("invalid multibulk length %d", n)}
 	}
+	if r.unauthenticated && n > unauthMaxArgs {
+		return nil, &ProtocolError{Msg: "unauthenticated multibulk length"}
+	}
 	// Grow the slice as arguments arrive rather than trusting n up front.
 	args := r.args[:0]
 	defer func() { r.args = args[:0] }()
@@ -256,6 +277,9 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 		}
 		if max := r.limits.maxSkip(); l > max {
 			return nil, &ProtocolError{Msg: fmt.Sprintf("invalid bulk length %d", l)}
+		}
+		if r.unauthenticated && l > unauthMaxBulk {
+			return nil, &ProtocolError{Msg: "unauthenticated bulk length"}
 		}
 		if refused == nil && l > r.limits.MaxBulk {
 			refused = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
@@ -306,7 +330,7 @@ func (r *Reader) bufferedArg() ([]byte, bool) {
 	for ; i < len(p) && i <= 19 && '0' <= p[i] && p[i] <= '9'; i++ {
 		l = l*10 + int64(p[i]-'0')
 	}
-	if i == 1 || i > 19 || l > r.limits.MaxBulk || !r.fits(l) {
+	if i == 1 || i > 19 || l > r.limits.MaxBulk || !r.fits(l) || (r.unauthenticated && l > unauthMaxBulk) {
 		return nil, false
 	}
 	hdr := i + 2
@@ -405,6 +429,9 @@ func (r *Reader) readInline() ([][]byte, error) {
 	}
 	if len(args) > r.limits.MaxArgs {
 		return nil, &ProtocolError{Msg: "too many inline arguments"}
+	}
+	if r.unauthenticated && len(args) > unauthMaxArgs {
+		return nil, &ProtocolError{Msg: "unauthenticated multibulk length"}
 	}
 	return args, nil
 }

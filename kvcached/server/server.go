@@ -27,6 +27,12 @@ import (
 // mirrored.
 const Version = "7.2.0"
 
+// Defaults of Config's timeouts.
+const (
+	DefaultIdleTimeout = 300 * time.Second
+	DefaultAuthTimeout = 10 * time.Second
+)
+
 // Config configures a Server.
 type Config struct {
 	Store *store.Store
@@ -41,8 +47,14 @@ type Config struct {
 	MaxBulk int64
 	// MaxClients bounds concurrent connections (0: 10000).
 	MaxClients int
-	// IdleTimeout closes connections idle this long (0: never).
+	// IdleTimeout closes connections that send no command for this long, so
+	// idle or abandoned connections cannot hold MaxClients' slots (default
+	// DefaultIdleTimeout; negative: never).
 	IdleTimeout time.Duration
+	// AuthTimeout closes connections that have not authenticated this long
+	// after connecting, when a password is set (default DefaultAuthTimeout;
+	// negative: never).
+	AuthTimeout time.Duration
 	// InflightBytes bounds the bytes of values all connections hold between
 	// reading a command and storing its value (default: 1/8 of the RAM tier,
 	// at least 2 × MaxBulk). Ignored when Budget is set.
@@ -94,6 +106,18 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxClients <= 0 {
 		cfg.MaxClients = 10000
+	}
+	switch {
+	case cfg.IdleTimeout == 0:
+		cfg.IdleTimeout = DefaultIdleTimeout
+	case cfg.IdleTimeout < 0:
+		cfg.IdleTimeout = 0
+	}
+	switch {
+	case cfg.AuthTimeout == 0:
+		cfg.AuthTimeout = DefaultAuthTimeout
+	case cfg.AuthTimeout < 0:
+		cfg.AuthTimeout = 0
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, st: cfg.Store, started: time.Now(), conns: map[net.Conn]struct{}{}}
 	s.limits = resp.DefaultLimits
@@ -238,9 +262,32 @@ func (s *Server) serveConn(nc net.Conn) {
 	defer c.r.Done()
 	defer s.publish(c)
 	ctx := context.Background()
+	var authBy time.Time
+	if !c.authed && s.cfg.AuthTimeout > 0 {
+		authBy = time.Now().Add(s.cfg.AuthTimeout)
+	}
+	// The read deadline is moved on when the reader may block (nothing
+	// buffered) and every deadlineEvery commands otherwise, rather than
+	// before every command: setting it costs a timer update, a share of a
+	// small pipelined command's CPU.
+	const deadlineEvery = 256
+	sinceDeadline := deadlineEvery
+	deadlineSet, wasAuthed := false, c.authed
 	for !c.quit {
-		if s.cfg.IdleTimeout > 0 {
-			nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		c.r.SetUnauthenticated(!c.authed)
+		if sinceDeadline++; sinceDeadline >= deadlineEvery || c.r.Buffered() == 0 || c.authed != wasAuthed {
+			sinceDeadline, wasAuthed = 0, c.authed
+			var d time.Time
+			if s.cfg.IdleTimeout > 0 {
+				d = time.Now().Add(s.cfg.IdleTimeout)
+			}
+			if !c.authed && !authBy.IsZero() && (d.IsZero() || authBy.Before(d)) {
+				d = authBy
+			}
+			if !d.IsZero() || deadlineSet {
+				nc.SetReadDeadline(d)
+				deadlineSet = !d.IsZero()
+			}
 		}
 		args, err := c.r.ReadCommand()
 		if err != nil {
