@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -372,4 +373,48 @@ func TestIsLoopback(t *testing.T) {
 		must.NoError(t, err)
 		must.Eq(t, want, isLoopback(a), must.Sprint(addr))
 	}
+}
+
+// TestPasswordFileReloadsOnSIGHUP: the Nomad job's template rewrites the
+// password file and sends SIGHUP; the new password then authenticates, the
+// old one no longer does, and a connection that authenticated before stays
+// usable. An empty file (a template whose variable lacks the item) is
+// refused at start, and on reload keeps the current password.
+func TestPasswordFileReloadsOnSIGHUP(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "password")
+	must.NoError(t, os.WriteFile(pw, nil, 0o600))
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(tctx, binary, "--addr", testutil.FreeAddr(t), "--http-addr", "", "--ram-bytes", "64MiB", "--password-file", pw).CombinedOutput()
+	must.Error(t, err)
+	must.StrContains(t, string(out), "is empty")
+
+	must.NoError(t, os.WriteFile(pw, []byte("old\n"), 0o600))
+	addr := testutil.FreeAddr(t)
+	p := testutil.Start(t, exec.Command(binary, "--addr", addr, "--http-addr", "", "--ram-bytes", "64MiB", "--password-file", pw))
+	old := redis.NewClient(&redis.Options{Addr: addr, Password: "old", PoolSize: 1})
+	defer old.Close()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return old.Set(ctx, "k", "v", 0).Err() }),
+		wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
+
+	must.NoError(t, os.WriteFile(pw, []byte("new\n"), 0o600))
+	must.NoError(t, syscall.Kill(p.Pid(), syscall.SIGHUP))
+	fresh := func(pass string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr, Password: pass, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return fresh("new").Ping(ctx).Err() }),
+		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	must.ErrorContains(t, fresh("old").Ping(ctx).Err(), "WRONGPASS")
+	must.Eq(t, "v", old.Get(ctx, "k").Val())
+
+	must.NoError(t, os.WriteFile(pw, nil, 0o600))
+	must.NoError(t, syscall.Kill(p.Pid(), syscall.SIGHUP))
+	time.Sleep(200 * time.Millisecond)
+	must.False(t, p.Exited())
+	must.NoError(t, fresh("new").Ping(ctx).Err())
+	must.ErrorContains(t, fresh("").Get(ctx, "k").Err(), "NOAUTH")
 }

@@ -66,10 +66,12 @@ type Config struct {
 
 // Server is a Redis-protocol front end to a store.Store.
 type Server struct {
-	cfg      Config
-	log      hclog.Logger
-	st       *store.Store
-	passHash []byte
+	cfg Config
+	log hclog.Logger
+	st  *store.Store
+	// passHash is the password's SHA-256, nil without a password; swapped
+	// by SetPassword while connections read it.
+	passHash atomic.Pointer[[]byte]
 	started  time.Time
 	limits   resp.Limits
 
@@ -129,10 +131,7 @@ func New(cfg Config) (*Server, error) {
 	if s.budget == nil {
 		s.budget = resp.NewBudget(cfg.InflightBytes)
 	}
-	if cfg.Password != "" {
-		h := sha256.Sum256([]byte(cfg.Password))
-		s.passHash = h[:]
-	}
+	s.SetPassword(cfg.Password)
 	s.mConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_connections", Help: "Open Redis-protocol client connections."})
 	s.mCommands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_commands_total", Help: "Redis commands served, by command."}, []string{"command"})
 	s.mErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_command_errors_total", Help: "Error replies, by kind (protocol, too_large, auth, unknown, args)."}, []string{"kind"})
@@ -141,6 +140,19 @@ func New(cfg Config) (*Server, error) {
 		s.cmdCount[i] = s.mCommands.WithLabelValues(name)
 	}
 	return s, nil
+}
+
+// SetPassword replaces the password ("": none) for authentications from now
+// on; connections that already authenticated stay authenticated, as in Redis
+// after CONFIG SET requirepass.
+func (s *Server) SetPassword(password string) {
+	if password == "" {
+		s.passHash.Store(nil)
+		return
+	}
+	h := sha256.Sum256([]byte(password))
+	b := h[:]
+	s.passHash.Store(&b)
 }
 
 // Serve accepts connections on l until Close.
@@ -248,7 +260,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		nc:     nc,
 		r:      resp.NewReader(bufio.NewReaderSize(nc, 64<<10), s.limits),
 		w:      resp.NewWriter(nc, 64<<10),
-		authed: s.passHash == nil,
+		authed: s.passHash.Load() == nil,
 	}
 	c.r.SetBudget(s.budget)
 	c.r.SetPool(s.st.BufferPool())
