@@ -93,6 +93,12 @@ variable "kv_events_address" {
   default     = ""
 }
 
+variable "peer_verify_address" {
+  description = "Peers verify that each node's certificate names its address (--tls-verify-address) instead of the shared name oasis-kvcached, so a node cannot pose as another. Needs a certificate per node with its address as IP SAN (Vault PKI, see kvcached/README.md)."
+  type        = bool
+  default     = false
+}
+
 variable "memory_mb" {
   description = "Task memory: at least ram_bytes + 10%."
   type        = number
@@ -109,6 +115,7 @@ locals {
     "--tls-key", "secrets/key.pem",
     "--consul-addr", var.consul_addr,
   ] : []
+  verify_args = var.peers_enabled && var.peer_verify_address ? ["--tls-verify-address"] : []
 }
 
 job "oasis-kvcached" {
@@ -176,7 +183,7 @@ job "oasis-kvcached" {
           "--data-dir", var.data_dir,
           "--kv-events-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events}",
           "--kv-events-replay-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events_replay}",
-        ], local.auth_args, local.peer_args)
+        ], local.auth_args, local.peer_args, local.verify_args)
       }
 
       # kvcached reads the password file at start and again on SIGHUP: a changed password takes

@@ -47,6 +47,7 @@ type options struct {
 	passwordFile                     string
 	quicAddr, tlsCA, tlsCert, tlsKey string
 	tlsServerName                    string
+	tlsVerifyAddress                 bool
 	peers                            string
 	consulAddr, consulService        string
 	quicAdvertise                    string
@@ -78,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate of this node (server and client auth)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of this node")
 	fs.StringVar(&o.tlsServerName, "tls-server-name", peer.DefaultServerName, "DNS name verified on peers' certificates")
+	fs.BoolVar(&o.tlsVerifyAddress, "tls-verify-address", false, "verify that each peer's certificate names the address (IP or DNS SAN) it is dialled at instead of --tls-server-name, so a node cannot pose as another (needs a certificate per node)")
 	fs.StringVar(&o.peers, "peers", "", "comma-separated static peer QUIC addresses (host:port)")
 	fs.StringVar(&o.consulAddr, "consul-addr", "", "Consul HTTP address to discover peers from (default $CONSUL_HTTP_ADDR; empty: no discovery)")
 	fs.StringVar(&o.consulService, "consul-service", "oasis-kvcached", "Consul service name of kvcached instances")
@@ -167,7 +169,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer st.Close()
 
 	if o.quicAddr != "" {
-		stls, ctls, err := peer.LoadTLS(peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName})
+		stls, ctls, err := peer.LoadTLS(peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName, VerifyAddress: o.tlsVerifyAddress})
 		if err != nil {
 			return err
 		}

@@ -86,8 +86,12 @@ type Config struct {
 	// ListenAddr is the UDP address to serve peers on, e.g. "127.0.0.1:7380".
 	ListenAddr string
 	ServerTLS  *tls.Config
-	ClientTLS  *tls.Config
-	Local      Local
+	// ClientTLS dials peers. With ServerName empty, each peer's certificate
+	// must name the host it is dialled at (its address or DNS name), so a
+	// node holding a certificate for itself cannot answer as another;
+	// otherwise every peer's certificate carries that one name.
+	ClientTLS *tls.Config
+	Local     Local
 	// Logger receives the node's logs; nil discards them.
 	Logger hclog.Logger
 	// Registerer takes the node's metrics; nil registers them nowhere.
@@ -387,7 +391,15 @@ func (n *Node) conn(ctx context.Context, p *peerState) (*quic.Conn, error) {
 		addr, err := net.ResolveUDPAddr("udp", p.addr)
 		var c *quic.Conn
 		if err == nil {
-			c, err = n.tr.Dial(ctx, addr, n.cfg.ClientTLS, n.qc)
+			tlsConf := n.cfg.ClientTLS
+			if tlsConf.ServerName == "" {
+				// The name dialled, not the address it resolved to: a peer
+				// given by DNS name has that name in its certificate.
+				host, _, _ := net.SplitHostPort(p.addr)
+				tlsConf = tlsConf.Clone()
+				tlsConf.ServerName = host
+			}
+			c, err = n.tr.Dial(ctx, addr, tlsConf, n.qc)
 		}
 		p.mu.Lock()
 		p.dialing = nil
