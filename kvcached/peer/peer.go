@@ -70,6 +70,13 @@ type ReadCoster interface {
 	ReadCost(key string) int64
 }
 
+// contextBudget is a Budget whose waits can be cut short: a fetch runs on
+// behalf of a command whose reader may hold budget itself, so its wait must
+// end with the fetch's deadline rather than possibly never.
+type contextBudget interface {
+	AcquireContext(ctx context.Context, n int64) error
+}
+
 // Budget bounds transient buffers across the process: every fetched block's
 // bytes are acquired before its buffer is allocated and released once Fetch
 // has returned it, and a block served from disk holds its bytes until sent.
@@ -450,7 +457,14 @@ func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, m
 	}
 	budgeted := op == opGet && hdr[0] == statusOK && n.cfg.Budget != nil
 	if budgeted {
-		n.cfg.Budget.Acquire(int64(l))
+		if bc, ok := n.cfg.Budget.(contextBudget); ok {
+			if err := bc.AcquireContext(ctx, int64(l)); err != nil {
+				s.CancelRead(2)
+				return nil, n.ctxErr(ctx, fmt.Errorf("waiting for memory for a block from %s: %w", p.addr, err))
+			}
+		} else {
+			n.cfg.Budget.Acquire(int64(l))
+		}
 	}
 	// Every byte is read before the body is used.
 	body := nozero.Make(int(l))

@@ -1,6 +1,7 @@
 package resp
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -28,9 +29,9 @@ type Budget struct {
 	// more contended lock per command. mu and cond serve only the waiters.
 	used    atomic.Int64
 	waiters atomic.Int32
-	// holders counts readers holding bytes for a command; stuck (under mu)
-	// those of them waiting for more. stuck == holders means no holder can
-	// make progress by itself.
+	// holders counts readers holding bytes for a command they are still
+	// reading; stuck (under mu) those of them waiting for more. stuck ==
+	// holders means no holder can make progress by itself.
 	holders   atomic.Int32
 	stuck     int32
 	overdraft bool // under mu: a reader is past the limit
@@ -75,8 +76,23 @@ func (b *Budget) tryAcquire(n int64) bool {
 // caller already holds for its command; it reports whether the caller took
 // the overdraft (see Budget), which it gives back with endOverdraft.
 func (b *Budget) acquire(n, held int64) (overdraft bool) {
+	overdraft, _ = b.acquireContext(nil, n, held)
+	return overdraft
+}
+
+// acquireContext is acquire that gives up, taking nothing, once ctx (if not
+// nil) is done.
+func (b *Budget) acquireContext(ctx context.Context, n, held int64) (overdraft bool, err error) {
 	if b.tryAcquire(n) {
-		return false
+		return false, nil
+	}
+	if ctx != nil {
+		stop := context.AfterFunc(ctx, func() {
+			b.mu.Lock()
+			b.cond.Broadcast()
+			b.mu.Unlock()
+		})
+		defer stop()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -95,11 +111,25 @@ func (b *Budget) acquire(n, held int64) (overdraft bool) {
 		if held > 0 && !b.overdraft && b.stuck >= b.holders.Load() {
 			b.used.Add(n)
 			b.overdraft = true
-			return true
+			return true, nil
+		}
+		if ctx != nil && ctx.Err() != nil {
+			return false, ctx.Err()
 		}
 		b.cond.Wait()
 	}
-	return false
+	return false, nil
+}
+
+// leave takes a reader out of holders; stuck readers may now be all that
+// is left.
+func (b *Budget) leave() {
+	b.holders.Add(-1)
+	if b.waiters.Load() > 0 {
+		b.mu.Lock()
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	}
 }
 
 // endOverdraft lets another stuck reader take the overdraft.
@@ -134,6 +164,19 @@ func (b *Budget) Acquire(n int64) {
 	if n > 0 {
 		b.acquire(n, 0)
 	}
+}
+
+// AcquireContext is Acquire that gives up once ctx is done, taking nothing.
+// A command being run that needs budget (a peer fetch on a miss) uses it:
+// its reader may still hold bytes, and the readers waiting for those bytes
+// cannot take the overdraft while another command holds it, so only a
+// deadline guarantees that one of them gives way.
+func (b *Budget) AcquireContext(ctx context.Context, n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	_, err := b.acquireContext(ctx, n, 0)
+	return err
 }
 
 // Release gives back n bytes taken with Acquire.

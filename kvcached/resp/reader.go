@@ -85,6 +85,11 @@ type Reader struct {
 	held   int64         // budget held for the current command
 	// overdraft: the current command went past the budget (see Budget).
 	overdraft bool
+	// reading: counted in the budget's holders, from the command's first
+	// budgeted argument until ReadCommand returns. A command being run is
+	// not counted: it may wait for the budget itself (a peer fetch on a
+	// miss), and counting it would keep stuck readers from the overdraft.
+	reading bool
 	// unauthenticated applies Redis's limits for clients that have not
 	// authenticated (unauthMaxArgs, unauthMaxBulk).
 	unauthenticated bool
@@ -128,7 +133,10 @@ func (r *Reader) newArg(l int64) ([]byte, error) {
 		if r.budget.acquire(l, r.held) {
 			r.overdraft = true
 		}
-		if r.held == 0 {
+		// Counted once it holds bytes: a reader waiting with nothing held
+		// is not one the stuck readers wait for.
+		if !r.reading {
+			r.reading = true
 			r.budget.holders.Add(1)
 		}
 		r.held += l
@@ -195,15 +203,23 @@ func (r *Reader) SetBudget(b *Budget) { r.budget = b }
 
 // Done returns the budget held for the last command (a no-op without one).
 func (r *Reader) Done() {
+	r.doneReading()
 	if r.budget == nil || r.held == 0 {
 		return
 	}
-	r.budget.holders.Add(-1)
 	r.budget.release(r.held)
 	r.held = 0
 	if r.overdraft {
 		r.overdraft = false
 		r.budget.endOverdraft()
+	}
+}
+
+// doneReading takes the reader out of the budget's holders (see reading).
+func (r *Reader) doneReading() {
+	if r.reading {
+		r.reading = false
+		r.budget.leave()
 	}
 }
 
@@ -224,6 +240,7 @@ func (r *Reader) Buffered() int { return r.br.Buffered() }
 // stay valid. Arguments of up to 64 bytes share a slab with other small
 // arguments: a caller keeping one for long should copy it.
 func (r *Reader) ReadCommand() ([][]byte, error) {
+	defer r.doneReading()
 	b, err := r.br.ReadByte()
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package resp
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"strconv"
@@ -376,6 +377,45 @@ func TestBudgetHoldersWaitAndCannotDeadlock(t *testing.T) {
 	// Without the wait every reader's second value lands past the limit
 	// (n × 1400 bytes); with it, at most one command overdraws.
 	must.LessEq(t, int64(1500+1400), peak)
+}
+
+// A command being run (read, not yet Done) no longer counts among the
+// readers that could progress: a reader stuck for more budget takes the
+// overdraft rather than waiting for it, and the running command's own wait
+// for budget (a peer fetch) ends with its context.
+func TestBudgetRunningCommandDoesNotBlockTheOverdraft(t *testing.T) {
+	b := NewBudget(1000)
+	limits := Limits{MaxBulk: 1 << 20, MaxArgs: 10, MaxInline: 100}
+	key := strings.Repeat("k", 100)
+	get := reader("*2\r\n$3\r\nGET\r\n$100\r\n"+key+"\r\n", limits)
+	get.SetBudget(b)
+	_, err := get.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, int64(100), b.InUse())
+
+	val := strings.Repeat("v", 500)
+	mset := reader("*5\r\n$4\r\nMSET\r\n$1\r\na\r\n$500\r\n"+val+"\r\n$1\r\nb\r\n$500\r\n"+val+"\r\n", limits)
+	mset.SetBudget(b)
+	done := make(chan error, 1)
+	go func() {
+		_, err := mset.ReadCommand()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		must.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reader stuck for budget waited for a command being run")
+	}
+	must.Eq(t, int64(1100), b.InUse())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	must.ErrorIs(t, b.AcquireContext(ctx, 1000), context.DeadlineExceeded)
+	must.Eq(t, int64(1100), b.InUse())
+	mset.Done()
+	get.Done()
+	must.Eq(t, int64(0), b.InUse())
 }
 
 // A bulk length past what is worth skipping closes the connection.
