@@ -8,6 +8,14 @@
 # TLS material for peers: put the CA, certificate and key in Nomad Variables at
 # nomad/jobs/oasis-kvcached (items ca, cert, key) and set peers_enabled = true; the template
 # blocks below write them into the task's secrets dir. Without them kvcached runs without peers.
+#
+# Redis password: put it in the same variable (item redis_password) and set auth_enabled = true;
+# a template writes it into the task's secrets dir and kvcached reads it from there
+# (--password-file), so it never appears in the job, its arguments or its environment.
+#
+# KV-event sockets (ZMQ PUB and ROUTER, no authentication) bind to the node's address
+# (attr.unique.network.ip-address) unless kv_events_address names another: routers on other
+# nodes subscribe to them, so they cannot be on loopback; keep that address private.
 
 variable "datacenters" {
   type    = list(string)
@@ -73,6 +81,24 @@ variable "peers_enabled" {
   default     = false
 }
 
+variable "auth_enabled" {
+  description = "Require the Redis password in Nomad variable nomad/jobs/oasis-kvcached, item redis_password (the task waits for it). Engines must then send it."
+  type        = bool
+  default     = false
+}
+
+variable "kv_events_address" {
+  description = "Address the KV-event sockets (ZMQ PUB and ROUTER, unauthenticated) bind to and advertise; empty: the node's address, attr.unique.network.ip-address. Routers on other nodes must reach it."
+  type        = string
+  default     = ""
+}
+
+variable "peer_verify_address" {
+  description = "Peers verify that each node's certificate names its address (--tls-verify-address) instead of the shared name oasis-kvcached, so a node cannot pose as another. Needs a certificate per node with its address as IP SAN (Vault PKI, see kvcached/README.md)."
+  type        = bool
+  default     = false
+}
+
 variable "memory_mb" {
   description = "Task memory: at least ram_bytes + 10%."
   type        = number
@@ -80,6 +106,8 @@ variable "memory_mb" {
 }
 
 locals {
+  kv_events_address = var.kv_events_address != "" ? var.kv_events_address : "$${attr.unique.network.ip-address}"
+  auth_args         = var.auth_enabled ? ["--password-file", "secrets/redis-password"] : []
   peer_args = var.peers_enabled ? [
     "--quic-addr", "${var.bind_address == "127.0.0.1" ? "0.0.0.0" : var.bind_address}:${var.quic_port}",
     "--tls-ca", "secrets/ca.pem",
@@ -87,6 +115,7 @@ locals {
     "--tls-key", "secrets/key.pem",
     "--consul-addr", var.consul_addr,
   ] : []
+  verify_args = var.peers_enabled && var.peer_verify_address ? ["--tls-verify-address"] : []
 }
 
 job "oasis-kvcached" {
@@ -127,8 +156,8 @@ job "oasis-kvcached" {
       meta {
         oasis_quic_port        = "${var.quic_port}"
         oasis_metrics_addr     = "${NOMAD_ADDR_http}"
-        oasis_kv_events        = "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}"
-        oasis_kv_events_replay = "tcp://${NOMAD_IP_kv_events_replay}:${NOMAD_PORT_kv_events_replay}"
+        oasis_kv_events        = "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events}"
+        oasis_kv_events_replay = "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events_replay}"
         oasis_node             = "${node.unique.id}"
       }
       check {
@@ -152,9 +181,23 @@ job "oasis-kvcached" {
           "--ram-bytes", var.ram_bytes,
           "--disk-bytes", var.disk_bytes,
           "--data-dir", var.data_dir,
-          "--kv-events-endpoint", "tcp://${NOMAD_IP_kv_events}:${NOMAD_PORT_kv_events}",
-          "--kv-events-replay-endpoint", "tcp://${NOMAD_IP_kv_events_replay}:${NOMAD_PORT_kv_events_replay}",
-        ], local.peer_args)
+          "--kv-events-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events}",
+          "--kv-events-replay-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events_replay}",
+        ], local.auth_args, local.peer_args, local.verify_args)
+      }
+
+      # kvcached reads the password file at start and again on SIGHUP: a changed password takes
+      # effect without a restart (which would empty the RAM tier); connections that already
+      # authenticated stay open.
+      dynamic "template" {
+        for_each = var.auth_enabled ? ["redis_password"] : []
+        content {
+          destination   = "secrets/redis-password"
+          perms         = "0600"
+          change_mode   = "signal"
+          change_signal = "SIGHUP"
+          data          = "{{ with nomadVar \"nomad/jobs/oasis-kvcached\" }}{{ .redis_password }}{{ end }}"
+        }
       }
 
       dynamic "template" {

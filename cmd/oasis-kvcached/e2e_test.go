@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -9,10 +10,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -296,4 +299,122 @@ func peakRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatal("no VmHWM in /proc/pid/status")
 	return 0
+}
+
+// TestOneCommandCannotExceedTheInflightBudget sends one MSET of 16 values of
+// 64 MiB over a raw socket to a 256 MiB budget: the command is refused once
+// its arguments would hold more than the in-flight budget, the rest of it is
+// skipped, the connection keeps working, and RSS stays within the budget.
+func TestOneCommandCannotExceedTheInflightBudget(t *testing.T) {
+	const ram = 256 << 20
+	p := start(t, "--ram-bytes", strconv.Itoa(ram))
+	c, err := net.Dial("tcp", p.addr)
+	must.NoError(t, err)
+	defer c.Close()
+	const n, size = 16, 64 << 20
+	val := bytes.Repeat([]byte{7}, size)
+	go func() {
+		w := bufio.NewWriterSize(c, 1<<20)
+		fmt.Fprintf(w, "*%d\r\n$4\r\nMSET\r\n", 1+2*n)
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(w, "$%d\r\n%s\r\n$%d\r\n", len(blockKey(i)), blockKey(i), size)
+			w.Write(val)
+			w.WriteString("\r\n")
+		}
+		w.WriteString("*1\r\n$4\r\nPING\r\n")
+		w.Flush()
+	}()
+	c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	must.NoError(t, err)
+	must.StrContains(t, line, "in-flight memory limit")
+	line, err = br.ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, "+PONG\r\n", line)
+	hwm := peakRSS(t, p.Pid())
+	t.Logf("peak RSS %d MiB for --ram-bytes %d MiB", hwm>>20, ram>>20)
+	must.LessEq(t, int64(ram)*11/10, hwm)
+}
+
+// TestIdleAndAuthTimeoutFlags: the binary closes a connection that stays
+// idle past --idle-timeout, and with a password one that does not
+// authenticate within --auth-timeout.
+func TestIdleAndAuthTimeoutFlags(t *testing.T) {
+	closedWithin := func(t *testing.T, addr string, d time.Duration) {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		must.NoError(t, err)
+		defer c.Close()
+		begin := time.Now()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.ReadAll(c)
+		must.NoError(t, err) // EOF: the server closed it
+		must.Less(t, d, time.Since(begin))
+	}
+	p := start(t, "--ram-bytes", "64MiB", "--idle-timeout", "300ms")
+	closedWithin(t, p.addr, 5*time.Second)
+
+	pw := filepath.Join(t.TempDir(), "password")
+	must.NoError(t, os.WriteFile(pw, []byte("s3cret\n"), 0o600))
+	addr, httpAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	testutil.Start(t, exec.Command(binary, "--addr", addr, "--http-addr", httpAddr, "--ram-bytes", "64MiB",
+		"--password-file", pw, "--auth-timeout", "300ms"))
+	client := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret"})
+	defer client.Close()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return client.Ping(context.Background()).Err() }),
+		wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
+	closedWithin(t, addr, 5*time.Second)
+}
+
+func TestIsLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:6380": true, "[::1]:6380": true, "0.0.0.0:6380": false, "10.0.0.5:6380": false, "[::]:6380": false} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		must.NoError(t, err)
+		must.Eq(t, want, isLoopback(a), must.Sprint(addr))
+	}
+}
+
+// TestPasswordFileReloadsOnSIGHUP: the Nomad job's template rewrites the
+// password file and sends SIGHUP; the new password then authenticates, the
+// old one no longer does, and a connection that authenticated before stays
+// usable. An empty file (a template whose variable lacks the item) is
+// refused at start, and on reload keeps the current password.
+func TestPasswordFileReloadsOnSIGHUP(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "password")
+	must.NoError(t, os.WriteFile(pw, nil, 0o600))
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(tctx, binary, "--addr", testutil.FreeAddr(t), "--http-addr", "", "--ram-bytes", "64MiB", "--password-file", pw).CombinedOutput()
+	must.Error(t, err)
+	must.StrContains(t, string(out), "is empty")
+
+	must.NoError(t, os.WriteFile(pw, []byte("old\n"), 0o600))
+	addr := testutil.FreeAddr(t)
+	p := testutil.Start(t, exec.Command(binary, "--addr", addr, "--http-addr", "", "--ram-bytes", "64MiB", "--password-file", pw))
+	old := redis.NewClient(&redis.Options{Addr: addr, Password: "old", PoolSize: 1})
+	defer old.Close()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return old.Set(ctx, "k", "v", 0).Err() }),
+		wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
+
+	must.NoError(t, os.WriteFile(pw, []byte("new\n"), 0o600))
+	must.NoError(t, syscall.Kill(p.Pid(), syscall.SIGHUP))
+	fresh := func(pass string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr, Password: pass, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return fresh("new").Ping(ctx).Err() }),
+		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	must.ErrorContains(t, fresh("old").Ping(ctx).Err(), "WRONGPASS")
+	must.Eq(t, "v", old.Get(ctx, "k").Val())
+
+	must.NoError(t, os.WriteFile(pw, nil, 0o600))
+	must.NoError(t, syscall.Kill(p.Pid(), syscall.SIGHUP))
+	time.Sleep(200 * time.Millisecond)
+	must.False(t, p.Exited())
+	must.NoError(t, fresh("new").Ping(ctx).Err())
+	must.ErrorContains(t, fresh("").Get(ctx, "k").Err(), "NOAUTH")
 }

@@ -47,12 +47,14 @@ type options struct {
 	passwordFile                     string
 	quicAddr, tlsCA, tlsCert, tlsKey string
 	tlsServerName                    string
+	tlsVerifyAddress                 bool
 	peers                            string
 	consulAddr, consulService        string
 	quicAdvertise                    string
 	eventsEndpoint, eventsReplay     string
 	blockSize                        int
 	fetchTimeout, filterInterval     time.Duration
+	idleTimeout, authTimeout         time.Duration
 	logLevel                         string
 	pprof                            bool
 }
@@ -68,13 +70,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(&disk, "disk-bytes", "SSD tier size (0 disables the disk tier)")
 	fs.Var(&maxv, "max-value-bytes", "largest value accepted (proto-max-bulk-len)")
 	fs.StringVar(&o.dataDir, "data-dir", "", "directory of the SSD tier (block files and Pebble index)")
-	fs.StringVar(&o.passwordFile, "password-file", "", "file holding the Redis password (or set OASIS_KVCACHED_PASSWORD); none by default")
+	fs.StringVar(&o.passwordFile, "password-file", "", "file holding the Redis password, read again on SIGHUP (or set OASIS_KVCACHED_PASSWORD); none by default")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close Redis connections that send no command for this long (0 disables)")
+	fs.DurationVar(&o.authTimeout, "auth-timeout", server.DefaultAuthTimeout, "with a password, close connections that have not authenticated this long after connecting (0 disables)")
 	fs.StringVar(&o.quicAddr, "quic-addr", "", "UDP address serving peers over QUIC (empty disables peers)")
 	fs.StringVar(&o.quicAdvertise, "quic-advertise", "", "host:port peers reach this node on, to skip itself in the Consul catalog (default: --quic-addr, or every local address with its port when that is a wildcard)")
 	fs.StringVar(&o.tlsCA, "tls-ca", "", "PEM CA that signs every kvcached certificate")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate of this node (server and client auth)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of this node")
 	fs.StringVar(&o.tlsServerName, "tls-server-name", peer.DefaultServerName, "DNS name verified on peers' certificates")
+	fs.BoolVar(&o.tlsVerifyAddress, "tls-verify-address", false, "verify that each peer's certificate names the address (IP or DNS SAN) it is dialled at instead of --tls-server-name, so a node cannot pose as another (needs a certificate per node)")
 	fs.StringVar(&o.peers, "peers", "", "comma-separated static peer QUIC addresses (host:port)")
 	fs.StringVar(&o.consulAddr, "consul-addr", "", "Consul HTTP address to discover peers from (default $CONSUL_HTTP_ADDR; empty: no discovery)")
 	fs.StringVar(&o.consulService, "consul-service", "oasis-kvcached", "Consul service name of kvcached instances")
@@ -103,6 +108,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Caught from the start: SIGHUP's default action would end the process,
+	// and Nomad may send it as soon as it renders the password file.
+	var hup chan os.Signal
+	if o.passwordFile != "" {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "oasis-kvcached", Level: hclog.LevelFromString(o.logLevel), Output: stderr})
 
 	plan, err := planMemory(o.ramBytes, o.maxValue, o.diskBytes > 0)
@@ -122,11 +135,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	password := os.Getenv("OASIS_KVCACHED_PASSWORD")
 	if o.passwordFile != "" {
-		b, err := os.ReadFile(o.passwordFile)
-		if err != nil {
-			return fmt.Errorf("reading password file: %w", err)
+		if password, err = readPassword(o.passwordFile); err != nil {
+			return err
 		}
-		password = strings.TrimRight(string(b), "\r\n")
 	}
 
 	reg := prometheus.NewRegistry()
@@ -158,7 +169,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer st.Close()
 
 	if o.quicAddr != "" {
-		stls, ctls, err := peer.LoadTLS(peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName})
+		stls, ctls, err := peer.LoadTLS(peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName, VerifyAddress: o.tlsVerifyAddress})
 		if err != nil {
 			return err
 		}
@@ -185,13 +196,20 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
-	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget})
+	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget,
+		IdleTimeout: disabledIfZero(o.idleTimeout), AuthTimeout: disabledIfZero(o.authTimeout)})
 	if err != nil {
 		return err
 	}
 	l, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.addr, err)
+	}
+	if password == "" && !isLoopback(l.Addr()) {
+		log.Warn("serving the Redis protocol beyond loopback without a password: anyone who reaches this address can read, overwrite and delete blocks; set --password-file or OASIS_KVCACHED_PASSWORD", "addr", l.Addr().String())
+	}
+	if hup != nil {
+		go reloadPasswordOnHUP(ctx, hup, o.passwordFile, srv, log)
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
@@ -236,6 +254,59 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// readPassword reads the password from path. An empty file is an error
+// rather than "no password": a Nomad template whose variable lacks the item
+// renders an empty file, and starting without a password then would open
+// the store to anyone who reaches it.
+func readPassword(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading password file: %w", err)
+	}
+	p := strings.TrimRight(string(b), "\r\n")
+	if p == "" {
+		return "", fmt.Errorf("password file %s is empty", path)
+	}
+	return p, nil
+}
+
+// reloadPasswordOnHUP reads the password file again on every SIGHUP (what
+// the Nomad job's template sends when the password changes), so a new
+// password takes effect without a restart, which would empty the RAM tier.
+// A file that cannot be read or is empty keeps the current password.
+func reloadPasswordOnHUP(ctx context.Context, hup <-chan os.Signal, path string, srv *server.Server, log hclog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			p, err := readPassword(path)
+			if err != nil {
+				log.Error("keeping the current password", "error", err)
+				continue
+			}
+			srv.SetPassword(p)
+			log.Info("password reloaded", "file", path)
+		}
+	}
+}
+
+// disabledIfZero maps a flag's 0 (disabled) to server.Config's negative
+// (disabled), whose 0 means the default.
+func disabledIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// isLoopback reports whether a listener's address is reachable only from
+// this host.
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 // lateRemote forwards to the peer node once it exists.

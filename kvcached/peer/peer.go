@@ -73,6 +73,13 @@ type ReadCoster interface {
 	ReadCost(key string) int64
 }
 
+// contextBudget is a Budget whose waits can be cut short: a fetch runs on
+// behalf of a command whose reader may hold budget itself, so its wait must
+// end with the fetch's deadline rather than possibly never.
+type contextBudget interface {
+	AcquireContext(ctx context.Context, n int64) error
+}
+
 // Budget bounds transient buffers across the process: every fetched block's
 // bytes are acquired before its buffer is allocated and released once Fetch
 // has returned it, and a block served from disk holds its bytes until sent.
@@ -89,8 +96,12 @@ type Config struct {
 	// ListenAddr is the UDP address to serve peers on, e.g. "127.0.0.1:7380".
 	ListenAddr string
 	ServerTLS  *tls.Config
-	ClientTLS  *tls.Config
-	Local      Local
+	// ClientTLS dials peers. With ServerName empty, each peer's certificate
+	// must name the host it is dialled at (its address or DNS name), so a
+	// node holding a certificate for itself cannot answer as another;
+	// otherwise every peer's certificate carries that one name.
+	ClientTLS *tls.Config
+	Local     Local
 	// Logger receives the node's logs; nil discards them.
 	Logger hclog.Logger
 	// Registerer takes the node's metrics; nil registers them nowhere.
@@ -390,7 +401,15 @@ func (n *Node) conn(ctx context.Context, p *peerState) (*quic.Conn, error) {
 		addr, err := net.ResolveUDPAddr("udp", p.addr)
 		var c *quic.Conn
 		if err == nil {
-			c, err = n.tr.Dial(ctx, addr, n.cfg.ClientTLS, n.qc)
+			tlsConf := n.cfg.ClientTLS
+			if tlsConf.ServerName == "" {
+				// The name dialled, not the address it resolved to: a peer
+				// given by DNS name has that name in its certificate.
+				host, _, _ := net.SplitHostPort(p.addr)
+				tlsConf = tlsConf.Clone()
+				tlsConf.ServerName = host
+			}
+			c, err = n.tr.Dial(ctx, addr, tlsConf, n.qc)
 		}
 		p.mu.Lock()
 		p.dialing = nil
@@ -441,7 +460,14 @@ func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, m
 	}
 	budgeted := op == opGet && hdr[0] == statusOK && n.cfg.Budget != nil
 	if budgeted {
-		n.cfg.Budget.Acquire(int64(l))
+		if bc, ok := n.cfg.Budget.(contextBudget); ok {
+			if err := bc.AcquireContext(ctx, int64(l)); err != nil {
+				s.CancelRead(2)
+				return nil, n.ctxErr(ctx, fmt.Errorf("waiting for memory for a block from %s: %w", p.addr, err))
+			}
+		} else {
+			n.cfg.Budget.Acquire(int64(l))
+		}
 	}
 	// Every byte is read before the body is used.
 	body := nozero.Make(int(l))

@@ -278,3 +278,38 @@ func TestSelfMatcher(t *testing.T) {
 	m = SelfMatcher("", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9})
 	must.True(t, m("127.0.0.1:9"))
 }
+
+// With per-node certificates (ClientTLS without a ServerName, what
+// --tls-verify-address sets), a peer must present a certificate naming the
+// address it is dialled at: a node with a valid certificate for another
+// node's address, or with the shared name only, is refused.
+func TestPeerCertificateMustNameTheNode(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
+	addrNode := func(listen string, names ...string) *Node {
+		t.Helper()
+		cert := ca.Issue(t, names[0], names...).TLS(t)
+		st, ct, err := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
+		must.NoError(t, err)
+		ct.ServerName = ""
+		n, err := New(Config{ListenAddr: listen + ":0", ServerTLS: st, ClientTLS: ct,
+			Local:        &mapStore{m: map[string][]byte{"blk": []byte("from " + listen)}},
+			FetchTimeout: 2 * time.Second, FilterInterval: time.Hour})
+		must.NoError(t, err)
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	a := addrNode("127.0.0.2", "127.0.0.2")
+	b := addrNode("127.0.0.3", "127.0.0.3")
+	impostor := addrNode("127.0.0.4", "127.0.0.2")     // a's name, another address
+	shared := addrNode("127.0.0.5", DefaultServerName) // the one shared name
+	b.SetPeers([]string{a.Addr().String(), impostor.Addr().String(), shared.Addr().String()})
+	ctx := context.Background()
+
+	v, err := b.request(ctx, b.peers[a.Addr().String()], opGet, "blk", 1<<20)
+	must.NoError(t, err)
+	must.Eq(t, "from 127.0.0.2", string(v))
+	for _, n := range []*Node{impostor, shared} {
+		_, err := b.request(ctx, b.peers[n.Addr().String()], opGet, "blk", 1<<20)
+		must.ErrorContains(t, err, "failed to verify certificate")
+	}
+}

@@ -21,6 +21,10 @@ const DefaultServerName = "oasis-kvcached"
 type TLSFiles struct {
 	CA, Cert, Key string
 	ServerName    string // verified on peers' certificates; DefaultServerName if empty
+	// VerifyAddress makes each peer's certificate name the node: it must
+	// carry the host the peer is dialled at (IP or DNS SAN) instead of the
+	// one shared ServerName, so a node cannot pose as another.
+	VerifyAddress bool
 }
 
 // LoadTLS builds the mutual-TLS configurations for serving and dialling.
@@ -40,7 +44,11 @@ func LoadTLS(f TLSFiles) (server, client *tls.Config, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading peer certificate: %w", err)
 	}
-	return TLSConfigs(pool, cert, f.ServerName)
+	server, client, err = TLSConfigs(pool, cert, f.ServerName)
+	if err == nil && f.VerifyAddress {
+		client.ServerName = "" // Node dials with each peer's host
+	}
+	return server, client, err
 }
 
 // TLSConfigs builds the configurations from parsed material.

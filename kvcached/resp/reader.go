@@ -24,6 +24,32 @@ type Limits struct {
 	MaxArgs int
 	// MaxInline is the longest inline command line.
 	MaxInline int
+	// MaxSkip is the longest bulk string skipped, with a TooLargeError, to
+	// keep the connection; a longer one is a ProtocolError that closes it,
+	// since skipping it would tie the connection up for that many bytes.
+	// 0: the larger of MaxBulk and Redis's default proto-max-bulk-len.
+	MaxSkip int64
+}
+
+// redisMaxBulk is Redis's default proto-max-bulk-len.
+const redisMaxBulk = 512 << 20
+
+// Before a connection authenticates, commands are limited as Redis limits
+// them (redis/redis src/networking.c, processMultibulkBuffer: "ll > 10 &&
+// authRequired(c)" and "ll > 16384 && authRequired(c)", added in 6.2.6 and
+// 6.0.16 for CVE-2021-32675 and unchanged since, 7.2 and 8.x included): a
+// client without the password can make the server hold no more than a few
+// small arguments, enough for AUTH, HELLO and QUIT.
+const (
+	unauthMaxArgs = 10
+	unauthMaxBulk = 16384
+)
+
+func (l Limits) maxSkip() int64 {
+	if l.MaxSkip > 0 {
+		return max(l.MaxSkip, l.MaxBulk)
+	}
+	return max(redisMaxBulk, l.MaxBulk)
 }
 
 // DefaultLimits allows 64 MiB values, LMCache's largest chunk with headroom.
@@ -57,6 +83,16 @@ type Reader struct {
 	budget *Budget       // optional, shared by all readers
 	pool   *bufpool.Pool // optional: large arguments' buffers
 	held   int64         // budget held for the current command
+	// overdraft: the current command went past the budget (see Budget).
+	overdraft bool
+	// reading: counted in the budget's holders, from the command's first
+	// budgeted argument until ReadCommand returns. A command being run is
+	// not counted: it may wait for the budget itself (a peer fetch on a
+	// miss), and counting it would keep stuck readers from the overdraft.
+	reading bool
+	// unauthenticated applies Redis's limits for clients that have not
+	// authenticated (unauthMaxArgs, unauthMaxBulk).
+	unauthenticated bool
 	// lowWater, when set, asks the socket to report readability only once n
 	// bytes are queued (SO_RCVLOWAT); n = 1 restores the default.
 	lowWater func(n int)
@@ -78,21 +114,41 @@ func (r *Reader) SetLowWater(f func(n int)) { r.lowWater = f }
 
 // newArg returns room for an argument of l bytes: carved from the shared
 // slab when small, else taken from the budget and from the pool (allocated
-// without zeroing: the caller fills every byte).
-func (r *Reader) newArg(l int64) []byte {
+// without zeroing: the caller fills every byte). It refuses an argument that
+// would make the command hold more than the whole budget, before anything is
+// allocated.
+func (r *Reader) newArg(l int64) ([]byte, error) {
 	if l <= smallArg {
 		if len(r.slab) < int(l) {
 			r.slab = make([]byte, 4096)
 		}
 		arg := r.slab[:l:l]
 		r.slab = r.slab[l:]
-		return arg
+		return arg, nil
 	}
 	if r.budget != nil {
-		r.budget.acquire(l, r.held)
+		if !r.fits(l) {
+			return nil, &OverBudgetError{Need: r.held + l, Limit: r.budget.limit}
+		}
+		if r.budget.acquire(l, r.held) {
+			r.overdraft = true
+		}
+		// Counted once it holds bytes: a reader waiting with nothing held
+		// is not one the stuck readers wait for.
+		if !r.reading {
+			r.reading = true
+			r.budget.holders.Add(1)
+		}
 		r.held += l
 	}
-	return r.pool.Get(int(l))
+	return r.pool.Get(int(l)), nil
+}
+
+// fits reports whether the command may take l more bytes of the budget: one
+// argument larger than the whole budget goes through alone, but a command
+// already holding bytes may not grow past the budget.
+func (r *Reader) fits(l int64) bool {
+	return r.budget == nil || l <= smallArg || r.held == 0 || r.held+l <= r.budget.limit
 }
 
 // readArg fills arg from the stream, a large one with the socket's low-water
@@ -133,6 +189,10 @@ func (r *Reader) readArg(arg []byte) error {
 	return nil
 }
 
+// SetUnauthenticated makes the following commands subject to the limits of
+// a connection that has not authenticated (true) or lifts them (false).
+func (r *Reader) SetUnauthenticated(on bool) { r.unauthenticated = on }
+
 // SetPool makes the reader take large arguments' buffers from p (which the
 // store they are given to hands back).
 func (r *Reader) SetPool(p *bufpool.Pool) { r.pool = p }
@@ -143,9 +203,23 @@ func (r *Reader) SetBudget(b *Budget) { r.budget = b }
 
 // Done returns the budget held for the last command (a no-op without one).
 func (r *Reader) Done() {
-	if r.budget != nil {
-		r.budget.release(r.held)
-		r.held = 0
+	r.doneReading()
+	if r.budget == nil || r.held == 0 {
+		return
+	}
+	r.budget.release(r.held)
+	r.held = 0
+	if r.overdraft {
+		r.overdraft = false
+		r.budget.endOverdraft()
+	}
+}
+
+// doneReading takes the reader out of the budget's holders (see reading).
+func (r *Reader) doneReading() {
+	if r.reading {
+		r.reading = false
+		r.budget.leave()
 	}
 }
 
@@ -166,6 +240,7 @@ func (r *Reader) Buffered() int { return r.br.Buffered() }
 // stay valid. Arguments of up to 64 bytes share a slab with other small
 // arguments: a caller keeping one for long should copy it.
 func (r *Reader) ReadCommand() ([][]byte, error) {
+	defer r.doneReading()
 	b, err := r.br.ReadByte()
 	if err != nil {
 		return nil, err
@@ -187,12 +262,17 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 	if n > int64(r.limits.MaxArgs) {
 		return nil, &ProtocolError{Msg: fmt.Sprintf("invalid multibulk length %d", n)}
 	}
+	if r.unauthenticated && n > unauthMaxArgs {
+		return nil, &ProtocolError{Msg: "unauthenticated multibulk length"}
+	}
 	// Grow the slice as arguments arrive rather than trusting n up front.
 	args := r.args[:0]
 	defer func() { r.args = args[:0] }()
-	var tooLarge error
+	// refused: the command is answered with this error once its remaining
+	// arguments are skipped (read and dropped, never allocated).
+	var refused error
 	for i := int64(0); i < n; i++ {
-		if tooLarge == nil {
+		if refused == nil {
 			if arg, ok := r.bufferedArg(); ok {
 				args = append(args, arg)
 				continue
@@ -212,26 +292,42 @@ func (r *Reader) ReadCommand() ([][]byte, error) {
 		if l < 0 {
 			return nil, &ProtocolError{Msg: fmt.Sprintf("invalid bulk length %d", l)}
 		}
-		if l > r.limits.MaxBulk {
+		if max := r.limits.maxSkip(); l > max {
+			return nil, &ProtocolError{Msg: fmt.Sprintf("invalid bulk length %d", l)}
+		}
+		if r.unauthenticated && l > unauthMaxBulk {
+			return nil, &ProtocolError{Msg: "unauthenticated bulk length"}
+		}
+		if refused == nil && l > r.limits.MaxBulk {
+			refused = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
+		}
+		if refused == nil && !r.fits(l) {
+			refused = &OverBudgetError{Need: r.held + l, Limit: r.budget.limit}
+		}
+		if refused != nil {
+			// What the command already holds is of no more use: give it
+			// back before skipping what may be many more bytes.
+			args = args[:0]
+			r.Done()
 			if _, err := io.CopyN(io.Discard, r.br, l); err != nil {
 				return nil, unexpectedEOF(err)
 			}
-			tooLarge = &TooLargeError{Len: l, Max: r.limits.MaxBulk}
 		} else {
-			arg := r.newArg(l)
+			arg, err := r.newArg(l)
+			if err != nil {
+				return nil, err
+			}
 			if err := r.readArg(arg); err != nil {
 				return nil, unexpectedEOF(err)
 			}
-			if tooLarge == nil {
-				args = append(args, arg)
-			}
+			args = append(args, arg)
 		}
 		if err := r.expectCRLF(); err != nil {
 			return nil, err
 		}
 	}
-	if tooLarge != nil {
-		return nil, tooLarge
+	if refused != nil {
+		return nil, refused
 	}
 	return args, nil
 }
@@ -251,7 +347,7 @@ func (r *Reader) bufferedArg() ([]byte, bool) {
 	for ; i < len(p) && i <= 19 && '0' <= p[i] && p[i] <= '9'; i++ {
 		l = l*10 + int64(p[i]-'0')
 	}
-	if i == 1 || i > 19 || l > r.limits.MaxBulk {
+	if i == 1 || i > 19 || l > r.limits.MaxBulk || !r.fits(l) || (r.unauthenticated && l > unauthMaxBulk) {
 		return nil, false
 	}
 	hdr := i + 2
@@ -259,7 +355,10 @@ func (r *Reader) bufferedArg() ([]byte, bool) {
 	if end > len(p) || p[i] != '\r' || p[i+1] != '\n' || p[end-2] != '\r' || p[end-1] != '\n' {
 		return nil, false
 	}
-	arg := r.newArg(l)
+	arg, err := r.newArg(l)
+	if err != nil {
+		return nil, false
+	}
 	copy(arg, p[hdr:end-2])
 	r.br.Discard(end)
 	return arg, true
@@ -347,6 +446,9 @@ func (r *Reader) readInline() ([][]byte, error) {
 	}
 	if len(args) > r.limits.MaxArgs {
 		return nil, &ProtocolError{Msg: "too many inline arguments"}
+	}
+	if r.unauthenticated && len(args) > unauthMaxArgs {
+		return nil, &ProtocolError{Msg: "unauthenticated multibulk length"}
 	}
 	return args, nil
 }

@@ -3,10 +3,12 @@ package resp
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -288,16 +290,141 @@ func TestBudgetBoundsLargeArgumentsAcrossReaders(t *testing.T) {
 	second.Done()
 	must.Eq(t, int64(0), b.InUse())
 
-	// One command bigger than the whole budget still goes through (MSET
-	// with two values: the reader already holds budget for the first).
-	mset := "*5\r\n$4\r\nMSET\r\n$1\r\na\r\n$1000\r\n" + val + "\r\n$1\r\nb\r\n$1000\r\n" + val + "\r\n"
-	m := reader(mset, limits)
-	m.SetBudget(b)
-	args, err := m.ReadCommand()
+	// One value bigger than the whole budget still goes through, alone.
+	huge := reader("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2000\r\n"+strings.Repeat("v", 2000)+"\r\n", limits)
+	huge.SetBudget(b)
+	_, err = huge.ReadCommand()
 	must.NoError(t, err)
-	must.SliceLen(t, 5, args)
-	m.Done()
+	must.Eq(t, int64(2000), b.InUse())
+	huge.Done()
 	must.Eq(t, int64(0), b.InUse())
+}
+
+// A command whose arguments together need more than the whole budget is
+// refused as soon as the argument that would cross it is announced, before
+// its bytes are allocated; the rest of the command is skipped and the next
+// command is read normally.
+func TestBudgetBoundsOneCommandsArguments(t *testing.T) {
+	b := NewBudget(1500)
+	val := strings.Repeat("v", 1000)
+	limits := Limits{MaxBulk: 1 << 20, MaxArgs: 100, MaxInline: 100}
+	var sb strings.Builder
+	sb.WriteString("*33\r\n$4\r\nMSET\r\n")
+	for i := 0; i < 16; i++ {
+		sb.WriteString("$1\r\nk\r\n$1000\r\n" + val + "\r\n")
+	}
+	sb.WriteString("*1\r\n$4\r\nPING\r\n")
+	var peak int64
+	src := &peakReader{r: strings.NewReader(sb.String()), b: b, peak: &peak}
+	r := NewReader(bufio.NewReaderSize(src, 512), limits)
+	r.SetBudget(b)
+	_, err := r.ReadCommand()
+	var ob *OverBudgetError
+	must.True(t, errors.As(err, &ob), must.Sprint(err))
+	must.Eq(t, int64(2000), ob.Need)
+	must.Eq(t, int64(0), b.InUse())
+	must.LessEq(t, int64(1000), peak)
+	r.Done()
+	args, err := r.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, []string{"PING"}, strs(args))
+}
+
+// peakReader records the budget's use at every read of the stream.
+type peakReader struct {
+	r    io.Reader
+	b    *Budget
+	peak *int64
+}
+
+func (p *peakReader) Read(buf []byte) (int, error) {
+	if u := p.b.InUse(); u > *p.peak {
+		*p.peak = u
+	}
+	return p.r.Read(buf)
+}
+
+// Readers that each hold part of the budget wait for more like everyone
+// else, rather than all going past the limit; when every holder is waiting,
+// one goes through (the overdraft), so they cannot deadlock.
+func TestBudgetHoldersWaitAndCannotDeadlock(t *testing.T) {
+	b := NewBudget(1500)
+	val := strings.Repeat("v", 700)
+	cmd := "*5\r\n$4\r\nMSET\r\n$1\r\na\r\n$700\r\n" + val + "\r\n$1\r\nb\r\n$700\r\n" + val + "\r\n"
+	limits := Limits{MaxBulk: 1 << 20, MaxArgs: 10, MaxInline: 100}
+	const n = 4
+	var mu sync.Mutex
+	var peak int64
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := reader(cmd, limits)
+			r.SetBudget(b)
+			args, err := r.ReadCommand()
+			must.NoError(t, err)
+			must.SliceLen(t, 5, args)
+			mu.Lock()
+			peak = max(peak, b.InUse())
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+			r.Done()
+		}()
+	}
+	wg.Wait()
+	must.Eq(t, int64(0), b.InUse())
+	// Without the wait every reader's second value lands past the limit
+	// (n × 1400 bytes); with it, at most one command overdraws.
+	must.LessEq(t, int64(1500+1400), peak)
+}
+
+// A command being run (read, not yet Done) no longer counts among the
+// readers that could progress: a reader stuck for more budget takes the
+// overdraft rather than waiting for it, and the running command's own wait
+// for budget (a peer fetch) ends with its context.
+func TestBudgetRunningCommandDoesNotBlockTheOverdraft(t *testing.T) {
+	b := NewBudget(1000)
+	limits := Limits{MaxBulk: 1 << 20, MaxArgs: 10, MaxInline: 100}
+	key := strings.Repeat("k", 100)
+	get := reader("*2\r\n$3\r\nGET\r\n$100\r\n"+key+"\r\n", limits)
+	get.SetBudget(b)
+	_, err := get.ReadCommand()
+	must.NoError(t, err)
+	must.Eq(t, int64(100), b.InUse())
+
+	val := strings.Repeat("v", 500)
+	mset := reader("*5\r\n$4\r\nMSET\r\n$1\r\na\r\n$500\r\n"+val+"\r\n$1\r\nb\r\n$500\r\n"+val+"\r\n", limits)
+	mset.SetBudget(b)
+	done := make(chan error, 1)
+	go func() {
+		_, err := mset.ReadCommand()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		must.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reader stuck for budget waited for a command being run")
+	}
+	must.Eq(t, int64(1100), b.InUse())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	must.ErrorIs(t, b.AcquireContext(ctx, 1000), context.DeadlineExceeded)
+	must.Eq(t, int64(1100), b.InUse())
+	mset.Done()
+	get.Done()
+	must.Eq(t, int64(0), b.InUse())
+}
+
+// A bulk length past what is worth skipping closes the connection.
+func TestHugeBulkLengthIsAProtocolError(t *testing.T) {
+	r := reader("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$9223372036854775807\r\n", DefaultLimits)
+	_, err := r.ReadCommand()
+	var pe *ProtocolError
+	must.True(t, errors.As(err, &pe), must.Sprint(err))
+	must.StrContains(t, pe.Error(), "invalid bulk length")
 }
 
 // BenchmarkReadCommandSet1KiB parses what redis-benchmark -d 1024 sends for

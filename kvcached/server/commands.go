@@ -421,7 +421,7 @@ func (s *Server) cmdQuit(_ context.Context, c *conn, _ [][]byte) {
 func (s *Server) cmdReset(_ context.Context, c *conn, _ [][]byte) {
 	c.w.SetProtocol(2)
 	c.name = ""
-	c.authed = s.passHash == nil
+	c.authed = s.passHash.Load() == nil
 	c.w.Simple("RESET")
 }
 
@@ -596,11 +596,12 @@ func (s *Server) cmdScan(_ context.Context, c *conn, args [][]byte) {
 }
 
 func (s *Server) checkPassword(pass []byte) bool {
-	if s.passHash == nil {
+	want := s.passHash.Load()
+	if want == nil {
 		return false
 	}
 	h := sha256.Sum256(pass)
-	return subtle.ConstantTimeCompare(h[:], s.passHash) == 1
+	return subtle.ConstantTimeCompare(h[:], *want) == 1
 }
 
 func (s *Server) cmdAuth(_ context.Context, c *conn, args [][]byte) {
@@ -615,7 +616,7 @@ func (s *Server) cmdAuth(_ context.Context, c *conn, args [][]byte) {
 		s.argErr(c, "auth")
 		return
 	}
-	if s.passHash == nil {
+	if s.passHash.Load() == nil {
 		s.mErrors.WithLabelValues("auth").Inc()
 		w.Error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
 		return

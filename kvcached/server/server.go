@@ -27,6 +27,12 @@ import (
 // mirrored.
 const Version = "7.2.0"
 
+// Defaults of Config's timeouts.
+const (
+	DefaultIdleTimeout = 300 * time.Second
+	DefaultAuthTimeout = 10 * time.Second
+)
+
 // Config configures a Server.
 type Config struct {
 	Store *store.Store
@@ -41,8 +47,14 @@ type Config struct {
 	MaxBulk int64
 	// MaxClients bounds concurrent connections (0: 10000).
 	MaxClients int
-	// IdleTimeout closes connections idle this long (0: never).
+	// IdleTimeout closes connections that send no command for this long, so
+	// idle or abandoned connections cannot hold MaxClients' slots (default
+	// DefaultIdleTimeout; negative: never).
 	IdleTimeout time.Duration
+	// AuthTimeout closes connections that have not authenticated this long
+	// after connecting, when a password is set (default DefaultAuthTimeout;
+	// negative: never).
+	AuthTimeout time.Duration
 	// InflightBytes bounds the bytes of values all connections hold between
 	// reading a command and storing its value (default: 1/8 of the RAM tier,
 	// at least 2 × MaxBulk). Ignored when Budget is set.
@@ -54,10 +66,12 @@ type Config struct {
 
 // Server is a Redis-protocol front end to a store.Store.
 type Server struct {
-	cfg      Config
-	log      hclog.Logger
-	st       *store.Store
-	passHash []byte
+	cfg Config
+	log hclog.Logger
+	st  *store.Store
+	// passHash is the password's SHA-256, nil without a password; swapped
+	// by SetPassword while connections read it.
+	passHash atomic.Pointer[[]byte]
 	started  time.Time
 	limits   resp.Limits
 
@@ -95,6 +109,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxClients <= 0 {
 		cfg.MaxClients = 10000
 	}
+	switch {
+	case cfg.IdleTimeout == 0:
+		cfg.IdleTimeout = DefaultIdleTimeout
+	case cfg.IdleTimeout < 0:
+		cfg.IdleTimeout = 0
+	}
+	switch {
+	case cfg.AuthTimeout == 0:
+		cfg.AuthTimeout = DefaultAuthTimeout
+	case cfg.AuthTimeout < 0:
+		cfg.AuthTimeout = 0
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, st: cfg.Store, started: time.Now(), conns: map[net.Conn]struct{}{}}
 	s.limits = resp.DefaultLimits
 	s.limits.MaxBulk = cfg.MaxBulk
@@ -105,10 +131,7 @@ func New(cfg Config) (*Server, error) {
 	if s.budget == nil {
 		s.budget = resp.NewBudget(cfg.InflightBytes)
 	}
-	if cfg.Password != "" {
-		h := sha256.Sum256([]byte(cfg.Password))
-		s.passHash = h[:]
-	}
+	s.SetPassword(cfg.Password)
 	s.mConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_connections", Help: "Open Redis-protocol client connections."})
 	s.mCommands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_commands_total", Help: "Redis commands served, by command."}, []string{"command"})
 	s.mErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_command_errors_total", Help: "Error replies, by kind (protocol, too_large, auth, unknown, args)."}, []string{"kind"})
@@ -117,6 +140,19 @@ func New(cfg Config) (*Server, error) {
 		s.cmdCount[i] = s.mCommands.WithLabelValues(name)
 	}
 	return s, nil
+}
+
+// SetPassword replaces the password ("": none) for authentications from now
+// on; connections that already authenticated stay authenticated, as in Redis
+// after CONFIG SET requirepass.
+func (s *Server) SetPassword(password string) {
+	if password == "" {
+		s.passHash.Store(nil)
+		return
+	}
+	h := sha256.Sum256([]byte(password))
+	b := h[:]
+	s.passHash.Store(&b)
 }
 
 // Serve accepts connections on l until Close.
@@ -224,7 +260,7 @@ func (s *Server) serveConn(nc net.Conn) {
 		nc:     nc,
 		r:      resp.NewReader(bufio.NewReaderSize(nc, 64<<10), s.limits),
 		w:      resp.NewWriter(nc, 64<<10),
-		authed: s.passHash == nil,
+		authed: s.passHash.Load() == nil,
 	}
 	c.r.SetBudget(s.budget)
 	c.r.SetPool(s.st.BufferPool())
@@ -238,18 +274,45 @@ func (s *Server) serveConn(nc net.Conn) {
 	defer c.r.Done()
 	defer s.publish(c)
 	ctx := context.Background()
+	var authBy time.Time
+	if !c.authed && s.cfg.AuthTimeout > 0 {
+		authBy = time.Now().Add(s.cfg.AuthTimeout)
+	}
+	// The read deadline is moved on when the reader may block (nothing
+	// buffered) and every deadlineEvery commands otherwise, rather than
+	// before every command: setting it costs a timer update, a share of a
+	// small pipelined command's CPU.
+	const deadlineEvery = 256
+	sinceDeadline := deadlineEvery
+	deadlineSet, wasAuthed := false, c.authed
 	for !c.quit {
-		if s.cfg.IdleTimeout > 0 {
-			nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		c.r.SetUnauthenticated(!c.authed)
+		if sinceDeadline++; sinceDeadline >= deadlineEvery || c.r.Buffered() == 0 || c.authed != wasAuthed {
+			sinceDeadline, wasAuthed = 0, c.authed
+			var d time.Time
+			if s.cfg.IdleTimeout > 0 {
+				d = time.Now().Add(s.cfg.IdleTimeout)
+			}
+			if !c.authed && !authBy.IsZero() && (d.IsZero() || authBy.Before(d)) {
+				d = authBy
+			}
+			if !d.IsZero() || deadlineSet {
+				nc.SetReadDeadline(d)
+				deadlineSet = !d.IsZero()
+			}
 		}
 		args, err := c.r.ReadCommand()
 		if err != nil {
 			var tl *resp.TooLargeError
+			var ob *resp.OverBudgetError
 			var pe *resp.ProtocolError
 			switch {
 			case errors.As(err, &tl):
 				s.mErrors.WithLabelValues("too_large").Inc()
 				c.w.Error("ERR " + tl.Error())
+			case errors.As(err, &ob):
+				s.mErrors.WithLabelValues("too_large").Inc()
+				c.w.Error("ERR " + ob.Error())
 			case errors.As(err, &pe):
 				s.mErrors.WithLabelValues("protocol").Inc()
 				c.w.Error("ERR " + pe.Error())

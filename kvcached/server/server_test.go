@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -475,4 +476,168 @@ func TestErrorReplies(t *testing.T) {
 	} {
 		must.Eq(t, tc.want, send(tc.args...), must.Sprint(tc.args))
 	}
+}
+
+// startConfig serves a RAM-only store with cfg (its Store filled in).
+func startConfig(t *testing.T, cfg Config) string {
+	t.Helper()
+	st, err := store.Open(store.Config{RAMBytes: 64 << 20, MaxValue: 1 << 20})
+	must.NoError(t, err)
+	cfg.Store = st
+	srv, err := New(cfg)
+	must.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		srv.Close()
+		st.Close()
+	})
+	return l.Addr().String()
+}
+
+// rawReply writes in on a new connection and returns the first reply line
+// and whether the server then closed the connection.
+func rawReply(t *testing.T, addr, in string) (string, bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Write([]byte(in))
+	must.NoError(t, err)
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	must.NoError(t, err)
+	_, err = r.ReadByte()
+	// EOF, or a reset when the server closed with our input unread.
+	var ne net.Error
+	return line, err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// Before AUTH a client may send only Redis's unauthenticated sizes: more
+// than 10 arguments or a bulk over 16384 bytes is a protocol error that
+// closes the connection; after AUTH the limits are lifted, within the same
+// pipeline.
+func TestUnauthenticatedLimits(t *testing.T) {
+	addr := startConfig(t, Config{Password: "s3cret"})
+	for _, tc := range []struct{ name, in, want string }{
+		{"multibulk", "*11\r\n", "-ERR Protocol error: unauthenticated multibulk length\r\n"},
+		{"bulk", "*1\r\n$16385\r\n", "-ERR Protocol error: unauthenticated bulk length\r\n"},
+		{"bulk in a known command", "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n", "-ERR Protocol error: unauthenticated bulk length\r\n"},
+		{"inline", "PING 1 2 3 4 5 6 7 8 9 10\r\n", "-ERR Protocol error: unauthenticated multibulk length\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			line, closed := rawReply(t, addr, tc.in)
+			must.Eq(t, tc.want, line)
+			must.True(t, closed)
+		})
+	}
+	// Within the limits an unauthenticated command gets NOAUTH and the
+	// connection stays open; AUTH lifts the limits for the next command.
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	big := strings.Repeat("v", 100000)
+	fmt.Fprintf(c, "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*2\r\n$4\r\nAUTH\r\n$6\r\ns3cret\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$%d\r\n%s\r\n", len(big), big)
+	r := bufio.NewReader(c)
+	for _, want := range []string{"-NOAUTH Authentication required.\r\n", "+OK\r\n", "+OK\r\n"} {
+		line, err := r.ReadString('\n')
+		must.NoError(t, err)
+		must.Eq(t, want, line)
+	}
+
+	ctx := context.Background()
+	anon := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
+	defer anon.Close()
+	must.ErrorContains(t, anon.MSet(ctx, "a", 1, "b", 2, "c", 3, "d", 4, "e", 5, "f", 6).Err(), "unauthenticated multibulk length")
+	good := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret"})
+	defer good.Close()
+	must.NoError(t, good.MSet(ctx, "a", 1, "b", 2, "c", 3, "d", 4, "e", 5, "f", 6).Err())
+	must.NoError(t, good.Set(ctx, "big", big, 0).Err())
+	must.Eq(t, big, good.Get(ctx, "big").Val())
+}
+
+// A bulk length past Redis's proto-max-bulk-len is not skipped: it closes
+// the connection, authenticated or not.
+func TestHugeBulkLengthClosesTheConnection(t *testing.T) {
+	addr := startConfig(t, Config{})
+	line, closed := rawReply(t, addr, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$600000000\r\n")
+	must.Eq(t, "-ERR Protocol error: invalid bulk length 600000000\r\n", line)
+	must.True(t, closed)
+}
+
+// A connection that does not authenticate within AuthTimeout is closed;
+// one that did stays open past it.
+func TestAuthTimeout(t *testing.T) {
+	addr := startConfig(t, Config{Password: "s3cret", AuthTimeout: 200 * time.Millisecond})
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	// Commands that do not authenticate do not extend it.
+	start := time.Now()
+	for i := 0; i < 5; i++ {
+		fmt.Fprintf(c, "PING\r\n")
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.ReadAll(c)
+	// EOF, or a reset when a PING arrived after the close: closed by the
+	// server, not by our deadline.
+	var ne net.Error
+	must.False(t, errors.As(err, &ne) && ne.Timeout())
+	must.Less(t, 3*time.Second, time.Since(start))
+
+	good := redis.NewClient(&redis.Options{Addr: addr, Password: "s3cret", PoolSize: 1})
+	defer good.Close()
+	ctx := context.Background()
+	must.NoError(t, good.Ping(ctx).Err())
+	time.Sleep(400 * time.Millisecond)
+	var id1, id2 int64
+	id1 = good.ClientID(ctx).Val()
+	must.NoError(t, good.Ping(ctx).Err())
+	id2 = good.ClientID(ctx).Val()
+	must.Eq(t, id1, id2)
+}
+
+// Idle connections are closed after IdleTimeout, so connections left open
+// cannot hold every MaxClients slot.
+func TestIdleConnectionsCannotExhaustMaxClients(t *testing.T) {
+	addr := startConfig(t, Config{MaxClients: 3, IdleTimeout: 300 * time.Millisecond})
+	var idle []net.Conn
+	for i := 0; i < 3; i++ {
+		c, err := net.Dial("tcp", addr)
+		must.NoError(t, err)
+		defer c.Close()
+		idle = append(idle, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	line, closed := rawReply(t, addr, "PING\r\n")
+	must.Eq(t, "-ERR max number of clients reached\r\n", line)
+	must.True(t, closed)
+	for _, c := range idle {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadAll(c)
+		must.NoError(t, err) // EOF: the server closed it
+	}
+	line, _ = rawReply(t, addr, "PING\r\nQUIT\r\n")
+	must.Eq(t, "+PONG\r\n", line)
+
+	// The timeout is on by default (CONFIG GET timeout reports it, as Redis's).
+	def := redis.NewClient(&redis.Options{Addr: startConfig(t, Config{})})
+	defer def.Close()
+	must.Eq(t, map[string]string{"timeout": "300"}, def.ConfigGet(context.Background(), "timeout").Val())
+
+	// A negative IdleTimeout disables it.
+	addr = startConfig(t, Config{IdleTimeout: -1})
+	c, err := net.Dial("tcp", addr)
+	must.NoError(t, err)
+	defer c.Close()
+	time.Sleep(400 * time.Millisecond)
+	fmt.Fprintf(c, "PING\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err = bufio.NewReader(c).ReadString('\n')
+	must.NoError(t, err)
+	must.Eq(t, "+PONG\r\n", line)
 }
