@@ -76,17 +76,16 @@ func (b *Budget) tryAcquire(n int64) bool {
 // caller already holds for its command; it reports whether the caller took
 // the overdraft (see Budget), which it gives back with endOverdraft.
 func (b *Budget) acquire(n, held int64) (overdraft bool) {
-	overdraft, _ = b.acquireContext(nil, n, held)
+	overdraft, _ = b.acquireContext(context.Background(), n, held)
 	return overdraft
 }
 
-// acquireContext is acquire that gives up, taking nothing, once ctx (if not
-// nil) is done.
+// acquireContext is acquire that gives up, taking nothing, once ctx is done.
 func (b *Budget) acquireContext(ctx context.Context, n, held int64) (overdraft bool, err error) {
 	if b.tryAcquire(n) {
 		return false, nil
 	}
-	if ctx != nil {
+	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() {
 			b.mu.Lock()
 			b.cond.Broadcast()
@@ -113,7 +112,7 @@ func (b *Budget) acquireContext(ctx context.Context, n, held int64) (overdraft b
 			b.overdraft = true
 			return true, nil
 		}
-		if ctx != nil && ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
 		b.cond.Wait()
