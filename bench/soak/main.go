@@ -71,6 +71,9 @@ func run(o options) (err error) {
 		o.duration, o.workers, o.restartEvery, tgt.routerURL, tgt.kvcachedAddr)
 	rep := soak(ctx, s, tgt, o)
 	rep.print(os.Stdout)
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Printf("load average at the end: %s", b)
+	}
 	if o.out != "" {
 		if err := writeJSON(filepath.Join(root, o.out), rep); err != nil {
 			return err
