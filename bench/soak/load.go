@@ -90,16 +90,11 @@ func chatBody(t targets, rng *rand.Rand, stream bool) string {
 func stream(ctx context.Context, c *http.Client, t targets, rng *rand.Rand, cancel bool) string {
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
-	req, _ := http.NewRequestWithContext(rctx, http.MethodPost, t.routerURL+"/v1/chat/completions", strings.NewReader(chatBody(t, rng, true)))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
-	if err != nil {
-		return transportCause(ctx, err)
+	resp, cause := post(rctx, c, t.routerURL+"/v1/chat/completions", chatBody(t, rng, true))
+	if resp == nil {
+		return cause
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "error:" + errorCode(resp)
-	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
@@ -125,16 +120,11 @@ func stream(ctx context.Context, c *http.Client, t targets, rng *rand.Rand, canc
 // whole sends a completion without streaming.
 func whole(ctx context.Context, c *http.Client, t targets, rng *rand.Rand) string {
 	body := fmt.Sprintf(`{"model":%q,"prompt":"soak %d","max_tokens":%d}`, t.model, rng.IntN(1<<20), 4+rng.IntN(28))
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, t.routerURL+"/v1/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
-	if err != nil {
-		return transportCause(ctx, err)
+	resp, cause := post(ctx, c, t.routerURL+"/v1/completions", body)
+	if resp == nil {
+		return cause
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "error:" + errorCode(resp)
-	}
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return transportCause(ctx, err)
@@ -192,6 +182,23 @@ func kvRoundTrip(ctx context.Context, kv *redis.Client, rng *rand.Rand) string {
 		return "corrupt" // each value is one byte repeated; a mix is a corrupt block
 	}
 	return "ok"
+}
+
+// post sends a JSON body and returns a 200 response, or no response and
+// what became of the request (an error the router answered, or one on the
+// wire).
+func post(ctx context.Context, c *http.Client, url, body string) (*http.Response, string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, transportCause(ctx, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, "error:" + errorCode(resp)
+	}
+	return resp, ""
 }
 
 func errorCode(resp *http.Response) string {

@@ -29,11 +29,19 @@ func start(t *testing.T, password string, maxValue int64) (string, *store.Store)
 // startStore serves a store opened with cfg (its Dir and Metrics filled in).
 func startStore(t *testing.T, password string, cfg store.Config) (string, *store.Store) {
 	t.Helper()
+	return serve(t, Config{Password: password}, cfg)
+}
+
+// serve runs a server with cfg over a store opened with scfg (both with
+// metrics on a registry of their own) until the test ends.
+func serve(t *testing.T, cfg Config, scfg store.Config) (string, *store.Store) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg.Dir, cfg.Metrics = t.TempDir(), store.NewMetrics(reg)
-	st, err := store.Open(cfg)
+	scfg.Dir, scfg.Metrics = t.TempDir(), store.NewMetrics(reg)
+	st, err := store.Open(scfg)
 	must.NoError(t, err)
-	srv, err := New(Config{Store: st, Registerer: reg, Password: password})
+	cfg.Store, cfg.Registerer = st, reg
+	srv, err := New(cfg)
 	must.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
@@ -481,19 +489,8 @@ func TestErrorReplies(t *testing.T) {
 // startConfig serves a RAM-only store with cfg (its Store filled in).
 func startConfig(t *testing.T, cfg Config) string {
 	t.Helper()
-	st, err := store.Open(store.Config{RAMBytes: 64 << 20, MaxValue: 1 << 20})
-	must.NoError(t, err)
-	cfg.Store = st
-	srv, err := New(cfg)
-	must.NoError(t, err)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	go srv.Serve(l)
-	t.Cleanup(func() {
-		srv.Close()
-		st.Close()
-	})
-	return l.Addr().String()
+	addr, _ := serve(t, cfg, store.Config{RAMBytes: 64 << 20, MaxValue: 1 << 20})
+	return addr
 }
 
 // rawReply writes in on a new connection and returns the first reply line

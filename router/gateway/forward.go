@@ -36,16 +36,15 @@ var (
 // silent for too long: first waiting for the response head, then between
 // two reads of the body. One timer per attempt, re-armed on every read.
 type upstreamTimer struct {
-	t      *time.Timer
-	cancel context.CancelCauseFunc
-	idle   atomic.Bool // past the head: the stream_idle phase
+	t    *time.Timer
+	idle atomic.Bool // past the head: the stream_idle phase
 }
 
 // newUpstreamTimer arms the response-header timeout. A timeout ≤ 0 (a
 // policy the validator never lets through) waits without bound rather than
 // failing every request at once.
 func newUpstreamTimer(cancel context.CancelCauseFunc, header time.Duration) *upstreamTimer {
-	ut := &upstreamTimer{cancel: cancel}
+	ut := &upstreamTimer{}
 	ut.t = time.AfterFunc(orNever(header), func() {
 		if ut.idle.Load() {
 			cancel(errStreamIdle)
