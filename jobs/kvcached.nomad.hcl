@@ -173,6 +173,15 @@ job "oasis-kvcached" {
     task "kvcached" {
       driver = "raw_exec"
 
+      # With peers, kvcached finds the others in Consul: Nomad logs the task's workload identity
+      # in and hands it the token as CONSUL_HTTP_TOKEN, bound by jobs/acl/setup.sh to the
+      # oasis-kvcached role (jobs/acl/consul-oasis-kvcached.hcl). Without peers it asks Consul
+      # nothing and gets no token.
+      dynamic "consul" {
+        for_each = var.peers_enabled ? ["peers"] : []
+        content {}
+      }
+
       config {
         command = "${var.oasis_bin_dir}/oasis-kvcached"
         args = concat([

@@ -58,7 +58,7 @@ variable "api_keys_kv" {
 }
 
 variable "tls_enabled" {
-  description = "Serve the API over TLS (HTTP/1.1 and HTTP/2) with the certificate and key in the Nomad variable tls_variable (items tls_cert, tls_key). Off, the job needs no variable."
+  description = "Serve the API over TLS (HTTP/1.1 and HTTP/2) with the certificate and key in the Nomad variable secrets_variable (items tls_cert, tls_key). Off, the job needs no variable."
   type        = bool
   default     = false
 }
@@ -69,8 +69,8 @@ variable "tls_mutual" {
   default     = false
 }
 
-variable "tls_variable" {
-  description = "Nomad variable holding the PEM items tls_cert, tls_key and tls_client_ca. The job's tasks may read nomad/jobs/<job id> without a policy."
+variable "secrets_variable" {
+  description = "Nomad variable holding the router's secrets: the PEM items tls_cert, tls_key and tls_client_ca, and one item per hosted key (named as its environment variable in hosted_key_envs). The job's tasks may read nomad/jobs/<job id> without a policy."
   type        = string
   default     = "nomad/jobs/oasis-router"
 }
@@ -82,7 +82,7 @@ variable "hosted_upstreams" {
 }
 
 variable "hosted_key_envs" {
-  description = "Environment variables of the router whose value engines may ask to be sent as the hosted API key (oasis_upstream_key_env): NAME, or NAME=URL pattern to bind it to upstreams."
+  description = "Environment variables of the router whose value engines may ask to be sent as the hosted API key (oasis_upstream_key_env): NAME, or NAME=URL pattern to bind it to upstreams. Each NAME is set from the item NAME of the Nomad variable secrets_variable."
   type        = list(string)
   default     = []
 }
@@ -108,6 +108,7 @@ locals {
     var.tls_enabled ? [{ item = "tls_cert", file = "cert.pem" }, { item = "tls_key", file = "key.pem" }] : [],
     var.tls_enabled && var.tls_mutual ? [{ item = "tls_client_ca", file = "client-ca.pem" }] : [],
   )
+  hosted_key_names = [for e in var.hosted_key_envs : split("=", e)[0]]
 }
 
 job "oasis-router" {
@@ -173,6 +174,17 @@ job "oasis-router" {
     task "router" {
       driver = "raw_exec"
 
+      # Consul: Nomad logs the task's workload identity in to Consul and hands the router the
+      # token as CONSUL_HTTP_TOKEN; jobs/acl/setup.sh binds it to the oasis-router role
+      # (jobs/acl/consul-oasis-router.hcl). Without Consul ACLs it is a no-op.
+      consul {}
+
+      # Nomad: the workload identity itself as NOMAD_TOKEN, carrying the policy jobs/acl/setup.sh
+      # attaches to this job (jobs/acl/nomad-oasis-router.hcl: node read, for GPU power).
+      identity {
+        env = true
+      }
+
       config {
         command = "${var.oasis_bin_dir}/oasis-router"
         args = concat([
@@ -200,10 +212,24 @@ job "oasis-router" {
       dynamic "template" {
         for_each = local.tls_files
         content {
-          data        = "{{ with nomadVar \"${var.tls_variable}\" }}{{ .${template.value.item} }}{{ end }}"
+          data        = "{{ with nomadVar \"${var.secrets_variable}\" }}{{ .${template.value.item} }}{{ end }}"
           destination = "secrets/tls/${template.value.file}"
           perms       = "0600"
           change_mode = "noop"
+        }
+      }
+
+      # Hosted API keys reach the router as environment variables rendered from the Nomad variable
+      # (never the job text, its arguments or the service meta). The router reads its environment
+      # once, so a changed key restarts the task.
+      dynamic "template" {
+        for_each = length(local.hosted_key_names) > 0 ? ["hosted"] : []
+        content {
+          data        = join("", [for n in local.hosted_key_names : "{{ with nomadVar \"${var.secrets_variable}\" }}${n}={{ index . \"${n}\" | toJSON }}{{ end }}\n"])
+          destination = "secrets/hosted.env"
+          perms       = "0600"
+          env         = true
+          change_mode = "restart"
         }
       }
 

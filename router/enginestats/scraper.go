@@ -57,10 +57,13 @@ type Scraper struct {
 	m             *metrics.Metrics
 	log           hclog.Logger
 
-	mu     sync.Mutex
-	state  map[string]*workerState // by worker id
-	nodeW  map[string]float64      // node id → GPU watts
-	energy map[string]energySample // node id → last cumulative GPU energy
+	mu    sync.Mutex
+	state map[string]*workerState // by worker id
+	nodeW map[string]float64      // node id → GPU watts
+	// statsFailing is whether the last node statistics read failed: a
+	// failure is logged as a warning once, not at every poll.
+	statsFailing bool
+	energy       map[string]energySample // node id → last cumulative GPU energy
 }
 
 // NewScraper returns a scraper of cfg.Pool's workers; Run starts it.
@@ -138,8 +141,8 @@ func (s *Scraper) pollNodes(ctx context.Context) {
 	now := time.Now()
 	for n := range nodes {
 		hs, err := s.nomad.Nodes().Stats(n, (&nomadapi.QueryOptions{}).WithContext(ctx))
+		s.noteStatsRead(n, err)
 		if err != nil {
-			s.log.Debug("reading node stats failed", "node", n, "error", err)
 			continue
 		}
 		if w, ok := s.nodeWatts(n, hs, now); ok {
@@ -149,6 +152,26 @@ func (s *Scraper) pollNodes(ctx context.Context) {
 	s.mu.Lock()
 	s.nodeW = got
 	s.mu.Unlock()
+}
+
+// noteStatsRead counts a node statistics read and logs a change between
+// failing and working: a token without node read (ACLs) fails every poll.
+func (s *Scraper) noteStatsRead(node string, err error) {
+	if err == nil {
+		s.m.NodeStatsReads.WithLabelValues("ok").Inc()
+		if s.statsFailing {
+			s.log.Info("reading Nomad node statistics works again", "node", node)
+		}
+		s.statsFailing = false
+		return
+	}
+	s.m.NodeStatsReads.WithLabelValues("error").Inc()
+	if !s.statsFailing {
+		s.log.Warn("reading Nomad node statistics failed: GPU power is not known (with Nomad ACLs the token needs node read)", "node", node, "error", err)
+	} else {
+		s.log.Debug("reading node stats failed", "node", node, "error", err)
+	}
+	s.statsFailing = true
 }
 
 // nodeWatts is the node's GPU power: average power from the energy counters

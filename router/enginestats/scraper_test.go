@@ -10,9 +10,13 @@ import (
 	"testing"
 	"time"
 
+	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/metrics"
 )
 
 func TestScraperEngineAndPower(t *testing.T) {
@@ -96,4 +100,41 @@ func TestScraperNodePowerSplit(t *testing.T) {
 		// No engine running count: the router's in-flight (none) counts as one.
 		must.Eq(t, sig.TokensPerJoule, sig.SeqTokensPerJoule)
 	}
+}
+
+// TestPollNodesCountsReads: a Nomad answering 403 (a token without node
+// read) counts errors and leaves the node's power unknown; once it answers,
+// reads count ok and the node's GPU power is known.
+func TestPollNodesCountsReads(t *testing.T) {
+	var denied atomic.Bool
+	denied.Store(true)
+	nomad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/client/stats" || r.URL.Query().Get("node_id") != "n1" {
+			http.NotFound(w, r)
+			return
+		}
+		if denied.Load() {
+			http.Error(w, "Permission denied", http.StatusForbidden)
+			return
+		}
+		fmt.Fprint(w, `{"DeviceStats":[{"Vendor":"nvidia","Type":"gpu","Name":"A100","InstanceStats":{"GPU-0":{"Stats":{"Attributes":{"Power draw":{"FloatNumeratorVal":250,"Unit":"W"}}}}}}]}`)
+	}))
+	defer nomad.Close()
+	nc, err := nomadapi.NewClient(&nomadapi.Config{Address: nomad.URL})
+	must.NoError(t, err)
+	pool := discovery.NewPool()
+	pool.Set([]discovery.Instance{{ID: "a", Address: "127.0.0.1:1", Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}}})
+	reg := prometheus.NewRegistry()
+	s, err := NewScraper(ScraperConfig{Pool: pool, Nomad: nc, Metrics: metrics.New(reg)})
+	must.NoError(t, err)
+
+	s.pollNodes(context.Background())
+	s.pollNodes(context.Background())
+	must.Eq(t, 2.0, testutil.ToFloat64(s.m.NodeStatsReads.WithLabelValues("error")))
+	must.MapEmpty(t, s.nodeW)
+
+	denied.Store(false)
+	s.pollNodes(context.Background())
+	must.Eq(t, 1.0, testutil.ToFloat64(s.m.NodeStatsReads.WithLabelValues("ok")))
+	must.Eq(t, map[string]float64{"n1": 250}, s.nodeW)
 }

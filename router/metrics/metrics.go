@@ -46,6 +46,10 @@ type Metrics struct {
 	// allow-list refuses their hosted upstream (discovery.HostedPolicy).
 	HostedRejected *prometheus.CounterVec // reason
 
+	// Reads of Nomad node statistics for GPU power (-power-from-nomad):
+	// errors are how a missing ACL policy shows.
+	NodeStatsReads *prometheus.CounterVec // result (ok|error)
+
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
 	// vector's lock, which showed up in the router's CPU profile.
@@ -169,6 +173,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.HostedRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hosted_rejected_total",
 		Help: "Engine registrations ignored because their hosted upstream (oasis_upstream, oasis_upstream_key_env) is not allow-listed, once per instance and value, by reason (invalid_upstream|upstream_not_allowed|key_env_not_allowed|key_env_without_upstream)."},
 		[]string{"reason"})
-	reg.MustRegister(m.HostedRejected)
+	m.NodeStatsReads = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "nomad_node_stats_reads_total",
+		Help: "Reads of Nomad node statistics for GPU power (-power-from-nomad), by result (ok|error)."}, []string{"result"})
+	reg.MustRegister(m.HostedRejected, m.NodeStatsReads)
 	return m
 }

@@ -296,7 +296,9 @@ func TestInvalidConfig_FailsWithFieldNamed(t *testing.T) {
 			// The pre-flight does: same validation as StartTask, nothing runs.
 			jobFile := filepath.Join(t.TempDir(), "job.hcl")
 			must.NoError(t, os.WriteFile(jobFile, []byte(hcl), 0o644))
-			out, err := exec.Command(stack.Bin("nomad-driver-llm"), "validate", "-address", stack.NomadAddr, jobFile).CombinedOutput()
+			validate := exec.Command(stack.Bin("nomad-driver-llm"), "validate", "-address", stack.NomadAddr, jobFile)
+			validate.Env = stack.Env() // NOMAD_TOKEN, as an operator's shell has it
+			out, err := validate.CombinedOutput()
 			var ee *exec.ExitError
 			must.ErrorAs(t, err, &ee, must.Sprint(string(out)))
 			must.EqOp(t, 1, ee.ExitCode())

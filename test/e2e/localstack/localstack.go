@@ -11,14 +11,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
-
-	nomadapi "github.com/hashicorp/nomad/api"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -37,7 +32,7 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 	if s, err := testbed.Load(statePath); err == nil {
 		if _, err := s.Nomad.Agent().Self(); err == nil {
 			fmt.Fprintln(out, "The local stack is already up.")
-			printURLs(out, s)
+			printURLs(out, s, home)
 			return s, nil
 		}
 		return nil, fmt.Errorf("a stack state exists at %s but its Nomad does not answer; run `make down` first", statePath)
@@ -53,6 +48,9 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 	if err := s.Save(statePath); err != nil {
 		return nil, errors.Join(err, s.Close())
 	}
+	if err := writeEnvFile(home, s); err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
 
 	files, err := jobFiles(root, out)
 	if err != nil {
@@ -66,12 +64,12 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 		rel, _ := filepath.Rel(root, f)
 		fileVars := maps.Clone(vars[""])
 		maps.Copy(fileVars, vars[filepath.Base(f)])
-		if err := runJob(ctx, s, f, fileVars); err != nil {
+		if err := s.RunJobFile(ctx, f, fileVars); err != nil {
 			return s, fmt.Errorf("%s: %w (the stack stays up for inspection; `make down` stops it)", rel, err)
 		}
 		fmt.Fprintf(out, "  ran %s\n", rel)
 	}
-	printURLs(out, s)
+	printURLs(out, s, home)
 	return s, nil
 }
 
@@ -123,64 +121,28 @@ func localVariables(s *testbed.Stack, home string) (map[string]map[string]string
 	}, nil
 }
 
-var declaredVariable = regexp.MustCompile(`(?m)^\s*variable\s+"([A-Za-z0-9_-]+)"`)
+// EnvPath is the shell file Up writes: the agents' addresses and management tokens.
+func EnvPath(home string) string { return filepath.Join(home, "env") }
 
-// runJob submits a jobspec the way `nomad job run -var ...` does, passing only the variables the
-// file declares, and waits for its allocations.
-func runJob(ctx context.Context, s *testbed.Stack, path string, vars map[string]string) error {
-	src, err := os.ReadFile(path)
-	if err != nil {
-		return err
+// writeEnvFile writes the variables the nomad and consul CLIs read, tokens included, to a file
+// only its owner can read, rather than printing tokens to the terminal.
+func writeEnvFile(home string, s *testbed.Stack) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "export NOMAD_ADDR=%s CONSUL_HTTP_ADDR=%s\n", s.NomadAddr, s.ConsulAddr)
+	if s.NomadToken != "" {
+		fmt.Fprintf(&b, "export NOMAD_TOKEN=%s CONSUL_HTTP_TOKEN=%s\n", s.NomadToken, s.ConsulToken)
 	}
-	var assigns []string
-	for _, m := range declaredVariable.FindAllStringSubmatch(string(src), -1) {
-		if v, ok := vars[m[1]]; ok {
-			if !strings.HasPrefix(v, "[") && !isNumber(v) {
-				v = fmt.Sprintf("%q", v)
-			}
-			assigns = append(assigns, fmt.Sprintf("%s = %s", m[1], v))
-		}
-	}
-	job, err := s.Nomad.Jobs().ParseHCLOpts(&nomadapi.JobsParseRequest{
-		JobHCL:       string(src),
-		Variables:    strings.Join(assigns, "\n"),
-		Canonicalize: true,
-	})
-	if err != nil {
-		return fmt.Errorf("parsing: %w", err)
-	}
-	if _, _, err := s.Nomad.Jobs().Register(job, nil); err != nil {
-		return fmt.Errorf("registering: %w", err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	if _, err := s.WaitAllocsRunning(wctx, *job.ID); err != nil {
-		return err
-	}
-	// Running is not serving: wait until Consul sees each of the job's services pass its checks.
-	for _, tg := range job.TaskGroups {
-		for _, svc := range tg.Services {
-			if svc.Provider != "" && svc.Provider != "consul" {
-				continue
-			}
-			if _, err := s.WaitServicePassing(wctx, svc.Name, 1); err != nil {
-				return err
-			}
-		}
+	if err := os.WriteFile(EnvPath(home), []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", EnvPath(home), err)
 	}
 	return nil
 }
 
-func isNumber(v string) bool {
-	_, err := strconv.ParseFloat(v, 64)
-	return err == nil
-}
-
-func printURLs(out io.Writer, s *testbed.Stack) {
+func printURLs(out io.Writer, s *testbed.Stack, home string) {
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "Nomad UI:   %s/ui\n", s.NomadAddr)
 	fmt.Fprintf(out, "Consul UI:  http://%s/ui\n", s.ConsulAddr)
-	fmt.Fprintf(out, "Env:        export NOMAD_ADDR=%s CONSUL_HTTP_ADDR=%s\n", s.NomadAddr, s.ConsulAddr)
+	fmt.Fprintf(out, "Env:        . %s   (addresses and management tokens for the nomad and consul CLIs and UIs)\n", EnvPath(home))
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
 	if err != nil || len(routers) == 0 {
 		fmt.Fprintln(out, "OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")

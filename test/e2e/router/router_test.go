@@ -82,6 +82,9 @@ func startRouterWith(t *testing.T, prefix, scheme string, client *http.Client, e
 	args := append([]string{"-listen", "127.0.0.1:" + strconv.Itoa(ports[0]),
 		"-consul-addr", stack.ConsulAddr, "-kv-prefix", prefix, "-scrape-interval", "500ms", "-register"}, extra...)
 	r.cmd = exec.Command(stack.Bin("oasis-router"), args...)
+	// The management tokens: each test has a KV prefix of its own, outside the oasis-router
+	// role's. The role itself is what TestJobSecretsStayOutOfNomadAndConsul runs the job with.
+	r.cmd.Env = stack.Env()
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must.NoError(t, r.cmd.Start())

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	consulapi "github.com/hashicorp/consul/api"
 	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
@@ -31,6 +30,9 @@ func (s *Stack) startConsul(ctx context.Context) error {
 			"dns": -1, "grpc": -1, "grpc_tls": -1, "https": -1,
 		},
 	}
+	if s.acls {
+		config["acl"] = consulACLConfig()
+	}
 	data, err := json.MarshalIndent(config, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encoding consul config: %w", err)
@@ -44,11 +46,8 @@ func (s *Stack) startConsul(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg := consulapi.DefaultConfig()
-	cfg.Address = s.ConsulAddr
-	s.Consul, err = consulapi.NewClient(cfg)
-	if err != nil {
-		return fmt.Errorf("creating consul client: %w", err)
+	if s.Consul, err = newConsulClient(s.ConsulAddr, ""); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -59,10 +58,13 @@ func (s *Stack) startConsul(ctx context.Context) error {
 		leader, err := s.Consul.Status().Leader()
 		return err == nil && leader != "", err
 	})
+	if err == nil && s.acls {
+		err = s.bootstrapConsulACL(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("%w\nconsul log:\n%s", err, s.tail("consul.log"))
 	}
-	s.logf("testbed: consul ready at %s", s.ConsulAddr)
+	s.logf("testbed: consul ready at %s (ACLs %s)", s.ConsulAddr, onOff(s.acls))
 	return nil
 }
 
@@ -76,6 +78,10 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	llmConfig := opts.LLMPluginConfig
 	if llmConfig == "" {
 		llmConfig = fmt.Sprintf("binaries = { sim = %q }", s.Bin("oasis-sim"))
+	}
+	aclConfig := ""
+	if s.acls {
+		aclConfig = s.nomadConsulACLConfig()
 	}
 	var plugins strings.Builder
 	if s.hasPlugin("nomad-driver-llm") {
@@ -119,6 +125,10 @@ client {
 
 consul {
   address = %[6]q
+%[9]s}
+
+acl {
+  enabled = %[10]t
 }
 
 plugin "raw_exec" {
@@ -129,18 +139,31 @@ plugin "raw_exec" {
 
 %[7]s
 %[8]s
-`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig)
+`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig, aclConfig, s.acls)
 	s.nomadConfig = filepath.Join(s.Dir, "nomad.hcl")
-	if err := os.WriteFile(s.nomadConfig, []byte(config), 0o644); err != nil {
+	// It holds the agent's Consul token.
+	if err := os.WriteFile(s.nomadConfig, []byte(config), 0o600); err != nil {
 		return fmt.Errorf("writing nomad config: %w", err)
 	}
+	s.Nomad, err = newNomadClient(s.NomadAddr, "")
+	return err
+}
+
+func newNomadClient(addr, token string) (*nomadapi.Client, error) {
 	cfg := nomadapi.DefaultConfig()
-	cfg.Address = s.NomadAddr
-	s.Nomad, err = nomadapi.NewClient(cfg)
+	cfg.Address, cfg.SecretID = addr, token
+	c, err := nomadapi.NewClient(cfg)
 	if err != nil {
-		return fmt.Errorf("creating nomad client: %w", err)
+		return nil, fmt.Errorf("creating nomad client: %w", err)
 	}
-	return nil
+	return c, nil
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 func (s *Stack) startNomad(ctx context.Context, opts Options) error {
@@ -161,6 +184,11 @@ func (s *Stack) launchNomad(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
+	if s.acls && s.NomadToken == "" {
+		if err := s.bootstrapNomadACL(ctx); err != nil {
+			return fmt.Errorf("%w\nnomad log:\n%s", err, s.tail("nomad.log"))
+		}
+	}
 	err = poll(ctx, 200*time.Millisecond, "nomad client node ready", func() (bool, error) {
 		if s.nomad.exited() {
 			return false, permanentError{errors.New("nomad exited")}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -210,4 +212,58 @@ func (s *Stack) WaitServicePassing(ctx context.Context, name string, n int) ([]*
 		return err == nil && len(entries) >= n, err
 	})
 	return entries, err
+}
+
+var declaredVariable = regexp.MustCompile(`(?m)^\s*variable\s+"([A-Za-z0-9_-]+)"`)
+
+// RunJobFile submits a jobspec file the way `nomad job run -var name=value ...` does, passing only
+// the variables the file declares (values starting with "[" are lists, numbers stay numbers), and
+// waits until its allocations run and its Consul services pass their checks.
+func (s *Stack) RunJobFile(ctx context.Context, path string, vars map[string]string) error {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var assigns []string
+	for _, m := range declaredVariable.FindAllStringSubmatch(string(src), -1) {
+		if v, ok := vars[m[1]]; ok {
+			if !strings.HasPrefix(v, "[") && !isNumber(v) {
+				v = fmt.Sprintf("%q", v)
+			}
+			assigns = append(assigns, fmt.Sprintf("%s = %s", m[1], v))
+		}
+	}
+	job, err := s.Nomad.Jobs().ParseHCLOpts(&nomadapi.JobsParseRequest{
+		JobHCL:       string(src),
+		Variables:    strings.Join(assigns, "\n"),
+		Canonicalize: true,
+	})
+	if err != nil {
+		return fmt.Errorf("parsing: %w", err)
+	}
+	if _, _, err := s.Nomad.Jobs().Register(job, nil); err != nil {
+		return fmt.Errorf("registering: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if _, err := s.WaitAllocsRunning(wctx, *job.ID); err != nil {
+		return err
+	}
+	// Running is not serving: wait until Consul sees each of the job's services pass its checks.
+	for _, tg := range job.TaskGroups {
+		for _, svc := range tg.Services {
+			if svc.Provider != "" && svc.Provider != "consul" {
+				continue
+			}
+			if _, err := s.WaitServicePassing(wctx, svc.Name, 1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func isNumber(v string) bool {
+	_, err := strconv.ParseFloat(v, 64)
+	return err == nil
 }

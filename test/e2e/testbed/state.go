@@ -7,9 +7,6 @@ import (
 	"os"
 	"syscall"
 	"time"
-
-	consulapi "github.com/hashicorp/consul/api"
-	nomadapi "github.com/hashicorp/nomad/api"
 )
 
 // state is what a detached stack (`make up`) leaves on disk so another process (`make down`) can
@@ -21,15 +18,18 @@ type state struct {
 	ConsulAddr string `json:"consul_addr"`
 	NomadAddr  string `json:"nomad_addr"`
 	NodeID     string `json:"node_id"`
-	NomadPID   int    `json:"nomad_pid"`
-	ConsulPID  int    `json:"consul_pid"`
+	// The management tokens ("" with ACLs off): the file is the operator's, mode 0600.
+	ConsulToken string `json:"consul_token,omitempty"`
+	NomadToken  string `json:"nomad_token,omitempty"`
+	NomadPID    int    `json:"nomad_pid"`
+	ConsulPID   int    `json:"consul_pid"`
 }
 
 // Save writes what Load needs to find and stop this stack from another process.
 func (s *Stack) Save(path string) error {
 	st := state{
 		Dir: s.Dir, BinDir: s.BinDir, PluginDir: s.PluginDir, ConsulAddr: s.ConsulAddr,
-		NomadAddr: s.NomadAddr, NodeID: s.NodeID,
+		NomadAddr: s.NomadAddr, NodeID: s.NodeID, ConsulToken: s.ConsulToken, NomadToken: s.NomadToken,
 	}
 	if s.nomad != nil {
 		st.NomadPID = s.nomad.pid
@@ -41,7 +41,7 @@ func (s *Stack) Save(path string) error {
 	if err != nil {
 		return fmt.Errorf("encoding stack state: %w", err)
 	}
-	if err := os.WriteFile(path, data, 0o644); err != nil {
+	if err := os.WriteFile(path, data, 0o600); err != nil {
 		return fmt.Errorf("writing stack state: %w", err)
 	}
 	return nil
@@ -62,18 +62,14 @@ func Load(path string) (*Stack, error) {
 	}
 	s := &Stack{
 		Dir: st.Dir, BinDir: st.BinDir, PluginDir: st.PluginDir, ConsulAddr: st.ConsulAddr,
-		NomadAddr: st.NomadAddr, NodeID: st.NodeID,
-		nomad: adopt(st.NomadPID), consul: adopt(st.ConsulPID), logf: func(string, ...any) {},
+		NomadAddr: st.NomadAddr, NodeID: st.NodeID, ConsulToken: st.ConsulToken, NomadToken: st.NomadToken,
+		acls: st.NomadToken != "", nomad: adopt(st.NomadPID), consul: adopt(st.ConsulPID), logf: func(string, ...any) {},
 	}
-	ccfg := consulapi.DefaultConfig()
-	ccfg.Address = s.ConsulAddr
-	if s.Consul, err = consulapi.NewClient(ccfg); err != nil {
-		return nil, fmt.Errorf("creating consul client: %w", err)
+	if s.Consul, err = newConsulClient(s.ConsulAddr, s.ConsulToken); err != nil {
+		return nil, err
 	}
-	ncfg := nomadapi.DefaultConfig()
-	ncfg.Address = s.NomadAddr
-	if s.Nomad, err = nomadapi.NewClient(ncfg); err != nil {
-		return nil, fmt.Errorf("creating nomad client: %w", err)
+	if s.Nomad, err = newNomadClient(s.NomadAddr, s.NomadToken); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

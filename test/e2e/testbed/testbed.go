@@ -34,6 +34,9 @@ type Options struct {
 	// Dir, when set, is where the stack lives (created if missing, must be empty); otherwise a
 	// new temporary directory. `make up` keeps its stack under the checkout's .oasis/.
 	Dir string
+	// NoACLs runs both agents without ACLs, as a development cluster does. The zero value runs
+	// them as production clusters do (see acl.go); only a test that says why turns ACLs off.
+	NoACLs bool
 	// Logf receives progress lines (testing.T.Logf or log.Printf). Nil is silent.
 	Logf func(format string, args ...any)
 }
@@ -50,8 +53,13 @@ type Stack struct {
 	ConsulAddr string
 	// NomadAddr is Nomad's HTTP address as a URL.
 	NomadAddr string
-	Consul    *consulapi.Client
-	Nomad     *nomadapi.Client
+	// Consul and Nomad are clients of the agents, holding the management tokens when ACLs are on.
+	Consul *consulapi.Client
+	Nomad  *nomadapi.Client
+	// ConsulToken and NomadToken are the management tokens made by bootstrapping the agents'
+	// ACL systems ("" with NoACLs).
+	ConsulToken string
+	NomadToken  string
 	// NodeID is the id of the stack's single Nomad client node.
 	NodeID string
 
@@ -62,6 +70,9 @@ type Stack struct {
 	consul      *process
 	nomad       *process
 	logf        func(string, ...any)
+	acls        bool
+	// nomadConsulToken is the Nomad agent's own Consul token.
+	nomadConsulToken string
 }
 
 // Start builds the Oasis binaries, starts Consul and Nomad, and waits until Nomad has a leader
@@ -99,6 +110,7 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 		nomadBin:  nomadBin,
 		consulBin: consulBin,
 		logf:      logf,
+		acls:      !opts.NoACLs,
 	}
 	defer func() {
 		if err != nil {
@@ -117,6 +129,11 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	}
 	if err := s.startNomad(ctx, opts); err != nil {
 		return s, err
+	}
+	if s.acls {
+		if err := s.wireWorkloadIdentity(ctx); err != nil {
+			return s, err
+		}
 	}
 	return s, nil
 }
