@@ -1,6 +1,8 @@
 package testutil
 
 import (
+	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,28 +51,235 @@ func SkipUnlessCI(t testing.TB, why string) {
 	t.Skip(why)
 }
 
+// consulBin is ConsulBinary, or the end of a test that has none.
+func consulBin(t testing.TB) string {
+	t.Helper()
+	bin := ConsulBinary()
+	if bin == "" {
+		SkipUnlessCI(t, "no consul binary: set OASIS_CONSUL_BIN or run make hashistack (bin/consul)")
+	}
+	return bin
+}
+
 // StartConsul runs a Consul dev agent on free loopback ports (no DNS or
 // gRPC) for the duration of the test, waits for its leader, and returns a
 // client and its HTTP address. Without a consul binary the test is skipped
 // (failed under CI).
 func StartConsul(t testing.TB) (*consulapi.Client, string) {
 	t.Helper()
-	bin := ConsulBinary()
-	if bin == "" {
-		SkipUnlessCI(t, "no consul binary: set OASIS_CONSUL_BIN or run make hashistack (bin/consul)")
-	}
-	httpPort := FreePort(t)
-	port := func() string { return strconv.Itoa(FreePort(t)) }
-	Start(t, exec.Command(bin, "agent", "-dev", "-bind", "127.0.0.1", "-client", "127.0.0.1",
-		"-http-port", strconv.Itoa(httpPort), "-dns-port", "-1", "-serf-lan-port", port(), "-serf-wan-port", port(),
-		"-server-port", port(), "-grpc-port", "-1", "-grpc-tls-port", "-1", "-data-dir", t.TempDir(), "-log-level", "warn"))
-	cfg := consulapi.DefaultConfig()
-	cfg.Address = "127.0.0.1:" + strconv.Itoa(httpPort)
-	client, err := consulapi.NewClient(cfg)
+	ports, err := FreePorts(4)
 	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		leader, err := client.Status().Leader()
+	a := startConsulAgent(t, consulAgentConfig{name: "dev", http: ports[0], serfLAN: ports[1], server: ports[2],
+		extra: map[string]any{"ports": map[string]int{"serf_wan": ports[3]}}}, "-dev")
+	a.waitFor(t, 30*time.Second, "a leader", func() bool {
+		leader, err := a.Client.Status().Leader()
 		return err == nil && leader != ""
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
-	return client, cfg.Address
+	})
+	return a.Client, a.HTTPAddr
+}
+
+// ConsulAgent is a Consul agent process a test started: a server of a
+// ConsulCluster or a client agent.
+type ConsulAgent struct {
+	*Process
+	// Name is its node name.
+	Name string
+	// HTTPAddr is its HTTP API's address, 127.0.0.1:port: what routers and
+	// engines talk to.
+	HTTPAddr string
+	// SerfLANAddr is the address other agents join it on.
+	SerfLANAddr string
+	// ServerAddr is a server's RPC address, as Status().Leader() and
+	// Status().Peers() name it; "" for a client agent.
+	ServerAddr string
+	// Client talks to its HTTP API.
+	Client *consulapi.Client
+}
+
+// consulAgentConfig is what differs between the agents a test starts; the
+// rest of their configuration is startConsulAgent's.
+type consulAgentConfig struct {
+	name                  string
+	http, serfLAN, server int
+	extra                 map[string]any // more top-level settings; "ports" merges with the above
+}
+
+// startConsulAgent runs one consul agent on loopback with a data directory
+// of the test's, no DNS, gRPC, HTTPS or update check, and returns without
+// waiting for it. The process is stopped (by its pid) when the test ends.
+func startConsulAgent(t testing.TB, c consulAgentConfig, args ...string) *ConsulAgent {
+	t.Helper()
+	bin := consulBin(t)
+	dir := t.TempDir() // before Start, so that it is removed after the agent stopped
+	ports := map[string]int{"http": c.http, "serf_lan": c.serfLAN, "server": c.server,
+		"dns": -1, "grpc": -1, "grpc_tls": -1, "https": -1}
+	cfg := map[string]any{"node_name": c.name, "data_dir": filepath.Join(dir, "data"), "bind_addr": "127.0.0.1",
+		"client_addr": "127.0.0.1", "log_level": "warn", "disable_update_check": true}
+	for k, v := range c.extra {
+		if more, ok := v.(map[string]int); ok && k == "ports" {
+			for p, n := range more {
+				ports[p] = n
+			}
+			continue
+		}
+		cfg[k] = v
+	}
+	cfg["ports"] = ports
+	data, err := json.Marshal(cfg)
+	must.NoError(t, err)
+	path := filepath.Join(dir, "consul.json")
+	must.NoError(t, os.WriteFile(path, data, 0o644))
+	a := &ConsulAgent{Name: c.name, HTTPAddr: loopback(c.http), SerfLANAddr: loopback(c.serfLAN)}
+	if srv, _ := cfg["server"].(bool); srv {
+		a.ServerAddr = loopback(c.server)
+	}
+	cc := consulapi.DefaultConfig()
+	cc.Address = a.HTTPAddr
+	a.Client, err = consulapi.NewClient(cc)
+	must.NoError(t, err)
+	a.Process = Start(t, exec.Command(bin, append(append([]string{"agent"}, args...), "-config-file="+path)...))
+	return a
+}
+
+func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+
+// waitFor fails the test unless cond holds within timeout, and at once if
+// the agent exits meanwhile (a bad configuration, a port taken).
+func (a *ConsulAgent) waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return a.Exited() || cond() }),
+		wait.Timeout(timeout), wait.Gap(100*time.Millisecond)), must.Sprintf("consul %s: timed out waiting for %s", a.Name, what))
+	if a.Exited() {
+		t.Fatalf("consul %s exited while waiting for %s: %v", a.Name, what, a.Stop())
+	}
+}
+
+// ConsulCluster is a real Consul datacenter of server agents: server mode
+// (not -dev, which is a single server with its state in memory), each with
+// its own data directory and loopback ports, joined to each other, with the
+// fastest Raft timings Consul allows so that a lost leader is replaced in
+// seconds.
+type ConsulCluster struct {
+	Servers []*ConsulAgent
+}
+
+// StartConsulCluster runs n Consul servers (bootstrap_expect n) for the
+// duration of the test and waits until they agree on a leader and the
+// leader has put every server in the catalog. Without a consul binary the
+// test is skipped (failed under CI).
+func StartConsulCluster(t testing.TB, n int) *ConsulCluster {
+	t.Helper()
+	consulBin(t)
+	ports, err := FreePorts(3 * n) // http, serf_lan, server each
+	must.NoError(t, err)
+	join := make([]string, n)
+	for i := range n {
+		join[i] = loopback(ports[3*i+1])
+	}
+	c := &ConsulCluster{}
+	for i := range n {
+		c.Servers = append(c.Servers, startConsulAgent(t, consulAgentConfig{
+			name: "server-" + strconv.Itoa(i), http: ports[3*i], serfLAN: ports[3*i+1], server: ports[3*i+2],
+			extra: map[string]any{"server": true, "bootstrap_expect": n, "retry_join": join, "retry_interval": "1s",
+				"ports": map[string]int{"serf_wan": -1},
+				// 1, the lowest, gives Raft heartbeat and election timeouts of
+				// 1 s (the default, 5, is meant for the smallest machines).
+				"performance": map[string]int{"raft_multiplier": 1}},
+		}))
+	}
+	// A server that exits at start (a port taken meanwhile, a bad setting)
+	// ends the wait at once.
+	exited := func() *ConsulAgent {
+		for _, s := range c.Servers {
+			if s.Exited() {
+				return s
+			}
+		}
+		return nil
+	}
+	ready := func() bool {
+		l := c.Leader()
+		if l == nil {
+			return false
+		}
+		nodes, _, err := l.Client.Catalog().Nodes(nil)
+		return err == nil && len(nodes) == n
+	}
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return exited() != nil || ready() }),
+		wait.Timeout(60*time.Second), wait.Gap(100*time.Millisecond)),
+		must.Sprint("timed out waiting for the Consul servers to elect a leader and list each other"))
+	if s := exited(); s != nil {
+		t.Fatalf("consul %s exited at start: %v", s.Name, s.Stop())
+	}
+	return c
+}
+
+// Join returns the addresses agents join the cluster on.
+func (c *ConsulCluster) Join() []string {
+	out := make([]string, len(c.Servers))
+	for i, s := range c.Servers {
+		out[i] = s.SerfLANAddr
+	}
+	return out
+}
+
+// Leader returns the server that every running server names as the leader,
+// or nil while they name none, disagree, or name one that has exited (as
+// they do until they notice a killed leader is gone).
+func (c *ConsulCluster) Leader() *ConsulAgent {
+	var leader string
+	for _, s := range c.Servers {
+		if s.Exited() {
+			continue
+		}
+		addr, err := s.Client.Status().Leader()
+		if err != nil || addr == "" || (leader != "" && addr != leader) {
+			return nil
+		}
+		leader = addr
+	}
+	for _, s := range c.Servers {
+		if s.ServerAddr == leader && !s.Exited() {
+			return s
+		}
+	}
+	return nil
+}
+
+// WaitLeader waits up to timeout for a leader the running servers agree on,
+// and returns it.
+func (c *ConsulCluster) WaitLeader(t testing.TB, timeout time.Duration) *ConsulAgent {
+	t.Helper()
+	var leader *ConsulAgent
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		leader = c.Leader()
+		return leader != nil
+	}), wait.Timeout(timeout), wait.Gap(20*time.Millisecond)), must.Sprint("timed out waiting for a Consul leader"))
+	return leader
+}
+
+// StartConsulClient runs a Consul client agent joined to the cluster, with
+// its HTTP API on 127.0.0.1:httpPort (0: a free port), for the duration of
+// the test, and waits until it reaches the servers and the leader has put
+// it in the catalog. A node's services register with its client agent, and
+// a router on the node talks to it: this is the agent production routers
+// use.
+func StartConsulClient(t testing.TB, c *ConsulCluster, name string, httpPort int) *ConsulAgent {
+	t.Helper()
+	ports, err := FreePorts(3)
+	must.NoError(t, err)
+	if httpPort == 0 {
+		httpPort = ports[2]
+	}
+	a := startConsulAgent(t, consulAgentConfig{name: name, http: httpPort, serfLAN: ports[0], server: ports[1],
+		extra: map[string]any{"retry_join": c.Join(), "retry_interval": "1s"}})
+	a.waitFor(t, 30*time.Second, "the servers", func() bool {
+		leader, err := a.Client.Status().Leader()
+		if err != nil || leader == "" {
+			return false
+		}
+		node, _, err := a.Client.Catalog().Node(name, nil)
+		return err == nil && node != nil
+	})
+	return a
 }

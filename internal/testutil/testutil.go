@@ -1,7 +1,7 @@
 // Package testutil holds what Oasis's tests share: free loopback ports,
 // commands of this module built for a test binary, real processes started
-// and stopped with a test (oasis-sim among them), and waiting for a
-// condition.
+// and stopped with a test (oasis-sim and Consul agents among them), and
+// waiting for a condition.
 package testutil
 
 import (

@@ -1,5 +1,7 @@
 // Package integration tests oasis-router's packages against a real Consul
 // agent (`consul agent -dev` on free loopback ports, started by TestMain) and
-// real oasis-sim engine processes. The consul binary is bin/consul at the
-// repository root (`make hashistack`) or $OASIS_CONSUL_BIN.
+// real oasis-sim engine processes. The Consul fault tests start their own
+// Consul: a 3-server cluster whose leader they kill, and a client agent the
+// router binary talks to, as on a production node. The consul binary is
+// bin/consul at the repository root (`make hashistack`) or $OASIS_CONSUL_BIN.
 package integration

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -152,28 +151,21 @@ func TestEngineFailsMidStream(t *testing.T) {
 
 // TestConsulDownAtStartup runs the oasis-router binary against a Consul
 // address nothing listens on: requests get 503 with Retry-After (the model
-// may exist; discovery has not answered), never 404.
+// may exist; discovery has not answered), never 404. Then a Consul client
+// agent starts on that very address, joined to a server with which an
+// engine registered, as a node's agent coming back would: the router serves
+// the model within 10 s of the agent reaching the servers (asserted; its
+// discovery retries at least every 5 s, router/discovery's longest backoff).
+//
+// What is lost: every request sent while Consul was away, each a 503 with
+// Retry-After (asserted: none is a 404, a connection error or anything
+// else), and none once the model has been served.
 func TestConsulDownAtStartup(t *testing.T) {
-	ports, err := testutil.FreePorts(2)
+	ports, err := testutil.FreePorts(1)
 	must.NoError(t, err)
-	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "policy.json")
+	pol := filepath.Join(t.TempDir(), "policy.json")
 	must.NoError(t, os.WriteFile(pol, []byte(`{"policy":"round_robin"}`), 0o644))
-	cmd := exec.Command(routerBin, "-listen", listen, "-consul-addr", "127.0.0.1:"+strconv.Itoa(ports[1]),
-		"-policy-file", pol, "-kvcached-service", "", "-log-level", "error")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	must.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	url := "http://" + listen
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		resp, err := http.Get(url + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	}), wait.Timeout(20*time.Second), wait.Gap(50*time.Millisecond)))
+	url := startRouterBin(t, "127.0.0.1:"+strconv.Itoa(ports[0]), "-policy-file", pol, "-kvcached-service", "")
 	code, body := chat(t, url, "any-model", false)
 	must.Eq(t, http.StatusServiceUnavailable, code)
 	must.StrContains(t, body, `"code":"no_healthy_worker"`)
@@ -181,4 +173,41 @@ func TestConsulDownAtStartup(t *testing.T) {
 	must.NoError(t, err)
 	resp.Body.Close()
 	must.Eq(t, "1", resp.Header.Get("Retry-After"))
+
+	// The engine registers with a server while the router's agent is away.
+	cluster := testutil.StartConsulCluster(t, 1)
+	register(t, cluster.Servers[0].Client, "late-1", "late", startSim(t, "late"))
+	l := startLoad(url, "late", 1)
+	started := time.Now()
+	testutil.StartConsulClient(t, cluster, "router-node", ports[0])
+	back := time.Now()
+	var served time.Time
+	testutil.Eventually(t, 20*time.Second, "the router to serve the model", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, r := range l.results {
+			if r.ok() {
+				served = r.end
+				return true
+			}
+		}
+		return false
+	})
+	for range 10 {
+		r := send(url, "late", true)
+		must.True(t, r.ok(), must.Sprintf("served after recovery: %d %s", r.status, r.problem))
+	}
+	results := l.finish()
+	sum := summarize(results)
+	var lostAfter int
+	for _, r := range results {
+		if !r.ok() && r.start.After(served) {
+			lostAfter++
+		}
+	}
+	t.Logf("agent up %v after it started; model served %v after the agent reached the servers; %d requests: %d ok, %d lost (503 with Retry-After), %d failed",
+		back.Sub(started), served.Sub(back), len(results), sum.ok, sum.unavailable, len(sum.failed))
+	must.SliceEmpty(t, sum.failed, must.Sprint("every request succeeds or gets 503 with Retry-After"))
+	must.Zero(t, lostAfter, must.Sprint("no request is lost once the model has been served"))
+	must.Less(t, 10*time.Second, served.Sub(back), must.Sprint("the pool recovers within 10 s of Consul coming back"))
 }
