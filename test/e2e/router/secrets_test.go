@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +37,7 @@ type jobSecrets struct {
 	hostedKey  string // the hosted API key the router sends upstream
 	apiKey     string // a client's API key (only its digest is stored, in Consul KV)
 	redisPass  string // kvcached's password
+	engineKey  string // an engine's own API key (vLLM --api-key), from its Nomad variable
 	caPool     *tlsfilestest.CA
 	hostedSeen chan string // Authorization headers the fake hosted API received
 }
@@ -46,7 +46,7 @@ func newJobSecrets(t *testing.T) *jobSecrets {
 	ca := tlsfilestest.NewCA(t, "oasis-secrets-ca")
 	leaf := ca.Issue(t, "oasis-router", "127.0.0.1")
 	return &jobSecrets{tlsKey: leaf.KeyPEM, tlsCert: leaf.CertPEM, hostedKey: "sk-hosted-" + randomHex(t),
-		apiKey: "oasis-key-" + randomHex(t), redisPass: "redis-" + randomHex(t), caPool: ca,
+		apiKey: "oasis-key-" + randomHex(t), redisPass: "redis-" + randomHex(t), engineKey: "engine-" + randomHex(t), caPool: ca,
 		hostedSeen: make(chan string, 16)}
 }
 
@@ -92,11 +92,13 @@ func TestJobSecretsStayOutOfNomadAndConsul(t *testing.T) {
 	checkKvcachedPassword(t, ctx, kvcachedAddr, sec.redisPass)
 	checkRouterPrivileges(t, ctx, &routerProc{url: routerURL, client: client})
 
-	haystacks := nomadAndConsulViews(t, ctx, []string{"oasis-router", "oasis-kvcached", hostedJobID})
+	haystacks := nomadAndConsulViews(t, ctx, []string{"oasis-router", "oasis-kvcached", hostedJobID, secretEngineJob})
 	needles := map[string]string{"TLS key": pemBody(sec.tlsKey), "hosted key": sec.hostedKey,
-		"API key": sec.apiKey, "kvcached password": sec.redisPass}
+		"API key": sec.apiKey, "kvcached password": sec.redisPass, "engine key": sec.engineKey}
 	// The views are the real ones: the job shows its templates, the router logged.
 	must.StrContains(t, haystacks["job oasis-router"], `nomadVar \"nomad/jobs/oasis-router\"`)
+	// The llm driver's start event names the flag and hides its value.
+	must.StrContains(t, haystacks["allocation of "+secretEngineJob], "--api-key <redacted>")
 	must.StrContains(t, haystacks["stderr of task router (oasis-router)"], "wrote default policy document")
 	for where, text := range haystacks {
 		for what, secret := range needles {
@@ -158,7 +160,7 @@ func runSecretJobs(t *testing.T, ctx context.Context, root string, sec *jobSecre
 		return m
 	}
 	t.Cleanup(func() {
-		for _, id := range []string{hostedJobID, "oasis-router", "oasis-kvcached"} {
+		for _, id := range []string{hostedJobID, secretEngineJob, "oasis-router", "oasis-kvcached"} {
 			_ = stack.StopJob(context.Background(), id)
 		}
 	})
@@ -169,9 +171,49 @@ func runSecretJobs(t *testing.T, ctx context.Context, root string, sec *jobSecre
 		"http_port": strconv.Itoa(ports[0]), "tls_enabled": "true", "api_keys_kv": "true",
 		"hosted_upstreams": fmt.Sprintf("[%q]", hostedURL),
 		"hosted_key_envs":  fmt.Sprintf("[%q]", "OASIS_UPSTREAM_KEY_TEST="+hostedURL)})))
+	runSecretEngine(t, ctx, sec.engineKey)
 	must.NoError(t, stack.RunJobFile(ctx, filepath.Join(root, "recipes", "hosted", "openai-compat", "fallback", "job.nomad.hcl"),
 		map[string]string{"model": "hosted-m", "endpoint": hostedURL, "key_env": "OASIS_UPSTREAM_KEY_TEST"}))
 	return "https://127.0.0.1:" + strconv.Itoa(ports[0]), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+}
+
+// secretEngineJob is an oasis-sim engine started with an API key (vLLM's --api-key) that its
+// task renders from its Nomad variable into the environment and the driver config interpolates.
+const secretEngineJob = "secret-engine"
+
+func runSecretEngine(t *testing.T, ctx context.Context, key string) {
+	_, _, err := stack.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/" + secretEngineJob,
+		Items: nomadapi.VariableItems{"api_key": key}}, nil)
+	must.NoError(t, err)
+	hcl := testbed.SimEngine{ID: secretEngineJob, Model: "secret-sim",
+		Config: `extra_args = ["--api-key", "${ENGINE_API_KEY}"]`,
+		Task: `template {
+        data        = "{{ with nomadVar \"nomad/jobs/` + secretEngineJob + `\" }}ENGINE_API_KEY={{ .api_key | toJSON }}{{ end }}"
+        destination = "secrets/engine.env"
+        env         = true
+      }`}.HCL()
+	_, err = stack.RunJobHCL(ctx, hcl)
+	must.NoError(t, err)
+	entries, err := stack.WaitServicePassing(ctx, "oasis-engine", 1)
+	must.NoError(t, err)
+	var addr string
+	for _, e := range entries {
+		if e.Service.Meta["oasis_model"] == "secret-sim" {
+			addr = net.JoinHostPort(e.Service.Address, strconv.Itoa(e.Service.Port))
+		}
+	}
+	must.NotEq(t, "", addr, must.Sprint("the engine with a key is not registered"))
+	// The key reached the engine: /v1 answers 401 without it and 200 with it.
+	for key, want := range map[string]int{"": http.StatusUnauthorized, key: http.StatusOK} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/models", nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		must.NoError(t, err)
+		resp.Body.Close()
+		must.Eq(t, want, resp.StatusCode)
+	}
 }
 
 func waitRouterServes(t *testing.T, ctx context.Context, client *http.Client, url, apiKey string) {
@@ -231,13 +273,13 @@ func checkRouterPrivileges(t *testing.T, ctx context.Context, r *routerProc) {
 // service instance with its meta, tags and check output. Keys name the view.
 func nomadAndConsulViews(t *testing.T, ctx context.Context, jobIDs []string) map[string]string {
 	views := map[string]string{}
-	var mu sync.Mutex
 	add := func(name string, v any) {
-		b, err := json.Marshal(v)
-		must.NoError(t, err)
-		mu.Lock()
-		views[name] = string(b)
-		mu.Unlock()
+		// As the CLI prints it: no \u003c for '<'.
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		must.NoError(t, enc.Encode(v))
+		views[name] = b.String()
 	}
 	for _, id := range jobIDs {
 		job, _, err := stack.Nomad.Jobs().Info(id, nil)
@@ -248,7 +290,7 @@ func nomadAndConsulViews(t *testing.T, ctx context.Context, jobIDs []string) map
 		for _, stub := range allocs {
 			alloc, _, err := stack.Nomad.Allocations().Info(stub.ID, nil)
 			must.NoError(t, err)
-			add("allocation "+stub.ID[:8]+" of "+id, alloc)
+			add("allocation of "+id, alloc)
 			for task := range alloc.TaskStates {
 				for _, stream := range []string{"stdout", "stderr"} {
 					lctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -23,6 +23,8 @@ type SimEngine struct {
 	Tags []string
 	// Config holds extra lines for the task's config block.
 	Config string
+	// Task holds extra blocks for the task (a template, for instance).
+	Task string
 }
 
 // HCL renders the jobspec.
@@ -106,8 +108,9 @@ job %[1]q {
         cpu    = 200
         memory = 256
       }
+      %[10]s
     }
   }
 }
-`, e.ID, ports, provider, strings.Join(tags, ", "), model, kvMeta, kvConfig, e.Config, replayMeta)
+`, e.ID, ports, provider, strings.Join(tags, ", "), model, kvMeta, kvConfig, e.Config, replayMeta, e.Task)
 }
