@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble"
@@ -39,6 +40,13 @@ import (
 // Values up to InlineMax bytes (LMCache's 28-byte metadata keys, small test
 // values) live inline in the index entry (flag 1) instead of a file of their
 // own: one Pebble write instead of a file create, write and close.
+//
+// Index writes are not synced one by one. Pebble keeps unsynced WAL records
+// in its own memory until a 32 KiB log block fills, so a kill -9 would lose
+// every index write since the last full block however old: inline values
+// (nothing else holds them) and deletions (the key would come back). The
+// walSyncer syncs the WAL walSyncDelay after the first index write that
+// follows a sync, which bounds that loss to the last few milliseconds.
 
 const (
 	fileMagic   = "OKVB"
@@ -94,7 +102,19 @@ type diskTier struct {
 	poolSeq    uint64
 	degraded   time.Time // zero when healthy; otherwise when writes failed
 	retryAfter time.Duration
+
+	// walDirty says an index write happened since the walSyncer last
+	// synced; the write that sets it sends on walKick.
+	walDirty atomic.Bool
+	walKick  chan struct{}
+	walStop  chan struct{}
+	walDone  chan struct{}
 }
+
+// walSyncDelay is how long the walSyncer lets index writes gather before it
+// syncs Pebble's WAL: at most one sync (an fdatasync of the log) per delay
+// while writes go on, none while there are none.
+const walSyncDelay = 5 * time.Millisecond
 
 type pebbleLogger struct{ l hclog.Logger }
 
@@ -131,13 +151,51 @@ func openDisk(dir string, limit int64, log hclog.Logger, m *Metrics, events Obse
 		return nil, 0, fmt.Errorf("opening disk index: %w", err)
 	}
 	d := &diskTier{dir: dir, limit: limit, db: db, log: log, m: m, events: events,
-		idx: make(map[string]*diskEntry), retryAfter: 10 * time.Second}
+		idx: make(map[string]*diskEntry), retryAfter: 10 * time.Second,
+		walKick: make(chan struct{}, 1), walStop: make(chan struct{}), walDone: make(chan struct{})}
 	maxSeq, err := d.load()
 	if err != nil {
 		db.Close()
 		return nil, 0, err
 	}
+	// Started after load: a kick load's own index writes left is waiting.
+	go d.walSyncer()
 	return d, maxSeq, nil
+}
+
+// indexWritten records an unsynced index write for the walSyncer. It is
+// called after the write, so the sync that follows covers it.
+func (d *diskTier) indexWritten() {
+	if !d.walDirty.Load() && d.walDirty.CompareAndSwap(false, true) {
+		select {
+		case d.walKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// walSyncer syncs Pebble's WAL walSyncDelay after an index write, so a kill
+// keeps every index write older than that (see the comment at the top of
+// this file). The flag is cleared before the sync: a write that lands
+// during the sync kicks the next one.
+func (d *diskTier) walSyncer() {
+	defer close(d.walDone)
+	for {
+		select {
+		case <-d.walKick:
+		case <-d.walStop:
+			return
+		}
+		select {
+		case <-time.After(walSyncDelay):
+		case <-d.walStop:
+			return // closing the database syncs the WAL
+		}
+		d.walDirty.Store(false)
+		if err := d.db.LogData(nil, pebble.Sync); err != nil {
+			d.log.Warn("syncing the disk index's log", "error", err)
+		}
+	}
 }
 
 // load rebuilds the in-memory index from Pebble and deletes block files that
@@ -154,6 +212,7 @@ func (d *diskTier) load() (uint64, error) {
 		if len(v) < indexValLen || (v[indexValLen-1] == 0) != (len(v) == indexValLen) {
 			d.log.Warn("dropping malformed index entry", "key", fmt.Sprintf("%q", it.Key()[1:]))
 			d.db.Delete(bytes.Clone(it.Key()), pebble.NoSync)
+			d.indexWritten()
 			continue
 		}
 		e := &diskEntry{key: string(it.Key()[1:])}
@@ -247,6 +306,7 @@ func (d *diskTier) recover(path string, seq uint64) bool {
 	if err := d.db.Set(indexKey(key), encodeIndex(e), pebble.NoSync); err != nil {
 		return false
 	}
+	d.indexWritten()
 	if old != nil {
 		// The older write's file is an orphan now; the walk may already
 		// have passed it, so remove it here.
@@ -260,7 +320,11 @@ func (d *diskTier) recover(path string, seq uint64) bool {
 	return true
 }
 
-func (d *diskTier) close() error { return d.db.Close() }
+func (d *diskTier) close() error {
+	close(d.walStop)
+	<-d.walDone
+	return d.db.Close()
+}
 
 func (d *diskTier) path(seq uint64) string {
 	return filepath.Join(d.dir, "blocks", fmt.Sprintf("%02x", seq&0xff), fmt.Sprintf("%016x.blk", seq))
@@ -382,6 +446,7 @@ func (d *diskTier) put(key string, val []byte, expireAt int64, seq uint64) error
 		d.removeFile(e)
 		return fmt.Errorf("indexing block: %w", err)
 	}
+	d.indexWritten()
 	old := d.idx[key]
 	if old != nil {
 		d.lru.unlink(old)
@@ -667,6 +732,7 @@ func (d *diskTier) removeLocked(e *diskEntry) {
 	if err := d.db.Delete(indexKey(e.key), pebble.NoSync); err != nil {
 		d.log.Warn("deleting index entry", "error", err)
 	}
+	d.indexWritten()
 	d.updateGauges()
 }
 
@@ -734,6 +800,7 @@ func (d *diskTier) setExpire(key string, expireAt int64) bool {
 	if err := d.db.Set(indexKey(key), v, pebble.NoSync); err != nil {
 		d.log.Warn("updating expiry in index", "error", err)
 	}
+	d.indexWritten()
 	return true
 }
 

@@ -4,7 +4,8 @@
 //
 // Every SET lands in RAM and is queued for a background write to disk
 // (write-back: written within SpillDelay, skipped if superseded by then),
-// so a restart or kill -9 keeps every block whose write finished; RAM
+// so a restart or kill -9 keeps every block whose write finished (a value
+// kept inline in the disk index once the index's log is synced); RAM
 // eviction then only drops clean blocks, or writes a still-dirty victim
 // itself, which pushes back on writers when the disk is slower than they
 // are. A read from disk promotes the block to RAM.
@@ -462,7 +463,8 @@ func (s *Store) writeBack(it *item) {
 // written between half the delay and the delay after its SET when the disk
 // keeps up, and the spiller wakes once per batch of blocks rather than once
 // per SET. It bounds what a kill -9 can lose beyond the blocks being
-// written: blocks acknowledged within the last DefaultSpillDelay.
+// written: blocks acknowledged within the last DefaultSpillDelay, and for
+// values kept inline in the disk index walSyncDelay more.
 const DefaultSpillDelay = 5 * time.Millisecond
 
 // spillEntry is a spill-queue entry as the spiller holds it.
