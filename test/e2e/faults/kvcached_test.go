@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -199,66 +198,37 @@ func runKvcached(t *testing.T, ctx context.Context) kvcached {
 	must.NoError(t, err)
 	dataDir := filepath.Join(t.TempDir(), "kvcached")
 	vars := map[string]string{
-		"oasis_bin_dir":     strconv.Quote(stack.BinDir),
-		"consul_addr":       strconv.Quote(stack.ConsulAddr),
+		"oasis_bin_dir":     stack.BinDir,
+		"consul_addr":       stack.ConsulAddr,
 		"resp_port":         strconv.Itoa(ports[0]),
 		"http_port":         strconv.Itoa(ports[1]),
 		"quic_port":         strconv.Itoa(ports[2]),
-		"kv_events_address": `"127.0.0.1"`,
-		"data_dir":          strconv.Quote(dataDir),
+		"kv_events_address": "127.0.0.1",
+		"data_dir":          dataDir,
 		// The RAM tier gets part of this (INFO's ram_limit_bytes), a few dozen chunks: most of
 		// the load's chunks live only on disk.
-		"ram_bytes":  `"64MiB"`,
-		"disk_bytes": `"2GiB"`,
+		"ram_bytes":  "64MiB",
+		"disk_bytes": "2GiB",
 		"memory_mb":  "256",
 	}
-	job := runJobFile(t, ctx, filepath.Join(root, "jobs", "kvcached.nomad.hcl"), vars)
+	const jobID = "oasis-kvcached"
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := stack.StopJob(ctx, *job.ID); err != nil {
-			t.Errorf("stopping %s: %v", *job.ID, err)
+		if err := stack.StopJob(ctx, jobID); err != nil {
+			t.Errorf("stopping %s: %v", jobID, err)
 		}
 	})
-	allocs, err := stack.WaitAllocsRunning(ctx, *job.ID)
+	must.NoError(t, stack.RunJobFile(ctx, filepath.Join(root, "jobs", "kvcached.nomad.hcl"), vars))
+	allocs, err := stack.WaitAllocsRunning(ctx, jobID)
 	must.NoError(t, err)
 	must.Len(t, 1, allocs)
-	_, err = stack.WaitServicePassing(ctx, "oasis-kvcached", 1)
-	must.NoError(t, err)
 	return kvcached{
 		addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
 		httpAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
 		dataDir:  dataDir,
 		allocID:  allocs[0].ID,
 	}
-}
-
-var declaredVariable = regexp.MustCompile(`(?m)^\s*variable\s+"([A-Za-z0-9_-]+)"`)
-
-// runJobFile registers a jobspec file with HCL variable assignments (values in HCL syntax), as
-// `nomad job run -var` does. Every variable must be one the file declares: a misspelt one would
-// leave the job on its default (a production port, /var/lib) without a word.
-func runJobFile(t *testing.T, ctx context.Context, path string, vars map[string]string) *nomadapi.Job {
-	t.Helper()
-	src, err := os.ReadFile(path)
-	must.NoError(t, err)
-	var assigns []string
-	for _, m := range declaredVariable.FindAllStringSubmatch(string(src), -1) {
-		if v, ok := vars[m[1]]; ok {
-			assigns = append(assigns, m[1]+" = "+v)
-			delete(vars, m[1])
-		}
-	}
-	must.MapEmpty(t, vars, must.Sprintf("variables %s does not declare", path))
-	job, err := stack.Nomad.Jobs().ParseHCLOpts(&nomadapi.JobsParseRequest{
-		JobHCL:       string(src),
-		Variables:    strings.Join(assigns, "\n"),
-		Canonicalize: true,
-	})
-	must.NoError(t, err)
-	_, _, err = stack.Nomad.Jobs().Register(job, (&nomadapi.WriteOptions{}).WithContext(ctx))
-	must.NoError(t, err)
-	return job
 }
 
 // kvcachedPid is the pid of the kvcached serving ctl, as its INFO reports it, after checking that
