@@ -79,6 +79,7 @@ func (s *Stack) bootstrapConsulACL(ctx context.Context) error {
 	if _, err := s.Consul.Agent().UpdateAgentACLToken(agent, nil); err != nil {
 		return fmt.Errorf("setting the consul agent's token: %w", err)
 	}
+	s.consulAgentToken = agent
 	if s.nomadConsulToken, err = s.consulPolicyToken("nomad-agent", nomadAgentConsulRules); err != nil {
 		return err
 	}
@@ -162,6 +163,11 @@ func (s *Stack) wireWorkloadIdentity(ctx context.Context) error {
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("creating consul binding rule for services: %w", err)
+	}
+	if s.fed != nil && !s.fed.primary() {
+		if err := s.waitACLObjectsReplicated(ctx); err != nil {
+			return err
+		}
 	}
 	return s.runACLSetup(ctx)
 }

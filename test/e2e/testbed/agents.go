@@ -25,6 +25,8 @@ func (s *Stack) startConsul(ctx context.Context) error {
 		"bind_addr":   "127.0.0.1",
 		"client_addr": "127.0.0.1",
 		"log_level":   "warn",
+		// grpc_tls off too: a dev agent takes 8503 for it otherwise, and a second agent on the
+		// machine then fails to start.
 		"ports": map[string]int{
 			"http": http, "serf_lan": serfLAN, "serf_wan": serfWAN, "server": server,
 			"dns": -1, "grpc": -1, "grpc_tls": -1, "https": -1,
@@ -32,6 +34,10 @@ func (s *Stack) startConsul(ctx context.Context) error {
 	}
 	if s.acls {
 		config["acl"] = consulACLConfig()
+	}
+	s.consulSerfWAN = fmt.Sprintf("127.0.0.1:%d", serfWAN)
+	if s.fed != nil {
+		s.fed.consulConfig(config)
 	}
 	data, err := json.MarshalIndent(config, "", "  ")
 	if err != nil {
@@ -58,7 +64,12 @@ func (s *Stack) startConsul(ctx context.Context) error {
 		leader, err := s.Consul.Status().Leader()
 		return err == nil && leader != "", err
 	})
-	if err == nil && s.acls {
+	switch {
+	case err != nil || !s.acls:
+	case s.fed != nil && !s.fed.primary():
+		// A secondary has no ACL system of its own to bootstrap: it replicates the primary's.
+		err = s.waitConsulReplication(ctx)
+	default:
 		err = s.bootstrapConsulACL(ctx)
 	}
 	if err != nil {
@@ -75,6 +86,12 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	}
 	http, rpc, serf := ports[0], ports[1], ports[2]
 	s.NomadAddr = fmt.Sprintf("http://127.0.0.1:%d", http)
+	s.nomadSerf = fmt.Sprintf("127.0.0.1:%d", serf)
+	name, top, server, client, acl := "oasis-testbed", "", "", "", ""
+	if s.fed != nil {
+		name = "oasis-testbed-" + s.Datacenter
+		top, server, client, acl = s.fed.nomadConfig()
+	}
 	llmConfig := opts.LLMPluginConfig
 	if llmConfig == "" {
 		llmConfig = fmt.Sprintf("binaries = { sim = %q }", s.Bin("oasis-sim"))
@@ -90,8 +107,8 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	if s.hasPlugin("nomad-device-gpu") {
 		plugins.WriteString("plugin \"nomad-device-gpu\" {\n  config {}\n}\n")
 	}
-	config := fmt.Sprintf(`name       = "oasis-testbed"
-data_dir   = %[1]q
+	config := fmt.Sprintf(`name       = %[11]q
+%[12]sdata_dir   = %[1]q
 plugin_dir = %[2]q
 bind_addr  = "127.0.0.1"
 log_level  = "DEBUG"
@@ -111,7 +128,7 @@ advertise {
 server {
   enabled          = true
   bootstrap_expect = 1
-}
+%[13]s}
 
 client {
   enabled           = true
@@ -121,7 +138,7 @@ client {
     # AWS_CA_BUNDLE in this environment breaks the cloud fingerprinters (NOTES §3).
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
   }
-}
+%[14]s}
 
 consul {
   address = %[6]q
@@ -129,7 +146,7 @@ consul {
 
 acl {
   enabled = %[10]t
-}
+%[15]s}
 
 plugin "raw_exec" {
   config {
@@ -139,13 +156,15 @@ plugin "raw_exec" {
 
 %[7]s
 %[8]s
-`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig, aclConfig, s.acls)
+`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig, aclConfig, s.acls,
+		name, top, server, client, acl)
 	s.nomadConfig = filepath.Join(s.Dir, "nomad.hcl")
 	// It holds the agent's Consul token.
 	if err := os.WriteFile(s.nomadConfig, []byte(config), 0o600); err != nil {
 		return fmt.Errorf("writing nomad config: %w", err)
 	}
-	s.Nomad, err = newNomadClient(s.NomadAddr, "")
+	// A secondary region starts with the primary's management token, which it replicates.
+	s.Nomad, err = newNomadClient(s.NomadAddr, s.NomadToken)
 	return err
 }
 

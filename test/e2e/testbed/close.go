@@ -20,6 +20,12 @@ import (
 // It is safe to call on a partially started stack.
 func (s *Stack) Close() error {
 	var errs []error
+	// A frozen agent (Freeze) would sit out its grace period without handling SIGINT.
+	for _, p := range []*process{s.consul, s.nomad} {
+		if p != nil && !p.exited() {
+			_ = syscall.Kill(p.pid, syscall.SIGCONT)
+		}
+	}
 	if s.nomad != nil && !s.nomad.exited() && s.Nomad != nil {
 		if err := s.stopAllJobs(); err != nil {
 			errs = append(errs, err)

@@ -62,6 +62,11 @@ type Stack struct {
 	NomadToken  string
 	// NodeID is the id of the stack's single Nomad client node.
 	NodeID string
+	// Datacenter is the Consul datacenter and the Nomad client's datacenter ("dc1" for a single
+	// stack); Region is the Nomad region ("global" for a single stack, the datacenter's name in a
+	// federation).
+	Datacenter string
+	Region     string
 
 	root        string
 	nomadBin    string
@@ -73,11 +78,38 @@ type Stack struct {
 	acls        bool
 	// nomadConsulToken is the Nomad agent's own Consul token.
 	nomadConsulToken string
+	// consulAgentToken is the Consul agent's own token.
+	consulAgentToken string
+	// fed places the stack in a federation; nil for a single stack.
+	fed *dcConfig
+	// consulSerfWAN and nomadSerf are the addresses other datacenters join.
+	consulSerfWAN string
+	nomadSerf     string
 }
 
 // Start builds the Oasis binaries, starts Consul and Nomad, and waits until Nomad has a leader
 // and its client node is ready. On error everything already started is torn down.
 func Start(ctx context.Context, opts Options) (s *Stack, err error) {
+	s, err = newStack(opts, opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			if cerr := s.Close(); cerr != nil {
+				s.logf("testbed: cleanup after failed start: %v", cerr)
+			}
+			s = nil
+		}
+	}()
+	if err := s.buildOasis(ctx); err != nil {
+		return s, err
+	}
+	return s, s.run(ctx, opts)
+}
+
+// newStack resolves the binaries and creates the stack's directory; it starts nothing.
+func newStack(opts Options, dir string) (*Stack, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -90,7 +122,7 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := stackDir(opts.Dir)
+	dir, err = stackDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -102,40 +134,32 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	s = &Stack{
-		Dir:       dir,
-		BinDir:    filepath.Join(dir, "bin"),
-		PluginDir: filepath.Join(dir, "plugins"),
-		root:      root,
-		nomadBin:  nomadBin,
-		consulBin: consulBin,
-		logf:      logf,
-		acls:      !opts.NoACLs,
-	}
-	defer func() {
-		if err != nil {
-			if cerr := s.Close(); cerr != nil {
-				logf("testbed: cleanup after failed start: %v", cerr)
-			}
-			s = nil
-		}
-	}()
+	return &Stack{
+		Dir:        dir,
+		BinDir:     filepath.Join(dir, "bin"),
+		PluginDir:  filepath.Join(dir, "plugins"),
+		Datacenter: "dc1",
+		Region:     "global",
+		root:       root,
+		nomadBin:   nomadBin,
+		consulBin:  consulBin,
+		logf:       logf,
+		acls:       !opts.NoACLs,
+	}, nil
+}
 
-	if err := s.buildOasis(ctx); err != nil {
-		return s, err
-	}
+// run starts the agents of a stack whose binaries are in place.
+func (s *Stack) run(ctx context.Context, opts Options) error {
 	if err := s.startConsul(ctx); err != nil {
-		return s, err
+		return err
 	}
 	if err := s.startNomad(ctx, opts); err != nil {
-		return s, err
+		return err
 	}
 	if s.acls {
-		if err := s.wireWorkloadIdentity(ctx); err != nil {
-			return s, err
-		}
+		return s.wireWorkloadIdentity(ctx)
 	}
-	return s, nil
+	return nil
 }
 
 func stackDir(dir string) (string, error) {
