@@ -125,8 +125,9 @@ gpu-check:
 	$(GO) run ./cmd/gpu-check -plugin bin/nomad-device-gpu -json
 
 ## up: start Consul + Nomad with the Oasis plugins and run jobs/ and the demo recipe
+## (DCS=2: two federated datacenters, each running them in its own region)
 up: hashistack
-	$(GO) run ./test/e2e/cmd/oasis-stack up
+	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS))
 
 ## down: stop everything `make up` started
 down:

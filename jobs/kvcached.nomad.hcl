@@ -17,6 +17,12 @@
 # (attr.unique.network.ip-address) unless kv_events_address names another: routers on other
 # nodes subscribe to them, so they cannot be on loopback; keep that address private.
 
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
 variable "datacenters" {
   type    = list(string)
   default = ["*"]
@@ -119,6 +125,7 @@ locals {
 }
 
 job "oasis-kvcached" {
+  region      = var.region
   datacenters = var.datacenters
   type        = "system"
 

@@ -9,6 +9,12 @@
 # jobs/README.md says how to put the TLS certificate into the Nomad variable and what hosted
 # upstreams the router must be told to allow.
 
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
 variable "datacenters" {
   description = "Datacenters the router runs in."
   type        = list(string)
@@ -112,6 +118,7 @@ locals {
 }
 
 job "oasis-router" {
+  region      = var.region
   datacenters = var.datacenters
   type        = "system"
 

@@ -32,7 +32,7 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 	if s, err := testbed.Load(statePath); err == nil {
 		if _, err := s.Nomad.Agent().Self(); err == nil {
 			fmt.Fprintln(out, "The local stack is already up.")
-			printURLs(out, s, home)
+			printURLs(out, s, EnvPath(home))
 			return s, nil
 		}
 		return nil, fmt.Errorf("a stack state exists at %s but its Nomad does not answer; run `make down` first", statePath)
@@ -52,25 +52,37 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 		return nil, errors.Join(err, s.Close())
 	}
 
+	if err := runJobs(ctx, root, home, s, out); err != nil {
+		return s, err
+	}
+	printURLs(out, s, EnvPath(home))
+	return s, nil
+}
+
+// runJobs runs the system jobs and the demo recipe on one stack (one region of a federation).
+func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Writer) error {
 	files, err := jobFiles(root, out)
 	if err != nil {
-		return s, err
+		return err
 	}
 	vars, err := localVariables(s, home)
 	if err != nil {
-		return s, err
+		return err
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
 		fileVars := maps.Clone(vars[""])
 		maps.Copy(fileVars, vars[filepath.Base(f)])
 		if err := s.RunJobFile(ctx, f, fileVars); err != nil {
-			return s, fmt.Errorf("%s: %w (the stack stays up for inspection; `make down` stops it)", rel, err)
+			return fmt.Errorf("%s: %w (the stack stays up for inspection; `make down` stops it)", rel, err)
 		}
-		fmt.Fprintf(out, "  ran %s\n", rel)
+		if s.Region == "global" {
+			fmt.Fprintf(out, "  ran %s\n", rel)
+		} else {
+			fmt.Fprintf(out, "  ran %s in region %s\n", rel, s.Region)
+		}
 	}
-	printURLs(out, s, home)
-	return s, nil
+	return nil
 }
 
 // jobFiles lists the system jobs and the demo recipe, saying which ones do not exist yet.
@@ -101,8 +113,13 @@ func localVariables(s *testbed.Stack, home string) (map[string]map[string]string
 		return nil, err
 	}
 	port := func(i int) string { return fmt.Sprint(ports[i]) }
+	kvcachedDir := filepath.Join(home, "kvcached")
+	if s.Region != "global" {
+		kvcachedDir += "-" + s.Datacenter
+	}
 	return map[string]map[string]string{
 		"": {
+			"region":        s.Region,
 			"oasis_bin_dir": s.BinDir,
 			"datacenters":   `["*"]`,
 			"consul_addr":   s.ConsulAddr,
@@ -113,7 +130,7 @@ func localVariables(s *testbed.Stack, home string) (map[string]map[string]string
 			"resp_port":  port(1),
 			"http_port":  port(2),
 			"quic_port":  port(3),
-			"data_dir":   filepath.Join(home, "kvcached"),
+			"data_dir":   kvcachedDir,
 			"ram_bytes":  "256MiB",
 			"disk_bytes": "1GiB",
 			"memory_mb":  "512",
@@ -126,23 +143,28 @@ func EnvPath(home string) string { return filepath.Join(home, "env") }
 
 // writeEnvFile writes the variables the nomad and consul CLIs read, tokens included, to a file
 // only its owner can read, rather than printing tokens to the terminal.
-func writeEnvFile(home string, s *testbed.Stack) error {
+func writeEnvFile(home string, s *testbed.Stack) error { return writeEnv(EnvPath(home), s) }
+
+func writeEnv(path string, s *testbed.Stack) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "export NOMAD_ADDR=%s CONSUL_HTTP_ADDR=%s\n", s.NomadAddr, s.ConsulAddr)
 	if s.NomadToken != "" {
 		fmt.Fprintf(&b, "export NOMAD_TOKEN=%s CONSUL_HTTP_TOKEN=%s\n", s.NomadToken, s.ConsulToken)
 	}
-	if err := os.WriteFile(EnvPath(home), []byte(b.String()), 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", EnvPath(home), err)
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil
 }
 
-func printURLs(out io.Writer, s *testbed.Stack, home string) {
+func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 	fmt.Fprintln(out)
+	if s.Region != "global" {
+		fmt.Fprintf(out, "Datacenter %s (Nomad region %s):\n", s.Datacenter, s.Region)
+	}
 	fmt.Fprintf(out, "Nomad UI:   %s/ui\n", s.NomadAddr)
 	fmt.Fprintf(out, "Consul UI:  http://%s/ui\n", s.ConsulAddr)
-	fmt.Fprintf(out, "Env:        . %s   (addresses and management tokens for the nomad and consul CLIs and UIs)\n", EnvPath(home))
+	fmt.Fprintf(out, "Env:        . %s   (addresses and management tokens for the nomad and consul CLIs and UIs)\n", envPath)
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
 	if err != nil || len(routers) == 0 {
 		fmt.Fprintln(out, "OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")
@@ -156,8 +178,11 @@ func printURLs(out io.Writer, s *testbed.Stack, home string) {
 	fmt.Fprintln(out, "Stop:       make down")
 }
 
-// Down stops everything Up started under home and removes home.
+// Down stops everything Up or UpFederation started under home and removes home.
 func Down(home string, out io.Writer) error {
+	if _, err := os.Stat(FederationStatePath(home)); err == nil {
+		return downFederation(home, out)
+	}
 	s, err := testbed.Load(StatePath(home))
 	if errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintln(out, "Nothing to stop: no local stack is up.")

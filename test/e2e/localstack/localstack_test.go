@@ -210,3 +210,61 @@ func stackPIDs(t *testing.T, home string) []int {
 	}
 	return pids
 }
+
+// TestUpFederationServesInEachDC is `make up DCS=2` and `make down`: two federated datacenters,
+// each running the system jobs and the demo recipe in its own region, a streamed chat completion
+// through each datacenter's router, an env file per datacenter, and a teardown that leaves no
+// process or directory.
+func TestUpFederationServesInEachDC(t *testing.T) {
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	home := filepath.Join(t.TempDir(), "oasis-home")
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+
+	var out bytes.Buffer
+	start := time.Now()
+	f, err := UpFederation(ctx, root, home, 2, io.MultiWriter(&out, testWriter{t}))
+	downed := false
+	defer func() {
+		if !downed {
+			if err := Down(home, io.Discard); err != nil {
+				t.Errorf("down after failure: %v", err)
+			}
+		}
+	}()
+	must.NoError(t, err)
+	t.Logf("make up DCS=2 (federation, jobs and recipes in both regions) took %s", time.Since(start).Round(100*time.Millisecond))
+	for _, want := range []string{"ran jobs/router.nomad.hcl in region dc1", "ran recipes/tiny/sim/agg/job.nomad.hcl in region dc2", "Datacenter dc2 (Nomad region dc2)"} {
+		must.StrContains(t, out.String(), want)
+	}
+	must.Eq(t, 2, strings.Count(out.String(), "OpenAI API: http://"))
+
+	routers := map[string]string{}
+	for _, s := range f.DCs {
+		env, err := os.Stat(DCEnvPath(home, s.Datacenter))
+		must.NoError(t, err)
+		must.Eq(t, os.FileMode(0o600), env.Mode().Perm())
+		engines, err := s.WaitServicePassing(ctx, "oasis-engine", 3)
+		must.NoError(t, err)
+		must.Len(t, 3, engines, must.Sprintf("engines in %s", s.Datacenter))
+		rs, err := s.WaitServicePassing(ctx, "oasis-router", 1)
+		must.NoError(t, err)
+		router := fmt.Sprintf("http://%s:%d", rs[0].Service.Address, rs[0].Service.Port)
+		routers[s.Datacenter] = router
+		waitReady(t, ctx, router)
+		events := streamChat(t, ctx, router, "You are a helpful assistant.", "Hello from "+s.Datacenter)
+		must.Eq(t, "[DONE]", events[len(events)-1])
+	}
+	must.NotEq(t, routers["dc1"], routers["dc2"])
+
+	pids := stackPIDs(t, home)
+	must.Greater(t, 0, len(pids), must.Sprint("found no processes of the federation while it was up"))
+	must.NoError(t, Down(home, io.Discard))
+	downed = true
+	for _, pid := range pids {
+		must.False(t, running(pid), must.Sprintf("process %d survived make down", pid))
+	}
+	_, err = os.Stat(home)
+	must.True(t, os.IsNotExist(err), must.Sprint("the federation's home directory survived make down"))
+}

@@ -23,13 +23,34 @@ type state struct {
 	NomadToken  string `json:"nomad_token,omitempty"`
 	NomadPID    int    `json:"nomad_pid"`
 	ConsulPID   int    `json:"consul_pid"`
+	// Datacenter and Region are empty in files written before federations existed.
+	Datacenter string `json:"datacenter,omitempty"`
+	Region     string `json:"region,omitempty"`
+}
+
+// federationState is what a detached federation leaves on disk.
+type federationState struct {
+	Dir string  `json:"dir"`
+	DCs []state `json:"dcs"`
 }
 
 // Save writes what Load needs to find and stop this stack from another process.
-func (s *Stack) Save(path string) error {
+func (s *Stack) Save(path string) error { return saveJSON(path, s.state()) }
+
+// Save writes what LoadFederation needs to find and stop this federation from another process.
+func (f *Federation) Save(path string) error {
+	st := federationState{Dir: f.Dir}
+	for _, s := range f.DCs {
+		st.DCs = append(st.DCs, s.state())
+	}
+	return saveJSON(path, st)
+}
+
+func (s *Stack) state() state {
 	st := state{
 		Dir: s.Dir, BinDir: s.BinDir, PluginDir: s.PluginDir, ConsulAddr: s.ConsulAddr,
 		NomadAddr: s.NomadAddr, NodeID: s.NodeID, ConsulToken: s.ConsulToken, NomadToken: s.NomadToken,
+		Datacenter: s.Datacenter, Region: s.Region,
 	}
 	if s.nomad != nil {
 		st.NomadPID = s.nomad.pid
@@ -37,7 +58,12 @@ func (s *Stack) Save(path string) error {
 	if s.consul != nil {
 		st.ConsulPID = s.consul.pid
 	}
-	data, err := json.MarshalIndent(st, "", "  ")
+	return st
+}
+
+// saveJSON writes v to a file only its owner can read: it holds the management tokens.
+func saveJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encoding stack state: %w", err)
 	}
@@ -57,14 +83,44 @@ func Load(path string) (*Stack, error) {
 	if err := json.Unmarshal(data, &st); err != nil {
 		return nil, fmt.Errorf("decoding stack state %s: %w", path, err)
 	}
+	return fromState(st)
+}
+
+// LoadFederation reattaches to a federation saved by Federation.Save, for Close.
+func LoadFederation(path string) (*Federation, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading federation state: %w", err)
+	}
+	var st federationState
+	if err := json.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("decoding federation state %s: %w", path, err)
+	}
+	if st.Dir == "" {
+		return nil, errors.New("federation state names no directory")
+	}
+	f := &Federation{Dir: st.Dir}
+	for _, dc := range st.DCs {
+		s, err := fromState(dc)
+		if err != nil {
+			return nil, err
+		}
+		f.DCs = append(f.DCs, s)
+	}
+	return f, nil
+}
+
+func fromState(st state) (*Stack, error) {
 	if st.Dir == "" {
 		return nil, errors.New("stack state names no directory")
 	}
 	s := &Stack{
 		Dir: st.Dir, BinDir: st.BinDir, PluginDir: st.PluginDir, ConsulAddr: st.ConsulAddr,
 		NomadAddr: st.NomadAddr, NodeID: st.NodeID, ConsulToken: st.ConsulToken, NomadToken: st.NomadToken,
+		Datacenter: st.Datacenter, Region: st.Region,
 		acls: st.NomadToken != "", nomad: adopt(st.NomadPID), consul: adopt(st.ConsulPID), logf: func(string, ...any) {},
 	}
+	var err error
 	if s.Consul, err = newConsulClient(s.ConsulAddr, s.ConsulToken); err != nil {
 		return nil, err
 	}

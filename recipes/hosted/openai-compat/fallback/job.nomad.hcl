@@ -6,6 +6,12 @@
 #   nomad job run -var 'endpoint=https://api.example.com/v1' -var 'model=gpt-4o-mini' \
 #     recipes/hosted/openai-compat/fallback/job.nomad.hcl
 
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
 variable "datacenters" {
   description = "Datacenters to run in."
   type        = list(string)
@@ -31,6 +37,7 @@ variable "key_env" {
 }
 
 job "hosted-openai-compat-fallback" {
+  region      = var.region
   datacenters = var.datacenters
   type        = "service"
 

@@ -2,6 +2,12 @@
 #
 #   nomad job run recipes/llama3-8b/sglang/agg/job.nomad.hcl
 
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
 variable "datacenters" {
   description = "Datacenters to run in."
   type        = list(string)
@@ -27,6 +33,7 @@ variable "max_model_len" {
 }
 
 job "llama3-8b-sglang-agg" {
+  region      = var.region
   datacenters = var.datacenters
   type        = "service"
 

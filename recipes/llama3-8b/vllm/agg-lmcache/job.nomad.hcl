@@ -2,6 +2,12 @@
 #
 #   nomad job run recipes/llama3-8b/vllm/agg-lmcache/job.nomad.hcl
 
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
 variable "datacenters" {
   description = "Datacenters to run in."
   type        = list(string)
@@ -33,6 +39,7 @@ variable "kv_offload_size_gb" {
 }
 
 job "llama3-8b-vllm-agg-lmcache" {
+  region      = var.region
   datacenters = var.datacenters
   type        = "service"
 

@@ -2,6 +2,12 @@
 #
 #   nomad job run recipes/tiny/sim/agg/job.nomad.hcl
 
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
 variable "datacenters" {
   description = "Datacenters to run in."
   type        = list(string)
@@ -21,6 +27,7 @@ variable "speed" {
 }
 
 job "tiny-sim-agg" {
+  region      = var.region
   datacenters = var.datacenters
   type        = "service"
 

@@ -1,8 +1,12 @@
 // Command oasis-stack is `make up` / `make down` (see package localstack).
+//
+//	oasis-stack up [-dcs N]   # N > 1: N federated datacenters (make up DCS=N)
+//	oasis-stack down
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,17 +17,24 @@ import (
 )
 
 func main() {
-	if len(os.Args) != 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
-		fmt.Fprintln(os.Stderr, "usage: oasis-stack up|down")
+	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
+		fmt.Fprintln(os.Stderr, "usage: oasis-stack up [-dcs N] | down")
 		os.Exit(2)
 	}
+	flags := flag.NewFlagSet("oasis-stack "+os.Args[1], flag.ExitOnError)
+	dcs := flags.Int("dcs", 1, "datacenters to start (up only); more than one makes a federation")
+	flags.Parse(os.Args[2:])
 	root, err := testbed.RepoRoot()
 	if err == nil {
 		home := filepath.Join(root, ".oasis")
 		switch os.Args[1] {
 		case "up":
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-			_, err = localstack.Up(ctx, root, home, os.Stdout)
+			if *dcs > 1 {
+				_, err = localstack.UpFederation(ctx, root, home, *dcs, os.Stdout)
+			} else {
+				_, err = localstack.Up(ctx, root, home, os.Stdout)
+			}
 			cancel()
 		case "down":
 			err = localstack.Down(home, os.Stdout)
