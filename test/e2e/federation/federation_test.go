@@ -79,6 +79,39 @@ func TestFederated(t *testing.T) {
 	must.True(t, nself.Global)
 }
 
+// TestIdleFootprint reports the resident memory of every process of the two-datacenter stack
+// before any job runs (the agents and their plugins).
+func TestIdleFootprint(t *testing.T) {
+	time.Sleep(5 * time.Second)
+	var kib, n int
+	byName := map[string]int{}
+	entries, err := os.ReadDir("/proc")
+	must.NoError(t, err)
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmdline), fed.Dir+"/") {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				k, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+				kib += k
+				n++
+				byName[filepath.Base(strings.SplitN(string(cmdline), "\x00", 2)[0])] += k / 1024
+			}
+		}
+	}
+	must.Positive(t, n)
+	t.Logf("idle two-datacenter stack: %d processes, %d MiB resident (MiB by binary: %v)", n, kib/1024, byName)
+}
+
 // TestEngineInSecondRegion runs a sim engine job in region dc2, submitted to dc1's Nomad (which
 // forwards it), and finds it passing in dc2's Consul through dc1's Consul (`?dc=dc2`): the
 // service registered with a token from dc2's own auth method.
@@ -135,35 +168,51 @@ func TestRouterInSecondRegion(t *testing.T) {
 	routers, err := dc2.WaitServicePassing(ctx, "oasis-router", 1)
 	must.NoError(t, err)
 	must.Eq(t, ports[0], routers[0].Service.Port)
-}
-
-// TestIdleFootprint reports the resident memory of every process of the two-datacenter stack.
-func TestIdleFootprint(t *testing.T) {
-	time.Sleep(5 * time.Second)
-	var kib int
-	var n int
-	entries, err := os.ReadDir("/proc")
+	if dc2.ConsulToken == "" {
+		return
+	}
+	// The task's token: made by dc2's own auth method, local to dc2, holding the job's role.
+	tokens, _, err := dc2.Consul.ACL().TokenListFiltered(consulapi.ACLTokenFilterOptions{AuthMethod: testbed.AuthMethod}, nil)
 	must.NoError(t, err)
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.Contains(string(cmdline), fed.Dir+"/") {
-			continue
-		}
-		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(status), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				k, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-				kib += k
-				n++
-			}
+	var roles []string
+	for _, tok := range tokens {
+		must.True(t, tok.Local, must.Sprint("a login token of dc2's auth method is not local"))
+		for _, r := range tok.Roles {
+			roles = append(roles, r.Name)
 		}
 	}
-	must.Positive(t, n)
-	t.Logf("idle two-datacenter stack: %d processes, %d MiB resident", n, kib/1024)
+	must.SliceContains(t, roles, "oasis-router")
+}
+
+// TestFreezeSecondDC freezes dc2's Consul: a `?dc=dc2` query from dc1 then hangs until its own
+// timeout, and answers again once dc2 is thawed.
+func TestFreezeSecondDC(t *testing.T) {
+	dc1, dc2 := fed.DC("dc1"), fed.DC("dc2")
+	query := func(timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_, _, err := dc1.Consul.Catalog().Services((&consulapi.QueryOptions{Datacenter: "dc2"}).WithContext(ctx))
+		return err
+	}
+	must.NoError(t, query(5*time.Second))
+	must.NoError(t, dc2.Freeze(testbed.AgentConsul))
+	thawed := false
+	defer func() {
+		if !thawed {
+			must.NoError(t, dc2.Thaw(testbed.AgentConsul))
+		}
+	}()
+	start := time.Now()
+	err := query(2 * time.Second)
+	must.ErrorIs(t, err, context.DeadlineExceeded)
+	must.Greater(t, 1900*time.Millisecond, time.Since(start))
+	must.NoError(t, dc2.Thaw(testbed.AgentConsul))
+	thawed = true
+	var last error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if last = query(5 * time.Second); last == nil {
+			return
+		}
+	}
+	t.Fatalf("dc2 never answered again after thawing: %v", last)
 }
