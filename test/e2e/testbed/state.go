@@ -114,6 +114,9 @@ func fromState(st state) (*Stack, error) {
 	if st.Dir == "" {
 		return nil, errors.New("stack state names no directory")
 	}
+	if st.Region == "" {
+		st.Datacenter, st.Region = "dc1", "global"
+	}
 	s := &Stack{
 		Dir: st.Dir, BinDir: st.BinDir, PluginDir: st.PluginDir, ConsulAddr: st.ConsulAddr,
 		NomadAddr: st.NomadAddr, NodeID: st.NodeID, ConsulToken: st.ConsulToken, NomadToken: st.NomadToken,
