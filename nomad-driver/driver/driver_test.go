@@ -242,7 +242,8 @@ func TestDriver_StartReadyServeStop(t *testing.T) {
 
 // TestDriver_RecoverTask: a fresh driver (a restarted Nomad client)
 // reattaches to the running engine through the stored executor state
-// without restarting it; recovering a known task is a no-op.
+// without restarting it, and reports it once the client waits on the task;
+// recovering a known task is a no-op.
 func TestDriver_RecoverTask(t *testing.T) {
 	_, h := newHarness(t, nil)
 	task := newSimTask(t, h, true, nil)
@@ -261,6 +262,15 @@ func TestDriver_RecoverTask(t *testing.T) {
 	waitHealthy(t, task.httpPort)
 	must.StrContains(t, chat(t, task.httpPort, "llama"), `"choices"`)
 	must.EqOp(t, 1, len(d2.tasks.tasks))
+
+	// The reattachment is reported as soon as the client waits on the task
+	// (it routes the task's events by then), not after the minute's fallback.
+	events := watchEvents(t, h2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err = h2.WaitTask(ctx, task.cfg.ID)
+	must.NoError(t, err)
+	events.waitFor(t, task.cfg.ID, fmt.Sprintf("Reattached to engine (pid %d)", pid), 10*time.Second)
 
 	// The old driver instance goes away like a stopped client: only its
 	// in-memory handle, never the engine.

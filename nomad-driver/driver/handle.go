@@ -63,9 +63,11 @@ type taskHandle struct {
 	health      string // "starting", "ready", "failing"
 	readyAfter  time.Duration
 
-	// statsAsked is closed by the client's first TaskStats call for this task.
-	statsAsked     chan struct{}
-	statsAskedOnce sync.Once
+	// attached is closed by the client's first WaitTask or TaskStats call for
+	// this task: its task runner is running, so the client routes the task's
+	// events (see watchHealth).
+	attached     chan struct{}
+	attachedOnce sync.Once
 }
 
 func newHandle(logger hclog.Logger, st TaskState) *taskHandle {
@@ -77,7 +79,7 @@ func newHandle(logger hclog.Logger, st TaskState) *taskHandle {
 		ctx:        ctx,
 		cancel:     cancel,
 		doneCh:     make(chan struct{}),
-		statsAsked: make(chan struct{}),
+		attached:   make(chan struct{}),
 		procState:  drivers.TaskStateRunning,
 		health:     "starting",
 	}
@@ -107,6 +109,9 @@ func (h *taskHandle) TaskStatus() *drivers.TaskStatus {
 		DriverAttributes: attrs,
 	}
 }
+
+// clientAttached records that the client's task runner uses the task.
+func (h *taskHandle) clientAttached() { h.attachedOnce.Do(func() { close(h.attached) }) }
 
 func (h *taskHandle) IsRunning() bool {
 	h.mu.RLock()

@@ -25,8 +25,8 @@ type healthTiming struct {
 	steady time.Duration
 	// remote is the openai_compat endpoint poll period.
 	remote time.Duration
-	// recoveredEvent bounds the wait for the restarted client to ask for the recovered task's
-	// stats (the sign its event handlers exist) before the reattach event goes out anyway.
+	// recoveredEvent bounds the wait for the restarted client to wait on the recovered task
+	// (the sign it routes the task's events) before the reattach event goes out anyway.
 	recoveredEvent time.Duration
 }
 
@@ -116,12 +116,14 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 		}
 	}
 	if recovered {
-		// The client drops events for tasks whose handlers it has not registered yet, and
-		// it registers them only after restoring every task; its task runner then starts
-		// collecting stats. So the first TaskStats call is when the reattachment (with the
-		// engine's health) can be reported without being lost.
+		// The client drops the events of an allocation it has not finished restoring (it
+		// finds a task's event handler among the allocations it holds), and it restores
+		// every allocation before it runs any; each task runner it runs then waits on its
+		// task (WaitTask). So that call is when the reattachment (with the engine's health)
+		// can be reported without being lost. TaskStats is no such sign: the client asks
+		// for stats only when the agent publishes allocation metrics, off by default.
 		select {
-		case <-h.statsAsked:
+		case <-h.attached:
 		case <-time.After(d.timing.recoveredEvent):
 		case <-h.ctx.Done():
 			return

@@ -195,6 +195,7 @@ func (d *Driver) WaitTask(ctx context.Context, taskID string) (<-chan *drivers.E
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
 	}
+	h.clientAttached()
 	ch := make(chan *drivers.ExitResult, 1)
 	go func() {
 		defer close(ch)
@@ -265,7 +266,7 @@ func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Dur
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
 	}
-	h.statsAskedOnce.Do(func() { close(h.statsAsked) })
+	h.clientAttached()
 	if h.exec != nil {
 		return h.exec.Stats(ctx, interval)
 	}
