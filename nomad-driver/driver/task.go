@@ -345,14 +345,30 @@ func (d *Driver) ExecTaskStreamingRaw(ctx context.Context, taskID string, comman
 	return h.exec.ExecStreaming(ctx, command, tty, stream)
 }
 
-// redact hides the values of secret-looking flags (--api-key, tokens,
-// passwords) so task events and logs never carry them.
+// redact hides the values of secret-looking flags (--api-key, --hf-token,
+// --ssl-keyfile, passwords) so task events and logs never carry them. A flag
+// is secret when a word of its name (split at - and _) is or ends in key,
+// token, secret, password or passwd; "tokens" (a count, as in
+// --max-num-batched-tokens) is not, nor is anything after "per" (a rate, as
+// in --step-time-per-prefill-token).
 func redact(argv []string) []string {
 	out := slices.Clone(argv)
 	secret := func(flag string) bool {
-		f := strings.ToLower(flag)
-		return strings.HasPrefix(f, "-") && (strings.Contains(f, "key") || strings.Contains(f, "token") ||
-			strings.Contains(f, "secret") || strings.Contains(f, "password"))
+		if !strings.HasPrefix(flag, "-") {
+			return false
+		}
+		words := strings.FieldsFunc(strings.ToLower(flag), func(r rune) bool { return r == '-' || r == '_' })
+		for _, w := range words {
+			if w == "per" {
+				return false
+			}
+			for _, s := range []string{"key", "keyfile", "token", "secret", "password", "passwd"} {
+				if strings.HasSuffix(w, s) {
+					return true
+				}
+			}
+		}
+		return false
 	}
 	for i := 0; i < len(out); i++ {
 		if name, _, ok := strings.Cut(out[i], "="); ok && secret(name) {

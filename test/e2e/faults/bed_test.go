@@ -183,20 +183,6 @@ type routerProc struct {
 	log  string
 }
 
-// routerEnv is the environment of the router process: the test's own, less
-// any Consul settings of the shell that runs the tests (the router is told
-// the stack's address by flag). A Consul ACL token the router needs goes
-// here.
-func routerEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CONSUL_HTTP_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 // startRouter writes policy to Consul KV under a prefix of the test's own,
 // runs the router against the stack's Consul and waits until it routes model
 // to n workers under that policy.
@@ -214,7 +200,9 @@ func startRouter(t *testing.T, model, policy string, n int) *routerProc {
 	must.NoError(t, err)
 	cmd := exec.Command(stack.Bin("oasis-router"), "-listen", listen, "-consul-addr", stack.ConsulAddr,
 		"-kv-prefix", prefix, "-scrape-interval", "500ms", "-log-level", "warn")
-	cmd.Env = routerEnv()
+	// The management tokens: the test keeps its policy under a KV prefix of its own, outside
+	// the oasis-router role's.
+	cmd.Env = stack.Env()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must.NoError(t, cmd.Start())
