@@ -1,8 +1,9 @@
 // Package testbed runs a real Consul dev agent and a real Nomad agent (server and client in one
 // process) on free loopback ports, with the freshly built Oasis plugins loaded, for end-to-end
 // tests. One stack serves a whole test package (see Main); Close leaves no process, data
-// directory or cgroup behind. StartFederation runs several such stacks as federated
-// datacenters (see federation.go).
+// directory or cgroup behind. Both agents run with ACLs on, bootstrapped, as production clusters
+// run them (see acl.go; Options.NoACLs turns them off). StartFederation runs several such stacks
+// as federated datacenters (see federation.go).
 //
 // The binaries come from `make hashistack` (bin/nomad, bin/consul at the repository root) or from
 // OASIS_NOMAD_BIN / OASIS_CONSUL_BIN.
