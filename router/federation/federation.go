@@ -78,12 +78,12 @@ type Federation struct {
 	peers *peerSet
 	rr    atomic.Uint64 // spreads forwards over a datacenter's routers
 
-	mu      sync.Mutex
-	remote  map[string]*remoteDC // by datacenter
-	hot     map[string]*hotKeys  // by model
-	spill   spillBudget
-	ln      net.PacketConn
-	srv     *http3.Server
+	mu     sync.Mutex
+	remote map[string]*remoteDC // by datacenter
+	hot    map[string]*hotKeys  // by model
+	spill  spillBudget
+	ln     net.PacketConn
+	srv    *http3.Server
 }
 
 // remoteDC is what this router knows of another datacenter.
