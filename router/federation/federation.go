@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,7 @@ type Federation struct {
 	rr    atomic.Uint64 // spreads forwards over a datacenter's routers
 
 	mu     sync.Mutex
+	static []Peer               // Config.StaticPeers, or SetStaticPeers'
 	remote map[string]*remoteDC // by datacenter
 	hot    map[string]*hotKeys  // by model
 	spill  spillBudget
@@ -115,7 +117,7 @@ func New(c Config) (*Federation, error) {
 	setDefaults(&c)
 	f := &Federation{cfg: c, log: c.Logger.Named("federation"), rt: c.Identity.clientTransport(),
 		peers:  &peerSet{peers: map[string][]Peer{}, stale: map[string]bool{}},
-		remote: map[string]*remoteDC{}, hot: map[string]*hotKeys{}}
+		remote: map[string]*remoteDC{}, hot: map[string]*hotKeys{}, static: c.StaticPeers}
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return nil, err
@@ -163,6 +165,20 @@ func (f *Federation) listen() error {
 	}
 	f.ln = ln
 	f.srv = &http3.Server{TLSConfig: tc, QUICConfig: quicConfig(), Handler: f.serverHandler()}
+	return nil
+}
+
+// SetStaticPeers replaces the peers known besides Consul's (two routers
+// that must each know the other's bound address).
+func (f *Federation) SetStaticPeers(ps []Peer) error {
+	for _, p := range ps {
+		if !validName(p.DC) || p.DC == f.cfg.DC {
+			return fmt.Errorf("federation: static peer %q: bad datacenter %q", p.Addr, p.DC)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.static = slices.Clone(ps)
 	return nil
 }
 

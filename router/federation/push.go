@@ -115,7 +115,9 @@ func (f *Federation) allPeers() []Peer {
 	for _, ps := range f.peers.snapshot() {
 		out = append(out, ps...)
 	}
-	return append(out, f.cfg.StaticPeers...)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append(out, f.static...)
 }
 
 func (f *Federation) push(ctx context.Context, p Peer, body []byte) {

@@ -2,6 +2,7 @@ package federation
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/policy"
@@ -84,7 +85,10 @@ var ErrNoPeer = errors.New("federation: no usable router in that datacenter")
 func (f *Federation) Begin(dc, model string) (Target, error) {
 	s := f.cfg.Policy()
 	var cands []Peer
-	for _, p := range append(f.peers.snapshot()[dc], f.cfg.StaticPeers...) {
+	f.mu.Lock()
+	static := f.static
+	f.mu.Unlock()
+	for _, p := range append(slices.Clone(f.peers.snapshot()[dc]), static...) {
 		if p.DC == dc && (len(p.Models) == 0 || contains(p.Models, model)) {
 			cands = append(cands, p)
 		}

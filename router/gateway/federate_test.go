@@ -1,0 +1,161 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/router/federation"
+	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// fedDC is one datacenter of a federated pair: a gateway and its federation.
+type fedDC struct {
+	h   *harness
+	fed *federation.Federation
+	reg *prometheus.Registry // the federation's metrics
+}
+
+// fedPair starts two gateways in dc1 and dc2 whose federations know each
+// other, with engines per datacenter (as setEngines takes them).
+func fedPair(t *testing.T, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
+	t.Helper()
+	ca := tlsfilestest.NewCA(t, "federation")
+	on := true
+	// m is in the policy: a router without a worker for it answers 503, not 404.
+	doc := &policy.Document{Policy: scoring.RoundRobin, Federation: &policy.Federation{Enabled: &on},
+		Models: map[string]policy.Model{"m": {}}}
+	mk := func(dc string, engines map[string]string) *fedDC {
+		caFile, certFile, keyFile := ca.WriteFiles(t, t.TempDir(), dc, "127.0.0.1")
+		files, err := tlsfiles.New(tlsfiles.Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile})
+		must.NoError(t, err)
+		d := &fedDC{reg: prometheus.NewRegistry()}
+		var gw atomic.Pointer[Gateway] // the federation and the gateway each need the other
+		d.fed, err = federation.New(federation.Config{DC: dc, Identity: federation.FilesIdentity(files),
+			Listen: "127.0.0.1:0", Interval: 50 * time.Millisecond, Registerer: d.reg,
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				gw.Load().ForwardedHandler().ServeHTTP(w, r)
+			}),
+			Policy: func() policy.FederationSettings { return doc.FederationSettings() },
+			Local:  func() []federation.ModelSummary { return gw.Load().FederationSummary() }})
+		must.NoError(t, err)
+		d.h = newHarnessWith(t, Config{Federation: d.fed}, doc, engines)
+		gw.Store(d.h.gw)
+		return d
+	}
+	dc1, dc2 = mk("dc1", e1), mk("dc2", e2)
+	must.NoError(t, dc1.fed.SetStaticPeers([]federation.Peer{{DC: "dc2", Addr: dc2.fed.Addr().String()}}))
+	must.NoError(t, dc2.fed.SetStaticPeers([]federation.Peer{{DC: "dc1", Addr: dc1.fed.Addr().String()}}))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, d := range []*fedDC{dc1, dc2} {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.fed.Run(ctx) }()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, d := range []*fedDC{dc1, dc2} {
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(d.fed.RemoteDCs()) == 1 }),
+			wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	}
+	return dc1, dc2
+}
+
+// forwardedCount sums oasis_router_federation_forwarded_total over its series.
+func forwardedCount(t *testing.T, d *fedDC) int {
+	t.Helper()
+	return int(counterSum(t, d.reg, "oasis_router_federation_forwarded_total"))
+}
+
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	must.NoError(t, err)
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+const streamBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+
+func TestFederationLocalFirst(t *testing.T) {
+	var local, remote atomic.Int64
+	e1, e2 := goodEngine(t, &local), goodEngine(t, &remote)
+	dc1, _ := fedPair(t, map[string]string{"a": "m@" + addr(e1)}, map[string]string{"b": "m@" + addr(e2)})
+	for range 5 {
+		resp := dc1.h.post("/v1/chat/completions", streamBody)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		must.Eq(t, http.StatusOK, resp.StatusCode)
+	}
+	must.Eq(t, 5, local.Load())
+	must.Eq(t, 0, remote.Load())
+	must.Eq(t, 0, forwardedCount(t, dc1))
+}
+
+func TestFederationNoLocalWorkerStreamsFromOtherDC(t *testing.T) {
+	var remote atomic.Int64
+	e2 := goodEngine(t, &remote)
+	direct := dcStream(t, addr(e2))
+	dc1, _ := fedPair(t, map[string]string{"x": "other@" + deadAddr(t)}, map[string]string{"b": "m@" + addr(e2)})
+	resp := dc1.h.post("/v1/chat/completions", streamBody)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	must.Eq(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	must.Eq(t, direct, string(body)) // the engine's stream, byte for byte
+	must.Eq(t, 2, remote.Load())     // the direct read and the forwarded one
+	must.Eq(t, 1, forwardedCount(t, dc1))
+}
+
+// dcStream reads the engine's answer directly, the reference stream.
+func dcStream(t *testing.T, engine string) string {
+	t.Helper()
+	resp, err := http.Post("http://"+engine+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func TestFederationOneHopOnly(t *testing.T) {
+	// dc1's only worker for m is dead; dc2 has none. Entering at dc2 a
+	// request goes to dc1 once (no local worker), fails there before its
+	// first byte (dc1 serves forwarded requests locally: 502) and dc2
+	// answers 503 with Retry-After itself. The same request arriving at
+	// dc2 forwarded, over the federation listener, is never sent on.
+	dc1, dc2 := fedPair(t, map[string]string{"x": "m@" + deadAddr(t)}, map[string]string{"y": "other@" + deadAddr(t)})
+	resp := dc2.h.post("/v1/chat/completions", streamBody)
+	_ = resp.Body.Close()
+	must.Eq(t, http.StatusServiceUnavailable, resp.StatusCode)
+	must.NotEq(t, "", resp.Header.Get("Retry-After"))
+	must.Eq(t, 1, forwardedCount(t, dc2))
+	must.Eq(t, 0, forwardedCount(t, dc1))
+
+	req, err := http.NewRequest(http.MethodPost, "https://"+dc2.fed.Addr().String()+"/v1/chat/completions",
+		strings.NewReader(streamBody))
+	must.NoError(t, err)
+	resp, err = dc1.fed.Transport().RoundTrip(req)
+	must.NoError(t, err)
+	_ = resp.Body.Close()
+	must.Eq(t, http.StatusServiceUnavailable, resp.StatusCode)
+	must.Eq(t, 1, forwardedCount(t, dc2)) // still the one above
+	must.Eq(t, 1.0, counterSum(t, dc2.reg, "oasis_router_federation_forward_failures_total"))
+}
