@@ -79,13 +79,14 @@ type Federation struct {
 	peers *peerSet
 	rr    atomic.Uint64 // spreads forwards over a datacenter's routers
 
-	mu     sync.Mutex
-	static []Peer               // Config.StaticPeers, or SetStaticPeers'
-	remote map[string]*remoteDC // by datacenter
-	hot    map[string]*hotKeys  // by model
-	spill  spillBudget
-	ln     net.PacketConn
-	srv    *http3.Server
+	mu        sync.Mutex
+	static    []Peer               // Config.StaticPeers, or SetStaticPeers'
+	remote    map[string]*remoteDC // by datacenter
+	hot       map[string]*hotKeys  // by model
+	spill     spillBudget
+	closeOnce sync.Once
+	ln        net.PacketConn
+	srv       *http3.Server
 }
 
 // remoteDC is what this router knows of another datacenter.
@@ -214,12 +215,22 @@ func (f *Federation) Run(ctx context.Context) {
 		go func() { defer wg.Done(); f.watchPeers(ctx) }()
 	}
 	f.pushLoop(ctx)
-	if f.srv != nil {
-		_ = f.srv.Close()
-		_ = f.ln.Close()
-	}
+	f.Close()
 	wg.Wait()
-	_ = f.rt.Close()
+}
+
+// Close releases the listener and the client's connections; Run calls it
+// as it returns. For a Federation that will not Run.
+func (f *Federation) Close() {
+	f.closeOnce.Do(func() {
+		if f.srv != nil {
+			_ = f.srv.Close()
+		}
+		if f.ln != nil {
+			_ = f.ln.Close()
+		}
+		_ = f.rt.Close()
+	})
 }
 
 // serverHandler serves the federation listener: summaries, and forwarded
