@@ -138,7 +138,7 @@ func (a *App) registerFederation(check *consulapi.AgentServiceCheck) {
 			defer cancel()
 			_ = a.consul.Agent().ServiceDeregisterOpts(id, (&consulapi.QueryOptions{}).WithContext(ctx))
 			return
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Second):
 		}
 	}
 }

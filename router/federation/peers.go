@@ -2,6 +2,7 @@ package federation
 
 import (
 	"context"
+	"errors"
 	"net"
 	"slices"
 	"strconv"
@@ -162,9 +163,18 @@ func (f *Federation) watchDC(ctx context.Context, dc string) {
 	var index uint64
 	for ctx.Err() == nil {
 		qctx, cancel := context.WithTimeout(ctx, f.cfg.QueryWait+f.cfg.QueryTimeout)
-		q := (&consulapi.QueryOptions{Datacenter: dc, WaitIndex: index, WaitTime: f.cfg.QueryWait}).WithContext(qctx)
+		// Near keeps the query off the agent's streaming backend, which
+		// answers a blocking query on a frozen datacenter from its own
+		// subscription when the wait ends (old or no entries, no known
+		// leader, no error): the query then goes to that datacenter's
+		// servers, and a frozen one times out here.
+		q := (&consulapi.QueryOptions{Datacenter: dc, WaitIndex: index, WaitTime: f.cfg.QueryWait,
+			Near: "_agent"}).WithContext(qctx)
 		entries, meta, err := f.cfg.Consul.Health().Service(Service, "", true, q)
 		cancel()
+		if err == nil && !meta.KnownLeader {
+			err = errNoLeader // a datacenter between leaders: keep the last list
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -185,6 +195,8 @@ func (f *Federation) watchDC(ctx context.Context, dc string) {
 		f.peers.set(dc, peersFromEntries(dc, entries, f.badEntry))
 	}
 }
+
+var errNoLeader = errors.New("the datacenter's Consul answered without a known leader")
 
 func (f *Federation) badEntry(reason string) { f.m.badEntries.WithLabelValues(reason).Inc() }
 

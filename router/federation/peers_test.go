@@ -9,6 +9,7 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
@@ -58,6 +59,8 @@ func TestFrozenDatacenterGoesStale(t *testing.T) {
 			fallthrough
 		default:
 			w.Header().Set("X-Consul-Index", "7")
+			w.Header().Set("X-Consul-KnownLeader", "true")
+			w.Header().Set("X-Consul-LastContact", "0")
 			_, _ = io.WriteString(w, `[{"Node":{"Address":"127.0.0.1"},"Service":{"Address":"127.0.0.1","Port":9443,
 				"Meta":{"oasis_dc":"dc3","oasis_models":"m"}}}]`)
 		}
@@ -67,11 +70,20 @@ func TestFrozenDatacenterGoesStale(t *testing.T) {
 	must.NoError(t, err)
 	ca := tlsfilestest.NewCA(t, "federation")
 	f := startFed(t, Config{DC: "dc1", Identity: testIdentity(t, ca, "a"), Consul: client,
-		QueryWait: 300 * time.Millisecond, QueryTimeout: 200 * time.Millisecond})
+		QueryWait: 300 * time.Millisecond, QueryTimeout: 200 * time.Millisecond,
+		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: testWriter{t}})})
 	start := time.Now()
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return f.peers.Stale("dc2") }),
 		wait.Timeout(3*time.Second), wait.Gap(10*time.Millisecond)))
 	must.Less(t, time.Second, time.Since(start)) // QueryWait + QueryTimeout, and some slack
 	must.Eq(t, []Peer{{DC: "dc3", Addr: "127.0.0.1:9443", Models: []string{"m"}}}, f.peers.snapshot()["dc3"])
 	must.False(t, f.peers.Stale("dc3"))
+}
+
+// testWriter sends logs to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
