@@ -51,6 +51,11 @@ type Config struct {
 	// Prefixes (the federation adds the hot-prefix filters). Required.
 	Local func() []ModelSummary
 
+	// Transport, when set, replaces the HTTP/3 client (its peers then serve
+	// Handler on a listener of the same protocol): benchmarks compare
+	// HTTP/2 over TLS with it.
+	Transport http.RoundTripper
+
 	StaticPeers  []Peer        // peers besides Consul's (tests, fixed topologies)
 	Interval     time.Duration // between two summary pushes; default 1s
 	PushTimeout  time.Duration // one push; default 1s
@@ -75,7 +80,8 @@ type Federation struct {
 	cfg   Config
 	log   hclog.Logger
 	m     *fedMetrics
-	rt    *http3.Transport
+	h3    *http3.Transport // the default client; closed with the federation
+	rt    http.RoundTripper
 	peers *peerSet
 	rr    atomic.Uint64 // spreads forwards over a datacenter's routers
 
@@ -116,14 +122,17 @@ func New(c Config) (*Federation, error) {
 		}
 	}
 	setDefaults(&c)
-	f := &Federation{cfg: c, log: c.Logger.Named("federation"), rt: c.Identity.clientTransport(),
+	f := &Federation{cfg: c, log: c.Logger.Named("federation"), h3: c.Identity.clientTransport(),
 		peers:  &peerSet{peers: map[string][]Peer{}, stale: map[string]bool{}},
 		remote: map[string]*remoteDC{}, hot: map[string]*hotKeys{}, static: c.StaticPeers}
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	f.m = m
+	f.m, f.rt = m, f.h3
+	if c.Transport != nil {
+		f.rt = c.Transport
+	}
 	if c.Listen != "" {
 		if err := f.listen(); err != nil {
 			return nil, err
@@ -229,9 +238,13 @@ func (f *Federation) Close() {
 		if f.ln != nil {
 			_ = f.ln.Close()
 		}
-		_ = f.rt.Close()
+		_ = f.h3.Close()
 	})
 }
+
+// Handler is what the federation listener serves, for serving it on
+// another listener as well.
+func (f *Federation) Handler() http.Handler { return f.serverHandler() }
 
 // serverHandler serves the federation listener: summaries, and forwarded
 // requests, which are marked so the gateway never forwards them again.

@@ -2,8 +2,10 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,14 +25,39 @@ import (
 
 // fedDC is one datacenter of a federated pair: a gateway and its federation.
 type fedDC struct {
-	h   *harness
-	fed *federation.Federation
-	reg *prometheus.Registry // the federation's metrics
+	h    *harness
+	fed  *federation.Federation
+	reg  *prometheus.Registry // the federation's metrics
+	addr func() string        // its federation listener
+}
+
+// h2Transport is an HTTP/2 over TLS client with the files' identity.
+func h2Transport(files *tlsfiles.Files) *http.Transport {
+	c := files.ClientConfig()
+	c.MinVersion = tls.VersionTLS13
+	return &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}
+}
+
+// serveH2 serves h over HTTP/2 with TLS, requiring client certificates.
+func serveH2(t testing.TB, files *tlsfiles.Files, h http.Handler) func() string {
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = files.ServerConfig()
+	srv.TLS.MinVersion = tls.VersionTLS13
+	srv.TLS.NextProtos = []string{"h2"}
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return func() string { return srv.Listener.Addr().String() }
 }
 
 // fedPair starts two gateways in dc1 and dc2 whose federations know each
-// other, with engines per datacenter (as setEngines takes them).
-func fedPair(t *testing.T, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
+// other over HTTP/3, with engines per datacenter (as setEngines takes them).
+func fedPair(t testing.TB, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
+	return fedPairOver(t, false, e1, e2)
+}
+
+// fedPairOver is fedPair, over HTTP/2 with TLS instead when h2.
+func fedPairOver(t testing.TB, h2 bool, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
 	t.Helper()
 	ca := tlsfilestest.NewCA(t, "federation")
 	on := true
@@ -43,8 +70,12 @@ func fedPair(t *testing.T, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
 		must.NoError(t, err)
 		d := &fedDC{reg: prometheus.NewRegistry()}
 		var gw atomic.Pointer[Gateway] // the federation and the gateway each need the other
+		listen, rt := "127.0.0.1:0", http.RoundTripper(nil)
+		if h2 {
+			listen, rt = "", h2Transport(files)
+		}
 		d.fed, err = federation.New(federation.Config{DC: dc, Identity: federation.FilesIdentity(files),
-			Listen: "127.0.0.1:0", Interval: 50 * time.Millisecond, Registerer: d.reg,
+			Listen: listen, Transport: rt, Interval: 50 * time.Millisecond, Registerer: d.reg,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				gw.Load().ForwardedHandler().ServeHTTP(w, r)
 			}),
@@ -53,11 +84,15 @@ func fedPair(t *testing.T, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
 		must.NoError(t, err)
 		d.h = newHarnessWith(t, Config{Federation: d.fed}, doc, engines)
 		gw.Store(d.h.gw)
+		d.addr = func() string { return d.fed.Addr().String() }
+		if h2 {
+			d.addr = serveH2(t, files, d.fed.Handler())
+		}
 		return d
 	}
 	dc1, dc2 = mk("dc1", e1), mk("dc2", e2)
-	must.NoError(t, dc1.fed.SetStaticPeers([]federation.Peer{{DC: "dc2", Addr: dc2.fed.Addr().String()}}))
-	must.NoError(t, dc2.fed.SetStaticPeers([]federation.Peer{{DC: "dc1", Addr: dc1.fed.Addr().String()}}))
+	must.NoError(t, dc1.fed.SetStaticPeers([]federation.Peer{{DC: "dc2", Addr: dc2.addr()}}))
+	must.NoError(t, dc2.fed.SetStaticPeers([]federation.Peer{{DC: "dc1", Addr: dc1.addr()}}))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, d := range []*fedDC{dc1, dc2} {
@@ -73,12 +108,12 @@ func fedPair(t *testing.T, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
 }
 
 // forwardedCount sums oasis_router_federation_forwarded_total over its series.
-func forwardedCount(t *testing.T, d *fedDC) int {
+func forwardedCount(t testing.TB, d *fedDC) int {
 	t.Helper()
 	return int(counterSum(t, d.reg, "oasis_router_federation_forwarded_total"))
 }
 
-func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+func counterSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	must.NoError(t, err)
