@@ -26,7 +26,7 @@ func BenchmarkFederatedHop(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			e := sseEngine()
 			defer e.Close()
-			dc1, dc2 := fedPairOver(b, v.h2, map[string]string{"x": "other@" + deadAddr(b)},
+			dc1, dc2 := fedPairOver(b, v.h2, nil, map[string]string{"x": "other@" + deadAddr(b)},
 				map[string]string{"b": "m@" + addr(e)})
 			target := dc2
 			if v.hop {

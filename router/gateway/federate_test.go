@@ -53,17 +53,20 @@ func serveH2(t testing.TB, files *tlsfiles.Files, h http.Handler) func() string 
 // fedPair starts two gateways in dc1 and dc2 whose federations know each
 // other over HTTP/3, with engines per datacenter (as setEngines takes them).
 func fedPair(t testing.TB, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
-	return fedPairOver(t, false, e1, e2)
+	return fedPairOver(t, false, nil, e1, e2)
 }
 
-// fedPairOver is fedPair, over HTTP/2 with TLS instead when h2.
-func fedPairOver(t testing.TB, h2 bool, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
+// fedPairOver is fedPair, over HTTP/2 with TLS instead when h2, with doc as
+// both datacenters' policy (nil: federation on, round robin).
+func fedPairOver(t testing.TB, h2 bool, doc *policy.Document, e1, e2 map[string]string) (dc1, dc2 *fedDC) {
 	t.Helper()
 	ca := tlsfilestest.NewCA(t, "federation")
-	on := true
-	// m is in the policy: a router without a worker for it answers 503, not 404.
-	doc := &policy.Document{Policy: scoring.RoundRobin, Federation: &policy.Federation{Enabled: &on},
-		Models: map[string]policy.Model{"m": {}}}
+	if doc == nil {
+		on := true
+		// m is in the policy: a router without a worker for it answers 503, not 404.
+		doc = &policy.Document{Policy: scoring.RoundRobin, Federation: &policy.Federation{Enabled: &on},
+			Models: map[string]policy.Model{"m": {}}}
+	}
 	mk := func(dc string, engines map[string]string) *fedDC {
 		caFile, certFile, keyFile := ca.WriteFiles(t, t.TempDir(), dc, "127.0.0.1")
 		files, err := tlsfiles.New(tlsfiles.Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile})
@@ -193,4 +196,44 @@ func TestFederationOneHopOnly(t *testing.T) {
 	must.Eq(t, http.StatusServiceUnavailable, resp.StatusCode)
 	must.Eq(t, 1, forwardedCount(t, dc2)) // still the one above
 	must.Eq(t, 1.0, counterSum(t, dc2.reg, "oasis_router_federation_forward_failures_total"))
+}
+
+func TestFederationSaturatedSpills(t *testing.T) {
+	release := make(chan struct{})
+	var local, remote atomic.Int64
+	slow := sseEngineFunc(t, func(_ http.ResponseWriter, r *http.Request, send func(string)) {
+		local.Add(1)
+		send(roleChunk)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		send(tokenChunk("late") + "data: [DONE]\n\n")
+	})
+	on, spill, one, none := true, 1.0, 1, 0
+	doc := &policy.Document{Policy: scoring.RoundRobin,
+		Admission:  policy.Admission{MaxInFlight: &one, MaxQueue: &none},
+		Federation: &policy.Federation{Enabled: &on, MaxSpillFraction: &spill}}
+	dc1, _ := fedPairOver(t, false, doc, map[string]string{"a": "m@" + addr(slow)},
+		map[string]string{"b": "m@" + addr(goodEngine(t, &remote))})
+
+	first := make(chan int, 1)
+	go func() {
+		resp := dc1.h.post("/v1/chat/completions", streamBody)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return local.Load() == 1 }),
+		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	// dc1's only slot is taken and it queues nothing: the next request
+	// goes to dc2 instead of a 429.
+	resp := dc1.h.post("/v1/chat/completions", streamBody)
+	body := readAllString(t, resp)
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	must.StrContains(t, body, "data: [DONE]")
+	must.Eq(t, 1, remote.Load())
+	must.Eq(t, 1, forwardedCount(t, dc1))
+	close(release)
+	must.Eq(t, http.StatusOK, <-first)
 }
