@@ -27,8 +27,7 @@ func (f *Federation) Settings() policy.FederationSettings { return f.cfg.Policy(
 // request that may be routed.
 func (f *Federation) Arrived() { f.spill.Record(f.cfg.now(), false) }
 
-// Route decides where req goes (Decide over the fresh summaries) and counts
-// a forward against the spill budget.
+// Route decides where req goes: Decide over the fresh summaries.
 func (f *Federation) Route(req Request) Decision {
 	s := f.cfg.Policy()
 	if !s.Enabled || req.Forwarded {
@@ -36,12 +35,7 @@ func (f *Federation) Route(req Request) Decision {
 	}
 	now := f.cfg.now()
 	paused := f.spill.Paused(now, s.MaxSpillFraction, s.ResumeSpillFraction)
-	d := Decide(s, req.Forwarded, paused, req.Local, f.remotes(req, s, now))
-	if d.DC != "" {
-		f.spill.Spilled(now)
-		f.m.forwarded.WithLabelValues(d.DC, string(d.Reason)).Inc()
-	}
-	return d
+	return Decide(s, req.Forwarded, paused, req.Local, f.remotes(req, s, now))
 }
 
 // remotes are the datacenters' offers for req from their summaries.
@@ -80,30 +74,28 @@ type Target struct {
 // breaker refused the request.
 var ErrNoPeer = errors.New("federation: no usable router in that datacenter")
 
-// Begin returns where to send a request for model in dc, taking the
-// breaker's probe when it is half-open: End must follow.
-func (f *Federation) Begin(dc, model string) (Target, error) {
-	s := f.cfg.Policy()
+// Begin returns where to send a request for model that d sends away,
+// taking the breaker's probe when it is half-open (End must follow), and
+// counts it as forwarded and against the spill budget.
+func (f *Federation) Begin(d Decision, model string) (Target, error) {
 	var cands []Peer
-	f.mu.Lock()
-	static := f.static
-	f.mu.Unlock()
-	for _, p := range append(slices.Clone(f.peers.snapshot()[dc]), static...) {
-		if p.DC == dc && (len(p.Models) == 0 || contains(p.Models, model)) {
+	for _, p := range f.allPeers() {
+		if p.DC == d.DC && (len(p.Models) == 0 || slices.Contains(p.Models, model)) {
 			cands = append(cands, p)
 		}
 	}
+	now := f.cfg.now()
 	f.mu.Lock()
-	rd := f.remoteLocked(dc)
-	f.mu.Unlock()
-	if len(cands) == 0 || !rd.breaker.allow(f.cfg.now(), s.BreakerCooldown) {
-		return Target{}, ErrNoPeer
-	}
-	p := cands[f.rr.Add(1)%uint64(len(cands))]
-	f.mu.Lock()
+	rd := f.remoteLocked(d.DC)
 	rtt := rd.rtt
 	f.mu.Unlock()
-	return Target{DC: dc, Addr: p.Addr, RTT: rtt, Live: rd.live}, nil
+	if len(cands) == 0 || !rd.breaker.allow(now, f.cfg.Policy().BreakerCooldown) {
+		return Target{}, ErrNoPeer
+	}
+	f.spill.Spilled(now)
+	f.m.forwarded.WithLabelValues(d.DC, string(d.Reason)).Inc()
+	p := cands[f.rr.Add(1)%uint64(len(cands))]
+	return Target{DC: d.DC, Addr: p.Addr, RTT: rtt, Live: rd.live}, nil
 }
 
 // End reports a forwarded request's outcome to the datacenter's breaker:
@@ -117,13 +109,4 @@ func (f *Federation) End(dc string, ok bool) {
 	}
 	st := rd.breaker.report(ok, f.cfg.now(), f.cfg.Policy().BreakerFailures)
 	f.m.breaker.WithLabelValues(dc).Set(float64(st))
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -81,7 +81,7 @@ func TestSummariesAndForwardingOverHTTP3(t *testing.T) {
 	must.Eq(t, Decision{DC: "dc1", Reason: ReasonPrefix}, d)
 
 	// A forwarded request arrives marked.
-	tg, err := a.Begin("dc2", "m")
+	tg, err := a.Begin(Decision{DC: "dc2", Reason: ReasonNoLocalWorker}, "m")
 	must.NoError(t, err)
 	req, _ := http.NewRequest(http.MethodPost, "https://"+tg.Addr+"/v1/chat/completions", strings.NewReader("{}"))
 	req.Header.Set(FromHeader, "dc1")

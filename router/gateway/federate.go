@@ -42,7 +42,7 @@ func (g *Gateway) federateEarly(ctx context.Context, w http.ResponseWriter, r *h
 		}
 	}
 	d := g.cfg.Federation.Route(federation.Request{Model: x.req.Model, Local: l})
-	return d.DC != "" && g.forwardRemote(ctx, w, r, rec, x, d.DC)
+	return d.DC != "" && g.forwardRemote(ctx, w, r, rec, x, d)
 }
 
 // federateChosen asks once wk is chosen locally; true when the request was
@@ -69,7 +69,7 @@ func (g *Gateway) federateChosen(ctx context.Context, w http.ResponseWriter, r *
 			PrefillRate: wk.Signals().PrefillRate}})
 	if d.DC != "" {
 		x.release() // the local slot is not needed there
-		if g.forwardRemote(ctx, w, r, rec, x, d.DC) {
+		if g.forwardRemote(ctx, w, r, rec, x, d) {
 			return true
 		}
 	}
@@ -77,13 +77,13 @@ func (g *Gateway) federateChosen(ctx context.Context, w http.ResponseWriter, r *
 	return false
 }
 
-// forwardRemote sends the request to a router in dc. It returns false when
-// that failed before anything reached the client: the caller serves it
-// locally or answers it.
+// forwardRemote sends the request to a router in the datacenter d names.
+// It returns false when that failed before anything reached the client: the
+// caller serves it locally or answers it.
 func (g *Gateway) forwardRemote(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	x *exchange, dc string) bool {
-	fed := g.cfg.Federation
-	tg, err := fed.Begin(dc, x.req.Model)
+	x *exchange, d federation.Decision) bool {
+	fed, dc := g.cfg.Federation, d.DC
+	tg, err := fed.Begin(d, x.req.Model)
 	if err != nil {
 		return false
 	}
