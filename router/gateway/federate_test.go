@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -236,4 +237,43 @@ func TestFederationSaturatedSpills(t *testing.T) {
 	must.Eq(t, 1, forwardedCount(t, dc1))
 	close(release)
 	must.Eq(t, http.StatusOK, <-first)
+}
+
+func TestRemoteRequestHeaders(t *testing.T) {
+	dc1, _ := fedPair(t, map[string]string{"x": "other@" + deadAddr(t)}, map[string]string{"y": "other@" + deadAddr(t)})
+	tg := &federation.Target{DC: "dc2", Addr: "127.0.0.1:9443", RTT: 40 * time.Millisecond}
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // 0: none
+		min, max int           // X-Oasis-Deadline-Ms sent; 0, 0: none
+	}{
+		{name: "no deadline"},
+		{name: "deadline cut by the RTT", deadline: time.Second, min: 900, max: 960},
+		{name: "deadline shorter than the RTT", deadline: 10 * time.Millisecond, min: 1, max: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+				defer cancel()
+			}
+			up, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://engine/v1/chat/completions", nil)
+			must.NoError(t, err)
+			up.Header.Set("Authorization", "Bearer client-key")
+			up.Header.Set(DeadlineHeader, "999999")
+			dc1.h.gw.remoteRequest(ctx, up, tg)
+			must.Eq(t, "https://127.0.0.1:9443/v1/chat/completions", up.URL.String())
+			must.Eq(t, "", up.Header.Get("Authorization"))
+			must.Eq(t, "dc1", up.Header.Get(federation.FromHeader))
+			got := up.Header.Get(DeadlineHeader)
+			if tc.max == 0 {
+				must.Eq(t, "", got)
+				return
+			}
+			ms, err := strconv.Atoi(got)
+			must.NoError(t, err)
+			must.Between(t, tc.min, ms, tc.max)
+		})
+	}
 }
