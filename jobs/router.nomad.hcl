@@ -81,6 +81,30 @@ variable "secrets_variable" {
   default     = "nomad/jobs/oasis-router"
 }
 
+variable "federation_enabled" {
+  description = "Serve other datacenters' routers over HTTP/3 with mutual TLS on the UDP port federation_port, and register it in Consul as oasis-router-federation. Certificates come from the Nomad variable secrets_variable (items federation_tls_cert, federation_tls_key, federation_tls_ca). Requests leave the datacenter only when the policy's federation section enables it."
+  type        = bool
+  default     = false
+}
+
+variable "federation_port" {
+  description = "UDP port of the federation listener (HTTP/3)."
+  type        = number
+  default     = 8443
+}
+
+variable "federation_dc" {
+  description = "This router's Consul datacenter, registered as meta oasis_dc (must be the datacenter the registration lands in: peers refuse any other)."
+  type        = string
+  default     = "dc1"
+}
+
+variable "federation_models" {
+  description = "Models this datacenter serves, registered as meta oasis_models (letters, digits and ._-:/@; at most 64)."
+  type        = list(string)
+  default     = []
+}
+
 variable "hosted_upstreams" {
   description = "Hosted OpenAI-compatible base URLs engines may name in oasis_upstream (https; exact, or with a leading *. host label, e.g. https://*.openai.azure.com/openai). Registrations naming others are ignored."
   type        = list(string)
@@ -113,6 +137,9 @@ locals {
   tls_files = concat(
     var.tls_enabled ? [{ item = "tls_cert", file = "cert.pem" }, { item = "tls_key", file = "key.pem" }] : [],
     var.tls_enabled && var.tls_mutual ? [{ item = "tls_client_ca", file = "client-ca.pem" }] : [],
+    var.federation_enabled ? [{ item = "federation_tls_cert", file = "federation-cert.pem" },
+      { item = "federation_tls_key", file = "federation-key.pem" },
+    { item = "federation_tls_ca", file = "federation-ca.pem" }] : [],
   )
   hosted_key_names = [for e in var.hosted_key_envs : split("=", e)[0]]
 }
@@ -133,6 +160,13 @@ job "oasis-router" {
     network {
       port "http" {
         static = var.http_port
+      }
+      dynamic "port" {
+        for_each = var.federation_enabled ? ["federation"] : []
+        labels   = [port.value]
+        content {
+          static = var.federation_port
+        }
       }
     }
 
@@ -178,6 +212,23 @@ job "oasis-router" {
       }
     }
 
+    # Other datacenters' routers find this one here (router/federation): meta is what they route
+    # by, and they refuse an entry whose oasis_dc is not the datacenter they asked. HTTP/3 has no
+    # Consul check; a dead listener shows as failed summary pushes and opens peers' breakers.
+    dynamic "service" {
+      for_each = var.federation_enabled ? ["federation"] : []
+      content {
+        name     = "oasis-router-federation"
+        provider = "consul"
+        port     = "federation"
+        tags     = ["oasis"]
+        meta {
+          oasis_dc     = var.federation_dc
+          oasis_models = join(",", var.federation_models)
+        }
+      }
+    }
+
     task "router" {
       driver = "raw_exec"
 
@@ -210,6 +261,12 @@ job "oasis-router" {
           "-tls-key", "${NOMAD_SECRETS_DIR}/tls/key.pem",
           ] : [], var.tls_enabled && var.tls_mutual ? [
           "-tls-client-ca", "${NOMAD_SECRETS_DIR}/tls/client-ca.pem",
+          ] : [], var.federation_enabled ? [
+          "-federation-listen", "${var.bind_address}:${NOMAD_PORT_federation}",
+          "-federation-dc", var.federation_dc,
+          "-federation-tls-cert", "${NOMAD_SECRETS_DIR}/tls/federation-cert.pem",
+          "-federation-tls-key", "${NOMAD_SECRETS_DIR}/tls/federation-key.pem",
+          "-federation-tls-ca", "${NOMAD_SECRETS_DIR}/tls/federation-ca.pem",
         ] : [])
       }
 

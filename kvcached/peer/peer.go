@@ -13,7 +13,7 @@
 //	response: status u8 | length u64 BE | payload
 //
 // op 1 (GET) answers status 0 with the block, 1 when absent; op 2 (FILTER)
-// answers status 0 with the node's Bloom filter (see bloom.go). Status 2 is
+// answers status 0 with the node's Bloom filter (internal/bloom). Status 2 is
 // an error with a UTF-8 message as payload.
 //
 // # Who holds what
@@ -29,6 +29,8 @@
 package peer
 
 import (
+	"github.com/oasis-llm/oasis/internal/bloom"
+
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -124,7 +126,7 @@ type peerState struct {
 	mu      sync.Mutex
 	conn    *quic.Conn
 	dialing chan struct{} // closed when a dial in progress ends
-	filter  *bloom
+	filter  *bloom.Filter
 	healthy bool
 }
 
@@ -310,7 +312,7 @@ func (n *Node) candidates(key string) []*peerState {
 	var out []*peerState
 	for _, p := range n.peers {
 		p.mu.Lock()
-		ok := p.healthy && p.filter.mayHave(key)
+		ok := p.healthy && p.filter.MayHave(key)
 		p.mu.Unlock()
 		if ok {
 			out = append(out, p)
@@ -528,9 +530,9 @@ func (n *Node) RefreshFilters(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			b, err := n.request(ctx, p, opFilter, "", 1<<30)
-			var f *bloom
+			var f *bloom.Filter
 			if err == nil {
-				f, err = unmarshalBloom(b)
+				f, err = bloom.Unmarshal(b)
 			}
 			p.mu.Lock()
 			was := p.healthy
@@ -641,11 +643,11 @@ func (n *Node) filter() []byte {
 		return n.filterBytes
 	}
 	keys := n.cfg.Local.Keys()
-	f := newBloom(len(keys))
+	f := bloom.New(len(keys))
 	for _, k := range keys {
-		f.add(k)
+		f.Add(k)
 	}
-	n.filterBytes = f.marshal()
+	n.filterBytes = f.Marshal()
 	n.filterAt = time.Now()
 	n.mFilterSz.Set(float64(len(n.filterBytes)))
 	return n.filterBytes

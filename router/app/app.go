@@ -24,6 +24,7 @@ import (
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/gomaxprocs"
 	"github.com/oasis-llm/oasis/router/metrics"
@@ -50,8 +51,12 @@ type App struct {
 	auth    *auth.Authenticator
 	engines *http.Transport // to engines: proxying, metrics scraping, /tokenize
 	gw      *gateway.Gateway
-	tls     *tlsfiles.Files        // nil without TLS
-	procs   *gomaxprocs.Controller // nil unless AdaptiveGOMAXPROCS
+	fed     *federation.Federation // nil without -federation-listen
+	// forwarded serves what other datacenters' routers forward (the
+	// gateway's ForwardedHandler, once built).
+	forwarded http.Handler
+	tls       *tlsfiles.Files        // nil without TLS
+	procs     *gomaxprocs.Controller // nil unless AdaptiveGOMAXPROCS
 
 	ln  net.Listener
 	srv *http.Server
@@ -74,7 +79,7 @@ func New(cfg Config) (*App, error) {
 	a := &App{cfg: cfg, log: cfg.Logger}
 	a.bg, a.bgCancel = context.WithCancel(context.Background())
 	steps := []func() error{a.initMetrics, a.initClients, a.initPool, a.initPolicy, a.initAuth,
-		a.initGateway, a.initTLS, a.initServer}
+		a.initFederation, a.initGateway, a.initTLS, a.initServer}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			a.Close()
@@ -88,6 +93,9 @@ func New(cfg Config) (*App, error) {
 func (a *App) Close() error {
 	a.bgCancel()
 	a.bgWG.Wait()
+	if a.fed != nil {
+		a.fed.Close()
+	}
 	if a.cache != nil {
 		a.cache.Close()
 	}
@@ -138,7 +146,8 @@ func (a *App) initMetrics() error {
 func (a *App) initClients() error {
 	c := a.cfg
 	var err error
-	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register {
+	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register ||
+		(c.FederationListen != "" && c.Discovery != DiscoveryStatic) {
 		cc := consulapi.DefaultConfig()
 		if c.ConsulAddr != "" {
 			cc.Address = c.ConsulAddr

@@ -283,6 +283,17 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		}, "-tls-client-ca"},
 		{"hosted upstream over http", func(c *Config) { c.HostedUpstreams = []string{"http://api.example.com/v1"} }, "-hosted-upstreams"},
 		{"hosted upstream wildcard TLD", func(c *Config) { c.HostedUpstreams = []string{"https://*.com"} }, "-hosted-upstreams"},
+		{"federation cert without listener", func(c *Config) { c.FederationTLSCert = pki.serverCert }, "-federation-tls-cert"},
+		{"federation listener without port", func(c *Config) { c.FederationListen = "127.0.0.1" }, "-federation-listen"},
+		{"federation listener without certificates", func(c *Config) { c.FederationListen = "127.0.0.1:0" }, "-federation-tls-cert"},
+		{"federation without datacenter or Consul", func(c *Config) {
+			c.FederationListen, c.PolicyFile = "127.0.0.1:0", write("p.json", `{"policy":"round_robin"}`)
+			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, pki.clientCAFile
+		}, "-federation-dc"},
+		{"federation CA not PEM", func(c *Config) {
+			c.FederationListen, c.FederationDC = "127.0.0.1:0", "dc1"
+			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, junk
+		}, "-federation-tls-ca"},
 		{"hosted key variable name", func(c *Config) { c.HostedKeyEnvs = []string{"NOT-A-NAME"} }, "-hosted-key-envs"},
 	}
 	for _, tc := range cases {

@@ -25,6 +25,9 @@ func (a *App) startBackground() {
 		a.goBackground(func() { a.procs.Run(a.bg) })
 	}
 	a.startDiscovery()
+	if a.fed != nil {
+		a.goBackground(func() { a.fed.Run(a.bg) })
+	}
 	if a.watcher != nil {
 		a.goBackground(func() { a.watcher.Run(a.bg) })
 	}
@@ -112,6 +115,9 @@ func (a *App) register() (string, error) {
 		return "", flagErr("-register", "registering in Consul: %w", err)
 	}
 	a.log.Info("registered in Consul", "service", "oasis-router", "id", id)
+	if a.fed != nil {
+		a.goBackground(func() { a.registerFederation(check) })
+	}
 	return id, nil
 }
 

@@ -79,6 +79,15 @@ type Config struct {
 	TLSKey      string // -tls-key: its PEM key
 	TLSClientCA string // -tls-client-ca: PEM CA bundle client certificates must chain to (mutual TLS)
 
+	// Federation with other datacenters' routers (router/federation); off
+	// without FederationListen.
+	FederationListen    string // -federation-listen: UDP host:port of the HTTP/3 listener peers forward to
+	FederationAdvertise string // -federation-advertise: host:port registered for peers (default: the bound address)
+	FederationDC        string // -federation-dc (default: the local Consul agent's datacenter)
+	FederationTLSCert   string // -federation-tls-cert: PEM certificate chain peers see and are shown
+	FederationTLSKey    string // -federation-tls-key
+	FederationTLSCA     string // -federation-tls-ca: PEM bundle peers' certificates must chain to
+
 	HostedUpstreams []string // -hosted-upstreams: allowed oasis_upstream base URLs (discovery.ParseHostedPolicy)
 	HostedKeyEnvs   []string // -hosted-key-envs: allowed oasis_upstream_key_env names
 
@@ -238,7 +247,10 @@ func (c Config) validate() error {
 			return flagErr(a.flag, "%w", err)
 		}
 	}
-	return c.validateTLS()
+	if err := c.validateTLS(); err != nil {
+		return err
+	}
+	return c.validateFederation()
 }
 
 func (c Config) validateTLS() error {

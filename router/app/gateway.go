@@ -28,12 +28,12 @@ func (a *App) initGateway() error {
 		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: admission.New(),
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
-		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn,
+		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, Federation: a.fed,
 	})
 	if err != nil {
 		return err
 	}
-	a.gw = gw
+	a.gw, a.forwarded = gw, gw.ForwardedHandler()
 	return nil
 }
 

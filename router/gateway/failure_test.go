@@ -36,7 +36,7 @@ func tokenChunk(s string) string {
 
 // sseEngineFunc serves streams written by script, which gets the response
 // writer already set up for an event stream.
-func sseEngineFunc(t *testing.T, script func(w http.ResponseWriter, r *http.Request, send func(string))) *httptest.Server {
+func sseEngineFunc(t testing.TB, script func(w http.ResponseWriter, r *http.Request, send func(string))) *httptest.Server {
 	t.Helper()
 	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -67,7 +67,7 @@ func freeze(r *http.Request) {
 }
 
 // goodEngine streams a role chunk, two tokens and [DONE].
-func goodEngine(t *testing.T, hits *atomic.Int64) *httptest.Server {
+func goodEngine(t testing.TB, hits *atomic.Int64) *httptest.Server {
 	return sseEngineFunc(t, func(_ http.ResponseWriter, _ *http.Request, send func(string)) {
 		hits.Add(1)
 		send(roleChunk)

@@ -152,7 +152,9 @@ func (g *Gateway) beforeFirstByte(x *exchange, uctx context.Context, err error) 
 // end-to-end headers, X-Request-Id, and a hosted API's key.
 func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *exchange, wk *scoring.Worker) (*http.Request, http.RoundTripper, error) {
 	target, rt := "http://"+wk.Address+r.URL.RequestURI(), g.cfg.Transport
-	if wk.Upstream != "" {
+	if x.remote != nil {
+		rt = g.cfg.Federation.Transport()
+	} else if wk.Upstream != "" {
 		// A hosted API: its base URL already ends in /v1, like the request path starts.
 		target = strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
 		rt = g.cfg.HostedTransport
@@ -173,6 +175,9 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 		up.Header.Del("Authorization") // the router's key is not the engine's
 	}
 	up.Header.Set("X-Request-Id", x.reqID)
+	if x.remote != nil {
+		g.remoteRequest(ctx, up, x.remote)
+	}
 	return up, rt, nil
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -72,6 +73,10 @@ type Config struct {
 	// OnPick, when set, is told every choice before the request is sent
 	// (approximate cache learning). It runs on the request path: keep it short.
 	OnPick func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
+
+	// Federation, when set, may send requests to other datacenters' routers
+	// (see federate.go). Requests it marks as forwarded are served here.
+	Federation *federation.Federation
 }
 
 // Gateway serves the router's HTTP API.
@@ -85,6 +90,7 @@ type Gateway struct {
 	bufs     sync.Pool // *[]byte relay buffers
 	ids      *requestIDs
 	ttft     ttftWindows
+	service  serviceTimes
 }
 
 // New validates c and returns a gateway.
@@ -145,6 +151,22 @@ func (g *Gateway) routes() *http.ServeMux {
 	mux.HandleFunc("GET /ready", g.ready)
 	if g.cfg.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
+			"", "Unknown request URL: "+r.Method+" "+r.URL.Path, 0)
+	})
+	return mux
+}
+
+// ForwardedHandler serves requests other datacenters' routers forward,
+// behind the federation listener that authenticated them by certificate:
+// the client's API key was checked, and its rate limit applied, where the
+// request entered. They are served here, never forwarded again.
+func (g *Gateway) ForwardedHandler() http.Handler {
+	mux := http.NewServeMux()
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+		mux.HandleFunc("POST "+p, g.proxy)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",

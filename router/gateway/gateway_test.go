@@ -36,7 +36,7 @@ import (
 // integration and e2e packages run the same code against oasis-sim.
 
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	pool *discovery.Pool
 	m    *metrics.Metrics
 	reg  *prometheus.Registry
@@ -54,7 +54,7 @@ func newHarness(t *testing.T, doc *policy.Document, authn *auth.Authenticator, e
 // selector, admission and metrics filled in here) over net/http, as
 // oasis-router serves it. A nil engines map leaves the pool unsynced, as
 // before discovery's first answer.
-func newHarnessWith(t *testing.T, c Config, doc *policy.Document, engines map[string]string) *harness {
+func newHarnessWith(t testing.TB, c Config, doc *policy.Document, engines map[string]string) *harness {
 	t.Helper()
 	if doc == nil {
 		doc = &policy.Document{Policy: scoring.RoundRobin}
@@ -104,7 +104,7 @@ func (h *harness) post(path, body string, hdr ...string) *http.Response {
 func addr(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
 
 // deadAddr is a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
+func deadAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
 	a := ln.Addr().String()

@@ -10,10 +10,13 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/admission"
+	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
@@ -53,27 +56,38 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 
-	if len(g.candidates(f.Model)) == 0 {
-		g.noWorker(w, rec, f.Model)
-		return
-	}
 	pol := g.cfg.Policy.Current().For(f.Model)
-	slot, ok := g.admit(ctx, w, r, rec, f.Model, pol.Limits)
-	if !ok {
-		return
-	}
-	defer slot.Release()
-
 	req := &scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream, Prompt: f.Prompt,
 		EstimatedTokens: estimateTokens(len(body), f)}
-	if g.cfg.Prepare != nil {
-		g.cfg.Prepare(req)
-	}
 	reqID := r.Header.Get("X-Request-Id")
 	if reqID == "" {
 		reqID = g.ids.next()
 	}
-	g.attempt(ctx, w, r, rec, &exchange{req: req, fields: f, body: body, reqID: reqID, pol: pol})
+	x := &exchange{req: req, fields: f, body: body, reqID: reqID, pol: pol}
+	if g.federating(ctx) {
+		g.cfg.Federation.Arrived()
+	}
+	if len(g.candidates(f.Model)) == 0 {
+		if !g.federateEarly(ctx, w, r, rec, x, false) {
+			g.noWorker(w, rec, f.Model)
+		}
+		return
+	}
+	if g.federateEarly(ctx, w, r, rec, x, true) {
+		return
+	}
+	slot, ok := g.admit(ctx, w, r, rec, f.Model, pol.Limits)
+	if !ok {
+		return
+	}
+	var once sync.Once
+	x.release = func() { once.Do(slot.Release) }
+	defer x.release()
+
+	if g.cfg.Prepare != nil {
+		g.cfg.Prepare(req)
+	}
+	g.attempt(ctx, w, r, rec, x)
 }
 
 // exchange is what every attempt at one request shares.
@@ -83,6 +97,9 @@ type exchange struct {
 	body   []byte
 	reqID  string
 	pol    policy.Resolved
+
+	release func()             // gives the admission slot back (idempotent)
+	remote  *federation.Target // set while the attempt goes to another datacenter
 }
 
 // attempt sends the request to a worker and, when that fails before anything
@@ -114,6 +131,9 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 		tried = append(tried, wk)
 		if g.cfg.OnPick != nil {
 			g.cfg.OnPick(ctx, x.pol.Scoring, x.req, wk)
+		}
+		if n == 0 && g.federateChosen(ctx, w, r, rec, x, wk) {
+			return
 		}
 		rec.worker = wk.ID
 		err = g.forward(ctx, w, r, rec, x, wk, n == 0)
@@ -331,5 +351,9 @@ func (o *outcome) done() {
 	} else {
 		o.g.m.Requests.WithLabelValues(model, strconv.Itoa(o.status), o.worker).Inc()
 	}
-	o.g.m.Model(model).Duration.Observe(time.Since(o.start).Seconds())
+	d := time.Since(o.start)
+	o.g.m.Model(model).Duration.Observe(d.Seconds())
+	if o.status < 400 && o.ws != nil && !strings.HasPrefix(o.worker, "dc:") {
+		o.g.service.observe(o.model, d)
+	}
 }

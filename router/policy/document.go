@@ -32,6 +32,8 @@ type Document struct {
 	Admission Admission          `json:"admission"`
 	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
 	Models    map[string]Model   `json:"models,omitempty"`
+	// Federation is document-wide: see federation.go.
+	Federation *Federation `json:"federation,omitempty"`
 }
 
 // Model overrides the document's defaults for one model.
@@ -160,6 +162,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 		return err
 	}
 	if err := d.Timeouts.validate("timeouts"); err != nil {
+		return err
+	}
+	if err := d.Federation.validate(); err != nil {
 		return err
 	}
 	for name, m := range d.Models {

@@ -33,6 +33,11 @@ func FuzzParse(f *testing.F) {
 		"model \"\" { policy = \"least_load\" }\npolicy = \"round_robin\"\n",
 		"policy = \"round_robin\"\nadmission { max_in_flight = 1.5 }\n",
 		"policy: weighted",
+		`{"policy":"round_robin","federation":{"enabled":true,"margin":"50ms","queue_wait_budget":"2s",
+		  "max_spill_fraction":0.2,"resume_spill_fraction":0.1,"breaker_failures":5,
+		  "breaker_cooldown":"10s","summary_stale":"3s"}}`,
+		`{"policy":"round_robin","federation":{"max_spill_fraction":0.05}}`,
+		"policy = \"round_robin\"\nfederation {\n  enabled = true\n  margin = \"0s\"\n  max_spill_fraction = 1\n}\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -67,6 +72,12 @@ func FuzzParse(f *testing.F) {
 			if _, ok := d.Models[name]; !ok {
 				t.Fatalf("model %q appeared in the round trip %s", name, js)
 			}
+		}
+		if a, b := d.FederationSettings(), d2.FederationSettings(); a != b {
+			t.Fatalf("federation resolves to %+v, after a JSON round trip (%s) to %+v", a, js, b)
+		}
+		if fs := d.FederationSettings(); fs.ResumeSpillFraction > fs.MaxSpillFraction || fs.BreakerFailures < 1 {
+			t.Fatalf("accepted federation settings break their invariants: %+v", fs)
 		}
 		for _, name := range names {
 			if a, b := effective(d.For(name)), effective(d2.For(name)); !reflect.DeepEqual(a, b) {

@@ -19,16 +19,32 @@ import (
 //	timeouts {
 //	  stream_idle = "60s"
 //	}
+//	federation {
+//	  enabled = true
+//	  margin  = "50ms"
+//	}
 //	model "llama-3-8b" {
 //	  policy = "least_load"
 //	  admission { max_in_flight = 64 }
 //	}
 type hclDocument struct {
-	Policy    string             `hcl:"policy,optional"`
-	Weights   map[string]float64 `hcl:"weights,optional"`
-	Admission *hclAdmission      `hcl:"admission,block"`
-	Timeouts  *hclTimeouts       `hcl:"timeouts,block"`
-	Models    []hclModel         `hcl:"model,block"`
+	Policy     string             `hcl:"policy,optional"`
+	Weights    map[string]float64 `hcl:"weights,optional"`
+	Admission  *hclAdmission      `hcl:"admission,block"`
+	Timeouts   *hclTimeouts       `hcl:"timeouts,block"`
+	Models     []hclModel         `hcl:"model,block"`
+	Federation *hclFederation     `hcl:"federation,block"`
+}
+
+type hclFederation struct {
+	Enabled             *bool    `hcl:"enabled,optional"`
+	Margin              *string  `hcl:"margin,optional"`
+	QueueWaitBudget     *string  `hcl:"queue_wait_budget,optional"`
+	MaxSpillFraction    *float64 `hcl:"max_spill_fraction,optional"`
+	ResumeSpillFraction *float64 `hcl:"resume_spill_fraction,optional"`
+	BreakerFailures     *int     `hcl:"breaker_failures,optional"`
+	BreakerCooldown     *string  `hcl:"breaker_cooldown,optional"`
+	SummaryStale        *string  `hcl:"summary_stale,optional"`
 }
 
 type hclTimeouts struct {
@@ -70,6 +86,10 @@ func decodeHCL(data []byte) (*Document, error) {
 		t := Timeouts(*h.Timeouts)
 		d.Timeouts = &t
 	}
+	if h.Federation != nil {
+		f := Federation(*h.Federation)
+		d.Federation = &f
+	}
 	for _, m := range h.Models {
 		if d.Models == nil {
 			d.Models = map[string]Model{}
@@ -88,7 +108,8 @@ func decodeHCL(data []byte) (*Document, error) {
 		}
 		d.Models[m.Name] = mm
 	}
-	if d.Policy == "" && d.Weights == nil && h.Admission == nil && h.Timeouts == nil && len(h.Models) == 0 {
+	if d.Policy == "" && d.Weights == nil && h.Admission == nil && h.Timeouts == nil && len(h.Models) == 0 &&
+		h.Federation == nil {
 		return nil, errors.New("decoding policy HCL: empty document")
 	}
 	return d, nil

@@ -6,9 +6,8 @@ import (
 	"errors"
 )
 
-// The dialling side of the same files, and a reload on demand: no component
-// dials with them yet (router federation and kvcached peers will), so they
-// live beside the tests that pin them.
+// The dialling side of the same files (router federation dials with it),
+// and a reload on demand.
 
 // Reload checks the files now, whatever the interval, and loads them if any
 // changed since the last check. The error is that of a failed load; the last

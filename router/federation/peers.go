@@ -1,0 +1,213 @@
+package federation
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+)
+
+// Service is the Consul service name routers register their federation
+// listener under, with meta MetaDC (the datacenter) and MetaModels (the
+// models it serves, comma-separated).
+const (
+	Service    = "oasis-router-federation"
+	MetaDC     = "oasis_dc"
+	MetaModels = "oasis_models"
+)
+
+// Peer is another datacenter's router.
+type Peer struct {
+	DC     string
+	Addr   string // host:port of its federation (HTTP/3) listener
+	Models []string
+}
+
+// peerSet is the routers known per remote datacenter, and whether each
+// datacenter's list is stale (its Consul did not answer in time).
+type peerSet struct {
+	mu    sync.Mutex
+	peers map[string][]Peer
+	stale map[string]bool
+}
+
+func (p *peerSet) set(dc string, ps []Peer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.peers[dc] = ps
+	p.stale[dc] = false
+}
+
+func (p *peerSet) markStale(dc string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stale[dc] = true
+}
+
+func (p *peerSet) snapshot() map[string][]Peer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string][]Peer, len(p.peers))
+	for dc, ps := range p.peers {
+		out[dc] = ps
+	}
+	return out
+}
+
+// Stale reports whether dc's peer list could not be refreshed lately.
+func (p *peerSet) Stale(dc string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stale[dc]
+}
+
+// peersFromEntries turns one datacenter's health entries into peers. Meta
+// is untrusted (any service in that datacenter can register the name):
+// entries with a bad address, a datacenter other than the one asked, or bad
+// model names are left out and counted.
+func peersFromEntries(dc string, entries []*consulapi.ServiceEntry, bad func(string)) []Peer {
+	var out []Peer
+	for _, e := range entries {
+		if e.Service == nil {
+			continue
+		}
+		addr := e.Service.Address
+		if addr == "" && e.Node != nil {
+			addr = e.Node.Address
+		}
+		if net.ParseIP(addr) == nil && !validName(addr) || e.Service.Port <= 0 || e.Service.Port > 65535 {
+			bad("address")
+			continue
+		}
+		if e.Service.Meta[MetaDC] != dc {
+			bad("dc")
+			continue
+		}
+		models, ok := parseModels(e.Service.Meta[MetaModels])
+		if !ok {
+			bad("models")
+			continue
+		}
+		out = append(out, Peer{DC: dc, Addr: net.JoinHostPort(addr, strconv.Itoa(e.Service.Port)), Models: models})
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.Addr, b.Addr) })
+	return out
+}
+
+// maxMetaModels bounds the models one peer may announce.
+const maxMetaModels = 64
+
+// parseModels validates a comma-separated model list (Consul caps a meta
+// value at 512 bytes).
+func parseModels(v string) ([]string, bool) {
+	if v == "" || len(v) > 512 {
+		return nil, false
+	}
+	ms := strings.Split(v, ",")
+	if len(ms) > maxMetaModels {
+		return nil, false
+	}
+	for _, m := range ms {
+		if !validName(m) {
+			return nil, false
+		}
+	}
+	return ms, true
+}
+
+// watchPeers follows the federation service in every other datacenter
+// until ctx ends. Each datacenter has its own goroutine and each query its
+// own deadline: a frozen remote Consul makes ?dc= queries hang for a minute
+// or more, and must only ever mark that datacenter stale.
+func (f *Federation) watchPeers(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	watched := map[string]bool{}
+	for {
+		dcs, err := f.datacenters(ctx)
+		if err != nil && ctx.Err() == nil {
+			f.log.Warn("listing Consul datacenters failed", "error", err)
+		}
+		for _, dc := range dcs {
+			if dc == f.cfg.DC || watched[dc] || !validName(dc) {
+				continue
+			}
+			watched[dc] = true
+			wg.Add(1)
+			go func() { defer wg.Done(); f.watchDC(ctx, dc) }()
+		}
+		if !sleep(ctx, f.cfg.QueryWait) {
+			return
+		}
+	}
+}
+
+func (f *Federation) datacenters(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.QueryTimeout)
+	defer cancel()
+	// Catalog().Datacenters takes no context: the same endpoint through
+	// the raw client does.
+	var dcs []string
+	_, err := f.cfg.Consul.Raw().Query("/v1/catalog/datacenters", &dcs, (&consulapi.QueryOptions{}).WithContext(ctx))
+	return dcs, err
+}
+
+// watchDC runs blocking queries for the federation routers of dc.
+func (f *Federation) watchDC(ctx context.Context, dc string) {
+	var index uint64
+	for ctx.Err() == nil {
+		qctx, cancel := context.WithTimeout(ctx, f.cfg.QueryWait+f.cfg.QueryTimeout)
+		// Near keeps the query off the agent's streaming backend, which
+		// answers a blocking query on a frozen datacenter from its own
+		// subscription when the wait ends (old or no entries, no known
+		// leader, no error): the query then goes to that datacenter's
+		// servers, and a frozen one times out here.
+		q := (&consulapi.QueryOptions{Datacenter: dc, WaitIndex: index, WaitTime: f.cfg.QueryWait,
+			Near: "_agent"}).WithContext(qctx)
+		entries, meta, err := f.cfg.Consul.Health().Service(Service, "", true, q)
+		cancel()
+		if err == nil && !meta.KnownLeader {
+			err = errNoLeader // a datacenter between leaders: keep the last list
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			f.peers.markStale(dc)
+			f.m.peersStale.WithLabelValues(dc).Set(1)
+			f.log.Warn("querying a datacenter's routers failed; keeping the last list", "dc", dc, "error", err)
+			index = 0
+			sleep(ctx, time.Second)
+			continue
+		}
+		f.m.peersStale.WithLabelValues(dc).Set(0)
+		if meta.LastIndex < index {
+			index = 0
+		} else {
+			index = meta.LastIndex
+		}
+		f.peers.set(dc, peersFromEntries(dc, entries, f.badEntry))
+	}
+}
+
+var errNoLeader = errors.New("the datacenter's Consul answered without a known leader")
+
+func (f *Federation) badEntry(reason string) { f.m.badEntries.WithLabelValues(reason).Inc() }
+
+// sleep waits d or until ctx ends; false when ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

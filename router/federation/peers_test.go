@@ -1,0 +1,89 @@
+package federation
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+)
+
+func TestPeersFromEntries(t *testing.T) {
+	entry := func(addr string, port int, meta map[string]string) *consulapi.ServiceEntry {
+		return &consulapi.ServiceEntry{Node: &consulapi.Node{Address: "10.0.0.9"},
+			Service: &consulapi.AgentService{Address: addr, Port: port, Meta: meta}}
+	}
+	good := map[string]string{MetaDC: "dc2", MetaModels: "llama-3-8b,qwen/qwen3-32b"}
+	bad := map[string]int{}
+	got := peersFromEntries("dc2", []*consulapi.ServiceEntry{
+		entry("10.0.0.2", 8443, good),
+		entry("", 8443, good), // the node's address
+		entry("10.0.0.3", 0, good),
+		entry("evil host", 8443, good),
+		entry("10.0.0.4", 8443, map[string]string{MetaDC: "dc3", MetaModels: "m"}),
+		entry("10.0.0.5", 8443, map[string]string{MetaDC: "dc2", MetaModels: "bad model"}),
+		entry("10.0.0.6", 8443, map[string]string{MetaDC: "dc2", MetaModels: strings.Repeat("m,", 64) + "m"}),
+		entry("10.0.0.7", 8443, map[string]string{MetaDC: "dc2"}),
+		{Service: nil},
+	}, func(reason string) { bad[reason]++ })
+	must.Eq(t, []Peer{
+		{DC: "dc2", Addr: "10.0.0.2:8443", Models: []string{"llama-3-8b", "qwen/qwen3-32b"}},
+		{DC: "dc2", Addr: "10.0.0.9:8443", Models: []string{"llama-3-8b", "qwen/qwen3-32b"}},
+	}, got)
+	must.Eq(t, map[string]int{"address": 2, "dc": 1, "models": 3}, bad)
+}
+
+// TestFrozenDatacenterGoesStale: a remote Consul that never answers (frozen,
+// or a silent link cut) marks only that datacenter stale, within the
+// query's own deadline, while another datacenter's routers are found.
+func TestFrozenDatacenterGoesStale(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/v1/catalog/datacenters":
+			_, _ = io.WriteString(w, `["dc1","dc2","dc3"]`)
+		case r.URL.Query().Get("dc") == "dc2":
+			<-r.Context().Done() // frozen
+		case r.URL.Query().Get("index") != "":
+			// dc3: no change; Consul answers when the wait ends.
+			select {
+			case <-r.Context().Done():
+			case <-time.After(300 * time.Millisecond):
+			}
+			fallthrough
+		default:
+			w.Header().Set("X-Consul-Index", "7")
+			w.Header().Set("X-Consul-KnownLeader", "true")
+			w.Header().Set("X-Consul-LastContact", "0")
+			_, _ = io.WriteString(w, `[{"Node":{"Address":"127.0.0.1"},"Service":{"Address":"127.0.0.1","Port":9443,
+				"Meta":{"oasis_dc":"dc3","oasis_models":"m"}}}]`)
+		}
+	}))
+	defer srv.Close()
+	client, err := consulapi.NewClient(&consulapi.Config{Address: srv.Listener.Addr().String()})
+	must.NoError(t, err)
+	ca := tlsfilestest.NewCA(t, "federation")
+	f := startFed(t, Config{DC: "dc1", Identity: testIdentity(t, ca, "a"), Consul: client,
+		QueryWait: 300 * time.Millisecond, QueryTimeout: 200 * time.Millisecond,
+		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: testWriter{t}})})
+	start := time.Now()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return f.peers.Stale("dc2") }),
+		wait.Timeout(3*time.Second), wait.Gap(10*time.Millisecond)))
+	must.Less(t, time.Second, time.Since(start)) // QueryWait + QueryTimeout, and some slack
+	must.Eq(t, []Peer{{DC: "dc3", Addr: "127.0.0.1:9443", Models: []string{"m"}}}, f.peers.snapshot()["dc3"])
+	must.False(t, f.peers.Stale("dc3"))
+}
+
+// testWriter sends logs to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,65 @@
+package federation
+
+import (
+	"crypto/tls"
+	"errors"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/oasis-llm/oasis/internal/tlsfiles"
+)
+
+// Identity is this router's TLS identity on the federation link. Server
+// returns a configuration that requires and verifies client certificates
+// (tls.RequireAndVerifyClientCert); Client one that presents this router's
+// certificate and verifies the peer's. Both are called once, when the
+// federation starts, and may follow rotating material themselves
+// (GetCertificate, GetConfigForClient): PEM files (FilesIdentity) today; a
+// Consul Connect leaf and its roots would be another Identity, not another
+// code path.
+type Identity struct {
+	Server func() *tls.Config
+	Client func() *tls.Config
+}
+
+// ErrNoClientAuth is a server configuration that would accept clients
+// without a certificate: every peer must be authenticated.
+var ErrNoClientAuth = errors.New("federation: the identity's server configuration does not require client certificates")
+
+// FilesIdentity is the identity in PEM files reloaded by tlsfiles; f must
+// name a certificate, its key and the CA bundle peers chain to.
+func FilesIdentity(f *tlsfiles.Files) Identity {
+	return Identity{Server: f.ServerConfig, Client: f.ClientConfig}
+}
+
+// QUIC timers: a peer that goes silent is noticed within MaxIdleTimeout
+// instead of quic-go's default 30 s, which would hold a cut stream open.
+const (
+	quicKeepAlive   = time.Second
+	quicIdleTimeout = 5 * time.Second
+)
+
+func quicConfig() *quic.Config {
+	return &quic.Config{KeepAlivePeriod: quicKeepAlive, MaxIdleTimeout: quicIdleTimeout}
+}
+
+// serverTLS returns the identity's server configuration for HTTP/3, TLS 1.3
+// only, refusing any configuration that does not require client certificates.
+func (id Identity) serverTLS() (*tls.Config, error) {
+	c := id.Server()
+	if c.ClientAuth != tls.RequireAndVerifyClientCert {
+		return nil, ErrNoClientAuth
+	}
+	c = c.Clone()
+	c.MinVersion = tls.VersionTLS13
+	return http3.ConfigureTLSConfig(c), nil
+}
+
+// clientTransport is an HTTP/3 client with the identity.
+func (id Identity) clientTransport() *http3.Transport {
+	c := id.Client().Clone()
+	c.MinVersion = tls.VersionTLS13
+	return &http3.Transport{TLSClientConfig: c, QUICConfig: quicConfig(), DisableCompression: true}
+}

@@ -1,0 +1,198 @@
+package gateway
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/federation"
+	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// The gateway asks the federation (Config.Federation) at three points of a
+// request, each with what it knows by then: with no local candidate (before
+// admission), when local admission is saturated or its wait over budget
+// (before admission, so a request that leaves takes no local slot), and
+// after the local worker is chosen, with the prompt's cached prefix there
+// (its admission slot is then given back before the request leaves). A
+// request that failed before its first byte in the other datacenter falls
+// back to local workers, or is answered as any request without one.
+
+// federating reports whether the federation may route this request.
+func (g *Gateway) federating(ctx context.Context) bool {
+	return g.cfg.Federation != nil && !federation.Forwarded(ctx) && g.cfg.Federation.Settings().Enabled
+}
+
+// federateEarly asks before admission; true when the request was answered.
+func (g *Gateway) federateEarly(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
+	x *exchange, healthy bool) bool {
+	if !g.federating(ctx) {
+		return false
+	}
+	l := federation.Local{Healthy: healthy}
+	if healthy {
+		l.Saturated, l.QueueWait = g.localPressure(x.req.Model, x.pol.Limits)
+		if !l.Saturated && l.QueueWait <= g.cfg.Federation.Settings().QueueWaitBudget {
+			return false
+		}
+	}
+	d := g.cfg.Federation.Route(federation.Request{Model: x.req.Model, Local: l})
+	return d.DC != "" && g.forwardRemote(ctx, w, r, rec, x, d)
+}
+
+// federateChosen asks once wk is chosen locally; true when the request was
+// answered elsewhere. A request that stays is remembered in the local
+// datacenter's hot prefixes.
+func (g *Gateway) federateChosen(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
+	x *exchange, wk *scoring.Worker) bool {
+	if !g.federating(ctx) {
+		return false
+	}
+	keys, matched, ok := x.req.PrefixResult(wk.ID)
+	if !ok || len(keys) == 0 {
+		return false
+	}
+	bs := wk.BlockSize
+	if bs <= 0 {
+		bs = scoring.DefaultBlockSize
+	}
+	fed := g.cfg.Federation
+	uncached, _ := x.req.UncachedTokens(wk)
+	cached := int64(matched) * int64(bs)
+	d := fed.Route(federation.Request{Model: x.req.Model, Keys: keys, BlockSize: bs,
+		Local: federation.Local{Healthy: true, CachedTokens: cached, PromptTokens: cached + uncached,
+			PrefillRate: wk.Signals().PrefillRate}})
+	if d.DC != "" {
+		x.release() // the local slot is not needed there
+		if g.forwardRemote(ctx, w, r, rec, x, d) {
+			return true
+		}
+	}
+	fed.Observe(x.req.Model, keys)
+	return false
+}
+
+// forwardRemote sends the request to a router in the datacenter d names.
+// It returns false when that failed before anything reached the client: the
+// caller serves it locally or answers it.
+func (g *Gateway) forwardRemote(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
+	x *exchange, d federation.Decision) bool {
+	fed, dc := g.cfg.Federation, d.DC
+	tg, err := fed.Begin(d, x.req.Model)
+	if err != nil {
+		return false
+	}
+	wk := &scoring.Worker{ID: "dc:" + dc, Model: x.req.Model, Engine: "oasis-router", Role: "both",
+		Address: tg.Addr, Live: tg.Live}
+	x.remote = &tg
+	defer func() { x.remote = nil }()
+	rec.worker = wk.ID
+	err = g.forward(ctx, w, r, rec, x, wk, true)
+	switch {
+	case err == nil:
+		fed.End(dc, true)
+		return true
+	case ctx.Err() != nil:
+		g.contextFailed(w, r, rec, "deadline expired before the other datacenter answered")
+		return true
+	}
+	fed.End(dc, false)
+	rec.ws, rec.worker = nil, ""
+	g.log.Warn("forwarding to another datacenter failed before the first byte; serving locally",
+		"model", x.req.Model, "dc", dc, "peer", tg.Addr, "request_id", x.reqID, "error", err)
+	return false
+}
+
+// remoteRequest adjusts a request to another datacenter's router: its
+// federation listener authenticates this router by certificate (the
+// client's API key stays here), and the deadline left is cut by the round
+// trip so the remote gives up before this router does.
+func (g *Gateway) remoteRequest(ctx context.Context, up *http.Request, tg *federation.Target) {
+	up.URL.Scheme, up.URL.Host, up.Host = "https", tg.Addr, ""
+	up.Header.Del("Authorization")
+	up.Header.Set(federation.FromHeader, g.cfg.Federation.DC())
+	up.Header.Del(DeadlineHeader)
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl) - tg.RTT
+		up.Header.Set(DeadlineHeader, strconv.FormatInt(max(left.Milliseconds(), 1), 10))
+	}
+}
+
+// localPressure is whether local admission of model would refuse a request
+// now (its queue is full), and the estimated wait for a slot: the requests
+// ahead of it times the model's mean service time, over its slots.
+func (g *Gateway) localPressure(model string, lim policy.Limits) (saturated bool, wait time.Duration) {
+	if lim.MaxInFlight <= 0 {
+		return false, 0 // uncapped: admission never waits
+	}
+	inflight, queued := g.cfg.Admission.InFlight(model), g.cfg.Admission.Queued(model)
+	if queued >= lim.MaxQueue && inflight >= lim.MaxInFlight {
+		return true, lim.QueueTimeout
+	}
+	if inflight < lim.MaxInFlight {
+		return false, 0
+	}
+	mean := g.service.mean(model)
+	return false, time.Duration(float64(queued+1) * float64(mean) / float64(lim.MaxInFlight))
+}
+
+// FederationSummary is this datacenter's per-model figures for the
+// federation's summaries (federation.Config.Local).
+func (g *Gateway) FederationSummary() []federation.ModelSummary {
+	doc := g.cfg.Policy.Current()
+	var out []federation.ModelSummary
+	for _, model := range g.cfg.Pool.Models() {
+		ws := g.candidates(model)
+		if len(ws) == 0 {
+			continue
+		}
+		lim := doc.For(model).Limits
+		inflight, queued := g.cfg.Admission.InFlight(model), g.cfg.Admission.Queued(model)
+		free := uint32(federation.FreeUnlimited)
+		if lim.MaxInFlight > 0 {
+			free = uint32(max(lim.MaxInFlight-inflight, 0))
+		}
+		ttft := time.Duration(math.MaxInt64)
+		for _, wk := range ws {
+			ttft = min(ttft, wk.Signals().EstimatedTTFT(0))
+		}
+		_, wait := g.localPressure(model, lim)
+		out = append(out, federation.ModelSummary{Model: model, InFlight: uint32(max(inflight, 0)),
+			Queued: uint32(max(queued, 0)), Free: free, TTFT: ttft, QueueWait: wait})
+	}
+	return out
+}
+
+// serviceTimes keeps each model's mean request duration (exponentially
+// weighted), for the admission wait estimate.
+type serviceTimes struct{ m sync.Map } // model → *atomic.Int64 (nanoseconds)
+
+func (s *serviceTimes) observe(model string, d time.Duration) {
+	v, ok := s.m.Load(model)
+	if !ok {
+		v, _ = s.m.LoadOrStore(model, new(atomic.Int64))
+	}
+	p := v.(*atomic.Int64)
+	for {
+		old := p.Load()
+		next := int64(d)
+		if old > 0 {
+			next = old + (int64(d)-old)/16
+		}
+		if p.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+func (s *serviceTimes) mean(model string) time.Duration {
+	if v, ok := s.m.Load(model); ok {
+		return time.Duration(v.(*atomic.Int64).Load())
+	}
+	return time.Second // nothing measured yet: a guess, not a promise
+}

@@ -1,0 +1,269 @@
+package federation
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/router/app"
+)
+
+const model = "sim-model"
+
+// policy: federation on; one request in flight per datacenter and no queue,
+// so that one long request saturates a datacenter.
+const policyDoc = `{"policy":"round_robin","admission":{"max_in_flight":1,"max_queue":0},
+  "federation":{"enabled":true,"max_spill_fraction":1,"resume_spill_fraction":0.5}}`
+
+// dc is one datacenter: its Consul agent, engines and router.
+type dc struct {
+	name   string
+	consul *testutil.ConsulAgent
+	sims   []*testutil.Sim
+	url    string
+	reg    *prometheus.Registry
+}
+
+func startDC(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA) *dc {
+	t.Helper()
+	d := &dc{name: name, consul: agent, reg: prometheus.NewRegistry()}
+	sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
+	d.sims = append(d.sims, sim)
+	registerEngine(t, agent.Client, name+"-engine", sim.Addr)
+
+	dir := t.TempDir()
+	caFile, cert, key := ca.WriteFiles(t, dir, name, "127.0.0.1")
+	pol := filepath.Join(dir, "policy.json")
+	must.NoError(t, os.WriteFile(pol, []byte(policyDoc), 0o600))
+	listen := testutil.FreeAddr(t)
+	d.url = "http://" + listen
+	cfg := app.Config{Listen: listen, Discovery: app.DiscoveryConsul, ConsulAddr: agent.HTTPAddr, PolicyFile: pol,
+		Register: true, FederationListen: testutil.FreeAddr(t), FederationDC: name,
+		FederationTLSCert: cert, FederationTLSKey: key, FederationTLSCA: caFile, ScrapeInterval: time.Second,
+		ShutdownTimeout: 5 * time.Second, Registry: d.reg,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "router-" + name, Level: hclog.Warn, Output: testWriter{t}})}
+	a, err := app.New(cfg)
+	must.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d
+}
+
+// testWriter sends router logs to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// registerEngine registers a sim as an oasis-engine instance with an HTTP
+// check on its /health every second: a stopped engine leaves the pool.
+func registerEngine(t *testing.T, c *consulapi.Client, id, addr string) {
+	t.Helper()
+	host, portS, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portS)
+	must.NoError(t, c.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+		ID: id, Name: "oasis-engine", Address: host, Port: port,
+		Meta: map[string]string{"oasis_model": model, "oasis_engine": "sim", "oasis_role": "both", "oasis_block_size": "16"},
+		Check: &consulapi.AgentServiceCheck{HTTP: "http://" + addr + "/health", Interval: "1s", Timeout: "1s",
+			Status: consulapi.HealthPassing},
+	}))
+}
+
+// metric sums a counter or gauge's series whose labels include want.
+func (d *dc) metric(t *testing.T, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := d.reg.Gather()
+	must.NoError(t, err)
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// chat sends a streaming chat request; maxTokens sets its length.
+func (d *dc) chat(t *testing.T, maxTokens int) (*http.Response, string) {
+	t.Helper()
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"hello federation"}],` +
+		`"stream":true,"stream_options":{"include_usage":true},"max_tokens":` + strconv.Itoa(maxTokens) + `}`
+	resp, err := http.Post(d.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must.NoError(t, err)
+	return resp, string(b)
+}
+
+// checkStream asserts an intact OpenAI event stream: every event is JSON
+// or [DONE], tokens arrived, a usage object came through, and it ends with
+// [DONE] and no error event.
+func checkStream(t *testing.T, body string) {
+	t.Helper()
+	var tokens, usage int
+	var last string
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		last = line
+		if line == "[DONE]" {
+			continue
+		}
+		var ev struct {
+			Error   *json.RawMessage `json:"error"`
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		must.NoError(t, json.Unmarshal([]byte(line), &ev), must.Sprintf("event %q", line))
+		must.Nil(t, ev.Error, must.Sprintf("error event in %q", body))
+		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
+			tokens++
+		}
+		if ev.Usage != nil && ev.Usage.CompletionTokens > 0 {
+			usage++
+		}
+	}
+	must.Eq(t, "[DONE]", last)
+	must.Positive(t, tokens)
+	must.Eq(t, 1, usage, must.Sprint("one usage object passed through"))
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	testutil.Eventually(t, timeout, what, cond)
+}
+
+func TestFederation(t *testing.T) {
+	c1, c2 := testutil.StartConsulWANPair(t)
+	ca := tlsfilestest.NewCA(t, "federation")
+	dc1, dc2 := startDC(t, "dc1", c1, ca), startDC(t, "dc2", c2, ca)
+	// Each router finds the other through Consul and receives its summaries.
+	for _, d := range []*dc{dc1, dc2} {
+		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
+			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
+		})
+	}
+	fwd := func(d *dc) float64 { return d.metric(t, "oasis_router_federation_forwarded_total", nil) }
+
+	t.Run("local first", func(t *testing.T) {
+		for range 10 {
+			resp, body := dc1.chat(t, 8)
+			must.Eq(t, http.StatusOK, resp.StatusCode)
+			checkStream(t, body)
+		}
+		must.Eq(t, 0.0, fwd(dc1))
+		must.Eq(t, 0.0, fwd(dc2))
+	})
+
+	t.Run("both saturated: one hop at most", func(t *testing.T) {
+		// A long request fills each datacenter's single slot.
+		long := make(chan int, 2)
+		for _, d := range []*dc{dc1, dc2} {
+			go func() { resp, _ := d.chat(t, 400); long <- resp.StatusCode }()
+		}
+		waitUntil(t, 10*time.Second, "both slots taken", func() bool {
+			return dc1.metric(t, "oasis_router_worker_in_flight", nil) >= 1 &&
+				dc2.metric(t, "oasis_router_worker_in_flight", nil) >= 1
+		})
+		time.Sleep(1500 * time.Millisecond) // summaries now say no free slot
+		before1, before2 := fwd(dc1), fwd(dc2)
+		resp, _ := dc1.chat(t, 8)
+		must.Eq(t, http.StatusTooManyRequests, resp.StatusCode)
+		must.Eq(t, before2, fwd(dc2), must.Sprint("dc2 never forwards"))
+		must.LessEq(t, before1+1, fwd(dc1))
+		for range 2 {
+			must.Eq(t, http.StatusOK, <-long)
+		}
+	})
+
+	t.Run("dc2 Consul frozen", func(t *testing.T) {
+		lat := func() time.Duration {
+			var ds []time.Duration
+			for range 10 {
+				t0 := time.Now()
+				resp, _ := dc1.chat(t, 4)
+				must.Eq(t, http.StatusOK, resp.StatusCode)
+				ds = append(ds, time.Since(t0))
+			}
+			slices.Sort(ds)
+			return ds[len(ds)/2]
+		}
+		before := lat()
+		must.NoError(t, syscall.Kill(dc2.consul.Pid(), syscall.SIGSTOP))
+		frozen := time.Now()
+		defer func() { _ = syscall.Kill(dc2.consul.Pid(), syscall.SIGCONT) }()
+		during := lat()
+		t.Logf("dc1 local p50 before %v, with dc2's Consul frozen %v", before, during)
+		must.Less(t, before*2+20*time.Millisecond, during)
+		// Blocking query wait (5 s) + the cross-DC timeout (2 s), and slack.
+		waitUntil(t, 12*time.Second, "dc2 marked stale", func() bool {
+			return dc1.metric(t, "oasis_router_federation_peers_stale", map[string]string{"dc": "dc2"}) == 1
+		})
+		t.Logf("dc2 marked stale %v after the freeze", time.Since(frozen).Round(100*time.Millisecond))
+		must.NoError(t, syscall.Kill(dc2.consul.Pid(), syscall.SIGCONT))
+		waitUntil(t, 20*time.Second, "dc2 fresh again", func() bool {
+			return dc1.metric(t, "oasis_router_federation_peers_stale", map[string]string{"dc": "dc2"}) == 0
+		})
+	})
+
+	t.Run("dc1 engines stopped: served by dc2", func(t *testing.T) {
+		for _, s := range dc1.sims {
+			_ = s.Stop()
+		}
+		waitUntil(t, 15*time.Second, "dc1's pool to empty", func() bool {
+			resp, err := http.Get(dc1.url + "/ready")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusServiceUnavailable
+		})
+		before := dc1.metric(t, "oasis_router_federation_forwarded_total", map[string]string{"dc": "dc2", "reason": "no_local_worker"})
+		resp, body := dc1.chat(t, 16)
+		must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(body))
+		must.Eq(t, "text/event-stream", strings.Split(resp.Header.Get("Content-Type"), ";")[0])
+		checkStream(t, body)
+		must.Eq(t, before+1, dc1.metric(t, "oasis_router_federation_forwarded_total",
+			map[string]string{"dc": "dc2", "reason": "no_local_worker"}))
+	})
+}
