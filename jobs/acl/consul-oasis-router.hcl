@@ -11,6 +11,11 @@ service "oasis-kvcached" {
   policy = "read"
 }
 
+# Other datacenters' routers (federation), found through ?dc= queries.
+service "oasis-router-federation" {
+  policy = "read"
+}
+
 # A health answer carries each instance's node; Consul leaves out instances on nodes the token
 # cannot read.
 node_prefix "" {
