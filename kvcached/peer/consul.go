@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"net"
 	"slices"
 	"strconv"
@@ -127,9 +128,26 @@ func (w *consulWatch) query(ctx context.Context, index uint64) ([]*consulapi.Ser
 		ctx, cancel = context.WithTimeout(ctx, w.cfg.QueryTimeout)
 		defer cancel()
 	}
-	q := (&consulapi.QueryOptions{Datacenter: w.cfg.Datacenter, WaitIndex: index, WaitTime: w.wait}).WithContext(ctx)
-	return w.cfg.Client.Health().Service(w.cfg.Service, "", true, q)
+	q := &consulapi.QueryOptions{Datacenter: w.cfg.Datacenter, WaitIndex: index, WaitTime: w.wait}
+	if w.cfg.Datacenter != "" {
+		// The agent's streaming backend answers a blocking ?dc= health
+		// query from its own materialized view when the wait ends, with no
+		// error, even while the remote servers are frozen: a freeze would
+		// never show. A query sorted by distance to the agent does not use
+		// streaming, so it reaches the remote servers and times out under
+		// our deadline when they do not answer.
+		q.Near = "_agent"
+	}
+	entries, meta, err := w.cfg.Client.Health().Service(w.cfg.Service, "", true, q.WithContext(ctx))
+	if err == nil && w.cfg.Datacenter != "" && !meta.KnownLeader {
+		return nil, nil, errNoLeader
+	}
+	return entries, meta, err
 }
+
+// errNoLeader is a remote datacenter's answer given without a leader: it
+// may be out of date, so the datacenter counts as stale.
+var errNoLeader = errors.New("remote datacenter answered without a known leader")
 
 // failed logs a failed query, and for a remote datacenter marks it stale,
 // logging that once until it answers again.

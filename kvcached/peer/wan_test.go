@@ -240,6 +240,10 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 			return
 		}
 		dc := r.URL.Query().Get("dc")
+		if dc != "" && r.URL.Query().Get("near") != "_agent" {
+			http.Error(w, "a remote query through the streaming backend never sees a freeze", http.StatusBadRequest)
+			return
+		}
 		mu.Lock()
 		hang := frozen && dc == "dc2"
 		mu.Unlock()
@@ -252,6 +256,8 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 		}
 		host := map[string]string{"": "10.0.0.1", "dc2": "10.0.2.1"}[dc]
 		w.Header().Set("X-Consul-Index", "7")
+		w.Header().Set("X-Consul-KnownLeader", "true")
+		w.Header().Set("X-Consul-LastContact", "0")
 		w.Write([]byte(`[{"Service":{"Address":"` + host + `","Meta":{"oasis_quic_port":"7379"}}}]`))
 	}))
 	defer srv.Close()
@@ -276,8 +282,17 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 			Set:    func(a []string) { remote <- a }, Stale: func(s bool) { staleCh <- s }})
 	}()
 	defer func() { cancel(); wg.Wait() }()
-	must.Eq(t, []string{"10.0.0.1:7379"}, <-local)
-	must.Eq(t, []string{"10.0.2.1:7379"}, <-remote)
+	recv := func(ch chan []string, what string) []string {
+		select {
+		case a := <-ch:
+			return a
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no %s peers; logs:\n%s", what, logs.String())
+			return nil
+		}
+	}
+	must.Eq(t, []string{"10.0.0.1:7379"}, recv(local, "local"))
+	must.Eq(t, []string{"10.0.2.1:7379"}, recv(remote, "remote"))
 	must.StrContains(t, logs.String(), "not valid in the remote datacenter")
 
 	mu.Lock()
