@@ -182,39 +182,44 @@ type Node struct {
 	mFilterSz prometheus.Gauge
 }
 
+// validate refuses a Config New cannot start with and fills in defaults.
+func (c *Config) validate() error {
+	if c.ServerTLS == nil || c.ClientTLS == nil {
+		return errors.New("starting peer node: mutual TLS configuration is required")
+	}
+	if c.Local == nil {
+		return errors.New("starting peer node: a local store is required")
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.MaxValue <= 0 {
+		c.MaxValue = 64 << 20
+	}
+	if c.FetchTimeout <= 0 {
+		c.FetchTimeout = 2 * time.Second
+	}
+	if c.FilterInterval <= 0 {
+		c.FilterInterval = 2 * time.Second
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 32
+	}
+	if c.WANFetchTimeout <= 0 {
+		c.WANFetchTimeout = 5 * time.Second
+	}
+	if c.WANBytesPerSecond < 0 {
+		return &ConfigError{Field: "WANBytesPerSecond", Reason: "negative"}
+	}
+	return validateDatacenters(c.Datacenters)
+}
+
 // New starts serving peers on cfg.ListenAddr.
 func New(cfg Config) (*Node, error) {
-	if cfg.ServerTLS == nil || cfg.ClientTLS == nil {
-		return nil, errors.New("starting peer node: mutual TLS configuration is required")
-	}
-	if cfg.Local == nil {
-		return nil, errors.New("starting peer node: a local store is required")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
-	if cfg.Registerer == nil {
-		cfg.Registerer = prometheus.NewRegistry()
-	}
-	if cfg.MaxValue <= 0 {
-		cfg.MaxValue = 64 << 20
-	}
-	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = 2 * time.Second
-	}
-	if cfg.FilterInterval <= 0 {
-		cfg.FilterInterval = 2 * time.Second
-	}
-	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = 32
-	}
-	if cfg.WANFetchTimeout <= 0 {
-		cfg.WANFetchTimeout = 5 * time.Second
-	}
-	if cfg.WANBytesPerSecond < 0 {
-		return nil, &ConfigError{Field: "WANBytesPerSecond", Reason: "negative"}
-	}
-	if err := validateDatacenters(cfg.Datacenters); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	n := &Node{

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,40 +233,8 @@ func TestRemoteRegistrationsAreValidated(t *testing.T) {
 // watch is marked stale within its query timeout, logs it once, keeps its
 // peers, and the local watch answers meanwhile.
 func TestFrozenRemoteConsulGoesStale(t *testing.T) {
-	var mu sync.Mutex
-	frozen := false
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/acl/token/self" {
-			http.Error(w, "rpc error making call: token does not exist: ACL not found", http.StatusForbidden)
-			return
-		}
-		dc := r.URL.Query().Get("dc")
-		if dc != "" && r.URL.Query().Get("near") != "_agent" {
-			http.Error(w, "a remote query through the streaming backend never sees a freeze", http.StatusBadRequest)
-			return
-		}
-		mu.Lock()
-		hang := frozen && dc == "dc2"
-		mu.Unlock()
-		if hang {
-			<-r.Context().Done()
-			return
-		}
-		if r.URL.Query().Get("index") != "" {
-			time.Sleep(20 * time.Millisecond) // a blocking query that saw no change
-		}
-		host := map[string]string{"": "10.0.0.1", "dc2": "10.0.2.1"}[dc]
-		w.Header().Set("X-Consul-Index", "7")
-		w.Header().Set("X-Consul-KnownLeader", "true")
-		w.Header().Set("X-Consul-LastContact", "0")
-		w.Write([]byte(`[{"Service":{"Address":"` + host + `","Meta":{"oasis_quic_port":"7379"}}}]`))
-	}))
-	defer srv.Close()
-	cc := consulapi.DefaultConfig()
-	cc.Address = strings.TrimPrefix(srv.URL, "http://")
-	client, err := consulapi.NewClient(cc)
-	must.NoError(t, err)
-
+	var frozen atomic.Bool
+	client := stubConsul(t, &frozen)
 	var logs syncBuffer
 	local, remote, staleCh := make(chan []string, 100), make(chan []string, 100), make(chan bool, 10)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -295,9 +264,7 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 	must.Eq(t, []string{"10.0.2.1:7379"}, recv(remote, "remote"))
 	must.StrContains(t, logs.String(), "not valid in the remote datacenter")
 
-	mu.Lock()
-	frozen = true
-	mu.Unlock()
+	frozen.Store(true)
 	start := time.Now()
 	select {
 	case s := <-staleCh:
@@ -310,9 +277,7 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 	must.Eq(t, 1, strings.Count(logs.String(), "is not answering"))
 	must.Eq(t, 0, len(remote), must.Sprint("a stale datacenter's peer set was changed"))
 
-	mu.Lock()
-	frozen = false
-	mu.Unlock()
+	frozen.Store(false)
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		select {
 		case s := <-staleCh:
@@ -321,6 +286,42 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 			return false
 		}
 	}), wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+}
+
+// stubConsul is an HTTP server standing in for a Consul agent: one
+// kvcached instance in the local datacenter and one in dc2, whose queries
+// hang while frozen; the token is unknown in dc2.
+func stubConsul(t *testing.T, frozen *atomic.Bool) *consulapi.Client {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/acl/token/self" {
+			http.Error(w, "rpc error making call: token does not exist: ACL not found", http.StatusForbidden)
+			return
+		}
+		dc := r.URL.Query().Get("dc")
+		if dc != "" && r.URL.Query().Get("near") != "_agent" {
+			http.Error(w, "a remote query through the streaming backend never sees a freeze", http.StatusBadRequest)
+			return
+		}
+		hang := frozen.Load() && dc == "dc2"
+		if hang {
+			<-r.Context().Done()
+			return
+		}
+		if r.URL.Query().Get("index") != "" {
+			time.Sleep(20 * time.Millisecond) // a blocking query that saw no change
+		}
+		host := map[string]string{"": "10.0.0.1", "dc2": "10.0.2.1"}[dc]
+		w.Header().Set("X-Consul-Index", "7")
+		w.Header().Set("X-Consul-KnownLeader", "true")
+		w.Header().Set("X-Consul-LastContact", "0")
+		w.Write([]byte(`[{"Service":{"Address":"` + host + `","Meta":{"oasis_quic_port":"7379"}}}]`))
+	}))
+	t.Cleanup(srv.Close)
+	cc := consulapi.DefaultConfig()
+	cc.Address = strings.TrimPrefix(srv.URL, "http://")
+	client, err := consulapi.NewClient(cc)
+	must.NoError(t, err)
+	return client
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a test to share.
