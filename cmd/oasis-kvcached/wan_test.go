@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -176,4 +178,64 @@ func TestPeerDatacenterFlags(t *testing.T) {
 	must.Eq(t, []string{"dc2", "dc3"}, splitList(o.peerDCs))
 	must.Eq(t, int64(1<<30), o.wanBytesPerSecond)
 	must.Eq(t, 3*time.Second, o.wanTimeout)
+}
+
+// TestRemoteDatacenterNeedsAGlobalToken runs the two datacenters with ACLs
+// (default deny, replicated from dc1) and the job's Consul policy: with a
+// dc1-local token, dc1's kvcached warns that its token is not valid in dc2
+// and finds no peer there (Consul runs the forwarded query as the anonymous
+// token, which answers an empty list); with a global token holding the same
+// policy it finds dc2's kvcached and fetches from it.
+func TestRemoteDatacenterNeedsAGlobalToken(t *testing.T) {
+	dc1, dc2 := testutil.StartConsulWANACL(t)
+	rules, err := os.ReadFile(filepath.Join("..", "..", "jobs", "acl", "consul-oasis-kvcached.hcl"))
+	must.NoError(t, err)
+	_, _, err = dc1.Client.ACL().PolicyCreate(&consulapi.ACLPolicy{Name: "oasis-kvcached", Rules: string(rules)}, nil)
+	must.NoError(t, err)
+	token := func(local bool) string {
+		tok, _, err := dc1.Client.ACL().TokenCreate(&consulapi.ACLToken{Local: local,
+			Policies: []*consulapi.ACLTokenPolicyLink{{Name: "oasis-kvcached"}}}, nil)
+		must.NoError(t, err)
+		return tok.SecretID
+	}
+	localToken, globalToken := token(true), token(false)
+	waitFor(t, 30*time.Second, "dc2 to know the global token", func() bool {
+		_, _, err := dc2.Client.ACL().TokenReadSelf(&consulapi.QueryOptions{Token: globalToken})
+		return err == nil
+	})
+
+	dir := t.TempDir()
+	ca := tlsfilestest.NewCA(t, "oasis test CA")
+	caFile, cert, key := ca.WriteFiles(t, dir, "node", peer.DefaultServerName)
+	node := func(consul *testutil.ConsulAgent, token string, extra ...string) *proc {
+		q := freeUDP(t)
+		args := append([]string{"--quic-addr", q, "--quic-advertise", q, "--tls-ca", caFile, "--tls-cert", cert, "--tls-key", key,
+			"--peer-filter-interval", "200ms", "--consul-addr", consul.HTTPAddr}, extra...)
+		p := startEnv(t, []string{"CONSUL_HTTP_TOKEN=" + token}, args...)
+		rp, _ := strconv.Atoi(port(t, p.addr))
+		qp, _ := strconv.Atoi(port(t, q))
+		must.NoError(t, consul.Client.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+			ID: "kvcached-" + q, Name: "oasis-kvcached", Address: "127.0.0.1", Port: rp,
+			Meta: map[string]string{peer.QUICPortMeta: strconv.Itoa(qp)},
+		}))
+		return p
+	}
+	b := node(dc2, globalToken)
+	must.NoError(t, b.client.Set(context.Background(), blockKey(9), []byte("nine"), 0).Err())
+	withLocal := node(dc1, localToken, "--peer-datacenters", "dc2")
+	withGlobal := node(dc1, globalToken, "--peer-datacenters", "dc2")
+
+	waitFor(t, 30*time.Second, "the global token's node to fetch from dc2", func() bool {
+		return withGlobal.client.Get(context.Background(), blockKey(9)).Val() == "nine"
+	})
+	must.StrContains(t, withLocal.Output(), "not valid in the remote datacenter")
+	must.StrNotContains(t, withGlobal.Output(), "not valid in the remote datacenter")
+	// The local token's node sees its dc1 neighbour but nobody in dc2.
+	waitFor(t, 10*time.Second, "the local token's node to see its dc1 neighbour", func() bool {
+		return withLocal.metric(t, "oasis_kvcached_peers_healthy") == 1
+	})
+	time.Sleep(time.Second) // several blocking queries to dc2 answered meanwhile
+	must.StrNotContains(t, withLocal.Output(), `kvcached peer set changed: dc=dc2`)
+	must.Eq(t, 1.0, withLocal.metric(t, "oasis_kvcached_peers_healthy"))
+	must.Eq(t, 0.0, withLocal.metric(t, `oasis_kvcached_peer_wan_fetches_total{dc="dc2",result="hit"}`))
 }
