@@ -13,6 +13,15 @@
 # a template writes it into the task's secrets dir and kvcached reads it from there
 # (--password-file), so it never appears in the job, its arguments or its environment.
 #
+# Peers in other datacenters (peer_datacenters, off by default; kvcached/README.md says why): the
+# task's Consul token must be valid in those datacenters. A workload identity's login token is
+# local to its datacenter, and Consul runs a ?dc= query made with a local token as the anonymous
+# token there (an empty answer, no error), so with peer_datacenters set the job reads a global
+# token with the oasis-kvcached policy from the same variable (item consul_token) and kvcached
+# uses it (CONSUL_HTTP_TOKEN_FILE). Without the item the file is empty and kvcached keeps the
+# local token, and warns at start that it is not valid in the remote datacenters. jobs/README.md
+# shows how to make the token.
+#
 # KV-event sockets (ZMQ PUB and ROUTER, no authentication) bind to the node's address
 # (attr.unique.network.ip-address) unless kv_events_address names another: routers on other
 # nodes subscribe to them, so they cannot be on loopback; keep that address private.
@@ -105,6 +114,24 @@ variable "peer_verify_address" {
   default     = false
 }
 
+variable "peer_datacenters" {
+  description = "Remote Consul datacenters whose oasis-kvcached instances are peers too, asked only after local peers miss (--peer-datacenters). Empty by default: recomputing a long prefix is faster than moving its KV cache over a WAN (kvcached/README.md). Needs peers_enabled and a global Consul token in item consul_token."
+  type        = list(string)
+  default     = []
+}
+
+variable "peer_wan_bytes_per_second" {
+  description = "Block bytes each node may pull from each remote datacenter per second (--peer-wan-bytes-per-second; token bucket with one second of burst, a fetch over it is a miss). 0: no cap."
+  type        = string
+  default     = "100MiB"
+}
+
+variable "peer_wan_timeout" {
+  description = "Timeout of one block fetch from a remote datacenter's peer (--peer-wan-timeout)."
+  type        = string
+  default     = "5s"
+}
+
 variable "memory_mb" {
   description = "Task memory: at least ram_bytes + 10%."
   type        = number
@@ -122,6 +149,12 @@ locals {
     "--consul-addr", var.consul_addr,
   ] : []
   verify_args = var.peers_enabled && var.peer_verify_address ? ["--tls-verify-address"] : []
+  wan_enabled = var.peers_enabled && length(var.peer_datacenters) > 0
+  wan_args = local.wan_enabled ? [
+    "--peer-datacenters", join(",", var.peer_datacenters),
+    "--peer-wan-bytes-per-second", var.peer_wan_bytes_per_second,
+    "--peer-wan-timeout", var.peer_wan_timeout,
+  ] : []
 }
 
 job "oasis-kvcached" {
@@ -199,7 +232,24 @@ job "oasis-kvcached" {
           "--data-dir", var.data_dir,
           "--kv-events-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events}",
           "--kv-events-replay-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events_replay}",
-        ], local.auth_args, local.peer_args, local.verify_args)
+        ], local.auth_args, local.peer_args, local.verify_args, local.wan_args)
+      }
+
+      # With remote datacenters: the global token (see the top of this file). The file wins over
+      # the workload identity's CONSUL_HTTP_TOKEN; a new token restarts the task, which reads it
+      # once at start.
+      env {
+        CONSUL_HTTP_TOKEN_FILE = local.wan_enabled ? "secrets/consul-token" : ""
+      }
+
+      dynamic "template" {
+        for_each = local.wan_enabled ? ["consul_token"] : []
+        content {
+          destination = "secrets/consul-token"
+          perms       = "0600"
+          change_mode = "restart"
+          data        = "{{ with nomadVar \"nomad/jobs/oasis-kvcached\" }}{{ .consul_token }}{{ end }}"
+        }
       }
 
       # kvcached reads the password file at start and again on SIGHUP: a changed password takes

@@ -53,6 +53,12 @@ type proc struct {
 // stops it when the test ends.
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, args...)
+}
+
+// startEnv is start with more environment variables (KEY=value).
+func startEnv(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{addr: testutil.FreeAddr(t), httpAddr: testutil.FreeAddr(t)}
 	full := append([]string{"--addr", p.addr, "--http-addr", p.httpAddr, "--log-level", "debug"}, args...)
 	for i, a := range full {
@@ -60,7 +66,11 @@ func start(t *testing.T, args ...string) *proc {
 			p.quicAddr = full[i+1]
 		}
 	}
-	p.Process = testutil.Start(t, exec.Command(binary, full...))
+	cmd := exec.Command(binary, full...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	p.Process = testutil.Start(t, cmd)
 	p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	t.Cleanup(func() { p.client.Close() })
 	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {

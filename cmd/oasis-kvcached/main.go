@@ -54,6 +54,9 @@ type options struct {
 	eventsEndpoint, eventsReplay     string
 	blockSize                        int
 	fetchTimeout, filterInterval     time.Duration
+	peerDCs                          string
+	wanTimeout, wanDiscoveryTimeout  time.Duration
+	wanBytesPerSecond                int64
 	idleTimeout, authTimeout         time.Duration
 	logLevel                         string
 	pprof                            bool
@@ -63,7 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("oasis-kvcached", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	ram, disk, maxv := byteFlag(1<<30), byteFlag(0), byteFlag(64<<20)
+	ram, disk, maxv, wanRate := byteFlag(1<<30), byteFlag(0), byteFlag(64<<20), byteFlag(100<<20)
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:6380", "Redis-protocol listen address (loopback by default)")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9380", "HTTP listen address for /metrics and /health (empty disables)")
 	fs.Var(&ram, "ram-bytes", "memory budget (e.g. 8GiB): the RAM tier gets what in-flight values and GC headroom leave; RSS stays within it + 10%")
@@ -88,17 +91,24 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.blockSize, "kv-events-block-size", 256, "tokens per announced block (LMCache chunk_size)")
 	fs.DurationVar(&o.fetchTimeout, "peer-timeout", 2*time.Second, "timeout of one peer fetch")
 	fs.DurationVar(&o.filterInterval, "peer-filter-interval", 2*time.Second, "how often peers exchange membership filters")
+	fs.StringVar(&o.peerDCs, "peer-datacenters", "", "comma-separated remote Consul datacenters whose oasis-kvcached instances are peers too, asked after local peers miss (empty: none; see kvcached/README.md for why this is off by default)")
+	fs.DurationVar(&o.wanTimeout, "peer-wan-timeout", 5*time.Second, "timeout of one fetch from a peer in a remote datacenter")
+	fs.Var(&wanRate, "peer-wan-bytes-per-second", "block bytes this node may pull from each remote datacenter per second (token bucket, one second of burst); a fetch over it is skipped as a miss (0: no cap)")
+	fs.DurationVar(&o.wanDiscoveryTimeout, "peer-wan-discovery-timeout", peer.DefaultWANQueryTimeout, "timeout of each Consul query about a remote datacenter; one that fails marks that datacenter's discovery stale")
 	fs.StringVar(&o.logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's /debug/pprof on the HTTP address (for profiling)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	o.ramBytes, o.diskBytes, o.maxValue = int64(ram), int64(disk), int64(maxv)
+	o.ramBytes, o.diskBytes, o.maxValue, o.wanBytesPerSecond = int64(ram), int64(disk), int64(maxv), int64(wanRate)
 	if o.diskBytes > 0 && o.dataDir == "" {
 		return nil, errors.New("--disk-bytes needs --data-dir")
 	}
 	if o.consulAddr == "" {
 		o.consulAddr = os.Getenv("CONSUL_HTTP_ADDR")
+	}
+	if o.peerDCs != "" && (o.quicAddr == "" || o.consulAddr == "") {
+		return nil, errors.New("--peer-datacenters needs --quic-addr and a Consul address (--consul-addr or CONSUL_HTTP_ADDR)")
 	}
 	return o, nil
 }
@@ -173,8 +183,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		dcs := splitList(o.peerDCs)
 		node, err := peer.New(peer.Config{ListenAddr: o.quicAddr, ServerTLS: stls, ClientTLS: ctls, Local: st,
-			Logger: log.Named("peer"), Registerer: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval})
+			Logger: log.Named("peer"), Registerer: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval,
+			Datacenters: dcs, WANFetchTimeout: o.wanTimeout, WANBytesPerSecond: o.wanBytesPerSecond})
 		if err != nil {
 			return err
 		}
@@ -193,6 +205,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			isSelf := peer.SelfMatcher(o.quicAdvertise, node.Addr())
 			go peer.WatchConsul(ctx, peer.ConsulConfig{Client: client, Service: o.consulService, IsSelf: isSelf,
 				Static: static, Logger: log.Named("consul"), Set: node.SetPeers})
+			watchRemoteDCs(ctx, node, client, o, dcs, isSelf, log.Named("consul"))
 		}
 	}
 
@@ -254,6 +267,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// watchRemoteDCs follows each remote datacenter's kvcached instances in its
+// own goroutine, with its own query timeout, so a datacenter that stops
+// answering delays neither local discovery nor the others.
+func watchRemoteDCs(ctx context.Context, node *peer.Node, client *consulapi.Client, o *options, dcs []string, isSelf func(string) bool, log hclog.Logger) {
+	for _, dc := range dcs {
+		go peer.WatchConsul(ctx, peer.ConsulConfig{Client: client, Service: o.consulService, Datacenter: dc,
+			QueryTimeout: o.wanDiscoveryTimeout, IsSelf: isSelf, Logger: log,
+			Set:   func(addrs []string) { _ = node.SetRemotePeers(dc, addrs) }, // dc is one of the node's
+			Stale: func(stale bool) { node.SetDatacenterStale(dc, stale) }})
+		log.Info("following kvcached peers in a remote datacenter", "dc", dc, "fetch_timeout", o.wanTimeout, "bytes_per_second", o.wanBytesPerSecond)
+	}
 }
 
 // readPassword reads the password from path. An empty file is an error

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -282,4 +283,72 @@ func StartConsulClient(t testing.TB, c *ConsulCluster, name string, httpPort int
 		return err == nil && node != nil
 	})
 	return a
+}
+
+// StartConsulWAN runs two Consul dev agents WAN-federated on loopback,
+// datacenters dc1 (primary) and dc2, for the duration of the test, and
+// waits until each has a leader and lists both datacenters, so `?dc=`
+// queries work from either side. Without a consul binary the test is
+// skipped (failed under CI).
+func StartConsulWAN(t testing.TB) (dc1, dc2 *ConsulAgent) {
+	t.Helper()
+	return startConsulWAN(t, false)
+}
+
+// ConsulWANManagementToken is the management token of StartConsulWANACL's
+// datacenters.
+const ConsulWANManagementToken = "6f1d2a0c-0a5e-4c52-9d7e-0a5e1c0ffee1"
+
+// StartConsulWANACL is StartConsulWAN with ACLs on, default deny: dc1 owns
+// them (ConsulWANManagementToken is its initial management token and both
+// agents' token), dc2 replicates policies and global tokens from it. The
+// agents' clients use the management token. It returns once dc2 has
+// replicated tokens.
+func StartConsulWANACL(t testing.TB) (dc1, dc2 *ConsulAgent) {
+	t.Helper()
+	return startConsulWAN(t, true)
+}
+
+func startConsulWAN(t testing.TB, acls bool) (dc1, dc2 *ConsulAgent) {
+	t.Helper()
+	consulBin(t)
+	ports, err := FreePorts(8) // http, serf_lan, server, serf_wan each
+	must.NoError(t, err)
+	agent := func(dc string, p []int, extra map[string]any) *ConsulAgent {
+		extra["datacenter"], extra["primary_datacenter"] = dc, "dc1"
+		extra["ports"] = map[string]int{"serf_wan": p[3]}
+		tokens := map[string]string{"agent": ConsulWANManagementToken}
+		if dc == "dc1" {
+			tokens["initial_management"] = ConsulWANManagementToken
+		} else {
+			tokens["replication"] = ConsulWANManagementToken
+		}
+		if acls {
+			extra["acl"] = map[string]any{"enabled": true, "default_policy": "deny", "enable_token_replication": dc != "dc1", "tokens": tokens}
+		}
+		a := startConsulAgent(t, consulAgentConfig{name: "consul-" + dc, http: p[0], serfLAN: p[1], server: p[2], extra: extra}, "-dev")
+		if acls {
+			cc := consulapi.DefaultConfig()
+			cc.Address, cc.Token = a.HTTPAddr, ConsulWANManagementToken
+			a.Client, err = consulapi.NewClient(cc)
+			must.NoError(t, err)
+		}
+		return a
+	}
+	dc1 = agent("dc1", ports[:4], map[string]any{})
+	dc2 = agent("dc2", ports[4:], map[string]any{"retry_join_wan": []string{loopback(ports[3])}, "retry_interval_wan": "1s"})
+	for _, a := range []*ConsulAgent{dc1, dc2} {
+		a.waitFor(t, 60*time.Second, "a leader and both datacenters", func() bool {
+			leader, err := a.Client.Status().Leader()
+			dcs, derr := a.Client.Catalog().Datacenters()
+			return err == nil && leader != "" && derr == nil && slices.Contains(dcs, "dc1") && slices.Contains(dcs, "dc2")
+		})
+	}
+	if acls {
+		dc2.waitFor(t, 60*time.Second, "token replication", func() bool {
+			r, _, err := dc2.Client.ACL().Replication(nil)
+			return err == nil && r.Running && r.ReplicatedTokenIndex > 0
+		})
+	}
+	return dc1, dc2
 }

@@ -23,7 +23,7 @@ func benchPeers(b *testing.B, key string, val []byte) *Node {
 		b.Fatal(err)
 	}
 	c.mu.Lock()
-	p := c.peers[a.Addr().String()]
+	p := c.peers[peerKey{addr: a.Addr().String()}]
 	c.mu.Unlock()
 	p.mu.Lock()
 	if p.conn != nil {

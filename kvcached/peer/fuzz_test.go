@@ -37,7 +37,7 @@ func FuzzRequestFraming(f *testing.F) {
 	a := node(f, ca, &mapStore{m: stored})
 	b := node(f, ca, &mapStore{m: map[string][]byte{}})
 	b.SetPeers([]string{a.Addr().String()})
-	p := b.peers[a.Addr().String()]
+	p := b.peers[peerKey{addr: a.Addr().String()}]
 	f.Fuzz(func(t *testing.T, op byte, key string) {
 		if len(key) > maxKeyLen {
 			return // Fetch refuses these before any framing

@@ -118,10 +118,32 @@ type Config struct {
 	MaxConcurrent int
 	// Budget, optional, bounds the memory of fetch and serve buffers.
 	Budget Budget
+
+	// Datacenters are the remote Consul datacenters whose kvcached are
+	// peers too (SetRemotePeers), asked in this order only after every
+	// local peer that may hold a key missed. Empty: local peers only.
+	Datacenters []string
+	// WANFetchTimeout bounds one fetch from a remote datacenter's peer,
+	// dial included (default 5s).
+	WANFetchTimeout time.Duration
+	// WANBytesPerSecond caps the block bytes this node pulls from each
+	// remote datacenter (a token bucket holding one second's worth): a
+	// fetch that would exceed it is skipped as a miss, not queued, since
+	// recomputing the prefix beats waiting for the link. 0: no cap.
+	WANBytesPerSecond int64
+	// Now is the clock of the WAN budget (default time.Now); for tests.
+	Now func() time.Time
 }
+
+// peerKey names a peer: the same address may in principle be listed by
+// the local catalog and a remote one.
+type peerKey struct{ dc, addr string }
 
 type peerState struct {
 	addr string
+	// dc is the remote datacenter the peer is in, "" for a local peer.
+	dc      string
+	timeout time.Duration
 
 	mu      sync.Mutex
 	conn    *quic.Conn
@@ -142,7 +164,11 @@ type Node struct {
 	qc        *quic.Config
 
 	mu    sync.Mutex
-	peers map[string]*peerState
+	peers map[peerKey]*peerState
+	stale map[string]bool // remote datacenters whose discovery is stale
+
+	dcs map[string]*remoteDC
+	wan *wanMetrics
 
 	filterMu    sync.Mutex
 	filterBytes []byte
@@ -158,39 +184,56 @@ type Node struct {
 	mFilterSz prometheus.Gauge
 }
 
+// validate refuses a Config New cannot start with and fills in defaults.
+func (c *Config) validate() error {
+	if c.ServerTLS == nil || c.ClientTLS == nil {
+		return errors.New("starting peer node: mutual TLS configuration is required")
+	}
+	if c.Local == nil {
+		return errors.New("starting peer node: a local store is required")
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.MaxValue <= 0 {
+		c.MaxValue = 64 << 20
+	}
+	if c.FetchTimeout <= 0 {
+		c.FetchTimeout = 2 * time.Second
+	}
+	if c.FilterInterval <= 0 {
+		c.FilterInterval = 2 * time.Second
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 32
+	}
+	if c.WANFetchTimeout <= 0 {
+		c.WANFetchTimeout = 5 * time.Second
+	}
+	if c.WANBytesPerSecond < 0 {
+		return &ConfigError{Field: "WANBytesPerSecond", Reason: "negative"}
+	}
+	return validateDatacenters(c.Datacenters)
+}
+
 // New starts serving peers on cfg.ListenAddr.
 func New(cfg Config) (*Node, error) {
-	if cfg.ServerTLS == nil || cfg.ClientTLS == nil {
-		return nil, errors.New("starting peer node: mutual TLS configuration is required")
-	}
-	if cfg.Local == nil {
-		return nil, errors.New("starting peer node: a local store is required")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
-	if cfg.Registerer == nil {
-		cfg.Registerer = prometheus.NewRegistry()
-	}
-	if cfg.MaxValue <= 0 {
-		cfg.MaxValue = 64 << 20
-	}
-	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = 2 * time.Second
-	}
-	if cfg.FilterInterval <= 0 {
-		cfg.FilterInterval = 2 * time.Second
-	}
-	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = 32
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	n := &Node{
-		cfg: cfg, log: cfg.Logger, peers: map[string]*peerState{},
+		cfg: cfg, log: cfg.Logger, peers: map[peerKey]*peerState{}, stale: map[string]bool{},
+		dcs: map[string]*remoteDC{},
 		sem: make(chan struct{}, cfg.MaxConcurrent),
 		qc: &quic.Config{
-			MaxIdleTimeout:                 30 * time.Second,
-			KeepAlivePeriod:                10 * time.Second,
-			HandshakeIdleTimeout:           cfg.FetchTimeout,
+			MaxIdleTimeout:  30 * time.Second,
+			KeepAlivePeriod: 10 * time.Second,
+			// The dial's context bounds each handshake by its peer's
+			// timeout; this only must not cut a WAN handshake shorter.
+			HandshakeIdleTimeout:           max(cfg.FetchTimeout, cfg.WANFetchTimeout),
 			InitialStreamReceiveWindow:     4 << 20,
 			MaxStreamReceiveWindow:         64 << 20,
 			InitialConnectionReceiveWindow: 8 << 20,
@@ -219,6 +262,10 @@ func New(cfg Config) (*Node, error) {
 	for _, r := range []string{"hit", "miss", "error", "timeout"} {
 		n.mFetches.WithLabelValues(r)
 	}
+	for _, dc := range cfg.Datacenters {
+		n.dcs[dc] = &remoteDC{name: dc, bucket: newTokenBucket(cfg.WANBytesPerSecond, cfg.Now)}
+	}
+	n.wan = newWANMetrics(cfg.Registerer, cfg.Datacenters)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Add(2)
@@ -257,38 +304,50 @@ func (n *Node) close() error {
 	return err
 }
 
-// SetPeers replaces the peer set (addresses host:port); connections to peers
-// that left are closed, those to peers that stay are kept.
-func (n *Node) SetPeers(addrs []string) {
+// SetPeers replaces the local peer set (addresses host:port); connections
+// to peers that left are closed, those to peers that stay are kept.
+func (n *Node) SetPeers(addrs []string) { n.setPeers("", addrs) }
+
+// setPeers replaces datacenter dc's peer set ("" local).
+func (n *Node) setPeers(dc string, addrs []string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	want := map[string]bool{}
+	timeout := n.cfg.FetchTimeout
+	if dc != "" {
+		timeout = n.cfg.WANFetchTimeout
+	}
+	want := map[peerKey]bool{}
 	for _, a := range addrs {
-		want[a] = true
-		if _, ok := n.peers[a]; !ok {
-			n.peers[a] = &peerState{addr: a}
+		k := peerKey{dc, a}
+		want[k] = true
+		if _, ok := n.peers[k]; !ok {
+			n.peers[k] = &peerState{addr: a, dc: dc, timeout: timeout}
 		}
 	}
-	for a, p := range n.peers {
-		if !want[a] {
+	for k, p := range n.peers {
+		if k.dc == dc && !want[k] {
 			p.mu.Lock()
 			if p.conn != nil {
 				p.conn.CloseWithError(0, "peer left")
 			}
 			p.mu.Unlock()
-			delete(n.peers, a)
+			delete(n.peers, k)
 		}
 	}
 	n.updateHealthyLocked()
 }
 
-// Peers returns the current peer addresses, sorted.
-func (n *Node) Peers() []string {
+// Peers returns the current local peer addresses, sorted.
+func (n *Node) Peers() []string { return n.peersIn("") }
+
+func (n *Node) peersIn(dc string) []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	out := make([]string, 0, len(n.peers))
-	for a := range n.peers {
-		out = append(out, a)
+	var out []string
+	for k := range n.peers {
+		if k.dc == dc {
+			out = append(out, k.addr)
+		}
 	}
 	slices.Sort(out)
 	return out
@@ -306,6 +365,8 @@ func (n *Node) updateHealthyLocked() {
 	n.mHealthy.Set(float64(h))
 }
 
+// candidates returns the healthy peers whose filter may hold key: local
+// ones first, then each remote datacenter's in Config.Datacenters order.
 func (n *Node) candidates(key string) []*peerState {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -318,49 +379,83 @@ func (n *Node) candidates(key string) []*peerState {
 			out = append(out, p)
 		}
 	}
+	rank := func(dc string) int {
+		if dc == "" {
+			return -1
+		}
+		return slices.Index(n.cfg.Datacenters, dc)
+	}
+	slices.SortStableFunc(out, func(a, b *peerState) int { return rank(a.dc) - rank(b.dc) })
 	return out
 }
 
 // MayHave reports whether some healthy peer's filter may hold key.
 func (n *Node) MayHave(key string) bool { return len(n.candidates(key)) > 0 }
 
-// Fetch asks the peers that may hold key, one after another, and returns the
+// Fetch asks the peers that may hold key, one after another (local peers
+// first, then remote datacenters' within their byte budget), and returns the
 // first copy found.
 func (n *Node) Fetch(ctx context.Context, key string) ([]byte, error) {
 	if len(key) > maxKeyLen {
 		return nil, fmt.Errorf("key of %d bytes is too long for a peer fetch", len(key))
 	}
+	spent := ""
 	for _, p := range n.candidates(key) {
+		if p.dc != "" && p.dc == spent {
+			continue // one budget skip per datacenter and fetch
+		}
+		if d := n.dcs[p.dc]; d != nil && !d.admitsEstimate() {
+			n.recordWAN(p.dc, ErrWANBudget, 0)
+			spent = p.dc
+			continue
+		}
 		select {
 		case n.sem <- struct{}{}:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		start := time.Now()
-		v, err := n.fetchFrom(ctx, p, key)
+		v, err := n.fetchOne(ctx, p, key)
 		<-n.sem
-		if v != nil && n.cfg.Budget != nil {
-			// The caller stores v at once, where the RAM tier counts it.
-			n.cfg.Budget.Release(int64(len(v)))
-		}
-		switch {
-		case err == nil:
-			n.mFetches.WithLabelValues("hit").Inc()
-			n.mLatency.Observe(time.Since(start).Seconds())
+		if err == nil {
 			return v, nil
-		case errors.Is(err, ErrNotFound):
-			n.mFetches.WithLabelValues("miss").Inc()
-		default:
-			if errors.Is(err, context.DeadlineExceeded) {
-				n.mFetches.WithLabelValues("timeout").Inc()
-			} else {
-				n.mFetches.WithLabelValues("error").Inc()
-			}
-			n.log.Warn("peer fetch failed; skipping the peer until it answers again", "peer", p.addr, "error", err)
-			n.markDown(p)
+		}
+		if errors.Is(err, ErrWANBudget) {
+			spent = p.dc
 		}
 	}
 	return nil, ErrNotFound
+}
+
+// fetchOne asks one peer and counts the outcome.
+func (n *Node) fetchOne(ctx context.Context, p *peerState, key string) ([]byte, error) {
+	start := time.Now()
+	v, err := n.fetchFrom(ctx, p, key)
+	if v != nil && n.cfg.Budget != nil {
+		// The caller stores v at once, where the RAM tier counts it.
+		n.cfg.Budget.Release(int64(len(v)))
+	}
+	if p.dc != "" {
+		n.recordWAN(p.dc, err, len(v))
+		if err == nil {
+			n.dcs[p.dc].lastSize.Store(int64(len(v)))
+		}
+	}
+	switch {
+	case err == nil:
+		n.mFetches.WithLabelValues("hit").Inc()
+		n.mLatency.Observe(time.Since(start).Seconds())
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrWANBudget):
+		n.mFetches.WithLabelValues("miss").Inc()
+	default:
+		if errors.Is(err, context.DeadlineExceeded) {
+			n.mFetches.WithLabelValues("timeout").Inc()
+		} else {
+			n.mFetches.WithLabelValues("error").Inc()
+		}
+		n.log.Warn("peer fetch failed; skipping the peer until it answers again", "peer", p.addr, "dc", p.dc, "error", err)
+		n.markDown(p)
+	}
+	return v, err
 }
 
 func (n *Node) markDown(p *peerState) {
@@ -428,7 +523,7 @@ func (n *Node) conn(ctx context.Context, p *peerState) (*quic.Conn, error) {
 }
 
 func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, max int64) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	c, err := n.conn(ctx, p)
 	if err != nil {
@@ -459,6 +554,14 @@ func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, m
 	if l > uint64(max) {
 		s.CancelRead(2)
 		return nil, fmt.Errorf("peer %s sent %d bytes, over the %d-byte limit", p.addr, l, max)
+	}
+	if d := n.dcs[p.dc]; op == opGet && hdr[0] == statusOK && d != nil && !d.bucket.take(int64(l)) {
+		// The estimate let the request go but the block is larger than
+		// what is left: refuse it now, before its bytes cross the link
+		// (beyond what the stream's window already let through).
+		d.lastSize.Store(int64(l))
+		s.CancelRead(3)
+		return nil, fmt.Errorf("%d-byte block from %s in %s: %w", l, p.addr, p.dc, ErrWANBudget)
 	}
 	budgeted := op == opGet && hdr[0] == statusOK && n.cfg.Budget != nil
 	if budgeted {
@@ -534,6 +637,9 @@ func (n *Node) RefreshFilters(ctx context.Context) {
 			if err == nil {
 				f, err = bloom.Unmarshal(b)
 			}
+			if p.dc != "" {
+				n.wan.bytes.WithLabelValues(p.dc, "filter").Add(float64(len(b)))
+			}
 			p.mu.Lock()
 			was := p.healthy
 			if err != nil {
@@ -547,9 +653,9 @@ func (n *Node) RefreshFilters(ctx context.Context) {
 			}
 			p.mu.Unlock()
 			if err != nil && was && ctx.Err() == nil {
-				n.log.Warn("peer unreachable; skipping it until it answers", "peer", p.addr, "error", err)
+				n.log.Warn("peer unreachable; skipping it until it answers", "peer", p.addr, "dc", p.dc, "error", err)
 			} else if err == nil && !was {
-				n.log.Info("peer healthy", "peer", p.addr)
+				n.log.Info("peer healthy", "peer", p.addr, "dc", p.dc)
 			}
 		}()
 	}

@@ -160,7 +160,7 @@ func TestPeerWithForeignCertificateIsRefused(t *testing.T) {
 	must.NoError(t, err)
 	defer b.Close()
 	b.SetPeers([]string{a.Addr().String()})
-	p := b.peers[a.Addr().String()]
+	p := b.peers[peerKey{addr: a.Addr().String()}]
 	_, err = b.request(context.Background(), p, opGet, "blk", 1<<20)
 	must.Error(t, err)
 	b.RefreshFilters(context.Background())
@@ -180,7 +180,7 @@ func TestDeadPeerCostsOneTimeoutThenIsSkipped(t *testing.T) {
 	b.RefreshFilters(context.Background())
 	must.Eq(t, 1.0, gauge(b))
 	// Pretend the dead peer was healthy with a filter claiming everything.
-	dp := b.peers[dead.LocalAddr().String()]
+	dp := b.peers[peerKey{addr: dead.LocalAddr().String()}]
 	dp.mu.Lock()
 	dp.healthy = true
 	dp.filter, err = bloom.Unmarshal([]byte{1, 8, 0, 0, 0, 0xff}) // one hash, every bit set
@@ -281,11 +281,11 @@ func TestPeerCertificateMustNameTheNode(t *testing.T) {
 	b.SetPeers([]string{a.Addr().String(), impostor.Addr().String(), shared.Addr().String()})
 	ctx := context.Background()
 
-	v, err := b.request(ctx, b.peers[a.Addr().String()], opGet, "blk", 1<<20)
+	v, err := b.request(ctx, b.peers[peerKey{addr: a.Addr().String()}], opGet, "blk", 1<<20)
 	must.NoError(t, err)
 	must.Eq(t, "from 127.0.0.2", string(v))
 	for _, n := range []*Node{impostor, shared} {
-		_, err := b.request(ctx, b.peers[n.Addr().String()], opGet, "blk", 1<<20)
+		_, err := b.request(ctx, b.peers[peerKey{addr: n.Addr().String()}], opGet, "blk", 1<<20)
 		must.ErrorContains(t, err, "failed to verify certificate")
 	}
 }
