@@ -15,6 +15,7 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/bloom"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
@@ -167,10 +168,9 @@ func TestRemoteFetchTimesOutByItsOwnTimeout(t *testing.T) {
 	must.NoError(t, b.SetRemotePeers("dc2", []string{dead.LocalAddr().String()}))
 	dp := b.peers[peerKey{"dc2", dead.LocalAddr().String()}]
 	dp.mu.Lock()
-	dp.healthy, dp.filter = true, newBloom(1)
-	for i := range dp.filter.bits {
-		dp.filter.bits[i] = 0xff
-	}
+	dp.healthy = true
+	dp.filter, err = bloom.Unmarshal([]byte{1, 8, 0, 0, 0, 0xff}) // one hash, every bit set
+	must.NoError(t, err)
 	dp.mu.Unlock()
 	start := time.Now()
 	_, err = b.Fetch(context.Background(), "k")

@@ -174,7 +174,7 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 }
 
 func TestFederation(t *testing.T) {
-	c1, c2 := testutil.StartConsulWANPair(t)
+	c1, c2 := testutil.StartConsulWAN(t)
 	ca := tlsfilestest.NewCA(t, "federation")
 	dc1, dc2 := startDC(t, "dc1", c1, ca), startDC(t, "dc2", c2, ca)
 	// Each router finds the other through Consul and receives its summaries.
