@@ -297,6 +297,25 @@ job "oasis-router" {
         }
       }
 
+      # With federation the router reads other datacenters' Consul (?dc=), where its workload
+      # identity's token is unknown: it is local to this datacenter, and Consul runs the query
+      # there as the anonymous token (an empty answer, no error). So it uses a global token with
+      # the oasis-router policy from the item consul_token (jobs/README.md, "Federation"); the
+      # file wins over CONSUL_HTTP_TOKEN, and the router reads it once, so a new one restarts it.
+      env {
+        CONSUL_HTTP_TOKEN_FILE = var.federation_enabled ? "secrets/consul-token" : ""
+      }
+
+      dynamic "template" {
+        for_each = var.federation_enabled ? ["consul_token"] : []
+        content {
+          data        = "{{ with nomadVar \"${var.secrets_variable}\" }}{{ .consul_token }}{{ end }}"
+          destination = "secrets/consul-token"
+          perms       = "0600"
+          change_mode = "restart"
+        }
+      }
+
       # Drain in-flight streams on stop (the router waits up to -shutdown-timeout).
       kill_signal  = "SIGTERM"
       kill_timeout = "65s"
