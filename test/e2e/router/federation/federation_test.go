@@ -54,19 +54,17 @@ type dcOpts struct {
 	listen    string   // the federation listener; "": a free address
 	advertise string   // the address registered for peers; "": the listener's
 	hosts     []string // certificate addresses besides 127.0.0.1
-	// engineModel is the model of its engine; "": model.
-	engineModel string
+	noEngine  bool     // no local engine at all
 }
 
 func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA, o dcOpts) *dc {
 	t.Helper()
 	d := &dc{name: name, consul: agent, reg: prometheus.NewRegistry()}
-	if o.engineModel == "" {
-		o.engineModel = model
+	if !o.noEngine {
+		sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
+		d.sims = append(d.sims, sim)
+		registerEngine(t, agent.Client, name+"-engine", sim.Addr)
 	}
-	sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: o.engineModel, Args: []string{"--log-level", "warn"}})
-	d.sims = append(d.sims, sim)
-	registerEngine(t, agent.Client, name+"-engine", o.engineModel, sim.Addr)
 	if o.policy == "" {
 		o.policy = policyDoc
 	}
@@ -103,7 +101,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 // registerEngine registers a sim as an oasis-engine instance with an HTTP
 // check on its /health every second: a stopped engine leaves the pool.
-func registerEngine(t *testing.T, c *consulapi.Client, id, model, addr string) {
+func registerEngine(t *testing.T, c *consulapi.Client, id, addr string) {
 	t.Helper()
 	host, portS, _ := net.SplitHostPort(addr)
 	port, _ := strconv.Atoi(portS)

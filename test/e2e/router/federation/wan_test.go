@@ -26,7 +26,7 @@ type wanPair struct {
 	to1, to2 *relay
 }
 
-func startWANPair(t *testing.T, policy, dc1Model string) *wanPair {
+func startWANPair(t *testing.T, policy string, dc1NoEngine bool) *wanPair {
 	t.Helper()
 	p := &wanPair{link: newWANLink(t)}
 	c1, c2 := testutil.StartConsulWAN(t)
@@ -36,7 +36,7 @@ func startWANPair(t *testing.T, policy, dc1Model string) *wanPair {
 	// Peers dial the relays' address in the namespace: it is in both certificates.
 	hosts := []string{p.link.nsIP}
 	p.dc1 = startDCWith(t, "dc1", c1, ca, dcOpts{policy: policy, listen: l1, advertise: p.to1.Addr(), hosts: hosts,
-		engineModel: dc1Model})
+		noEngine: dc1NoEngine})
 	p.dc2 = startDCWith(t, "dc2", c2, ca, dcOpts{policy: policy, listen: l2, advertise: p.to2.Addr(), hosts: hosts})
 	for _, d := range []*dc{p.dc1, p.dc2} {
 		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
@@ -88,8 +88,7 @@ func (d *dc) timedChat(t *testing.T) (int, time.Duration) {
 	return resp.StatusCode, time.Since(t0)
 }
 
-// cutPolicy: dc1's requests all go to dc2 (dc1's engine serves another
-// model: a router with no model does not register for peers); a stream
+// cutPolicy: dc1's requests all go to dc2 (dc1 has no engine); a stream
 // silent for 2 s ends; a summary older than 3 s makes dc2 unusable; one
 // failure opens the breaker. The model is in the policy, so dc1 answers
 // 503, not 404, when dc2 is unusable.
@@ -102,7 +101,7 @@ const cutPolicy = `{"policy":"round_robin","timeouts":{"stream_idle":"2s"},"mode
 // stream: nothing hangs, dc1 stops choosing dc2, and forwarding resumes
 // when the link returns.
 func TestWANCut(t *testing.T) {
-	p := startWANPair(t, cutPolicy, "other-model")
+	p := startWANPair(t, cutPolicy, true)
 	fwd := func() float64 {
 		return p.dc1.metric(t, "oasis_router_federation_forwarded_total", map[string]string{"dc": "dc2"})
 	}
@@ -157,7 +156,7 @@ func TestWANCut(t *testing.T) {
 }
 
 // waitUnusable waits until dc1 holds dc2's summary stale, then checks a new
-// request is answered at once (503: dc1 has no engine for the model).
+// request is answered at once (503: dc1 has no engine).
 func (p *wanPair) waitUnusable(t *testing.T, cutAt time.Time) {
 	t.Helper()
 	// summary_stale (3 s), a push timeout (1 s) and slack.
@@ -199,7 +198,7 @@ const latencyPolicy = `{"policy":"weighted","weights":{"ttft":2,"prefix":1,"load
 // 250 ms added each way the round trip costs more than the saving and dc1
 // serves the same request itself.
 func TestWANLatencyFlipsDecision(t *testing.T) {
-	p := startWANPair(t, latencyPolicy, "")
+	p := startWANPair(t, latencyPolicy, false)
 	var sb strings.Builder
 	for i := range 5000 {
 		fmt.Fprintf(&sb, "w%d ", i)
