@@ -44,6 +44,7 @@ func newWANLink(t *testing.T) *wanLink {
 	if os.Geteuid() != 0 {
 		testutil.SkipUnlessCI(t, "network namespaces need root")
 	}
+	sweepWANLinks()
 	// Names and addresses unique per process, so concurrent runs do not meet.
 	pid, n := os.Getpid(), wanLinks.Add(1)
 	l := &wanLink{name: fmt.Sprintf("oasis-wan-%d-%d", pid, n),
@@ -73,6 +74,26 @@ func newWANLink(t *testing.T) *wanLink {
 	l.drop = prog
 	t.Cleanup(func() { _ = prog.Close() })
 	return l
+}
+
+// sweepWANLinks deletes the namespaces of test processes that died before
+// their cleanup ran (a test binary killed at its timeout runs none);
+// deleting a namespace deletes its veth pair.
+func sweepWANLinks() {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(line, " ")
+		var pid, n int
+		if _, err := fmt.Sscanf(name, "oasis-wan-%d-%d", &pid, &n); err != nil || pid == os.Getpid() {
+			continue
+		}
+		if unix.Kill(pid, 0) == unix.ESRCH {
+			_ = exec.Command("ip", "netns", "del", name).Run()
+		}
+	}
 }
 
 func ip(t *testing.T, args ...string) {
