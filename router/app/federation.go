@@ -116,20 +116,26 @@ func (a *App) registerFederation(check *consulapi.AgentServiceCheck) {
 	host, portS, _ := net.SplitHostPort(adv)
 	port, _ := strconv.Atoi(portS)
 	id := federation.Service + "-" + strings.NewReplacer(":", "-", ".", "-").Replace(adv)
-	var last string
+	// A router with no engine registers too, without models: peers push
+	// their summaries only to routers they find, and it needs them to
+	// forward its own requests (no local worker).
+	last, registered := "", false
 	for {
 		models := a.pool.Models()
 		slices.Sort(models)
 		models = models[:min(len(models), 64)]
 		meta := strings.Join(models, ",")
-		if meta != last && meta != "" && len(meta) <= 512 {
+		if (meta != last || !registered) && len(meta) <= 512 {
+			m := map[string]string{federation.MetaDC: a.fed.DC()}
+			if meta != "" {
+				m[federation.MetaModels] = meta
+			}
 			err := a.consul.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{ID: id, Name: federation.Service,
-				Address: host, Port: port, Tags: []string{"oasis"}, Check: check,
-				Meta: map[string]string{federation.MetaDC: a.fed.DC(), federation.MetaModels: meta}})
+				Address: host, Port: port, Tags: []string{"oasis"}, Check: check, Meta: m})
 			if err != nil {
 				a.log.Warn("registering the federation listener in Consul failed", "error", err)
 			} else {
-				last = meta
+				last, registered = meta, true
 			}
 		}
 		select {

@@ -15,7 +15,7 @@ import (
 
 // Service is the Consul service name routers register their federation
 // listener under, with meta MetaDC (the datacenter) and MetaModels (the
-// models it serves, comma-separated).
+// models it serves, comma-separated; absent while it serves none).
 const (
 	Service    = "oasis-router-federation"
 	MetaDC     = "oasis_dc"
@@ -24,8 +24,11 @@ const (
 
 // Peer is another datacenter's router.
 type Peer struct {
-	DC     string
-	Addr   string // host:port of its federation (HTTP/3) listener
+	DC   string
+	Addr string // host:port of its federation (HTTP/3) listener
+	// Models it serves: nil for any (a static peer that names none), empty
+	// for none (a router with no engine yet: it is sent summaries, so it
+	// can forward its own requests, but never forwarded to).
 	Models []string
 }
 
@@ -89,7 +92,10 @@ func peersFromEntries(dc string, entries []*consulapi.ServiceEntry, bad func(str
 			bad("dc")
 			continue
 		}
-		models, ok := parseModels(e.Service.Meta[MetaModels])
+		models, ok := []string{}, true
+		if v, set := e.Service.Meta[MetaModels]; set {
+			models, ok = parseModels(v)
+		}
 		if !ok {
 			bad("models")
 			continue

@@ -35,9 +35,10 @@ func TestPeersFromEntries(t *testing.T) {
 	}, func(reason string) { bad[reason]++ })
 	must.Eq(t, []Peer{
 		{DC: "dc2", Addr: "10.0.0.2:8443", Models: []string{"llama-3-8b", "qwen/qwen3-32b"}},
+		{DC: "dc2", Addr: "10.0.0.7:8443", Models: []string{}}, // no engine yet: serves none
 		{DC: "dc2", Addr: "10.0.0.9:8443", Models: []string{"llama-3-8b", "qwen/qwen3-32b"}},
 	}, got)
-	must.Eq(t, map[string]int{"address": 2, "dc": 1, "models": 3}, bad)
+	must.Eq(t, map[string]int{"address": 2, "dc": 1, "models": 2}, bad)
 }
 
 // TestFrozenDatacenterGoesStale: a remote Consul that never answers (frozen,
@@ -86,4 +87,23 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// TestBeginSkipsRoutersWithoutModels: a router registered with no models
+// (no engine yet) is pushed summaries, so it can forward its own requests,
+// but is never a forwarding target; a static peer naming no models serves
+// any.
+func TestBeginSkipsRoutersWithoutModels(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "federation")
+	f, err := New(Config{DC: "dc1", Identity: testIdentity(t, ca, "a"), Policy: enabled,
+		Local:       func() []ModelSummary { return nil },
+		StaticPeers: []Peer{{DC: "dc2", Addr: "10.0.0.1:1", Models: []string{}}, {DC: "dc3", Addr: "10.0.0.2:1"}}})
+	must.NoError(t, err)
+	defer f.Close()
+	must.Len(t, 2, f.allPeers())
+	_, err = f.Begin(Decision{DC: "dc2", Reason: ReasonNoLocalWorker}, "m")
+	must.ErrorIs(t, err, ErrNoPeer)
+	tg, err := f.Begin(Decision{DC: "dc3", Reason: ReasonNoLocalWorker}, "m")
+	must.NoError(t, err)
+	must.Eq(t, "10.0.0.2:1", tg.Addr)
 }

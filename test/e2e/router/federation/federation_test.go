@@ -45,19 +45,40 @@ type dc struct {
 
 func startDC(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA) *dc {
 	t.Helper()
-	d := &dc{name: name, consul: agent, reg: prometheus.NewRegistry()}
-	sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
-	d.sims = append(d.sims, sim)
-	registerEngine(t, agent.Client, name+"-engine", sim.Addr)
+	return startDCWith(t, name, agent, ca, dcOpts{})
+}
 
+// dcOpts varies a datacenter from startDC's.
+type dcOpts struct {
+	policy    string   // the policy document; "": policyDoc
+	listen    string   // the federation listener; "": a free address
+	advertise string   // the address registered for peers; "": the listener's
+	hosts     []string // certificate addresses besides 127.0.0.1
+	noEngine  bool     // no local engine at all
+}
+
+func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA, o dcOpts) *dc {
+	t.Helper()
+	d := &dc{name: name, consul: agent, reg: prometheus.NewRegistry()}
+	if !o.noEngine {
+		sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
+		d.sims = append(d.sims, sim)
+		registerEngine(t, agent.Client, name+"-engine", sim.Addr)
+	}
+	if o.policy == "" {
+		o.policy = policyDoc
+	}
+	if o.listen == "" {
+		o.listen = testutil.FreeAddr(t)
+	}
 	dir := t.TempDir()
-	caFile, cert, key := ca.WriteFiles(t, dir, name, "127.0.0.1")
+	caFile, cert, key := ca.WriteFiles(t, dir, name, append([]string{"127.0.0.1"}, o.hosts...)...)
 	pol := filepath.Join(dir, "policy.json")
-	must.NoError(t, os.WriteFile(pol, []byte(policyDoc), 0o600))
+	must.NoError(t, os.WriteFile(pol, []byte(o.policy), 0o600))
 	listen := testutil.FreeAddr(t)
 	d.url = "http://" + listen
 	cfg := app.Config{Listen: listen, Discovery: app.DiscoveryConsul, ConsulAddr: agent.HTTPAddr, PolicyFile: pol,
-		Register: true, FederationListen: testutil.FreeAddr(t), FederationDC: name,
+		Register: true, FederationListen: o.listen, FederationAdvertise: o.advertise, FederationDC: name,
 		FederationTLSCert: cert, FederationTLSKey: key, FederationTLSCA: caFile, ScrapeInterval: time.Second,
 		ShutdownTimeout: 5 * time.Second, Registry: d.reg,
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "router-" + name, Level: hclog.Warn, Output: testWriter{t}})}
@@ -118,7 +139,13 @@ func (d *dc) metric(t *testing.T, name string, want map[string]string) float64 {
 // chat sends a streaming chat request; maxTokens sets its length.
 func (d *dc) chat(t *testing.T, maxTokens int) (*http.Response, string) {
 	t.Helper()
-	body := `{"model":"` + model + `","messages":[{"role":"user","content":"hello federation"}],` +
+	return d.chatPrompt(t, "hello federation", maxTokens)
+}
+
+// chatPrompt is chat with prompt as the user's message.
+func (d *dc) chatPrompt(t *testing.T, prompt string, maxTokens int) (*http.Response, string) {
+	t.Helper()
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":` + strconv.Quote(prompt) + `}],` +
 		`"stream":true,"stream_options":{"include_usage":true},"max_tokens":` + strconv.Itoa(maxTokens) + `}`
 	resp, err := http.Post(d.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	must.NoError(t, err)
