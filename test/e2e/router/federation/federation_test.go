@@ -45,15 +45,31 @@ type dc struct {
 
 func startDC(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA) *dc {
 	t.Helper()
+	return startDCWith(t, name, agent, ca, dcOptions{policy: policyDoc, engines: 1})
+}
+
+// dcOptions vary a datacenter: its policy document, how many sims it has
+// and their extra flags.
+type dcOptions struct {
+	policy  string
+	engines int
+	simArgs []string
+}
+
+func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA, o dcOptions) *dc {
+	t.Helper()
 	d := &dc{name: name, consul: agent, reg: prometheus.NewRegistry()}
-	sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
-	d.sims = append(d.sims, sim)
-	registerEngine(t, agent.Client, name+"-engine", sim.Addr)
+	for i := range o.engines {
+		args := append([]string{"--log-level", "warn"}, o.simArgs...)
+		sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: args})
+		d.sims = append(d.sims, sim)
+		registerEngine(t, agent.Client, name+"-engine-"+strconv.Itoa(i), sim.Addr)
+	}
 
 	dir := t.TempDir()
 	caFile, cert, key := ca.WriteFiles(t, dir, name, "127.0.0.1")
 	pol := filepath.Join(dir, "policy.json")
-	must.NoError(t, os.WriteFile(pol, []byte(policyDoc), 0o600))
+	must.NoError(t, os.WriteFile(pol, []byte(o.policy), 0o600))
 	listen := testutil.FreeAddr(t)
 	d.url = "http://" + listen
 	cfg := app.Config{Listen: listen, Discovery: app.DiscoveryConsul, ConsulAddr: agent.HTTPAddr, PolicyFile: pol,
@@ -118,9 +134,20 @@ func (d *dc) metric(t *testing.T, name string, want map[string]string) float64 {
 // chat sends a streaming chat request; maxTokens sets its length.
 func (d *dc) chat(t *testing.T, maxTokens int) (*http.Response, string) {
 	t.Helper()
-	body := `{"model":"` + model + `","messages":[{"role":"user","content":"hello federation"}],` +
+	return d.chatPrompt(t, "hello federation", maxTokens)
+}
+
+// chatBody is a streaming chat request's body.
+func chatBody(prompt string, maxTokens int) string {
+	content, _ := json.Marshal(prompt)
+	return `{"model":"` + model + `","messages":[{"role":"user","content":` + string(content) + `}],` +
 		`"stream":true,"stream_options":{"include_usage":true},"max_tokens":` + strconv.Itoa(maxTokens) + `}`
-	resp, err := http.Post(d.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+}
+
+// chatPrompt sends a streaming chat request with prompt as the user's message.
+func (d *dc) chatPrompt(t *testing.T, prompt string, maxTokens int) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Post(d.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(prompt, maxTokens)))
 	must.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
