@@ -116,20 +116,23 @@ func (a *App) registerFederation(check *consulapi.AgentServiceCheck) {
 	host, portS, _ := net.SplitHostPort(adv)
 	port, _ := strconv.Atoi(portS)
 	id := federation.Service + "-" + strings.NewReplacer(":", "-", ".", "-").Replace(adv)
-	var last string
+	// Registered with no model too: a router whose datacenter has no engine
+	// (yet, or any more) must still be found by its peers, or it never
+	// receives their summaries and cannot forward a request anywhere.
+	last, registered := "", false
 	for {
 		models := a.pool.Models()
 		slices.Sort(models)
 		models = models[:min(len(models), 64)]
 		meta := strings.Join(models, ",")
-		if meta != last && meta != "" && len(meta) <= 512 {
+		if (meta != last || !registered) && len(meta) <= 512 {
 			err := a.consul.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{ID: id, Name: federation.Service,
 				Address: host, Port: port, Tags: []string{"oasis"}, Check: check,
 				Meta: map[string]string{federation.MetaDC: a.fed.DC(), federation.MetaModels: meta}})
 			if err != nil {
 				a.log.Warn("registering the federation listener in Consul failed", "error", err)
 			} else {
-				last = meta
+				last, registered = meta, true
 			}
 		}
 		select {

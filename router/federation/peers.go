@@ -24,8 +24,9 @@ const (
 
 // Peer is another datacenter's router.
 type Peer struct {
-	DC     string
-	Addr   string // host:port of its federation (HTTP/3) listener
+	DC   string
+	Addr string // host:port of its federation (HTTP/3) listener
+	// Models it serves; nil (a static peer's default) means any.
 	Models []string
 }
 
@@ -89,7 +90,7 @@ func peersFromEntries(dc string, entries []*consulapi.ServiceEntry, bad func(str
 			bad("dc")
 			continue
 		}
-		models, ok := parseModels(e.Service.Meta[MetaModels])
+		models, ok := parseModels(e.Service.Meta)
 		if !ok {
 			bad("models")
 			continue
@@ -103,11 +104,17 @@ func peersFromEntries(dc string, entries []*consulapi.ServiceEntry, bad func(str
 // maxMetaModels bounds the models one peer may announce.
 const maxMetaModels = 64
 
-// parseModels validates a comma-separated model list (Consul caps a meta
-// value at 512 bytes).
-func parseModels(v string) ([]string, bool) {
-	if v == "" || len(v) > 512 {
+// parseModels validates meta's comma-separated model list (Consul caps a
+// meta value at 512 bytes). An empty list is a router with no local model
+// yet: it is listed (it must receive summaries to forward anything) with
+// Models empty but not nil, so that nothing is forwarded to it.
+func parseModels(meta map[string]string) ([]string, bool) {
+	v, ok := meta[MetaModels]
+	switch {
+	case !ok || len(v) > 512:
 		return nil, false
+	case v == "":
+		return []string{}, true
 	}
 	ms := strings.Split(v, ",")
 	if len(ms) > maxMetaModels {

@@ -31,13 +31,29 @@ func TestPeersFromEntries(t *testing.T) {
 		entry("10.0.0.5", 8443, map[string]string{MetaDC: "dc2", MetaModels: "bad model"}),
 		entry("10.0.0.6", 8443, map[string]string{MetaDC: "dc2", MetaModels: strings.Repeat("m,", 64) + "m"}),
 		entry("10.0.0.7", 8443, map[string]string{MetaDC: "dc2"}),
+		entry("10.0.0.8", 8443, map[string]string{MetaDC: "dc2", MetaModels: ""}), // no engine yet
 		{Service: nil},
 	}, func(reason string) { bad[reason]++ })
 	must.Eq(t, []Peer{
 		{DC: "dc2", Addr: "10.0.0.2:8443", Models: []string{"llama-3-8b", "qwen/qwen3-32b"}},
+		{DC: "dc2", Addr: "10.0.0.8:8443", Models: []string{}},
 		{DC: "dc2", Addr: "10.0.0.9:8443", Models: []string{"llama-3-8b", "qwen/qwen3-32b"}},
 	}, got)
 	must.Eq(t, map[string]int{"address": 2, "dc": 1, "models": 3}, bad)
+}
+
+// A router that announces no model is a peer to push summaries to, never a
+// target for a request; a static peer without models takes any.
+func TestBeginSkipsPeersWithoutTheModel(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "federation")
+	f := startFed(t, Config{DC: "dc1", Identity: testIdentity(t, ca, "a"),
+		StaticPeers: []Peer{{DC: "dc2", Addr: "127.0.0.1:1", Models: []string{}}, {DC: "dc3", Addr: "127.0.0.1:2"}}})
+	must.Len(t, 2, f.allPeers())
+	_, err := f.Begin(Decision{DC: "dc2", Reason: ReasonNoLocalWorker}, "m")
+	must.ErrorIs(t, err, ErrNoPeer)
+	tg, err := f.Begin(Decision{DC: "dc3", Reason: ReasonNoLocalWorker}, "m")
+	must.NoError(t, err)
+	must.Eq(t, "127.0.0.1:2", tg.Addr)
 }
 
 // TestFrozenDatacenterGoesStale: a remote Consul that never answers (frozen,

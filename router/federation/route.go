@@ -80,7 +80,7 @@ var ErrNoPeer = errors.New("federation: no usable router in that datacenter")
 func (f *Federation) Begin(d Decision, model string) (Target, error) {
 	var cands []Peer
 	for _, p := range f.allPeers() {
-		if p.DC == d.DC && (len(p.Models) == 0 || slices.Contains(p.Models, model)) {
+		if p.DC == d.DC && (p.Models == nil || slices.Contains(p.Models, model)) {
 			cands = append(cands, p)
 		}
 	}
