@@ -31,16 +31,20 @@ func TestFederationFailoverTime(t *testing.T) {
 	c1, c2 := testutil.StartConsulWAN(t)
 	ca := tlsfilestest.NewCA(t, "federation")
 	o := dcOptions{policy: failoverPolicy, engines: 1}
-	dc1, _ := startDCWith(t, "dc1", c1, ca, o), startDCWith(t, "dc2", c2, ca, o)
-	waitUntil(t, 30*time.Second, "dc1 to receive dc2's summary", func() bool {
-		return dc1.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
-	})
+	dc1, dc2 := startDCWith(t, "dc1", c1, ca, o), startDCWith(t, "dc2", c2, ca, o)
+	// dc2 receiving dc1's summaries is what shows that dc1 has found dc2's
+	// router (a router pushes to the peers it knows).
+	for _, d := range []*dc{dc1, dc2} {
+		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
+			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
+		})
+	}
 	viaDC2 := func() float64 {
 		return dc1.metric(t, "oasis_router_federation_forwarded_total", map[string]string{"dc": "dc2"})
 	}
 	must.Eq(t, 0.0, viaDC2())
 
-	killed, failed, served := time.Time{}, 0, 0
+	killed, failed, served, errs := time.Time{}, 0, 0, map[string]int{}
 	client := &http.Client{Timeout: 5 * time.Second}
 	for deadline := time.Now().Add(failoverBound + 20*time.Second); time.Now().Before(deadline); {
 		if served == 20 && killed.IsZero() {
@@ -49,17 +53,18 @@ func TestFederationFailoverTime(t *testing.T) {
 			killed = time.Now()
 		}
 		before := viaDC2()
-		ok := streamOnce(client, dc1.url)
+		why := streamOnce(client, dc1.url)
 		switch {
-		case !ok:
+		case why != "":
 			failed++
+			errs[why]++
 			time.Sleep(10 * time.Millisecond) // a client's pause before it retries
 		case killed.IsZero() || viaDC2() == before:
 			served++
 		default:
 			took := time.Since(killed)
-			t.Logf("first answer via dc2 %v after the kill (%d requests failed meanwhile, %d served before)",
-				took.Round(10*time.Millisecond), failed, served)
+			t.Logf("first answer via dc2 %v after the kill (%d requests failed meanwhile, %d served before): %v",
+				took.Round(10*time.Millisecond), failed, served, errs)
 			must.Less(t, failoverBound, took)
 			return
 		}
@@ -67,14 +72,20 @@ func TestFederationFailoverTime(t *testing.T) {
 	t.Fatalf("no answer via dc2 within %v of the kill (%d failed)", failoverBound, failed)
 }
 
-// streamOnce sends one short streaming request and reports whether a
-// whole stream came back.
-func streamOnce(c *http.Client, url string) bool {
+// streamOnce sends one short streaming request and returns "" when a
+// whole stream came back, else what failed.
+func streamOnce(c *http.Client, url string) string {
 	resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("failover", 4)))
 	if err != nil {
-		return false
+		return err.Error()
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return err == nil && resp.StatusCode == http.StatusOK && strings.HasSuffix(strings.TrimSpace(string(b)), "data: [DONE]")
+	switch {
+	case err != nil:
+		return err.Error()
+	case resp.StatusCode != http.StatusOK || !strings.HasSuffix(strings.TrimSpace(string(b)), "data: [DONE]"):
+		return resp.Status + ": " + strings.TrimSpace(string(b))
+	}
+	return ""
 }
