@@ -14,12 +14,14 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// The gateway asks the federation (Config.Federation) at three points of a
+// The gateway asks the federation (Config.Federation) at four points of a
 // request, each with what it knows by then: with no local candidate (before
 // admission), when local admission is saturated or its wait over budget
-// (before admission, so a request that leaves takes no local slot), and
-// after the local worker is chosen, with the prompt's cached prefix there
-// (its admission slot is then given back before the request leaves). A
+// (before admission, so a request that leaves takes no local slot), after
+// the local worker is chosen, with the prompt's cached prefix there (its
+// admission slot is then given back before the request leaves), and when
+// every local attempt failed before its first byte (as with no local
+// candidate). A
 // request that failed before its first byte in the other datacenter falls
 // back to local workers, or is answered as any request without one.
 
@@ -75,6 +77,23 @@ func (g *Gateway) federateChosen(ctx context.Context, w http.ResponseWriter, r *
 	}
 	fed.Observe(x.req.Model, keys)
 	return false
+}
+
+// federateFailed asks once every local attempt failed before its first
+// byte: the request is then as one without a local worker, and need not
+// wait for discovery to drop the dead ones (a health check's interval).
+// True when it was answered elsewhere.
+func (g *Gateway) federateFailed(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
+	x *exchange) bool {
+	if !g.federating(ctx) {
+		return false
+	}
+	d := g.cfg.Federation.Route(federation.Request{Model: x.req.Model, Local: federation.Local{Healthy: false}})
+	if d.DC == "" {
+		return false
+	}
+	x.release() // the local slot is not needed there
+	return g.forwardRemote(ctx, w, r, rec, x, d)
 }
 
 // forwardRemote sends the request to a router in the datacenter d names.

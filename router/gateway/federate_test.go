@@ -164,6 +164,23 @@ func TestFederationNoLocalWorkerStreamsFromOtherDC(t *testing.T) {
 	must.Eq(t, 1, forwardedCount(t, dc1))
 }
 
+// dc1's only worker is dead but still listed (discovery has not dropped
+// it yet): the request fails there before its first byte and is served by
+// dc2 instead of answered 502.
+func TestFederationLocalFailureGoesToOtherDC(t *testing.T) {
+	var remote atomic.Int64
+	e2 := goodEngine(t, &remote)
+	dc1, dc2 := fedPair(t, map[string]string{"x": "m@" + deadAddr(t)}, map[string]string{"b": "m@" + addr(e2)})
+	resp := dc1.h.post("/v1/chat/completions", streamBody)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(string(body)))
+	must.StrContains(t, string(body), "data: [DONE]")
+	must.Eq(t, 1, remote.Load())
+	must.Eq(t, 1, forwardedCount(t, dc1))
+	must.Eq(t, 0, forwardedCount(t, dc2))
+}
+
 // dcStream reads the engine's answer directly, the reference stream.
 func dcStream(t *testing.T, engine string) string {
 	t.Helper()

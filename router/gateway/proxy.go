@@ -112,9 +112,10 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return slices.ContainsFunc(tried, func(t *scoring.Worker) bool { return t.ID == w.ID })
 		})
 		if len(cands) == 0 {
-			if last == nil {
+			switch {
+			case last == nil:
 				g.noWorker(w, rec, x.req.Model)
-			} else {
+			case !g.federateFailed(ctx, w, r, rec, x):
 				upstreamFailed(w, rec, last, "; no other worker is available")
 			}
 			return
@@ -150,7 +151,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			g.m.Retries.WithLabelValues(x.req.Model).Inc()
 			g.log.Warn("engine failed before the first token; retrying on another worker",
 				"model", x.req.Model, "worker", wk.ID, "request_id", x.reqID, "error", err)
-		default:
+		case !g.federateFailed(ctx, w, r, rec, x):
 			upstreamFailed(w, rec, last, "")
 		}
 	}

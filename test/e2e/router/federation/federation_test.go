@@ -45,25 +45,27 @@ type dc struct {
 
 func startDC(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA) *dc {
 	t.Helper()
-	return startDCWith(t, name, agent, ca, dcOpts{})
+	return startDCWith(t, name, agent, ca, dcOpts{engines: 1})
 }
 
 // dcOpts varies a datacenter from startDC's.
 type dcOpts struct {
 	policy    string   // the policy document; "": policyDoc
+	engines   int      // local oasis-sim engines (startDC: 1)
+	simArgs   []string // the sims' extra flags
 	listen    string   // the federation listener; "": a free address
 	advertise string   // the address registered for peers; "": the listener's
 	hosts     []string // certificate addresses besides 127.0.0.1
-	noEngine  bool     // no local engine at all
 }
 
 func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA, o dcOpts) *dc {
 	t.Helper()
 	d := &dc{name: name, consul: agent, reg: prometheus.NewRegistry()}
-	if !o.noEngine {
-		sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
+	for i := range o.engines {
+		args := append([]string{"--log-level", "warn"}, o.simArgs...)
+		sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: args})
 		d.sims = append(d.sims, sim)
-		registerEngine(t, agent.Client, name+"-engine", sim.Addr)
+		registerEngine(t, agent.Client, name+"-engine-"+strconv.Itoa(i), sim.Addr)
 	}
 	if o.policy == "" {
 		o.policy = policyDoc
@@ -142,12 +144,17 @@ func (d *dc) chat(t *testing.T, maxTokens int) (*http.Response, string) {
 	return d.chatPrompt(t, "hello federation", maxTokens)
 }
 
-// chatPrompt is chat with prompt as the user's message.
+// chatBody is a streaming chat request's body.
+func chatBody(prompt string, maxTokens int) string {
+	content, _ := json.Marshal(prompt)
+	return `{"model":"` + model + `","messages":[{"role":"user","content":` + string(content) + `}],` +
+		`"stream":true,"stream_options":{"include_usage":true},"max_tokens":` + strconv.Itoa(maxTokens) + `}`
+}
+
+// chatPrompt sends a streaming chat request with prompt as the user's message.
 func (d *dc) chatPrompt(t *testing.T, prompt string, maxTokens int) (*http.Response, string) {
 	t.Helper()
-	body := `{"model":"` + model + `","messages":[{"role":"user","content":` + strconv.Quote(prompt) + `}],` +
-		`"stream":true,"stream_options":{"include_usage":true},"max_tokens":` + strconv.Itoa(maxTokens) + `}`
-	resp, err := http.Post(d.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, err := http.Post(d.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(prompt, maxTokens)))
 	must.NoError(t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

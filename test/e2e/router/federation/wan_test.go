@@ -35,9 +35,12 @@ func startWANPair(t *testing.T, policy string, dc1NoEngine bool) *wanPair {
 	p.to1, p.to2 = startRelay(t, p.link.listenUDP(t), l1), startRelay(t, p.link.listenUDP(t), l2)
 	// Peers dial the relays' address in the namespace: it is in both certificates.
 	hosts := []string{p.link.nsIP}
-	p.dc1 = startDCWith(t, "dc1", c1, ca, dcOpts{policy: policy, listen: l1, advertise: p.to1.Addr(), hosts: hosts,
-		noEngine: dc1NoEngine})
-	p.dc2 = startDCWith(t, "dc2", c2, ca, dcOpts{policy: policy, listen: l2, advertise: p.to2.Addr(), hosts: hosts})
+	dc1Engines := 1
+	if dc1NoEngine {
+		dc1Engines = 0
+	}
+	p.dc1 = startDCWith(t, "dc1", c1, ca, dcOpts{policy: policy, engines: dc1Engines, listen: l1, advertise: p.to1.Addr(), hosts: hosts})
+	p.dc2 = startDCWith(t, "dc2", c2, ca, dcOpts{policy: policy, engines: 1, listen: l2, advertise: p.to2.Addr(), hosts: hosts})
 	for _, d := range []*dc{p.dc1, p.dc2} {
 		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
 			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
@@ -206,7 +209,7 @@ func TestWANLatencyFlipsDecision(t *testing.T) {
 	prompt := sb.String()
 	resp, body := p.dc2.chatPrompt(t, prompt, 4)
 	must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(body))
-	t.Logf("dc2 served the prompt: %s", usageOf(body))
+	t.Logf("dc2 served the prompt: %d prompt tokens, %d cached", usageOf(body, "prompt_tokens"), usageOf(body, "cached_tokens"))
 	fwd := func() float64 {
 		return p.dc1.metric(t, "oasis_router_federation_forwarded_total", map[string]string{"dc": "dc2", "reason": "prefix"})
 	}
@@ -232,7 +235,7 @@ func TestWANLatencyFlipsDecision(t *testing.T) {
 	resp, body = p.dc1.chatPrompt(t, prompt, 4)
 	must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(body))
 	must.Eq(t, 1.0, fwd(), must.Sprint("served locally"))
-	t.Logf("dc1 served it: %s", usageOf(body))
+	t.Logf("dc1 served it: %d prompt tokens, %d cached", usageOf(body, "prompt_tokens"), usageOf(body, "cached_tokens"))
 }
 
 // rttWindow waits for n more RTT samples of dc1's pushes to dc2 and
@@ -269,12 +272,3 @@ func (d *dc) histogram(t *testing.T, name, dcLabel string) (uint64, float64) {
 	return 0, 0
 }
 
-// usageOf returns the usage object of a stream's body, for the log.
-func usageOf(body string) string {
-	i := strings.Index(body, `"usage":{`)
-	if i < 0 {
-		return "no usage"
-	}
-	j := strings.Index(body[i:], "}")
-	return body[i : i+j+1]
-}
