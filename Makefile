@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-router-proxy-bound soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -72,6 +72,12 @@ CPU_GIB  ?= 256
 DISK_GIB ?= 2048
 bench-routing:
 	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 -out bench/out
+
+## bench-federation: cluster simulator, two datacenters on the trace: local-only vs best-prefix vs Oasis federation
+## (FED_FLAGS: extra bench-federation flags, e.g. -limit, -rtt, -skew, -shift, -max-spill); writes bench/out/federation.json
+FED_FLAGS ?=
+bench-federation:
+	$(GO) run ./bench/cluster/cmd/bench-federation -trace $(TRACE) -dcs 2 -workers 4 -rtt 30ms -skew 0.8 -out bench/out $(FED_FLAGS)
 
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps
