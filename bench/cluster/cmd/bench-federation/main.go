@@ -71,7 +71,7 @@ func run() error {
 		scales   = flag.String("scales", "0.25,0.5,1,1.5,2,3", "rate scales to sweep (arrival time / scale)")
 		bisect   = flag.Int("bisect", 3, "bisection steps refining each policy's highest rate scale meeting the SLO")
 		policies = flag.String("policies", strings.Join(cluster.FedPolicies, ","), "federation policies to compare")
-		perWk    = flag.Int("max-inflight-per-worker", 16, "each datacenter's admission cap (max_in_flight) per worker; 0: uncapped")
+		perWk    = flag.Int("max-inflight-per-worker", 4, "each datacenter's admission cap (max_in_flight) per worker; 0: uncapped")
 		maxSpill = flag.Float64("max-spill", 0, "federation max_spill_fraction (0: the policy default)")
 		resume   = flag.Float64("resume-spill", 0, "federation resume_spill_fraction (0: the policy default, or max-spill - 0.1)")
 		budget   = flag.Duration("queue-wait-budget", 0, "federation queue_wait_budget (0: the policy default)")
