@@ -115,6 +115,9 @@ func RunFederated(cfg FedConfig, reqs []*Request) (FedResult, error) {
 	if cfg.DCs < 2 {
 		return FedResult{}, fmt.Errorf("federation needs 2 or more datacenters, not %d", cfg.DCs)
 	}
+	if cfg.Skew < 0 || cfg.Skew > 1 {
+		return FedResult{}, fmt.Errorf("skew %g outside [0, 1]", cfg.Skew)
+	}
 	if !slices.Contains(FedPolicies, cfg.Federation) {
 		return FedResult{}, fmt.Errorf("unknown federation policy %q", cfg.Federation)
 	}

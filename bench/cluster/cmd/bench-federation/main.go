@@ -91,16 +91,7 @@ func run() error {
 	if err := cluster.Keys(reqs, "mooncake", 16); err != nil {
 		return err
 	}
-	set := policy.DefaultFederation()
-	if *maxSpill > 0 {
-		set.MaxSpillFraction, set.ResumeSpillFraction = *maxSpill, max(*maxSpill-0.1, 0)
-	}
-	if *resume > 0 {
-		set.ResumeSpillFraction = *resume
-	}
-	if *budget > 0 {
-		set.QueueWaitBudget = *budget
-	}
+	set := settings(*maxSpill, *resume, *budget)
 	gpus := cluster.Heterogeneous(*workers)
 	for i := range gpus {
 		gpus[i].CPUBlocks = cluster.BlocksForGiB(*cpuGiB, 16)
@@ -108,15 +99,10 @@ func run() error {
 	}
 	base := cluster.FedConfig{Config: cluster.Config{GPUs: gpus, Policy: cluster.PolicyOasis, Seed: 1},
 		DCs: *dcs, RTT: *rtt, Skew: *skew, ShiftPeriod: *shift, Settings: set, MaxInFlight: *perWk * *workers}
-	var rates []float64
-	for _, s := range strings.Split(*scales, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil || v <= 0 {
-			return fmt.Errorf("-scales: bad value %q", s)
-		}
-		rates = append(rates, v)
+	rates, err := parseScales(*scales)
+	if err != nil {
+		return err
 	}
-	slices.Sort(rates)
 	pols := strings.Split(*policies, ",")
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1\n", len(reqs), cluster.Span(reqs))
 
@@ -155,6 +141,36 @@ func run() error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(*outDir, "federation.json"), append(js, '\n'), 0o644)
+}
+
+// settings is the federation section: the policy defaults with the flags'
+// overrides (0: default; a spill cap alone resumes 0.1 below it).
+func settings(maxSpill, resume float64, budget time.Duration) policy.FederationSettings {
+	set := policy.DefaultFederation()
+	if maxSpill > 0 {
+		set.MaxSpillFraction, set.ResumeSpillFraction = maxSpill, max(maxSpill-0.1, 0)
+	}
+	if resume > 0 {
+		set.ResumeSpillFraction = resume
+	}
+	if budget > 0 {
+		set.QueueWaitBudget = budget
+	}
+	return set
+}
+
+// parseScales parses -scales, ascending.
+func parseScales(list string) ([]float64, error) {
+	var rates []float64
+	for _, s := range strings.Split(list, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("-scales: bad value %q", s)
+		}
+		rates = append(rates, v)
+	}
+	slices.Sort(rates)
+	return rates, nil
 }
 
 func runAll(cfgs []cluster.FedConfig, reqs []*cluster.Request, parallel int) ([]cluster.FedResult, error) {
