@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-router bench-router-proxy-bound soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -72,6 +72,13 @@ CPU_GIB  ?= 256
 DISK_GIB ?= 2048
 bench-routing:
 	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 -out bench/out
+
+## bench-federation: cluster simulator, two datacenters on the trace: local-only vs best-prefix vs Oasis federation
+## (spill cap 0.5 and a 500 ms wait budget: the shipped 0.2 caps federation at 1.25x; FED_FLAGS: more flags, e.g. -limit, -shift)
+FED_FLAGS ?=
+bench-federation:
+	$(GO) run ./bench/cluster/cmd/bench-federation -trace $(TRACE) -dcs 2 -workers 4 -rtt 30ms -skew 0.8 \
+		-max-spill 0.5 -queue-wait-budget 500ms -scales 0.25,0.5,0.75,1,1.5,2 -bisect 3 -out bench/out $(FED_FLAGS)
 
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps

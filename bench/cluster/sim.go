@@ -245,11 +245,15 @@ func (s *source) Match(keys []uint64, w prefixindex.TierWeights, out []prefixind
 
 type flight struct {
 	idx     int
-	arrival int64
-	prompt  int
-	output  int
-	end     func()
-	prefill *scoring.Prefill
+	arrival int64 // when the router sent it to the worker
+	// origin is when the client sent it and extra the time its first token
+	// takes back to the client beyond this router (a forwarded request's
+	// return trip): TTFT is first token + extra − origin.
+	origin, extra int64
+	prompt        int
+	output        int
+	end           func()
+	prefill       *scoring.Prefill
 }
 
 type worker struct {
@@ -306,16 +310,57 @@ const (
 	evStepDone
 	evDeliver
 	evScrape
+	// Federation (fed.go): a request forwarded from another datacenter, and
+	// a datacenter's summary being built and arriving.
+	evForward
+	evSummary
+	evSummaryArrive
 )
 
 type event struct {
 	t    int64 // ns
 	n    uint64
 	kind uint8
+	dc   int8 // the datacenter whose simulation handles it
 	w    int32
 	idx  int32
 	msg  *kvevents.Message
+	sum  *summaryMsg
 }
+
+// periodic reports whether e recurs for as long as anything else is left to
+// simulate (it must not keep the simulation alive by itself).
+func (e event) periodic() bool {
+	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive
+}
+
+// queue is the event queue and virtual clock shared by the datacenters of
+// one simulation.
+type queue struct {
+	h        eventHeap
+	n        uint64
+	periodic int // periodic events in h
+}
+
+func (q *queue) push(e event) {
+	q.n++
+	e.n = q.n
+	if e.periodic() {
+		q.periodic++
+	}
+	heap.Push(&q.h, e)
+}
+
+func (q *queue) pop() event {
+	e := heap.Pop(&q.h).(event)
+	if e.periodic() {
+		q.periodic--
+	}
+	return e
+}
+
+// more reports whether anything but periodic events is left.
+func (q *queue) more() bool { return q.h.Len() > q.periodic }
 
 type eventHeap []event
 
@@ -344,10 +389,13 @@ type sim struct {
 	scfg    scoring.Config
 	src     *source
 	rng     *rand.Rand
-	q       eventHeap
-	n       uint64
-	prefix  bool     // the policy reads the prefix index
-	zeros   []uint32 // prompt "token ids" for the scoring: only the length is read
+	q       *queue
+	dc      int8 // this simulation's datacenter in a federation
+	prefix  bool // the policy reads the prefix index
+	// onFinish, when set, is told of every completed request (the
+	// federation's admission slots).
+	onFinish func(f *flight, now int64)
+	zeros    []uint32 // prompt "token ids" for the scoring: only the length is read
 
 	ttfts                     []float64
 	cached, promptTok, outTok int64
@@ -358,14 +406,41 @@ type sim struct {
 }
 
 func (s *sim) push(e event) {
-	s.n++
-	e.n = s.n
-	heap.Push(&s.q, e)
+	e.dc = s.dc
+	s.q.push(e)
 }
 
 // Run simulates reqs (with keys from Keys) under cfg.
 func Run(cfg Config, reqs []*Request) (Result, error) {
 	start := time.Now()
+	s, err := newSim(cfg, reqs, &queue{})
+	if err != nil {
+		return Result{}, err
+	}
+	for i, r := range reqs {
+		s.push(event{t: s.arrivalTime(r), kind: evArrival, idx: int32(i)})
+	}
+	s.startScrapes()
+	for s.q.h.Len() > 0 {
+		if e := s.q.pop(); e.kind == evArrival {
+			if err := s.arrive(int(e.idx), e.t); err != nil {
+				return Result{}, err
+			}
+		} else if err := s.handle(e); err != nil {
+			return Result{}, err
+		}
+	}
+	return s.result(time.Since(start)), nil
+}
+
+// arrivalTime is when r arrives under the configured rate scale, ns.
+func (s *sim) arrivalTime(r *Request) int64 {
+	return int64(float64(r.Arrival) / s.cfg.RateScale * 1e6)
+}
+
+// newSim builds one datacenter's simulation on q; the caller schedules the
+// arrivals, then startScrapes.
+func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = 16
 	}
@@ -382,9 +457,9 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 		cfg.Model = "mooncake"
 	}
 	if len(cfg.GPUs) == 0 {
-		return Result{}, fmt.Errorf("no workers")
+		return nil, fmt.Errorf("no workers")
 	}
-	s := &sim{cfg: cfg, reqs: reqs, rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
+	s := &sim{cfg: cfg, reqs: reqs, q: q, rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	evIdx := prefixindex.New(prefixindex.Config{})
 	apIdx := prefixindex.New(prefixindex.Config{TTL: int64(cfg.ApproxTTL)})
 	s.src = &source{events: evIdx, approx: apIdx}
@@ -412,15 +487,15 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 		}
 		s.scfg = scoring.Config{Policy: scoring.Weighted, Weights: w}
 	default:
-		return Result{}, fmt.Errorf("unknown policy %q", cfg.Policy)
+		return nil, fmt.Errorf("unknown policy %q", cfg.Policy)
 	}
 	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, scoring.NewTTFTTerm(term))...)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if cfg.Policy != PolicyRandom {
 		if err := reg.Validate(s.scfg); err != nil {
-			return Result{}, fmt.Errorf("policy: %w", err)
+			return nil, fmt.Errorf("policy: %w", err)
 		}
 	}
 	s.sel = scoring.NewSelector(reg)
@@ -428,7 +503,7 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	for i, g := range cfg.GPUs {
 		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, DiskBlocks: g.DiskBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
 		if err != nil {
-			return Result{}, err
+			return nil, err
 		}
 		id := fmt.Sprintf("w%03d", i)
 		w := &worker{idx: int32(i), id: id, eng: eng, gpu: g, flights: map[string]*flight{}, lastDelivered: -1}
@@ -449,42 +524,40 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	s.zeros = make([]uint32, longest)
 	for i, r := range reqs {
 		if r.keys == nil && s.prefix {
-			return Result{}, fmt.Errorf("request %d has no keys: call Keys first", i)
-		}
-		s.push(event{t: int64(float64(r.Arrival) / cfg.RateScale * 1e6), kind: evArrival, idx: int32(i)})
-	}
-	s.push(event{t: int64(ScrapeInterval), kind: evScrape})
-	for s.q.Len() > 0 {
-		e := heap.Pop(&s.q).(event)
-		switch e.kind {
-		case evArrival:
-			if err := s.arrive(int(e.idx), e.t); err != nil {
-				return Result{}, err
-			}
-		case evStepDone:
-			s.stepDone(s.workers[e.w], e.t)
-		case evScrape:
-			s.scrape()
-			if s.q.Len() > 0 { // more to simulate: keep scraping
-				s.push(event{t: e.t + int64(ScrapeInterval), kind: evScrape})
-			}
-		case evDeliver:
-			w := s.workers[e.w]
-			m := *e.msg
-			if m.Seq > w.lastDelivered+1 {
-				m.Missed = m.Seq - w.lastDelivered - 1
-			}
-			w.lastDelivered = m.Seq
-			var fetch cachestate.ReplayFunc
-			if cfg.EventReplay {
-				fetch = w.replay
-			}
-			if err := w.ew.ApplyOrReplay(m, e.t, fetch); err != nil {
-				return Result{}, err
-			}
+			return nil, fmt.Errorf("request %d has no keys: call Keys first", i)
 		}
 	}
-	return s.result(time.Since(start)), nil
+	return s, nil
+}
+
+// startScrapes schedules the first scrape, after the arrivals (so an arrival
+// at the same instant comes first).
+func (s *sim) startScrapes() { s.push(event{t: int64(ScrapeInterval), kind: evScrape}) }
+
+// handle runs one event of this simulation other than an arrival.
+func (s *sim) handle(e event) error {
+	switch e.kind {
+	case evStepDone:
+		s.stepDone(s.workers[e.w], e.t)
+	case evScrape:
+		s.scrape()
+		if s.q.more() { // more to simulate: keep scraping
+			s.push(event{t: e.t + int64(ScrapeInterval), kind: evScrape})
+		}
+	case evDeliver:
+		w := s.workers[e.w]
+		m := *e.msg
+		if m.Seq > w.lastDelivered+1 {
+			m.Missed = m.Seq - w.lastDelivered - 1
+		}
+		w.lastDelivered = m.Seq
+		var fetch cachestate.ReplayFunc
+		if s.cfg.EventReplay {
+			fetch = w.replay
+		}
+		return w.ew.ApplyOrReplay(m, e.t, fetch)
+	}
+	return nil
 }
 
 // replay serves the worker's buffered batches with seq ≥ from.
@@ -498,8 +571,17 @@ func (w *worker) replay(from int64) ([]kvevents.Message, error) {
 }
 
 func (s *sim) arrive(idx int, now int64) error {
-	r := s.reqs[idx]
-	// Imbalance: max/mean router in-flight over workers, sampled at arrivals.
+	s.sampleImbalance()
+	w, req, err := s.pick(idx)
+	if err != nil {
+		return err
+	}
+	s.submit(idx, w, req, now, now, 0)
+	return nil
+}
+
+// sampleImbalance adds max/mean router in-flight over workers at an arrival.
+func (s *sim) sampleImbalance() {
 	total, maxIn := 0.0, 0.0
 	for _, w := range s.ws {
 		l := float64(w.Signals().InFlight)
@@ -510,26 +592,37 @@ func (s *sim) arrive(idx int, now int64) error {
 		s.imbSum += maxIn / (total / float64(len(s.ws)))
 		s.imbN++
 	}
+}
 
-	var w *worker
-	var pf *scoring.Prefill
+// pick chooses request idx's worker under the policy; req is the scoring
+// request the Selector saw (nil for random), with its prefix result.
+func (s *sim) pick(idx int) (*worker, *scoring.Request, error) {
+	r := s.reqs[idx]
 	if s.cfg.Policy == PolicyRandom {
-		w = s.workers[s.rng.IntN(len(s.workers))]
-	} else {
-		s.src.keys = r.keys
-		// The source ignores token ids (the keys were computed by Keys); the
-		// terms read the prompt's length.
-		req := &scoring.Request{Model: s.cfg.Model, EstimatedTokens: int64(r.Input + r.Output),
-			Tokenize: func(context.Context, *scoring.Request) ([]uint32, error) { return s.zeros[:r.Input], nil }}
-		d, err := s.sel.Pick(context.Background(), s.scfg, req, s.ws)
-		if err != nil {
-			return err
-		}
-		w = s.workers[slices.Index(s.ws, d.Worker)]
-		// What the gateway does for every forwarded request: the worker's
-		// prefill queue grows by the tokens the router expects it to compute.
-		if n, ok := req.UncachedTokens(d.Worker); ok {
-			pf = d.Worker.Live.StartPrefill(n)
+		return s.workers[s.rng.IntN(len(s.workers))], nil, nil
+	}
+	s.src.keys = r.keys
+	// The source ignores token ids (the keys were computed by Keys); the
+	// terms read the prompt's length.
+	req := &scoring.Request{Model: s.cfg.Model, EstimatedTokens: int64(r.Input + r.Output),
+		Tokenize: func(context.Context, *scoring.Request) ([]uint32, error) { return s.zeros[:r.Input], nil }}
+	d, err := s.sel.Pick(context.Background(), s.scfg, req, s.ws)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.workers[slices.Index(s.ws, d.Worker)], req, nil
+}
+
+// submit sends request idx to w at now; origin and extra as in flight. It
+// reports false when the engine refused it.
+func (s *sim) submit(idx int, w *worker, req *scoring.Request, now, origin, extra int64) bool {
+	r := s.reqs[idx]
+	var pf *scoring.Prefill
+	// What the gateway does for every forwarded request: the worker's
+	// prefill queue grows by the tokens the router expects it to compute.
+	if req != nil {
+		if n, ok := req.UncachedTokens(w.sw); ok {
+			pf = w.sw.Live.StartPrefill(n)
 		}
 	}
 	prompt := r.PromptTokens(make([]int32, 0, r.Input))
@@ -537,16 +630,17 @@ func (s *sim) arrive(idx int, now int64) error {
 	if err := w.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: outputTokens(idx, r.Output)}); err != nil {
 		s.rejected++
 		pf.Cancel()
-		return nil
+		return false
 	}
-	w.flights[id] = &flight{idx: idx, arrival: now, prompt: r.Input, output: r.Output, end: w.sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf}
+	w.flights[id] = &flight{idx: idx, arrival: now, origin: origin, extra: extra, prompt: r.Input, output: r.Output,
+		end: w.sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf}
 	if s.prefix && s.cfg.Learning == LearnApprox {
 		_ = s.src.approx.Store(w.id, prefixindex.TierGPU, r.keys, now)
 	}
 	if !w.busy {
 		s.startStep(w, now)
 	}
-	return nil
+	return true
 }
 
 func (s *sim) startStep(w *worker, now int64) {
@@ -575,7 +669,7 @@ func (s *sim) stepDone(w *worker, now int64) {
 		}
 		if o.Index == 0 {
 			f.prefill.FirstToken(time.Duration(now - f.arrival))
-			s.ttfts = append(s.ttfts, float64(now-f.arrival)/1e9)
+			s.ttfts = append(s.ttfts, float64(now+f.extra-f.origin)/1e9)
 			s.cached += int64(o.CachedTokens)
 			s.promptTok += int64(f.prompt)
 		}
@@ -585,6 +679,9 @@ func (s *sim) stepDone(w *worker, now int64) {
 			s.completed++
 			s.outTok += int64(f.output)
 			s.lastDone = now
+			if s.onFinish != nil {
+				s.onFinish(f, now)
+			}
 		}
 	}
 	if len(w.evs) > 0 && w.ew != nil {

@@ -101,7 +101,7 @@ func TestBreaker(t *testing.T) {
 }
 
 func TestSpillBudgetHysteresis(t *testing.T) {
-	var b spillBudget
+	var b SpillBudget
 	t0 := time.Unix(2000, 0)
 	// 10 requests, 2 spilled: 20 % reaches max 0.2 → paused.
 	for i := range 10 {
@@ -124,6 +124,6 @@ func TestSpillBudgetHysteresis(t *testing.T) {
 	// The window forgets: eleven seconds later nothing counts.
 	must.Eq(t, 0.0, func() float64 { b.Paused(t0.Add(11*time.Second), 0.2, 0.1); return b.share() }())
 	// max 0 never lets anything spill.
-	var z spillBudget
+	var z SpillBudget
 	must.True(t, z.Paused(t0, 0, 0))
 }

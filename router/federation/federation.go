@@ -88,8 +88,8 @@ type Federation struct {
 	mu        sync.Mutex
 	static    []Peer               // Config.StaticPeers, or SetStaticPeers'
 	remote    map[string]*remoteDC // by datacenter
-	hot       map[string]*hotKeys  // by model
-	spill     spillBudget
+	hot       map[string]*HotKeys  // by model
+	spill     SpillBudget
 	closeOnce sync.Once
 	ln        net.PacketConn
 	srv       *http3.Server
@@ -124,7 +124,7 @@ func New(c Config) (*Federation, error) {
 	setDefaults(&c)
 	f := &Federation{cfg: c, log: c.Logger.Named("federation"), h3: c.Identity.clientTransport(),
 		peers:  &peerSet{peers: map[string][]Peer{}, stale: map[string]bool{}},
-		remote: map[string]*remoteDC{}, hot: map[string]*hotKeys{}, static: c.StaticPeers}
+		remote: map[string]*remoteDC{}, hot: map[string]*HotKeys{}, static: c.StaticPeers}
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return nil, err

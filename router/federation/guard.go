@@ -74,10 +74,12 @@ func (b *breaker) report(ok bool, now time.Time, failures int) BreakerState {
 // measured over.
 const spillWindow = 10
 
-// spillBudget tracks the share of recent requests sent to other
+// SpillBudget tracks the share of recent requests sent to other
 // datacenters, with hysteresis: past max it pauses spilling until the share
-// falls to resume, so a datacenter near the cap does not flap.
-type spillBudget struct {
+// falls to resume, so a datacenter near the cap does not flap. Time is the
+// caller's (every method takes now), so a simulator drives it with a virtual
+// clock; the zero value is ready.
+type SpillBudget struct {
 	mu      sync.Mutex
 	total   [spillWindow]int
 	spilled [spillWindow]int
@@ -85,7 +87,7 @@ type spillBudget struct {
 	paused  bool
 }
 
-func (b *spillBudget) roll(now time.Time) int {
+func (b *SpillBudget) roll(now time.Time) int {
 	s := now.Unix()
 	if d := s - b.sec; d > 0 {
 		for i := int64(1); i <= min(d, spillWindow); i++ {
@@ -97,7 +99,7 @@ func (b *spillBudget) roll(now time.Time) int {
 	return int(s % spillWindow)
 }
 
-func (b *spillBudget) share() float64 {
+func (b *SpillBudget) share() float64 {
 	t, s := 0, 0
 	for i := range b.total {
 		t += b.total[i]
@@ -110,7 +112,7 @@ func (b *spillBudget) share() float64 {
 }
 
 // Paused reports whether spilling is paused now under max and resume.
-func (b *spillBudget) Paused(now time.Time, max, resume float64) bool {
+func (b *SpillBudget) Paused(now time.Time, max, resume float64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.roll(now)
@@ -125,7 +127,7 @@ func (b *spillBudget) Paused(now time.Time, max, resume float64) bool {
 }
 
 // Record counts one request, spilled or served locally.
-func (b *spillBudget) Record(now time.Time, spilled bool) {
+func (b *SpillBudget) Record(now time.Time, spilled bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	i := b.roll(now)
@@ -136,7 +138,7 @@ func (b *spillBudget) Record(now time.Time, spilled bool) {
 }
 
 // Spilled counts a request already Recorded as sent away.
-func (b *spillBudget) Spilled(now time.Time) {
+func (b *SpillBudget) Spilled(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.spilled[b.roll(now)]++

@@ -12,15 +12,20 @@ import (
 	"github.com/oasis-llm/oasis/internal/bloom"
 )
 
-// hotKeys remembers the most recent prompt block keys of one model, the
-// source of its summary's prefix filter.
-type hotKeys struct {
+// HotKeys remembers the most recent prompt block keys of one model, the
+// source of its summary's prefix filter. Exported so the cluster simulator
+// builds its summaries with the router's own code.
+type HotKeys struct {
 	keys []uint64
 	next int
 	full bool
 }
 
-func (h *hotKeys) add(ks []uint64) {
+// NewHotKeys remembers the last n keys (n ≥ 1).
+func NewHotKeys(n int) *HotKeys { return &HotKeys{keys: make([]uint64, max(n, 1))} }
+
+// Add remembers ks, forgetting the oldest keys past capacity.
+func (h *HotKeys) Add(ks []uint64) {
 	for _, k := range ks {
 		h.keys[h.next] = k
 		h.next = (h.next + 1) % len(h.keys)
@@ -28,7 +33,8 @@ func (h *hotKeys) add(ks []uint64) {
 	}
 }
 
-func (h *hotKeys) filter() *bloom.Filter {
+// Filter is a Bloom filter of the remembered keys (nil: none).
+func (h *HotKeys) Filter() *bloom.Filter {
 	n := h.next
 	if h.full {
 		n = len(h.keys)
@@ -57,10 +63,10 @@ func (f *Federation) Observe(model string, keys []uint64) {
 		if len(f.hot) >= MaxModels {
 			return
 		}
-		h = &hotKeys{keys: make([]uint64, f.cfg.HotKeys)}
+		h = NewHotKeys(f.cfg.HotKeys)
 		f.hot[model] = h
 	}
-	h.add(keys[:min(len(keys), f.cfg.HotKeys)])
+	h.Add(keys[:min(len(keys), f.cfg.HotKeys)])
 }
 
 // LocalSummary builds this datacenter's summary now.
@@ -70,7 +76,7 @@ func (f *Federation) LocalSummary() *Summary {
 	f.mu.Lock()
 	for i := range ms {
 		if h := f.hot[ms[i].Model]; h != nil {
-			ms[i].Prefixes = h.filter()
+			ms[i].Prefixes = h.Filter()
 		}
 	}
 	f.mu.Unlock()

@@ -53,7 +53,7 @@ func (f *Federation) remotes(req Request, s policy.FederationSettings, now time.
 			rtt = f.cfg.PushTimeout // never measured: assume the worst a push may take
 		}
 		r := Remote{DC: dc, RTT: rtt, QueueWait: m.QueueWait, TTFT: m.TTFT,
-			CachedTokens: int64(cachedBlocks(m.Prefixes, req.Keys)) * int64(req.BlockSize)}
+			CachedTokens: int64(CachedBlocks(m.Prefixes, req.Keys)) * int64(req.BlockSize)}
 		r.Usable = now.Sub(rd.received) <= s.SummaryStale && m.Free > 0 &&
 			rd.breaker.usable(now, s.BreakerCooldown)
 		out = append(out, r)

@@ -215,9 +215,9 @@ func PrefixKey(k uint64) string {
 	return string(b[:])
 }
 
-// cachedBlocks counts the leading keys the filter may hold: the prefix a
+// CachedBlocks counts the leading keys the filter may hold: the prefix a
 // remote datacenter may have cached.
-func cachedBlocks(f *bloom.Filter, keys []uint64) int {
+func CachedBlocks(f *bloom.Filter, keys []uint64) int {
 	n := 0
 	for _, k := range keys {
 		if !f.MayHave(PrefixKey(k)) {

@@ -12,14 +12,14 @@ import (
 )
 
 func sampleSummary(keys int) *Summary {
-	h := &hotKeys{keys: make([]uint64, max(keys, 1))}
+	h := &HotKeys{keys: make([]uint64, max(keys, 1))}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range keys {
-		h.add([]uint64{r.Uint64()})
+		h.Add([]uint64{r.Uint64()})
 	}
 	return &Summary{DC: "dc1", At: time.UnixMilli(1_764_000_000_000), Models: []ModelSummary{
 		{Model: "llama-3-8b", InFlight: 12, Queued: 3, Free: 52, TTFT: 180 * time.Millisecond,
-			QueueWait: 40 * time.Millisecond, Prefixes: h.filter()},
+			QueueWait: 40 * time.Millisecond, Prefixes: h.Filter()},
 		{Model: "qwen/qwen3-32b", Free: FreeUnlimited},
 	}}
 }
@@ -116,7 +116,7 @@ func TestCachedBlocks(t *testing.T) {
 	for _, k := range []uint64{1, 2, 3} {
 		f.Add(PrefixKey(k))
 	}
-	must.Eq(t, 3, cachedBlocks(f, []uint64{1, 2, 3, 4}))
-	must.Eq(t, 0, cachedBlocks(f, []uint64{9, 1, 2}))
-	must.Eq(t, 0, cachedBlocks(nil, []uint64{1}))
+	must.Eq(t, 3, CachedBlocks(f, []uint64{1, 2, 3, 4}))
+	must.Eq(t, 0, CachedBlocks(f, []uint64{9, 1, 2}))
+	must.Eq(t, 0, CachedBlocks(nil, []uint64{1}))
 }
