@@ -74,11 +74,11 @@ bench-routing:
 	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 -out bench/out
 
 ## bench-federation: cluster simulator, two datacenters on the trace: local-only vs best-prefix vs Oasis federation
-## (spill cap 0.5 and a 500 ms wait budget: the shipped 0.2 caps federation at 1.25x; FED_FLAGS: more flags, e.g. -limit, -shift)
+## (the policy's default federation section; FED_FLAGS: more flags, e.g. -limit, -shift, -max-spill)
 FED_FLAGS ?=
 bench-federation:
 	$(GO) run ./bench/cluster/cmd/bench-federation -trace $(TRACE) -dcs 2 -workers 4 -rtt 30ms -skew 0.8 \
-		-max-spill 0.5 -queue-wait-budget 500ms -scales 0.25,0.5,0.75,1,1.5,2 -bisect 3 -out bench/out $(FED_FLAGS)
+		-scales 0.25,0.5,0.75,1,1.5,2 -bisect 3 -out bench/out $(FED_FLAGS)
 
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps

@@ -12,6 +12,7 @@ import (
 func TestDecide(t *testing.T) {
 	on := policy.DefaultFederation()
 	on.Enabled = true
+	on.QueueWaitBudget = 2 * time.Second // the cases' waits are set against it
 	ms := time.Millisecond
 	healthy := Local{Healthy: true, PromptTokens: 8000, CachedTokens: 0, PrefillRate: 10000}
 	near := Remote{DC: "dc2", RTT: 20 * ms, TTFT: 100 * ms, Usable: true}

@@ -13,9 +13,9 @@ import (
 //	"federation": {
 //	  "enabled": true,
 //	  "margin": "50ms",
-//	  "queue_wait_budget": "2s",
-//	  "max_spill_fraction": 0.2,
-//	  "resume_spill_fraction": 0.1,
+//	  "queue_wait_budget": "500ms",
+//	  "max_spill_fraction": 0.5,
+//	  "resume_spill_fraction": 0.4,
 //	  "breaker_failures": 5,
 //	  "breaker_cooldown": "10s",
 //	  "summary_stale": "3s"
@@ -54,8 +54,8 @@ type FederationSettings struct {
 
 // DefaultFederation is the section's defaults (federation off).
 func DefaultFederation() FederationSettings {
-	return FederationSettings{Margin: 50 * time.Millisecond, QueueWaitBudget: 2 * time.Second,
-		MaxSpillFraction: 0.2, ResumeSpillFraction: 0.1, BreakerFailures: 5,
+	return FederationSettings{Margin: 50 * time.Millisecond, QueueWaitBudget: 500 * time.Millisecond,
+		MaxSpillFraction: 0.5, ResumeSpillFraction: 0.4, BreakerFailures: 5,
 		BreakerCooldown: 10 * time.Second, SummaryStale: 3 * time.Second}
 }
 
