@@ -271,4 +271,3 @@ func (d *dc) histogram(t *testing.T, name, dcLabel string) (uint64, float64) {
 	}
 	return 0, 0
 }
-
