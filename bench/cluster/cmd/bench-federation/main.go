@@ -18,7 +18,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/oasis-llm/oasis/bench/cluster"
@@ -174,29 +173,11 @@ func parseScales(list string) ([]float64, error) {
 }
 
 func runAll(cfgs []cluster.FedConfig, reqs []*cluster.Request, parallel int) ([]cluster.FedResult, error) {
-	out := make([]cluster.FedResult, len(cfgs))
-	errs := make([]error, len(cfgs))
-	sem := make(chan struct{}, max(1, parallel))
-	var wg sync.WaitGroup
-	for i, c := range cfgs {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			out[i], errs[i] = cluster.RunFederated(c, reqs)
-			r := out[i]
+	return cluster.RunParallel(cfgs, parallel, func(c cluster.FedConfig) (cluster.FedResult, error) { return cluster.RunFederated(c, reqs) },
+		func(r cluster.FedResult) {
 			fmt.Fprintf(os.Stderr, "  %-11s scale %6.3f: TTFT p90 %8.3fs done %6.2f r/s forwarded %5.1f%% served %v (%.1fs)\n",
 				r.Federation, r.RateScale, r.TTFTP90, r.Throughput, r.ForwardedPct, r.Served, r.WallSeconds)
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+		})
 }
 
 // refine bisects, for every policy at once, between the highest swept rate

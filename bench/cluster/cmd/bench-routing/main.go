@@ -17,7 +17,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/oasis-llm/oasis/bench/cluster"
@@ -206,27 +205,13 @@ func run() error {
 }
 
 func runAll(cfgs []cluster.Config, reqs []*cluster.Request, parallel int) ([]cluster.Result, error) {
-	out := make([]cluster.Result, len(cfgs))
-	errs := make([]error, len(cfgs))
-	sem := make(chan struct{}, max(1, parallel))
-	var wg sync.WaitGroup
-	for i, c := range cfgs {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			out[i], errs[i] = cluster.Run(c, reqs)
-			r := out[i]
+	out, err := cluster.RunParallel(cfgs, parallel, func(c cluster.Config) (cluster.Result, error) { return cluster.Run(c, reqs) },
+		func(r cluster.Result) {
 			fmt.Fprintf(os.Stderr, "  %-11s %-6s scale %5.2f: hit %.3f TTFT p90 %8.3fs done %6.2f r/s imbalance %.2f J/tok %.3f (%.1fs)\n",
 				r.Policy, r.Learning, r.RateScale, r.HitRatio, r.TTFTP90, r.Throughput, r.Imbalance, r.JoulesPerToken, r.WallSeconds)
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+		})
+	if err != nil {
+		return nil, err
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].RateScale < out[j].RateScale })
 	return out, nil

@@ -1,0 +1,35 @@
+package cluster
+
+import "sync"
+
+// RunParallel runs run over every configuration, at most parallel at once,
+// calls done with each result as it finishes (progress lines), and returns
+// the results in the configurations' order, or the first error.
+func RunParallel[C, R any](cfgs []C, parallel int, run func(C) (R, error), done func(R)) ([]R, error) {
+	out := make([]R, len(cfgs))
+	errs := make([]error, len(cfgs))
+	sem := make(chan struct{}, max(1, parallel))
+	var wg sync.WaitGroup
+	var mu sync.Mutex // done prints: one line at a time
+	for i, c := range cfgs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i], errs[i] = run(c)
+			if errs[i] == nil && done != nil {
+				mu.Lock()
+				done(out[i])
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
