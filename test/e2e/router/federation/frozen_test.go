@@ -2,19 +2,23 @@ package federation
 
 import (
 	"bufio"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/router/federation"
 )
 
 // frozenPolicy: short upstream timeouts so a silent peer is noticed in
@@ -30,7 +34,11 @@ const streamIdle = 2 * time.Second
 
 // startRouterProcess runs oasis-router for dc as a process of its own, so
 // that SIGSTOP freezes it whole (listener, federation, pushes), in front
-// of one sim registered in agent.
+// of one sim registered in agent. The test registers its federation
+// listener itself, without a check: the router's own registration carries
+// the API's health check, which a frozen router fails within seconds, and
+// peers would then drop it before their breaker had counted its failures;
+// this test is about the breaker.
 func startRouterProcess(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA) *testutil.Process {
 	t.Helper()
 	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-router")
@@ -40,10 +48,19 @@ func startRouterProcess(t *testing.T, name string, agent *testutil.ConsulAgent, 
 	caFile, cert, key := ca.WriteFiles(t, dir, name, "127.0.0.1")
 	pol := filepath.Join(dir, "policy.json")
 	must.NoError(t, os.WriteFile(pol, []byte(frozenPolicy), 0o600))
-	return testutil.Start(t, exec.Command(bin, "-listen", testutil.FreeAddr(t), "-consul-addr", agent.HTTPAddr,
-		"-policy-file", pol, "-register", "-federation-listen", testutil.FreeAddr(t), "-federation-dc", name,
+	fedAddr := testutil.FreeAddr(t)
+	p := testutil.Start(t, exec.Command(bin, "-listen", testutil.FreeAddr(t), "-consul-addr", agent.HTTPAddr,
+		"-policy-file", pol, "-federation-listen", fedAddr, "-federation-dc", name,
 		"-federation-tls-cert", cert, "-federation-tls-key", key, "-federation-tls-ca", caFile,
 		"-log-level", "warn"))
+	host, portS, err := net.SplitHostPort(fedAddr)
+	must.NoError(t, err)
+	port, err := strconv.Atoi(portS)
+	must.NoError(t, err)
+	must.NoError(t, agent.Client.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+		ID: federation.Service + "-" + name, Name: federation.Service, Address: host, Port: port,
+		Meta: map[string]string{federation.MetaDC: name, federation.MetaModels: model}}))
+	return p
 }
 
 // dc2's router is frozen while a stream from dc1 passes through it: the
