@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 )
 
 // Peers in other datacenters.
@@ -55,14 +55,11 @@ func validateDatacenters(dcs []string) error {
 }
 
 // tokenBucket admits bytes at rate per second with a burst of one second's
-// worth. A nil bucket admits everything.
+// worth (golang.org/x/time/rate, on the node's clock). A nil bucket admits
+// everything.
 type tokenBucket struct {
 	now func() time.Time
-
-	mu     sync.Mutex
-	rate   float64
-	tokens float64
-	last   time.Time
+	lim *rate.Limiter
 }
 
 func newTokenBucket(bytesPerSecond int64, now func() time.Time) *tokenBucket {
@@ -72,43 +69,18 @@ func newTokenBucket(bytesPerSecond int64, now func() time.Time) *tokenBucket {
 	if now == nil {
 		now = time.Now
 	}
-	r := float64(bytesPerSecond)
-	return &tokenBucket{now: now, rate: r, tokens: r, last: now()}
-}
-
-func (b *tokenBucket) refillLocked() {
-	t := b.now()
-	if d := t.Sub(b.last); d > 0 {
-		b.tokens = min(b.rate, b.tokens+d.Seconds()*b.rate)
-	}
-	b.last = t
+	return &tokenBucket{now: now, lim: rate.NewLimiter(rate.Limit(bytesPerSecond), int(bytesPerSecond))}
 }
 
 // has reports whether n bytes would be admitted now, taking nothing.
 func (b *tokenBucket) has(n int64) bool {
-	if b == nil {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refillLocked()
-	return b.tokens >= float64(n)
+	return b == nil || b.lim.TokensAt(b.now()) >= float64(n)
 }
 
 // take admits n bytes if the bucket holds them; otherwise it takes nothing,
 // so a refused fetch costs the budget nothing.
 func (b *tokenBucket) take(n int64) bool {
-	if b == nil {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refillLocked()
-	if b.tokens < float64(n) {
-		return false
-	}
-	b.tokens -= float64(n)
-	return true
+	return b == nil || b.lim.AllowN(b.now(), int(n))
 }
 
 // remoteDC is one remote datacenter's budget and the size of the last block
