@@ -255,7 +255,46 @@ func (s *Stack) signalAgent(a Agent, sig syscall.Signal) error {
 	if err := syscall.Kill(p.pid, sig); err != nil {
 		return fmt.Errorf("signalling %s agent %d: %w", a, p.pid, err)
 	}
+	if sig == syscall.SIGSTOP {
+		return waitStopped(p.pid)
+	}
 	return nil
+}
+
+// waitStopped waits until every thread of pid is stopped: kill(2) returns
+// before a busy process's threads have taken the signal, and on a loaded
+// machine one of them can still answer a request in the meantime.
+func waitStopped(pid int) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		stopped, err := allThreadsStopped(pid)
+		if err != nil || stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d: threads still running 5 s after SIGSTOP", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func allThreadsStopped(pid int) (bool, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false, fmt.Errorf("reading the threads of %d: %w", pid, err)
+	}
+	for _, t := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		// The state follows the parenthesised command name, which may hold spaces.
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 || i+2 >= len(stat) || (stat[i+2] != 'T' && stat[i+2] != 't') {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // waitConsulReplication waits until a secondary Consul knows the primary's management token, which
