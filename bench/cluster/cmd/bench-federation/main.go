@@ -15,8 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -98,7 +96,7 @@ func run() error {
 	}
 	base := cluster.FedConfig{Config: cluster.Config{GPUs: gpus, Policy: cluster.PolicyOasis, Seed: 1},
 		DCs: *dcs, RTT: *rtt, Skew: *skew, ShiftPeriod: *shift, Settings: set, MaxInFlight: *perWk * *workers}
-	rates, err := parseScales(*scales)
+	rates, err := cluster.ParseScales(*scales)
 	if err != nil {
 		return err
 	}
@@ -159,19 +157,6 @@ func settings(maxSpill, resume float64, budget time.Duration) policy.FederationS
 }
 
 // parseScales parses -scales, ascending.
-func parseScales(list string) ([]float64, error) {
-	var rates []float64
-	for _, s := range strings.Split(list, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("-scales: bad value %q", s)
-		}
-		rates = append(rates, v)
-	}
-	slices.Sort(rates)
-	return rates, nil
-}
-
 func runAll(cfgs []cluster.FedConfig, reqs []*cluster.Request, parallel int) ([]cluster.FedResult, error) {
 	return cluster.RunParallel(cfgs, parallel, func(c cluster.FedConfig) (cluster.FedResult, error) { return cluster.RunFederated(c, reqs) },
 		func(r cluster.FedResult) {

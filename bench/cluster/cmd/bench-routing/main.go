@@ -122,13 +122,9 @@ func run() error {
 			w[strings.TrimSpace(k)] = f
 		}
 	}
-	var rates []float64
-	for _, s := range strings.Split(*scales, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil || v <= 0 {
-			return fmt.Errorf("-scales: bad value %q", s)
-		}
-		rates = append(rates, v)
+	rates, err := cluster.ParseScales(*scales)
+	if err != nil {
+		return err
 	}
 	pols := strings.Split(*policies, ",")
 

@@ -1,6 +1,12 @@
 package cluster
 
-import "sync"
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
 
 // RunParallel runs run over every configuration, at most parallel at once,
 // calls done with each result as it finishes (progress lines), and returns
@@ -32,4 +38,19 @@ func RunParallel[C, R any](cfgs []C, parallel int, run func(C) (R, error), done 
 		}
 	}
 	return out, nil
+}
+
+// ParseScales reads a -scales flag: comma-separated rate scales above 0,
+// returned in increasing order.
+func ParseScales(list string) ([]float64, error) {
+	var rates []float64
+	for _, s := range strings.Split(list, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("-scales: bad value %q", s)
+		}
+		rates = append(rates, v)
+	}
+	slices.Sort(rates)
+	return rates, nil
 }
