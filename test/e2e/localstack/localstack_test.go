@@ -79,15 +79,22 @@ func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 	must.Greater(t, 0, routerHits, must.Sprint("the router saw no cached prefix in its index"))
 
 	// make down: nothing left behind.
-	pids := stackPIDs(t, home)
-	must.Greater(t, 0, len(pids), must.Sprint("found no processes of the stack while it was up"))
-	must.NoError(t, Down(home, io.Discard))
+	downLeavesNothing(t, home, "stack")
 	downed = true
+}
+
+// downLeavesNothing runs Down on home and asserts that no process found
+// under it while it was up survives, nor the directory itself.
+func downLeavesNothing(t *testing.T, home, what string) {
+	t.Helper()
+	pids := stackPIDs(t, home)
+	must.Greater(t, 0, len(pids), must.Sprintf("found no processes of the %s while it was up", what))
+	must.NoError(t, Down(home, io.Discard))
 	for _, pid := range pids {
 		must.False(t, running(pid), must.Sprintf("process %d survived make down", pid))
 	}
-	_, err = os.Stat(home)
-	must.True(t, os.IsNotExist(err), must.Sprint("the stack's home directory survived make down"))
+	_, err := os.Stat(home)
+	must.True(t, os.IsNotExist(err), must.Sprintf("the %s's home directory survived make down", what))
 }
 
 type testWriter struct{ t *testing.T }
@@ -258,13 +265,6 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 	}
 	must.NotEq(t, routers["dc1"], routers["dc2"])
 
-	pids := stackPIDs(t, home)
-	must.Greater(t, 0, len(pids), must.Sprint("found no processes of the federation while it was up"))
-	must.NoError(t, Down(home, io.Discard))
+	downLeavesNothing(t, home, "federation")
 	downed = true
-	for _, pid := range pids {
-		must.False(t, running(pid), must.Sprintf("process %d survived make down", pid))
-	}
-	_, err = os.Stat(home)
-	must.True(t, os.IsNotExist(err), must.Sprint("the federation's home directory survived make down"))
 }
