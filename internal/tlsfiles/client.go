@@ -49,3 +49,10 @@ func (f *Files) verifyServer(cs tls.ConnectionState) error {
 	_, err := cs.PeerCertificates[0].Verify(opts)
 	return err
 }
+
+// Certificate is the certificate and key as of the last check (nil without
+// CertFile); meshid serves and dials with it when there is no Consul.
+func (f *Files) Certificate() *tls.Certificate { return f.current().cert }
+
+// CAs is the CA bundle as of the last check (nil without ClientCAFile).
+func (f *Files) CAs() *x509.CertPool { return f.current().cas }

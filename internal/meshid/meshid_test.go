@@ -1,0 +1,254 @@
+package meshid
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/shoenig/test/must"
+
+	oasistest "github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+)
+
+func newIdentity(t *testing.T, c *consulapi.Client, service string, reg prometheus.Registerer) *Identity {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := New(ctx, Config{Consul: c, Service: service, Registerer: reg})
+	must.NoError(t, err)
+	t.Cleanup(id.Close)
+	return id
+}
+
+// serve runs an HTTPS server with the identity's server configuration that
+// answers with the caller's mesh service.
+func serve(t *testing.T, id *Identity) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, PeerService(*r.TLS))
+	}))
+	srv.TLS = id.ServerConfig("http/1.1")
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func client(id *Identity, service string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: id.ClientConfig(service)}}
+}
+
+func get(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// intentions writes the service-intentions config entry of dest: allowed
+// sources, every other source denied.
+func intentions(t *testing.T, c *consulapi.Client, dest string, allow ...string) {
+	t.Helper()
+	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: dest}
+	for _, s := range allow {
+		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
+	}
+	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
+	_, _, err := c.ConfigEntries().Set(e, nil)
+	must.NoError(t, err)
+}
+
+func TestConsulIntentionsDecideAtTheHandshake(t *testing.T) {
+	c, _ := oasistest.StartConsul(t)
+	reg := prometheus.NewRegistry()
+	engine := newIdentity(t, c, "oasis-engine", reg)
+	router := newIdentity(t, c, "oasis-router", nil)
+	web := newIdentity(t, c, "web", nil)
+	must.True(t, engine.Mesh())
+	must.StrContains(t, engine.TrustDomain(), ".consul")
+	intentions(t, c, "oasis-engine", "oasis-router")
+	srv := serve(t, engine)
+
+	got, err := get(client(router, "oasis-engine"), srv.URL)
+	must.NoError(t, err)
+	must.EqOp(t, "oasis-router", got) // the server sees the caller's service
+
+	_, err = get(client(web, "oasis-engine"), srv.URL)
+	must.Error(t, err) // refused at the handshake
+	must.EqOp(t, 1.0, testutil.ToFloat64(engine.m.authorizations.WithLabelValues("denied", "false")))
+
+	// The caller checks whom it reached: the engine is not oasis-kvcached.
+	_, err = get(client(router, "oasis-kvcached"), srv.URL)
+	must.ErrorContains(t, err, `not service "oasis-kvcached"`)
+
+	// A second connection of the router is authorized from the cache.
+	_, err = get(&http.Client{Transport: &http.Transport{TLSClientConfig: router.ClientConfig("oasis-engine")}}, srv.URL)
+	must.NoError(t, err)
+	must.Positive(t, testutil.ToFloat64(engine.m.authorizations.WithLabelValues("allowed", "true")))
+}
+
+func TestIntentionChangeDropsCachedAuthorizations(t *testing.T) {
+	c, _ := oasistest.StartConsul(t)
+	engine := newIdentity(t, c, "oasis-engine", nil)
+	router := newIdentity(t, c, "oasis-router", nil)
+	intentions(t, c, "oasis-engine", "oasis-router")
+	srv := serve(t, engine)
+	_, err := get(client(router, "oasis-engine"), srv.URL)
+	must.NoError(t, err)
+
+	intentions(t, c, "oasis-engine") // the router is denied now
+	// AuthorizeTTL is a minute: only the intention watch can make this fail sooner.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err = get(client(router, "oasis-engine"), srv.URL)
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	must.Error(t, err)
+	must.Positive(t, testutil.ToFloat64(engine.m.intentionChanges))
+}
+
+// TestRotationKeepsConnections replaces the CA's key, which makes Consul
+// issue new roots and new leaves: a connection made before keeps working and
+// a new one is made with the new leaf.
+func TestRotationKeepsConnections(t *testing.T) {
+	c, _ := oasistest.StartConsul(t)
+	engine := newIdentity(t, c, "oasis-engine", nil)
+	router := newIdentity(t, c, "oasis-router", nil)
+	srv := serve(t, engine)
+	tr := &http.Transport{TLSClientConfig: router.ClientConfig("oasis-engine"), MaxConnsPerHost: 1}
+	old := &http.Client{Transport: tr}
+	_, err := get(old, srv.URL)
+	must.NoError(t, err)
+	before := engine.consul.Load().serial
+
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must.NoError(t, err)
+	der, err := x509.MarshalECPrivateKey(key)
+	must.NoError(t, err)
+	_, err = c.Connect().CASetConfig(&consulapi.CAConfig{Provider: "consul", Config: map[string]any{
+		"PrivateKey": string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))}}, nil)
+	must.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for engine.consul.Load().serial == before || router.consul.Load().serial == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no new leaf within 30s of the CA change")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, err = get(old, srv.URL) // the kept-alive connection, made with the old leaves
+	must.NoError(t, err)
+	var seen *x509.Certificate
+	fresh := &tls.Config{}
+	*fresh = *router.ClientConfig("oasis-engine")
+	fresh.VerifyConnection = func(cs tls.ConnectionState) error {
+		seen = cs.PeerCertificates[0]
+		return router.verifyServer(cs, "oasis-engine")
+	}
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(srv.URL, "https://"), fresh)
+	must.NoError(t, err)
+	must.NoError(t, conn.Close())
+	must.EqOp(t, engine.consul.Load().serial, encodeSerial(seen.SerialNumber.Bytes()))
+}
+
+func TestFilesIdentity(t *testing.T) {
+	ca, other := tlsfilestest.NewCA(t, "oasis"), tlsfilestest.NewCA(t, "other")
+	dir := t.TempDir()
+	files := func(ca *tlsfilestest.CA, name string) *tlsfiles.Files {
+		caFile, cert, key := ca.WriteFiles(t, dir, name, "localhost", "127.0.0.1")
+		f, err := tlsfiles.New(tlsfiles.Config{CertFile: cert, KeyFile: key, ClientCAFile: caFile})
+		must.NoError(t, err)
+		return f
+	}
+	server, err := New(context.Background(), Config{Files: files(ca, "server")})
+	must.NoError(t, err)
+	must.False(t, server.Mesh())
+	good, err := New(context.Background(), Config{Files: files(ca, "client")})
+	must.NoError(t, err)
+	stranger, err := New(context.Background(), Config{Files: files(other, "stranger")})
+	must.NoError(t, err)
+	srv := serve(t, server)
+	addr := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
+
+	_, err = get(client(good, ""), addr)
+	must.NoError(t, err)
+	_, err = get(client(stranger, ""), addr)
+	must.Error(t, err) // its CA is not the server's
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cfg  Config
+		want error
+	}{
+		"nothing":       {Config{}, ErrNoSource},
+		"no service":    {Config{Consul: &consulapi.Client{}}, ErrNoService},
+		"files no cert": {Config{Files: caOnly(t)}, ErrNoCertificate},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(context.Background(), tc.cfg)
+			must.True(t, errors.Is(err, tc.want), must.Sprint(err))
+		})
+	}
+}
+
+func caOnly(t *testing.T) *tlsfiles.Files {
+	caFile, _, _ := tlsfilestest.NewCA(t, "oasis").WriteFiles(t, t.TempDir(), "x", "localhost")
+	f, err := tlsfiles.New(tlsfiles.Config{ClientCAFile: caFile})
+	must.NoError(t, err)
+	return f
+}
+
+func TestParseSpiffeID(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want SpiffeID
+		ok   bool
+	}{
+		{"spiffe://11111111-2222.consul/ns/default/dc/dc1/svc/oasis-router",
+			SpiffeID{TrustDomain: "11111111-2222.consul", Namespace: "default", Datacenter: "dc1", Service: "oasis-router"}, true},
+		{"spiffe://td.consul/ap/part/ns/team/dc/dc2/svc/web",
+			SpiffeID{TrustDomain: "td.consul", Namespace: "team", Datacenter: "dc2", Service: "web"}, true},
+		{"spiffe://td.consul/agent/client/dc/dc1/id/node", SpiffeID{}, false}, // an agent, not a service
+		{"spiffe://td.consul/ns/default/dc/dc1", SpiffeID{}, false},
+		{"spiffe://td.consul/ns//dc/dc1/svc/x", SpiffeID{}, false},
+		{"https://td.consul/ns/default/dc/dc1/svc/x", SpiffeID{}, false},
+		{"spiffe:///ns/default/dc/dc1/svc/x", SpiffeID{}, false},
+		{"spiffe://td.consul/ns/default/dc/dc1/svc/x?q=1", SpiffeID{}, false},
+		{"::", SpiffeID{}, false},
+	} {
+		got, err := ParseSpiffeID(tc.in)
+		if !tc.ok {
+			must.True(t, errors.Is(err, ErrNotSpiffe), must.Sprint(tc.in))
+			continue
+		}
+		must.NoError(t, err)
+		tc.want.URI = tc.in
+		must.Eq(t, tc.want, got)
+	}
+}
+
+func TestEncodeSerial(t *testing.T) {
+	must.EqOp(t, "0a:ff:01", encodeSerial([]byte{0x0a, 0xff, 0x01}))
+	must.EqOp(t, "", encodeSerial(nil))
+}
