@@ -118,7 +118,7 @@ func (id *Identity) peerID(c *x509.Certificate) (SpiffeID, error) {
 // spiffe://<trust-domain>/ns/<namespace>/dc/<datacenter>/svc/<service>
 // (Consul Enterprise adds /ap/<partition> before /ns).
 type SpiffeID struct {
-	URI                                        string
+	URI                                         string
 	TrustDomain, Namespace, Datacenter, Service string
 }
 
