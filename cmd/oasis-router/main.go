@@ -86,7 +86,7 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	var rt runtimeFlags
 	var engines, hostedUpstreams, hostedKeyEnvs string
 	fs := flag.NewFlagSet("oasis-router", flag.ContinueOnError)
-	fs.StringVar(&c.Listen, "listen", app.DefaultListen, "address to serve the API on (loopback unless you mean otherwise)")
+	fs.StringVar(&c.Listen, "listen", app.DefaultListen, "address to serve the API on (loopback unless you mean otherwise); off: none, with -mesh-listen serving mesh clients only")
 	fs.StringVar(&c.Discovery, "discovery", app.DiscoveryConsul, "engine discovery: consul (health API), nomad (native service discovery) or static (-engines)")
 	fs.StringVar(&c.ConsulAddr, "consul-addr", "", "Consul HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500); $CONSUL_HTTP_TOKEN is honoured")
 	fs.StringVar(&c.NomadAddr, "nomad-addr", "", "Nomad HTTP address (default $NOMAD_ADDR); used by -discovery=nomad and -power-from-nomad")
@@ -118,6 +118,9 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	fs.StringVar(&c.FederationTLSCert, "federation-tls-cert", "", "PEM certificate chain of this router on the federation link (client and server); reloaded when the file changes")
 	fs.StringVar(&c.FederationTLSKey, "federation-tls-key", "", "PEM private key of -federation-tls-cert")
 	fs.StringVar(&c.FederationTLSCA, "federation-tls-ca", "", "PEM bundle of the CAs other routers' federation certificates must chain to")
+	fs.StringVar(&c.MeshService, "mesh-service", "", "join the Consul service mesh as this service (e.g. oasis-router): its Connect leaf certificate from the local agent is the router's identity for -mesh-listen, -mesh-engines and the federation link (the token needs service:write on it)")
+	fs.StringVar(&c.MeshListen, "mesh-listen", "", "serve the API Connect-native on this TCP host:port: callers present their mesh certificate and intentions decide who may call (needs -mesh-service)")
+	fs.BoolVar(&c.MeshEngines, "mesh-engines", false, "reach engines only through the mesh: their sidecar proxies (or Connect-native listeners) from Consul, dialled with the router's mesh certificate, each verified as the engine service (needs -mesh-service)")
 	fs.StringVar(&hostedUpstreams, "hosted-upstreams", "", "hosted OpenAI-compatible base URLs engines may name in oasis_upstream, comma-separated: https://host[:port]/path, host may start with *. (one label); others are ignored")
 	fs.StringVar(&hostedKeyEnvs, "hosted-key-envs", "", "environment variables engines may name in oasis_upstream_key_env, comma-separated: NAME (any allowed upstream) or NAME=URL pattern (only those upstreams)")
 	fs.StringVar(&rt.logLevel, "log-level", "info", "trace, debug, info, warn, error")

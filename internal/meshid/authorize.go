@@ -142,3 +142,19 @@ func (a *authorizer) watchIntentions(ctx context.Context, idx uint64) (uint64, e
 	}
 	return meta.LastIndex, nil
 }
+
+// watchOutbound is one blocking query on the intentions whose source is the
+// service; a change calls OnOutboundChange.
+func (id *Identity) watchOutbound(ctx context.Context, idx uint64) (uint64, error) {
+	q := (&consulapi.QueryOptions{WaitIndex: idx, WaitTime: watchWait}).WithContext(ctx)
+	_, meta, err := id.cfg.Consul.Connect().IntentionMatch(&consulapi.IntentionMatch{
+		By: consulapi.IntentionMatchSource, Names: []string{id.cfg.Service}}, q)
+	if err != nil {
+		return 0, err
+	}
+	if idx != 0 && meta.LastIndex != idx {
+		id.log.Debug("intentions from this service changed", "service", id.cfg.Service)
+		id.cfg.OnOutboundChange()
+	}
+	return meta.LastIndex, nil
+}

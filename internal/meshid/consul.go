@@ -58,6 +58,9 @@ func (id *Identity) startConsul(ctx context.Context) error {
 		return next, err
 	})
 	id.watch(wctx, "intentions", 0, id.authz.watchIntentions)
+	if id.cfg.OnOutboundChange != nil {
+		id.watch(wctx, "outbound_intentions", 0, id.watchOutbound)
+	}
 	return nil
 }
 

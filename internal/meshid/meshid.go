@@ -64,6 +64,12 @@ type Config struct {
 	// AuthorizeTimeout bounds one authorization call to the agent (default
 	// 2s); a caller that cannot be authorized in time is refused.
 	AuthorizeTimeout time.Duration
+
+	// OnOutboundChange, when set, is called after the intentions whose
+	// source is Service change. Servers authorize a caller once per
+	// connection, so a caller that keeps connections open (a pool) drops
+	// its idle ones here, and its next requests are authorized anew.
+	OnOutboundChange func()
 }
 
 var (
@@ -160,6 +166,15 @@ func (id *Identity) Service() string { return id.cfg.Service }
 func (id *Identity) TrustDomain() string {
 	if st := id.consul.Load(); st != nil {
 		return st.trustDomain
+	}
+	return ""
+}
+
+// Serial is the serial number of the Connect leaf in use, as Consul writes
+// it ("" for files).
+func (id *Identity) Serial() string {
+	if st := id.consul.Load(); st != nil {
+		return st.serial
 	}
 	return ""
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/cachestate"
@@ -50,16 +52,23 @@ type App struct {
 	watcher *policy.Watcher // Consul KV policy; nil with PolicyFile
 	auth    *auth.Authenticator
 	engines *http.Transport // to engines: proxying, metrics scraping, /tokenize
-	gw      *gateway.Gateway
-	fed     *federation.Federation // nil without -federation-listen
+	// enginesReady publishes engines to the mesh identity's watch, which
+	// starts before the transport exists.
+	enginesReady atomic.Pointer[http.Transport]
+	gw           *gateway.Gateway
+	fed          *federation.Federation // nil without -federation-listen
 	// forwarded serves what other datacenters' routers forward (the
 	// gateway's ForwardedHandler, once built).
 	forwarded http.Handler
 	tls       *tlsfiles.Files        // nil without TLS
+	mesh      *meshid.Identity       // nil without -mesh-service
 	procs     *gomaxprocs.Controller // nil unless AdaptiveGOMAXPROCS
 
-	ln  net.Listener
+	ln  net.Listener // nil with -listen off
 	srv *http.Server
+
+	meshLn  net.Listener // nil without -mesh-listen
+	meshSrv *http.Server
 
 	// bg is the context of the background work (discovery, watchers,
 	// scraping, cache state subscriptions): it outlives the serving context
@@ -78,7 +87,7 @@ func New(cfg Config) (*App, error) {
 	}
 	a := &App{cfg: cfg, log: cfg.Logger}
 	a.bg, a.bgCancel = context.WithCancel(context.Background())
-	steps := []func() error{a.initMetrics, a.initClients, a.initPool, a.initPolicy, a.initAuth,
+	steps := []func() error{a.initMetrics, a.initClients, a.initMesh, a.initPool, a.initPolicy, a.initAuth,
 		a.initFederation, a.initGateway, a.initTLS, a.initServer}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -99,12 +108,18 @@ func (a *App) Close() error {
 	if a.cache != nil {
 		a.cache.Close()
 	}
-	if a.ln != nil {
-		if err := a.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-			return err
+	if a.mesh != nil {
+		a.mesh.Close()
+	}
+	var errs []error
+	for _, ln := range []net.Listener{a.ln, a.meshLn} {
+		if ln != nil {
+			if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				errs = append(errs, err)
+			}
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // ReloadAPIKeys re-reads Config.APIKeysFile (main calls it on SIGHUP). A
@@ -146,7 +161,7 @@ func (a *App) initMetrics() error {
 func (a *App) initClients() error {
 	c := a.cfg
 	var err error
-	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register ||
+	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register || c.MeshService != "" ||
 		(c.FederationListen != "" && c.Discovery != DiscoveryStatic) {
 		cc := consulapi.DefaultConfig()
 		if c.ConsulAddr != "" {

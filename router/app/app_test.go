@@ -295,6 +295,21 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, junk
 		}, "-federation-tls-ca"},
 		{"hosted key variable name", func(c *Config) { c.HostedKeyEnvs = []string{"NOT-A-NAME"} }, "-hosted-key-envs"},
+		{"mesh listener without identity", func(c *Config) { c.MeshListen = "127.0.0.1:0" }, "-mesh-listen"},
+		{"mesh engines without identity", func(c *Config) { c.MeshEngines = true }, "-mesh-engines"},
+		{"no listener at all", func(c *Config) { c.Listen = ListenOff }, "-listen"},
+		{"mesh identity, no listener", func(c *Config) { c.Listen, c.MeshService = ListenOff, "oasis-router" }, "-listen"},
+		{"mesh listener without port", func(c *Config) { c.MeshService, c.MeshListen = "oasis-router", "127.0.0.1" }, "-mesh-listen"},
+		{"mesh engines with static discovery", func(c *Config) { c.MeshService, c.MeshEngines = "oasis-router", true }, "-mesh-engines"},
+		{"register without listener", func(c *Config) {
+			c.Listen, c.MeshService, c.MeshListen, c.Register = ListenOff, "oasis-router", "127.0.0.1:0", true
+		}, "-register"},
+		{"federation files in the mesh", func(c *Config) {
+			c.MeshService, c.FederationListen, c.FederationTLSCert = "oasis-router", "127.0.0.1:0", pki.serverCert
+		}, "-federation-tls-cert"},
+		{"mesh identity without Connect", func(c *Config) {
+			c.MeshService, c.ConsulAddr = "oasis-router", "127.0.0.1:1" // no Consul there: no leaf
+		}, "-mesh-service"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

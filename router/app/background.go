@@ -53,7 +53,8 @@ func (a *App) startBackground() {
 func (a *App) startDiscovery() {
 	switch a.cfg.Discovery {
 	case DiscoveryConsul:
-		src := &discovery.Consul{Client: a.consul, Service: a.cfg.Service, Tag: a.cfg.ServiceTag, Logger: a.log, Metrics: a.m}
+		src := &discovery.Consul{Client: a.consul, Service: a.cfg.Service, Tag: a.cfg.ServiceTag, Logger: a.log, Metrics: a.m,
+			Connect: a.cfg.MeshEngines}
 		a.goBackground(func() { src.Run(a.bg, a.pool) })
 	case DiscoveryNomad:
 		src := &discovery.Nomad{Client: a.nomad, Service: a.cfg.Service, Logger: a.log, Metrics: a.m}

@@ -88,6 +88,12 @@ type Config struct {
 	FederationTLSKey    string // -federation-tls-key
 	FederationTLSCA     string // -federation-tls-ca: PEM bundle peers' certificates must chain to
 
+	// The Consul service mesh (Connect): MeshService is the router's
+	// identity, from the local agent's leaf certificate for that service.
+	MeshService string // -mesh-service (empty: not in the mesh)
+	MeshListen  string // -mesh-listen: TCP host:port served Connect-native (callers' intentions decide)
+	MeshEngines bool   // -mesh-engines: reach engines only through the mesh (their sidecars or Connect-native listeners)
+
 	HostedUpstreams []string // -hosted-upstreams: allowed oasis_upstream base URLs (discovery.ParseHostedPolicy)
 	HostedKeyEnvs   []string // -hosted-key-envs: allowed oasis_upstream_key_env names
 
@@ -200,8 +206,15 @@ func (c Config) withDefaults() Config {
 
 // validate checks what can be checked without touching files or the network.
 func (c Config) validate() error {
-	if err := checkHostPort(c.Listen); err != nil {
-		return flagErr("-listen", "%w", err)
+	if c.Listen != ListenOff {
+		if err := checkHostPort(c.Listen); err != nil {
+			return flagErr("-listen", "%w", err)
+		}
+	} else if c.Register {
+		return flagErr("-register", "registers the -listen address: not with -listen off (let Nomad register the mesh service)")
+	}
+	if err := c.validateMesh(); err != nil {
+		return err
 	}
 	switch c.Discovery {
 	case DiscoveryConsul, DiscoveryNomad:

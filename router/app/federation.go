@@ -40,8 +40,11 @@ func (c Config) validateFederation() error {
 	}
 	for _, f := range []struct{ flag, v string }{{"-federation-tls-cert", c.FederationTLSCert},
 		{"-federation-tls-key", c.FederationTLSKey}, {"-federation-tls-ca", c.FederationTLSCA}} {
-		if f.v == "" {
-			return flagErr(f.flag, "required with -federation-listen (peers authenticate each other by certificate)")
+		switch {
+		case f.v == "" && c.MeshService == "":
+			return flagErr(f.flag, "required with -federation-listen (peers authenticate each other by certificate) unless -mesh-service gives the router its identity")
+		case f.v != "" && c.MeshService != "":
+			return flagErr(f.flag, "not with -mesh-service: the federation uses the router's mesh identity")
 		}
 	}
 	return nil
@@ -59,18 +62,11 @@ func (a *App) initFederation() error {
 	if err != nil {
 		return err
 	}
-	files, err := tlsfiles.New(tlsfiles.Config{CertFile: c.FederationTLSCert, KeyFile: c.FederationTLSKey,
-		ClientCAFile: c.FederationTLSCA, Logger: a.log.Named("federation.tls"), Registerer: a.reg,
-		Namespace: "oasis_router_federation"})
+	id, err := a.federationIdentity()
 	if err != nil {
-		var fe *tlsfiles.FileError
-		if errors.As(err, &fe) {
-			return &ConfigError{Flag: map[string]string{"CertFile": "-federation-tls-cert", "KeyFile": "-federation-tls-key",
-				"ClientCAFile": "-federation-tls-ca"}[fe.Field], Err: err}
-		}
-		return fmt.Errorf("federation TLS: %w", err)
+		return err
 	}
-	a.fed, err = federation.New(federation.Config{DC: dc, Consul: a.consul, Identity: federation.FilesIdentity(files),
+	a.fed, err = federation.New(federation.Config{DC: dc, Consul: a.consul, Identity: id,
 		Listen: c.FederationListen, Logger: a.log, Registerer: a.reg,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { a.forwarded.ServeHTTP(w, r) }),
 		Policy:  func() policy.FederationSettings { return a.policy.Current().FederationSettings() },
@@ -82,6 +78,27 @@ func (a *App) initFederation() error {
 		return flagErr("-federation-listen", "%w", err)
 	}
 	return nil
+}
+
+// federationIdentity is the router's mesh identity with -mesh-service, the
+// -federation-tls-* files otherwise.
+func (a *App) federationIdentity() (federation.Identity, error) {
+	c := a.cfg
+	if a.mesh != nil {
+		return a.meshFederationIdentity(), nil
+	}
+	files, err := tlsfiles.New(tlsfiles.Config{CertFile: c.FederationTLSCert, KeyFile: c.FederationTLSKey,
+		ClientCAFile: c.FederationTLSCA, Logger: a.log.Named("federation.tls"), Registerer: a.reg,
+		Namespace: "oasis_router_federation"})
+	if err != nil {
+		var fe *tlsfiles.FileError
+		if errors.As(err, &fe) {
+			return federation.Identity{}, &ConfigError{Flag: map[string]string{"CertFile": "-federation-tls-cert",
+				"KeyFile": "-federation-tls-key", "ClientCAFile": "-federation-tls-ca"}[fe.Field], Err: err}
+		}
+		return federation.Identity{}, fmt.Errorf("federation TLS: %w", err)
+	}
+	return federation.FilesIdentity(files), nil
 }
 
 // federationDC is -federation-dc or, without it, the local Consul agent's.

@@ -14,7 +14,8 @@ import (
 // initGateway builds the gateway over the pool, policy and terms, with the
 // engine transport shared by proxying, metrics scraping and /tokenize.
 func (a *App) initGateway() error {
-	a.engines = gateway.NewEngineTransport(gateway.EngineTransportConfig{})
+	a.engines = gateway.NewEngineTransport(gateway.EngineTransportConfig{TLS: a.engineTLS()})
+	a.enginesReady.Store(a.engines)
 	// Prompt tokens, computed only when a term or the cache learning asks.
 	tok := tokens.NewAuto(func(model string) []tokens.Replica {
 		ws := a.pool.Workers(model)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/net/netutil"
@@ -22,6 +22,12 @@ import (
 // the TLS handshake); the gateway bounds the body's arrival itself
 // (Config.BodyReadTimeout).
 func (a *App) initServer() error {
+	if err := a.initMeshServer(); err != nil {
+		return err
+	}
+	if a.cfg.Listen == ListenOff {
+		return nil
+	}
 	ln, err := net.Listen("tcp", a.cfg.Listen)
 	if err != nil {
 		return flagErr("-listen", "%w", err)
@@ -33,17 +39,7 @@ func (a *App) initServer() error {
 		ln = netutil.LimitListener(ln, a.cfg.MaxConnections)
 	}
 	a.ln = ln
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetHTTP2(true) // over TLS by ALPN only: unencrypted HTTP/2 stays off
-	a.srv = &http.Server{
-		Handler:           a.gw,
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    a.cfg.MaxHeaderBytes,
-		Protocols:         &protocols,
-		ErrorLog:          log.New(serverLog{a.log.Named("http")}, "", 0),
-	}
+	a.srv = a.newHTTPServer("http")
 	if a.tls != nil {
 		tc := a.tls.ServerConfig()
 		// Set here, not left to http.Server: with mutual TLS every
@@ -79,12 +75,38 @@ func (a *App) Run(ctx context.Context) error {
 		stop := a.servePprof()
 		defer stop()
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	a.serve(errc)
+	a.serveMesh(errc)
+	serviceID, err := a.register()
+	if err != nil {
+		a.closeServers()
+		return err
+	}
+	select {
+	case err := <-errc:
+		a.deregister(serviceID)
+		a.closeServers()
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	return a.drain(serviceID, errc)
+}
+
+// serve serves the plain/TLS listener, when there is one.
+func (a *App) serve(errc chan<- error) {
+	if a.srv == nil {
+		return
+	}
 	go func() {
+		var err error
 		if a.tls != nil {
-			errc <- a.srv.ServeTLS(a.ln, "", "")
+			err = a.srv.ServeTLS(a.ln, "", "")
 		} else {
-			errc <- a.srv.Serve(a.ln)
+			err = a.srv.Serve(a.ln)
+		}
+		if err != http.ErrServerClosed {
+			errc <- err
 		}
 	}()
 	a.log.Info("serving", "listen", a.ln.Addr().String(), "tls", a.tls != nil, "mutual_tls", a.cfg.TLSClientCA != "",
@@ -92,19 +114,23 @@ func (a *App) Run(ctx context.Context) error {
 	if a.auth == nil && !isLoopback(a.ln.Addr()) {
 		a.log.Warn("API keys are disabled and the router listens beyond loopback", "listen", a.ln.Addr().String())
 	}
-	serviceID, err := a.register()
-	if err != nil {
-		a.srv.Close()
-		<-errc
-		return err
+}
+
+// servers are the HTTP servers in use.
+func (a *App) servers() []*http.Server {
+	var out []*http.Server
+	for _, s := range []*http.Server{a.srv, a.meshSrv} {
+		if s != nil {
+			out = append(out, s)
+		}
 	}
-	select {
-	case err := <-errc:
-		a.deregister(serviceID)
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
+	return out
+}
+
+func (a *App) closeServers() {
+	for _, s := range a.servers() {
+		s.Close()
 	}
-	return a.drain(serviceID, errc)
 }
 
 // drain stops taking requests and waits for the ones in flight.
@@ -115,12 +141,23 @@ func (a *App) drain(serviceID string, errc <-chan error) error {
 	a.deregister(serviceID)
 	sctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
-	err := a.srv.Shutdown(sctx)
-	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		a.log.Warn("server stopped with an error", "error", serr)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, s := range a.servers() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Shutdown(sctx)
+		}()
 	}
-	if err != nil {
-		a.srv.Close() // what is still running is cut
+	wg.Wait()
+	select {
+	case serr := <-errc:
+		a.log.Warn("server stopped with an error", "error", serr)
+	default:
+	}
+	if err := errors.Join(errs...); err != nil {
+		a.closeServers() // what is still running is cut
 		return fmt.Errorf("draining: %w", err)
 	}
 	a.log.Info("drained")

@@ -26,6 +26,13 @@ type Consul struct {
 
 	// WaitTime bounds each blocking query (default 5m).
 	WaitTime time.Duration
+
+	// Connect finds the service's instances in the service mesh instead:
+	// each instance's address is that of its sidecar proxy (or its own, for
+	// a Connect-native instance), which the router dials with its mesh
+	// identity. The instance keeps the service's ID, tags and meta, so the
+	// routing and cache state know it by the same name as outside the mesh.
+	Connect bool
 }
 
 // Run updates pool until ctx ends.
@@ -51,7 +58,7 @@ func (c *Consul) Watch(ctx context.Context, fn func([]Instance)) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx)
-		entries, meta, err := c.Client.Health().Service(svc, c.Tag, true, q)
+		instances, meta, err := c.query(ctx, svc, q)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -79,21 +86,70 @@ func (c *Consul) Watch(ctx context.Context, fn func([]Instance)) {
 		} else {
 			index = meta.LastIndex
 		}
-		instances := make([]Instance, 0, len(entries))
-		for _, e := range entries {
-			addr := e.Service.Address
-			if addr == "" && e.Node != nil {
-				addr = e.Node.Address
-			}
-			instances = append(instances, Instance{
-				ID:      e.Service.ID,
-				Address: net.JoinHostPort(addr, strconv.Itoa(e.Service.Port)),
-				Tags:    e.Service.Tags,
-				Meta:    e.Service.Meta,
-			})
-		}
 		fn(instances)
 		log.Debug("instances updated", "service", svc, "instances", len(instances), "index", index)
+	}
+}
+
+// query is one (blocking) health query: the passing instances of svc, or
+// with Connect its passing mesh endpoints joined with the service's own
+// registrations.
+func (c *Consul) query(ctx context.Context, svc string, q *consulapi.QueryOptions) ([]Instance, *consulapi.QueryMeta, error) {
+	if !c.Connect {
+		entries, meta, err := c.Client.Health().Service(svc, c.Tag, true, q)
+		if err != nil {
+			return nil, nil, err
+		}
+		out := make([]Instance, 0, len(entries))
+		for _, e := range entries {
+			out = append(out, instance(e, e))
+		}
+		return out, meta, nil
+	}
+	// The mesh endpoints (sidecars carry their own tags and meta), blocking;
+	// then the services themselves as of now: a sidecar's checks include
+	// its service's (Nomad adds an alias check), so the blocking query
+	// answers when either changes.
+	endpoints, meta, err := c.Client.Health().Connect(svc, "", true, q)
+	if err != nil {
+		return nil, nil, err
+	}
+	services, _, err := c.Client.Health().Service(svc, c.Tag, true, (&consulapi.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, nil, err
+	}
+	byID := make(map[string]*consulapi.ServiceEntry, len(services))
+	for _, e := range services {
+		byID[e.Service.ID] = e
+	}
+	out := make([]Instance, 0, len(endpoints))
+	for _, e := range endpoints {
+		id := e.Service.ID
+		if e.Service.Kind == consulapi.ServiceKindConnectProxy {
+			if e.Service.Proxy == nil {
+				continue
+			}
+			id = e.Service.Proxy.DestinationServiceID
+		}
+		if s, ok := byID[id]; ok && s.Node != nil && e.Node != nil && s.Node.Node == e.Node.Node {
+			out = append(out, instance(s, e))
+		}
+	}
+	return out, meta, nil
+}
+
+// instance is the service registration s reached at endpoint at (s itself
+// outside the mesh, its sidecar inside).
+func instance(s, at *consulapi.ServiceEntry) Instance {
+	addr := at.Service.Address
+	if addr == "" && at.Node != nil {
+		addr = at.Node.Address
+	}
+	return Instance{
+		ID:      s.Service.ID,
+		Address: net.JoinHostPort(addr, strconv.Itoa(at.Service.Port)),
+		Tags:    s.Service.Tags,
+		Meta:    s.Service.Meta,
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -21,6 +22,10 @@ import (
 type upstreamError struct {
 	err     error
 	timeout bool // response_header or stream_idle passed
+	// unreachable: no connection could be made (refused, no route, or a
+	// TLS handshake the engine's side refused, as a mesh sidecar does when
+	// no intention lets the router in): the request never reached an engine.
+	unreachable bool
 }
 
 func (e *upstreamError) Error() string { return e.err.Error() }
@@ -107,7 +112,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			g.m.UpstreamTimeouts.WithLabelValues(x.req.Model, "response_header").Inc()
 			return &upstreamError{err: errResponseHeaderTimeout, timeout: true}
 		}
-		return &upstreamError{err: err}
+		return &upstreamError{err: err, unreachable: isConnectError(err)}
 	}
 	defer resp.Body.Close()
 	timer.streaming(to.StreamIdle)
@@ -133,6 +138,17 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 	}
 	return rl.run(ctx, uctx, r)
+}
+
+// isConnectError reports whether err is the failure to set up a connection:
+// a dial's, a TLS handshake's (tlsDialer's HandshakeError), or a TLS alert
+// from the engine's side. With TLS 1.3 the client's handshake ends before
+// the server has checked the client's certificate, so a sidecar refusing
+// the router shows as an alert on the first read, the request unprocessed.
+func isConnectError(err error) bool {
+	var op *net.OpError
+	var hs *HandshakeError
+	return errors.As(err, &hs) || (errors.As(err, &op) && (op.Op == "dial" || op.Op == "remote error"))
 }
 
 // beforeFirstByte turns a response that failed before anything reached the

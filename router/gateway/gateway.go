@@ -6,6 +6,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"net"
@@ -180,6 +181,12 @@ type EngineTransportConfig struct {
 	DialTimeout         time.Duration // default 2 s
 	IdleConnTimeout     time.Duration // idle connections are closed after this (default 90 s)
 	MaxIdleConnsPerHost int           // default 1024
+	// TLS, when set, wraps every connection to an engine in TLS with this
+	// configuration while URLs stay http:// (the router in the service
+	// mesh dials each engine's sidecar, or a Connect-native engine, with its
+	// own leaf certificate; meshid's ClientConfig verifies the engine's
+	// service identity). The handshake is bounded by DialTimeout too.
+	TLS *tls.Config
 }
 
 // NewEngineTransport returns net/http's Transport tuned for engines on the
@@ -199,8 +206,13 @@ func NewEngineTransport(c EngineTransportConfig) *http.Transport {
 	if c.MaxIdleConnsPerHost <= 0 {
 		c.MaxIdleConnsPerHost = 1024
 	}
+	dialer := &net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second}
+	dial := dialer.DialContext
+	if c.TLS != nil {
+		dial = tlsDialer(dialer, c.TLS, c.DialTimeout)
+	}
 	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         dial,
 		MaxIdleConnsPerHost: c.MaxIdleConnsPerHost,
 		IdleConnTimeout:     c.IdleConnTimeout,
 		DisableCompression:  true,
@@ -208,6 +220,34 @@ func NewEngineTransport(c EngineTransportConfig) *http.Transport {
 		WriteBufferSize: 64 << 10,
 	}
 }
+
+// tlsDialer dials and completes a TLS handshake within timeout.
+func tlsDialer(d *net.Dialer, tc *tls.Config, timeout time.Duration) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		raw, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		conn := tls.Client(raw, tc)
+		if err := conn.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, &HandshakeError{Addr: addr, Err: err}
+		}
+		return conn, nil
+	}
+}
+
+// HandshakeError is a TLS handshake with an engine (or its sidecar) that
+// failed: no request was sent.
+type HandshakeError struct {
+	Addr string
+	Err  error
+}
+
+func (e *HandshakeError) Error() string { return "TLS handshake with " + e.Addr + ": " + e.Err.Error() }
+func (e *HandshakeError) Unwrap() error { return e.Err }
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }

@@ -304,8 +304,9 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 	t.Run("no worker left", func(t *testing.T) {
 		h := newHarness(t, nil, nil, map[string]string{"a": "m@" + deadAddr(t)})
 		resp := h.post("/v1/completions", `{"model":"m"}`)
-		must.Eq(t, 502, resp.StatusCode)
-		must.Eq(t, "upstream_unavailable", *readErr(t, resp).Error.Code)
+		must.Eq(t, 503, resp.StatusCode) // refused connections: no engine was reached
+		must.Eq(t, "no_reachable_worker", *readErr(t, resp).Error.Code)
+		must.NotEq(t, "", resp.Header.Get("Retry-After"))
 	})
 }
 

@@ -158,8 +158,14 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 }
 
 // upstreamFailed answers a request whose last attempt failed before its
-// first byte: 504 when the engine was silent too long, else 502.
+// first byte: 504 when the engine was silent too long, 503 when no
+// connection to it could be made, else 502.
 func upstreamFailed(w http.ResponseWriter, rec *outcome, e *upstreamError, why string) {
+	if e.unreachable {
+		rec.fail(w, http.StatusServiceUnavailable, "server_error", "no_reachable_worker", "",
+			"no engine could be reached: "+e.Error()+why, time.Second)
+		return
+	}
 	if e.timeout {
 		rec.fail(w, http.StatusGatewayTimeout, "server_error", "upstream_timeout", "",
 			"the engine did not answer in time: "+e.Error()+why, 0)
