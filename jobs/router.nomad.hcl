@@ -105,6 +105,18 @@ variable "federation_models" {
   default     = []
 }
 
+variable "mesh_enabled" {
+  description = "Join the Consul service mesh: the router's identity is its Connect leaf certificate (service oasis-router), the API is also served Connect-native on the port mesh (intentions decide who may call it: jobs/mesh), engines are reached only at their sidecars (or Connect-native listeners), and the federation link, when on, uses the same identity instead of the federation_tls_* items."
+  type        = bool
+  default     = false
+}
+
+variable "mesh_plain_listener" {
+  description = "With mesh_enabled, also serve clients outside the mesh on http_port (plain or tls_enabled). Off, only mesh clients reach the router."
+  type        = bool
+  default     = true
+}
+
 variable "hosted_upstreams" {
   description = "Hosted OpenAI-compatible base URLs engines may name in oasis_upstream (https; exact, or with a leading *. host label, e.g. https://*.openai.azure.com/openai). Registrations naming others are ignored."
   type        = list(string)
@@ -137,11 +149,12 @@ locals {
   tls_files = concat(
     var.tls_enabled ? [{ item = "tls_cert", file = "cert.pem" }, { item = "tls_key", file = "key.pem" }] : [],
     var.tls_enabled && var.tls_mutual ? [{ item = "tls_client_ca", file = "client-ca.pem" }] : [],
-    var.federation_enabled ? [{ item = "federation_tls_cert", file = "federation-cert.pem" },
+    var.federation_enabled && !var.mesh_enabled ? [{ item = "federation_tls_cert", file = "federation-cert.pem" },
       { item = "federation_tls_key", file = "federation-key.pem" },
     { item = "federation_tls_ca", file = "federation-ca.pem" }] : [],
   )
   hosted_key_names = [for e in var.hosted_key_envs : split("=", e)[0]]
+  plain_listener   = !var.mesh_enabled || var.mesh_plain_listener
 }
 
 job "oasis-router" {
@@ -158,8 +171,19 @@ job "oasis-router" {
 
   group "router" {
     network {
-      port "http" {
-        static = var.http_port
+      # Stated, not defaulted: Nomad gives a Connect-native task CONSUL_HTTP_ADDR only then.
+      mode = "host"
+      dynamic "port" {
+        for_each = local.plain_listener ? ["http"] : []
+        labels   = [port.value]
+        content {
+          static = var.http_port
+        }
+      }
+      dynamic "port" {
+        for_each = var.mesh_enabled ? ["mesh"] : []
+        labels   = [port.value]
+        content {}
       }
       dynamic "port" {
         for_each = var.federation_enabled ? ["federation"] : []
@@ -177,33 +201,63 @@ job "oasis-router" {
       mode     = "delay"
     }
 
-    service {
-      name     = "oasis-router"
-      provider = "consul"
-      port     = "http"
-      tags     = ["oasis", "openai"]
-      meta {
-        oasis_node = "${node.unique.id}"
-      }
-      # Liveness, not readiness: /ready is 503 while no engine is up, which must not fail a
-      # deployment of the router itself. Over TLS Consul does not verify the router's
-      # certificate (its CA is the operator's); with mutual TLS it cannot present a client
-      # certificate, so the check only connects.
-      dynamic "check" {
-        for_each = var.tls_enabled && var.tls_mutual ? [] : ["health"]
-        content {
-          name            = "health"
-          type            = "http"
-          protocol        = var.tls_enabled ? "https" : "http"
-          tls_skip_verify = var.tls_enabled
-          path            = "/health"
-          interval        = "5s"
-          timeout         = "2s"
+    dynamic "service" {
+      for_each = local.plain_listener ? ["http"] : []
+      content {
+        name     = "oasis-router"
+        provider = "consul"
+        port     = "http"
+        tags     = ["oasis", "openai"]
+        meta {
+          oasis_node = "${node.unique.id}"
+        }
+        # Liveness, not readiness: /ready is 503 while no engine is up, which must not fail a
+        # deployment of the router itself. Over TLS Consul does not verify the router's
+        # certificate (its CA is the operator's); with mutual TLS it cannot present a client
+        # certificate, so the check only connects.
+        dynamic "check" {
+          for_each = var.tls_enabled && var.tls_mutual ? [] : ["health"]
+          content {
+            name            = "health"
+            type            = "http"
+            protocol        = var.tls_enabled ? "https" : "http"
+            tls_skip_verify = var.tls_enabled
+            path            = "/health"
+            interval        = "5s"
+            timeout         = "2s"
+          }
+        }
+        dynamic "check" {
+          for_each = var.tls_enabled && var.tls_mutual ? ["listening"] : []
+          content {
+            name     = "listening"
+            type     = "tcp"
+            interval = "5s"
+            timeout  = "2s"
+          }
         }
       }
-      dynamic "check" {
-        for_each = var.tls_enabled && var.tls_mutual ? ["listening"] : []
-        content {
+    }
+
+    # The API for mesh clients, Connect-native: the router terminates mutual TLS with its own
+    # leaf certificate and asks Consul's intentions about each caller (no sidecar in front, so
+    # its per-instance routing stays its own). Consul's check cannot present a mesh
+    # certificate: it only connects.
+    dynamic "service" {
+      for_each = var.mesh_enabled ? ["mesh"] : []
+      content {
+        name     = "oasis-router"
+        provider = "consul"
+        port     = "mesh"
+        task     = "router"
+        tags     = ["oasis", "openai", "mesh"]
+        meta {
+          oasis_node = "${node.unique.id}"
+        }
+        connect {
+          native = true
+        }
+        check {
           name     = "listening"
           type     = "tcp"
           interval = "5s"
@@ -246,7 +300,7 @@ job "oasis-router" {
       config {
         command = "${var.oasis_bin_dir}/oasis-router"
         args = concat([
-          "-listen", "${var.bind_address}:${NOMAD_PORT_http}",
+          "-listen", local.plain_listener ? "${var.bind_address}:${NOMAD_PORT_http}" : "off",
           "-consul-addr", var.consul_addr,
           "-kv-prefix", var.kv_prefix,
           "-api-keys-kv=${var.api_keys_kv}",
@@ -261,9 +315,14 @@ job "oasis-router" {
           "-tls-key", "${NOMAD_SECRETS_DIR}/tls/key.pem",
           ] : [], var.tls_enabled && var.tls_mutual ? [
           "-tls-client-ca", "${NOMAD_SECRETS_DIR}/tls/client-ca.pem",
+          ] : [], var.mesh_enabled ? [
+          "-mesh-service", "oasis-router",
+          "-mesh-listen", "${var.bind_address}:${NOMAD_PORT_mesh}",
+          "-mesh-engines",
           ] : [], var.federation_enabled ? [
           "-federation-listen", "${var.bind_address}:${NOMAD_PORT_federation}",
           "-federation-dc", var.federation_dc,
+          ] : [], var.federation_enabled && !var.mesh_enabled ? [
           "-federation-tls-cert", "${NOMAD_SECRETS_DIR}/tls/federation-cert.pem",
           "-federation-tls-key", "${NOMAD_SECRETS_DIR}/tls/federation-key.pem",
           "-federation-tls-ca", "${NOMAD_SECRETS_DIR}/tls/federation-ca.pem",

@@ -17,11 +17,16 @@ const watchWait = 5 * time.Minute
 // startConsul loads the first leaf and roots, then follows them, and the
 // intentions naming the service, until Close.
 func (id *Identity) startConsul(ctx context.Context) error {
-	leaf, leafIdx, err := id.fetchLeaf(ctx, 0)
-	if err != nil {
+	var leaf leaf
+	var roots roots
+	var leafIdx, rootsIdx uint64
+	err := untilReady(ctx, func() (err error) {
+		if leaf, leafIdx, err = id.fetchLeaf(ctx, 0); err != nil {
+			return err
+		}
+		roots, rootsIdx, err = id.fetchRoots(ctx, 0)
 		return err
-	}
-	roots, rootsIdx, err := id.fetchRoots(ctx, 0)
+	})
 	if err != nil {
 		return err
 	}
@@ -62,6 +67,27 @@ func (id *Identity) startConsul(ctx context.Context) error {
 		id.watch(wctx, "outbound_intentions", 0, id.watchOutbound)
 	}
 	return nil
+}
+
+// untilReady calls fn until it succeeds, fails other than with a server
+// error, or ctx ends. A Consul agent answers 500 while its Connect CA is not
+// ready yet (a secondary datacenter's, until its primary signed it), which
+// start-up waits out.
+func untilReady(ctx context.Context, fn func() error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := fn()
+		var se consulapi.StatusError
+		if err == nil || !errors.As(err, &se) || se.Code < 500 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
 }
 
 // watch runs one blocking-query loop: fn answers with the next index, or an

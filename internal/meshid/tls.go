@@ -52,6 +52,12 @@ func (id *Identity) ClientConfig(service string, nextProtos ...string) *tls.Conf
 	}
 }
 
+// Authorize checks a connection's caller against the intentions as they
+// are now, as the handshake did (files: any certificate the CA signed).
+// Servers call it per request, so a revoked intention stops connections
+// made before it too; decisions are cached per certificate serial.
+func (id *Identity) Authorize(cs tls.ConnectionState) error { return id.verifyClient(cs) }
+
 // verifyClient runs after crypto/tls verified the caller's chain against the
 // roots: it checks the caller's SPIFFE identity and asks the intentions.
 func (id *Identity) verifyClient(cs tls.ConnectionState) error {

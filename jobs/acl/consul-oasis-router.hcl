@@ -11,6 +11,18 @@ service "oasis-kvcached" {
   policy = "read"
 }
 
+# In the service mesh (mesh_enabled): the router's Connect leaf certificate and the
+# authorization of its callers need write on its own service; read on a service includes reading
+# the intentions naming it, which the router follows. Engines are reached at their sidecars,
+# which Consul's Connect health answer lists under the sidecar's own name.
+service "oasis-router" {
+  policy = "write"
+}
+
+service "oasis-engine-sidecar-proxy" {
+  policy = "read"
+}
+
 # Other datacenters' routers (federation), found through ?dc= queries.
 service "oasis-router-federation" {
   policy = "read"

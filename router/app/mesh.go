@@ -11,6 +11,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/router/federation"
+	"github.com/oasis-llm/oasis/router/gateway"
 )
 
 // ListenOff as -listen serves no plain/TLS listener: only mesh clients
@@ -75,6 +76,9 @@ func (a *App) meshIntentionsChanged() {
 		e.CloseIdleConnections()
 		a.log.Info("intentions from the router changed; idle engine connections closed")
 	}
+	if f := a.fedReady.Load(); f != nil {
+		f.CloseIdleConnections()
+	}
 }
 
 // engineTLS is the TLS the engine transport wraps connections in: the
@@ -92,8 +96,9 @@ func (a *App) engineTLS() *tls.Config {
 // intention MeshService → MeshService lets them in.
 func (a *App) meshFederationIdentity() federation.Identity {
 	return federation.Identity{
-		Server: func() *tls.Config { return a.mesh.ServerConfig() },
-		Client: func() *tls.Config { return a.mesh.ClientConfig(a.cfg.MeshService) },
+		Server:    func() *tls.Config { return a.mesh.ServerConfig() },
+		Client:    func() *tls.Config { return a.mesh.ClientConfig(a.cfg.MeshService) },
+		Authorize: a.mesh.Authorize,
 	}
 }
 
@@ -109,6 +114,7 @@ func (a *App) initMeshServer() error {
 	}
 	a.meshLn = ln
 	a.meshSrv = a.newHTTPServer("http.mesh")
+	a.meshSrv.Handler = gateway.RequirePeer(a.gw, a.mesh.Authorize)
 	a.meshSrv.TLSConfig = a.mesh.ServerConfig("h2", "http/1.1")
 	return nil
 }

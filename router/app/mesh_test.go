@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"net"
 	"net/http"
@@ -101,6 +102,24 @@ func TestMeshClientRouterSidecarEngine(t *testing.T) {
 	_, err := b.client(t, "intruder").Get(b.url() + "/health")
 	must.Error(t, err)
 	must.StrContains(t, err.Error(), "tls")
+
+	// Revoking web's intention stops its open connection too, at the next request.
+	b.intentions(t, "oasis-router")
+	testutil.Eventually(t, 10*time.Second, "web's next request on its connection to be refused", func() bool {
+		resp := complete(t, web, b.url(), false)
+		return resp.StatusCode == http.StatusForbidden && resp.ProtoMajor == 2
+	})
+	resp = complete(t, web, b.url(), false)
+	must.Eq(t, "permission_denied", errorCode(t, resp))
+}
+
+func errorCode(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	return e.Error.Code
 }
 
 func TestMeshEngineIntentionRemovedAndRestored(t *testing.T) {

@@ -206,6 +206,14 @@ func (f *Federation) DC() string { return f.cfg.DC }
 // Transport reaches other datacenters' routers (HTTP/3, mutual TLS).
 func (f *Federation) Transport() http.RoundTripper { return f.rt }
 
+// CloseIdleConnections closes the HTTP/3 connections to peers that carry no
+// request now: the next request dials, and is authorized, anew.
+func (f *Federation) CloseIdleConnections() {
+	if f.h3 != nil {
+		f.h3.CloseIdleConnections()
+	}
+}
+
 // Run serves and pushes summaries until ctx ends, then closes the listener
 // and the client's connections.
 func (f *Federation) Run(ctx context.Context) {
@@ -254,6 +262,15 @@ func (f *Federation) serverHandler() http.Handler {
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.cfg.Handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardedKey{}, true)))
 	}))
+	if auth := f.cfg.Identity.Authorize; auth != nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.TLS == nil || auth(*r.TLS) != nil {
+				http.Error(w, "federation: caller not authorized", http.StatusForbidden)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		})
+	}
 	return mux
 }
 

@@ -17,11 +17,15 @@ import (
 // certificate and verifies the peer's. Both are called once, when the
 // federation starts, and may follow rotating material themselves
 // (GetCertificate, GetConfigForClient): PEM files (FilesIdentity) today; a
-// Consul Connect leaf and its roots would be another Identity, not another
-// code path.
+// Consul Connect leaf and its roots (router/app, with internal/meshid) is
+// another Identity, not another code path.
 type Identity struct {
 	Server func() *tls.Config
 	Client func() *tls.Config
+	// Authorize, when set, is asked about every request the listener
+	// serves (403 when it refuses): in the mesh, the intentions as they
+	// are now, so that a revoked one stops connections made before it.
+	Authorize func(tls.ConnectionState) error
 }
 
 // ErrNoClientAuth is a server configuration that would accept clients

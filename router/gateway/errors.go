@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -40,4 +41,23 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string,
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// RequirePeer serves h only to callers whose TLS connection check accepts,
+// per request: the mesh listener's callers are authorized at their
+// handshake, and again for each request so that a revoked intention also
+// stops connections made before it (the check is cached per certificate).
+// Others get 403 permission_denied.
+func RequirePeer(h http.Handler, check func(tls.ConnectionState) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			writeError(w, http.StatusForbidden, "permission_denied", "permission_denied", "", "a mesh client certificate is required", 0)
+			return
+		}
+		if err := check(*r.TLS); err != nil {
+			writeError(w, http.StatusForbidden, "permission_denied", "permission_denied", "", "not allowed to call this service: "+err.Error(), 0)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -56,6 +56,9 @@ type dcOpts struct {
 	listen    string   // the federation listener; "": a free address
 	advertise string   // the address registered for peers; "": the listener's
 	hosts     []string // certificate addresses besides 127.0.0.1
+	// mesh: the router's identity, on the federation link too, is its
+	// Connect leaf (service oasis-router), not the CA's files.
+	mesh bool
 }
 
 func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA, o dcOpts) *dc {
@@ -84,6 +87,9 @@ func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tls
 		FederationTLSCert: cert, FederationTLSKey: key, FederationTLSCA: caFile, ScrapeInterval: time.Second,
 		ShutdownTimeout: 5 * time.Second, Registry: d.reg,
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "router-" + name, Level: hclog.Warn, Output: testWriter{t}})}
+	if o.mesh {
+		cfg.FederationTLSCert, cfg.FederationTLSKey, cfg.FederationTLSCA, cfg.MeshService = "", "", "", "oasis-router"
+	}
 	a, err := app.New(cfg)
 	must.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

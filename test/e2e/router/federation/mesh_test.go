@@ -1,0 +1,67 @@
+package federation
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+)
+
+// routerIntentions makes oasis-router callable from allow only (intentions
+// are global across WAN-federated datacenters: written in the primary,
+// replicated to dc2).
+func routerIntentions(t *testing.T, c *consulapi.Client, allow ...string) {
+	t.Helper()
+	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: "oasis-router"}
+	for _, s := range allow {
+		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
+	}
+	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
+	_, _, err := c.ConfigEntries().Set(e, nil)
+	must.NoError(t, err)
+}
+
+// TestFederationInTheMesh runs the federation link on the routers' Connect
+// identities: dc2's leaf is signed by dc2's CA, an intermediate of dc1's
+// root. dc1 has no engine, so its requests are forwarded to dc2 while the
+// oasis-router → oasis-router intention allows it; revoked, they stop (dc1
+// answers 404 itself: it has never had an engine for the model), and
+// restored, they flow again.
+func TestFederationInTheMesh(t *testing.T) {
+	c1, c2 := testutil.StartConsulWAN(t)
+	routerIntentions(t, c1.Client, "oasis-router")
+	ca := tlsfilestest.NewCA(t, "unused") // the mesh routers take no files
+	dc1 := startDCWith(t, "dc1", c1, ca, dcOpts{engines: 0, mesh: true})
+	dc2 := startDCWith(t, "dc2", c2, ca, dcOpts{engines: 1, mesh: true})
+	for _, d := range []*dc{dc1, dc2} {
+		waitUntil(t, 30*time.Second, d.name+" to receive a summary over the mesh", func() bool {
+			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
+		})
+	}
+	resp, body := dc1.chat(t, 8)
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	checkStream(t, body)
+	must.Eq(t, 1.0, dc1.metric(t, "oasis_router_federation_forwarded_total", nil))
+
+	routerIntentions(t, c1.Client) // routers may no longer call each other
+	revoked := time.Now()
+	waitUntil(t, 20*time.Second, "forwarding to stop", func() bool {
+		resp, _ := dc1.chat(t, 8)
+		return resp.StatusCode == http.StatusNotFound
+	})
+	t.Logf("forwarding stopped %v after the intention was revoked", time.Since(revoked).Round(10*time.Millisecond))
+	must.Positive(t, dc2.metric(t, "oasis_router_mesh_authorizations_total", map[string]string{"result": "denied"}))
+
+	routerIntentions(t, c1.Client, "oasis-router")
+	restored := time.Now()
+	waitUntil(t, 30*time.Second, "forwarding to resume", func() bool {
+		resp, _ := dc1.chat(t, 8)
+		return resp.StatusCode == http.StatusOK
+	})
+	t.Logf("forwarding resumed %v after the intention was restored", time.Since(restored).Round(10*time.Millisecond))
+}
