@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -112,6 +114,50 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 	must.EqOp(t, 0.0, c.metric(t, "oasis_kvcached_peers_healthy"))
 	_, err := c.client.Get(ctx, blockKey(next)).Bytes()
 	must.ErrorIs(t, err, redis.Nil)
+}
+
+// TestMeshWithTheJobsConsulPolicy runs --mesh with ACLs on (default deny)
+// and a token holding only the job's policy
+// (jobs/acl/consul-oasis-kvcached.hcl): it suffices for the leaf, the
+// authorizations and discovery; the intention to allow kvcached to kvcached
+// is needed (the default policy denies); with service:read only, Consul
+// refuses the leaf.
+func TestMeshWithTheJobsConsulPolicy(t *testing.T) {
+	dc1, _ := testutil.StartConsulWANACL(t)
+	rules, err := os.ReadFile(filepath.Join("..", "..", "jobs", "acl", "consul-oasis-kvcached.hcl"))
+	must.NoError(t, err)
+	token := func(name, rules string) string {
+		_, _, err := dc1.Client.ACL().PolicyCreate(&consulapi.ACLPolicy{Name: name, Rules: rules}, nil)
+		must.NoError(t, err)
+		tok, _, err := dc1.Client.ACL().TokenCreate(&consulapi.ACLToken{
+			Policies: []*consulapi.ACLTokenPolicyLink{{Name: name}}}, nil)
+		must.NoError(t, err)
+		return tok.SecretID
+	}
+	jobToken := token("oasis-kvcached", string(rules))
+	readToken := token("read-only", `service "oasis-kvcached" { policy = "read" }`)
+	_, _, err = dc1.Client.Agent().ConnectCALeaf("oasis-kvcached", &consulapi.QueryOptions{Token: readToken})
+	must.ErrorContains(t, err, "Permission denied")
+	setIntention(t, dc1.Client, consulapi.IntentionActionAllow)
+
+	node := func() *proc {
+		q := freeUDP(t)
+		p := startEnv(t, []string{"CONSUL_HTTP_TOKEN=" + jobToken}, "--mesh", "--quic-addr", q, "--quic-advertise", q,
+			"--peer-filter-interval", "200ms", "--consul-addr", dc1.HTTPAddr)
+		rp, _ := strconv.Atoi(port(t, p.addr))
+		must.NoError(t, dc1.Client.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+			ID: "kvcached-" + q, Name: "oasis-kvcached", Address: "127.0.0.1", Port: rp,
+			Meta: map[string]string{peer.QUICPortMeta: port(t, q)},
+		}))
+		return p
+	}
+	a, b := node(), node()
+	must.NoError(t, a.client.Set(context.Background(), blockKey(3), blockValue(3), 0).Err())
+	waitFor(t, 15*time.Second, "b to fetch a's block in the mesh", func() bool {
+		return b.client.Get(context.Background(), blockKey(3)).Val() == string(blockValue(3))
+	})
+	// The intention watch (intentions:read, implied by service:write) works.
+	must.StrNotContains(t, a.Output(), "following Consul failed")
 }
 
 func TestMeshFlagNeedsConsul(t *testing.T) {
