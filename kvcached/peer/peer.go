@@ -4,10 +4,12 @@
 // # Protocol
 //
 // ALPN "oasis-kvcached/1", TLS 1.3, both sides present a certificate signed
-// by the configured CA (server name DefaultServerName unless configured). One
-// QUIC connection per peer is kept and reused; every request is its own
+// by the configured CA (server name DefaultServerName unless configured), or
+// in the Consul service mesh their Connect leaf (IdentityTLS). One QUIC
+// connection per peer is kept and reused; every request is its own
 // bidirectional stream: the client writes the request and closes its send
-// side, the server answers and closes the stream.
+// side, the server answers and closes the stream. Config.Authorize, when set,
+// is asked again on every stream.
 //
 //	request:  op u8 | key length u16 BE | key
 //	response: status u8 | length u64 BE | payload
