@@ -365,3 +365,21 @@ func TestAuthorizeRecheckedOnEveryStream(t *testing.T) {
 	must.NoError(t, err)
 	must.EqOp(t, "v3", string(v))
 }
+
+// LoadTLS goes through meshid's files identity: TLS 1.3 and the ALPN hold
+// on the configuration each handshake gets, not only on the one returned.
+func TestLoadTLSKeepsTLS13AndALPN(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
+	caFile, cert, key := ca.WriteFiles(t, t.TempDir(), "n", DefaultServerName)
+	st, ct, err := LoadTLS(TLSFiles{CA: caFile, Cert: cert, Key: key})
+	must.NoError(t, err)
+	hs, err := st.GetConfigForClient(&tls.ClientHelloInfo{})
+	must.NoError(t, err)
+	for _, c := range []*tls.Config{st, hs, ct} {
+		must.EqOp(t, uint16(tls.VersionTLS13), c.MinVersion)
+		must.Eq(t, []string{ALPN}, c.NextProtos)
+	}
+	must.EqOp(t, tls.RequireAndVerifyClientCert, hs.ClientAuth)
+	must.NotNil(t, hs.ClientCAs)
+	must.EqOp(t, DefaultServerName, ct.ServerName)
+}
