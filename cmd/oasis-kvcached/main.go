@@ -218,27 +218,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"disk_bytes", o.diskBytes, "auth", password != "")
 
 	if o.httpAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if o.pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		}
-		mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
-			s := st.Stats()
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"status":"ok","ram_blocks":%d,"disk_blocks":%d,"disk_degraded":%t}`+"\n", s.RAMBlocks, s.DiskBlocks, s.DiskDegraded)
-		})
-		hl, err := net.Listen("tcp", o.httpAddr)
+		hs, err := serveHTTP(o, reg, st, errc, log)
 		if err != nil {
-			return fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+			return err
 		}
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- hs.Serve(hl) }()
 		defer hs.Close()
-		log.Info("serving HTTP", "addr", hl.Addr().String())
 	}
 
+	return shutdown(ctx, errc, srv, st, log)
+}
+
+// shutdown waits for the end (a signal, or a server that stopped), stops
+// the Redis server and flushes the store's blocks to disk; the deferred
+// closes of the caller follow.
+func shutdown(ctx context.Context, errc <-chan error, srv *server.Server, st *store.Store, log hclog.Logger) error {
+	var err error
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
@@ -254,6 +248,30 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// serveHTTP serves /metrics, /health and, with --pprof, Go's profiles on
+// --http-addr; Serve's error goes to errc.
+func serveHTTP(o *options, reg *prometheus.Registry, st *store.Store, errc chan<- error, log hclog.Logger) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if o.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		s := st.Stats()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"status":"ok","ram_blocks":%d,"disk_blocks":%d,"disk_degraded":%t}`+"\n", s.RAMBlocks, s.DiskBlocks, s.DiskDegraded)
+	})
+	hl, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { errc <- hs.Serve(hl) }()
+	log.Info("serving HTTP", "addr", hl.Addr().String())
+	return hs, nil
 }
 
 // startPeers serves peers over QUIC with the node's identity (Consul Connect
