@@ -9,6 +9,15 @@
 # nomad/jobs/oasis-kvcached (items ca, cert, key) and set peers_enabled = true; the template
 # blocks below write them into the task's secrets dir. Without them kvcached runs without peers.
 #
+# Service mesh (mesh = true, with peers_enabled): no TLS material in Nomad Variables; each
+# kvcached takes its Connect leaf certificate for service oasis-kvcached from the node's Consul
+# agent (--mesh), verifies that peers are oasis-kvcached, and lets callers in by Consul intentions
+# (source oasis-kvcached, destination oasis-kvcached must be allowed; with ACLs the default
+# denies), checked again on every request so a deny reaches open connections. The service is
+# registered Connect-native. Its token (the oasis-kvcached role of jobs/acl/setup.sh) needs
+# service:write on oasis-kvcached. Consul's address, and its TLS settings if any, come from what
+# Nomad injects for a Connect-native task (CONSUL_HTTP_ADDR, CONSUL_HTTP_SSL*, CONSUL_HTTP_TOKEN).
+#
 # Redis password: put it in the same variable (item redis_password) and set auth_enabled = true;
 # a template writes it into the task's secrets dir and kvcached reads it from there
 # (--password-file), so it never appears in the job, its arguments or its environment.
@@ -96,6 +105,12 @@ variable "peers_enabled" {
   default     = false
 }
 
+variable "mesh" {
+  description = "Peers take their mutual-TLS identity from Consul Connect (--mesh) instead of the TLS material in Nomad Variables; the service is registered Connect-native and intentions decide which callers get in (see the top of this file). Needs peers_enabled."
+  type        = bool
+  default     = false
+}
+
 variable "auth_enabled" {
   description = "Require the Redis password in Nomad variable nomad/jobs/oasis-kvcached, item redis_password (the task waits for it). Engines must then send it."
   type        = bool
@@ -141,14 +156,17 @@ variable "memory_mb" {
 locals {
   kv_events_address = var.kv_events_address != "" ? var.kv_events_address : "$${attr.unique.network.ip-address}"
   auth_args         = var.auth_enabled ? ["--password-file", "secrets/redis-password"] : []
-  peer_args = var.peers_enabled ? [
-    "--quic-addr", "${var.bind_address == "127.0.0.1" ? "0.0.0.0" : var.bind_address}:${var.quic_port}",
+  mesh              = var.peers_enabled && var.mesh
+  quic_args         = var.peers_enabled ? ["--quic-addr", "${var.bind_address == "127.0.0.1" ? "0.0.0.0" : var.bind_address}:${var.quic_port}"] : []
+  files_args = var.peers_enabled && !var.mesh ? [
     "--tls-ca", "secrets/ca.pem",
     "--tls-cert", "secrets/cert.pem",
     "--tls-key", "secrets/key.pem",
     "--consul-addr", var.consul_addr,
   ] : []
-  verify_args = var.peers_enabled && var.peer_verify_address ? ["--tls-verify-address"] : []
+  # With the mesh, Consul's address is the one Nomad injects (CONSUL_HTTP_ADDR).
+  peer_args   = concat(local.quic_args, local.files_args, local.mesh ? ["--mesh"] : [])
+  verify_args = var.peers_enabled && !var.mesh && var.peer_verify_address ? ["--tls-verify-address"] : []
   wan_enabled = var.peers_enabled && length(var.peer_datacenters) > 0
   wan_args = local.wan_enabled ? [
     "--peer-datacenters", join(",", var.peer_datacenters),
@@ -171,6 +189,9 @@ job "oasis-kvcached" {
 
   group "kvcached" {
     network {
+      # Stated, though it is the default: Nomad hands a Connect-native task CONSUL_HTTP_ADDR
+      # only when the group's mode is explicit.
+      mode = "host"
       port "resp" {
         static = var.resp_port
       }
@@ -188,10 +209,14 @@ job "oasis-kvcached" {
       mode     = "delay"
     }
 
+    # With the mesh this one service is Connect-native rather than a second registration on the
+    # QUIC port: every consumer of oasis-kvcached in the catalog (peers, routers, operators'
+    # tools) reads this entry, its Redis port and its meta, and peers dial oasis_quic_port.
     service {
       name     = "oasis-kvcached"
       provider = "consul"
       port     = "resp"
+      task     = "kvcached"
       tags     = ["oasis", "redis"]
       meta {
         oasis_quic_port        = "${var.quic_port}"
@@ -199,6 +224,12 @@ job "oasis-kvcached" {
         oasis_kv_events        = "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events}"
         oasis_kv_events_replay = "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events_replay}"
         oasis_node             = "${node.unique.id}"
+      }
+      dynamic "connect" {
+        for_each = local.mesh ? ["native"] : []
+        content {
+          native = true
+        }
       }
       check {
         name     = "health"
@@ -267,7 +298,7 @@ job "oasis-kvcached" {
       }
 
       dynamic "template" {
-        for_each = var.peers_enabled ? ["ca", "cert", "key"] : []
+        for_each = var.peers_enabled && !var.mesh ? ["ca", "cert", "key"] : []
         content {
           destination = "secrets/${template.value}.pem"
           perms       = "0600"

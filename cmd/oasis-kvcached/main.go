@@ -22,6 +22,7 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
+	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/kvcached/peer"
 	"github.com/oasis-llm/oasis/kvcached/presence"
 	"github.com/oasis-llm/oasis/kvcached/resp"
@@ -48,6 +49,7 @@ type options struct {
 	quicAddr, tlsCA, tlsCert, tlsKey string
 	tlsServerName                    string
 	tlsVerifyAddress                 bool
+	mesh                             bool
 	peers                            string
 	consulAddr, consulService        string
 	quicAdvertise                    string
@@ -83,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM key of this node")
 	fs.StringVar(&o.tlsServerName, "tls-server-name", peer.DefaultServerName, "DNS name verified on peers' certificates")
 	fs.BoolVar(&o.tlsVerifyAddress, "tls-verify-address", false, "verify that each peer's certificate names the address (IP or DNS SAN) it is dialled at instead of --tls-server-name, so a node cannot pose as another (needs a certificate per node)")
+	fs.BoolVar(&o.mesh, "mesh", false, "take the peer identity from Consul Connect as service --consul-service instead of --tls-* files: peers must be that service, and callers are let in by Consul intentions, checked again on every request (needs a Consul address)")
 	fs.StringVar(&o.peers, "peers", "", "comma-separated static peer QUIC addresses (host:port)")
 	fs.StringVar(&o.consulAddr, "consul-addr", "", "Consul HTTP address to discover peers from (default $CONSUL_HTTP_ADDR; empty: no discovery)")
 	fs.StringVar(&o.consulService, "consul-service", "oasis-kvcached", "Consul service name of kvcached instances")
@@ -106,6 +109,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.consulAddr == "" {
 		o.consulAddr = os.Getenv("CONSUL_HTTP_ADDR")
+	}
+	if o.mesh && (o.quicAddr == "" || o.consulAddr == "") {
+		return nil, errors.New("--mesh needs --quic-addr and a Consul address (--consul-addr or CONSUL_HTTP_ADDR)")
+	}
+	if o.mesh && (o.tlsCA != "" || o.tlsCert != "" || o.tlsKey != "" || o.tlsVerifyAddress) {
+		return nil, errors.New("--mesh takes the identity from Consul Connect: drop --tls-ca, --tls-cert, --tls-key and --tls-verify-address")
 	}
 	if o.peerDCs != "" && (o.quicAddr == "" || o.consulAddr == "") {
 		return nil, errors.New("--peer-datacenters needs --quic-addr and a Consul address (--consul-addr or CONSUL_HTTP_ADDR)")
@@ -179,34 +188,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer st.Close()
 
 	if o.quicAddr != "" {
-		stls, ctls, err := peer.LoadTLS(peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName, VerifyAddress: o.tlsVerifyAddress})
+		node, cleanup, err := startPeers(ctx, o, st, reg, budget, log)
 		if err != nil {
 			return err
 		}
-		dcs := splitList(o.peerDCs)
-		node, err := peer.New(peer.Config{ListenAddr: o.quicAddr, ServerTLS: stls, ClientTLS: ctls, Local: st,
-			Logger: log.Named("peer"), Registerer: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval,
-			Datacenters: dcs, WANFetchTimeout: o.wanTimeout, WANBytesPerSecond: o.wanBytesPerSecond})
-		if err != nil {
-			return err
-		}
-		defer node.Close()
+		defer cleanup()
 		remote.n = node
-		static := splitList(o.peers)
-		node.SetPeers(static)
-		log.Info("serving peers over QUIC", "addr", node.Addr().String(), "alpn", peer.ALPN)
-		if o.consulAddr != "" {
-			cc := consulapi.DefaultConfig()
-			cc.Address = o.consulAddr
-			client, err := consulapi.NewClient(cc)
-			if err != nil {
-				return fmt.Errorf("creating Consul client: %w", err)
-			}
-			isSelf := peer.SelfMatcher(o.quicAdvertise, node.Addr())
-			go peer.WatchConsul(ctx, peer.ConsulConfig{Client: client, Service: o.consulService, IsSelf: isSelf,
-				Static: static, Logger: log.Named("consul"), Set: node.SetPeers})
-			watchRemoteDCs(ctx, node, client, o, dcs, isSelf, log.Named("consul"))
-		}
 	}
 
 	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget,
@@ -231,27 +218,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"disk_bytes", o.diskBytes, "auth", password != "")
 
 	if o.httpAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if o.pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		}
-		mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
-			s := st.Stats()
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"status":"ok","ram_blocks":%d,"disk_blocks":%d,"disk_degraded":%t}`+"\n", s.RAMBlocks, s.DiskBlocks, s.DiskDegraded)
-		})
-		hl, err := net.Listen("tcp", o.httpAddr)
+		hs, err := serveHTTP(o, reg, st, errc, log)
 		if err != nil {
-			return fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+			return err
 		}
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- hs.Serve(hl) }()
 		defer hs.Close()
-		log.Info("serving HTTP", "addr", hl.Addr().String())
 	}
 
+	return shutdown(ctx, errc, srv, st, log)
+}
+
+// shutdown waits for the end (a signal, or a server that stopped), stops
+// the Redis server and flushes the store's blocks to disk; the deferred
+// closes of the caller follow.
+func shutdown(ctx context.Context, errc <-chan error, srv *server.Server, st *store.Store, log hclog.Logger) error {
+	var err error
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
@@ -267,6 +248,90 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// serveHTTP serves /metrics, /health and, with --pprof, Go's profiles on
+// --http-addr; Serve's error goes to errc.
+func serveHTTP(o *options, reg *prometheus.Registry, st *store.Store, errc chan<- error, log hclog.Logger) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if o.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		s := st.Stats()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"status":"ok","ram_blocks":%d,"disk_blocks":%d,"disk_degraded":%t}`+"\n", s.RAMBlocks, s.DiskBlocks, s.DiskDegraded)
+	})
+	hl, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", o.httpAddr, err)
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { errc <- hs.Serve(hl) }()
+	log.Info("serving HTTP", "addr", hl.Addr().String())
+	return hs, nil
+}
+
+// startPeers serves peers over QUIC with the node's identity (Consul Connect
+// with --mesh, the --tls-* files otherwise) and follows the peer set in
+// Consul when there is one. cleanup closes the node, then the identity.
+func startPeers(ctx context.Context, o *options, st *store.Store, reg prometheus.Registerer, budget peer.Budget, log hclog.Logger) (*peer.Node, func(), error) {
+	var client *consulapi.Client
+	if o.consulAddr != "" {
+		cc := consulapi.DefaultConfig()
+		cc.Address = o.consulAddr
+		var err error
+		if client, err = consulapi.NewClient(cc); err != nil {
+			return nil, nil, fmt.Errorf("creating Consul client: %w", err)
+		}
+	}
+	files := peer.TLSFiles{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName, VerifyAddress: o.tlsVerifyAddress}
+	id, err := peerIdentity(ctx, o, files, client, reg, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	stls, ctls := peer.IdentityTLS(id, o.consulService, files)
+	cfg := peer.Config{ListenAddr: o.quicAddr, ServerTLS: stls, ClientTLS: ctls, Local: st,
+		Logger: log.Named("peer"), Registerer: reg, MaxValue: o.maxValue, Budget: budget, FetchTimeout: o.fetchTimeout, FilterInterval: o.filterInterval,
+		Datacenters: splitList(o.peerDCs), WANFetchTimeout: o.wanTimeout, WANBytesPerSecond: o.wanBytesPerSecond}
+	if id.Mesh() {
+		cfg.Authorize = id.Authorize
+	}
+	node, err := peer.New(cfg)
+	if err != nil {
+		id.Close()
+		return nil, nil, err
+	}
+	static := splitList(o.peers)
+	node.SetPeers(static)
+	log.Info("serving peers over QUIC", "addr", node.Addr().String(), "alpn", peer.ALPN, "mesh", id.Mesh())
+	if client != nil {
+		isSelf := peer.SelfMatcher(o.quicAdvertise, node.Addr())
+		go peer.WatchConsul(ctx, peer.ConsulConfig{Client: client, Service: o.consulService, IsSelf: isSelf,
+			Static: static, Logger: log.Named("consul"), Set: node.SetPeers})
+		watchRemoteDCs(ctx, node, client, o, cfg.Datacenters, isSelf, log.Named("consul"))
+	}
+	return node, func() { node.Close(); id.Close() }, nil
+}
+
+// peerIdentity is the node's mutual-TLS identity: its Connect leaf as
+// service --consul-service with --mesh, the --tls-* files otherwise.
+func peerIdentity(ctx context.Context, o *options, files peer.TLSFiles, client *consulapi.Client, reg prometheus.Registerer, log hclog.Logger) (*meshid.Identity, error) {
+	if !o.mesh {
+		return peer.FilesIdentity(files, reg)
+	}
+	// Bounded: a Consul without Connect, or a token without service:write,
+	// must fail the start rather than hang it.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	id, err := meshid.New(wctx, meshid.Config{Consul: client, Service: o.consulService, Logger: log, Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("peer identity from Consul Connect", "service", o.consulService, "trust_domain", id.TrustDomain())
+	return id, nil
 }
 
 // watchRemoteDCs follows each remote datacenter's kvcached instances in its

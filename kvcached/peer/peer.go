@@ -4,10 +4,12 @@
 // # Protocol
 //
 // ALPN "oasis-kvcached/1", TLS 1.3, both sides present a certificate signed
-// by the configured CA (server name DefaultServerName unless configured). One
-// QUIC connection per peer is kept and reused; every request is its own
+// by the configured CA (server name DefaultServerName unless configured), or
+// in the Consul service mesh their Connect leaf (IdentityTLS). One QUIC
+// connection per peer is kept and reused; every request is its own
 // bidirectional stream: the client writes the request and closes its send
-// side, the server answers and closes the stream.
+// side, the server answers and closes the stream. Config.Authorize, when set,
+// is asked again on every stream.
 //
 //	request:  op u8 | key length u16 BE | key
 //	response: status u8 | length u64 BE | payload
@@ -103,6 +105,12 @@ type Config struct {
 	// node holding a certificate for itself cannot answer as another;
 	// otherwise every peer's certificate carries that one name.
 	ClientTLS *tls.Config
+	// Authorize, optional, decides again on every stream a peer opens
+	// whether its connection's caller may stay; an error closes the
+	// connection. Connections are kept and reused for as long as the peer
+	// answers, so a decision taken only at the handshake (Consul
+	// intentions) would otherwise never reach a caller already connected.
+	Authorize func(tls.ConnectionState) error
 	Local     Local
 	// Logger receives the node's logs; nil discards them.
 	Logger hclog.Logger
@@ -182,7 +190,11 @@ type Node struct {
 	mHealthy  prometheus.Gauge
 	mServed   *prometheus.CounterVec
 	mFilterSz prometheus.Gauge
+	mDenied   prometheus.Counter
 }
+
+// errCodeDenied closes a connection whose caller Config.Authorize refused.
+const errCodeDenied quic.ApplicationErrorCode = 0x10
 
 // validate refuses a Config New cannot start with and fills in defaults.
 func (c *Config) validate() error {
@@ -258,7 +270,8 @@ func New(cfg Config) (*Node, error) {
 	n.mHealthy = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peers_healthy", Help: "Peers whose last exchange succeeded."})
 	n.mServed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_requests_served_total", Help: "Requests served to peers, by op (get, filter) and result."}, []string{"op", "result"})
 	n.mFilterSz = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peer_filter_bytes", Help: "Size of this node's membership filter as sent to peers."})
-	cfg.Registerer.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz)
+	n.mDenied = prometheus.NewCounter(prometheus.CounterOpts{Name: "oasis_kvcached_peer_connections_denied_total", Help: "Established peer connections closed because their caller is no longer authorized (Consul intentions)."})
+	cfg.Registerer.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz, n.mDenied)
 	for _, r := range []string{"hit", "miss", "error", "timeout"} {
 		n.mFetches.WithLabelValues(r)
 	}
@@ -503,8 +516,7 @@ func (n *Node) conn(ctx context.Context, p *peerState) (*quic.Conn, error) {
 				// The name dialled, not the address it resolved to: a peer
 				// given by DNS name has that name in its certificate.
 				host, _, _ := net.SplitHostPort(p.addr)
-				tlsConf = tlsConf.Clone()
-				tlsConf.ServerName = host
+				tlsConf = withServerName(tlsConf, host)
 			}
 			c, err = n.tr.Dial(ctx, addr, tlsConf, n.qc)
 		}
@@ -520,6 +532,24 @@ func (n *Node) conn(ctx context.Context, p *peerState) (*quic.Conn, error) {
 		}
 		return c, nil
 	}
+}
+
+// withServerName is c dialling host. crypto/tls leaves an IP address out of
+// ConnectionState.ServerName (SNI carries no addresses), so a VerifyConnection
+// that checks the name there (meshid's, with files) is handed host instead of
+// "", which would skip the check.
+func withServerName(c *tls.Config, host string) *tls.Config {
+	c = c.Clone()
+	c.ServerName = host
+	if verify := c.VerifyConnection; verify != nil {
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if cs.ServerName == "" {
+				cs.ServerName = host
+			}
+			return verify(cs)
+		}
+	}
+	return c
 }
 
 func (n *Node) request(ctx context.Context, p *peerState, op byte, key string, max int64) ([]byte, error) {
@@ -685,11 +715,34 @@ func (n *Node) accept(ctx context.Context) {
 				n.wg.Add(1)
 				go func() {
 					defer n.wg.Done()
-					n.serveStream(s)
+					if n.authorized(c, s) {
+						n.serveStream(s)
+					}
 				}()
 			}
 		}()
 	}
+}
+
+// authorized asks Config.Authorize about the stream's connection and closes
+// the connection when its caller is refused. Checked in the stream's own
+// goroutine: an answer that is not cached waits on the Consul agent.
+func (n *Node) authorized(c *quic.Conn, s *quic.Stream) bool {
+	if n.cfg.Authorize == nil {
+		return true
+	}
+	err := n.cfg.Authorize(c.ConnectionState().TLS)
+	if err == nil {
+		return true
+	}
+	s.CancelRead(1)
+	s.CancelWrite(1)
+	if c.Context().Err() == nil {
+		n.mDenied.Inc()
+		n.log.Warn("closing a peer connection: its caller is no longer authorized", "peer", c.RemoteAddr().String(), "error", err)
+	}
+	c.CloseWithError(errCodeDenied, "not authorized")
+	return false
 }
 
 func (n *Node) serveStream(s *quic.Stream) {

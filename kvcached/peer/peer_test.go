@@ -5,12 +5,18 @@ import (
 
 	"bytes"
 	"context"
+	"crypto/tls"
+	"errors"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 )
@@ -259,14 +265,35 @@ func TestSelfMatcher(t *testing.T) {
 // --tls-verify-address sets), a peer must present a certificate naming the
 // address it is dialled at: a node with a valid certificate for another
 // node's address, or with the shared name only, is refused.
+// The same holds through LoadTLS (meshid's files identity, what
+// oasis-kvcached runs), whose verification is meshid's own.
 func TestPeerCertificateMustNameTheNode(t *testing.T) {
+	t.Run("TLSConfigs", func(t *testing.T) {
+		testPeerCertificateMustNameTheNode(t, func(ca *tlsfilestest.CA, names []string) (*tls.Config, *tls.Config) {
+			cert := ca.Issue(t, names[0], names...).TLS(t)
+			st, ct, err := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
+			must.NoError(t, err)
+			ct.ServerName = ""
+			return st, ct
+		})
+	})
+	t.Run("LoadTLS", func(t *testing.T) {
+		dir := t.TempDir()
+		testPeerCertificateMustNameTheNode(t, func(ca *tlsfilestest.CA, names []string) (*tls.Config, *tls.Config) {
+			caFile, cert, key := ca.WriteFiles(t, dir, names[0]+"-"+strconv.Itoa(len(names)), names...)
+			st, ct, err := LoadTLS(TLSFiles{CA: caFile, Cert: cert, Key: key, VerifyAddress: true})
+			must.NoError(t, err)
+			must.EqOp(t, "", ct.ServerName)
+			return st, ct
+		})
+	})
+}
+
+func testPeerCertificateMustNameTheNode(t *testing.T, configs func(ca *tlsfilestest.CA, names []string) (*tls.Config, *tls.Config)) {
 	ca := tlsfilestest.NewCA(t, "kvcached test CA")
 	addrNode := func(listen string, names ...string) *Node {
 		t.Helper()
-		cert := ca.Issue(t, names[0], names...).TLS(t)
-		st, ct, err := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
-		must.NoError(t, err)
-		ct.ServerName = ""
+		st, ct := configs(ca, names)
 		n, err := New(Config{ListenAddr: listen + ":0", ServerTLS: st, ClientTLS: ct,
 			Local:        &mapStore{m: map[string][]byte{"blk": []byte("from " + listen)}},
 			FetchTimeout: 2 * time.Second, FilterInterval: time.Hour})
@@ -286,6 +313,73 @@ func TestPeerCertificateMustNameTheNode(t *testing.T) {
 	must.Eq(t, "from 127.0.0.2", string(v))
 	for _, n := range []*Node{impostor, shared} {
 		_, err := b.request(ctx, b.peers[peerKey{addr: n.Addr().String()}], opGet, "blk", 1<<20)
-		must.ErrorContains(t, err, "failed to verify certificate")
+		must.ErrorContains(t, err, "x509: ")
 	}
+}
+
+// Config.Authorize is asked on every stream of an established connection:
+// a caller refused after it connected loses the connection at its next
+// request, and is let in again by a new handshake once allowed.
+func TestAuthorizeRecheckedOnEveryStream(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
+	var denied atomic.Bool
+	cert := ca.Issue(t, DefaultServerName, DefaultServerName).TLS(t)
+	st, ct, err := TLSConfigs(tlsfilestest.Pool(ca), cert, "")
+	must.NoError(t, err)
+	st.VerifyConnection = func(cs tls.ConnectionState) error {
+		if denied.Load() {
+			return errors.New("denied at the handshake")
+		}
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	a, err := New(Config{ListenAddr: "127.0.0.1:0", ServerTLS: st, ClientTLS: ct, Registerer: reg,
+		Local:          &mapStore{m: map[string][]byte{"k1": []byte("v1"), "k2": []byte("v2"), "k3": []byte("v3")}},
+		FilterInterval: time.Hour,
+		Authorize: func(tls.ConnectionState) error {
+			if denied.Load() {
+				return errors.New("denied")
+			}
+			return nil
+		}})
+	must.NoError(t, err)
+	defer a.Close()
+	b := node(t, ca, &mapStore{m: map[string][]byte{}})
+	b.SetPeers([]string{a.Addr().String()})
+	b.RefreshFilters(context.Background())
+	ctx := context.Background()
+	v, err := b.Fetch(ctx, "k1")
+	must.NoError(t, err)
+	must.EqOp(t, "v1", string(v))
+
+	denied.Store(true)
+	_, err = b.Fetch(ctx, "k2") // on the connection made while allowed
+	must.ErrorIs(t, err, ErrNotFound)
+	must.EqOp(t, 1.0, promtestutil.ToFloat64(a.mDenied))
+	b.RefreshFilters(ctx) // a new handshake: refused there
+	must.False(t, b.MayHave("k2"))
+
+	denied.Store(false)
+	b.RefreshFilters(ctx)
+	v, err = b.Fetch(ctx, "k3")
+	must.NoError(t, err)
+	must.EqOp(t, "v3", string(v))
+}
+
+// LoadTLS goes through meshid's files identity: TLS 1.3 and the ALPN hold
+// on the configuration each handshake gets, not only on the one returned.
+func TestLoadTLSKeepsTLS13AndALPN(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "kvcached test CA")
+	caFile, cert, key := ca.WriteFiles(t, t.TempDir(), "n", DefaultServerName)
+	st, ct, err := LoadTLS(TLSFiles{CA: caFile, Cert: cert, Key: key})
+	must.NoError(t, err)
+	hs, err := st.GetConfigForClient(&tls.ClientHelloInfo{})
+	must.NoError(t, err)
+	for _, c := range []*tls.Config{st, hs, ct} {
+		must.EqOp(t, uint16(tls.VersionTLS13), c.MinVersion)
+		must.Eq(t, []string{ALPN}, c.NextProtos)
+	}
+	must.EqOp(t, tls.RequireAndVerifyClientCert, hs.ClientAuth)
+	must.NotNil(t, hs.ClientCAs)
+	must.EqOp(t, DefaultServerName, ct.ServerName)
 }

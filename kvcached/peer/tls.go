@@ -1,11 +1,15 @@
 package peer
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
+
+	"github.com/oasis-llm/oasis/internal/meshid"
+	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ALPN is the application protocol peers negotiate; a connection without it
@@ -27,28 +31,57 @@ type TLSFiles struct {
 	VerifyAddress bool
 }
 
-// LoadTLS builds the mutual-TLS configurations for serving and dialling.
-func LoadTLS(f TLSFiles) (server, client *tls.Config, err error) {
+// FilesIdentity is the node's identity from the PEM files, through the same
+// meshid code path as a Consul Connect identity; the files are read again
+// when they change (tlsfiles), so a renewed certificate needs no restart.
+// reg (nil: none) gets oasis_tls_* and oasis_mesh_* metrics.
+func FilesIdentity(f TLSFiles, reg prometheus.Registerer) (*meshid.Identity, error) {
 	if f.CA == "" || f.Cert == "" || f.Key == "" {
-		return nil, nil, errors.New("peer TLS needs a CA, a certificate and a key")
+		return nil, errors.New("peer TLS needs a CA, a certificate and a key")
 	}
-	caPEM, err := os.ReadFile(f.CA)
+	files, err := tlsfiles.New(tlsfiles.Config{CertFile: f.Cert, KeyFile: f.Key, ClientCAFile: f.CA, Registerer: reg})
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading peer CA: %w", err)
+		return nil, fmt.Errorf("loading peer TLS files: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, nil, fmt.Errorf("reading peer CA %s: no PEM certificates", f.CA)
-	}
-	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("loading peer certificate: %w", err)
-	}
-	server, client, err = TLSConfigs(pool, cert, f.ServerName)
-	if err == nil && f.VerifyAddress {
+	return meshid.New(context.Background(), meshid.Config{Files: files, Registerer: reg})
+}
+
+// IdentityTLS builds the configurations for serving and dialling from a
+// meshid identity: TLS 1.3 and ALPN on top of meshid's verification. In the
+// mesh a peer must be Connect service service, and callers are let in by
+// intentions (Config.Authorize re-checks them on established connections);
+// with files a peer's certificate must name f.ServerName, or with
+// f.VerifyAddress the host it is dialled at.
+func IdentityTLS(id *meshid.Identity, service string, f TLSFiles) (server, client *tls.Config) {
+	server = id.ServerConfig(ALPN)
+	// ServerConfig hands each handshake a clone of the configuration it
+	// returned, so this setting reaches every handshake.
+	server.MinVersion = tls.VersionTLS13
+	client = id.ClientConfig(service, ALPN)
+	client.MinVersion = tls.VersionTLS13
+	switch {
+	case id.Mesh():
+		// The SPIFFE URI is verified, not the name; it is only SNI.
+		client.ServerName = DefaultServerName
+	case f.VerifyAddress:
 		client.ServerName = "" // Node dials with each peer's host
+	case f.ServerName != "":
+		client.ServerName = f.ServerName
+	default:
+		client.ServerName = DefaultServerName
 	}
-	return server, client, err
+	return server, client
+}
+
+// LoadTLS builds the mutual-TLS configurations for serving and dialling
+// from the files (FilesIdentity and IdentityTLS).
+func LoadTLS(f TLSFiles) (server, client *tls.Config, err error) {
+	id, err := FilesIdentity(f, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	server, client = IdentityTLS(id, "", f)
+	return server, client, nil
 }
 
 // TLSConfigs builds the configurations from parsed material.

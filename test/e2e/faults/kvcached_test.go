@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -192,6 +193,12 @@ type kvcached struct {
 // Consul sees it healthy. The job is stopped when the test ends.
 func runKvcached(t *testing.T, ctx context.Context) kvcached {
 	t.Helper()
+	return runKvcachedVars(t, ctx, nil)
+}
+
+// runKvcachedVars is runKvcached with more job variables (or other values for its own).
+func runKvcachedVars(t *testing.T, ctx context.Context, extra map[string]string) kvcached {
+	t.Helper()
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
 	ports, err := testutil.FreePorts(3)
@@ -211,6 +218,7 @@ func runKvcached(t *testing.T, ctx context.Context) kvcached {
 		"disk_bytes": "2GiB",
 		"memory_mb":  "256",
 	}
+	maps.Copy(vars, extra)
 	const jobID = "oasis-kvcached"
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
