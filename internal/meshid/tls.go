@@ -75,13 +75,6 @@ func (id *Identity) verifyClient(cs tls.ConnectionState) error {
 	return id.authz.authorize(sid.URI, encodeSerial(leaf.SerialNumber.Bytes()))
 }
 
-// Authorize decides again whether an established connection's caller may
-// stay, as the handshake did: a protocol that keeps connections open for
-// long (QUIC with keep-alives) asks it per request, so that a deny
-// intention reaches callers connected before it. Decisions come from the
-// same cache, which an intention change drops. Always nil for files.
-func (id *Identity) Authorize(cs tls.ConnectionState) error { return id.verifyClient(cs) }
-
 // verifyServer checks a server's chain against the current roots, then its
 // name: the service in its SPIFFE URI in the mesh, the DNS name otherwise.
 func (id *Identity) verifyServer(cs tls.ConnectionState, service string) error {
