@@ -116,22 +116,21 @@ func TestConnectThroughSidecar(t *testing.T) {
 
 	_, _, err := chat(mapped)
 	must.Error(t, err, must.Sprint("a loopback-only engine answered on its mapped port ", mapped))
+	t.Logf("mapped port %s of the loopback-only engine: %v", mapped, err)
 
 	const source = "oasis-mesh-client"
 	upstream, stop, err := stack.ConnectUpstream(ctx, source)
 	must.NoError(t, err)
 	defer stop()
 
-	// No intention yet: default deny.
-	must.NoError(t, failsWithin(ctx, upstream, 30*time.Second), must.Sprint("without an intention"))
+	// No intention yet: the ACL default (deny) decides.
+	mustFail(t, ctx, upstream, "without an intention")
 	must.NoError(t, stack.SetIntention(ctx, source, "allow"))
-	must.NoError(t, answersWithin(ctx, upstream, 30*time.Second), must.Sprint("after allow"))
-	mustChat(t, upstream)
+	mustAnswer(t, ctx, upstream, "after allow")
 	must.NoError(t, stack.SetIntention(ctx, source, "deny"))
-	must.NoError(t, failsWithin(ctx, upstream, 30*time.Second), must.Sprint("after deny"))
+	mustFail(t, ctx, upstream, "after deny")
 	must.NoError(t, stack.SetIntention(ctx, source, "allow"))
-	must.NoError(t, answersWithin(ctx, upstream, 30*time.Second), must.Sprint("after allow again"))
-	mustChat(t, upstream)
+	mustAnswer(t, ctx, upstream, "after allow again")
 	stopAndWait(t, ctx, e.ID)
 }
 
@@ -150,16 +149,22 @@ func TestSidecarLatency(t *testing.T) {
 	defer stop()
 	must.NoError(t, answersWithin(ctx, upstream, 30*time.Second))
 
-	direct, err := healthLatencies(mapped, 200)
-	must.NoError(t, err)
-	mesh, err := healthLatencies(upstream, 200)
-	must.NoError(t, err)
-	t.Logf("GET /health p50 / p90 (new connection each): mapped port %v / %v, through the mesh %v / %v",
-		direct[len(direct)/2], direct[len(direct)*9/10], mesh[len(mesh)/2], mesh[len(mesh)*9/10])
+	kept := &http.Client{Timeout: 10 * time.Second}
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+	}{{"new connection each", client}, {"kept-alive connection", kept}} {
+		direct, err := healthLatencies(c.client, mapped, 200)
+		must.NoError(t, err)
+		mesh, err := healthLatencies(c.client, upstream, 200)
+		must.NoError(t, err)
+		t.Logf("GET /health p50 / p90 (%s): mapped port %v / %v, through the mesh %v / %v", c.name,
+			direct[len(direct)/2], direct[len(direct)*9/10], mesh[len(mesh)/2], mesh[len(mesh)*9/10])
+	}
 	stopAndWait(t, ctx, e.ID)
 }
 
-func healthLatencies(addr string, n int) ([]time.Duration, error) {
+func healthLatencies(client *http.Client, addr string, n int) ([]time.Duration, error) {
 	out := make([]time.Duration, 0, n)
 	for range n {
 		start := time.Now()
@@ -176,6 +181,19 @@ func healthLatencies(addr string, n int) ([]time.Duration, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+func mustAnswer(t *testing.T, ctx context.Context, addr, when string) {
+	t.Helper()
+	must.NoError(t, answersWithin(ctx, addr, 30*time.Second), must.Sprint(when))
+	mustChat(t, addr)
+}
+
+func mustFail(t *testing.T, ctx context.Context, addr, when string) {
+	t.Helper()
+	must.NoError(t, failsWithin(ctx, addr, 30*time.Second), must.Sprint(when))
+	code, body, err := chat(addr)
+	t.Logf("%s: status %d, body %q, error %v", when, code, body, err)
 }
 
 // answersWithin polls until a chat completion through addr succeeds: intentions reach the
