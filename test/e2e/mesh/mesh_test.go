@@ -112,7 +112,9 @@ func TestConnectThroughSidecar(t *testing.T) {
 	defer cancel()
 	e := stack.MeshSimEngine(testbed.SimEngine{ID: "mesh-engine"})
 	e.LoopbackOnly = true
-	_, mapped := runMesh(t, ctx, e)
+	allocID, mapped := runMesh(t, ctx, e)
+	// The driver probes health from inside the namespace, where the engine listens.
+	must.NoError(t, engineReady(ctx, allocID))
 
 	_, _, err := chat(mapped)
 	must.Error(t, err, must.Sprint("a loopback-only engine answered on its mapped port ", mapped))
@@ -194,6 +196,29 @@ func mustFail(t *testing.T, ctx context.Context, addr, when string) {
 	must.NoError(t, failsWithin(ctx, addr, 30*time.Second), must.Sprint(when))
 	code, body, err := chat(addr)
 	t.Logf("%s: status %d, body %q, error %v", when, code, body, err)
+}
+
+// engineReady waits for the driver's "Engine ready" event on the engine task.
+func engineReady(ctx context.Context, allocID string) error {
+	var events []string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		alloc, _, err := stack.Nomad.Allocations().Info(allocID, nil)
+		if err != nil {
+			return err
+		}
+		events = events[:0]
+		if st := alloc.TaskStates["engine"]; st != nil {
+			for _, ev := range st.Events {
+				if strings.HasPrefix(ev.DisplayMessage, "Engine ready after") {
+					return nil
+				}
+				events = append(events, ev.DisplayMessage)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("no \"Engine ready\" event on task engine of %s; events: %q", allocID, events)
 }
 
 // answersWithin polls until a chat completion through addr succeeds: intentions reach the

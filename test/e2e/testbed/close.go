@@ -30,6 +30,9 @@ func (s *Stack) Close() error {
 		if err := s.stopAllJobs(); err != nil {
 			errs = append(errs, err)
 		}
+		if err := s.waitNetworksTornDown(30 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// The agent's plugin processes (logmon, executors) run in process groups
 	// of their own and outlive it, and a logmon's command line and working

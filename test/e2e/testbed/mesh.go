@@ -68,10 +68,8 @@ func (s *Stack) setupBridge() error {
 			return fmt.Errorf("CNI plugin %s not found in %s (run `make hashistack`, or set %s): %w", plugin, cni, CNIPathEnv, err)
 		}
 	}
-	if _, err := exec.LookPath("iptables"); err != nil {
-		if _, serr := os.Stat("/usr/sbin/iptables"); serr != nil {
-			return errors.New("iptables not found: the CNI bridge and portmap plugins need it (run `make deps`)")
-		}
+	if _, err := os.Stat(iptables()); err != nil {
+		return errors.New("iptables not found: the CNI bridge and portmap plugins need it (run `make deps`)")
 	}
 	suffix := make([]byte, 3)
 	if _, err := rand.Read(suffix); err != nil {
@@ -133,7 +131,31 @@ func (b *bridgeNet) clientConfig() string {
 `, b.cniPath, b.cniConf, b.name, b.subnet)
 }
 
-// remove deletes the bridge Nomad created; the CNI plugins leave it behind on purpose.
+// waitNetworksTornDown waits (bounded) until Nomad has torn down the network namespaces of the
+// stack's allocations: an allocation reports terminal before its network hook runs the CNI
+// DEL that removes its NAT and firewall rules, and an agent stopped in between leaves them in
+// the host's iptables.
+func (s *Stack) waitNetworksTornDown(timeout time.Duration) error {
+	if s.bridge == nil || s.Nomad == nil {
+		return nil
+	}
+	// The server forgets purged jobs' allocations; the client's alloc dirs name them all.
+	allocs, _ := os.ReadDir(filepath.Join(s.nomadDataDir(), "alloc"))
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return poll(ctx, 100*time.Millisecond, "allocation networks torn down", func() (bool, error) {
+		for _, a := range allocs {
+			// Nomad names an allocation's namespace after it (nsutil.NetNSRunDir).
+			if _, err := os.Stat(filepath.Join("/var/run/netns", a.Name())); err == nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// remove deletes the bridge Nomad created (the CNI plugins leave it behind on purpose) and the
+// firewall rule Nomad added for its subnet to NOMAD-ADMIN, which Nomad never removes.
 func (b *bridgeNet) remove() error {
 	if b == nil {
 		return nil
@@ -141,10 +163,23 @@ func (b *bridgeNet) remove() error {
 	if _, err := net.InterfaceByName(b.name); err != nil {
 		return nil // no allocation ever used it
 	}
+	var errs []error
 	if out, err := exec.Command("ip", "link", "delete", b.name).CombinedOutput(); err != nil {
-		return fmt.Errorf("removing bridge %s: %w: %s", b.name, err, out)
+		errs = append(errs, fmt.Errorf("removing bridge %s: %w: %s", b.name, err, out))
 	}
-	return nil
+	rule := []string{"-D", "NOMAD-ADMIN", "-d", b.subnet, "-o", b.name, "-j", "ACCEPT"}
+	if out, err := exec.Command(iptables(), rule...).CombinedOutput(); err != nil {
+		errs = append(errs, fmt.Errorf("removing Nomad's firewall rule for %s: %w: %s", b.name, err, out))
+	}
+	return errors.Join(errs...)
+}
+
+// iptables is the iptables binary, which is in /usr/sbin, not on every PATH.
+func iptables() string {
+	if p, err := exec.LookPath("iptables"); err == nil {
+		return p
+	}
+	return "/usr/sbin/iptables"
 }
 
 // MeshServiceName is the Consul service a MeshSimEngine registers (as SimEngine does).
