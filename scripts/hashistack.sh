@@ -51,19 +51,22 @@ build_cni() {
 	[ -n "$version" ] || { echo "hashistack: no version of $pkg in $mod/go.mod" >&2; exit 1; }
 	key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
 	local dir="$cache/cni-$version-$key"
-	if [ -f "$dir/.complete" ]; then
+	# Marker and lock sit beside the directory: Nomad's client lists every file in cni_path.
+	if [ -f "$dir.complete" ]; then
 		echo "hashistack: cni plugins $version cached at $dir"
 	else
-		mkdir -p "$dir"
-		exec 9>"$dir/.lock"
+		exec 9>"$dir.lock"
 		flock 9
-		if [ ! -f "$dir/.complete" ]; then
+		if [ ! -f "$dir.complete" ]; then
 			echo "hashistack: building cni plugins $version ..."
 			local start=$SECONDS tools
 			tools=$(awk '$1 == "tool" && $2 != "(" { print $2 } $1 == "tool" && $2 == "(" { in_tool = 1; next } in_tool && $1 == ")" { in_tool = 0 } in_tool { print $1 }' "$mod/go.mod")
+			rm -rf "$dir" "$dir.tmp"
+			mkdir -p "$dir.tmp"
 			# Static binaries: the plugins run as root from the client, on any host libc.
-			(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$dir/" $tools)
-			touch "$dir/.complete"
+			(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$dir.tmp/" $tools)
+			mv "$dir.tmp" "$dir"
+			touch "$dir.complete"
 			echo "hashistack: built cni plugins $version in $((SECONDS - start))s"
 		fi
 		exec 9>&-
