@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -97,6 +98,15 @@ func TestBridgeEngineMappedPort(t *testing.T) {
 	allocID, addr := runMesh(t, ctx, e)
 	mustChat(t, addr)
 	must.StrNotContains(t, addr, fmt.Sprintf(":%d", testbed.MeshEnginePort), must.Sprint("the service should advertise the host side of the mapping"))
+
+	// KV events: the kv port has no "to", so the engine binds its host number inside and the
+	// advertised host address reaches the publisher through the mapping.
+	svc, _, err := stack.Consul.Agent().Service(testbed.MeshServiceID(allocID), nil)
+	must.NoError(t, err)
+	kv := strings.TrimPrefix(svc.Meta["oasis_kv_events"], "tcp://")
+	conn, err := net.DialTimeout("tcp", kv, 5*time.Second)
+	must.NoError(t, err, must.Sprint("KV events publisher at ", kv))
+	conn.Close()
 
 	sidecar, _, err := stack.Consul.Agent().Service(testbed.MeshServiceID(allocID)+"-sidecar-proxy", nil)
 	must.NoError(t, err)

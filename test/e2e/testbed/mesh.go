@@ -190,7 +190,9 @@ const MeshServiceName = "oasis-engine"
 const MeshEnginePort = 8000
 
 // MeshSimEngine is a SimEngine in bridge networking with a Consul Connect sidecar. Build it with
-// Stack.MeshSimEngine, which fills in the stack's consul binary and socket.
+// Stack.MeshSimEngine, which fills in the stack's consul binary and socket. SimEngine's options
+// apply (Provider is always "consul": Connect is Consul's); the engine's http port maps to
+// MeshEnginePort inside the namespace, its kv ports keep their numbers.
 type MeshSimEngine struct {
 	SimEngine
 	// LoopbackOnly binds the engine to 127.0.0.1 inside the namespace, so only its sidecar
@@ -215,6 +217,7 @@ func MeshServiceID(allocID string) string {
 
 // HCL renders the jobspec.
 func (m MeshSimEngine) HCL() string {
+	m.Provider = "consul"
 	if m.Config != "" && m.LoopbackOnly {
 		m.Config += "\n        "
 	}
