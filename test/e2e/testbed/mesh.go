@@ -21,9 +21,10 @@ import (
 // Bridge networking and Consul Connect in the test bed.
 //
 // Production runs Envoy sidecars; Envoy cannot be installed here, so a mesh engine's sidecar is
-// Consul's own L4 proxy, `consul connect proxy`, in a raw_exec sidecar_task (see connectBlock
-// for why not with -sidecar-for). It serves mTLS with the service's leaf certificate and authorizes callers by
-// intentions, as Envoy does. Two things let it work inside the allocation's network namespace:
+// Consul's own L4 proxy, `consul connect proxy`, in a raw_exec sidecar_task (connectBlock says
+// why not with -sidecar-for). It serves mTLS with the service's leaf certificate and authorizes
+// callers by intentions, as Envoy does. Two things let it work inside the allocation's network
+// namespace:
 //
 //   - its Consul token: with ACLs on, Nomad's sids hook writes the service identity token of the
 //     parent service (oasis-engine, from the nomad-workloads service binding rule) to the sidecar
@@ -34,6 +35,7 @@ import (
 
 // bridgeNet is the client's bridge network: a bridge and subnet of the stack's own, so stacks
 // running at once on one machine do not share Nomad's default bridge "nomad" and its subnet.
+// Nomad's client also needs Consul's gRPC port to place a Connect sidecar (startConsul).
 type bridgeNet struct {
 	name    string // the bridge interface
 	subnet  string // CIDR the allocations' addresses come from
@@ -46,7 +48,7 @@ const CNIPathEnv = "OASIS_CNI_PATH"
 
 // nomadDataDir is the Nomad agent's data_dir. A bridge stack's is short: Nomad creates unix
 // sockets for Consul (alloc/tmp/consul_grpc.sock) in each allocation directory, and a socket
-// path has at most 107 bytes.
+// path is at most maxSocketPath bytes.
 func (s *Stack) nomadDataDir() string {
 	if s.bridge != nil {
 		return filepath.Join(s.Dir, "n")
