@@ -23,11 +23,11 @@ build:
 	@mkdir -p bin
 	$(GO) build -o bin/ ./cmd/...
 
-## hashistack: build (once) and link bin/nomad and bin/consul
+## hashistack: build (once) and link bin/nomad, bin/consul and the CNI plugins in bin/cni
 hashistack:
 	@scripts/hashistack.sh
 
-## deps: Debian packages tests talk to (redis-tools, redis-server, nginx), installed if missing
+## deps: Debian packages tests talk to (redis-tools, redis-server, nginx, iptables), installed if missing
 deps:
 	@scripts/deps.sh
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests and benchmarks talk to (real Redis clients and server,
-# nginx as the router's peer), when they are missing and this is a Debian machine we may change.
+# nginx as the router's peer, iptables for the CNI plugins behind Nomad's bridge networking), when
+# they are missing and this is a Debian machine we may change.
 set -euo pipefail
 need=()
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v nginx >/dev/null 2>&1 || need+=(nginx)
+# /usr/sbin is not on every PATH; the CNI bridge, firewall and portmap plugins call iptables.
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	echo "deps: missing ${need[*]}; install them with your package manager" >&2

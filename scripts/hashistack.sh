@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real nomad and consul binaries from their tools modules (tools/<name>/go.mod) once,
 # keeps them in a cache outside the checkout keyed by version and go.sum, and links them into bin/.
+# The CNI plugins Nomad's bridge networking runs (tools/cni) are cached the same way and linked as
+# the directory bin/cni, the client's cni_path.
 # A fresh clone on the same machine (how CI runs) reuses the cache; a cold build takes minutes.
 set -euo pipefail
 
@@ -40,8 +42,41 @@ build() {
 	ln -sfn "$out" "$root/bin/$name"
 }
 
+# build_cni builds every plugin the tools module lists into one cached directory: Nomad's client
+# looks plugins up by file name in cni_path, so they must sit side by side.
+build_cni() {
+	local mod="$root/tools/cni" pkg=github.com/containernetworking/plugins
+	local version key
+	version=$(awk -v p="$pkg" '$1 == p { print $2; exit }' "$mod/go.mod")
+	[ -n "$version" ] || { echo "hashistack: no version of $pkg in $mod/go.mod" >&2; exit 1; }
+	key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+	local dir="$cache/cni-$version-$key"
+	# Marker and lock sit beside the directory: Nomad's client lists every file in cni_path.
+	if [ -f "$dir.complete" ]; then
+		echo "hashistack: cni plugins $version cached at $dir"
+	else
+		exec 9>"$dir.lock"
+		flock 9
+		if [ ! -f "$dir.complete" ]; then
+			echo "hashistack: building cni plugins $version ..."
+			local start=$SECONDS tools
+			tools=$(awk '$1 == "tool" && $2 != "(" { print $2 } $1 == "tool" && $2 == "(" { in_tool = 1; next } in_tool && $1 == ")" { in_tool = 0 } in_tool { print $1 }' "$mod/go.mod")
+			rm -rf "$dir" "$dir.tmp"
+			mkdir -p "$dir.tmp"
+			# Static binaries: the plugins run as root from the client, on any host libc.
+			(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$dir.tmp/" $tools)
+			mv "$dir.tmp" "$dir"
+			touch "$dir.complete"
+			echo "hashistack: built cni plugins $version in $((SECONDS - start))s"
+		fi
+		exec 9>&-
+	fi
+	ln -sfn "$dir" "$root/bin/cni"
+}
+
 build nomad github.com/hashicorp/nomad ui
 build consul github.com/hashicorp/consul ""
+build_cni
 # First line of each version; no `| head`, whose early exit would SIGPIPE the binary under pipefail.
 for bin in nomad consul; do
 	v=$("$root/bin/$bin" version)

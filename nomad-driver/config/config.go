@@ -7,6 +7,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -108,6 +109,7 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"model":                  hclspec.NewAttr("model", "string", false),
 	"served_model_name":      hclspec.NewAttr("served_model_name", "string", false),
 	"port":                   hclspec.NewAttr("port", "string", false),
+	"bind_address":           hclspec.NewAttr("bind_address", "string", false),
 	"tensor_parallel_size":   hclspec.NewAttr("tensor_parallel_size", "number", false),
 	"max_model_len":          hclspec.NewAttr("max_model_len", "number", false),
 	"gpu_memory_utilization": hclspec.NewAttr("gpu_memory_utilization", "number", false),
@@ -131,10 +133,15 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 // TaskConfig is a task's decoded config block. Zero values mean "not set";
 // Normalize fills in defaults.
 type TaskConfig struct {
-	Engine               string `codec:"engine" json:"engine,omitempty"`
-	Model                string `codec:"model" json:"model,omitempty"`
-	ServedModelName      string `codec:"served_model_name" json:"served_model_name,omitempty"`
-	Port                 string `codec:"port" json:"port,omitempty"`
+	Engine          string `codec:"engine" json:"engine,omitempty"`
+	Model           string `codec:"model" json:"model,omitempty"`
+	ServedModelName string `codec:"served_model_name" json:"served_model_name,omitempty"`
+	Port            string `codec:"port" json:"port,omitempty"`
+	// BindAddress is the address the engine listens on. Unset: the port's
+	// allocated host address in host networking, every interface inside a
+	// bridge network namespace. "127.0.0.1" in bridge networking leaves the
+	// engine reachable only from its own allocation (a Connect sidecar).
+	BindAddress          string `codec:"bind_address" json:"bind_address,omitempty"`
 	TensorParallelSize   int    `codec:"tensor_parallel_size" json:"tensor_parallel_size,omitempty"`
 	MaxModelLen          int    `codec:"max_model_len" json:"max_model_len,omitempty"`
 	GPUMemoryUtilization Float  `codec:"gpu_memory_utilization" json:"gpu_memory_utilization,omitempty"`
@@ -280,6 +287,7 @@ func (c TaskConfig) Validate() error {
 			set  bool
 		}{
 			{"port", c.Port != ""},
+			{"bind_address", c.BindAddress != ""},
 			{"tensor_parallel_size", c.TensorParallelSize != 1},
 			{"max_model_len", c.MaxModelLen != 0},
 			{"gpu_memory_utilization", c.GPUMemoryUtilization != 0},
@@ -305,6 +313,9 @@ func (c TaskConfig) Validate() error {
 
 	if c.Endpoint != "" {
 		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
+	}
+	if c.BindAddress != "" && net.ParseIP(c.BindAddress) == nil {
+		add(fieldErr("bind_address", "%q is not an IP address (e.g. \"127.0.0.1\" or \"0.0.0.0\")", c.BindAddress))
 	}
 	if c.Port == "" {
 		add(fieldErr("port", "is required: the label of a port in the group's network block (e.g. port = \"http\")"))

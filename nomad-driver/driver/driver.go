@@ -122,9 +122,10 @@ func (d *Driver) Capabilities() (*drivers.Capabilities, error) {
 		SendSignals: true,
 		Exec:        true,
 		FSIsolation: fsisolation.None,
-		// Engines bind the allocated host address:port; bridge networking
-		// would need the mapped "to" ports, which the renderer does not use.
-		NetIsolationModes: []drivers.NetIsolationMode{drivers.NetIsolationModeHost},
+		// In group isolation (bridge) the executor starts the engine inside
+		// the allocation's namespace and the renderer binds the mapped "to"
+		// ports there, as Nomad's exec and raw_exec drivers allow.
+		NetIsolationModes: []drivers.NetIsolationMode{drivers.NetIsolationModeHost, drivers.NetIsolationModeGroup},
 		MountConfigs:      drivers.MountConfigSupportNone,
 	}, nil
 }

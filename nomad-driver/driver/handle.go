@@ -31,8 +31,11 @@ type TaskState struct {
 	Engine         string
 	Model          string
 	HealthURL      string
-	HealthTimeout  time.Duration
-	Remote         bool
+	// HealthNetNS is the allocation's network namespace (bridge mode) the
+	// health check dials HealthURL from; empty dials from the host.
+	HealthNetNS   string
+	HealthTimeout time.Duration
+	Remote        bool
 }
 
 // taskHandle tracks one running task.

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/client/lib/nsutil"
 	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
 )
@@ -81,9 +83,37 @@ func (d *Driver) newHealthClient() *http.Client {
 	return &http.Client{Timeout: d.timing.probe, Transport: &http.Transport{DisableKeepAlives: true}}
 }
 
+// newNamespaceHealthClient dials from inside the network namespace at path:
+// an engine in bridge mode may listen on loopback there (only its sidecar
+// reaches it), and the host's view of the mapped port depends on NAT rules
+// the driver does not own.
+func (d *Driver) newNamespaceHealthClient(path string) *http.Client {
+	dialer := &net.Dialer{}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ns, err := nsutil.GetNS(path)
+		if err != nil {
+			return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+		}
+		defer ns.Close()
+		var conn net.Conn
+		// The socket belongs to the namespace it was created in; once
+		// connected it can be used from any thread.
+		err = ns.Do(func(nsutil.NetNS) error {
+			var derr error
+			conn, derr = dialer.DialContext(ctx, network, addr)
+			return derr
+		})
+		return conn, err
+	}
+	return &http.Client{Timeout: d.timing.probe, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
+}
+
 // watchHealth reports readiness and health of a process task until it ends.
 func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 	client := d.newHealthClient()
+	if h.state.HealthNetNS != "" {
+		client = d.newNamespaceHealthClient(h.state.HealthNetNS)
+	}
 	url := h.state.HealthURL
 	if !recovered {
 		start := h.state.StartedAt

@@ -21,6 +21,16 @@ import (
 	"github.com/oasis-llm/oasis/nomad-driver/render"
 )
 
+// netNSPath is the allocation's own network namespace when the group asked
+// for one (network mode "bridge" or "cni/..."); empty in host networking.
+func netNSPath(cfg *drivers.TaskConfig) string {
+	ni := cfg.NetworkIsolation
+	if ni == nil || ni.Mode != drivers.NetIsolationModeGroup {
+		return ""
+	}
+	return ni.Path
+}
+
 // ErrNoProcess is returned for process operations on openai_compat tasks.
 var ErrNoProcess = errors.New("engine openai_compat runs no process")
 
@@ -36,10 +46,12 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 		Ports:    map[string]render.Port{},
 		GPUs:     render.GPUsFromEnv(cfg.Env),
 		LocalDir: cfg.TaskDir().LocalDir,
+		// The executor starts the engine in this namespace (see Launch).
+		Namespaced: netNSPath(cfg) != "",
 	}
 	if cfg.Resources != nil && cfg.Resources.Ports != nil {
 		for _, p := range *cfg.Resources.Ports {
-			in.Ports[p.Label] = render.Port{HostIP: p.HostIP, Value: p.Value}
+			in.Ports[p.Label] = render.Port{HostIP: p.HostIP, Value: p.Value, To: p.To}
 		}
 	}
 	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) {
@@ -79,6 +91,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		HealthURL:     plan.HealthURL,
 		HealthTimeout: plan.Config.HealthTimeoutOrDefault(),
 		Remote:        plan.NoProcess,
+	}
+	if plan.HealthInNamespace {
+		st.HealthNetNS = netNSPath(cfg)
 	}
 	handle := drivers.NewTaskHandle(taskHandleVersion)
 	handle.Config = cfg

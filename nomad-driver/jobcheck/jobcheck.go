@@ -46,14 +46,18 @@ func Check(job *nomadapi.Job) []Result {
 	for _, g := range job.TaskGroups {
 		ports := map[string]render.Port{}
 		next := 20000 // placeholder values: real ones come from the allocation
+		namespaced := false
 		for _, n := range g.Networks {
+			// bridge and cni/* give the group its own namespace (Nomad's
+			// "group" isolation); host and none do not.
+			namespaced = namespaced || n.Mode == "bridge" || strings.HasPrefix(n.Mode, "cni/")
 			for _, p := range append(append([]nomadapi.Port(nil), n.ReservedPorts...), n.DynamicPorts...) {
 				v := p.Value
 				if v == 0 {
 					next++
 					v = next
 				}
-				ports[p.Label] = render.Port{HostIP: "127.0.0.1", Value: v}
+				ports[p.Label] = render.Port{HostIP: "127.0.0.1", Value: v, To: p.To}
 			}
 		}
 		for _, t := range g.Tasks {
@@ -68,7 +72,7 @@ func Check(job *nomadapi.Job) []Result {
 				continue
 			}
 			r.Plan, r.Err = render.Render(render.Input{
-				Config: tc, Ports: ports, GPUs: gpus(t.Resources),
+				Config: tc, Ports: ports, GPUs: gpus(t.Resources), Namespaced: namespaced,
 				LocalDir: "${NOMAD_TASK_DIR}",
 			})
 			out = append(out, r)

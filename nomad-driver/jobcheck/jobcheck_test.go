@@ -59,3 +59,33 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckBridge: a group in bridge networking renders the engine on the ports' "to" inside
+// the namespace, and refuses what cannot work there.
+func TestCheckBridge(t *testing.T) {
+	cases := []struct {
+		name   string
+		mode   string
+		config map[string]interface{}
+		want   string // the rendered line, or an error
+	}{
+		{"host", "host", map[string]interface{}{"engine": "sim", "model": "m", "port": "http", "kv_events": false},
+			"ok: oasis-sim serve m --host 127.0.0.1 --port 20001 "},
+		{"bridge", "bridge", map[string]interface{}{"engine": "sim", "model": "m", "port": "http", "kv_events": false},
+			"ok: oasis-sim serve m --host 0.0.0.0 --port 8000 "},
+		{"bridge loopback", "bridge", map[string]interface{}{"engine": "sim", "model": "m", "port": "http", "kv_events": false, "bind_address": "127.0.0.1"},
+			"ok: oasis-sim serve m --host 127.0.0.1 --port 8000 "},
+		{"bridge disaggregated", "bridge", map[string]interface{}{"engine": "sim", "model": "m", "port": "http", "kv_events": false, "role": "prefill", "nixl_side_channel_port": "kv"},
+			`role: role "prefill" advertises the engine's own address`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			j := job(tc.config, 0)
+			j.TaskGroups[0].Networks = []*nomadapi.NetworkResource{{Mode: tc.mode,
+				DynamicPorts: []nomadapi.Port{{Label: "http", To: 8000}, {Label: "kv"}}}}
+			res := Check(j)
+			must.Len(t, 1, res)
+			must.StrContains(t, res[0].String(), tc.want)
+		})
+	}
+}

@@ -22,7 +22,25 @@ import (
 type Port struct {
 	HostIP string
 	Value  int
+	// To is Nomad's mapped port: what the task listens on inside the
+	// allocation's own network namespace (bridge mode). Zero or -1 means the
+	// same number as Value, as in Nomad.
+	To int
 }
+
+// inside returns the port number the engine binds in a group namespace.
+func (p Port) inside() int {
+	if p.To > 0 {
+		return p.To
+	}
+	return p.Value
+}
+
+// NamespaceBindAddress is what an engine in the group's own network
+// namespace binds when bind_address is unset: every interface, so the
+// mapped host port (through the bridge) and a sidecar (on loopback) both
+// reach it.
+const NamespaceBindAddress = "0.0.0.0"
 
 // Input is everything a rendering depends on.
 type Input struct {
@@ -38,6 +56,10 @@ type Input struct {
 	GPUs []string
 	// LocalDir is the task's local directory, where files are written.
 	LocalDir string
+	// Namespaced is true when the task runs in the allocation's own network
+	// namespace (network mode "bridge" or "cni/..."): the engine then binds
+	// each port's To inside it, and its health is probed from inside it.
+	Namespaced bool
 }
 
 // File is a file written into the task's local directory before start.
@@ -58,6 +80,9 @@ type Plan struct {
 	Files []File
 	// HealthURL answers 200 when the engine is ready.
 	HealthURL string
+	// HealthInNamespace is true when HealthURL is an address inside the
+	// allocation's network namespace: the driver must dial it from there.
+	HealthInNamespace bool
 	// MetricsPath is where the engine serves Prometheus metrics.
 	MetricsPath string
 	// KVEventsEndpoint is the ZMQ PUB endpoint, empty when events are off.
@@ -133,9 +158,11 @@ func Render(in Input) (*Plan, error) {
 		return p, nil
 	}
 
+	in.Ports = bindPorts(c, in)
 	port := in.Ports[c.Port]
 	host := port.HostIP
 	p.HealthURL = "http://" + net.JoinHostPort(connectHost(host), strconv.Itoa(port.Value)) + "/health"
+	p.HealthInNamespace = in.Namespaced
 	if c.EventsOn() {
 		ev := in.Ports[c.KVEventsPort]
 		p.KVEventsEndpoint = "tcp://" + net.JoinHostPort(ev.HostIP, strconv.Itoa(ev.Value))
@@ -171,6 +198,30 @@ func Render(in Input) (*Plan, error) {
 	}
 	p.Argv = append(p.Argv, c.ExtraArgs...)
 	return p, nil
+}
+
+// bindPorts returns the address:port each label is bound at by the engine.
+// In host mode that is the allocation (HostIP:Value) unless bind_address
+// overrides the address; in a group namespace it is bind_address (default
+// NamespaceBindAddress) and the mapped To port, because Nomad's portmap
+// forwards HostIP:Value to it and a Connect sidecar dials 127.0.0.1:To.
+func bindPorts(c config.TaskConfig, in Input) map[string]Port {
+	if !in.Namespaced && c.BindAddress == "" {
+		return in.Ports
+	}
+	addr := c.BindAddress
+	if addr == "" {
+		addr = NamespaceBindAddress
+	}
+	out := make(map[string]Port, len(in.Ports))
+	for label, p := range in.Ports {
+		if in.Namespaced {
+			p = Port{Value: p.inside()}
+		}
+		p.HostIP = addr
+		out[label] = p
+	}
+	return out
 }
 
 // connectHost is the address the driver dials for health checks.
@@ -210,12 +261,34 @@ func checkRuntime(c config.TaskConfig, in Input) error {
 				Msg: fmt.Sprintf("port label %q is not in the group's network block; labels: %s", f.label, labels())})
 		}
 	}
+	if in.Namespaced {
+		errs = append(errs, checkNamespaced(c)...)
+	}
 	if config.IsGPUEngine(c.Engine) && c.TensorParallelSize > len(in.GPUs) {
 		errs = append(errs, &config.FieldError{Field: "tensor_parallel_size",
 			Msg: fmt.Sprintf("%d is larger than the %d GPU(s) reserved for the task (NVIDIA_VISIBLE_DEVICES=%q); reserve them with a device \"nvidia/gpu\" { count = %d } block",
 				c.TensorParallelSize, len(in.GPUs), strings.Join(in.GPUs, ","), c.TensorParallelSize)})
 	}
 	return errors.Join(errs...)
+}
+
+// checkNamespaced refuses what cannot work from inside a group network
+// namespace: peers of a disaggregated pair are told the engine's own
+// address and port, which are not reachable from outside the namespace, and
+// a loopback kvcached address would name the namespace, not the node.
+func checkNamespaced(c config.TaskConfig) []error {
+	var errs []error
+	if c.Disaggregated() {
+		errs = append(errs, &config.FieldError{Field: "role", Msg: fmt.Sprintf(
+			"role %q advertises the engine's own address and port to its peer, which bridge networking hides behind a mapped port; run disaggregated engines with network mode \"host\"", c.Role)})
+	}
+	if c.KVOffload == config.OffloadKVCached {
+		if h, _, err := net.SplitHostPort(c.KVCachedAddress); err == nil && (h == "localhost" || net.ParseIP(h).IsLoopback()) {
+			errs = append(errs, &config.FieldError{Field: "kvcached_address", Msg: fmt.Sprintf(
+				"%q is loopback, which inside bridge networking is the allocation's own namespace, not the node's kvcached; set a node address", c.KVCachedAddress)})
+		}
+	}
+	return errs
 }
 
 // renderedFlags are the flags the driver owns per engine; extra_args may not repeat them.

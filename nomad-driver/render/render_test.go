@@ -23,6 +23,15 @@ var testPorts = map[string]Port{
 	"replay":    {HostIP: "10.0.0.5", Value: 20005},
 }
 
+// bridgePorts is a bridge-mode allocation: host ports on the node's address
+// mapped to fixed ports inside the namespace; "replay" has no "to" (-1), so
+// it keeps its host number inside.
+var bridgePorts = map[string]Port{
+	"http":   {HostIP: "10.0.0.5", Value: 20001, To: 8000},
+	"kv":     {HostIP: "10.0.0.5", Value: 20002, To: 5557},
+	"replay": {HostIP: "10.0.0.5", Value: 20005, To: -1},
+}
+
 const testLocalDir = "/alloc/task/local"
 
 // baseConfig is a config that is complete for the combination, so that a
@@ -211,6 +220,26 @@ func TestRenderCases(t *testing.T) {
 			c.ExtraEnv = map[string]string{"PYTHONHASHSEED": "42"}
 			return testInput(c)
 		}},
+		{"sim-bridge-events", func() Input {
+			c := baseConfig("sim", "none", "both")
+			c.KVEventsReplayPort = "replay"
+			in := testInput(c)
+			in.Namespaced = true
+			in.Ports = bridgePorts
+			return in
+		}},
+		{"llama_cpp-bridge-loopback", func() Input {
+			c := baseConfig("llama_cpp", "none", "both")
+			c.BindAddress = "127.0.0.1"
+			in := testInput(c)
+			in.Namespaced, in.Ports, in.GPUs = true, bridgePorts, nil
+			return in
+		}},
+		{"vllm-host-bind-address", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.BindAddress = "0.0.0.0"
+			return testInput(c)
+		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))
 			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}}
@@ -288,6 +317,16 @@ func TestRenderBadInput(t *testing.T) {
 			in.Config.TensorParallelSize = 2
 		}, "tensor_parallel_size", "allowed: 1"},
 		{"bad health timeout", func(in *Input) { in.Config.HealthTimeout = "soon" }, "health_timeout", "not a positive duration"},
+		{"bind address not an IP", func(in *Input) { in.Config.BindAddress = "localhost" }, "bind_address", "not an IP address"},
+		{"bind address on openai_compat", func(in *Input) {
+			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: "http://h:1/v1", BindAddress: "127.0.0.1"}
+		}, "bind_address", "runs no process"},
+		{"disaggregated in bridge", func(in *Input) {
+			in.Config.Role, in.Config.NIXLSideChannelPort, in.Namespaced = "prefill", "nixl", true
+		}, "role", `run disaggregated engines with network mode "host"`},
+		{"loopback kvcached in bridge", func(in *Input) {
+			in.Config.KVOffload, in.Config.KVCachedAddress, in.Namespaced = "kvcached", "127.0.0.1:16380", true
+		}, "kvcached_address", "not the node's kvcached"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -343,5 +382,39 @@ func TestSimRendersLikeVLLM(t *testing.T) {
 			must.Eq(t, vllm.Env, sim.Env)
 			must.Eq(t, vllm.Files, sim.Files)
 		}
+	}
+}
+
+// TestBindPorts: where the engine listens and where the driver probes it,
+// per network mode and bind_address.
+func TestBindPorts(t *testing.T) {
+	cases := []struct {
+		name       string
+		namespaced bool
+		bind       string
+		ports      map[string]Port
+		wantHTTP   Port
+		wantHealth string
+	}{
+		{"host keeps the allocation", false, "", testPorts, Port{HostIP: "10.0.0.5", Value: 20001}, "http://10.0.0.5:20001/health"},
+		{"host with bind address", false, "127.0.0.1", testPorts, Port{HostIP: "127.0.0.1", Value: 20001}, "http://127.0.0.1:20001/health"},
+		{"bridge binds every interface on to", true, "", bridgePorts, Port{HostIP: "0.0.0.0", Value: 8000}, "http://127.0.0.1:8000/health"},
+		{"bridge loopback for a sidecar", true, "127.0.0.1", bridgePorts, Port{HostIP: "127.0.0.1", Value: 8000}, "http://127.0.0.1:8000/health"},
+		{"bridge without to keeps the number", true, "", map[string]Port{"http": {HostIP: "10.0.0.5", Value: 20001}, "kv": {Value: 20002, To: 5557}},
+			Port{HostIP: "0.0.0.0", Value: 20001}, "http://127.0.0.1:20001/health"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := baseConfig("sim", "none", "both")
+			c.BindAddress = tc.bind
+			in := testInput(c)
+			in.Namespaced, in.Ports = tc.namespaced, tc.ports
+			got := bindPorts(c, in)
+			must.Eq(t, tc.wantHTTP, got["http"])
+			p, err := Render(in)
+			must.NoError(t, err)
+			must.Eq(t, tc.wantHealth, p.HealthURL)
+			must.Eq(t, tc.namespaced, p.HealthInNamespace)
+		})
 	}
 }

@@ -15,25 +15,35 @@ import (
 )
 
 func (s *Stack) startConsul(ctx context.Context) error {
-	ports, err := testutil.FreePorts(4)
+	ports, err := testutil.FreePorts(5)
 	if err != nil {
 		return err
 	}
 	http, serfLAN, serfWAN, server := ports[0], ports[1], ports[2], ports[3]
+	grpc := -1
+	if s.bridge != nil {
+		// Nomad places a Connect sidecar only on a client whose Consul serves gRPC
+		// (attr.consul.grpc > 0), which the sidecar hook hands to Envoy.
+		grpc = ports[4]
+	}
 	config := map[string]any{
 		"node_name":   "oasis-testbed",
 		"bind_addr":   "127.0.0.1",
 		"client_addr": "127.0.0.1",
 		"log_level":   "warn",
-		// grpc_tls off too: a dev agent takes 8503 for it otherwise, and a second agent on the
+		// grpc_tls off: a dev agent takes 8503 for it otherwise, and a second agent on the
 		// machine then fails to start.
 		"ports": map[string]int{
 			"http": http, "serf_lan": serfLAN, "serf_wan": serfWAN, "server": server,
-			"dns": -1, "grpc": -1, "grpc_tls": -1, "https": -1,
+			"dns": -1, "grpc": grpc, "grpc_tls": -1, "https": -1,
 		},
 	}
 	if s.acls {
 		config["acl"] = consulACLConfig()
+	}
+	if s.bridge != nil {
+		s.ConsulHTTPSocket = filepath.Join(s.Dir, "consul-http.sock")
+		config["addresses"] = map[string]string{"http": "127.0.0.1 unix://" + s.ConsulHTTPSocket}
 	}
 	s.consulSerfWAN = fmt.Sprintf("127.0.0.1:%d", serfWAN)
 	if s.fed != nil {
@@ -138,7 +148,7 @@ client {
     # AWS_CA_BUNDLE in this environment breaks the cloud fingerprinters (NOTES §3).
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
   }
-%[14]s}
+%[14]s%[16]s}
 
 consul {
   address = %[6]q
@@ -156,8 +166,8 @@ plugin "raw_exec" {
 
 %[7]s
 %[8]s
-`, filepath.Join(s.Dir, "nomad-data"), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig, aclConfig, s.acls,
-		name, top, server, client, acl)
+`, s.nomadDataDir(), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig, aclConfig, s.acls,
+		name, top, server, client, acl, s.bridge.clientConfig())
 	s.nomadConfig = filepath.Join(s.Dir, "nomad.hcl")
 	// It holds the agent's Consul token.
 	if err := os.WriteFile(s.nomadConfig, []byte(config), 0o600); err != nil {
@@ -197,7 +207,10 @@ func (s *Stack) startNomad(ctx context.Context, opts Options) error {
 // when its plugin is installed).
 func (s *Stack) launchNomad(ctx context.Context) error {
 	var err error
-	s.nomad, err = startProcess(s.nomadBin, []string{"agent", "-config=" + s.nomadConfig}, filepath.Join(s.Dir, "nomad.log"))
+	// Nomad's Connect sidecar hook runs `consul connect envoy -bootstrap` from its PATH, and
+	// the bridge's NAT rules need iptables (in /usr/sbin, not on every PATH).
+	path := "PATH=" + filepath.Dir(s.consulBin) + ":" + os.Getenv("PATH") + ":/usr/sbin:/sbin"
+	s.nomad, err = startProcess(s.nomadBin, []string{"agent", "-config=" + s.nomadConfig}, filepath.Join(s.Dir, "nomad.log"), path)
 	if err != nil {
 		return err
 	}

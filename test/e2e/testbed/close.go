@@ -30,6 +30,9 @@ func (s *Stack) Close() error {
 		if err := s.stopAllJobs(); err != nil {
 			errs = append(errs, err)
 		}
+		if err := s.waitNetworksTornDown(30 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// The agent's plugin processes (logmon, executors) run in process groups
 	// of their own and outlive it, and a logmon's command line and working
@@ -56,6 +59,9 @@ func (s *Stack) Close() error {
 		errs = append(errs, err)
 	}
 	if err := s.unmountAll(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.bridge.remove(); err != nil {
 		errs = append(errs, err)
 	}
 	if s.Dir != "" && os.Getenv("OASIS_TESTBED_KEEP") == "" {
@@ -229,7 +235,7 @@ func (s *Stack) stackPIDs(self int) []int {
 // one machine share that parent: the task scopes (named after allocation ids) are removed, and
 // the parent itself only when no other Nomad agent is running that could still be using it.
 func (s *Stack) removeCgroups() error {
-	allocs, _ := os.ReadDir(filepath.Join(s.Dir, "nomad-data", "alloc"))
+	allocs, _ := os.ReadDir(filepath.Join(s.nomadDataDir(), "alloc"))
 	var ids []string
 	for _, a := range allocs {
 		ids = append(ids, a.Name())

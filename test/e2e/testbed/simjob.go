@@ -28,7 +28,17 @@ type SimEngine struct {
 }
 
 // HCL renders the jobspec.
-func (e SimEngine) HCL() string {
+func (e SimEngine) HCL() string { return e.render(groupNet{}) }
+
+// groupNet is what a network mode changes in the engine's group: MeshSimEngine fills it.
+type groupNet struct {
+	mode    string // network mode line; empty for the default (host)
+	httpTo  int    // the "to" of port http; 0 for none
+	connect string // the service's connect block
+	check   string // replaces the service's HTTP check
+}
+
+func (e SimEngine) render(g groupNet) string {
 	model, provider := e.Model, e.Provider
 	if model == "" {
 		model = "llama"
@@ -37,9 +47,24 @@ func (e SimEngine) HCL() string {
 		provider = "consul"
 	}
 	ports, kvMeta, kvConfig := `port "http" {}`, `""`, "kv_events         = false"
+	if g.httpTo > 0 {
+		ports = fmt.Sprintf(`port "http" { to = %d }`, g.httpTo)
+	}
+	if g.mode != "" {
+		ports = g.mode + "\n      " + ports
+	}
+	check := `check {
+        type     = "http"
+        path     = "/health"
+        interval = "1s"
+        timeout  = "1s"
+      }`
+	if g.check != "" {
+		check = g.check
+	}
 	replayMeta := ""
 	if e.KVEvents {
-		ports = "port \"http\" {}\n      port \"kv\" {}"
+		ports += "\n      port \"kv\" {}"
 		kvMeta, kvConfig = `"tcp://${NOMAD_ADDR_kv}"`, `kv_events_port    = "kv"`
 		if e.KVEventsReplay {
 			ports += "\n      port \"kv_replay\" {}"
@@ -84,12 +109,8 @@ job %[1]q {
         oasis_block_size   = "16"
         oasis_node         = "${node.unique.id}"
       }
-      check {
-        type     = "http"
-        path     = "/health"
-        interval = "1s"
-        timeout  = "1s"
-      }
+      %[11]s
+      %[12]s
     }
 
     task "engine" {
@@ -112,5 +133,5 @@ job %[1]q {
     }
   }
 }
-`, e.ID, ports, provider, strings.Join(tags, ", "), model, kvMeta, kvConfig, e.Config, replayMeta, e.Task)
+`, e.ID, ports, provider, strings.Join(tags, ", "), model, kvMeta, kvConfig, e.Config, replayMeta, e.Task, check, g.connect)
 }

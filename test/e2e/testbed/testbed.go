@@ -41,6 +41,11 @@ type Options struct {
 	NoACLs bool
 	// Logf receives progress lines (testing.T.Logf or log.Printf). Nil is silent.
 	Logf func(format string, args ...any)
+	// Bridge sets the client up for network mode "bridge" (Consul Connect sidecars): the CNI
+	// plugins of `make hashistack` (bin/cni, or OASIS_CNI_PATH), a bridge and subnet of the
+	// stack's own, and Consul's HTTP API on a unix socket too, which a sidecar inside an
+	// allocation's namespace reaches (see mesh.go). Needs root and iptables (`make deps`).
+	Bridge bool
 }
 
 // Stack is one running Consul + Nomad pair.
@@ -87,6 +92,11 @@ type Stack struct {
 	// consulSerfWAN and nomadSerf are the addresses other datacenters join.
 	consulSerfWAN string
 	nomadSerf     string
+	// ConsulHTTPSocket is Consul's HTTP API as a unix socket path, set with Options.Bridge: a
+	// process in an allocation's network namespace cannot reach the agent's loopback address.
+	ConsulHTTPSocket string
+	// bridge is the client's bridge network (Options.Bridge); nil otherwise.
+	bridge *bridgeNet
 }
 
 // Start builds the Oasis binaries, starts Consul and Nomad, and waits until Nomad has a leader
@@ -152,6 +162,11 @@ func newStack(opts Options, dir string) (*Stack, error) {
 
 // run starts the agents of a stack whose binaries are in place.
 func (s *Stack) run(ctx context.Context, opts Options) error {
+	if opts.Bridge {
+		if err := s.setupBridge(); err != nil {
+			return err
+		}
+	}
 	if err := s.startConsul(ctx); err != nil {
 		return err
 	}
@@ -309,8 +324,9 @@ func (p *process) exited() bool {
 	}
 }
 
-// startProcess runs an agent in its own process group with its output in logPath.
-func startProcess(bin string, args []string, logPath string) (*process, error) {
+// startProcess runs an agent in its own process group with its output in logPath, with the
+// test's environment (less AWS_CA_BUNDLE) plus extraEnv, whose values win.
+func startProcess(bin string, args []string, logPath string, extraEnv ...string) (*process, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("creating %s: %w", logPath, err)
@@ -328,6 +344,8 @@ func startProcess(bin string, args []string, logPath string) (*process, error) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	// os/exec keeps the last value of a repeated variable.
+	cmd.Env = append(cmd.Env, extraEnv...)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", filepath.Base(bin), err)
 	}
