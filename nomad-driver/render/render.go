@@ -201,24 +201,24 @@ func Render(in Input) (*Plan, error) {
 }
 
 // bindPorts returns the address:port each label is bound at by the engine.
-// In host mode that is the allocation (HostIP:Value) unless bind_address
-// overrides the address; in a group namespace it is bind_address (default
-// NamespaceBindAddress) and the mapped To port, because Nomad's portmap
+// In host mode that is the allocation (HostIP:Value); in a group namespace
+// it is NamespaceBindAddress and the mapped To port, because Nomad's portmap
 // forwards HostIP:Value to it and a Connect sidecar dials 127.0.0.1:To.
+// bind_address overrides the address of the API's port only: a mesh engine
+// bound to loopback keeps its KV-event publishers on the mapped ports, so
+// routers outside the mesh's data path still subscribe to them.
 func bindPorts(c config.TaskConfig, in Input) map[string]Port {
 	if !in.Namespaced && c.BindAddress == "" {
 		return in.Ports
 	}
-	addr := c.BindAddress
-	if addr == "" {
-		addr = NamespaceBindAddress
-	}
 	out := make(map[string]Port, len(in.Ports))
 	for label, p := range in.Ports {
 		if in.Namespaced {
-			p = Port{Value: p.inside()}
+			p = Port{HostIP: NamespaceBindAddress, Value: p.inside()}
 		}
-		p.HostIP = addr
+		if label == c.Port && c.BindAddress != "" {
+			p.HostIP = c.BindAddress
+		}
 		out[label] = p
 	}
 	return out

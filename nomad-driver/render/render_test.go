@@ -228,6 +228,14 @@ func TestRenderCases(t *testing.T) {
 			in.Ports = bridgePorts
 			return in
 		}},
+		{"sim-bridge-loopback-events", func() Input {
+			c := baseConfig("sim", "none", "both")
+			c.BindAddress = "127.0.0.1" // the API for the sidecar only; events stay on the mapped ports
+			c.KVEventsReplayPort = "replay"
+			in := testInput(c)
+			in.Namespaced, in.Ports = true, bridgePorts
+			return in
+		}},
 		{"llama_cpp-bridge-loopback", func() Input {
 			c := baseConfig("llama_cpp", "none", "both")
 			c.BindAddress = "127.0.0.1"
