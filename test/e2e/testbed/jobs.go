@@ -220,9 +220,22 @@ var declaredVariable = regexp.MustCompile(`(?m)^\s*variable\s+"([A-Za-z0-9_-]+)"
 // the variables the file declares (values starting with "[" are lists, numbers stay numbers), and
 // waits until its allocations run and its Consul services pass their checks.
 func (s *Stack) RunJobFile(ctx context.Context, path string, vars map[string]string) error {
-	src, err := os.ReadFile(path)
+	job, err := s.ParseJobFile(path, vars)
 	if err != nil {
 		return err
+	}
+	if _, _, err := s.Nomad.Jobs().Register(job, nil); err != nil {
+		return fmt.Errorf("registering: %w", err)
+	}
+	return s.waitJobServing(ctx, job)
+}
+
+// ParseJobFile parses a jobspec file as `nomad job run -var name=value ...` would, passing only
+// the variables the file declares (values starting with "[" are lists, numbers stay numbers).
+func (s *Stack) ParseJobFile(path string, vars map[string]string) (*nomadapi.Job, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
 	}
 	var assigns []string
 	for _, m := range declaredVariable.FindAllStringSubmatch(string(src), -1) {
@@ -239,11 +252,13 @@ func (s *Stack) RunJobFile(ctx context.Context, path string, vars map[string]str
 		Canonicalize: true,
 	})
 	if err != nil {
-		return fmt.Errorf("parsing: %w", err)
+		return nil, fmt.Errorf("parsing: %w", err)
 	}
-	if _, _, err := s.Nomad.Jobs().Register(job, nil); err != nil {
-		return fmt.Errorf("registering: %w", err)
-	}
+	return job, nil
+}
+
+// waitJobServing waits until the job's allocations run and its Consul services pass.
+func (s *Stack) waitJobServing(ctx context.Context, job *nomadapi.Job) error {
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	if _, err := s.WaitAllocsRunning(wctx, *job.ID); err != nil {

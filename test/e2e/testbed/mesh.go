@@ -370,3 +370,10 @@ Sources = [
 	}
 	return nil
 }
+
+// MeshVariables are the variables a mesh recipe (recipes/*/*/agg-mesh) takes to run on this
+// stack without Envoy: Consul's built-in proxy as the sidecar, reaching the agent on its unix
+// socket. Files that do not declare them ignore them (RunJobFile, ParseJobFile).
+func (s *Stack) MeshVariables() map[string]string {
+	return map[string]string{"sidecar": "consul", "consul_bin": s.consulBin, "consul_http_addr": "unix://" + s.ConsulHTTPSocket}
+}

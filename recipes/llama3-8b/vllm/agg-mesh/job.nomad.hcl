@@ -1,0 +1,159 @@
+# Llama 3.1 8B on vLLM in the Consul service mesh: the engine runs in the allocation's own
+# network namespace (bridge networking), its API bound to 127.0.0.1 there, behind an Envoy
+# Connect sidecar that admits what the intentions allow (jobs/mesh/oasis-engine.hcl: the
+# router). The router dials each engine's sidecar itself (jobs/router.nomad.hcl with
+# mesh_enabled), keeping its per-instance KV-aware choice. KV events stay on mapped ports.
+#
+#   nomad job run recipes/llama3-8b/vllm/agg-mesh/job.nomad.hcl
+
+variable "region" {
+  description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
+  type        = string
+  default     = "global"
+}
+
+variable "datacenters" {
+  description = "Datacenters to run in."
+  type        = list(string)
+  default     = ["*"]
+}
+
+variable "count" {
+  description = "Engine replicas (one GPU each)."
+  type        = number
+  default     = 1
+}
+
+variable "model" {
+  description = "Model the engine loads (Hugging Face id or local path)."
+  type        = string
+  default     = "meta-llama/Llama-3.1-8B-Instruct"
+}
+
+variable "max_model_len" {
+  description = "Longest context served."
+  type        = number
+  default     = 8192
+}
+
+job "llama3-8b-vllm-agg-mesh" {
+  region      = var.region
+  datacenters = var.datacenters
+  type        = "service"
+
+  update {
+    max_parallel      = 1
+    health_check      = "checks"
+    min_healthy_time  = "30s"
+    healthy_deadline  = "30m"
+    progress_deadline = "40m"
+    auto_revert       = true
+  }
+
+  group "engine" {
+    count = var.count
+
+    network {
+      mode = "bridge"
+      port "http" {
+        to = 8000
+      }
+      # Same number inside the namespace and on the host: the meta below names the host side.
+      port "kv_events" {}
+      port "kv_events_replay" {}
+      port "health" {
+        to = -1
+      }
+    }
+
+    service {
+      name     = "oasis-engine"
+      provider = "consul"
+      port     = "http"
+      tags     = ["oasis", "engine-vllm", "role-both", "mesh"]
+      meta {
+        oasis_model            = "llama3-8b"
+        oasis_engine           = "vllm"
+        oasis_role             = "both"
+        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+        oasis_metrics_path     = "/metrics"
+        oasis_block_size       = "16"
+        oasis_node             = "${node.unique.id}"
+      }
+      connect {
+        sidecar_service {
+          proxy {
+            local_service_address = "127.0.0.1"
+            local_service_port    = 8000
+            # Envoy serves /health on a path of its own for Consul's check (the API answers on
+            # the namespace's loopback only).
+            expose {
+              path {
+                path            = "/health"
+                protocol        = "http"
+                local_path_port = 8000
+                listener_port   = "health"
+              }
+            }
+          }
+        }
+      }
+
+      check {
+        name     = "health"
+        type     = "http"
+        port     = "health"
+        path     = "/health"
+        interval = "10s"
+        timeout  = "3s"
+        # Model loads take minutes: failing checks restart the task only after the grace.
+        check_restart {
+          limit = 3
+          grace = "15m"
+        }
+      }
+    }
+
+    restart {
+      attempts = 3
+      interval = "30m"
+      delay    = "30s"
+      mode     = "fail"
+    }
+
+    task "vllm" {
+      driver = "llm"
+
+      config {
+        engine                 = "vllm"
+        model                  = var.model
+        served_model_name      = "llama3-8b"
+        port                   = "http"
+        bind_address           = "127.0.0.1"
+        kv_events_port         = "kv_events"
+        kv_events_replay_port  = "kv_events_replay"
+        max_model_len          = var.max_model_len
+        gpu_memory_utilization = 0.90
+      }
+
+      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      kill_signal  = "SIGTERM"
+      kill_timeout = "90s"
+
+      resources {
+        cpu    = 4000
+        memory = 16384
+
+        device "nvidia/gpu" {
+          count = 1
+          constraint {
+            attribute = "${device.attr.memory}"
+            operator  = ">="
+            value     = "24 GiB"
+          }
+        }
+      }
+    }
+  }
+}
