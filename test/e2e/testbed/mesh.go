@@ -298,15 +298,7 @@ func (s *Stack) WaitMeshPassing(ctx context.Context, n int) ([]*consulapi.Servic
 // identity, for its leaf certificate). Calls to the returned 127.0.0.1 address go to the mesh
 // engine through its sidecar, over mTLS, subject to intentions. stop ends the proxy.
 func (s *Stack) ConnectUpstream(ctx context.Context, service string) (addr string, stop func(), err error) {
-	token, err := s.consulPolicyToken("connect-client-"+service, fmt.Sprintf(`service %q {
-  policy = "write"
-}
-service_prefix "" {
-  policy = "read"
-}
-node_prefix "" {
-  policy = "read"
-}`, service))
+	token, err := s.MeshClientToken(service)
 	if err != nil {
 		return "", nil, err
 	}
@@ -348,6 +340,30 @@ node_prefix "" {
 		return "", nil, fmt.Errorf("%w\n%s", err, strings.TrimSpace(string(data)))
 	}
 	return addr, stop, nil
+}
+
+// MeshClientToken is a Consul token for a mesh client that is service: write on it (its leaf
+// certificate), read on the others and on nodes (to find them).
+func (s *Stack) MeshClientToken(service string) (string, error) {
+	return s.consulPolicyToken("connect-client-"+service, fmt.Sprintf(`service %q {
+  policy = "write"
+}
+service_prefix "" {
+  policy = "read"
+}
+node_prefix "" {
+  policy = "read"
+}`, service))
+}
+
+// ApplyIntentions runs jobs/mesh/apply.sh with the management token, as an operator would.
+func (s *Stack) ApplyIntentions(ctx context.Context) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.root, "jobs", "mesh", "apply.sh"))
+	cmd.Env = append(s.Env(), "CONSUL="+s.consulBin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("jobs/mesh/apply.sh: %w: %s", err, out)
+	}
+	return nil
 }
 
 // SetIntention writes the service-intentions config entry of MeshServiceName with `consul
