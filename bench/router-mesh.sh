@@ -36,7 +36,8 @@
 #   POLICY_JSON (a policy document; default: the shipped policy.Default()),
 #   ENGINE_KIND (default sim), PPROF=<seconds> (CPU profile of router-mesh
 #   during the run, `go tool pprof -top` printed at the end; with it the
-#   router-mesh process serves -pprof-listen).
+#   router-mesh process serves -pprof-listen), KEEP=1 (leave the temp dir with
+#   the logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINES=${ENGINES:-3}
@@ -50,7 +51,6 @@ CONSUL=${OASIS_CONSUL_BIN:-$PWD/bin/consul}
 work=$(mktemp -d /tmp/oasis-mesh-bench.XXXXXX)
 pids=()
 cleanup() {
-  local p
   for ((i=${#pids[@]}-1; i>=0; i--)); do kill "${pids[$i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
   [ -n "${KEEP:-}" ] || rm -rf "$work"
