@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -87,6 +87,11 @@ bench-router: build deps
 ## bench-router-proxy-bound: throughput with engines that never wait (SIM_SPEED=0), so the proxies are the bottleneck; not the headline
 bench-router-proxy-bound: build deps
 	SIM_SPEED=0 BOTH=1 bench/router-vs-nginx.sh -phases throughput -round 2s -rounds 5 -concurrency 64 -max-tokens 4
+
+## bench-mesh: router in the Consul service mesh (mTLS in, engines behind `consul connect proxy` sidecars) vs the plain router and direct, one run: added TTFT at 1,000 streaming req/s, CPU per request of routers and sidecars; round_robin so the policy's batching does not blur the difference (MESH_POLICY= for the shipped policy; PPROF=<s>: profile of the mesh router)
+MESH_POLICY ?= {"policy":"round_robin"}
+bench-mesh: hashistack
+	POLICY_JSON='$(MESH_POLICY)' bench/router-mesh.sh -rate 1000 -round 2s -rounds 5 -max-tokens 4 -warmup-rate 1000
 
 ## bench-kvcached: redis-benchmark against kvcached and redis-server, and the tier/peer Go benchmarks
 bench-kvcached: deps

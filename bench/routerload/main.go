@@ -19,7 +19,9 @@
 // CA from -ca, a session cache so that a new connection resumes a session, and
 // with -h2 HTTP/2 where the server offers it by ALPN. The protocol each
 // target's connections negotiated, and how many were opened (TLS: full
-// handshakes and resumptions), are printed with each phase.
+// handshakes and resumptions), are printed with each phase. Targets named in
+// -mesh-targets are in the Consul service mesh: routerload presents the
+// Connect leaf of -mesh-service and checks the server's SPIFFE identity.
 package main
 
 import (
@@ -60,7 +62,15 @@ type result struct {
 	late              int // requests sent >1ms after their scheduled time (generator saturated)
 	completed         int
 	elapsed           time.Duration
-	cpu               time.Duration // CPU time of the target's process while it was loaded (-cpu-pids)
+	cpu               map[string]time.Duration // -cpu-pids label → CPU time of its processes while the target was loaded
+}
+
+// probe is one -cpu-pids entry: a process (and its children) whose CPU
+// time is taken while a target is loaded, reported under label ("router",
+// or "router-mesh/sidecars" for other processes on that target's path).
+type probe struct {
+	label string
+	pid   int
 }
 
 func main() {
@@ -76,9 +86,13 @@ func main() {
 		baseline  = flag.String("baseline", "direct", "latency phase: target the others are compared with")
 		peer      = flag.String("peer", "nginx", "throughput phase: target the router is compared with")
 		jsonOut   = flag.String("json", "", "also write results as JSON to this file")
-		cpuPids   = flag.String("cpu-pids", "", "name=pid,... : also report the CPU time per request of these processes (and their child processes) while their target was loaded, e.g. router=123,nginx=456")
+		cpuPids   = flag.String("cpu-pids", "", "name=pid,... : also report the CPU time per request of these processes (and their child processes) while their target was loaded, e.g. router=123,nginx=456; name target/label: another process on that target's path, e.g. router-mesh/sidecars=789")
 		caFile    = flag.String("ca", "", "PEM file of the CA that https targets' certificates are checked against (default: the system's roots)")
 		h2        = flag.Bool("h2", false, "HTTP/2 to https targets that offer it by ALPN (default: HTTP/1.1 with keep-alive)")
+		warmRate  = flag.Float64("warmup-rate", 200, "requests per second of each target's 0.5 s warm-up (its connection pool grows to what that rate needs)")
+		meshF     = flag.String("mesh-targets", "", "name=service,... : these https targets are in the Consul service mesh: routerload presents the Connect leaf of -mesh-service and accepts the server only as that service (SPIFFE ID, chain to the Connect roots), e.g. router-mesh=oasis-router,direct-sidecar=oasis-engine")
+		meshAddr  = flag.String("mesh-consul", "", "with -mesh-targets: the Consul agent's HTTP address the leaf and roots come from (default $CONSUL_HTTP_ADDR)")
+		meshSvc   = flag.String("mesh-service", "web", "with -mesh-targets: the mesh service routerload is (intentions must allow it)")
 	)
 	flag.Parse()
 	tlsCfg, err := clientTLS(*caFile, *h2)
@@ -86,27 +100,39 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	pids := map[string]int{}
-	if *cpuPids != "" {
-		for _, e := range strings.Split(*cpuPids, ",") {
-			name, pid, ok := strings.Cut(e, "=")
-			n, err := strconv.Atoi(pid)
-			if !ok || err != nil || n <= 0 {
-				fmt.Fprintln(os.Stderr, "bad -cpu-pids entry:", e)
-				os.Exit(2)
-			}
-			pids[name] = n
-		}
+	pids, err := parseCPUPids(*cpuPids)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
-	// run loads one target and adds the CPU its process used meanwhile.
+	meshSvcs, err := parseMeshTargets(*meshF)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	var mesh *meshClient
+	if len(meshSvcs) > 0 {
+		if mesh, err = newMeshClient(*meshAddr, *meshSvc); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer mesh.Close()
+	}
+	// run loads one target and adds the CPU its processes used meanwhile.
 	run := func(t target, load func() *result) *result {
-		pid, ok := pids[t.name]
-		if !ok {
+		ps := pids[t.name]
+		if len(ps) == 0 {
 			return load()
 		}
-		c0 := cpuTime(pid)
+		c0 := make([]time.Duration, len(ps))
+		for i, p := range ps {
+			c0[i] = cpuTime(p.pid)
+		}
 		r := load()
-		r.cpu = cpuTime(pid) - c0
+		r.cpu = map[string]time.Duration{}
+		for i, p := range ps {
+			r.cpu[p.label] = cpuTime(p.pid) - c0[i]
+		}
 		return r
 	}
 	var targets []target
@@ -117,7 +143,11 @@ func main() {
 			os.Exit(2)
 		}
 		t := target{name: name, urls: strings.Split(urls, "|"), conns: newConnStats()}
-		t.client = newClient(tlsCfg, *h2, t.conns)
+		if svc, ok := meshSvcs[name]; ok {
+			t.client = newClient(mesh.clientTLS(svc, *h2), *h2, t.conns)
+		} else {
+			t.client = newClient(tlsCfg, *h2, t.conns)
+		}
 		targets = append(targets, t)
 	}
 	for _, t := range targets {
@@ -129,7 +159,7 @@ func main() {
 	// Warm every target's connection pool (and TLS session cache). A target
 	// that answers nothing is a set-up error, not a figure.
 	for _, t := range targets {
-		r := openLoop(t, body, 200, 500*time.Millisecond)
+		r := openLoop(t, body, *warmRate, 500*time.Millisecond)
 		if r.errors > 0 {
 			fmt.Fprintf(os.Stderr, "warm-up: %s: %d of %d requests failed, first: %v\n", t.name, r.errors, r.errors+r.completed, r.firstErr)
 		}
@@ -191,6 +221,21 @@ func main() {
 					fmt.Printf("; %s adds p50 %s, p99 %s", *peer, us(pct(p.ttft, 50)-pct(b.ttft, 50)), us(pct(p.ttft, 99)-pct(b.ttft, 99)))
 				}
 				fmt.Println()
+			}
+		}
+		// The mesh issue's goal: the router in the mesh adds ≤ 0.5 ms of
+		// TTFT p50 over the plain router in the same run.
+		if m, ok := res["router-mesh"]; ok {
+			if r, ok := res["router"]; ok {
+				a50, a99 := pct(m.ttft, 50)-pct(r.ttft, 50), pct(m.ttft, 99)-pct(r.ttft, 99)
+				verdict := "met"
+				switch {
+				case a50 < 0:
+					verdict = "inconclusive: the plain router was slower, noise exceeds the difference"
+				case a50 > 500*time.Microsecond:
+					verdict = "NOT met"
+				}
+				fmt.Printf("summary: router-mesh adds over router ttft p50 %s (goal ≤ 500µs: %s), p99 %s\n", us(a50), verdict, us(a99))
 			}
 		}
 		fe := make([]string, len(targets))
@@ -422,7 +467,12 @@ func merge(a, b *result) *result {
 	a.late += b.late
 	a.completed += b.completed
 	a.elapsed += b.elapsed
-	a.cpu += b.cpu
+	for l, d := range b.cpu {
+		if a.cpu == nil {
+			a.cpu = map[string]time.Duration{}
+		}
+		a.cpu[l] += d
+	}
 	return a
 }
 
@@ -445,22 +495,50 @@ func us(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d.Nanose
 // printCPU prints CPU time per completed request for the targets with a pid:
 // less sensitive to other load on the machine than req/s, which is what a
 // shared benchmark machine needs.
-func printCPU(res map[string]*result, targets []target, pids map[string]int, peer string) {
+func printCPU(res map[string]*result, targets []target, pids map[string][]probe, peer string) {
 	if len(pids) == 0 {
 		return
 	}
 	per := map[string]float64{}
+	w := nameWidth
+	for _, ps := range pids {
+		for _, p := range ps {
+			w = max(w, len(p.label))
+		}
+	}
 	for _, t := range targets {
 		r := res[t.name]
-		if _, ok := pids[t.name]; !ok || r == nil || r.completed == 0 {
+		if r == nil || r.completed == 0 {
 			continue
 		}
-		per[t.name] = float64(r.cpu.Microseconds()) / float64(r.completed)
-		fmt.Printf("cpu %-*s %6.1f µs per request (%s CPU for %d requests)\n", nameWidth, t.name, per[t.name], r.cpu.Round(time.Millisecond), r.completed)
+		for _, p := range pids[t.name] {
+			c := r.cpu[p.label]
+			per[p.label] = float64(c.Microseconds()) / float64(r.completed)
+			fmt.Printf("cpu %-*s %6.1f µs per request (%s CPU for %d requests)\n", w, p.label, per[p.label], c.Round(time.Millisecond), r.completed)
+		}
 	}
 	if p := per[peer]; p > 0 && per["router"] > 0 {
 		fmt.Printf("cpu ratio router/%s: %.2f\n", peer, per["router"]/p)
 	}
+}
+
+// parseCPUPids reads -cpu-pids: target[/label]=pid,... → the probes taken
+// while each target is loaded, in the order given.
+func parseCPUPids(s string) (map[string][]probe, error) {
+	pids := map[string][]probe{}
+	if s == "" {
+		return pids, nil
+	}
+	for _, e := range strings.Split(s, ",") {
+		label, pid, ok := strings.Cut(e, "=")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil || n <= 0 || label == "" {
+			return nil, fmt.Errorf("bad -cpu-pids entry: %s", e)
+		}
+		target, _, _ := strings.Cut(label, "/")
+		pids[target] = append(pids[target], probe{label: label, pid: n})
+	}
+	return pids, nil
 }
 
 // cpuTime is the user+system CPU time of pid and its direct children (nginx

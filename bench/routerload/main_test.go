@@ -37,3 +37,29 @@ func TestDescribeRatios(t *testing.T) {
 		}
 	}
 }
+
+func TestParseCPUPids(t *testing.T) {
+	got, err := parseCPUPids("router=1,router-mesh=2,router-mesh/sidecars=3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]probe{"router": {{"router", 1}}, "router-mesh": {{"router-mesh", 2}, {"router-mesh/sidecars", 3}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("parseCPUPids = %v, want %v", got, want)
+	}
+	for _, bad := range []string{"router", "router=x", "=1", "router=0"} {
+		if _, err := parseCPUPids(bad); err == nil {
+			t.Errorf("parseCPUPids(%q): no error", bad)
+		}
+	}
+}
+
+func TestParseMeshTargets(t *testing.T) {
+	got, err := parseMeshTargets("router-mesh=oasis-router,direct-sidecar=oasis-engine")
+	if err != nil || !reflect.DeepEqual(got, map[string]string{"router-mesh": "oasis-router", "direct-sidecar": "oasis-engine"}) {
+		t.Fatalf("parseMeshTargets = %v, %v", got, err)
+	}
+	if _, err := parseMeshTargets("router-mesh"); err == nil {
+		t.Error("no error for an entry without =")
+	}
+}
