@@ -342,10 +342,20 @@ func (s *Stack) ConnectUpstream(ctx context.Context, service string) (addr strin
 	return addr, stop, nil
 }
 
-// MeshClientToken is a Consul token for a mesh client that is service: write on it (its leaf
-// certificate), read on the others and on nodes (to find them).
+// MeshClientToken is a new Consul token for a mesh client that is service: write on it (its
+// leaf certificate), read on the others and on nodes (to find them). The policy is made once per
+// service.
 func (s *Stack) MeshClientToken(service string) (string, error) {
-	return s.consulPolicyToken("connect-client-"+service, fmt.Sprintf(`service %q {
+	name := "connect-client-" + service
+	if p, _, err := s.Consul.ACL().PolicyReadByName(name, nil); err == nil && p != nil {
+		t, _, err := s.Consul.ACL().TokenCreate(&consulapi.ACLToken{Description: name,
+			Policies: []*consulapi.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+		if err != nil {
+			return "", fmt.Errorf("creating consul token %s: %w", name, err)
+		}
+		return t.SecretID, nil
+	}
+	return s.consulPolicyToken(name, fmt.Sprintf(`service %q {
   policy = "write"
 }
 service_prefix "" {
