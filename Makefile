@@ -137,9 +137,11 @@ gpu-check:
 	$(GO) run ./cmd/gpu-check -plugin bin/nomad-device-gpu -json
 
 ## up: start Consul + Nomad with the Oasis plugins and run jobs/ and the demo recipe
-## (DCS=2: two federated datacenters, each running them in its own region)
-up: hashistack
-	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS))
+## (DCS=2: two federated datacenters, each running them in its own region;
+##  MESH=1: in the Consul service mesh: bridge networking, intentions from jobs/mesh, the router
+##  Connect-native, engines behind sidecars)
+up: hashistack $(if $(MESH),deps)
+	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh)
 
 ## down: stop everything `make up` started
 down:

@@ -56,7 +56,7 @@ func UpFederation(ctx context.Context, root, home string, n int, out io.Writer) 
 		}
 	}
 	for _, s := range f.DCs {
-		if err := runJobs(ctx, root, home, s, out); err != nil {
+		if err := runJobs(ctx, root, home, s, out, Options{}); err != nil {
 			return f, err
 		}
 	}

@@ -15,19 +15,36 @@ import (
 	"strings"
 	"syscall"
 
+	consulapi "github.com/hashicorp/consul/api"
+
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
-// demoRecipe is run by `make up` after the system jobs: three simulated engines.
-const demoRecipe = "recipes/tiny/sim/agg"
+// demoRecipe is run by `make up` after the system jobs: three simulated engines (meshRecipe
+// with MESH=1: the same in bridge networking behind Connect sidecars).
+const (
+	demoRecipe = "recipes/tiny/sim/agg"
+	meshRecipe = "recipes/tiny/sim/agg-mesh"
+)
+
+// meshClientService is the client identity `make up MESH=1` tells the user to call the router
+// as: jobs/mesh/oasis-router.hcl allows it.
+const meshClientService = "oasis-client"
+
+// Options is how `make up` runs.
+type Options struct {
+	// Mesh runs the stack in the Consul service mesh (MESH=1): bridge networking, the shipped
+	// intentions (jobs/mesh), the router with mesh_enabled and the mesh demo recipe.
+	Mesh bool
+}
 
 // StatePath is where Up leaves what Down needs.
 func StatePath(home string) string { return filepath.Join(home, "stack.json") }
 
 // Up starts the stack under home (unless one is already up there), runs the jobs and the demo
 // recipe, and prints where everything is to out.
-func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, error) {
+func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*testbed.Stack, error) {
 	statePath := StatePath(home)
 	if s, err := testbed.Load(statePath); err == nil {
 		if _, err := s.Nomad.Agent().Self(); err == nil {
@@ -39,8 +56,9 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 	}
 	fmt.Fprintln(out, "Starting Consul and Nomad with the Oasis plugins (the first run builds the Oasis binaries) ...")
 	s, err := testbed.Start(ctx, testbed.Options{
-		Dir:  filepath.Join(home, "stack"),
-		Logf: func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
+		Dir:    filepath.Join(home, "stack"),
+		Logf:   func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
+		Bridge: opts.Mesh,
 	})
 	if err != nil {
 		return nil, err
@@ -52,7 +70,13 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 		return nil, errors.Join(err, s.Close())
 	}
 
-	if err := runJobs(ctx, root, home, s, out); err != nil {
+	if opts.Mesh {
+		if err := s.ApplyIntentions(ctx); err != nil {
+			return s, err
+		}
+		fmt.Fprintln(out, "  applied jobs/mesh (intentions)")
+	}
+	if err := runJobs(ctx, root, home, s, out, opts); err != nil {
 		return s, err
 	}
 	printURLs(out, s, EnvPath(home))
@@ -60,14 +84,18 @@ func Up(ctx context.Context, root, home string, out io.Writer) (*testbed.Stack, 
 }
 
 // runJobs runs the system jobs and the demo recipe on one stack (one region of a federation).
-func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Writer) error {
-	files, err := jobFiles(root, out)
+func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Writer, opts Options) error {
+	files, err := jobFiles(root, out, opts)
 	if err != nil {
 		return err
 	}
 	vars, err := localVariables(s, home)
 	if err != nil {
 		return err
+	}
+	if opts.Mesh {
+		vars["router.nomad.hcl"]["mesh_enabled"] = "true"
+		maps.Copy(vars["job.nomad.hcl"], s.MeshVariables())
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
@@ -86,7 +114,11 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 }
 
 // jobFiles lists the system jobs and the demo recipe, saying which ones do not exist yet.
-func jobFiles(root string, out io.Writer) ([]string, error) {
+func jobFiles(root string, out io.Writer, opts Options) ([]string, error) {
+	demoRecipe := demoRecipe
+	if opts.Mesh {
+		demoRecipe = meshRecipe
+	}
 	jobs, err := filepath.Glob(filepath.Join(root, "jobs", "*.nomad.hcl"))
 	if err != nil {
 		return nil, err
@@ -126,6 +158,7 @@ func localVariables(s *testbed.Stack, home string) (map[string]map[string]string
 			"nomad_addr":    s.NomadAddr,
 		},
 		"router.nomad.hcl": {"http_port": port(0)},
+		"job.nomad.hcl":    {}, // the demo recipe
 		"kvcached.nomad.hcl": {
 			"resp_port":  port(1),
 			"http_port":  port(2),
@@ -166,15 +199,31 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 	fmt.Fprintf(out, "Consul UI:  http://%s/ui\n", s.ConsulAddr)
 	fmt.Fprintf(out, "Env:        . %s   (addresses and management tokens for the nomad and consul CLIs and UIs)\n", envPath)
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
-	if err != nil || len(routers) == 0 {
+	var plain, mesh *consulapi.AgentService
+	for _, r := range routers {
+		if r.Service.Connect != nil && r.Service.Connect.Native {
+			mesh = r.Service
+		} else {
+			plain = r.Service
+		}
+	}
+	if err != nil || (plain == nil && mesh == nil) {
 		fmt.Fprintln(out, "OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")
 		return
 	}
-	svc := routers[0].Service
-	base := fmt.Sprintf("http://%s:%d/v1", svc.Address, svc.Port)
-	fmt.Fprintf(out, "OpenAI API: %s\n", base)
-	fmt.Fprintf(out, "Try:        curl -N %s/chat/completions -H 'Content-Type: application/json' \\\n", base)
-	fmt.Fprintln(out, `              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`)
+	const body = `              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`
+	if plain != nil {
+		base := fmt.Sprintf("http://%s:%d/v1", plain.Address, plain.Port)
+		fmt.Fprintf(out, "OpenAI API: %s\n", base)
+		fmt.Fprintf(out, "Try:        curl -N %s/chat/completions -H 'Content-Type: application/json' \\\n", base)
+		fmt.Fprintln(out, body)
+	}
+	if mesh != nil {
+		fmt.Fprintf(out, "Mesh API:   %s:%d (Connect-native; intentions allow %s, jobs/mesh/oasis-router.hcl)\n", mesh.Address, mesh.Port, meshClientService)
+		fmt.Fprintf(out, "Try:        . %s; bin/consul connect proxy -service %s -upstream oasis-router:9191 &\n", envPath, meshClientService)
+		fmt.Fprintln(out, "            curl -N http://127.0.0.1:9191/v1/chat/completions -H 'Content-Type: application/json' \\")
+		fmt.Fprintln(out, body)
+	}
 	fmt.Fprintln(out, "Stop:       make down")
 }
 

@@ -34,7 +34,7 @@ func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 	defer cancel()
 
 	var out bytes.Buffer
-	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}))
+	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}), Options{})
 	downed := false
 	defer func() {
 		if !downed {
@@ -125,6 +125,11 @@ func waitReady(t *testing.T, ctx context.Context, router string) {
 // streamChat sends a streaming chat completion and returns the SSE data payloads in order.
 func streamChat(t *testing.T, ctx context.Context, router, system, user string) []string {
 	t.Helper()
+	return streamChatWith(t, ctx, http.DefaultClient, router, system, user)
+}
+
+func streamChatWith(t *testing.T, ctx context.Context, c *http.Client, router, system, user string) []string {
+	t.Helper()
 	body, _ := json.Marshal(map[string]any{
 		"model":      "tiny-sim",
 		"stream":     true,
@@ -137,7 +142,7 @@ func streamChat(t *testing.T, ctx context.Context, router, system, user string) 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, router+"/v1/chat/completions", bytes.NewReader(body))
 	must.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	must.NoError(t, err)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

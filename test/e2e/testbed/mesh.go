@@ -403,3 +403,11 @@ Sources = [
 func (s *Stack) MeshVariables() map[string]string {
 	return map[string]string{"sidecar": "consul", "consul_bin": s.consulBin, "consul_http_addr": "unix://" + s.ConsulHTTPSocket}
 }
+
+// BridgeName is the stack's bridge interface ("" without Options.Bridge).
+func (s *Stack) BridgeName() string {
+	if s.bridge == nil {
+		return ""
+	}
+	return s.bridge.name
+}

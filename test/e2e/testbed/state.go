@@ -26,6 +26,9 @@ type state struct {
 	// Datacenter and Region are empty in files written before federations existed.
 	Datacenter string `json:"datacenter,omitempty"`
 	Region     string `json:"region,omitempty"`
+	// The bridge network of a stack with Options.Bridge, which Close removes.
+	BridgeName   string `json:"bridge_name,omitempty"`
+	BridgeSubnet string `json:"bridge_subnet,omitempty"`
 }
 
 // federationState is what a detached federation leaves on disk.
@@ -51,6 +54,9 @@ func (s *Stack) state() state {
 		Dir: s.Dir, BinDir: s.BinDir, PluginDir: s.PluginDir, ConsulAddr: s.ConsulAddr,
 		NomadAddr: s.NomadAddr, NodeID: s.NodeID, ConsulToken: s.ConsulToken, NomadToken: s.NomadToken,
 		Datacenter: s.Datacenter, Region: s.Region,
+	}
+	if s.bridge != nil {
+		st.BridgeName, st.BridgeSubnet = s.bridge.name, s.bridge.subnet
 	}
 	if s.nomad != nil {
 		st.NomadPID = s.nomad.pid
@@ -122,6 +128,9 @@ func fromState(st state) (*Stack, error) {
 		NomadAddr: st.NomadAddr, NodeID: st.NodeID, ConsulToken: st.ConsulToken, NomadToken: st.NomadToken,
 		Datacenter: st.Datacenter, Region: st.Region,
 		acls: st.NomadToken != "", nomad: adopt(st.NomadPID), consul: adopt(st.ConsulPID), logf: func(string, ...any) {},
+	}
+	if st.BridgeName != "" {
+		s.bridge = &bridgeNet{name: st.BridgeName, subnet: st.BridgeSubnet}
 	}
 	var err error
 	if s.Consul, err = newConsulClient(s.ConsulAddr, s.ConsulToken); err != nil {

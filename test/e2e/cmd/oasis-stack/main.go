@@ -1,6 +1,7 @@
 // Command oasis-stack is `make up` / `make down` (see package localstack).
 //
-//	oasis-stack up [-dcs N]   # N > 1: N federated datacenters (make up DCS=N)
+//	oasis-stack up [-dcs N] [-mesh]   # N > 1: N federated datacenters (make up DCS=N);
+//	                                  # -mesh: in the Consul service mesh (make up MESH=1)
 //	oasis-stack down
 package main
 
@@ -18,11 +19,12 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
-		fmt.Fprintln(os.Stderr, "usage: oasis-stack up [-dcs N] | down")
+		fmt.Fprintln(os.Stderr, "usage: oasis-stack up [-dcs N] [-mesh] | down")
 		os.Exit(2)
 	}
 	flags := flag.NewFlagSet("oasis-stack "+os.Args[1], flag.ExitOnError)
 	dcs := flags.Int("dcs", 1, "datacenters to start (up only); more than one makes a federation")
+	mesh := flags.Bool("mesh", false, "run the stack in the Consul service mesh (up only; one datacenter)")
 	flags.Parse(os.Args[2:])
 	root, err := testbed.RepoRoot()
 	if err == nil {
@@ -30,10 +32,13 @@ func main() {
 		switch os.Args[1] {
 		case "up":
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-			if *dcs > 1 {
+			switch {
+			case *dcs > 1 && *mesh:
+				err = fmt.Errorf("-mesh runs one datacenter; the two-datacenter stack has no mesh yet")
+			case *dcs > 1:
 				_, err = localstack.UpFederation(ctx, root, home, *dcs, os.Stdout)
-			} else {
-				_, err = localstack.Up(ctx, root, home, os.Stdout)
+			default:
+				_, err = localstack.Up(ctx, root, home, os.Stdout, localstack.Options{Mesh: *mesh})
 			}
 			cancel()
 		case "down":

@@ -1,0 +1,99 @@
+package localstack
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/meshid"
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+// TestUpMeshServesMeshClients does what `make up MESH=1` and `make down` do: the stack in
+// the service mesh (bridge networking, jobs/mesh intentions, the router Connect-native, the
+// demo engines behind sidecars); a client with the oasis-client identity the output names
+// streams a chat completion through router → sidecar → engine; make down leaves nothing,
+// the bridge network included.
+func TestUpMeshServesMeshClients(t *testing.T) {
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	// Short: Nomad puts unix sockets in allocation directories under home (107-byte limit).
+	tmp, err := os.MkdirTemp("/tmp", "om")
+	must.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	home := filepath.Join(tmp, "h")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	var out bytes.Buffer
+	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}), Options{Mesh: true})
+	downed := false
+	defer func() {
+		if !downed {
+			if err := Down(home, io.Discard); err != nil {
+				t.Errorf("down after failure: %v", err)
+			}
+		}
+	}()
+	if err != nil && s != nil {
+		t.Logf("nomad log:\n%s", s.NomadLog())
+	}
+	must.NoError(t, err)
+	for _, want := range []string{"applied jobs/mesh", "ran jobs/router.nomad.hcl", "ran " + meshRecipe + "/job.nomad.hcl",
+		"Mesh API:", "-service " + meshClientService + " -upstream oasis-router"} {
+		must.StrContains(t, out.String(), want)
+	}
+	_, err = s.WaitMeshPassing(ctx, 3)
+	must.NoError(t, err)
+
+	token, err := s.MeshClientToken(meshClientService)
+	must.NoError(t, err)
+	cc := consulapi.DefaultConfig()
+	cc.Address, cc.Token = s.ConsulAddr, token
+	consul, err := consulapi.NewClient(cc)
+	must.NoError(t, err)
+	id, err := meshid.New(ctx, meshid.Config{Consul: consul, Service: meshClientService})
+	must.NoError(t, err)
+	defer id.Close()
+	routers, _, err := s.Consul.Health().Connect("oasis-router", "", true, nil)
+	must.NoError(t, err)
+	must.Len(t, 1, routers)
+	router := "https://" + net.JoinHostPort(routers[0].Service.Address, fmt.Sprint(routers[0].Service.Port))
+	tr := &http.Transport{TLSClientConfig: id.ClientConfig("oasis-router", "h2", "http/1.1"), ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	var events []string
+	deadline := time.Now().Add(60 * time.Second)
+	for { // the router finds the engines' sidecars a moment after they pass
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, router+"/ready", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		must.True(t, time.Now().Before(deadline), must.Sprintf("the mesh router never became ready: %v", err))
+		time.Sleep(200 * time.Millisecond)
+	}
+	events = streamChatWith(t, ctx, client, router, "You are a helpful assistant.", "Hello, mesh!")
+	must.Greater(t, 1, len(events))
+	must.Eq(t, "[DONE]", events[len(events)-1])
+
+	bridge := s.BridgeName()
+	must.NotEq(t, "", bridge)
+	downLeavesNothing(t, home, "mesh stack")
+	downed = true
+	_, err = net.InterfaceByName(bridge)
+	must.Error(t, err, must.Sprint("the stack's bridge survived make down"))
+}
