@@ -79,6 +79,12 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 	if err := runJobs(ctx, root, home, s, out, opts); err != nil {
 		return s, err
 	}
+	if opts.Mesh {
+		// The job's plain oasis-router instance passing says nothing of its Connect-native one.
+		if err := s.WaitConnectPassing(ctx, "oasis-router", 1); err != nil {
+			return s, err
+		}
+	}
 	printURLs(out, s, EnvPath(home))
 	return s, nil
 }

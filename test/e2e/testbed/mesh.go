@@ -276,6 +276,15 @@ func (m MeshSimEngine) connectBlock() string {
       }`, MeshEnginePort, m.consulBin, MeshServiceName, m.consulSocket, strings.ReplaceAll(MeshServiceName, "-", "_"))
 }
 
+// WaitConnectPassing waits until n mesh endpoints of service (sidecars or Connect-native
+// instances) pass their checks.
+func (s *Stack) WaitConnectPassing(ctx context.Context, service string, n int) error {
+	return poll(ctx, 200*time.Millisecond, "mesh endpoints of "+service, func() (bool, error) {
+		got, _, err := s.Consul.Health().Connect(service, "", true, nil)
+		return err == nil && len(got) >= n, err
+	})
+}
+
 // WaitMeshPassing waits until n instances of MeshServiceName and of its sidecar service pass
 // their checks, and returns the engine service's entries.
 func (s *Stack) WaitMeshPassing(ctx context.Context, n int) ([]*consulapi.ServiceEntry, error) {
