@@ -18,17 +18,6 @@ import (
 	"github.com/shoenig/test/wait"
 )
 
-// setIntention writes the service-intentions config entry of oasis-kvcached:
-// source oasis-kvcached with action (allow or deny).
-func setIntention(t *testing.T, client *consulapi.Client, action consulapi.IntentionAction) {
-	t.Helper()
-	_, _, err := client.ConfigEntries().Set(&consulapi.ServiceIntentionsConfigEntry{
-		Kind: consulapi.ServiceIntentions, Name: "oasis-kvcached",
-		Sources: []*consulapi.SourceIntention{{Name: "oasis-kvcached", Action: action}},
-	}, nil)
-	must.NoError(t, err)
-}
-
 // untilFetch asks p for a block only the other node holds, a new one each
 // time (a fetched block stays in p's store), until the answer is as wanted;
 // it returns how long that took from start.
@@ -91,7 +80,7 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 
 	// The deny reaches b's connection, open and kept alive since before it.
 	t0 := time.Now()
-	setIntention(t, client, consulapi.IntentionActionDeny)
+	testutil.SetIntentions(t, client, "oasis-kvcached") // peers denied
 	delay := untilFetch(t, b, &next, false, t0, 10*time.Second)
 	t.Logf("deny intention written (call started) to first refused fetch: %s", delay)
 	must.Less(t, 5*time.Second, delay)
@@ -101,7 +90,7 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 	t.Logf("connections a closed as no longer authorized: %v", a.metric(t, "oasis_kvcached_peer_connections_denied_total"))
 
 	t0 = time.Now()
-	setIntention(t, client, consulapi.IntentionActionAllow)
+	testutil.SetIntentions(t, client, "oasis-kvcached", "oasis-kvcached")
 	delay = untilFetch(t, b, &next, true, t0, 10*time.Second)
 	t.Logf("allow intention written (call started) to first fetch served: %s", delay)
 
@@ -138,7 +127,7 @@ func TestMeshWithTheJobsConsulPolicy(t *testing.T) {
 	readToken := token("read-only", `service "oasis-kvcached" { policy = "read" }`)
 	_, _, err = dc1.Client.Agent().ConnectCALeaf("oasis-kvcached", &consulapi.QueryOptions{Token: readToken})
 	must.ErrorContains(t, err, "Permission denied")
-	setIntention(t, dc1.Client, consulapi.IntentionActionAllow)
+	testutil.SetIntentions(t, dc1.Client, "oasis-kvcached", "oasis-kvcached")
 
 	node := func() *proc {
 		q := freeUDP(t)

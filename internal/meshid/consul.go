@@ -105,7 +105,11 @@ func (id *Identity) watch(ctx context.Context, what string, idx uint64, fn func(
 				}
 				id.m.watchErrors.WithLabelValues(what).Inc()
 				id.log.Warn("following Consul failed; keeping the last answer", "watch", what, "error", err)
-				sleep(ctx, backoff)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
 				backoff = min(backoff*2, 10*time.Second)
 				idx = 0
 				continue
@@ -162,13 +166,4 @@ func (id *Identity) fetchRoots(ctx context.Context, idx uint64) (roots, uint64, 
 		return roots{}, 0, errors.New("the agent has no Connect CA roots: is Connect enabled?")
 	}
 	return roots{pool: pool, trustDomain: list.TrustDomain}, meta.LastIndex, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

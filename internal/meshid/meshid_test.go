@@ -63,19 +63,6 @@ func get(c *http.Client, url string) (string, error) {
 	return string(b), err
 }
 
-// intentions writes the service-intentions config entry of dest: allowed
-// sources, every other source denied.
-func intentions(t *testing.T, c *consulapi.Client, dest string, allow ...string) {
-	t.Helper()
-	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: dest}
-	for _, s := range allow {
-		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
-	}
-	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
-	_, _, err := c.ConfigEntries().Set(e, nil)
-	must.NoError(t, err)
-}
-
 func TestConsulIntentionsDecideAtTheHandshake(t *testing.T) {
 	c, _ := oasistest.StartConsul(t)
 	reg := prometheus.NewRegistry()
@@ -84,7 +71,7 @@ func TestConsulIntentionsDecideAtTheHandshake(t *testing.T) {
 	web := newIdentity(t, c, "web", nil)
 	must.True(t, engine.Mesh())
 	must.StrContains(t, engine.TrustDomain(), ".consul")
-	intentions(t, c, "oasis-engine", "oasis-router")
+	oasistest.SetIntentions(t, c, "oasis-engine", "oasis-router")
 	srv := serve(t, engine)
 
 	got, err := get(client(router, "oasis-engine"), srv.URL)
@@ -109,12 +96,12 @@ func TestIntentionChangeDropsCachedAuthorizations(t *testing.T) {
 	c, _ := oasistest.StartConsul(t)
 	engine := newIdentity(t, c, "oasis-engine", nil)
 	router := newIdentity(t, c, "oasis-router", nil)
-	intentions(t, c, "oasis-engine", "oasis-router")
+	oasistest.SetIntentions(t, c, "oasis-engine", "oasis-router")
 	srv := serve(t, engine)
 	_, err := get(client(router, "oasis-engine"), srv.URL)
 	must.NoError(t, err)
 
-	intentions(t, c, "oasis-engine") // the router is denied now
+	oasistest.SetIntentions(t, c, "oasis-engine") // the router is denied now
 	// AuthorizeTTL is a minute: only the intention watch can make this fail sooner.
 	deadline := time.Now().Add(10 * time.Second)
 	for {

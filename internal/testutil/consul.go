@@ -352,3 +352,17 @@ func startConsulWAN(t testing.TB, acls bool) (dc1, dc2 *ConsulAgent) {
 	}
 	return dc1, dc2
 }
+
+// SetIntentions writes the service-intentions config entry of dest: the
+// allow sources, then every other source denied (so the test does not hang
+// on the agent's default, which follows its ACL default policy).
+func SetIntentions(t testing.TB, c *consulapi.Client, dest string, allow ...string) {
+	t.Helper()
+	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: dest}
+	for _, s := range allow {
+		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
+	}
+	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
+	_, _, err := c.ConfigEntries().Set(e, nil)
+	must.NoError(t, err)
+}

@@ -36,8 +36,8 @@ func startMeshBed(t *testing.T, eng *engine) *meshBed {
 	t.Helper()
 	c, addr := testutil.StartConsul(t)
 	b := &meshBed{consul: c}
-	b.intentions(t, "oasis-router", "web")
-	b.intentions(t, "oasis-engine", "oasis-router")
+	testutil.SetIntentions(t, b.consul, "oasis-router", "web")
+	testutil.SetIntentions(t, b.consul, "oasis-engine", "oasis-router")
 	host, portS, _ := net.SplitHostPort(strings.TrimPrefix(eng.URL, "http://"))
 	port, _ := strconv.Atoi(portS)
 	sidecar := testutil.FreePort(t)
@@ -60,18 +60,6 @@ func startMeshBed(t *testing.T, eng *engine) *meshBed {
 		return len(ws) == 1 && ws[0].Address == net.JoinHostPort("127.0.0.1", strconv.Itoa(sidecar))
 	})
 	return b
-}
-
-// intentions makes dest callable from allow only.
-func (b *meshBed) intentions(t *testing.T, dest string, allow ...string) {
-	t.Helper()
-	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: dest}
-	for _, s := range allow {
-		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
-	}
-	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
-	_, _, err := b.consul.ConfigEntries().Set(e, nil)
-	must.NoError(t, err)
 }
 
 // client is an HTTP client in the mesh as service svc, calling the router.
@@ -104,7 +92,7 @@ func TestMeshClientRouterSidecarEngine(t *testing.T) {
 	must.StrContains(t, err.Error(), "tls")
 
 	// Revoking web's intention stops its open connection too, at the next request.
-	b.intentions(t, "oasis-router")
+	testutil.SetIntentions(t, b.consul, "oasis-router")
 	testutil.Eventually(t, 10*time.Second, "web's next request on its connection to be refused", func() bool {
 		resp := complete(t, web, b.url(), false)
 		return resp.StatusCode == http.StatusForbidden && resp.ProtoMajor == 2
@@ -127,11 +115,11 @@ func TestMeshEngineIntentionRemovedAndRestored(t *testing.T) {
 	web := b.client(t, "web")
 	must.Eq(t, http.StatusOK, complete(t, web, b.url(), false).StatusCode)
 
-	b.intentions(t, "oasis-engine") // the router may no longer call engines
+	testutil.SetIntentions(t, b.consul, "oasis-engine") // the router may no longer call engines
 	testutil.Eventually(t, 15*time.Second, "requests to fail without the router → engine intention", func() bool {
 		return complete(t, web, b.url(), false).StatusCode == http.StatusServiceUnavailable
 	})
-	b.intentions(t, "oasis-engine", "oasis-router")
+	testutil.SetIntentions(t, b.consul, "oasis-engine", "oasis-router")
 	start := time.Now()
 	testutil.Eventually(t, 15*time.Second, "requests to succeed once the intention is back", func() bool {
 		return complete(t, web, b.url(), false).StatusCode == http.StatusOK

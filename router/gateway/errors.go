@@ -51,11 +51,11 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string,
 func RequirePeer(h http.Handler, check func(tls.ConnectionState) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil {
-			writeError(w, http.StatusForbidden, "permission_denied", "permission_denied", "", "a mesh client certificate is required", 0)
+			writeError(w, http.StatusForbidden, "invalid_request_error", "permission_denied", "", "a mesh client certificate is required", 0)
 			return
 		}
 		if err := check(*r.TLS); err != nil {
-			writeError(w, http.StatusForbidden, "permission_denied", "permission_denied", "", "not allowed to call this service: "+err.Error(), 0)
+			writeError(w, http.StatusForbidden, "invalid_request_error", "permission_denied", "", "not allowed to call this service: "+err.Error(), 0)
 			return
 		}
 		h.ServeHTTP(w, r)

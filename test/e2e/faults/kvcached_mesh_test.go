@@ -82,11 +82,11 @@ func meshKey(i int) string { return "mesh@" + strconv.Itoa(i) + "@kv_bytes" }
 
 func setKvcachedIntention(t *testing.T, action consulapi.IntentionAction) {
 	t.Helper()
-	_, _, err := stack.Consul.ConfigEntries().Set(&consulapi.ServiceIntentionsConfigEntry{
-		Kind: consulapi.ServiceIntentions, Name: "oasis-kvcached",
-		Sources: []*consulapi.SourceIntention{{Name: "oasis-kvcached", Action: action}},
-	}, nil)
-	must.NoError(t, err)
+	if action == consulapi.IntentionActionAllow {
+		testutil.SetIntentions(t, stack.Consul, "oasis-kvcached", "oasis-kvcached")
+	} else {
+		testutil.SetIntentions(t, stack.Consul, "oasis-kvcached")
+	}
 	t.Cleanup(func() { _, _ = stack.Consul.ConfigEntries().Delete(consulapi.ServiceIntentions, "oasis-kvcached", nil) })
 }
 

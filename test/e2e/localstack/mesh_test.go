@@ -12,10 +12,8 @@ import (
 	"testing"
 	"time"
 
-	consulapi "github.com/hashicorp/consul/api"
 	"github.com/shoenig/test/must"
 
-	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -56,13 +54,7 @@ func TestUpMeshServesMeshClients(t *testing.T) {
 	_, err = s.WaitMeshPassing(ctx, 3)
 	must.NoError(t, err)
 
-	token, err := s.MeshClientToken(meshClientService)
-	must.NoError(t, err)
-	cc := consulapi.DefaultConfig()
-	cc.Address, cc.Token = s.ConsulAddr, token
-	consul, err := consulapi.NewClient(cc)
-	must.NoError(t, err)
-	id, err := meshid.New(ctx, meshid.Config{Consul: consul, Service: meshClientService})
+	id, err := s.MeshIdentity(ctx, meshClientService)
 	must.NoError(t, err)
 	defer id.Close()
 	routers, _, err := s.Consul.Health().Connect("oasis-router", "", true, nil)

@@ -26,17 +26,10 @@ import (
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
-// meshIdentity is a Connect identity for service svc from the stack's agent, with a token
-// that may write svc (its leaf) and nothing else.
+// meshIdentity is a Connect identity for service svc, closed when the test ends.
 func meshIdentity(t *testing.T, ctx context.Context, svc string) *meshid.Identity {
 	t.Helper()
-	token, err := stack.MeshClientToken(svc)
-	must.NoError(t, err)
-	cc := consulapi.DefaultConfig()
-	cc.Address, cc.Token = stack.ConsulAddr, token
-	c, err := consulapi.NewClient(cc)
-	must.NoError(t, err)
-	id, err := meshid.New(ctx, meshid.Config{Consul: c, Service: svc})
+	id, err := stack.MeshIdentity(ctx, svc)
 	must.NoError(t, err)
 	t.Cleanup(id.Close)
 	return id

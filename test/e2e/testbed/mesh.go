@@ -15,6 +15,7 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
@@ -419,4 +420,18 @@ func (s *Stack) BridgeName() string {
 		return ""
 	}
 	return s.bridge.name
+}
+
+// MeshIdentity is a Connect identity for service from the stack's agent, with a token of
+// MeshClientToken's (write on service, nothing more). Close it when done.
+func (s *Stack) MeshIdentity(ctx context.Context, service string) (*meshid.Identity, error) {
+	token, err := s.MeshClientToken(service)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newConsulClient(s.ConsulAddr, token)
+	if err != nil {
+		return nil, err
+	}
+	return meshid.New(ctx, meshid.Config{Consul: c, Service: service})
 }

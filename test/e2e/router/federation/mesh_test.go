@@ -5,26 +5,11 @@ import (
 	"testing"
 	"time"
 
-	consulapi "github.com/hashicorp/consul/api"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 )
-
-// routerIntentions makes oasis-router callable from allow only (intentions
-// are global across WAN-federated datacenters: written in the primary,
-// replicated to dc2).
-func routerIntentions(t *testing.T, c *consulapi.Client, allow ...string) {
-	t.Helper()
-	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: "oasis-router"}
-	for _, s := range allow {
-		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
-	}
-	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
-	_, _, err := c.ConfigEntries().Set(e, nil)
-	must.NoError(t, err)
-}
 
 // TestFederationInTheMesh runs the federation link on the routers' Connect
 // identities: dc2's leaf is signed by dc2's CA, an intermediate of dc1's
@@ -34,8 +19,8 @@ func routerIntentions(t *testing.T, c *consulapi.Client, allow ...string) {
 // restored, they flow again.
 func TestFederationInTheMesh(t *testing.T) {
 	c1, c2 := testutil.StartConsulWAN(t)
-	routerIntentions(t, c1.Client, "oasis-router")
-	ca := tlsfilestest.NewCA(t, "unused") // the mesh routers take no files
+	testutil.SetIntentions(t, c1.Client, "oasis-router", "oasis-router") // intentions are global under WAN federation
+	ca := tlsfilestest.NewCA(t, "unused")                                // the mesh routers take no files
 	dc1 := startDCWith(t, "dc1", c1, ca, dcOpts{engines: 0, mesh: true})
 	dc2 := startDCWith(t, "dc2", c2, ca, dcOpts{engines: 1, mesh: true})
 	for _, d := range []*dc{dc1, dc2} {
@@ -48,7 +33,7 @@ func TestFederationInTheMesh(t *testing.T) {
 	checkStream(t, body)
 	must.Eq(t, 1.0, dc1.metric(t, "oasis_router_federation_forwarded_total", nil))
 
-	routerIntentions(t, c1.Client) // routers may no longer call each other
+	testutil.SetIntentions(t, c1.Client, "oasis-router") // routers may no longer call each other
 	revoked := time.Now()
 	waitUntil(t, 20*time.Second, "forwarding to stop", func() bool {
 		resp, _ := dc1.chat(t, 8)
@@ -57,7 +42,7 @@ func TestFederationInTheMesh(t *testing.T) {
 	t.Logf("forwarding stopped %v after the intention was revoked", time.Since(revoked).Round(10*time.Millisecond))
 	must.Positive(t, dc2.metric(t, "oasis_router_mesh_authorizations_total", map[string]string{"result": "denied"}))
 
-	routerIntentions(t, c1.Client, "oasis-router")
+	testutil.SetIntentions(t, c1.Client, "oasis-router", "oasis-router") // intentions are global under WAN federation
 	restored := time.Now()
 	waitUntil(t, 30*time.Second, "forwarding to resume", func() bool {
 		resp, _ := dc1.chat(t, 8)
