@@ -54,7 +54,7 @@ func run(o options) (err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.duration+20*time.Minute)
 	defer cancel()
-	s, err := localstack.Up(ctx, root, home, os.Stdout)
+	s, err := localstack.Up(ctx, root, home, os.Stdout, localstack.Options{})
 	defer func() {
 		if derr := localstack.Down(home, os.Stdout); err == nil {
 			err = derr
