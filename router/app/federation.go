@@ -86,7 +86,8 @@ func (a *App) initFederation() error {
 func (a *App) federationIdentity() (federation.Identity, error) {
 	c := a.cfg
 	if a.mesh != nil {
-		return a.meshFederationIdentity(), nil
+		// Peers are the other datacenters' routers, in the mesh as MeshService.
+		return federation.MeshIdentity(a.mesh, a.cfg.MeshService), nil
 	}
 	files, err := tlsfiles.New(tlsfiles.Config{CertFile: c.FederationTLSCert, KeyFile: c.FederationTLSKey,
 		ClientCAFile: c.FederationTLSCA, Logger: a.log.Named("federation.tls"), Registerer: a.reg,
@@ -99,7 +100,11 @@ func (a *App) federationIdentity() (federation.Identity, error) {
 		}
 		return federation.Identity{}, fmt.Errorf("federation TLS: %w", err)
 	}
-	return federation.FilesIdentity(files), nil
+	id, err := federation.FilesIdentity(files)
+	if err != nil {
+		return federation.Identity{}, flagErr("-federation-tls-cert", "%w", err)
+	}
+	return id, nil
 }
 
 // federationDC is -federation-dc or, without it, the local Consul agent's.

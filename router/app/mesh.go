@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/meshid"
-	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/gateway"
 )
 
@@ -89,17 +88,6 @@ func (a *App) engineTLS() *tls.Config {
 		return nil
 	}
 	return a.mesh.ClientConfig(a.cfg.Service)
-}
-
-// meshFederationIdentity is the federation link's identity in the mesh:
-// peers are the other datacenters' routers, service MeshService, and the
-// intention MeshService → MeshService lets them in.
-func (a *App) meshFederationIdentity() federation.Identity {
-	return federation.Identity{
-		Server:    func() *tls.Config { return a.mesh.ServerConfig() },
-		Client:    func() *tls.Config { return a.mesh.ClientConfig(a.cfg.MeshService) },
-		Authorize: a.mesh.Authorize,
-	}
 }
 
 // initMeshServer binds the Connect-native listener: the same API, for

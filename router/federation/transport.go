@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 )
 
@@ -16,9 +18,8 @@ import (
 // (tls.RequireAndVerifyClientCert); Client one that presents this router's
 // certificate and verifies the peer's. Both are called once, when the
 // federation starts, and may follow rotating material themselves
-// (GetCertificate, GetConfigForClient): PEM files (FilesIdentity) today; a
-// Consul Connect leaf and its roots (router/app, with internal/meshid) is
-// another Identity, not another code path.
+// (GetCertificate, GetConfigForClient): a Consul Connect leaf and its roots,
+// or PEM files, both through internal/meshid (MeshIdentity, FilesIdentity).
 type Identity struct {
 	Server func() *tls.Config
 	Client func() *tls.Config
@@ -32,10 +33,26 @@ type Identity struct {
 // without a certificate: every peer must be authenticated.
 var ErrNoClientAuth = errors.New("federation: the identity's server configuration does not require client certificates")
 
-// FilesIdentity is the identity in PEM files reloaded by tlsfiles; f must
-// name a certificate, its key and the CA bundle peers chain to.
-func FilesIdentity(f *tlsfiles.Files) Identity {
-	return Identity{Server: f.ServerConfig, Client: f.ClientConfig}
+// MeshIdentity is the federation identity of id: in the Consul mesh, peers
+// must present a leaf of peerService and the intentions decide (at the
+// handshake and per request); from files, any certificate the CA signed.
+func MeshIdentity(id *meshid.Identity, peerService string) Identity {
+	return Identity{
+		Server:    func() *tls.Config { return id.ServerConfig() },
+		Client:    func() *tls.Config { return id.ClientConfig(peerService) },
+		Authorize: id.Authorize,
+	}
+}
+
+// FilesIdentity is the identity in PEM files reloaded by tlsfiles, through
+// meshid like the mesh's; f must name a certificate, its key and the CA
+// bundle peers chain to.
+func FilesIdentity(f *tlsfiles.Files) (Identity, error) {
+	id, err := meshid.New(context.Background(), meshid.Config{Files: f})
+	if err != nil {
+		return Identity{}, err
+	}
+	return MeshIdentity(id, ""), nil
 }
 
 // QUIC timers: a peer that goes silent is noticed within MaxIdleTimeout

@@ -24,7 +24,9 @@ func testIdentity(t *testing.T, ca *tlsfilestest.CA, name string) Identity {
 	caFile, certFile, keyFile := ca.WriteFiles(t, t.TempDir(), name, "127.0.0.1")
 	f, err := tlsfiles.New(tlsfiles.Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile})
 	must.NoError(t, err)
-	return FilesIdentity(f)
+	id, err := FilesIdentity(f)
+	must.NoError(t, err)
+	return id
 }
 
 func enabled() policy.FederationSettings {

@@ -78,7 +78,9 @@ func fedPairOver(t testing.TB, h2 bool, doc *policy.Document, e1, e2 map[string]
 		if h2 {
 			listen, rt = "", h2Transport(files)
 		}
-		d.fed, err = federation.New(federation.Config{DC: dc, Identity: federation.FilesIdentity(files),
+		id, err := federation.FilesIdentity(files)
+		must.NoError(t, err)
+		d.fed, err = federation.New(federation.Config{DC: dc, Identity: id,
 			Listen: listen, Transport: rt, Interval: 50 * time.Millisecond, Registerer: d.reg,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				gw.Load().ForwardedHandler().ServeHTTP(w, r)
