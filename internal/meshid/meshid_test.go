@@ -183,6 +183,39 @@ func TestFilesIdentity(t *testing.T) {
 	must.Error(t, err) // its CA is not the server's
 }
 
+// A files identity dialling verifies servers against the CA bundle as it is
+// at each handshake, and their name against ServerName.
+func TestFilesClientFollowsTheBundle(t *testing.T) {
+	dir := t.TempDir()
+	clientCA, serverCA, otherCA := tlsfilestest.NewCA(t, "clients"), tlsfilestest.NewCA(t, "servers"), tlsfilestest.NewCA(t, "other")
+	_, certFile, keyFile := clientCA.WriteFiles(t, dir, "peer", "peer.test")
+	caFile := tlsfilestest.WriteFile(t, dir, "servers.pem", otherCA.PEM)
+	f, err := tlsfiles.New(tlsfiles.Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile})
+	must.NoError(t, err)
+	id, err := New(context.Background(), Config{Files: f})
+	must.NoError(t, err)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{serverCA.Issue(t, "server", "127.0.0.1").TLS(t)},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: tlsfilestest.Pool(clientCA)}
+	srv.StartTLS()
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+
+	_, err = tls.Dial("tcp", addr, id.ClientConfig(""))
+	must.ErrorContains(t, err, "unknown authority") // the server's CA is not in the bundle yet
+
+	tlsfilestest.WriteFile(t, dir, "servers.pem", append(otherCA.PEM, serverCA.PEM...))
+	must.NoError(t, f.Reload())
+	got, err := get(client(id, ""), srv.URL)
+	must.NoError(t, err)
+	must.EqOp(t, "ok", got)
+
+	cfg := id.ClientConfig("")
+	cfg.ServerName = "elsewhere.test"
+	_, err = tls.Dial("tcp", addr, cfg)
+	must.Error(t, err) // the name is checked too
+}
+
 func TestNewRefusesBadConfig(t *testing.T) {
 	for name, tc := range map[string]struct {
 		cfg  Config

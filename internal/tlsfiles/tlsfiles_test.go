@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -249,44 +248,6 @@ func TestMutualTLSFollowsTheBundle(t *testing.T) {
 	clk.advance(1100 * time.Millisecond)
 	must.NoError(t, get(clientOf(newCA)))
 	must.Error(t, get(clientOf(oldCA)))
-}
-
-// ClientConfig presents the files' certificate and verifies servers against
-// the bundle as it is at each handshake.
-func TestClientConfig(t *testing.T) {
-	dir := t.TempDir()
-	clientCA, serverCA, otherCA := tlsfilestest.NewCA(t, "clients"), tlsfilestest.NewCA(t, "servers"), tlsfilestest.NewCA(t, "other")
-	certFile, keyFile := pairFiles(t, dir, clientCA.Issue(t, "peer", "peer.test"))
-	caFile := tlsfilestest.WriteFile(t, dir, "servers.pem", otherCA.PEM)
-	clk := &clock{t: time.Now()}
-	f, err := New(Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile, now: clk.now})
-	must.NoError(t, err)
-
-	srvLeaf := serverCA.Issue(t, "server", "127.0.0.1")
-	pair, err := tls.X509KeyPair(srvLeaf.CertPEM, srvLeaf.KeyPEM)
-	must.NoError(t, err)
-	addr := serveTLS(t, &tls.Config{Certificates: []tls.Certificate{pair},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: tlsfilestest.Pool(clientCA)})
-
-	_, err = tls.Dial("tcp", addr, f.ClientConfig())
-	must.Error(t, err) // the server's CA is not in the bundle yet
-	must.True(t, strings.Contains(err.Error(), "unknown authority"), must.Sprint(err))
-
-	tlsfilestest.WriteFile(t, dir, "servers.pem", append(otherCA.PEM, serverCA.PEM...))
-	clk.advance(1100 * time.Millisecond)
-	tr := &http.Transport{TLSClientConfig: f.ClientConfig()}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + addr + "/")
-	must.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	must.Eq(t, "ok", string(body))
-
-	// The name is checked too.
-	cfg := f.ClientConfig()
-	cfg.ServerName = "elsewhere.test"
-	_, err = tls.Dial("tcp", addr, cfg)
-	must.Error(t, err)
 }
 
 func TestCertificateExpiryGauge(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/router/federation"
@@ -33,8 +34,10 @@ type fedDC struct {
 }
 
 // h2Transport is an HTTP/2 over TLS client with the files' identity.
-func h2Transport(files *tlsfiles.Files) *http.Transport {
-	c := files.ClientConfig()
+func h2Transport(t testing.TB, files *tlsfiles.Files) *http.Transport {
+	id, err := meshid.New(context.Background(), meshid.Config{Files: files})
+	must.NoError(t, err)
+	c := id.ClientConfig("")
 	c.MinVersion = tls.VersionTLS13
 	return &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}
 }
@@ -76,7 +79,7 @@ func fedPairOver(t testing.TB, h2 bool, doc *policy.Document, e1, e2 map[string]
 		var gw atomic.Pointer[Gateway] // the federation and the gateway each need the other
 		listen, rt := "127.0.0.1:0", http.RoundTripper(nil)
 		if h2 {
-			listen, rt = "", h2Transport(files)
+			listen, rt = "", h2Transport(t, files)
 		}
 		id, err := federation.FilesIdentity(files)
 		must.NoError(t, err)
