@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -114,7 +115,7 @@ func (a *App) serveMesh(errc chan<- error) {
 	}
 	go func() {
 		err := a.meshSrv.ServeTLS(a.meshLn, "", "")
-		if err != http.ErrServerClosed {
+		if !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("mesh listener: %w", err)
 		}
 	}()

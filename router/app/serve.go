@@ -105,7 +105,7 @@ func (a *App) serve(errc chan<- error) {
 		} else {
 			err = a.srv.Serve(a.ln)
 		}
-		if err != http.ErrServerClosed {
+		if !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
 		}
 	}()
