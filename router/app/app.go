@@ -55,7 +55,6 @@ type App struct {
 	// enginesReady publishes engines to the mesh identity's watch, which
 	// starts before the transport exists.
 	enginesReady atomic.Pointer[http.Transport]
-	fedReady     atomic.Pointer[federation.Federation] // the same for fed
 	gw           *gateway.Gateway
 	fed          *federation.Federation // nil without -federation-listen
 	// forwarded serves what other datacenters' routers forward (the

@@ -77,7 +77,6 @@ func (a *App) initFederation() error {
 		}
 		return flagErr("-federation-listen", "%w", err)
 	}
-	a.fedReady.Store(a.fed)
 	return nil
 }
 

@@ -70,14 +70,13 @@ func (a *App) initMesh() error {
 // meshIntentionsChanged follows a change of the intentions naming the
 // router as source: sidecars authorize a connection once, at its handshake,
 // so pooled connections made under an intention since removed would keep
-// working. Idle ones are dropped; streams in flight finish.
+// working. Idle ones are dropped; streams in flight finish. (Peer routers
+// authorize every forwarded request themselves: the federation link keeps
+// its connections.)
 func (a *App) meshIntentionsChanged() {
 	if e := a.enginesReady.Load(); e != nil {
 		e.CloseIdleConnections()
 		a.log.Info("intentions from the router changed; idle engine connections closed")
-	}
-	if f := a.fedReady.Load(); f != nil {
-		f.CloseIdleConnections()
 	}
 }
 

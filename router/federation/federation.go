@@ -206,14 +206,6 @@ func (f *Federation) DC() string { return f.cfg.DC }
 // Transport reaches other datacenters' routers (HTTP/3, mutual TLS).
 func (f *Federation) Transport() http.RoundTripper { return f.rt }
 
-// CloseIdleConnections closes the HTTP/3 connections to peers that carry no
-// request now: the next request dials, and is authorized, anew.
-func (f *Federation) CloseIdleConnections() {
-	if f.h3 != nil {
-		f.h3.CloseIdleConnections()
-	}
-}
-
 // Run serves and pushes summaries until ctx ends, then closes the listener
 // and the client's connections.
 func (f *Federation) Run(ctx context.Context) {
