@@ -133,7 +133,7 @@ func TestRouterInTheMesh(t *testing.T) {
 	})
 
 	t.Run("leaf rotation during a stream drops nothing", func(t *testing.T) {
-		const tokens = 4000 // ~25 s at the sim's real-time pace: longer than a leaf rotation
+		const tokens = 9000 // ~56 s at the sim's real-time pace: a leaf rotation took 20–29 s here
 		done := make(chan error, 1)
 		var body string
 		go func() {
