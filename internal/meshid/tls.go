@@ -167,16 +167,20 @@ func ParseSpiffeID(uri string) (SpiffeID, error) {
 
 // PeerService is the mesh service of a connection's peer, "" when the peer
 // has no Connect identity (files, or no certificate).
-func PeerService(cs tls.ConnectionState) string {
+func PeerService(cs tls.ConnectionState) string { return peerSpiffe(cs).Service }
+
+// peerSpiffe is a connection's peer's Connect identity, zero when it has none.
+func peerSpiffe(cs tls.ConnectionState) SpiffeID {
 	if len(cs.PeerCertificates) == 0 || len(cs.PeerCertificates[0].URIs) != 1 {
-		return ""
+		return SpiffeID{}
 	}
-	sid, err := ParseSpiffeID(cs.PeerCertificates[0].URIs[0].String())
-	if err != nil {
-		return ""
-	}
-	return sid.Service
+	sid, _ := ParseSpiffeID(cs.PeerCertificates[0].URIs[0].String())
+	return sid
 }
+
+// PeerDatacenter is the datacenter in a connection's peer's Connect
+// identity, "" when the peer has none.
+func PeerDatacenter(cs tls.ConnectionState) string { return peerSpiffe(cs).Datacenter }
 
 // encodeSerial writes a serial number as Consul does: lowercase hex bytes
 // joined by colons.

@@ -133,6 +133,9 @@ func New(c Config) (*Federation, error) {
 	if c.Transport != nil {
 		f.rt = c.Transport
 	}
+	if c.Identity.PeerDC != nil {
+		f.rt = dcChecked{rt: f.rt, f: f}
+	}
 	if c.Listen != "" {
 		if err := f.listen(); err != nil {
 			return nil, err
@@ -287,6 +290,11 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 	if err := s.UnmarshalBinary(b); err != nil || s.DC == f.cfg.DC {
 		f.m.badSummaries.Inc()
 		http.Error(w, "bad summary", http.StatusBadRequest)
+		return
+	}
+	if pdc := f.cfg.Identity.PeerDC; pdc != nil && r.TLS != nil && pdc(*r.TLS) != s.DC {
+		f.m.badSummaries.Inc()
+		http.Error(w, "the summary's datacenter is not the caller's", http.StatusForbidden)
 		return
 	}
 	models := make(map[string]ModelSummary, len(s.Models))

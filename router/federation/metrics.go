@@ -14,6 +14,7 @@ type fedMetrics struct {
 	summaryBytes    prometheus.Gauge
 	badEntries      *prometheus.CounterVec // reason
 	badSummaries    prometheus.Counter
+	wrongDC         *prometheus.CounterVec // dc
 }
 
 func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
@@ -37,13 +38,15 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 		badEntries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_peer_entries_total",
 			Help: "Consul registrations of the federation service left out, by reason."}, []string{"reason"}),
 		badSummaries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_summaries_total",
-			Help: "Summaries refused as malformed or from too many datacenters."}),
+			Help: "Summaries refused as malformed, from too many datacenters, or (in the mesh) for another datacenter than the caller's certificate names."}),
+		wrongDC: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "wrong_dc_peers_total",
+			Help: "Requests to a peer found for dc whose certificate named another datacenter (mesh identities), refused."}, []string{"dc"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.forwarded, m.forwardFailures, m.rtt, m.breaker, m.summaryAge,
-		m.peersStale, m.summaryBytes, m.badEntries, m.badSummaries} {
+		m.peersStale, m.summaryBytes, m.badEntries, m.badSummaries, m.wrongDC} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -126,6 +126,16 @@ func (f *Federation) allPeers() []Peer {
 	return append(out, f.static...)
 }
 
+// peerDC is the datacenter the peer at addr was found for ("" if none).
+func (f *Federation) peerDC(addr string) string {
+	for _, p := range f.allPeers() {
+		if p.Addr == addr {
+			return p.DC
+		}
+	}
+	return ""
+}
+
 func (f *Federation) push(ctx context.Context, p Peer, body []byte) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.PushTimeout)
 	defer cancel()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -27,6 +29,13 @@ type Identity struct {
 	// serves (403 when it refuses): in the mesh, the intentions as they
 	// are now, so that a revoked one stops connections made before it.
 	Authorize func(tls.ConnectionState) error
+	// PeerDC, when set, is the datacenter a peer's certificate names (a
+	// Connect leaf's SPIFFE ID does; files do not). A peer must then be of
+	// the datacenter it speaks for: a request to an address registered for
+	// dc2 fails unless the certificate there is dc2's, and a summary is
+	// taken only for the caller's own datacenter. Anyone who may register a
+	// service cannot send one datacenter's traffic to another's router.
+	PeerDC func(tls.ConnectionState) string
 }
 
 // ErrNoClientAuth is a server configuration that would accept clients
@@ -37,11 +46,40 @@ var ErrNoClientAuth = errors.New("federation: the identity's server configuratio
 // must present a leaf of peerService and the intentions decide (at the
 // handshake and per request); from files, any certificate the CA signed.
 func MeshIdentity(id *meshid.Identity, peerService string) Identity {
-	return Identity{
+	ident := Identity{
 		Server:    func() *tls.Config { return id.ServerConfig() },
 		Client:    func() *tls.Config { return id.ClientConfig(peerService) },
 		Authorize: id.Authorize,
 	}
+	if id.Mesh() {
+		ident.PeerDC = meshid.PeerDatacenter
+	}
+	return ident
+}
+
+// ErrWrongDC is a peer whose certificate is of another datacenter than the
+// one it was found for.
+var ErrWrongDC = errors.New("federation: the peer's certificate is of another datacenter")
+
+// dcChecked refuses answers from a peer whose certificate names another
+// datacenter than the one its address was registered for.
+type dcChecked struct {
+	rt http.RoundTripper
+	f  *Federation
+}
+
+func (d dcChecked) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := d.rt.RoundTrip(req)
+	if err != nil || resp.TLS == nil {
+		return resp, err
+	}
+	want := d.f.peerDC(req.URL.Host)
+	if got := d.f.cfg.Identity.PeerDC(*resp.TLS); want != "" && got != want {
+		_ = resp.Body.Close()
+		d.f.m.wrongDC.WithLabelValues(want).Inc()
+		return nil, fmt.Errorf("%w: %s was found for %s, its certificate is %s's", ErrWrongDC, req.URL.Host, want, got)
+	}
+	return resp, nil
 }
 
 // FilesIdentity is the identity in PEM files reloaded by tlsfiles, through

@@ -41,6 +41,7 @@ type dc struct {
 	sims   []*testutil.Sim
 	url    string
 	reg    *prometheus.Registry
+	fed    string // its federation listener, host:port
 }
 
 func startDC(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tlsfilestest.CA) *dc {
@@ -76,6 +77,7 @@ func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tls
 	if o.listen == "" {
 		o.listen = testutil.FreeAddr(t)
 	}
+	d.fed = o.listen
 	dir := t.TempDir()
 	caFile, cert, key := ca.WriteFiles(t, dir, name, append([]string{"127.0.0.1"}, o.hosts...)...)
 	pol := filepath.Join(dir, "policy.json")
