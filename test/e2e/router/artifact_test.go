@@ -22,15 +22,15 @@ import (
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
-// distRouter builds the release tarball of oasis-router alone with scripts/dist.sh and serves its
-// directory over HTTP, as a release download would be. It returns the tarball's URL and its
+// distCmd builds a release tarball of one command with scripts/dist.sh and serves its directory
+// over HTTP, as a release download would be. It returns the tarball's URL and its
 // checksum in the jobs' sha256:<hex> form, read from SHA256SUMS.
-func distRouter(t *testing.T, root string) (url, checksum string) {
+func distCmd(t *testing.T, root, name string) (url, checksum string) {
 	t.Helper()
 	dir := t.TempDir()
 	cmd := exec.Command(filepath.Join(root, "scripts", "dist.sh"))
 	cmd.Env = append(os.Environ(), "OASIS_VERSION=e2e", "DIST_ARCHES="+runtime.GOARCH,
-		"DIST_CMDS=oasis-router", "DIST_DIR="+dir)
+		"DIST_CMDS="+name, "DIST_DIR="+dir)
 	out, err := cmd.CombinedOutput()
 	must.NoError(t, err, must.Sprint(string(out)))
 	sums, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
@@ -50,7 +50,7 @@ func TestRouterJobFromArtifact(t *testing.T) {
 	defer cancel()
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
-	url, checksum := distRouter(t, root)
+	url, checksum := distCmd(t, root, "oasis-router")
 	port, err := testutil.FreePorts(1)
 	must.NoError(t, err)
 	vars := map[string]string{"http_port": strconv.Itoa(port[0]), "consul_addr": stack.ConsulAddr,
@@ -81,6 +81,43 @@ func TestRouterJobFromArtifact(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		return artifactFailed(t, "oasis-router")
 	}), wait.Timeout(90*time.Second), wait.Gap(500*time.Millisecond)))
+}
+
+// TestSimRecipeFromArtifact runs recipes/tiny/sim/agg with artifact_url and artifact_checksum: the
+// llm driver starts the oasis-sim Nomad fetched into the task directory (the recipe names it as
+// the task's binary, so no other copy can serve), and the engine passes its Consul check.
+func TestSimRecipeFromArtifact(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	url, checksum := distCmd(t, root, "oasis-sim")
+	t.Cleanup(func() { _ = stack.StopJob(context.Background(), "tiny-sim-agg") })
+	must.NoError(t, stack.RunJobFile(ctx, filepath.Join(root, "recipes", "tiny", "sim", "agg", "job.nomad.hcl"),
+		map[string]string{"count": "1", "speed": "0", "artifact_url": url, "artifact_checksum": checksum}))
+	allocs, _, err := stack.Nomad.Jobs().Allocations("tiny-sim-agg", false, nil)
+	must.NoError(t, err)
+	must.SliceNotEmpty(t, allocs)
+	alloc, _, err := stack.Nomad.Allocations().Info(allocs[0].ID, nil)
+	must.NoError(t, err)
+	must.Eq(t, "${NOMAD_TASK_DIR}/oasis/oasis-sim", alloc.Job.TaskGroups[0].Tasks[0].Config["binary"])
+	must.True(t, runsFrom(t, "/"+alloc.ID+"/sim/local/oasis/oasis-sim"),
+		must.Sprint("no process runs the fetched oasis-sim"))
+}
+
+// runsFrom reports whether a process on the machine was started from an executable whose path
+// ends with suffix.
+func runsFrom(t *testing.T, suffix string) bool {
+	t.Helper()
+	cmdlines, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	must.NoError(t, err)
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if argv0, _, ok := strings.Cut(string(b), "\x00"); err == nil && ok && strings.HasSuffix(argv0, suffix) {
+			return true
+		}
+	}
+	return false
 }
 
 // artifactFailed is nil once a task of the job has a "Failed Artifact Download" event whose message is
