@@ -70,6 +70,8 @@ func TestRouterJobFromArtifact(t *testing.T) {
 	alloc, _, err := stack.Nomad.Allocations().Info(allocs[0].ID, nil)
 	must.NoError(t, err)
 	must.Eq(t, "local/oasis/oasis-router", alloc.Job.TaskGroups[0].Tasks[0].Config["command"])
+	must.True(t, runsFrom(t, "/"+alloc.ID+"/router/local/oasis/oasis-router"),
+		must.Sprint("no process runs the fetched oasis-router"))
 	must.NoError(t, stack.StopJob(ctx, "oasis-router"))
 
 	// The same tarball against another checksum: the download is refused before the task starts.
@@ -118,6 +120,28 @@ func runsFrom(t *testing.T, suffix string) bool {
 		}
 	}
 	return false
+}
+
+// TestKvcachedJobFromArtifact runs jobs/kvcached.nomad.hcl with artifact_url and
+// artifact_checksum: kvcached passes its Consul checks, started from the fetched copy.
+func TestKvcachedJobFromArtifact(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	url, checksum := distCmd(t, root, "oasis-kvcached")
+	ports, err := testutil.FreePorts(3)
+	must.NoError(t, err)
+	t.Cleanup(func() { _ = stack.StopJob(context.Background(), "oasis-kvcached") })
+	must.NoError(t, stack.RunJobFile(ctx, filepath.Join(root, "jobs", "kvcached.nomad.hcl"), map[string]string{
+		"resp_port": strconv.Itoa(ports[0]), "http_port": strconv.Itoa(ports[1]), "quic_port": strconv.Itoa(ports[2]),
+		"data_dir": t.TempDir(), "ram_bytes": "64MiB", "disk_bytes": "128MiB", "memory_mb": "256",
+		"consul_addr": stack.ConsulAddr, "artifact_url": url, "artifact_checksum": checksum}))
+	allocs, _, err := stack.Nomad.Jobs().Allocations("oasis-kvcached", false, nil)
+	must.NoError(t, err)
+	must.SliceNotEmpty(t, allocs)
+	must.True(t, runsFrom(t, "/"+allocs[0].ID+"/kvcached/local/oasis/oasis-kvcached"),
+		must.Sprint("no process runs the fetched oasis-kvcached"))
 }
 
 // artifactFailed is nil once a task of the job has a "Failed Artifact Download" event whose message is
