@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build dist deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -23,7 +23,11 @@ build:
 	@mkdir -p bin
 	$(GO) build -o bin/ ./cmd/...
 
-## hashistack: build (once) and link bin/nomad, bin/consul and the CNI plugins in bin/cni
+## dist: release tarballs dist/oasis_<version>_linux_{amd64,arm64}.tar.gz and dist/SHA256SUMS
+dist:
+	@scripts/dist.sh
+
+## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint and the CNI plugins in bin/cni
 hashistack:
 	@scripts/hashistack.sh
 
@@ -148,4 +152,4 @@ down:
 	$(GO) run ./test/e2e/cmd/oasis-stack down
 
 clean:
-	rm -rf bin bench/out
+	rm -rf bin bench/out dist

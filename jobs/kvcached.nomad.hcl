@@ -52,6 +52,23 @@ variable "oasis_bin_dir" {
   default     = "/usr/local/bin"
 }
 
+variable "artifact_url" {
+  description = "URL of a release tarball (make dist: oasis_<version>_linux_<arch>.tar.gz) Nomad fetches into the task's local/oasis and runs oasis-kvcached from. Empty: the binary pre-placed in oasis_bin_dir runs."
+  type        = string
+  default     = ""
+}
+
+variable "artifact_checksum" {
+  description = "Checksum of artifact_url, sha256:<hex> (its line in the release's SHA256SUMS). Required with artifact_url: Nomad refuses a download that does not match."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.artifact_checksum == "" || (strlen(var.artifact_checksum) == 71 && substr(var.artifact_checksum, 0, 7) == "sha256:")
+    error_message = "The artifact_checksum must be sha256:<64 hex digits>."
+  }
+}
+
 variable "resp_port" {
   description = "Static Redis-protocol port on every node (the llm driver's default kvcached_address is 127.0.0.1:6380)."
   type        = number
@@ -154,6 +171,11 @@ variable "memory_mb" {
 }
 
 locals {
+  # The artifact (when set) unpacks into local/oasis; raw_exec runs a path relative to the
+  # allocation's task directory. The checksum is mandatory: go-getter skips the check when empty.
+  bin_dir = var.artifact_url == "" ? var.oasis_bin_dir : (
+    var.artifact_checksum != "" ? "local/oasis" : file("artifact_checksum is required with artifact_url")
+  )
   kv_events_address = var.kv_events_address != "" ? var.kv_events_address : "$${attr.unique.network.ip-address}"
   auth_args         = var.auth_enabled ? ["--password-file", "secrets/redis-password"] : []
   mesh              = var.peers_enabled && var.mesh
@@ -244,6 +266,19 @@ job "oasis-kvcached" {
     task "kvcached" {
       driver = "raw_exec"
 
+      # Fetched and checked before the task starts; a wrong checksum fails the task's start.
+      dynamic "artifact" {
+        for_each = var.artifact_url == "" ? [] : [var.artifact_url]
+        content {
+          source      = artifact.value
+          destination = "local/oasis"
+          options {
+            checksum = var.artifact_checksum
+          }
+        }
+      }
+
+
       # With peers, kvcached finds the others in Consul: Nomad logs the task's workload identity
       # in and hands it the token as CONSUL_HTTP_TOKEN, bound by jobs/acl/setup.sh to the
       # oasis-kvcached role (jobs/acl/consul-oasis-kvcached.hcl). Without peers it asks Consul
@@ -254,7 +289,7 @@ job "oasis-kvcached" {
       }
 
       config {
-        command = "${var.oasis_bin_dir}/oasis-kvcached"
+        command = "${local.bin_dir}/oasis-kvcached"
         args = concat([
           "--addr", "${var.bind_address}:${NOMAD_PORT_resp}",
           "--http-addr", "${var.bind_address}:${NOMAD_PORT_http}",

@@ -27,6 +27,23 @@ variable "oasis_bin_dir" {
   default     = "/usr/local/bin"
 }
 
+variable "artifact_url" {
+  description = "URL of a release tarball (make dist: oasis_<version>_linux_<arch>.tar.gz) Nomad fetches into the task's local/oasis and runs oasis-router from. Empty: the binary pre-placed in oasis_bin_dir runs."
+  type        = string
+  default     = ""
+}
+
+variable "artifact_checksum" {
+  description = "Checksum of artifact_url, sha256:<hex> (its line in the release's SHA256SUMS). Required with artifact_url: Nomad refuses a download that does not match."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.artifact_checksum == "" || (strlen(var.artifact_checksum) == 71 && substr(var.artifact_checksum, 0, 7) == "sha256:")
+    error_message = "The artifact_checksum must be sha256:<64 hex digits>."
+  }
+}
+
 variable "http_port" {
   description = "Static port the OpenAI API listens on, on every node."
   type        = number
@@ -146,6 +163,11 @@ variable "memory" {
 }
 
 locals {
+  # The artifact (when set) unpacks into local/oasis; raw_exec runs a path relative to the
+  # allocation's task directory. The checksum is mandatory: go-getter skips the check when empty.
+  bin_dir = var.artifact_url == "" ? var.oasis_bin_dir : (
+    var.artifact_checksum != "" ? "local/oasis" : file("artifact_checksum is required with artifact_url")
+  )
   tls_files = concat(
     var.tls_enabled ? [{ item = "tls_cert", file = "cert.pem" }, { item = "tls_key", file = "key.pem" }] : [],
     var.tls_enabled && var.tls_mutual ? [{ item = "tls_client_ca", file = "client-ca.pem" }] : [],
@@ -286,6 +308,19 @@ job "oasis-router" {
     task "router" {
       driver = "raw_exec"
 
+      # Fetched and checked before the task starts; a wrong checksum fails the task's start.
+      dynamic "artifact" {
+        for_each = var.artifact_url == "" ? [] : [var.artifact_url]
+        content {
+          source      = artifact.value
+          destination = "local/oasis"
+          options {
+            checksum = var.artifact_checksum
+          }
+        }
+      }
+
+
       # Consul: Nomad logs the task's workload identity in to Consul and hands the router the
       # token as CONSUL_HTTP_TOKEN; jobs/acl/setup.sh binds it to the oasis-router role
       # (jobs/acl/consul-oasis-router.hcl). Without Consul ACLs it is a no-op.
@@ -298,7 +333,7 @@ job "oasis-router" {
       }
 
       config {
-        command = "${var.oasis_bin_dir}/oasis-router"
+        command = "${local.bin_dir}/oasis-router"
         args = concat([
           "-listen", local.plain_listener ? "${var.bind_address}:${NOMAD_PORT_http}" : "off",
           "-consul-addr", var.consul_addr,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real nomad and consul binaries from their tools modules (tools/<name>/go.mod) once,
+# Builds the real nomad, consul, tofu and tflint binaries from their tools modules (tools/<name>/go.mod) once,
 # keeps them in a cache outside the checkout keyed by version and go.sum, and links them into bin/.
 # The CNI plugins Nomad's bridge networking runs (tools/cni) are cached the same way and linked as
 # the directory bin/cni, the client's cni_path.
@@ -10,8 +10,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OASIS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/oasis}
 mkdir -p "$root/bin" "$cache"
 
+# build NAME MODULE TAGS [PACKAGE [LDFLAGS]]: MODULE names the version in go.mod; PACKAGE is the main
+# package when it is not the module's root.
 build() {
-	local name=$1 pkg=$2 tags=$3
+	local name=$1 pkg=$2 tags=$3 target=${4:-$2} ldflags=${5:-}
 	local mod="$root/tools/$name"
 	local version
 	version=$(awk -v p="$pkg" '$1 == p { print $2; exit }' "$mod/go.mod")
@@ -33,7 +35,7 @@ build() {
 		if [ ! -x "$out" ]; then
 			echo "hashistack: building $name $version (a cold build takes minutes) ..."
 			local start=$SECONDS
-			(cd "$mod" && GOFLAGS=-mod=readonly go build -trimpath ${tags:+-tags "$tags"} -o "$out.tmp" "$pkg")
+			(cd "$mod" && GOFLAGS=-mod=readonly go build -trimpath ${tags:+-tags "$tags"} ${ldflags:+-ldflags "$ldflags"} -o "$out.tmp" "$target")
 			mv "$out.tmp" "$out"
 			echo "hashistack: built $name $version in $((SECONDS - start))s"
 		fi
@@ -77,8 +79,17 @@ build_cni() {
 build nomad github.com/hashicorp/nomad ui
 build consul github.com/hashicorp/consul ""
 build_cni
+# version.dev=no: without it a release build reports itself as a development build.
+build tofu github.com/opentofu/opentofu "" github.com/opentofu/opentofu/cmd/tofu \
+	"-s -w -X github.com/opentofu/opentofu/version.dev=no"
+build tflint github.com/terraform-linters/tflint "" github.com/terraform-linters/tflint "-s -w"
 # First line of each version; no `| head`, whose early exit would SIGPIPE the binary under pipefail.
 for bin in nomad consul; do
 	v=$("$root/bin/$bin" version)
 	echo "${v%%$'\n'*}"
 done
+# An empty CLI configuration: tofu warns on stderr when TF_CLI_CONFIG_FILE names a missing file.
+v=$(TF_CLI_CONFIG_FILE=/dev/null "$root/bin/tofu" version)
+echo "${v%%$'\n'*}"
+v=$("$root/bin/tflint" --version)
+echo "${v%%$'\n'*}"

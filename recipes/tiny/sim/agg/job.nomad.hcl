@@ -26,6 +26,32 @@ variable "speed" {
   default     = "1"
 }
 
+variable "artifact_url" {
+  description = "URL of a release tarball (make dist: oasis_<version>_linux_<arch>.tar.gz) Nomad fetches into the task's local/oasis; the engine runs its oasis-sim. Empty: the llm driver finds oasis-sim as configured on the node (binaries map or PATH)."
+  type        = string
+  default     = ""
+}
+
+variable "artifact_checksum" {
+  description = "Checksum of artifact_url, sha256:<hex> (its line in the release's SHA256SUMS). Required with artifact_url: Nomad refuses a download that does not match."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.artifact_checksum == "" || (strlen(var.artifact_checksum) == 71 && substr(var.artifact_checksum, 0, 7) == "sha256:")
+    error_message = "The artifact_checksum must be sha256:<64 hex digits>."
+  }
+}
+
+locals {
+  # The driver resolves the binary in its own process, so the path is the task directory's
+  # absolute one (the llm driver does not isolate the filesystem). go-getter skips an empty
+  # checksum, so one is mandatory.
+  sim_binary = var.artifact_url == "" ? null : (
+    var.artifact_checksum != "" ? "${NOMAD_TASK_DIR}/oasis/oasis-sim" : file("artifact_checksum is required with artifact_url")
+  )
+}
+
 job "tiny-sim-agg" {
   region      = var.region
   datacenters = var.datacenters
@@ -88,8 +114,21 @@ job "tiny-sim-agg" {
     task "sim" {
       driver = "llm"
 
+      # Fetched and checked before the task starts; a wrong checksum fails the task's start.
+      dynamic "artifact" {
+        for_each = var.artifact_url == "" ? [] : [var.artifact_url]
+        content {
+          source      = artifact.value
+          destination = "local/oasis"
+          options {
+            checksum = var.artifact_checksum
+          }
+        }
+      }
+
       config {
         engine                = "sim"
+        binary                = local.sim_binary
         model                 = "tiny-sim"
         port                  = "http"
         kv_events_port        = "kv_events"
