@@ -320,7 +320,6 @@ job "oasis-router" {
         }
       }
 
-
       # Consul: Nomad logs the task's workload identity in to Consul and hands the router the
       # token as CONSUL_HTTP_TOKEN; jobs/acl/setup.sh binds it to the oasis-router role
       # (jobs/acl/consul-oasis-router.hcl). Without Consul ACLs it is a no-op.
