@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,6 +172,29 @@ type ConsulCluster struct {
 func StartConsulCluster(t testing.TB, n int) *ConsulCluster {
 	t.Helper()
 	consulBin(t)
+	for attempt := 1; ; attempt++ {
+		c, bad := startConsulCluster(t, n)
+		if bad == nil {
+			return c
+		}
+		// A free port can be taken by another process between FreePorts
+		// and the agent's bind: start over on new ports, twice at most.
+		err := bad.Stop()
+		if attempt < 3 && strings.Contains(bad.Output(), "address already in use") {
+			for _, s := range c.Servers {
+				_ = s.Stop()
+			}
+			t.Logf("consul %s lost a port to another process at start; starting the cluster again on new ports", bad.Name)
+			continue
+		}
+		t.Fatalf("consul %s exited at start: %v", bad.Name, err)
+	}
+}
+
+// startConsulCluster starts the servers and waits for their leader, or
+// returns the first server that exited at start.
+func startConsulCluster(t testing.TB, n int) (*ConsulCluster, *ConsulAgent) {
+	t.Helper()
 	ports, err := FreePorts(3 * n) // http, serf_lan, server each
 	must.NoError(t, err)
 	join := make([]string, n)
@@ -209,10 +233,7 @@ func StartConsulCluster(t testing.TB, n int) *ConsulCluster {
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return exited() != nil || ready() }),
 		wait.Timeout(60*time.Second), wait.Gap(100*time.Millisecond)),
 		must.Sprint("timed out waiting for the Consul servers to elect a leader and list each other"))
-	if s := exited(); s != nil {
-		t.Fatalf("consul %s exited at start: %v", s.Name, s.Stop())
-	}
-	return c
+	return c, exited()
 }
 
 // Join returns the addresses agents join the cluster on.
