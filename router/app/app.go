@@ -108,6 +108,9 @@ func (a *App) Close() error {
 	if a.cache != nil {
 		a.cache.Close()
 	}
+	if a.engines != nil {
+		a.engines.CloseIdleConnections()
+	}
 	if a.mesh != nil {
 		a.mesh.Close()
 	}
