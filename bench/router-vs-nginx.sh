@@ -47,6 +47,8 @@
 #   as target router-base-http).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/tls.sh
+. bench/tls.sh
 ENGINES=${ENGINES:-3}
 SIM_SPEED=${SIM_SPEED:-1}
 TLS=${TLS:-1}
@@ -93,15 +95,8 @@ fi
 
 if [[ " ${passes[*]} " == *" tls "* ]]; then
   # Throwaway CA and server certificate for 127.0.0.1, ECDSA P-256, valid a day.
-  t="$work/tls"; mkdir -p "$t"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=oasis-bench-ca \
-    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
-    -keyout "$t/ca.key" -out "$t/ca.pem" 2>/dev/null
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=127.0.0.1 \
-    -keyout "$t/server.key" -out "$t/server.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' >"$t/ext.cnf"
-  openssl x509 -req -in "$t/server.csr" -CA "$t/ca.pem" -CAkey "$t/ca.key" -CAcreateserial -days 1 \
-    -extfile "$t/ext.cnf" -out "$t/server.pem" 2>/dev/null
+  t="$work/tls"
+  bench_tls "$t"
 fi
 
 direct=() engines=() base_engines=() upstream=""

@@ -2,12 +2,8 @@ package meshid
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"io"
 	"net/http"
@@ -129,13 +125,7 @@ func TestRotationKeepsConnections(t *testing.T) {
 	must.NoError(t, err)
 	before := engine.consul.Load().serial
 
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	must.NoError(t, err)
-	der, err := x509.MarshalECPrivateKey(key)
-	must.NoError(t, err)
-	_, err = c.Connect().CASetConfig(&consulapi.CAConfig{Provider: "consul", Config: map[string]any{
-		"PrivateKey": string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))}}, nil)
-	must.NoError(t, err)
+	oasistest.RotateConnectCA(t, c)
 	deadline := time.Now().Add(30 * time.Second)
 	for engine.consul.Load().serial == before || router.consul.Load().serial == before {
 		if time.Now().After(deadline) {

@@ -1,7 +1,12 @@
 package testutil
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"net"
 	"os"
 	"os/exec"
@@ -385,5 +390,19 @@ func SetIntentions(t testing.TB, c *consulapi.Client, dest string, allow ...stri
 	}
 	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
 	_, _, err := c.ConfigEntries().Set(e, nil)
+	must.NoError(t, err)
+}
+
+// RotateConnectCA gives the Connect CA of c's cluster a new private key:
+// Consul issues new roots and re-signs every service's leaf (each agent
+// picks its new leaves up within about 20 s).
+func RotateConnectCA(t testing.TB, c *consulapi.Client) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must.NoError(t, err)
+	der, err := x509.MarshalECPrivateKey(key)
+	must.NoError(t, err)
+	_, err = c.Connect().CASetConfig(&consulapi.CAConfig{Provider: "consul", Config: map[string]any{
+		"PrivateKey": string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))}}, nil)
 	must.NoError(t, err)
 }

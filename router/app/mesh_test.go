@@ -2,12 +2,7 @@ package app
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"net"
 	"net/http"
 	"os/exec"
@@ -160,13 +155,7 @@ func TestMeshRotationDuringStream(t *testing.T) {
 	must.Eq(t, http.StatusOK, resp.StatusCode)
 	before := b.router.mesh.Serial()
 
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	must.NoError(t, err)
-	der, err := x509.MarshalECPrivateKey(key)
-	must.NoError(t, err)
-	_, err = b.consul.Connect().CASetConfig(&consulapi.CAConfig{Provider: "consul", Config: map[string]any{
-		"PrivateKey": string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))}}, nil)
-	must.NoError(t, err)
+	testutil.RotateConnectCA(t, b.consul)
 
 	must.Eq(t, wantEvents(40), readEvents(t, resp.Body)) // ~10 s: the rotation lands meanwhile
 	testutil.Eventually(t, 30*time.Second, "the router's new leaf", func() bool { return b.router.mesh.Serial() != before })

@@ -3,11 +3,6 @@ package mesh
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net"
@@ -18,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	consulapi "github.com/hashicorp/consul/api"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/meshid"
@@ -145,7 +139,7 @@ func TestRouterInTheMesh(t *testing.T) {
 			}
 			done <- err
 		}()
-		rotateCA(t)
+		testutil.RotateConnectCA(t, stack.Consul)
 		testutil.Eventually(t, 60*time.Second, "the router's new leaf", func() bool {
 			return routerMetric(ctx, client, base, `oasis_router_mesh_rotations_total{what="leaf"}`) >= 1
 		})
@@ -265,16 +259,4 @@ func engineHits(t *testing.T, ctx context.Context, c *http.Client) map[string]fl
 		resp.Body.Close()
 	}
 	return out
-}
-
-// rotateCA gives the Connect CA a new key: Consul issues new roots and re-signs every leaf.
-func rotateCA(t *testing.T) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	must.NoError(t, err)
-	der, err := x509.MarshalECPrivateKey(key)
-	must.NoError(t, err)
-	_, err = stack.Consul.Connect().CASetConfig(&consulapi.CAConfig{Provider: "consul", Config: map[string]any{
-		"PrivateKey": string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))}}, nil)
-	must.NoError(t, err)
 }
