@@ -1,0 +1,6 @@
+terraform {
+  required_providers {
+    oasis = { source = "oasis-llm/oasis" }
+  }
+}
+provider "oasis" {}
