@@ -20,19 +20,15 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/terraform/provider"
 )
 
 // ProviderPackage is the provider command's import path.
 const ProviderPackage = "github.com/oasis-llm/oasis/cmd/terraform-provider-oasis"
 
-// providerHost, providerNS and providerType spell provider.Address (kept
-// apart so this package does not link the provider).
-const (
-	providerHost    = "registry.opentofu.org"
-	providerNS      = "oasis-llm"
-	providerType    = "oasis"
-	providerVersion = "0.1.0"
-)
+// providerType is the last element of provider.Address: the mirror's
+// directory and the plugin's file name.
+const providerType = "oasis"
 
 // Binary finds tofu: $OASIS_TOFU_BIN or the repository's bin/tofu; "" when
 // there is none.
@@ -135,26 +131,25 @@ func New(t testing.TB, opts Options) *Tofu {
 }
 
 func cliConfig(mirror string) string {
-	addr := providerHost + "/" + providerNS + "/" + providerType
 	return fmt.Sprintf(`provider_installation {
   filesystem_mirror {
     path    = %q
     include = [%q]
   }
 }
-`, mirror, addr)
+`, mirror, provider.Address)
 }
 
 // installProvider lays out the mirror as tofu's unpacked layout:
 // <mirror>/<host>/<ns>/<type>/<version>/<os_arch>/terraform-provider-<type>.
 func installProvider(t testing.TB, mirror, bin string) {
 	t.Helper()
-	dir := filepath.Join(mirror, providerHost, providerNS, providerType, providerVersion,
+	dir := filepath.Join(mirror, filepath.FromSlash(provider.Address), provider.DefaultVersion,
 		runtime.GOOS+"_"+runtime.GOARCH)
 	must.NoError(t, os.MkdirAll(dir, 0o755))
 	data, err := os.ReadFile(bin)
 	must.NoError(t, err)
-	must.NoError(t, os.WriteFile(filepath.Join(dir, "terraform-provider-"+providerType+"_v"+providerVersion), data, 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "terraform-provider-"+providerType+"_v"+provider.DefaultVersion), data, 0o755))
 }
 
 // Run runs one tofu command in Dir and returns its stdout; the error
