@@ -10,6 +10,7 @@ import (
 	"math"
 	"regexp"
 
+	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
@@ -87,9 +88,7 @@ func (r *apiKeyResource) ValidateConfig(ctx context.Context, req resource.Valida
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	for _, e := range validateAPIKey(m) {
-		resp.Diagnostics.AddAttributeError(path.Root(e.attr), "Invalid API key", e.attr+": "+e.msg)
-	}
+	checkAPIKey(m, &resp.Diagnostics)
 }
 
 // attrError is a problem with one attribute.
@@ -113,6 +112,16 @@ func validateAPIKey(m apiKeyModel) []attrError {
 		}
 	}
 	return errs
+}
+
+// checkAPIKey adds validateAPIKey's errors to diags: at plan time, and
+// again at apply for values that were unknown at plan time (computed from
+// other resources).
+func checkAPIKey(m apiKeyModel, diags *diag.Diagnostics) bool {
+	for _, e := range validateAPIKey(m) {
+		diags.AddAttributeError(path.Root(e.attr), "Invalid API key", e.attr+": "+e.msg)
+	}
+	return !diags.HasError()
 }
 
 // ModifyPlan replaces a key whose digest in Consul no longer matches the
@@ -162,6 +171,9 @@ func (r *apiKeyResource) Create(ctx context.Context, req resource.CreateRequest,
 	if resp.Diagnostics.HasError() {
 		return
 	}
+	if !checkAPIKey(m, &resp.Diagnostics) {
+		return
+	}
 	secret, err := newSecret()
 	if err != nil {
 		resp.Diagnostics.AddError("Creating an API key", err.Error())
@@ -189,6 +201,9 @@ func (r *apiKeyResource) Update(ctx context.Context, req resource.UpdateRequest,
 	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
 	resp.Diagnostics.Append(req.State.Get(ctx, &state)...)
 	if resp.Diagnostics.HasError() {
+		return
+	}
+	if !checkAPIKey(plan, &resp.Diagnostics) {
 		return
 	}
 	// Only the limits change in place: the digest stays the one in state.

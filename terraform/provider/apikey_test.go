@@ -97,7 +97,7 @@ func (b *testBed) testAPIKeys(t *testing.T) {
 	b.putKeyDoc(t, prefix, map[string]auth.KeySpec{"other": other})
 
 	tf := b.tofu(t, "testdata/apikeys", prefix)
-	tf.Must(ctx, "apply", "-auto-approve", "-no-color")
+	out := tf.Must(ctx, "apply", "-auto-approve", "-no-color")
 	var secrets map[string]string
 	must.NoError(t, tf.Output(ctx, "secrets", &secrets))
 	doc := b.keyDoc(t, prefix)
@@ -111,6 +111,7 @@ func (b *testBed) testAPIKeys(t *testing.T) {
 	for _, s := range secrets {
 		must.StrHasPrefix(t, keySecretPrefix, s)
 		must.StrNotContains(t, raw, s)
+		must.StrNotContains(t, out, s)
 	}
 
 	p, err := tf.Plan(ctx)

@@ -142,8 +142,12 @@ func (r *policyResource) Update(ctx context.Context, req resource.UpdateRequest,
 }
 
 // write stores m's document at key with check-and-set on index and fills
-// m's key and modify_index.
+// m's key and modify_index. The document is validated again: one that was
+// unknown at plan time (computed from another resource) is checked here.
 func (r *policyResource) write(ctx context.Context, m *policyModel, key string, index uint64) error {
+	if err := validatePolicy(m.Document.ValueString()); err != nil {
+		return fmt.Errorf("document: %w", err)
+	}
 	next, err := kvCAS(ctx, r.c.Consul, key, []byte(m.Document.ValueString()), index)
 	if errors.Is(err, errChanged) {
 		return fmt.Errorf("%w: refresh (tofu plan) and apply again", err)
