@@ -160,6 +160,15 @@ func (b *testBed) testAPIKeys(t *testing.T) {
 
 	tf.Must(ctx, "destroy", "-auto-approve", "-no-color")
 	must.Eq(t, map[string]auth.KeySpec{"other": other}, b.keyDoc(t, prefix))
+
+	// A create never takes over an entry it did not make.
+	taken := auth.KeySpec{ID: "team-a", SHA256: digest("theirs")}
+	b.putKeyDoc(t, prefix, map[string]auth.KeySpec{"other": other, "team-a": taken})
+	_, err = tf.Run(ctx, "apply", "-auto-approve", "-no-color")
+	must.ErrorContains(t, err, `key "team-a" already exists in t/keys/keys: import it`)
+	must.Eq(t, taken, b.keyDoc(t, prefix)["team-a"])
+	tf.Must(ctx, "destroy", "-auto-approve", "-no-color")
+	must.Eq(t, map[string]auth.KeySpec{"other": other, "team-a": taken}, b.keyDoc(t, prefix))
 }
 
 // Concurrent changes to the shared key document all land: each writer

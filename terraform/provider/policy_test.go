@@ -87,6 +87,7 @@ func (b *testBed) testRouterPolicy(t *testing.T) {
 	p, err = tf.Plan(ctx)
 	must.NoError(t, err)
 	must.Eq(t, map[string][]string{"oasis_router_policy.p": {"create"}}, addresses(p))
+	must.Eq(t, any(key), p.Changed()[0].Change.After["key"]) // known at plan time
 	tf.Must(ctx, "apply", "-auto-approve", "-no-color")
 	must.Eq(t, doc, string(kvValue(t, b.consul, key).Value))
 
