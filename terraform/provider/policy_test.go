@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/policy"
 )
 
@@ -104,4 +106,31 @@ func (b *testBed) testRouterPolicy(t *testing.T) {
 
 	tf.Must(ctx, "destroy", "-auto-approve", "-no-color")
 	must.Nil(t, kvValue(t, b.consul, key))
+
+	// With a router's watcher running, a destroy gives the routers the
+	// default document back, which the next create adopts.
+	tf.Must(ctx, "apply", "-auto-approve", "-no-color")
+	stop := b.runPolicyWatcher(t, key)
+	defer stop()
+	tf.Must(ctx, "destroy", "-auto-approve", "-no-color")
+	testutil.Eventually(t, 10*time.Second, "the router's default policy", func() bool {
+		pair := kvValue(t, b.consul, key)
+		return pair != nil && string(pair.Value) == string(def) // what writeDefault writes
+	})
+	p, err = tf.Plan(ctx)
+	must.NoError(t, err)
+	must.Eq(t, map[string][]string{"oasis_router_policy.p": {"create"}}, addresses(p))
+}
+
+// runPolicyWatcher runs the router's policy watcher on key until stop.
+func (b *testBed) runPolicyWatcher(t *testing.T, key string) (stop func()) {
+	t.Helper()
+	reg, err := policyTerms()
+	must.NoError(t, err)
+	w, err := policy.NewWatcher(policy.WatcherConfig{Client: b.consul, Key: key, Terms: reg, WaitTime: 5 * time.Second})
+	must.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	return func() { cancel(); <-done }
 }
