@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -59,6 +61,30 @@ func TestNewSecret(t *testing.T) {
 	must.Eq(t, 64, len(digest(a)))
 }
 
+// authenticates checks with the router's authenticator that doc opens the
+// router to each secret as its id, and to nothing else.
+func authenticates(t *testing.T, doc string, secrets map[string]string) {
+	t.Helper()
+	specs, err := auth.Parse([]byte(doc))
+	must.NoError(t, err)
+	a := auth.New()
+	a.Set(specs)
+	try := func(secret string) (*auth.Key, error) {
+		r := httptest.NewRequest(http.MethodGet, "/v1/models", nil)
+		r.Header.Set("Authorization", "Bearer "+secret)
+		return a.Authenticate(r)
+	}
+	for id, secret := range secrets {
+		k, err := try(secret)
+		must.NoError(t, err)
+		must.Eq(t, id, k.ID)
+	}
+	other, err := newSecret()
+	must.NoError(t, err)
+	_, err = try(other)
+	must.ErrorIs(t, err, auth.ErrBadKey)
+}
+
 // keyDoc reads the key document below prefix.
 func (b *testBed) keyDoc(t *testing.T, prefix string) map[string]auth.KeySpec {
 	t.Helper()
@@ -108,6 +134,7 @@ func (b *testBed) testAPIKeys(t *testing.T) {
 		"team-c": {ID: "team-c", SHA256: digest(secrets["c"]), RatePerSecond: 1},
 	}, doc)
 	raw := string(kvValue(t, b.consul, prefix+"/keys").Value)
+	authenticates(t, raw, map[string]string{"team-a": secrets["a"], "team-b": secrets["b"], "team-c": secrets["c"]})
 	for _, s := range secrets {
 		must.StrHasPrefix(t, keySecretPrefix, s)
 		must.StrNotContains(t, raw, s)
