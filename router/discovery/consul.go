@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -89,6 +90,21 @@ func (c *Consul) Watch(ctx context.Context, fn func([]Instance)) {
 		fn(instances)
 		log.Debug("instances updated", "service", svc, "instances", len(instances), "index", index)
 	}
+}
+
+// Instances is one non-blocking query: the passing instances of the
+// service as Watch would deliver them now, for callers that need one answer
+// (the Terraform provider's oasis_pool) rather than a watch.
+func (c *Consul) Instances(ctx context.Context) ([]Instance, error) {
+	svc := c.Service
+	if svc == "" {
+		svc = EngineService
+	}
+	instances, _, err := c.query(ctx, svc, (&consulapi.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("querying the passing instances of %s: %w", svc, err)
+	}
+	return instances, nil
 }
 
 // query is one (blocking) health query: the passing instances of svc, or

@@ -6,7 +6,11 @@ import (
 )
 
 // consulResources are the resources that live in Consul KV.
-func consulResources() []func() resource.Resource { return nil }
+func consulResources() []func() resource.Resource {
+	return []func() resource.Resource{newPolicyResource, newAPIKeyResource}
+}
 
 // consulDataSources read what the router reads from Consul.
-func consulDataSources() []func() datasource.DataSource { return nil }
+func consulDataSources() []func() datasource.DataSource {
+	return []func() datasource.DataSource{newPoolDataSource}
+}
