@@ -20,15 +20,20 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
-	"github.com/oasis-llm/oasis/terraform/provider"
 )
 
 // ProviderPackage is the provider command's import path.
 const ProviderPackage = "github.com/oasis-llm/oasis/cmd/terraform-provider-oasis"
 
-// providerType is the last element of provider.Address: the mirror's
-// directory and the plugin's file name.
-const providerType = "oasis"
+// The provider's source address, type and version as the provider package
+// declares them (ProviderAddress, ProviderVersion; the provider's
+// tests import this package, so it cannot import the provider, and a test
+// there checks they agree).
+const (
+	ProviderAddress = "registry.opentofu.org/oasis-llm/oasis"
+	ProviderVersion = "0.1.0"
+	providerType    = "oasis"
+)
 
 // Binary finds tofu: $OASIS_TOFU_BIN or the repository's bin/tofu; "" when
 // there is none.
@@ -137,19 +142,19 @@ func cliConfig(mirror string) string {
     include = [%q]
   }
 }
-`, mirror, provider.Address)
+`, mirror, ProviderAddress)
 }
 
 // installProvider lays out the mirror as tofu's unpacked layout:
 // <mirror>/<host>/<ns>/<type>/<version>/<os_arch>/terraform-provider-<type>.
 func installProvider(t testing.TB, mirror, bin string) {
 	t.Helper()
-	dir := filepath.Join(mirror, filepath.FromSlash(provider.Address), provider.DefaultVersion,
+	dir := filepath.Join(mirror, filepath.FromSlash(ProviderAddress), ProviderVersion,
 		runtime.GOOS+"_"+runtime.GOARCH)
 	must.NoError(t, os.MkdirAll(dir, 0o755))
 	data, err := os.ReadFile(bin)
 	must.NoError(t, err)
-	must.NoError(t, os.WriteFile(filepath.Join(dir, "terraform-provider-"+providerType+"_v"+provider.DefaultVersion), data, 0o755))
+	must.NoError(t, os.WriteFile(filepath.Join(dir, "terraform-provider-"+providerType+"_v"+ProviderVersion), data, 0o755))
 }
 
 // Run runs one tofu command in Dir and returns its stdout; the error

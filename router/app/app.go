@@ -192,7 +192,7 @@ func (a *App) initPool() error {
 	a.cache = cachestate.New(cachestate.Config{Logger: a.log.Named("cachestate"), PresenceCapacity: a.cfg.KVCachedMaxBlocks})
 	var err error
 	// Adding a term: one file in router/scoring and one entry here.
-	if a.terms, err = scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(a.cache)...)...); err != nil {
+	if a.terms, err = scoring.RouterRegistry(a.cache); err != nil {
 		return err
 	}
 	// Upstreams alone first, so that an error names the flag at fault.

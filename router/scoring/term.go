@@ -42,6 +42,14 @@ func BuiltinTerms() []Term {
 	return []Term{LoadTerm{}, KVCapacityTerm{}, PowerTerm{}}
 }
 
+// RouterRegistry is the registry the router scores with: the built-in terms
+// and the cache terms over src. A policy document is valid for the router
+// when it is valid against it (src nil: names only, for validation away from
+// a router, as the Terraform provider's plan does).
+func RouterRegistry(src PrefixSource) (*Registry, error) {
+	return NewRegistry(append(BuiltinTerms(), CacheTerms(src)...)...)
+}
+
 // CacheTerms returns the terms that read the router's cache state src: prefix,
 // and ttft over the prefix term's match (one digest pass and one index match
 // per request serve both).

@@ -19,12 +19,9 @@ import (
 // policyKeySuffix is the policy document's key below the router's -kv-prefix.
 const policyKeySuffix = "/policy"
 
-// policyTerms is the registry of scoring terms the router builds (router/app
-// initPool: the built-in terms and the cache terms). Validation reads only
-// the terms' names, so the cache terms need no cache state here.
-func policyTerms() (*scoring.Registry, error) {
-	return scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(nil)...)...)
-}
+// policyTerms is the registry of scoring terms the router builds. Validation
+// reads only the terms' names, so the cache terms need no cache state here.
+func policyTerms() (*scoring.Registry, error) { return scoring.RouterRegistry(nil) }
 
 // validatePolicy checks a document with the router's own parser.
 func validatePolicy(doc string) error {

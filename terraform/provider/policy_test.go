@@ -9,6 +9,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tofutest"
 	"github.com/oasis-llm/oasis/router/policy"
 )
 
@@ -133,4 +134,11 @@ func (b *testBed) runPolicyWatcher(t *testing.T, key string) (stop func()) {
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
 	return func() { cancel(); <-done }
+}
+
+// The tests install the provider into a mirror laid out by tofutest's copy
+// of the address and version.
+func TestMirrorMatchesProvider(t *testing.T) {
+	must.EqOp(t, Address, tofutest.ProviderAddress)
+	must.EqOp(t, DefaultVersion, tofutest.ProviderVersion)
 }
