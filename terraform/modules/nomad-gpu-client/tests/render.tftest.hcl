@@ -128,6 +128,11 @@ run "renders_a_gpu_node" {
   }
 
   assert {
+    condition     = length(output.user_data) <= 16384
+    error_message = "user_data is over EC2's 16 KiB user-data limit"
+  }
+
+  assert {
     condition     = base64decode(output.user_data_base64) == output.user_data
     error_message = "user_data_base64 is not user_data"
   }
