@@ -290,6 +290,19 @@ func TestNodeModuleProvisionsANomadClient(t *testing.T) {
 	must.MapContainsKey(t, nd.Attributes, "driver.llm.sim.version")
 	must.MapContainsKey(t, nd.HostVolumes, "oasis-kvcached")
 	must.Eq(t, filepath.Join(dir, "kvcached"), nd.HostVolumes["oasis-kvcached"].Path)
+	// The agent registers itself in Consul with the token from secrets.hcl (merged with nomad.hcl).
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		svcs, _, err := stack.Consul.Catalog().Service("nomad-client", "", nil)
+		if err != nil {
+			return err
+		}
+		for _, s := range svcs {
+			if s.Node == nodeName {
+				return nil
+			}
+		}
+		return fmt.Errorf("no nomad-client service on consul node %s", nodeName)
+	}), wait.Timeout(time.Minute), wait.Gap(250*time.Millisecond)))
 
 	// The sim recipe, in the node's pool: the engine runs there and passes in Consul, registered
 	// through the node's own Consul agent.
