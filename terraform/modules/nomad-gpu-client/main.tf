@@ -85,6 +85,7 @@ locals {
     kvcached_dir      = var.kvcached_dir
     kvcached_device   = var.kvcached_device
     kvcached_fs       = var.kvcached_filesystem
+    fstab             = var.fstab_path
   })
 
   bootstrap_script = templatefile("${path.module}/templates/bootstrap.sh.tftpl", {

@@ -365,6 +365,17 @@ variable "kvcached_device" {
   }
 }
 
+variable "fstab_path" {
+  description = "The fstab the install script adds kvcached_device to and mounts it from (tests point it at a file of their own)."
+  type        = string
+  default     = "/etc/fstab"
+
+  validation {
+    condition     = startswith(var.fstab_path, "/") && !can(regex("[\\s'\"$`\\\\]", var.fstab_path))
+    error_message = "The fstab_path must be an absolute path without spaces, quotes, $, ` or backslashes."
+  }
+}
+
 variable "kvcached_filesystem" {
   description = "Filesystem made on kvcached_device when it has none."
   type        = string
