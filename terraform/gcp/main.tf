@@ -88,7 +88,7 @@ resource "google_compute_instance_template" "gpu" {
   }
 
   shielded_instance_config {
-    enable_secure_boot          = false # the NVIDIA kernel module is unsigned on many images
+    enable_secure_boot          = false # secure boot refuses unsigned kernel modules (a self-built NVIDIA driver)
     enable_integrity_monitoring = true
     enable_vtpm                 = true
   }
