@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack test unit e2e vet lint bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -35,8 +35,8 @@ hashistack:
 deps:
 	@scripts/deps.sh
 
-## test: everything CI runs — vet, staticcheck, unit tests, e2e against real Nomad + Consul
-test: deps hashistack lint unit e2e
+## test: everything CI runs — vet, staticcheck, the Terraform checks, unit tests, e2e against real Nomad + Consul
+test: deps hashistack lint terraform-check unit e2e
 
 ## unit: fast tests, no Nomad/Consul agents
 unit:
@@ -58,6 +58,12 @@ $(STATICCHECK): tools/staticcheck/go.mod tools/staticcheck/go.sum
 lint: vet $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
+
+## terraform-check: tofu fmt -check, tflint (terraform ruleset, recommended) on every directory of .tf files
+## under terraform/, and tofu test of the modules that have tests (offline; the aws and gcp modules get
+## fmt and tflint only: their providers cannot be installed here)
+terraform-check: hashistack
+	@scripts/terraform-check.sh
 
 ## bench: Go benchmarks of every package (bounded); peer comparisons are scripts in bench/
 bench:

@@ -14,6 +14,12 @@ variable "datacenters" {
   default     = ["*"]
 }
 
+variable "node_pool" {
+  description = "Nomad node pool the engines run in (GPU nodes from terraform/modules/nomad-gpu-client join pool \"gpu\" by default)."
+  type        = string
+  default     = "default"
+}
+
 variable "count" {
   description = "Simulated engines."
   type        = number
@@ -55,6 +61,7 @@ locals {
 job "tiny-sim-agg" {
   region      = var.region
   datacenters = var.datacenters
+  node_pool   = var.node_pool
   type        = "service"
 
   update {
