@@ -2,7 +2,7 @@
 # Checks the Terraform code under terraform/ offline, with the pinned tools of `make hashistack`:
 #   1. tofu fmt -check on terraform/ and internal/tofutest/testdata;
 #   2. tflint (bundled terraform ruleset, preset "recommended", terraform/.tflint.hcl) in every
-#      directory under terraform/ holding *.tf files (.terraform directories skipped);
+#      directory under terraform/ holding *.tf files (.terraform and testdata directories skipped);
 #   3. tofu test in every module under terraform/modules/ that has *.tftest.hcl files.
 # Modules using the aws or google providers get 1 and 2 only: their providers cannot be installed
 # here, so they are never init'ed or validated.
@@ -35,7 +35,8 @@ if ! "$tofu" fmt -check -recursive -diff "${fmt_dirs[@]}"; then
 	exit 1
 fi
 
-mapfile -t dirs < <(find terraform -name .terraform -prune -o -type f -name '*.tf' -printf '%h\n' | sort -u)
+# Test fixtures (testdata/) are formatted but not linted: they are minimal modules for tests.
+mapfile -t dirs < <(find terraform \( -name .terraform -o -name testdata \) -prune -o -type f -name '*.tf' -printf '%h\n' | sort -u)
 for d in "${dirs[@]}"; do
 	echo "terraform-check: tflint $d"
 	"$tflint" --config "$root/terraform/.tflint.hcl" --chdir "$d" --format compact
