@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -26,6 +26,13 @@ build:
 ## dist: release tarballs dist/oasis_<version>_linux_{amd64,arm64}.tar.gz and dist/SHA256SUMS
 dist:
 	@scripts/dist.sh
+
+## terraform-provider: terraform-provider-oasis into a filesystem mirror, dist/terraform-mirror/ (terraform/README.md)
+PROVIDER_VERSION = $(shell sed -n 's/^[[:space:]]*DefaultVersion = "\(.*\)"/\1/p' terraform/provider/provider.go)
+PROVIDER_DIR     = dist/terraform-mirror/registry.opentofu.org/oasis-llm/oasis/$(PROVIDER_VERSION)/$(shell $(GO) env GOOS)_$(shell $(GO) env GOARCH)
+terraform-provider:
+	@mkdir -p $(PROVIDER_DIR)
+	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
 ## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint and the CNI plugins in bin/cni
 hashistack:
