@@ -22,7 +22,7 @@ resource "oasis_model" "this" {
   datacenters   = var.datacenters
   engine        = var.engine
   model         = var.model
-  count         = var.model_count
+  engine_count  = var.model_count
   kv_offload    = var.kv_offload
   engine_binary = var.engine_binary
   extra_args    = var.extra_args

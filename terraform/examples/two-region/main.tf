@@ -72,27 +72,27 @@ resource "oasis_system_jobs" "west" {
 }
 
 resource "oasis_model" "east" {
-  provider    = oasis.east
-  name        = var.model_name
-  region      = "east"
-  datacenters = [var.regions["east"].datacenter]
-  engine      = local.model.engine
-  model       = var.model
-  count       = var.model_count["east"]
-  kv_offload  = local.model.kv_offload
-  resources   = local.model.resources
+  provider     = oasis.east
+  name         = var.model_name
+  region       = "east"
+  datacenters  = [var.regions["east"].datacenter]
+  engine       = local.model.engine
+  model        = var.model
+  engine_count = var.model_count["east"]
+  kv_offload   = local.model.kv_offload
+  resources    = local.model.resources
 }
 
 resource "oasis_model" "west" {
-  provider    = oasis.west
-  name        = var.model_name
-  region      = "west"
-  datacenters = [var.regions["west"].datacenter]
-  engine      = local.model.engine
-  model       = var.model
-  count       = var.model_count["west"]
-  kv_offload  = local.model.kv_offload
-  resources   = local.model.resources
+  provider     = oasis.west
+  name         = var.model_name
+  region       = "west"
+  datacenters  = [var.regions["west"].datacenter]
+  engine       = local.model.engine
+  model        = var.model
+  engine_count = var.model_count["west"]
+  kv_offload   = local.model.kv_offload
+  resources    = local.model.resources
 }
 
 resource "oasis_router_policy" "east" {

@@ -162,8 +162,8 @@ func (ex *singleDC) planDrift(t *testing.T, ctx context.Context) {
 	for _, c := range plan.Changed() {
 		switch c.Type {
 		case "oasis_model":
-			must.Eq(t, 1.0, c.Change.Before["count"])
-			must.Eq(t, 3.0, c.Change.After["count"])
+			must.Eq(t, 1.0, c.Change.Before["engine_count"])
+			must.Eq(t, 3.0, c.Change.After["engine_count"])
 		case "oasis_router_policy":
 			must.StrContains(t, c.Change.Before["document"].(string), "least_load")
 		}
