@@ -65,9 +65,9 @@ func parseKVTransferParams(raw json.RawMessage) (*vllmKV, error) {
 	if err := json.Unmarshal(m["remote_port"], &kv.port); err != nil || kv.port < 1 || kv.port > 65535 {
 		return nil, kvFieldErr("remote_port", "must be an integer port (1-65535) when do_remote_prefill is true")
 	}
-	var ids []int64
-	if err := json.Unmarshal(m["remote_block_ids"], &ids); err != nil || ids == nil || len(ids) > maxRemoteBlocks {
-		return nil, kvFieldErr("remote_block_ids", "must be an array of at most %d block ids when do_remote_prefill is true", maxRemoteBlocks)
+	ids, ok := blockIDList(m["remote_block_ids"])
+	if !ok || len(ids) > maxRemoteBlocks {
+		return nil, kvFieldErr("remote_block_ids", "must be an array of at most %d block ids (or of one array per KV cache group) when do_remote_prefill is true", maxRemoteBlocks)
 	}
 	kv.blockIDs = make([]int32, len(ids))
 	for i, id := range ids {
@@ -77,6 +77,24 @@ func parseKVTransferParams(raw json.RawMessage) (*vllmKV, error) {
 		kv.blockIDs[i] = int32(id)
 	}
 	return kv, nil
+}
+
+// blockIDList reads remote_block_ids: a flat array, or (vLLM with several KV cache
+// groups) an array of arrays, flattened.
+func blockIDList(raw json.RawMessage) ([]int64, bool) {
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return ids, ids != nil
+	}
+	var groups [][]int64
+	if err := json.Unmarshal(raw, &groups); err != nil || groups == nil {
+		return nil, false
+	}
+	ids = []int64{}
+	for _, g := range groups {
+		ids = append(ids, g...)
+	}
+	return ids, true
 }
 
 func optBool(m map[string]json.RawMessage, name string) (bool, error) {
