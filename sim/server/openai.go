@@ -486,7 +486,8 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	rid := requestID(r, chat)
-	if p.vllm != nil && p.vllm.remoteDecode {
+	if p.vllm != nil && p.vllm.remoteDecode && s.cfg.KVTransfer {
+		// Without a --kv-transfer-config vLLM ignores kv_transfer_params.
 		// Unique even when clients reuse X-Request-Id, as vLLM's internal ids are.
 		p.holdKey = reqKey(fmt.Sprintf("%s-%08x", rid, rand.Uint32()))
 	}

@@ -160,20 +160,21 @@ func (s *Server) holdKV(key string, st *stream, prompt []int32) []int32 {
 	return blocks
 }
 
-// dropHeld frees h's blocks if it is still registered under key (or already
-// unregistered by a replacement); it reports whether it freed them.
+// dropHeld unregisters h from key (if it is still there) and frees its blocks. It
+// reports whether h was registered: of concurrent pulls and the expiry, one wins.
 func (s *Server) dropHeld(key string, h *heldKV) bool {
 	ks := s.kv
 	ks.mu.Lock()
-	if cur := ks.held[key]; cur == h {
+	registered := ks.held[key] == h
+	if registered {
 		delete(ks.held, key)
 	}
 	ks.mu.Unlock()
 	h.timer.Stop()
 	s.mu.Lock()
-	freed := s.eng.ReleaseHeld(h.streamID)
+	s.eng.ReleaseHeld(h.streamID)
 	s.mu.Unlock()
-	return freed
+	return registered
 }
 
 // waitHeld returns the KV under key, waiting up to wait for a prefill leg to put it.
@@ -252,12 +253,16 @@ func (s *Server) handlePull(w http.ResponseWriter, r *http.Request) {
 	case strconv.FormatUint(h.promptHash, 16) != req.PromptHash || (!req.RoomSet && !equalIDs(req.BlockIDs, h.blocks)):
 		reason = "mismatch"
 	}
+	if reason == "" && !s.dropHeld(key, h) {
+		reason = "not_found" // another pull took it, or it expired meanwhile
+	}
 	if reason != "" {
 		w.WriteHeader(http.StatusNotFound)
 		writeJSON(w, pullResponse{Reason: reason})
 		return
 	}
-	s.dropHeld(key, h) // the decode engine has the blocks: vLLM's finished_sending
+	// The decode engine has the blocks: the prefill engine frees them (vLLM's
+	// finished_sending).
 	bs := s.eng.Config().BlockSize
 	s.metrics.kvBlocks.WithLabelValues("sent").Add(float64(len(h.blocks)))
 	writeJSON(w, pullResponse{NumTokens: h.tokens, NumBlocks: len(h.blocks), BlockSize: bs, BytesPerToken: s.cfg.PD.BytesPerToken})
@@ -347,7 +352,7 @@ func (s *Server) receiveKV(ctx context.Context, p *prepared) (bool, error) {
 		req  = pullRequest{PromptHash: strconv.FormatUint(promptHash(p.prompt), 16)}
 	)
 	switch {
-	case p.vllm != nil && p.vllm.remotePrefill:
+	case p.vllm != nil && p.vllm.remotePrefill && s.cfg.KVTransfer:
 		addr = net.JoinHostPort(p.vllm.host, strconv.Itoa(p.vllm.port))
 		req.EngineID, req.RequestID, req.BlockIDs = p.vllm.engineID, p.vllm.requestID, p.vllm.blockIDs
 	case p.sglang != nil && s.cfg.PD.SGLangMode == ModeDecode:

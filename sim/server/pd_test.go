@@ -299,3 +299,40 @@ func TestSGLangFieldsMalformed(t *testing.T) {
 		must.StrContains(t, string(body), `"param":"`+tc.field+`"`)
 	}
 }
+
+// Without a --kv-transfer-config the sim ignores kv_transfer_params, as vLLM does.
+func TestKVTransferParamsIgnoredWithoutConnector(t *testing.T) {
+	s, url := startServer(t, nil)
+	code, body := post(t, url+"/v1/completions", prefillLeg(pdPrompt))
+	must.Eq(t, 200, code)
+	must.Nil(t, decode[completionResp](t, body).KVTransferParams)
+	must.Eq(t, 0, s.eng.Stats().HeldBlocks)
+	kv := map[string]any{"do_remote_prefill": true, "remote_engine_id": "e", "remote_request_id": "r",
+		"remote_host": "127.0.0.1", "remote_port": 1, "remote_block_ids": []int{1}}
+	code, _ = post(t, url+"/v1/completions", decodeLeg(pdPrompt, kv))
+	must.Eq(t, 200, code)
+}
+
+// Of two decode legs pulling the same KV at once, one gets it.
+func TestConcurrentPullsTakeOnce(t *testing.T) {
+	p := startPD(t, nil)
+	d := startPD(t, nil)
+	kv, _ := runPrefill(t, p, pdPrompt)
+	var wg sync.WaitGroup
+	codes := make([]int, 4)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], _ = post(t, d.url+"/v1/completions", decodeLeg(pdPrompt, kv))
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, c := range codes {
+		if c == 200 {
+			ok++
+		}
+	}
+	must.Eq(t, 1, ok, must.Sprintf("codes %v", codes))
+}

@@ -247,6 +247,9 @@ func (s *Server) abort(st *stream) {
 		delete(s.streams, st.id)
 		s.eng.Abort(st.id)
 	}
+	// A prefill leg whose client left after it finished holds blocks nobody will
+	// pull: free them now.
+	s.eng.ReleaseHeld(st.id)
 	s.mu.Unlock()
 	if live {
 		s.metrics.success.WithLabelValues("abort").Inc()
