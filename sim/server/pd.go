@@ -377,6 +377,10 @@ func (s *Server) receiveKV(ctx context.Context, p *prepared) (bool, error) {
 		return false, err
 	}
 	s.metrics.kvFailures.WithLabelValues(le.reason).Inc()
+	// vLLM: kv_load_failure_policy "recompute" reschedules the request to compute the
+	// blocks, "fail" finishes it with an error. SGLang's decode aborts a request whose
+	// transfer failed with HTTP 500 (python/sglang/srt/disaggregation/decode.py,
+	// pop_transferred: prepare_abort(..., status_code=INTERNAL_SERVER_ERROR)).
 	if p.vllm != nil && s.cfg.PD.LoadFailurePolicy == PolicyRecompute {
 		s.log.Debug("KV load failed, recomputing the prompt", "error", err)
 		return false, nil
