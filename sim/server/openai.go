@@ -415,20 +415,8 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 			return nil, badRequest("stop_token_ids", "stop token id %d is out of vocabulary", id)
 		}
 	}
-	if p.vllm, err = parseKVTransferParams(req.KVTransferParams); err != nil {
+	if maxTokens, err = s.preparePD(p, &req, maxTokens); err != nil {
 		return nil, err
-	}
-	if mode := s.cfg.PD.SGLangMode; mode != "" {
-		if p.sglang, err = parseBootstrap(req.BootstrapHost, req.BootstrapPort, req.BootstrapRoom, mode == ModeDecode); err != nil {
-			return nil, err
-		}
-		if p.sglang != nil && mode == ModePrefill {
-			// An SGLang prefill server emits the first token only; the decode
-			// server generates the rest.
-			one := 1
-			maxTokens = &one
-			p.holdKey = roomKey(p.sglang.room)
-		}
 	}
 	gp := genParams{
 		limit:        maxLen - len(p.prompt),
@@ -445,6 +433,29 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 	}
 	p.gen = s.vocab.generate(gp)
 	return p, nil
+}
+
+// preparePD parses the disaggregation fields (see pd.go) and returns the request's
+// max_tokens: 1 on an SGLang prefill leg, which emits the first token only (the
+// decode server generates the rest).
+func (s *Server) preparePD(p *prepared, req *apiRequest, maxTokens *int) (*int, error) {
+	var err error
+	if p.vllm, err = parseKVTransferParams(req.KVTransferParams); err != nil {
+		return nil, err
+	}
+	mode := s.cfg.PD.SGLangMode
+	if mode == "" {
+		return maxTokens, nil
+	}
+	if p.sglang, err = parseBootstrap(req.BootstrapHost, req.BootstrapPort, req.BootstrapRoom, mode == ModeDecode); err != nil {
+		return nil, err
+	}
+	if p.sglang != nil && mode == ModePrefill {
+		p.holdKey = roomKey(p.sglang.room)
+		one := 1
+		return &one, nil
+	}
+	return maxTokens, nil
 }
 
 // requestRNG seeds a request's random source. A seed, or temperature 0 (greedy),
