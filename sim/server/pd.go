@@ -319,8 +319,8 @@ func (s *Server) pullKV(ctx context.Context, addr string, req pullRequest) (int,
 	if pr.NumBlocks < 0 || pr.BlockSize < 0 || pr.BytesPerToken < 0 || pr.NumTokens < 0 {
 		return 0, &kvLoadError{"invalid_response", errors.New("negative sizes")}
 	}
-	bytes := float64(pr.NumBlocks) * float64(pr.BlockSize) * float64(pr.BytesPerToken)
-	d := time.Duration(bytes / s.cfg.PD.LinkBytesPerSec * float64(time.Second))
+	size := float64(pr.NumBlocks) * float64(pr.BlockSize) * float64(pr.BytesPerToken)
+	d := time.Duration(size / s.cfg.PD.LinkBytesPerSec * float64(time.Second))
 	if err := s.sleepSim(ctx, d); err != nil {
 		return 0, &kvLoadError{"aborted", err}
 	}
