@@ -242,6 +242,44 @@ func IsGPUEngine(engine string) bool {
 // Disaggregated reports whether the role is one half of a prefill/decode pair.
 func (c TaskConfig) Disaggregated() bool { return c.Role == RolePrefill || c.Role == RoleDecode }
 
+// SGLangStyleSim reports whether a disaggregated sim runs SGLang's protocol
+// (bootstrap_port set: --disaggregation-mode and bootstrap rooms) instead of
+// vLLM's NIXL handshake (nixl_side_channel_port set).
+func (c TaskConfig) SGLangStyleSim() bool {
+	return c.Engine == EngineSim && c.Disaggregated() && c.BootstrapPort != ""
+}
+
+// checkDisaggPorts checks nixl_side_channel_port and bootstrap_port: vLLM halves
+// need the side channel, SGLang prefill servers the bootstrap port, and sim halves
+// one of the two, which selects the protocol it serves.
+func (c TaskConfig) checkDisaggPorts() []error {
+	var errs []error
+	if c.Engine == EngineSim && c.Disaggregated() {
+		switch {
+		case c.NIXLSideChannelPort == "" && c.BootstrapPort == "":
+			errs = append(errs, fieldErr("nixl_side_channel_port", "role %q on engine sim needs a port label: nixl_side_channel_port (vLLM's NIXL protocol) or bootstrap_port (SGLang's)", c.Role))
+		case c.NIXLSideChannelPort != "" && c.BootstrapPort != "":
+			errs = append(errs, fieldErr("bootstrap_port", "engine sim serves one protocol: set nixl_side_channel_port (vLLM) or bootstrap_port (SGLang), not both"))
+		}
+		return errs
+	}
+	usesNIXLSideChannel := c.Disaggregated() && c.Engine == EngineVLLM
+	if usesNIXLSideChannel && c.NIXLSideChannelPort == "" {
+		errs = append(errs, fieldErr("nixl_side_channel_port", "role %q on engine %s transfers KV over NIXL and needs a port label for its side channel", c.Role, c.Engine))
+	}
+	if !usesNIXLSideChannel && c.NIXLSideChannelPort != "" {
+		errs = append(errs, fieldErr("nixl_side_channel_port", "only used by vllm/sim with role prefill or decode"))
+	}
+	usesBootstrap := c.Engine == EngineSGLang && c.Role == RolePrefill
+	if usesBootstrap && c.BootstrapPort == "" {
+		errs = append(errs, fieldErr("bootstrap_port", "sglang prefill servers need a port label for --disaggregation-bootstrap-port"))
+	}
+	if !usesBootstrap && c.BootstrapPort != "" {
+		errs = append(errs, fieldErr("bootstrap_port", "only used by sglang with role prefill, or by sim with role prefill or decode"))
+	}
+	return errs
+}
+
 // HealthTimeoutOrDefault is how long the driver waits for the engine's
 // health endpoint before reporting "health failing" (default 15 minutes:
 // large models take long to load).
@@ -394,19 +432,8 @@ func (c TaskConfig) Validate() error {
 	}
 
 	// Disaggregation ports.
-	usesNIXLSideChannel := c.Disaggregated() && (c.Engine == EngineVLLM || c.Engine == EngineSim)
-	if usesNIXLSideChannel && c.NIXLSideChannelPort == "" {
-		add(fieldErr("nixl_side_channel_port", "role %q on engine %s transfers KV over NIXL and needs a port label for its side channel", c.Role, c.Engine))
-	}
-	if !usesNIXLSideChannel && c.NIXLSideChannelPort != "" {
-		add(fieldErr("nixl_side_channel_port", "only used by vllm/sim with role prefill or decode"))
-	}
-	usesBootstrap := c.Engine == EngineSGLang && c.Role == RolePrefill
-	if usesBootstrap && c.BootstrapPort == "" {
-		add(fieldErr("bootstrap_port", "sglang prefill servers need a port label for --disaggregation-bootstrap-port"))
-	}
-	if !usesBootstrap && c.BootstrapPort != "" {
-		add(fieldErr("bootstrap_port", "only used by sglang with role prefill"))
+	for _, err := range c.checkDisaggPorts() {
+		add(err)
 	}
 
 	if c.HealthTimeout != "" {

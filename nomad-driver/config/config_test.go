@@ -51,3 +51,29 @@ func Matrix() string {
 	}
 	return b.String()
 }
+
+// A disaggregated sim needs one protocol's port: nixl_side_channel_port (vLLM) or
+// bootstrap_port (SGLang), on either role.
+func TestSimDisaggPorts(t *testing.T) {
+	base := TaskConfig{Engine: EngineSim, Model: "m", Port: "http", KVEvents: new(bool)}
+	for _, tc := range []struct {
+		role, nixl, bootstrap, err string
+	}{
+		{RolePrefill, "nixl", "", ""},
+		{RoleDecode, "", "bootstrap", ""},
+		{RolePrefill, "", "bootstrap", ""},
+		{RoleDecode, "", "", "nixl_side_channel_port: role \"decode\" on engine sim needs a port label"},
+		{RolePrefill, "nixl", "bootstrap", "bootstrap_port: engine sim serves one protocol"},
+		{RoleBoth, "", "bootstrap", "bootstrap_port: only used by sglang with role prefill, or by sim"},
+	} {
+		c := base
+		c.Role, c.NIXLSideChannelPort, c.BootstrapPort = tc.role, tc.nixl, tc.bootstrap
+		err := c.Normalize().Validate()
+		if tc.err == "" {
+			must.NoError(t, err, must.Sprintf("%+v", tc))
+			must.Eq(t, tc.bootstrap != "", c.SGLangStyleSim())
+		} else {
+			must.ErrorContains(t, err, tc.err)
+		}
+	}
+}

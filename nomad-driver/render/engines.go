@@ -71,7 +71,12 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 	a = append(a, "--block-size", itoa(c.BlockSize))
 
 	var conns []connector
-	if c.Disaggregated() {
+	if c.SGLangStyleSim() {
+		// oasis-sim speaks SGLang's protocol with SGLang's flags (bootstrap rooms
+		// instead of kv_transfer_params); a decode sim accepts and ignores the port.
+		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", "nixl",
+			"--disaggregation-bootstrap-port", itoa(in.Ports[c.BootstrapPort].Value))
+	} else if c.Disaggregated() {
 		// Both halves of a P/D pair run NIXL as kv_both; the proxy's
 		// kv_transfer_params decide who sends and who receives.
 		conns = append(conns, connector{KVConnector: "NixlConnector", KVRole: "kv_both"})

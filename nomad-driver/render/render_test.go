@@ -207,6 +207,16 @@ func TestRenderCases(t *testing.T) {
 			c.KVEventsReplayPort = "replay"
 			return testInput(c)
 		}},
+		{"sim-sglang-prefill", func() Input {
+			c := baseConfig("sim", "none", "prefill")
+			c.NIXLSideChannelPort, c.BootstrapPort = "", "bootstrap"
+			return testInput(c)
+		}},
+		{"sim-sglang-decode", func() Input {
+			c := baseConfig("sim", "nixl", "decode")
+			c.NIXLSideChannelPort, c.BootstrapPort = "", "bootstrap"
+			return testInput(c)
+		}},
 		{"sim-events-replay-any", func() Input {
 			c := baseConfig("sim", "none", "both")
 			c.KVEventsReplayPort = "replay"

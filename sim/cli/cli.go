@@ -46,8 +46,15 @@ type Options struct {
 	Power            engine.PowerModel
 	KVEvents         *kvevents.PublisherConfig
 	KVTransfer       json.RawMessage
-	APIKey           string
-	LogLevel         string
+	// PD is the disaggregated prefill/decode setup: --kv-transfer-config's engine_id
+	// and kv_load_failure_policy, SGLang's --disaggregation-mode, the KV link flags
+	// and, from the environment (FromEnv), vLLM's NIXL side channel.
+	PD server.PDConfig
+	// BootstrapPort is SGLang's --disaggregation-bootstrap-port (default 8998, as
+	// SGLang): a prefill-mode sim serves its side channel there.
+	BootstrapPort int
+	APIKey        string
+	LogLevel      string
 	// Ignored lists accepted flags that oasis-sim does not model, with their values.
 	Ignored []string
 
@@ -172,12 +179,46 @@ func specs() map[string]flagSpec {
 			o.Speed = f
 			return err
 		}},
-		"step-time-base":              {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.StepBase, v) }},
-		"step-time-per-prefill-token": {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerPrefillToken, v) }},
-		"step-time-per-decode-seq":    {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerDecodeSeq, v) }},
-		"step-time-per-loaded-token":  {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerLoadedToken, v) }},
-		"power-idle-watts":            {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.IdleWatts, v) }},
-		"power-watts-per-util":        {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.WattsPerUtil, v) }},
+		"kv-link-gbps": {kFloat, func(o *Options, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil && f <= 0 {
+				err = errors.New("must be positive")
+			}
+			o.PD.LinkBytesPerSec = f * 1e9 / 8
+			return err
+		}},
+		"kv-bytes-per-token": {kInt, func(o *Options, v string) error {
+			n, err := atoiRange(v, 1, 1<<30)
+			o.PD.BytesPerToken = n
+			return err
+		}},
+		"kv-hold-timeout": {kDuration, func(o *Options, v string) error { return setPositiveDur(&o.PD.HoldTimeout, v) }},
+		"kv-wait-timeout": {kDuration, func(o *Options, v string) error { return setPositiveDur(&o.PD.WaitTimeout, v) }},
+		// SGLang's disaggregation flags (python/sglang/srt/server_args.py).
+		"disaggregation-mode": {kString, func(o *Options, v string) error {
+			switch v {
+			case "null":
+				o.PD.SGLangMode = ""
+			case server.ModePrefill, server.ModeDecode:
+				o.PD.SGLangMode = v
+			default:
+				return errors.New(`must be "null", "prefill" or "decode"`)
+			}
+			return nil
+		}},
+		"disaggregation-bootstrap-port": {kInt, func(o *Options, v string) error {
+			n, err := atoiRange(v, 1, 65535)
+			o.BootstrapPort = n
+			return err
+		}},
+		"disaggregation-transfer-backend": {kString, nil},
+		"disaggregation-ib-device":        {kString, nil},
+		"step-time-base":                  {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.StepBase, v) }},
+		"step-time-per-prefill-token":     {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerPrefillToken, v) }},
+		"step-time-per-decode-seq":        {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerDecodeSeq, v) }},
+		"step-time-per-loaded-token":      {kDuration, func(o *Options, v string) error { return setDur(&o.Engine.Timing.PerLoadedToken, v) }},
+		"power-idle-watts":                {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.IdleWatts, v) }},
+		"power-watts-per-util":            {kFloat, func(o *Options, v string) error { return setNonNeg(&o.Power.WattsPerUtil, v) }},
 		"kv-events-layout": {kString, func(o *Options, v string) error {
 			switch v {
 			case "map":
@@ -239,6 +280,16 @@ func setDur(d *time.Duration, v string) error {
 	return err
 }
 
+func setPositiveDur(d *time.Duration, v string) error {
+	if err := setDur(d, v); err != nil {
+		return err
+	}
+	if *d <= 0 {
+		return errors.New("must be positive")
+	}
+	return nil
+}
+
 func setNonNeg(f *float64, v string) error {
 	x, err := strconv.ParseFloat(v, 64)
 	if err == nil && x < 0 {
@@ -294,8 +345,10 @@ type kvEventsConfig struct {
 
 // kvConnector is the part of vLLM's KVTransferConfig oasis-sim reads.
 type kvConnector struct {
-	KVConnector string `json:"kv_connector"`
-	Extra       struct {
+	KVConnector         string `json:"kv_connector"`
+	EngineID            string `json:"engine_id"`
+	KVLoadFailurePolicy string `json:"kv_load_failure_policy"`
+	Extra               struct {
 		CPUBytesToUse float64       `json:"cpu_bytes_to_use"`
 		Connectors    []kvConnector `json:"connectors"`
 	} `json:"kv_connector_extra_config"`
@@ -309,6 +362,13 @@ func setKVTransfer(o *Options, v string) error {
 		return fmt.Errorf("not a KV transfer config object: %w", err)
 	}
 	o.KVTransfer = json.RawMessage(v)
+	o.PD.EngineID = c.EngineID
+	switch c.KVLoadFailurePolicy {
+	case "", server.PolicyFail, server.PolicyRecompute:
+		o.PD.LoadFailurePolicy = c.KVLoadFailurePolicy
+	default:
+		return fmt.Errorf("kv_load_failure_policy %q: must be %q or %q", c.KVLoadFailurePolicy, server.PolicyRecompute, server.PolicyFail)
+	}
 	var walk func(c kvConnector)
 	walk = func(c kvConnector) {
 		if c.KVConnector == "OffloadingConnector" && c.Extra.CPUBytesToUse > 0 {
@@ -355,7 +415,7 @@ func setKVEvents(o *Options, v string) error {
 
 // Parse parses the arguments after "serve".
 func Parse(args []string) (*Options, error) {
-	o := &Options{Host: "127.0.0.1", Port: 8000, Speed: 1, LogLevel: "info", gpuUtil: 0.9, Power: engine.DefaultPower}
+	o := &Options{Host: "127.0.0.1", Port: 8000, Speed: 1, LogLevel: "info", gpuUtil: 0.9, Power: engine.DefaultPower, BootstrapPort: 8998}
 	o.Engine.Timing = engine.DefaultTiming // the step-time flags override single terms
 	sp := specs()
 	var positional []string
@@ -492,6 +552,22 @@ func Parse(args []string) (*Options, error) {
 	return o, nil
 }
 
+// FromEnv reads vLLM's NIXL side-channel settings, VLLM_NIXL_SIDE_CHANNEL_HOST
+// (default: --host) and VLLM_NIXL_SIDE_CHANNEL_PORT (default 5600, as vLLM's
+// vllm/envs.py): with a --kv-transfer-config the sim serves its side channel there.
+func (o *Options) FromEnv(getenv func(string) string) error {
+	o.PD.SideChannelHost = getenv("VLLM_NIXL_SIDE_CHANNEL_HOST")
+	o.PD.SideChannelPort = 5600
+	if v := getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); v != "" {
+		n, err := atoiRange(v, 1, 65535)
+		if err != nil {
+			return fmt.Errorf("invalid VLLM_NIXL_SIDE_CHANNEL_PORT %q: %w", v, err)
+		}
+		o.PD.SideChannelPort = n
+	}
+	return nil
+}
+
 // notModelled are flags that are parsed and validated but change nothing.
 var notModelled = map[string]bool{
 	"tensor-parallel-size": true, "tp": true, "pipeline-parallel-size": true, "data-parallel-size": true,
@@ -545,6 +621,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	o, err := Parse(args[1:])
+	if err == nil {
+		err = o.FromEnv(os.Getenv)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "oasis-sim: %v\n", err)
 		return 2
@@ -582,16 +661,29 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 		return fmt.Errorf("max model len %d is larger than the KV cache (%d tokens in %d blocks): raise --num-gpu-blocks or lower --max-model-len",
 			maxLen, capacity, o.Engine.NumGPUBlocks)
 	}
+	sideLn, err := listenSideChannel(o)
+	if err != nil {
+		return err
+	}
+	if sideLn != nil {
+		defer sideLn.Close()
+	}
 	cfg := server.Config{
 		Model: o.Model, ServedModelNames: o.ServedModelNames, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
 		Engine: o.Engine, Power: o.Power, KVEvents: o.KVEvents, KVTransfer: len(o.KVTransfer) > 0,
-		Host: o.Host, Version: Version, Logger: log, APIKey: o.APIKey,
+		Host: o.Host, Version: Version, Logger: log, APIKey: o.APIKey, PD: o.PD,
 	}
 	srv, err := server.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
+	if sideLn != nil {
+		side := &http.Server{Handler: srv.SideChannel(), ReadHeaderTimeout: 30 * time.Second}
+		go func() { _ = side.Serve(sideLn) }()
+		defer side.Close()
+		log.Info("serving the KV side channel", "addr", sideLn.Addr().String())
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, strconv.Itoa(o.Port)))
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
@@ -618,6 +710,31 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 	defer cancel()
 	_ = hs.Shutdown(sctx)
 	return nil
+}
+
+// listenSideChannel binds the KV side channel: vLLM's NIXL side channel when a
+// --kv-transfer-config is set, SGLang's bootstrap port in --disaggregation-mode
+// prefill; nil otherwise. It records the bound port in o.PD.SideChannelPort.
+func listenSideChannel(o *Options) (net.Listener, error) {
+	var host string
+	var port int
+	switch {
+	case o.PD.SGLangMode == server.ModePrefill:
+		host, port = o.Host, o.BootstrapPort
+	case o.PD.SGLangMode == "" && len(o.KVTransfer) > 0:
+		host, port = o.PD.SideChannelHost, o.PD.SideChannelPort
+		if host == "" {
+			host = o.Host
+		}
+	default:
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("listening on the KV side channel: %w", err)
+	}
+	o.PD.SideChannelPort = ln.Addr().(*net.TCPAddr).Port
+	return ln, nil
 }
 
 const usage = `usage: oasis-sim serve MODEL [flags]     (flags as vllm serve; see sim/README.md)

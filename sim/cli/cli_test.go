@@ -3,9 +3,12 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +129,13 @@ func TestParseErrorsNameTheFlag(t *testing.T) {
 		{[]string{"m", "--port"}, "--port"},
 		{[]string{"m", "--served-model-name"}, "--served-model-name"},
 		{[]string{"m", "--no-enable-prefix-caching=maybe"}, "--no-enable-prefix-caching"},
+		{[]string{"m", "--kv-link-gbps", "0"}, "--kv-link-gbps"},
+		{[]string{"m", "--kv-bytes-per-token", "big"}, "--kv-bytes-per-token"},
+		{[]string{"m", "--kv-hold-timeout", "0s"}, "--kv-hold-timeout"},
+		{[]string{"m", "--kv-wait-timeout", "5"}, "--kv-wait-timeout"},
+		{[]string{"m", "--disaggregation-mode", "both"}, "--disaggregation-mode"},
+		{[]string{"m", "--disaggregation-bootstrap-port", "0"}, "--disaggregation-bootstrap-port"},
+		{[]string{"m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_load_failure_policy":"retry"}`}, "--kv-transfer-config"},
 	}
 	for _, c := range cases {
 		_, err := Parse(c.args)
@@ -189,4 +199,97 @@ func (o *Options) IgnoredFlagNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+func TestParsePDFlags(t *testing.T) {
+	o, err := Parse([]string{"m", "--kv-link-gbps", "100", "--kv-bytes-per-token", "65536", "--kv-hold-timeout", "2m",
+		"--kv-wait-timeout", "30s", "--disaggregation-mode", "decode", "--disaggregation-bootstrap-port", "9000",
+		"--disaggregation-transfer-backend", "nixl",
+		"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both","engine_id":"e1","kv_load_failure_policy":"recompute"}`})
+	must.NoError(t, err)
+	must.Eq(t, 12.5e9, o.PD.LinkBytesPerSec)
+	must.Eq(t, 65536, o.PD.BytesPerToken)
+	must.Eq(t, 2*time.Minute, o.PD.HoldTimeout)
+	must.Eq(t, 30*time.Second, o.PD.WaitTimeout)
+	must.Eq(t, "decode", o.PD.SGLangMode)
+	must.Eq(t, 9000, o.BootstrapPort)
+	must.Eq(t, "e1", o.PD.EngineID)
+	must.Eq(t, "recompute", o.PD.LoadFailurePolicy)
+
+	env := map[string]string{"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.9", "VLLM_NIXL_SIDE_CHANNEL_PORT": "20003"}
+	must.NoError(t, o.FromEnv(func(k string) string { return env[k] }))
+	must.Eq(t, "10.0.0.9", o.PD.SideChannelHost)
+	must.Eq(t, 20003, o.PD.SideChannelPort)
+	env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = "nixl"
+	must.ErrorContains(t, o.FromEnv(func(k string) string { return env[k] }), "VLLM_NIXL_SIDE_CHANNEL_PORT")
+
+	o, err = Parse([]string{"m"})
+	must.NoError(t, err)
+	must.NoError(t, o.FromEnv(func(string) string { return "" }))
+	must.Eq(t, 5600, o.PD.SideChannelPort) // vLLM's default
+	must.Eq(t, 8998, o.BootstrapPort)      // SGLang's default
+}
+
+// serve starts Serve on a free port and returns its API address.
+func serve(t *testing.T, o *Options) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, o, hclog.NewNullLogger(), ready) }()
+	var addr net.Addr
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	}
+	t.Cleanup(func() { cancel(); <-done })
+	return "http://" + addr.String()
+}
+
+func postJSON(t *testing.T, url, body string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// Two sims started as the driver starts them move KV over the side channel Serve opens.
+func TestServeSideChannels(t *testing.T) {
+	args := []string{"m", "--port", "0", "--num-gpu-blocks", "100", "--speed", "0",
+		"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`}
+	p, err := Parse(args)
+	must.NoError(t, err)
+	p.PD.SideChannelPort = 0 // any free port (the driver renders VLLM_NIXL_SIDE_CHANNEL_PORT)
+	d, err := Parse(args)
+	must.NoError(t, err)
+	d.PD.SideChannelPort = 0
+	purl, durl := serve(t, p), serve(t, d)
+	code, pre := postJSON(t, purl+"/v1/completions", `{"prompt":"hello there","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`)
+	must.Eq(t, 200, code)
+	kv, err := json.Marshal(pre["kv_transfer_params"])
+	must.NoError(t, err)
+	must.StrNotContains(t, string(kv), `"remote_port":0`)
+	code, out := postJSON(t, durl+"/v1/completions", `{"prompt":"hello there","max_tokens":3,"kv_transfer_params":`+string(kv)+`}`)
+	must.Eq(t, 200, code, must.Sprintf("%v", out))
+
+	// SGLang: a prefill-mode sim serves its bootstrap port.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	sp, err := Parse([]string{"m", "--port", "0", "--num-gpu-blocks", "100", "--speed", "0",
+		"--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", strconv.Itoa(port)})
+	must.NoError(t, err)
+	sd, err := Parse([]string{"m", "--port", "0", "--num-gpu-blocks", "100", "--speed", "0", "--disaggregation-mode", "decode"})
+	must.NoError(t, err)
+	spurl, sdurl := serve(t, sp), serve(t, sd)
+	leg := fmt.Sprintf(`{"prompt":"hello there","max_tokens":3,"bootstrap_host":"127.0.0.1","bootstrap_port":%d,"bootstrap_room":42}`, port)
+	code, _ = postJSON(t, spurl+"/v1/completions", leg)
+	must.Eq(t, 200, code)
+	code, out = postJSON(t, sdurl+"/v1/completions", leg)
+	must.Eq(t, 200, code, must.Sprintf("%v", out))
 }

@@ -163,6 +163,10 @@ type Request struct {
 	// RemotePrefill marks a disaggregated decode request whose prompt KV arrives from a
 	// prefill engine: its prompt occupies blocks but costs no prefill compute.
 	RemotePrefill bool
+	// HoldKV keeps the request's blocks allocated after it finishes, for a decode
+	// engine to read (vLLM NixlConnector's delay_free_blocks on a prefill leg): they
+	// stay until ReleaseHeld. HeldBlocks returns their ids.
+	HoldKV bool
 }
 
 // Output is one token produced by a step.
@@ -200,8 +204,10 @@ type StepResult struct {
 type Stats struct {
 	Running, Waiting int
 	// KVUsage is the fraction of blocks not free (vLLM's kv_cache_usage_perc, 0..1).
-	KVUsage       float64
-	UsedBlocks    int
+	KVUsage    float64
+	UsedBlocks int
+	// HeldBlocks are kept by finished HoldKV requests for a decode engine.
+	HeldBlocks    int
 	CachedBlocks  int
 	NumGPUBlocks  int
 	PrefixQueries uint64 // prompt tokens looked up in the prefix cache
@@ -259,6 +265,7 @@ type Engine struct {
 	stats   Stats
 	res     StepResult
 	sched   []scheduled
+	held    map[string][]int32 // finished HoldKV requests' blocks
 }
 
 type scheduled struct {
@@ -341,9 +348,35 @@ func removeSeq(list []*sequence, s *sequence) []*sequence {
 }
 
 func (e *Engine) finish(s *sequence) {
-	e.pool.release(s.blocks)
-	s.blocks = s.blocks[:0]
+	if s.req.HoldKV && s.state == stateRunning && s.numOut == len(s.req.Output) {
+		if e.held == nil {
+			e.held = make(map[string][]int32)
+		}
+		e.held[s.req.ID] = s.blocks
+		s.blocks = nil
+	} else {
+		e.pool.release(s.blocks)
+		s.blocks = s.blocks[:0]
+	}
 	delete(e.seqs, s.req.ID)
+}
+
+// HeldBlocks returns the block ids a finished HoldKV request still holds.
+func (e *Engine) HeldBlocks(id string) ([]int32, bool) {
+	b, ok := e.held[id]
+	return b, ok
+}
+
+// ReleaseHeld frees a finished HoldKV request's blocks (the decode engine read them,
+// or the hold timed out). It reports whether the request held any.
+func (e *Engine) ReleaseHeld(id string) bool {
+	b, ok := e.held[id]
+	if !ok {
+		return false
+	}
+	delete(e.held, id)
+	e.pool.release(b)
+	return true
 }
 
 // HasWork reports whether a Step would schedule anything.
@@ -353,6 +386,9 @@ func (e *Engine) HasWork() bool { return len(e.running) > 0 || len(e.waiting) > 
 func (e *Engine) Stats() Stats {
 	st := e.stats
 	st.Running, st.Waiting = len(e.running), len(e.waiting)
+	for _, b := range e.held {
+		st.HeldBlocks += len(b)
+	}
 	st.NumGPUBlocks = e.cfg.NumGPUBlocks
 	st.UsedBlocks = e.cfg.NumGPUBlocks - e.pool.numFree
 	st.KVUsage = float64(st.UsedBlocks) / float64(e.cfg.NumGPUBlocks)

@@ -520,3 +520,40 @@ func TestDiskTier(t *testing.T) {
 	must.True(t, e.cpu.has(ha0))
 	assertNoLeak(t, e)
 }
+
+// A HoldKV request keeps its blocks after finishing until ReleaseHeld.
+func TestHoldKV(t *testing.T) {
+	e, err := New(Config{BlockSize: 4, NumGPUBlocks: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	if err := e.Submit(&Request{ID: "p", Prompt: prompt, Output: []int32{1}, HoldKV: true}); err != nil {
+		t.Fatal(err)
+	}
+	for e.HasWork() {
+		e.Step()
+	}
+	blocks, ok := e.HeldBlocks("p")
+	if !ok || len(blocks) != 3 {
+		t.Fatalf("held blocks %v, %v; want 3", blocks, ok)
+	}
+	if st := e.Stats(); st.HeldBlocks != 3 || st.UsedBlocks != 3 {
+		t.Fatalf("stats %+v: want 3 held and used", st)
+	}
+	if !e.ReleaseHeld("p") || e.ReleaseHeld("p") {
+		t.Fatal("ReleaseHeld: want true once")
+	}
+	if st := e.Stats(); st.HeldBlocks != 0 || st.UsedBlocks != 0 {
+		t.Fatalf("stats %+v after release", st)
+	}
+	// An aborted HoldKV request holds nothing.
+	if err := e.Submit(&Request{ID: "a", Prompt: prompt, Output: []int32{1, 2}, HoldKV: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.Step()
+	e.Abort("a")
+	if _, ok := e.HeldBlocks("a"); ok {
+		t.Fatal("aborted request holds blocks")
+	}
+}

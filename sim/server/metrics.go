@@ -16,6 +16,21 @@ type metrics struct {
 	success      *prometheus.CounterVec
 	promptHist   prometheus.Observer
 	genHist      prometheus.Observer
+	// Disaggregated prefill/decode.
+	promptBySource *prometheus.CounterVec // source: local | remote
+	kvBlocks       *prometheus.CounterVec // direction: sent | received
+	kvSeconds      prometheus.Observer
+	kvFailures     *prometheus.CounterVec // reason
+}
+
+// kvTransferBuckets span a few blocks over a fast link to long prompts over a slow one.
+var kvTransferBuckets = []float64{0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+func sourceLabel(remote bool) string {
+	if remote {
+		return "remote"
+	}
+	return "local"
 }
 
 var (
@@ -54,6 +69,19 @@ func newMetrics(s *Server) *metrics {
 	for _, r := range []string{"stop", "length", "abort"} {
 		m.success.WithLabelValues(r)
 	}
+	m.kvSeconds = hist("oasis_sim_kv_transfer_seconds", "Simulated KV transfer time of decode legs whose prompt KV came from a prefill engine.", kvTransferBuckets)
+	vec := func(name, help, label string, values ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, []string{label})
+		reg.MustRegister(v)
+		for _, x := range values {
+			v.WithLabelValues(x)
+		}
+		return v
+	}
+	m.promptBySource = vec("oasis_sim_prompt_tokens_total", "Prompt tokens of finished requests by where their KV came from: computed here (local) or transferred from a prefill engine (remote).", "source", "local", "remote")
+	m.kvBlocks = vec("oasis_sim_kv_transfer_blocks_total", "KV blocks transferred between engines: sent (pulled from this prefill engine) or received (by this decode engine).", "direction", "sent", "received")
+	m.kvFailures = vec("oasis_sim_kv_transfer_failures_total", "Failed KV transfers by reason: unreachable, not_found, mismatch, invalid_response on decode legs; expired (held KV nobody pulled) on prefill engines.", "reason",
+		"unreachable", "not_found", "mismatch", "invalid_response", "expired")
 	reg.MustRegister(&stateCollector{s: s, labels: labels})
 	return m
 }
@@ -96,6 +124,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g("oasis_sim_gpu_utilization", "Simulated GPU busy fraction over the last second (0..1).", util)
 	g("oasis_sim_power_watts", "Simulated GPU power draw: idle + watts-per-util × utilization.", c.s.cfg.Power.Watts(util))
 	g("oasis_sim_cached_blocks", "KV blocks currently registered in the prefix cache.", float64(st.CachedBlocks))
+	g("oasis_sim_kv_held_blocks", "KV blocks of finished prefill legs held for their decode legs.", float64(st.HeldBlocks))
 	if c.s.eng.Config().CPUBlocks > 0 {
 		g("oasis_sim_cpu_cached_blocks", "KV blocks held by the simulated CPU offloading tier.", float64(st.CPUCachedBlocks))
 		k("oasis_sim_cpu_cache_hits_total", "Prompt tokens loaded from the CPU offloading tier instead of recomputed.", float64(st.CPUHits))

@@ -96,7 +96,10 @@ type apiRequest struct {
 	SkipSpecialTokens      *bool           `json:"skip_special_tokens"`
 	AddGenerationPrompt    *bool           `json:"add_generation_prompt"`
 	AddSpecialTokens       *bool           `json:"add_special_tokens"`
-	KVTransferParams       map[string]any  `json:"kv_transfer_params"`
+	KVTransferParams       json.RawMessage `json:"kv_transfer_params"`
+	BootstrapHost          json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort          json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom          json.RawMessage `json:"bootstrap_room"`
 }
 
 type chatMessage struct {
@@ -304,19 +307,21 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 
 // prepared is a validated request ready to submit.
 type prepared struct {
-	chat          bool
-	model         string
-	prompt        []int32
-	promptText    string
-	gen           *generation
-	logprobs      bool
-	topLogprobs   int
-	stream        bool
-	includeUsage  bool
-	continuous    bool
-	echo          bool
-	remotePrefill bool
-	remoteDecode  bool
+	chat         bool
+	model        string
+	prompt       []int32
+	promptText   string
+	gen          *generation
+	logprobs     bool
+	topLogprobs  int
+	stream       bool
+	includeUsage bool
+	continuous   bool
+	echo         bool
+	vllm         *vllmKV          // kv_transfer_params
+	sglang       *sglangBootstrap // bootstrap_* fields
+	holdKey      string           // a prefill leg's KV is held under this key
+	kvOut        map[string]any   // kv_transfer_params of a vLLM prefill leg's answer
 }
 
 func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
@@ -410,9 +415,8 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 			return nil, badRequest("stop_token_ids", "stop token id %d is out of vocabulary", id)
 		}
 	}
-	if kv := req.KVTransferParams; kv != nil {
-		p.remoteDecode = kv["do_remote_decode"] == true
-		p.remotePrefill = kv["do_remote_prefill"] == true
+	if maxTokens, err = s.preparePD(p, &req, maxTokens); err != nil {
+		return nil, err
 	}
 	gp := genParams{
 		limit:        maxLen - len(p.prompt),
@@ -429,6 +433,29 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 	}
 	p.gen = s.vocab.generate(gp)
 	return p, nil
+}
+
+// preparePD parses the disaggregation fields (see pd.go) and returns the request's
+// max_tokens: 1 on an SGLang prefill leg, which emits the first token only (the
+// decode server generates the rest).
+func (s *Server) preparePD(p *prepared, req *apiRequest, maxTokens *int) (*int, error) {
+	var err error
+	if p.vllm, err = parseKVTransferParams(req.KVTransferParams); err != nil {
+		return nil, err
+	}
+	mode := s.cfg.PD.SGLangMode
+	if mode == "" {
+		return maxTokens, nil
+	}
+	if p.sglang, err = parseBootstrap(req.BootstrapHost, req.BootstrapPort, req.BootstrapRoom, mode == ModeDecode); err != nil {
+		return nil, err
+	}
+	if p.sglang != nil && mode == ModePrefill {
+		p.holdKey = roomKey(p.sglang.room)
+		one := 1
+		return &one, nil
+	}
+	return maxTokens, nil
 }
 
 // requestRNG seeds a request's random source. A seed, or temperature 0 (greedy),
@@ -463,12 +490,23 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		writeAPIError(w, err)
 		return
 	}
-	st, err := s.submit(p.prompt, p.gen, p.remotePrefill)
+	arrival := s.simTime()
+	remote, err := s.receiveKV(r.Context(), p)
+	if err != nil {
+		writeAPIError(w, err)
+		return
+	}
+	rid := requestID(r, chat)
+	if p.vllm != nil && p.vllm.remoteDecode && s.cfg.KVTransfer {
+		// Without a --kv-transfer-config vLLM ignores kv_transfer_params.
+		// Unique even when clients reuse X-Request-Id, as vLLM's internal ids are.
+		p.holdKey = reqKey(fmt.Sprintf("%s-%08x", rid, rand.Uint32()))
+	}
+	st, err := s.submit(p.prompt, p.gen, submitOpts{remote: remote, hold: p.holdKey != "", arrival: arrival})
 	if err != nil {
 		writeAPIError(w, badRequest(nil, "%v", err))
 		return
 	}
-	rid := requestID(r, chat)
 	w.Header().Set("X-Request-Id", rid)
 	if p.stream {
 		s.streamResponse(w, r, p, st, rid)
@@ -493,6 +531,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 			break
 		}
 	}
+	s.finishPrefill(p, st)
 	writeJSON(w, s.fullResponse(p, rid, cached))
 }
 
@@ -522,20 +561,29 @@ func mkUsage(prompt, completion, cached int) *usage {
 		PromptTokensDetails: map[string]int{"cached_tokens": cached}}
 }
 
-// kvParams is what a prefill leg returns for the decode leg, shaped like vLLM's
-// NixlConnector answer. oasis-sim moves no KV: the decode engine treats the prompt as
-// already computed.
-func (s *Server) kvParams(p *prepared) map[string]any {
-	if !p.remoteDecode {
-		return nil
+// finishPrefill holds a finished prefill leg's KV for its decode leg and, for vLLM,
+// builds the kv_transfer_params of the answer with the keys of NixlConnector's
+// request_finished (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py).
+func (s *Server) finishPrefill(p *prepared, st *stream) {
+	if p.holdKey == "" {
+		return
 	}
-	return map[string]any{
+	blocks := s.holdKV(p.holdKey, st, p.prompt)
+	if p.vllm == nil {
+		return
+	}
+	host := s.cfg.PD.SideChannelHost
+	if host == "" {
+		host = s.cfg.Host
+	}
+	p.kvOut = map[string]any{
 		"do_remote_prefill": true,
 		"do_remote_decode":  false,
-		"remote_block_ids":  []int{},
-		"remote_engine_id":  "oasis-sim-" + s.modelName,
-		"remote_host":       s.cfg.Host,
-		"remote_port":       0,
+		"remote_block_ids":  blocks,
+		"remote_engine_id":  s.cfg.PD.EngineID,
+		"remote_request_id": strings.TrimPrefix(p.holdKey, "req:"),
+		"remote_host":       host,
+		"remote_port":       s.cfg.PD.SideChannelPort,
 		"tp_size":           1,
 	}
 }
@@ -551,7 +599,7 @@ func (s *Server) fullResponse(p *prepared, rid string, cached int) map[string]an
 		}
 		return map[string]any{
 			"id": rid, "object": "chat.completion", "created": s.created, "model": p.model,
-			"choices": []any{choice}, "usage": u, "prompt_logprobs": nil, "kv_transfer_params": s.kvParams(p),
+			"choices": []any{choice}, "usage": u, "prompt_logprobs": nil, "kv_transfer_params": p.kvOut,
 		}
 	}
 	text := g.text
@@ -564,7 +612,7 @@ func (s *Server) fullResponse(p *prepared, rid string, cached int) map[string]an
 	}
 	return map[string]any{
 		"id": rid, "object": "text_completion", "created": s.created, "model": p.model,
-		"choices": []any{choice}, "usage": u, "kv_transfer_params": s.kvParams(p),
+		"choices": []any{choice}, "usage": u, "kv_transfer_params": p.kvOut,
 	}
 }
 
@@ -724,6 +772,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 			break
 		}
 	}
+	s.finishPrefill(p, st)
 	if p.includeUsage {
 		writeChunk(nil, mkUsage(len(p.prompt), len(g.tokens), cached))
 	}

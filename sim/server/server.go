@@ -39,8 +39,12 @@ type Config struct {
 	// KVTransfer is set when a --kv-transfer-config connector is configured: prefill
 	// legs then answer with kv_transfer_params.
 	KVTransfer bool
-	// Host is what kv_transfer_params report as remote_host.
-	Host    string
+	// Host is what kv_transfer_params report as remote_host unless
+	// PD.SideChannelHost is set.
+	Host string
+	// PD configures disaggregated prefill/decode (vLLM's NIXL handshake, SGLang's
+	// bootstrap rooms) and the KV transfer model.
+	PD      PDConfig
 	Version string
 	// APIKey, when set, is required as "Authorization: Bearer KEY" on /v1 endpoints
 	// (vLLM's --api-key); it is never logged.
@@ -68,6 +72,9 @@ type Server struct {
 	stepClock time.Duration // simulated time at speed 0: the sum of step durations
 	busy      engine.BusyTracker
 	wake      chan struct{}
+
+	kv     *kvStore     // prefill legs' KV held for decode legs
+	client *http.Client // decode legs' side-channel pulls
 }
 
 // stream is one in-flight request as the driver sees it.
@@ -77,6 +84,7 @@ type stream struct {
 	arrival time.Duration // simulated time
 	last    time.Duration
 	prompt  int
+	remote  bool // the prompt's KV came from a prefill engine
 
 	mu     sync.Mutex
 	outs   []engine.Output
@@ -129,6 +137,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.PD.fill(); err != nil {
+		return nil, err
+	}
 	if cfg.MaxModelLen <= 0 {
 		cfg.MaxModelLen = 8192
 	}
@@ -144,6 +155,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		eng:       eng,
 		streams:   map[string]*stream{},
 		wake:      make(chan struct{}, 1),
+		kv:        newKVStore(),
+		client:    &http.Client{},
 	}
 	for _, n := range cfg.ServedModelNames {
 		s.served[n] = true
@@ -189,16 +202,30 @@ func (s *Server) snapshot() (engine.Stats, float64) {
 	return s.eng.Stats(), s.busy.Utilization(s.simNow())
 }
 
+// simTime is the simulated time now.
+func (s *Server) simTime() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.simNow()
+}
+
+// submitOpts are a request's disaggregation settings.
+type submitOpts struct {
+	remote  bool          // the prompt's KV arrived from a prefill engine
+	hold    bool          // keep the KV for a decode engine (a prefill leg)
+	arrival time.Duration // simulated arrival, before any KV transfer
+}
+
 // submit registers a request with the engine and returns its stream.
-func (s *Server) submit(prompt []int32, gen *generation, remotePrefill bool) (*stream, error) {
+func (s *Server) submit(prompt []int32, gen *generation, o submitOpts) (*stream, error) {
 	s.mu.Lock()
 	s.nextID++
 	id := strconv.FormatUint(s.nextID, 36)
-	st := &stream{id: id, gen: gen, prompt: len(prompt), signal: make(chan struct{}, 1)}
-	err := s.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: gen.tokens, RemotePrefill: remotePrefill})
+	st := &stream{id: id, gen: gen, prompt: len(prompt), remote: o.remote, signal: make(chan struct{}, 1)}
+	err := s.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: gen.tokens, RemotePrefill: o.remote, HoldKV: o.hold})
 	if err == nil {
-		st.arrival = s.simNow()
-		st.last = st.arrival
+		st.arrival = min(o.arrival, s.simNow())
+		st.last = s.simNow()
 		s.streams[id] = st
 	}
 	s.mu.Unlock()
@@ -220,6 +247,9 @@ func (s *Server) abort(st *stream) {
 		delete(s.streams, st.id)
 		s.eng.Abort(st.id)
 	}
+	// A prefill leg whose client left after it finished holds blocks nobody will
+	// pull: free them now.
+	s.eng.ReleaseHeld(st.id)
 	s.mu.Unlock()
 	if live {
 		s.metrics.success.WithLabelValues("abort").Inc()
@@ -312,6 +342,7 @@ func (s *Server) deliver(outs []engine.Output, dsts []*stream) {
 		if o.Finished {
 			m.e2e.Observe((now - st.arrival).Seconds())
 			m.promptTokens.Add(float64(st.prompt))
+			m.promptBySource.WithLabelValues(sourceLabel(st.remote)).Add(float64(st.prompt))
 			m.genTokens.Add(float64(o.Index + 1))
 			m.promptHist.Observe(float64(st.prompt))
 			m.genHist.Observe(float64(o.Index + 1))

@@ -610,20 +610,6 @@ func TestKVEventsOverZMQ(t *testing.T) {
 	}
 }
 
-func TestDisaggregatedLegs(t *testing.T) {
-	_, url := startServer(t, func(c *Config) { c.KVTransfer = true; c.Host = "10.0.0.1" })
-	prefill := map[string]any{"prompt": "long prompt here", "max_tokens": 1, "kv_transfer_params": map[string]any{
-		"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}}
-	_, body := post(t, url+"/v1/completions", prefill)
-	r := decode[completionResp](t, body)
-	must.Eq(t, true, r.KVTransferParams["do_remote_prefill"])
-	must.Eq(t, "10.0.0.1", r.KVTransferParams["remote_host"])
-	decodeReq := map[string]any{"prompt": "long prompt here", "max_tokens": 4, "kv_transfer_params": r.KVTransferParams}
-	code, body := post(t, url+"/v1/completions", decodeReq)
-	must.Eq(t, 200, code)
-	must.Eq(t, 4, decode[completionResp](t, body).Usage.CompletionTokens)
-}
-
 // BenchmarkStreamingCompletion drives the server in-process over loopback HTTP with
 // 128-token prompts and 16 output tokens at speed 0 (see sim/simload for the
 // out-of-process benchmark recorded in BENCHMARKS.md).

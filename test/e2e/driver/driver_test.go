@@ -435,4 +435,28 @@ func TestDisaggregatedSimPair(t *testing.T) {
 	must.NoError(t, err)
 	dec := post(addr["decode"], fmt.Sprintf(`{"model":"llama","prompt":%q,"max_tokens":4,"kv_transfer_params":%s}`, prompt, paramsJSON))
 	must.SliceNotEmpty(t, dec["choices"].([]any))
+	// The decode engine pulled the prompt's KV over the side channel the driver rendered
+	// (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT): no local prefill.
+	usage := dec["usage"].(map[string]any)
+	must.Eq(t, usage["prompt_tokens"].(float64), metricValue(t, addr["decode"], `oasis_sim_prompt_tokens_total{engine="0",model_name="llama",source="remote"}`))
+	must.Eq(t, 0, metricValue(t, addr["decode"], `oasis_sim_prompt_tokens_total{engine="0",model_name="llama",source="local"}`))
+}
+
+// metricValue reads one sample (name with its labels, as exposed) from an engine's /metrics.
+func metricValue(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			must.NoError(t, err)
+			return f
+		}
+	}
+	t.Fatalf("%s not in %s/metrics", series, addr)
+	return 0
 }

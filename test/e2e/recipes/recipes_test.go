@@ -8,6 +8,7 @@ package recipes
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -94,62 +95,79 @@ func TestJobsValidatePlanAndRender(t *testing.T) {
 	must.False(t, diags.HasErrors(), must.Sprint(diags))
 
 	for _, f := range jobFiles(t) {
-		t.Run(f.rel, func(t *testing.T) {
-			// The mesh recipes' sidecar variables for a test bed without Envoy; other files
-			// declare none of them.
-			job, err := stack.ParseJobFile(filepath.Join(root, f.rel), stack.MeshVariables())
-			must.NoError(t, err)
-
-			resp, _, err := stack.Nomad.Jobs().Validate(job, nil)
-			must.NoError(t, err)
-			must.SliceEmpty(t, resp.ValidationErrors, must.Sprintf("validation: %s", resp.Error))
-			if resp.Warnings != "" {
-				t.Errorf("validation warnings: %s", resp.Warnings)
-			}
-
-			plan, _, err := stack.Nomad.Jobs().Plan(job, false, nil)
-			must.NoError(t, err)
-			for group, metric := range plan.FailedTGAllocs {
-				if f.local {
-					t.Errorf("group %s cannot be placed on the test bed: %s", group, describeMetric(metric))
-					continue
-				}
-				// A hardware recipe on this GPU-less two-core machine may lack devices, CPU or
-				// memory, and nothing else: a filtered driver or constraint is a real error.
-				if metric.NodesEvaluated == 0 {
-					t.Errorf("group %s evaluated no node: %s", group, describeMetric(metric))
-				}
-				for reason := range metric.ConstraintFiltered {
-					if reason == "missing drivers" && envoySidecar(job, group) {
-						continue // Nomad's default sidecar is Envoy in Docker, which this machine lacks
-					}
-					if reason != "missing devices" {
-						t.Errorf("group %s filtered by %q, not for lack of hardware: %s", group, reason, describeMetric(metric))
-					}
-				}
-				for dim := range metric.DimensionExhausted {
-					if !strings.Contains(dim, "devices") && dim != "cpu" && dim != "memory" {
-						t.Errorf("group %s exhausted %q, not hardware", group, dim)
-					}
-				}
-			}
-
-			var golden strings.Builder
-			for _, tg := range job.TaskGroups {
-				for _, task := range tg.Tasks {
-					if task.Driver != "llm" {
-						continue
-					}
-					fmt.Fprintf(&golden, "== group %s task %s\n", *tg.Name, task.Name)
-					golden.WriteString(renderTask(t, spec, tg, task))
-				}
-			}
-			if golden.Len() == 0 {
-				return // the system jobs run no engine
-			}
-			checkGolden(t, filepath.Join("testdata", strings.ReplaceAll(strings.TrimSuffix(f.rel, "/job.nomad.hcl"), "/", "_")+".golden"), golden.String())
-		})
+		for _, v := range append([]variant{{}}, jobVariants[f.rel]...) {
+			t.Run(f.rel+v.suffix, func(t *testing.T) { checkJob(t, root, spec, f, v) })
+		}
 	}
+}
+
+// variant is a job rendered with some variables set; its golden file's name ends in suffix.
+type variant struct {
+	suffix string
+	vars   map[string]string
+}
+
+// jobVariants are the non-default renderings pinned besides each file's defaults.
+var jobVariants = map[string][]variant{
+	"recipes/tiny/sim/disagg/job.nomad.hcl": {{"_sglang", map[string]string{"protocol": "sglang"}}},
+}
+
+func checkJob(t *testing.T, root string, spec hcldec.Spec, f jobFile, v variant) {
+	// The mesh recipes' sidecar variables for a test bed without Envoy; other files
+	// declare none of them.
+	vars := stack.MeshVariables()
+	maps.Copy(vars, v.vars)
+	job, err := stack.ParseJobFile(filepath.Join(root, f.rel), vars)
+	must.NoError(t, err)
+
+	resp, _, err := stack.Nomad.Jobs().Validate(job, nil)
+	must.NoError(t, err)
+	must.SliceEmpty(t, resp.ValidationErrors, must.Sprintf("validation: %s", resp.Error))
+	if resp.Warnings != "" {
+		t.Errorf("validation warnings: %s", resp.Warnings)
+	}
+
+	plan, _, err := stack.Nomad.Jobs().Plan(job, false, nil)
+	must.NoError(t, err)
+	for group, metric := range plan.FailedTGAllocs {
+		if f.local {
+			t.Errorf("group %s cannot be placed on the test bed: %s", group, describeMetric(metric))
+			continue
+		}
+		// A hardware recipe on this GPU-less two-core machine may lack devices, CPU or
+		// memory, and nothing else: a filtered driver or constraint is a real error.
+		if metric.NodesEvaluated == 0 {
+			t.Errorf("group %s evaluated no node: %s", group, describeMetric(metric))
+		}
+		for reason := range metric.ConstraintFiltered {
+			if reason == "missing drivers" && envoySidecar(job, group) {
+				continue // Nomad's default sidecar is Envoy in Docker, which this machine lacks
+			}
+			if reason != "missing devices" {
+				t.Errorf("group %s filtered by %q, not for lack of hardware: %s", group, reason, describeMetric(metric))
+			}
+		}
+		for dim := range metric.DimensionExhausted {
+			if !strings.Contains(dim, "devices") && dim != "cpu" && dim != "memory" {
+				t.Errorf("group %s exhausted %q, not hardware", group, dim)
+			}
+		}
+	}
+
+	var golden strings.Builder
+	for _, tg := range job.TaskGroups {
+		for _, task := range tg.Tasks {
+			if task.Driver != "llm" {
+				continue
+			}
+			fmt.Fprintf(&golden, "== group %s task %s\n", *tg.Name, task.Name)
+			golden.WriteString(renderTask(t, spec, tg, task))
+		}
+	}
+	if golden.Len() == 0 {
+		return // the system jobs run no engine
+	}
+	checkGolden(t, filepath.Join("testdata", strings.ReplaceAll(strings.TrimSuffix(f.rel, "/job.nomad.hcl"), "/", "_")+v.suffix+".golden"), golden.String())
 }
 
 // renderTask decodes a task's config as Nomad's client does (hclspec → cty → msgpack → struct)

@@ -1,6 +1,8 @@
-# oasis-sim engine used by the tiny disaggregated recipe: a prefill and a decode instance of the same model (the router does not yet run the prefill → decode handoff; see README.md)
+# oasis-sim engine used by the tiny disaggregated recipe: a prefill and a decode instance of the
+# same model that move the prompt's KV between them, in vLLM's or SGLang's protocol (README.md)
 #
 #   nomad job run recipes/tiny/sim/disagg/job.nomad.hcl
+#   nomad job run -var protocol=sglang recipes/tiny/sim/disagg/job.nomad.hcl
 
 variable "region" {
   description = "Nomad region the job runs in (jobs/README.md runs it in every region)."
@@ -24,6 +26,16 @@ variable "decode_count" {
   description = "Decode engines."
   type        = number
   default     = 1
+}
+
+variable "protocol" {
+  description = "P/D protocol the sims speak: \"vllm\" (NIXL handshake through kv_transfer_params) or \"sglang\" (bootstrap rooms)."
+  type        = string
+  default     = "vllm"
+  validation {
+    condition     = contains(["vllm", "sglang"], var.protocol)
+    error_message = "The protocol must be \"vllm\" or \"sglang\"."
+  }
 }
 
 variable "speed" {
@@ -53,7 +65,12 @@ job "tiny-sim-disagg" {
       port "http" {}
       port "kv_events" {}
       port "kv_events_replay" {}
-      port "nixl" {}
+      # The KV side channel: vLLM's NIXL side-channel port or SGLang's bootstrap port.
+      dynamic "port" {
+        for_each = [var.protocol == "sglang" ? "bootstrap" : "nixl"]
+        labels   = [port.value]
+        content {}
+      }
     }
 
     service {
@@ -61,15 +78,36 @@ job "tiny-sim-disagg" {
       provider = "consul"
       port     = "http"
       tags     = ["oasis", "engine-sim", "role-prefill"]
-      meta {
-        oasis_model            = "tiny-sim"
-        oasis_engine           = "sim"
-        oasis_role             = "prefill"
-        oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
-        oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
-        oasis_metrics_path     = "/metrics"
-        oasis_block_size       = "16"
-        oasis_node             = "${node.unique.id}"
+      # One meta block per protocol: SGLang-style prefill engines also advertise their
+      # bootstrap port (HCL cannot leave an attribute out of a single block).
+      dynamic "meta" {
+        for_each = var.protocol == "vllm" ? [1] : []
+        content {
+          oasis_model            = "tiny-sim"
+          oasis_engine           = "sim"
+          oasis_role             = "prefill"
+          oasis_pd_protocol      = var.protocol
+          oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+          oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+          oasis_metrics_path     = "/metrics"
+          oasis_block_size       = "16"
+          oasis_node             = "${node.unique.id}"
+        }
+      }
+      dynamic "meta" {
+        for_each = var.protocol == "sglang" ? [1] : []
+        content {
+          oasis_model            = "tiny-sim"
+          oasis_engine           = "sim"
+          oasis_role             = "prefill"
+          oasis_pd_protocol      = var.protocol
+          oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
+          oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
+          oasis_metrics_path     = "/metrics"
+          oasis_block_size       = "16"
+          oasis_node             = "${node.unique.id}"
+          oasis_bootstrap_port   = "${NOMAD_HOST_PORT_bootstrap}"
+        }
       }
       check {
         name     = "health"
@@ -103,7 +141,8 @@ job "tiny-sim-disagg" {
         kv_events_replay_port  = "kv_events_replay"
         role                   = "prefill"
         kv_offload             = "nixl"
-        nixl_side_channel_port = "nixl"
+        nixl_side_channel_port = var.protocol == "vllm" ? "nixl" : null
+        bootstrap_port         = var.protocol == "sglang" ? "bootstrap" : null
         extra_args             = ["--speed", var.speed]
       }
 
@@ -125,7 +164,12 @@ job "tiny-sim-disagg" {
       port "http" {}
       port "kv_events" {}
       port "kv_events_replay" {}
-      port "nixl" {}
+      # The KV side channel: vLLM's NIXL side-channel port or SGLang's bootstrap port.
+      dynamic "port" {
+        for_each = [var.protocol == "sglang" ? "bootstrap" : "nixl"]
+        labels   = [port.value]
+        content {}
+      }
     }
 
     service {
@@ -137,6 +181,7 @@ job "tiny-sim-disagg" {
         oasis_model            = "tiny-sim"
         oasis_engine           = "sim"
         oasis_role             = "decode"
+        oasis_pd_protocol      = var.protocol
         oasis_kv_events        = "tcp://${NOMAD_ADDR_kv_events}"
         oasis_kv_events_replay = "tcp://${NOMAD_ADDR_kv_events_replay}"
         oasis_metrics_path     = "/metrics"
@@ -175,7 +220,8 @@ job "tiny-sim-disagg" {
         kv_events_replay_port  = "kv_events_replay"
         role                   = "decode"
         kv_offload             = "nixl"
-        nixl_side_channel_port = "nixl"
+        nixl_side_channel_port = var.protocol == "vllm" ? "nixl" : null
+        bootstrap_port         = var.protocol == "sglang" ? "bootstrap" : null
         extra_args             = ["--speed", var.speed]
       }
 
