@@ -16,10 +16,10 @@ import (
 )
 
 var (
-	_ resource.ResourceWithConfigure        = (*modelResource)(nil)
-	_ resource.ResourceWithValidateConfig   = (*modelResource)(nil)
-	_ resource.ResourceWithModifyPlan       = (*modelResource)(nil)
-	_ resource.ResourceWithImportState      = (*modelResource)(nil)
+	_ resource.ResourceWithConfigure      = (*modelResource)(nil)
+	_ resource.ResourceWithValidateConfig = (*modelResource)(nil)
+	_ resource.ResourceWithModifyPlan     = (*modelResource)(nil)
+	_ resource.ResourceWithImportState    = (*modelResource)(nil)
 )
 
 // modelResource is oasis_model.
