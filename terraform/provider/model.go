@@ -207,16 +207,11 @@ func (r *modelResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanR
 // planRegion plans the region: the configured one, else the provider's,
 // else the one in state; a change replaces the job.
 func planRegion(plan *modelModel, configured types.String, state *modelModel, c *Clients, resp *resource.ModifyPlanResponse) {
-	switch {
-	case !configured.IsNull():
-		plan.Region = configured
-	case c != nil && c.Region != "":
-		plan.Region = types.StringValue(c.Region)
-	case state != nil:
-		plan.Region = state.Region
-	default:
-		plan.Region = types.StringUnknown()
+	var stateRegion *types.String
+	if state != nil {
+		stateRegion = &state.Region
 	}
+	plan.Region = plannedRegion(configured, stateRegion, c)
 	if state != nil && !plan.Region.IsUnknown() && !plan.Region.Equal(state.Region) {
 		resp.RequiresReplace = append(resp.RequiresReplace, path.Root("region"))
 	}
