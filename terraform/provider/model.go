@@ -52,8 +52,8 @@ func (r *modelResource) ValidateConfig(ctx context.Context, req resource.Validat
 	}
 	disagg := m.Role.ValueString() == modelRoleDisaggregated
 	if disagg && !m.Count.IsNull() {
-		resp.Diagnostics.AddAttributeError(path.Root("count"), "Invalid oasis_model",
-			"count is for role both; with role disaggregated set prefill_count and decode_count")
+		resp.Diagnostics.AddAttributeError(path.Root("engine_count"), "Invalid oasis_model",
+			"engine_count is for role both; with role disaggregated set prefill_count and decode_count")
 	}
 	if !disagg && !m.Role.IsUnknown() && (!m.PrefillCount.IsNull() || !m.DecodeCount.IsNull()) {
 		resp.Diagnostics.AddAttributeError(path.Root("role"), "Invalid oasis_model",

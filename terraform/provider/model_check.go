@@ -80,7 +80,7 @@ func checkSpecAttrs(s modelSpec) []problem {
 	switch s.Role {
 	case modelRoleBoth:
 		if s.Count < 0 {
-			add("count", "must not be negative, got %d", s.Count)
+			add("engine_count", "must not be negative, got %d", s.Count)
 		}
 	case modelRoleDisaggregated:
 		if s.PrefillCount < 0 {

@@ -31,7 +31,7 @@ func TestCheckModel(t *testing.T) {
 		}, "kv_offload", "not supported by engine llama_cpp"},
 		{"native without size", func(s *modelSpec) { s.KVOffload = "native" }, "kv_offload_size_gb", "needs the CPU cache size"},
 		{"size without offload", func(s *modelSpec) { s.KVOffloadSizeGB = 4 }, "kv_offload_size_gb", "offloads nothing"},
-		{"negative count", func(s *modelSpec) { s.Count = -1 }, "count", "negative"},
+		{"negative count", func(s *modelSpec) { s.Count = -1 }, "engine_count", "negative"},
 		{"negative decode count", func(s *modelSpec) { s.Role = modelRoleDisaggregated; s.DecodeCount = -2 }, "decode_count", "negative"},
 		{"unknown role", func(s *modelSpec) { s.Role = "prefill" }, "role", "allowed: both, disaggregated"},
 		{"zero cpu", func(s *modelSpec) { s.CPU = 0 }, "resources.cpu", "at least 1"},

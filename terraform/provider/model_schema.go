@@ -33,7 +33,7 @@ type modelModel struct {
 	Engine               types.String  `tfsdk:"engine"`
 	Model                types.String  `tfsdk:"model"`
 	Role                 types.String  `tfsdk:"role"`
-	Count                types.Int64   `tfsdk:"count"`
+	Count                types.Int64   `tfsdk:"engine_count"`
 	PrefillCount         types.Int64   `tfsdk:"prefill_count"`
 	DecodeCount          types.Int64   `tfsdk:"decode_count"`
 	KVOffload            types.String  `tfsdk:"kv_offload"`
@@ -86,9 +86,9 @@ func (r *modelResource) Schema(_ context.Context, _ resource.SchemaRequest, resp
 				Description: "llm driver engine: vllm, sglang, llama_cpp, trtllm or sim."},
 			"model": schema.StringAttribute{Required: true, Description: "Model the engine loads (Hugging Face id or local path)."},
 			"role": schema.StringAttribute{Optional: true, Computed: true, Default: stringdefault.StaticString(modelRoleBoth),
-				Description: "both (whole engines, count of them) or disaggregated (prefill_count prefill and decode_count decode engines)."},
-			"count": schema.Int64Attribute{Optional: true, Computed: true, Default: int64default.StaticInt64(1),
-				Description: "Engines with role both."},
+				Description: "both (engine_count whole engines) or disaggregated (prefill_count prefill and decode_count decode engines)."},
+			"engine_count": schema.Int64Attribute{Optional: true, Computed: true, Default: int64default.StaticInt64(1),
+				Description: "Engines with role both (`count` is a name Terraform reserves)."},
 			"prefill_count": schema.Int64Attribute{Optional: true, Computed: true, Default: int64default.StaticInt64(1),
 				Description: "Prefill engines with role disaggregated."},
 			"decode_count": schema.Int64Attribute{Optional: true, Computed: true, Default: int64default.StaticInt64(1),
