@@ -372,6 +372,10 @@ func (r *modelResource) Delete(ctx context.Context, req resource.DeleteRequest, 
 	jobID := modelJobID(m.Name.ValueString())
 	if err := stopJob(ctx, r.c.Nomad, jobID, m.Region.ValueString(), m.Namespace.ValueString()); err != nil {
 		resp.Diagnostics.AddError("Deleting the model's Nomad job", err.Error())
+		return
+	}
+	if err := waitNoInstances(ctx, r.c.Consul, m.Name.ValueString()); err != nil {
+		resp.Diagnostics.AddError("Deleting the model's Nomad job", err.Error())
 	}
 }
 

@@ -140,17 +140,22 @@ func waitAllocsStopped(ctx context.Context, n *nomadapi.Client, ids []string, q 
 	return nil
 }
 
-// stopJob deregisters and purges a job, then waits until its allocations
-// have stopped. A job already gone is not an error.
+// stopJob stops a job, waits until its allocations have stopped, then
+// purges it. Purging at once would not do: the servers forget a purged
+// job's allocations before their clients have stopped them. A job already
+// gone is not an error.
 func stopJob(ctx context.Context, n *nomadapi.Client, jobID, region, namespace string) error {
 	q := &nomadapi.QueryOptions{Region: region, Namespace: namespace}
+	w := &nomadapi.WriteOptions{Region: region, Namespace: namespace}
+	if _, _, err := n.Jobs().Deregister(jobID, false, w.WithContext(ctx)); err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("stopping job %s: %w", jobID, err)
+	}
 	allocs, _, err := n.Jobs().Allocations(jobID, false, q.WithContext(ctx))
 	if err != nil && !isNotFound(err) {
 		return fmt.Errorf("listing allocations of job %s: %w", jobID, err)
-	}
-	w := &nomadapi.WriteOptions{Region: region, Namespace: namespace}
-	if _, _, err := n.Jobs().Deregister(jobID, true, w.WithContext(ctx)); err != nil && !isNotFound(err) {
-		return fmt.Errorf("deregistering job %s: %w", jobID, err)
 	}
 	var ids []string
 	for _, a := range allocs {
@@ -160,6 +165,9 @@ func stopJob(ctx context.Context, n *nomadapi.Client, jobID, region, namespace s
 	}
 	if err := waitAllocsStopped(ctx, n, ids, q); err != nil {
 		return fmt.Errorf("stopping job %s: %w", jobID, err)
+	}
+	if _, _, err := n.Jobs().Deregister(jobID, true, w.WithContext(ctx)); err != nil && !isNotFound(err) {
+		return fmt.Errorf("purging job %s: %w", jobID, err)
 	}
 	return nil
 }
@@ -195,4 +203,20 @@ func resolveRegion(ctx context.Context, c *Clients, region string) (string, erro
 		return "", fmt.Errorf("asking the Nomad agent for its region: %w", err)
 	}
 	return r, nil
+}
+
+// waitNoInstances waits until Consul lists no oasis-engine instance of the
+// model (Nomad deregisters them as the tasks stop).
+func waitNoInstances(ctx context.Context, c *consulapi.Client, name string) error {
+	for {
+		n, err := modelInstances(ctx, c, name, false)
+		if err == nil && n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for model %s's %s instances to leave Consul (%d left): %w", name, engineService, n, ctx.Err())
+		case <-time.After(pollEvery):
+		}
+	}
 }
