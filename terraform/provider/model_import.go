@@ -25,6 +25,8 @@ func fromJob(ctx context.Context, job *nomadapi.Job, m *modelModel) diag.Diagnos
 	c := t.Config
 	m.Engine = types.StringValue(str(c["engine"]))
 	m.Model = types.StringValue(str(c["model"]))
+	// Counts default as in the schema; Read sets the groups' real ones.
+	m.Count, m.PrefillCount, m.DecodeCount = types.Int64Value(1), types.Int64Value(1), types.Int64Value(1)
 	m.Role = types.StringValue(modelRoleBoth)
 	if deref(g.Name) != groupName(config.RoleBoth) {
 		m.Role = types.StringValue(modelRoleDisaggregated)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -149,6 +150,14 @@ func TestModelAndSystemJobs(t *testing.T) {
 		must.Len(t, 1, changed)
 		must.EqOp(t, "oasis_system_jobs.this", changed[0].Address)
 		must.Eq(t, []string{"update"}, changed[0].Change.Actions)
+		// Apply resubmits the module's jobspec: no changes after it.
+		tf.Must(ctx, with([]string{"apply", "-auto-approve", "-no-color"}, args...)...)
+		job, _, err = stack.Nomad.Jobs().Info("oasis-router", nil)
+		must.NoError(t, err)
+		must.MapNotContainsKey(t, job.Meta, "changed_by")
+		p, err = tf.Plan(ctx, args...)
+		must.NoError(t, err)
+		must.SliceEmpty(t, p.Changed())
 	})
 
 	t.Run("a bad engine and offload combination fails plan", func(t *testing.T) {
@@ -157,6 +166,20 @@ func TestModelAndSystemJobs(t *testing.T) {
 		got := strings.Join(strings.Fields(err.Error()), " ")
 		must.StrContains(t, got, `kv_offload: "hicache" is not supported by engine sim`)
 		must.StrContains(t, got, "kv_offload = var.kv_offload")
+	})
+
+	t.Run("import by region/name reads the model back", func(t *testing.T) {
+		tf.Must(ctx, "state", "rm", "-no-color", "oasis_model.sim")
+		tf.Must(ctx, with(with([]string{"import", "-no-color"}, args...), "oasis_model.sim", "global/"+modelName)...)
+		p, err := tf.Plan(ctx, args...)
+		must.NoError(t, err)
+		// Only timeout, which Nomad does not hold, differs from the module.
+		must.Len(t, 1, p.Changed())
+		for _, c := range p.Changed() {
+			must.EqOp(t, "oasis_model.sim", c.Address)
+			must.Eq(t, []string{"update"}, c.Change.Actions)
+			must.Eq(t, []string{"timeout"}, changedKeys(c), must.Sprintf("before %v after %v", c.Change.Before, c.Change.After))
+		}
 	})
 
 	start = time.Now()
@@ -174,6 +197,18 @@ func TestModelAndSystemJobs(t *testing.T) {
 		must.NoError(t, err)
 		must.SliceEmpty(t, entries)
 	})
+}
+
+// changedKeys lists the attributes a change sets to a known new value.
+func changedKeys(c tofutest.Change) []string {
+	var keys []string
+	for k, after := range c.Change.After {
+		if fmt.Sprint(after) != fmt.Sprint(c.Change.Before[k]) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // waitDeployment waits until the job's latest deployment succeeded.
