@@ -87,11 +87,10 @@ func describeAllocs(ctx context.Context, n *nomadapi.Client, jobID string, q *no
 			if ts.Failed {
 				s += " (failed)"
 			}
-			if len(ts.Events) > 0 {
-				ev := ts.Events[len(ts.Events)-1]
+			if ev := telling(ts.Events); ev != nil {
 				s += ": " + ev.Type
 				if msg := ev.DisplayMessage; msg != "" {
-					s += " " + msg
+					s += ": " + msg
 				}
 			}
 			tasks = append(tasks, s)
@@ -100,6 +99,23 @@ func describeAllocs(ctx context.Context, n *nomadapi.Client, jobID string, q *no
 		parts = append(parts, fmt.Sprintf("%s %s/%s [%s]", shortID(a.ID), a.TaskGroup, a.ClientStatus, strings.Join(tasks, "; ")))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// telling picks the task event that says most about a failure: the last
+// driver error, else the last event that failed the task, else the last.
+func telling(events []*nomadapi.TaskEvent) *nomadapi.TaskEvent {
+	for _, pick := range []func(*nomadapi.TaskEvent) bool{
+		func(ev *nomadapi.TaskEvent) bool { return ev.DriverError != "" || ev.Type == nomadapi.TaskDriverFailure },
+		func(ev *nomadapi.TaskEvent) bool { return ev.FailsTask || ev.Type == nomadapi.TaskTerminated },
+		func(*nomadapi.TaskEvent) bool { return true },
+	} {
+		for i := len(events) - 1; i >= 0; i-- {
+			if pick(events[i]) {
+				return events[i]
+			}
+		}
+	}
+	return nil
 }
 
 func shortID(id string) string {

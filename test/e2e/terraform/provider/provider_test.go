@@ -259,3 +259,38 @@ func chatThroughRouter(t *testing.T, ctx context.Context, port int) {
 		must.Sprintf("no chat completion through the router: last %d %s", code, text))
 	must.StrContains(t, text, `"choices"`)
 }
+
+// An engine that never passes fails apply after the timeout with the
+// allocations' task states; the resource is tainted and destroy purges it.
+func TestModelTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tf := tofutest.New(t, tofutest.Options{
+		Module:   "testdata/broken",
+		Provider: stack.Bin("terraform-provider-oasis"),
+		Env: []string{
+			"NOMAD_ADDR=" + stack.NomadAddr, "NOMAD_TOKEN=" + stack.NomadToken,
+			"CONSUL_HTTP_ADDR=" + stack.ConsulAddr, "CONSUL_HTTP_TOKEN=" + stack.ConsulToken,
+		},
+	})
+	tf.Init(ctx)
+	t.Cleanup(func() { _, _ = tf.Run(context.Background(), "destroy", "-auto-approve", "-no-color") })
+
+	start := time.Now()
+	_, err := tf.Run(ctx, "apply", "-auto-approve", "-no-color")
+	must.Error(t, err)
+	t.Logf("apply failed after %s", time.Since(start).Round(time.Millisecond))
+	got := strings.Join(strings.Fields(err.Error()), " ")
+	t.Logf("apply error: %s", got[strings.Index(got, "Error:"):])
+	must.StrContains(t, got, "waiting for 1 passing oasis-engine instances of model tf-broken")
+	must.StrContains(t, got, "allocations:")
+	must.StrContains(t, got, "engine/")
+	must.StrContains(t, got, "sim=dead (failed): Driver Failure")
+	must.StrContains(t, got, "/nonexistent/oasis-sim")
+	state := tf.Must(ctx, "state", "list")
+	must.StrContains(t, state, "oasis_model.broken")
+
+	tf.Must(ctx, "destroy", "-auto-approve", "-no-color")
+	_, _, err = stack.Nomad.Jobs().Info("oasis-model-tf-broken", nil)
+	must.ErrorContains(t, err, "404")
+}
