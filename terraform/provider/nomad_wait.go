@@ -105,7 +105,9 @@ func describeAllocs(ctx context.Context, n *nomadapi.Client, jobID string, q *no
 // driver error, else the last event that failed the task, else the last.
 func telling(events []*nomadapi.TaskEvent) *nomadapi.TaskEvent {
 	for _, pick := range []func(*nomadapi.TaskEvent) bool{
-		func(ev *nomadapi.TaskEvent) bool { return ev.DriverError != "" || ev.Type == nomadapi.TaskDriverFailure },
+		func(ev *nomadapi.TaskEvent) bool {
+			return ev.DriverError != "" || ev.Type == nomadapi.TaskDriverFailure
+		},
 		func(ev *nomadapi.TaskEvent) bool { return ev.FailsTask || ev.Type == nomadapi.TaskTerminated },
 		func(*nomadapi.TaskEvent) bool { return true },
 	} {
