@@ -160,6 +160,25 @@ func TestModelAndSystemJobs(t *testing.T) {
 		must.SliceEmpty(t, p.Changed())
 	})
 
+	t.Run("kvcached turned off is stopped and purged", func(t *testing.T) {
+		off := with(args, "-var", "kvcached_enabled=false")
+		p, err := tf.Plan(ctx, off...)
+		must.NoError(t, err)
+		changed := p.Changed()
+		must.Len(t, 1, changed)
+		must.EqOp(t, "oasis_system_jobs.this", changed[0].Address)
+		tf.Must(ctx, with([]string{"apply", "-auto-approve", "-no-color"}, off...)...)
+		_, _, err = stack.Nomad.Jobs().Info("oasis-kvcached", nil)
+		must.ErrorContains(t, err, "404")
+		p, err = tf.Plan(ctx, off...)
+		must.NoError(t, err)
+		must.SliceEmpty(t, p.Changed())
+		// On again for the rest of the test (and destroy's check).
+		tf.Must(ctx, with([]string{"apply", "-auto-approve", "-no-color"}, args...)...)
+		_, _, err = stack.Nomad.Jobs().Info("oasis-kvcached", nil)
+		must.NoError(t, err)
+	})
+
 	t.Run("a bad engine and offload combination fails plan", func(t *testing.T) {
 		_, err := tf.Plan(ctx, with(args, "-var", "kv_offload=hicache")...)
 		must.Error(t, err)

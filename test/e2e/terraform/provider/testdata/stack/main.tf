@@ -31,12 +31,18 @@ variable "engine_count" {
   default = 2
 }
 
+variable "kvcached_enabled" {
+  type    = bool
+  default = true
+}
+
 variable "kv_offload" {
   type    = string
   default = null
 }
 
 resource "oasis_system_jobs" "this" {
+  kvcached_enabled = var.kvcached_enabled
   router_variables = {
     oasis_bin_dir = var.bin_dir
     consul_addr   = var.consul_addr
