@@ -81,24 +81,29 @@ func describeAllocs(ctx context.Context, n *nomadapi.Client, jobID string, q *no
 	}
 	var parts []string
 	for _, a := range allocs {
-		var tasks []string
-		for name, ts := range a.TaskStates {
-			s := name + "=" + ts.State
-			if ts.Failed {
-				s += " (failed)"
-			}
-			if ev := telling(ts.Events); ev != nil {
-				s += ": " + ev.Type
-				if msg := ev.DisplayMessage; msg != "" {
-					s += ": " + msg
-				}
-			}
-			tasks = append(tasks, s)
-		}
-		sort.Strings(tasks)
-		parts = append(parts, fmt.Sprintf("%s %s/%s [%s]", shortID(a.ID), a.TaskGroup, a.ClientStatus, strings.Join(tasks, "; ")))
+		parts = append(parts, fmt.Sprintf("%s %s/%s [%s]", shortID(a.ID), a.TaskGroup, a.ClientStatus, describeTasks(a.TaskStates)))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// describeTasks lists each task's state and its most telling event.
+func describeTasks(states map[string]*nomadapi.TaskState) string {
+	var tasks []string
+	for name, ts := range states {
+		s := name + "=" + ts.State
+		if ts.Failed {
+			s += " (failed)"
+		}
+		if ev := telling(ts.Events); ev != nil {
+			s += ": " + ev.Type
+			if msg := ev.DisplayMessage; msg != "" {
+				s += ": " + msg
+			}
+		}
+		tasks = append(tasks, s)
+	}
+	sort.Strings(tasks)
+	return strings.Join(tasks, "; ")
 }
 
 // telling picks the task event that says most about a failure: the last
@@ -150,7 +155,11 @@ func waitAllocsStopped(ctx context.Context, n *nomadapi.Client, ids []string, q 
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("waiting for allocation %s to stop: %w", shortID(id), ctx.Err())
+				state := ""
+				if a != nil {
+					state = fmt.Sprintf(" (client status %s, desired %s, tasks: %s)", a.ClientStatus, a.DesiredStatus, describeTasks(a.TaskStates))
+				}
+				return fmt.Errorf("waiting for allocation %s to stop%s: %w", shortID(id), state, ctx.Err())
 			case <-time.After(pollEvery):
 			}
 		}
@@ -159,19 +168,34 @@ func waitAllocsStopped(ctx context.Context, n *nomadapi.Client, ids []string, q 
 }
 
 // stopJob stops a job, waits until its allocations have stopped, then
-// purges it. Purging at once would not do: the servers forget a purged
-// job's allocations before their clients have stopped them. A job already
-// gone is not an error.
+// purges it. A service job is first scaled to zero: stopping a job with
+// several groups during an active deployment can leave one group's
+// allocations running (seen with Nomad 1.11; hashicorp/nomad#18467
+// describes the like). Purging at once would not do either: the servers
+// forget a purged job's allocations before their clients have stopped
+// them. A job already gone is not an error.
 func stopJob(ctx context.Context, n *nomadapi.Client, jobID, region, namespace string) error {
 	q := &nomadapi.QueryOptions{Region: region, Namespace: namespace}
 	w := &nomadapi.WriteOptions{Region: region, Namespace: namespace}
-	if _, _, err := n.Jobs().Deregister(jobID, false, w.WithContext(ctx)); err != nil {
+	job, _, err := n.Jobs().Info(jobID, q.WithContext(ctx))
+	if err != nil {
 		if isNotFound(err) {
 			return nil
 		}
+		return fmt.Errorf("reading job %s: %w", jobID, err)
+	}
+	if deref(job.Type) == nomadapi.JobTypeService && !(job.Stop != nil && *job.Stop) {
+		for _, g := range job.TaskGroups {
+			g.Count = ptr(0)
+		}
+		if _, _, err := n.Jobs().Register(job, w.WithContext(ctx)); err != nil {
+			return fmt.Errorf("scaling job %s to zero: %w", jobID, err)
+		}
+	}
+	if _, _, err := n.Jobs().Deregister(jobID, false, w.WithContext(ctx)); err != nil && !isNotFound(err) {
 		return fmt.Errorf("stopping job %s: %w", jobID, err)
 	}
-	allocs, _, err := n.Jobs().Allocations(jobID, false, q.WithContext(ctx))
+	allocs, _, err := n.Jobs().Allocations(jobID, true, q.WithContext(ctx))
 	if err != nil && !isNotFound(err) {
 		return fmt.Errorf("listing allocations of job %s: %w", jobID, err)
 	}

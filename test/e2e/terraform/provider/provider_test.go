@@ -313,3 +313,43 @@ func TestModelTimeout(t *testing.T) {
 	_, _, err = stack.Nomad.Jobs().Info("oasis-model-tf-broken", nil)
 	must.ErrorContains(t, err, "404")
 }
+
+// A disaggregated model runs prefill_count prefill and decode_count decode
+// engines, each registered with its role, and apply waits for all of them.
+func TestDisaggregatedModel(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	tf := tofutest.New(t, tofutest.Options{
+		Module:   "testdata/disagg",
+		Provider: stack.Bin("terraform-provider-oasis"),
+		Env: []string{
+			"NOMAD_ADDR=" + stack.NomadAddr, "NOMAD_TOKEN=" + stack.NomadToken,
+			"CONSUL_HTTP_ADDR=" + stack.ConsulAddr, "CONSUL_HTTP_TOKEN=" + stack.ConsulToken,
+		},
+	})
+	tf.Init(ctx)
+	destroyed := false
+	t.Cleanup(func() {
+		if !destroyed {
+			_, _ = tf.Run(context.Background(), "destroy", "-auto-approve", "-no-color")
+		}
+	})
+	tf.Must(ctx, "apply", "-auto-approve", "-no-color")
+	var healthy int
+	must.NoError(t, tf.Output(ctx, "healthy_instances", &healthy))
+	must.EqOp(t, 3, healthy)
+	entries, _, err := stack.Consul.Health().Service("oasis-engine", "", true,
+		(&consulapi.QueryOptions{Filter: `Service.Meta.oasis_model == "tf-sim-pd"`}).WithContext(ctx))
+	must.NoError(t, err)
+	roles := map[string]int{}
+	for _, e := range entries {
+		roles[e.Service.Meta["oasis_role"]]++
+	}
+	must.Eq(t, map[string]int{"prefill": 1, "decode": 2}, roles)
+	p, err := tf.Plan(ctx)
+	must.NoError(t, err)
+	must.SliceEmpty(t, p.Changed())
+	tf.Must(ctx, "destroy", "-auto-approve", "-no-color")
+	destroyed = true
+	must.EqOp(t, 0, passing(t, ctx, "tf-sim-pd"))
+}
