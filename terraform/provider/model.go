@@ -280,7 +280,10 @@ func (r *modelResource) apply(ctx context.Context, m modelModel, st stateSetter,
 	m.ID = types.StringValue(region + "/" + s.Name)
 	m.SpecHash = types.StringValue(hash)
 	m.HealthyInstances = types.Int64Value(0)
-	if d.Append(st.Set(ctx, &m)...); d.HasError() || !m.WaitHealthy.ValueBool() {
+	if d.Append(st.Set(ctx, &m)...); d.HasError() {
+		return
+	}
+	if !m.WaitHealthy.ValueBool() {
 		if n, err := modelInstances(ctx, r.c.Consul, s.Name, true); err == nil {
 			m.HealthyInstances = types.Int64Value(int64(n))
 			d.Append(st.Set(ctx, &m)...)

@@ -215,6 +215,16 @@ func TestModelAndSystemJobs(t *testing.T) {
 			(&consulapi.QueryOptions{Filter: fmt.Sprintf("Service.Meta.oasis_model == %q", modelName)}).WithContext(ctx))
 		must.NoError(t, err)
 		must.SliceEmpty(t, entries)
+		// The system jobs' services leave Consul as their tasks stop.
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+			for _, svc := range []string{"oasis-router", "oasis-kvcached"} {
+				entries, _, err := stack.Consul.Health().Service(svc, "", false, (&consulapi.QueryOptions{}).WithContext(ctx))
+				if err != nil || len(entries) > 0 {
+					return false
+				}
+			}
+			return true
+		}), wait.Timeout(15*time.Second), wait.Gap(200*time.Millisecond)))
 	})
 }
 
