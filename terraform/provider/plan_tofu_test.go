@@ -13,7 +13,8 @@ import (
 
 // TestPlanValidation runs the real tofu CLI with the provider: a bad
 // engine/offload combination, count or variable fails `tofu plan` naming
-// the attribute, with no cluster behind the provider.
+// the attribute, with no cluster behind the provider. OASIS_TF_PROVIDER_BIN
+// names a prebuilt provider; unset, the test builds one.
 func TestPlanValidation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the provider and runs tofu")

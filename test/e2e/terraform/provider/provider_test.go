@@ -201,6 +201,19 @@ func TestModelAndSystemJobs(t *testing.T) {
 		}
 	})
 
+	t.Run("a job stopped outside Terraform plans its creation", func(t *testing.T) {
+		_, _, err := stack.Nomad.Jobs().Deregister(modelJobID, false, nil)
+		must.NoError(t, err)
+		p, err := tf.Plan(ctx, args...)
+		must.NoError(t, err)
+		changed := p.Changed()
+		must.Len(t, 1, changed)
+		must.EqOp(t, "oasis_model.sim", changed[0].Address)
+		must.Eq(t, []string{"create"}, changed[0].Change.Actions)
+		tf.Must(ctx, with([]string{"apply", "-auto-approve", "-no-color"}, args...)...)
+		must.EqOp(t, 2, passing(t, ctx, modelName))
+	})
+
 	start = time.Now()
 	tf.Must(ctx, with([]string{"destroy", "-auto-approve", "-no-color"}, args...)...)
 	destroyed = true
