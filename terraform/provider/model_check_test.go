@@ -1,0 +1,78 @@
+package provider
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+func TestCheckModel(t *testing.T) {
+	base := func() modelSpec {
+		return modelSpec{Name: "m", Datacenters: []string{"*"}, Engine: "vllm", Model: "org/m",
+			Role: modelRoleBoth, Count: 1, CPU: 500, MemoryMB: 1024}
+	}
+	cases := []struct {
+		name     string
+		edit     func(*modelSpec)
+		attr     string // the attribute path the problem is on
+		contains string
+	}{
+		{"unknown engine", func(s *modelSpec) { s.Engine = "tgi" }, "engine", "unknown engine"},
+		{"openai_compat", func(s *modelSpec) { s.Engine = "openai_compat" }, "engine", "runs no engine process"},
+		{"hicache on vllm", func(s *modelSpec) { s.KVOffload = "hicache" }, "kv_offload", "not supported by engine vllm"},
+		{"native on sglang", func(s *modelSpec) { s.Engine = "sglang"; s.KVOffload = "native"; s.KVOffloadSizeGB = 8 }, "kv_offload", "hicache"},
+		{"nixl without disaggregation", func(s *modelSpec) { s.KVOffload = "nixl" }, "role", "prefill or decode"},
+		{"lmcache on disaggregated sglang", func(s *modelSpec) {
+			s.Engine, s.Role, s.KVOffload = "sglang", modelRoleDisaggregated, "lmcache"
+		}, "role", "not supported by engine sglang"},
+		{"disaggregated llama_cpp", func(s *modelSpec) {
+			s.Engine, s.Role, s.GPUs = "llama_cpp", modelRoleDisaggregated, ptr(0)
+		}, "kv_offload", "not supported by engine llama_cpp"},
+		{"native without size", func(s *modelSpec) { s.KVOffload = "native" }, "kv_offload_size_gb", "needs the CPU cache size"},
+		{"size without offload", func(s *modelSpec) { s.KVOffloadSizeGB = 4 }, "kv_offload_size_gb", "offloads nothing"},
+		{"negative count", func(s *modelSpec) { s.Count = -1 }, "engine_count", "negative"},
+		{"negative decode count", func(s *modelSpec) { s.Role = modelRoleDisaggregated; s.DecodeCount = -2 }, "decode_count", "negative"},
+		{"unknown role", func(s *modelSpec) { s.Role = "prefill" }, "role", "allowed: both, disaggregated"},
+		{"zero cpu", func(s *modelSpec) { s.CPU = 0 }, "resources.cpu", "at least 1"},
+		{"tiny memory", func(s *modelSpec) { s.MemoryMB = 4 }, "resources.memory", "at least 10"},
+		{"negative gpus", func(s *modelSpec) { s.GPUs = ptr(-1) }, "resources.gpus", "negative"},
+		{"fewer gpus than ranks", func(s *modelSpec) { s.TensorParallelSize = 4; s.GPUs = ptr(2) }, "resources.gpus", "tensor_parallel_size"},
+		{"gpu utilization above 1", func(s *modelSpec) { s.GPUMemoryUtilization = 1.5 }, "gpu_memory_utilization", "(0, 1]"},
+		{"tensor parallel llama_cpp", func(s *modelSpec) { s.Engine = "llama_cpp"; s.TensorParallelSize = 2 }, "tensor_parallel_size", "llama_cpp"},
+		{"block size not a power of two", func(s *modelSpec) { s.BlockSize = 24 }, "block_size", "powers of two"},
+		{"bad name", func(s *modelSpec) { s.Name = "a b" }, "name", "not a model name"},
+		{"no model", func(s *modelSpec) { s.Model = " " }, "model", "required"},
+		{"no datacenters", func(s *modelSpec) { s.Datacenters = nil }, "datacenters", "at least one"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base()
+			tc.edit(&s)
+			ps := checkModel(s)
+			must.SliceNotEmpty(t, ps)
+			var found bool
+			for _, p := range ps {
+				if p.Path.String() == tc.attr && strings.Contains(p.Msg, tc.contains) {
+					found = true
+				}
+			}
+			must.True(t, found, must.Sprintf("want a problem on %s containing %q, got %+v", tc.attr, tc.contains, ps))
+		})
+	}
+}
+
+func TestCheckModelValid(t *testing.T) {
+	for name, s := range map[string]modelSpec{
+		"sim disaggregated": {Name: "m", Datacenters: []string{"*"}, Engine: "sim", Model: "m",
+			Role: modelRoleDisaggregated, PrefillCount: 1, DecodeCount: 1, CPU: 100, MemoryMB: 64},
+		"vllm kvcached": {Name: "m", Datacenters: []string{"*"}, Engine: "vllm", Model: "m",
+			Role: modelRoleBoth, Count: 1, KVOffload: "kvcached", CPU: 100, MemoryMB: 64},
+		"sglang hicache": {Name: "m", Datacenters: []string{"*"}, Engine: "sglang", Model: "m",
+			Role: modelRoleBoth, Count: 1, KVOffload: "hicache", KVOffloadSizeGB: 32, CPU: 100, MemoryMB: 64},
+		"trtllm": {Name: "m", Datacenters: []string{"*"}, Engine: "trtllm", Model: "m",
+			Role: modelRoleBoth, Count: 0, CPU: 100, MemoryMB: 64, TensorParallelSize: 2},
+	} {
+		t.Run(name, func(t *testing.T) { must.SliceEmpty(t, checkModel(s)) })
+	}
+}

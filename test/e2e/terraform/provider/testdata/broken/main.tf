@@ -1,0 +1,21 @@
+# A model whose engine cannot start: apply must time out naming the
+# allocations' task states.
+terraform {
+  required_providers {
+    oasis = { source = "oasis-llm/oasis" }
+  }
+}
+
+provider "oasis" {}
+
+resource "oasis_model" "broken" {
+  name          = "tf-broken"
+  engine        = "sim"
+  model         = "tf-broken"
+  engine_binary = "/nonexistent/oasis-sim"
+  resources = {
+    cpu    = 100
+    memory = 64
+  }
+  timeout = "15s"
+}
