@@ -87,6 +87,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if g.cfg.Prepare != nil {
 		g.cfg.Prepare(req)
 	}
+	if g.disaggregate(ctx, w, r, rec, x) {
+		return
+	}
 	g.attempt(ctx, w, r, rec, x)
 }
 
@@ -99,6 +102,9 @@ type exchange struct {
 	pol    policy.Resolved
 
 	release func()             // gives the admission slot back (idempotent)
+	// remotePrefill: this leg's prompt was computed by a prefill worker,
+	// so the decode worker has no prefill of its own to account for.
+	remotePrefill bool
 	remote  *federation.Target // set while the attempt goes to another datacenter
 }
 
@@ -242,13 +248,17 @@ func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	return admission.Slot{}, false
 }
 
-// candidates are the workers a request may go to directly: prefill-only
-// instances are left out when others exist.
+// candidates are the workers a request may go to directly (directWorker):
+// prefill instances, and SGLang decode instances, which wait for a prefill
+// peer, are left out when others exist.
 func (g *Gateway) candidates(model string) []*scoring.Worker {
 	ws := g.cfg.Pool.Workers(model)
 	for _, w := range ws {
-		if w.Role == "prefill" {
-			return slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return w.Role == "prefill" })
+		if !directWorker(w) {
+			if d := slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return !directWorker(w) }); len(d) > 0 {
+				return d
+			}
+			return ws
 		}
 	}
 	return ws
