@@ -52,7 +52,9 @@ type legAnswer struct {
 	body   []byte
 }
 
-func (e *legAnswer) Error() string { return "the engine refused the request: " + http.StatusText(e.status) }
+func (e *legAnswer) Error() string {
+	return "the engine refused the request: " + http.StatusText(e.status)
+}
 
 // directWorker reports whether w serves a request by itself: not a prefill
 // worker, nor an SGLang decode worker (which waits for a prefill peer's KV).
