@@ -101,11 +101,11 @@ type exchange struct {
 	reqID  string
 	pol    policy.Resolved
 
-	release func() // gives the admission slot back (idempotent)
+	release func()             // gives the admission slot back (idempotent)
+	remote  *federation.Target // set while the attempt goes to another datacenter
 	// remotePrefill: this leg's prompt was computed by a prefill worker,
 	// so the decode worker has no prefill of its own to account for.
 	remotePrefill bool
-	remote        *federation.Target // set while the attempt goes to another datacenter
 }
 
 // attempt sends the request to a worker and, when that fails before anything
