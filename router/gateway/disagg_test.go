@@ -140,7 +140,7 @@ func TestVLLMPairLegs(t *testing.T) {
 	d := newPDEngine(t, streamDecode)
 	h := pdHarness(t, pdDoc(),
 		pdInstance("p1", addr(p.srv), "prefill", "vllm"), pdInstance("d1", addr(d.srv), "decode", "vllm"))
-	body := `{"model":"m","prompt":"a long prompt","max_tokens":8,"max_completion_tokens":8,"min_tokens":2,"stream":true,"stream_options":{"include_usage":true},"seed":3}`
+	body := `{"model":"m","prompt":"a long prompt","max_tokens":8,"max_completion_tokens":8,"min_tokens":2,"min_completion_tokens":2,"stream":true,"stream_options":{"include_usage":true},"seed":3}`
 	resp := h.post("/v1/completions", body, "X-Request-Id", "req-42")
 	must.Eq(t, 200, resp.StatusCode)
 	out := readAllString(t, resp)
@@ -156,6 +156,7 @@ func TestVLLMPairLegs(t *testing.T) {
 	must.Eq(t, false, pb["stream"])
 	must.MapNotContainsKey(t, pb, "stream_options")
 	must.MapNotContainsKey(t, pb, "min_tokens")
+	must.MapNotContainsKey(t, pb, "min_completion_tokens")
 	must.Eq(t, map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
 		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}, pb["kv_transfer_params"].(map[string]any))
 	must.Eq(t, 3.0, pb["seed"])
@@ -164,6 +165,7 @@ func TestVLLMPairLegs(t *testing.T) {
 	must.Eq(t, kvAnswer, db["kv_transfer_params"].(map[string]any))
 	must.Eq(t, 8.0, db["max_tokens"])
 	must.Eq(t, 2.0, db["min_tokens"])
+	must.Eq(t, 2.0, db["min_completion_tokens"])
 	must.Eq(t, true, db["stream"])
 	must.Eq(t, map[string]any{"include_usage": true}, db["stream_options"].(map[string]any))
 	must.Eq(t, "req-42", pl[0].reqID)

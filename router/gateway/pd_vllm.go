@@ -15,8 +15,8 @@ import (
 // (vllm-project/vllm tests/v1/kv_connector/nixl_integration/toy_proxy_server.py,
 // examples/online_serving/disaggregated_serving/): the prefill leg is the
 // client's body with max_tokens 1 (max_completion_tokens too when set),
-// stream false, no stream_options and no min_tokens (vLLM refuses
-// min_tokens > max_tokens), and kv_transfer_params asking the prefill
+// stream false, no stream_options and no min_tokens or
+// min_completion_tokens (not supported on the prefill side), and kv_transfer_params asking the prefill
 // engine to keep the KV for a remote decode; the engine answers with
 // kv_transfer_params naming where the KV is, which the decode leg (the
 // client's body otherwise) carries unchanged. Both legs carry the client's
@@ -48,6 +48,7 @@ func vllmPrefillBody(body []byte) ([]byte, error) {
 	m["stream"] = jsonFalse
 	delete(m, "stream_options")
 	delete(m, "min_tokens")
+	delete(m, "min_completion_tokens")
 	m["kv_transfer_params"] = prefillParams
 	return json.Marshal(m)
 }
