@@ -87,8 +87,8 @@ func (g *Gateway) pdWorkers(model string) (prefill, decode []*scoring.Worker, di
 // model has one and the policy wants it; false leaves the request to the
 // direct path (attempt).
 func (g *Gateway) disaggregate(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange) bool {
-	if !x.pol.Disagg.Enabled || x.remote != nil {
-		return false
+	if !x.pol.Disagg.Enabled || x.remote != nil || x.req.Path == "/v1/embeddings" {
+		return false // an embedding has no decode
 	}
 	prefill, decode, direct := g.pdWorkers(x.req.Model)
 	if len(prefill) == 0 || len(decode) == 0 {

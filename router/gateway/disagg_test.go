@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -356,9 +357,14 @@ func TestSGLangPrefillFailureRetriesAnotherPrefill(t *testing.T) {
 	must.Eq(t, 200, resp.StatusCode)
 	must.StrContains(t, readAllString(t, resp), `"llo"`)
 	must.SliceLen(t, 1, bad.got())
-	must.SliceLen(t, 1, good.got())
-	must.SliceLen(t, 2, d.got())
-	must.NotEq(t, d.got()[0].body["bootstrap_room"], d.got()[1].body["bootstrap_room"])
+	// The prefill leg is sent next to the decode leg, which here does not wait for it.
+	testutil.Eventually(t, 5*time.Second, "the second prefill leg", func() bool { return len(good.got()) == 1 })
+	// The first decode leg may be cancelled before it reached the engine.
+	dl := d.got()
+	last := dl[len(dl)-1].body
+	must.Eq(t, 2.0, last["bootstrap_port"])
+	must.Eq(t, good.got()[0].body["bootstrap_room"], last["bootstrap_room"])
+	must.NotEq(t, bad.got()[0].body["bootstrap_room"], last["bootstrap_room"])
 	must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "prefill")))
 }
 
@@ -497,6 +503,7 @@ func TestDecodeFailsTwice(t *testing.T) {
 	d1, d2 := newPDEngine(t, failWith(500)), newPDEngine(t, failWith(503))
 	h := pdHarness(t, pdDoc(), pdInstance("p1", addr(p.srv), "prefill", "vllm"),
 		pdInstance("d1", addr(d1.srv), "decode", "vllm"), pdInstance("d2", addr(d2.srv), "decode", "vllm"))
+	busy(h, "d2") // d1 is chosen first
 	resp := h.post("/v1/completions", pdStreamBody)
 	// The second decode leg's answer is the client's, as for direct requests.
 	must.Eq(t, 503, resp.StatusCode)
@@ -624,4 +631,56 @@ func TestCandidatesLeaveOutPrefillAndSGLangDecode(t *testing.T) {
 		ids = append(ids, w.ID)
 	}
 	must.Eq(t, []string{"b", "vd"}, ids)
+}
+
+func TestSGLangDecodeFailureNewPair(t *testing.T) {
+	p := newPDEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	})
+	d1, d2 := newPDEngine(t, failWith(500)), newPDEngine(t, streamDecode)
+	h := pdHarness(t, pdDoc(), pdInstance("p1", addr(p.srv), "prefill", "sglang", discovery.MetaBootstrapPort, "7"),
+		pdInstance("d1", addr(d1.srv), "decode", "sglang"), pdInstance("d2", addr(d2.srv), "decode", "sglang"))
+	busy(h, "d2") // d1 is chosen first
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	must.Eq(t, 200, resp.StatusCode)
+	must.StrContains(t, readAllString(t, resp), `"llo"`)
+	must.SliceLen(t, 1, d1.got())
+	must.SliceLen(t, 1, d2.got())
+	room := d2.got()[0].body["bootstrap_room"]
+	must.NotEq(t, d1.got()[0].body["bootstrap_room"], room)
+	testutil.Eventually(t, 5*time.Second, "the new pair's prefill leg", func() bool {
+		return slices.ContainsFunc(p.got(), func(l leg) bool { return l.body["bootstrap_room"] == room })
+	})
+	must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "decode")))
+}
+
+// TestSGLangFallbackToAggregated: SGLang decode workers cannot prefill
+// locally; a fallback goes to an aggregated worker, without bootstrap fields.
+func TestSGLangFallbackToAggregated(t *testing.T) {
+	p := newPDEngine(t, failWith(500))
+	d := newPDEngine(t, func(_ http.ResponseWriter, r *http.Request, _ map[string]any) { freeze(r) }) // waits for KV
+	agg := newPDEngine(t, streamDecode)
+	h := pdHarness(t, pdDoc(), pdInstance("p1", addr(p.srv), "prefill", "sglang", discovery.MetaBootstrapPort, "7"),
+		pdInstance("d1", addr(d.srv), "decode", "sglang"), pdInstance("b1", addr(agg.srv), "both", "sglang"))
+	resp := h.post("/v1/completions", pdStreamBody)
+	must.Eq(t, 200, resp.StatusCode)
+	must.StrContains(t, readAllString(t, resp), `"llo"`)
+	must.SliceLen(t, 1, agg.got())
+	must.MapNotContainsKey(t, agg.got()[0].body, "bootstrap_room")
+	must.Eq(t, 1.0, disaggPath(h, "fallback"))
+}
+
+func TestEmbeddingsAreNotDisaggregated(t *testing.T) {
+	p := newPDEngine(t, vllmPrefill)
+	d := newPDEngine(t, func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"data":[]}`)
+	})
+	h := pdHarness(t, pdDoc(), pdInstance("p1", addr(p.srv), "prefill", "vllm"), pdInstance("d1", addr(d.srv), "decode", "vllm"))
+	resp := h.post("/v1/embeddings", `{"model":"m","input":"a long text"}`)
+	must.Eq(t, 200, resp.StatusCode)
+	resp.Body.Close()
+	must.SliceLen(t, 0, p.got())
+	must.SliceLen(t, 1, d.got())
 }

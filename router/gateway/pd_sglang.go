@@ -69,11 +69,14 @@ func (g *Gateway) sglangPair(ctx context.Context, w http.ResponseWriter, r *http
 	if err == nil {
 		return nil
 	}
+	// Read the cause before cancelling the prefill leg: the decode leg
+	// failed by itself unless the prefill leg's failure cancelled it.
+	cause := context.Cause(dctx)
 	cancelPrefill() // the KV has no taker now
 	<-prefillDone
 	var pf *prefillLegError
 	var la *legAnswer
-	if cause := context.Cause(dctx); errors.As(cause, &pf) || errors.As(cause, &la) {
+	if errors.As(cause, &pf) || errors.As(cause, &la) {
 		return cause
 	}
 	return err
@@ -85,7 +88,9 @@ func (g *Gateway) sglangPrefill(ctx context.Context, r *http.Request, lx *exchan
 	cancelDecode context.CancelCauseFunc) {
 	call, err := g.startPrefill(ctx, r, lx, pw)
 	if err != nil {
-		cancelDecode(err)
+		if ctx.Err() == nil { // not cancelled by sglangPair
+			cancelDecode(err)
+		}
 		return
 	}
 	defer call.end()
