@@ -100,7 +100,7 @@ func (g *Gateway) disaggregate(ctx context.Context, w http.ResponseWriter, r *ht
 	if err != nil {
 		return false // no two workers share a protocol
 	}
-	if direct && uncachedOn(x, pair.Decode) < x.pol.Disagg.MinUncachedTokens {
+	if direct && uncachedOn(x, pair.Decode) < int64(x.pol.Disagg.MinUncachedTokens) {
 		g.m.DisaggRequests.WithLabelValues(x.req.Model, "direct").Inc()
 		return false
 	}

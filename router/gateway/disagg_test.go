@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
@@ -683,4 +684,14 @@ func TestEmbeddingsAreNotDisaggregated(t *testing.T) {
 	resp.Body.Close()
 	must.SliceLen(t, 0, p.got())
 	must.SliceLen(t, 1, d.got())
+}
+
+func TestExchangeLegs(t *testing.T) {
+	body := []byte(`{"model":"m"}`)
+	x := &exchange{req: &scoring.Request{Body: body}, body: body}
+	must.False(t, x.remotePrefill())
+	must.True(t, x.leg([]byte(`{"model":"m","kv_transfer_params":{}}`)).remotePrefill())
+	// Every request allocates one: the P/D fields must not push it past
+	// its 256-byte size class (BenchmarkProxyStreaming's B/op).
+	must.LessEq(t, uintptr(256), unsafe.Sizeof(exchange{}))
 }

@@ -14,7 +14,8 @@ import (
 // maxLegAnswer bounds what the router reads of a prefill leg's answer.
 const maxLegAnswer = 4 << 20
 
-// leg returns a copy of x that sends body instead of the client's.
+// leg returns a copy of x that sends body instead of the client's (see
+// exchange.remotePrefill).
 func (x *exchange) leg(body []byte) *exchange {
 	lx := *x
 	lx.body = body

@@ -62,10 +62,8 @@ func (g *Gateway) sglangPair(ctx context.Context, w http.ResponseWriter, r *http
 		g.sglangPrefill(pctx, r, lx, pair.Prefill, cancelDecode)
 	}()
 
-	dx := lx.leg(body)
-	dx.remotePrefill = true
 	rec.worker = pair.Decode.ID
-	err = g.forward(dctx, w, r, rec, dx, pair.Decode, mayRetry)
+	err = g.forward(dctx, w, r, rec, lx, pair.Decode, mayRetry)
 	if err == nil {
 		return nil
 	}

@@ -66,7 +66,6 @@ func (g *Gateway) vllmPair(ctx context.Context, w http.ResponseWriter, r *http.R
 		return err
 	}
 	dx := x.leg(body)
-	dx.remotePrefill = true
 	rec.worker = pair.Decode.ID
 	return g.forward(ctx, w, r, rec, dx, pair.Decode, mayRetry)
 }

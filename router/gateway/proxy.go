@@ -103,9 +103,14 @@ type exchange struct {
 
 	release func()             // gives the admission slot back (idempotent)
 	remote  *federation.Target // set while the attempt goes to another datacenter
-	// remotePrefill: this leg's prompt was computed by a prefill worker,
-	// so the decode worker has no prefill of its own to account for.
-	remotePrefill bool
+}
+
+// remotePrefill reports whether x is a decode leg (leg): its body is not
+// the client's, and its prompt is computed by a prefill worker, so the
+// decode worker has no prefill of its own to account for. (Told by the
+// body rather than a field: the exchange stays in a 256-byte allocation.)
+func (x *exchange) remotePrefill() bool {
+	return len(x.body) > 0 && len(x.req.Body) > 0 && &x.body[0] != &x.req.Body[0]
 }
 
 // attempt sends the request to a worker and, when that fails before anything

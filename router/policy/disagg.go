@@ -1,6 +1,9 @@
 package policy
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Disaggregation modes.
 const (
@@ -35,10 +38,11 @@ type Disagg struct {
 	DisaggregationFallback *string `json:"disaggregation_fallback,omitempty"`
 }
 
-// DisaggPolicy is the resolved disaggregation policy of one model.
+// DisaggPolicy is the resolved disaggregation policy of one model. (8
+// bytes: it is copied into every request's state.)
 type DisaggPolicy struct {
+	MinUncachedTokens int32
 	Enabled           bool
-	MinUncachedTokens int64
 	Fallback          bool // serve without a remote prefill when every prefill leg failed
 }
 
@@ -46,8 +50,8 @@ func (d Disagg) validate(where string) error {
 	if v := d.Disaggregation; v != nil && *v != DisaggAuto && *v != DisaggOff {
 		return fmt.Errorf("%sdisaggregation: want %q or %q, got %q", where, DisaggAuto, DisaggOff, *v)
 	}
-	if v := d.DisaggregationMinUncachedTokens; v != nil && *v < 0 {
-		return fmt.Errorf("%sdisaggregation_min_uncached_tokens: must be ≥ 0, got %d", where, *v)
+	if v := d.DisaggregationMinUncachedTokens; v != nil && (*v < 0 || *v > math.MaxInt32) {
+		return fmt.Errorf("%sdisaggregation_min_uncached_tokens: must be between 0 and %d, got %d", where, math.MaxInt32, *v)
 	}
 	if v := d.DisaggregationFallback; v != nil && *v != FallbackLocal && *v != FallbackNone {
 		return fmt.Errorf("%sdisaggregation_fallback: want %q or %q, got %q", where, FallbackLocal, FallbackNone, *v)
@@ -60,7 +64,7 @@ func (d Disagg) apply(p DisaggPolicy) DisaggPolicy {
 		p.Enabled = *d.Disaggregation == DisaggAuto
 	}
 	if d.DisaggregationMinUncachedTokens != nil {
-		p.MinUncachedTokens = int64(*d.DisaggregationMinUncachedTokens)
+		p.MinUncachedTokens = int32(min(max(*d.DisaggregationMinUncachedTokens, 0), math.MaxInt32))
 	}
 	if d.DisaggregationFallback != nil {
 		p.Fallback = *d.DisaggregationFallback == FallbackLocal
