@@ -30,6 +30,12 @@ const (
 	MetaMetricsPath    = "oasis_metrics_path"
 	MetaBlockSize      = "oasis_block_size"
 	MetaNode           = "oasis_node"
+	// MetaPDProtocol is how the instance takes part in disaggregated
+	// prefill/decode: "vllm" or "sglang" (default: "sglang" for engine
+	// sglang, else "vllm").
+	MetaPDProtocol = "oasis_pd_protocol"
+	// MetaBootstrapPort is an SGLang prefill instance's bootstrap server port.
+	MetaBootstrapPort = "oasis_bootstrap_port"
 	// A hosted endpoint (engine openai_compat): base URL, and the name of the router's
 	// environment variable holding its API key (the key never enters Consul).
 	MetaUpstream       = "oasis_upstream"
@@ -152,6 +158,10 @@ func (p *Pool) Set(instances []Instance) {
 		if w.Model == "" || w.Address == "" {
 			continue
 		}
+		if err := checkDisagg(w, get); err != nil {
+			p.refuse(in.ID, err)
+			continue
+		}
 		if _, dup := seen[w.ID]; dup {
 			continue
 		}
@@ -196,6 +206,18 @@ func (p *Pool) Set(instances []Instance) {
 // sources deliver the whole list on every change, and one bad registration
 // must not log on each.
 func (p *Pool) refuse(id string, err error) {
+	var me *MetaError
+	if errors.As(err, &me) {
+		if what := me.Key + "\x00" + me.Value; p.rejected[id] != what {
+			p.rejected[id] = what
+			p.log.Warn("ignoring engine with invalid service meta", "instance", id, "key", me.Key,
+				"value", me.Value, "error", me.Reason)
+			if p.metrics != nil {
+				p.metrics.MetaRejected.WithLabelValues(me.Key).Inc()
+			}
+		}
+		return
+	}
 	var he *HostedError
 	if !errors.As(err, &he) {
 		return
@@ -261,13 +283,23 @@ func workerOf(id, address string, tags []string, get func(string) string) *scori
 	}
 	role := get(MetaRole)
 	if role == "" {
-		role = "both"
+		role = RoleBoth
 	}
+	proto := get(MetaPDProtocol)
+	if proto == "" {
+		proto = ProtocolVLLM
+		if get(MetaEngine) == "sglang" {
+			proto = ProtocolSGLang
+		}
+	}
+	boot, _ := strconv.Atoi(get(MetaBootstrapPort))
 	return &scoring.Worker{
 		ID:               id,
 		Model:            get(MetaModel),
 		Engine:           get(MetaEngine),
 		Role:             role,
+		PDProtocol:       proto,
+		BootstrapPort:    boot,
 		Address:          address,
 		Node:             get(MetaNode),
 		BlockSize:        bs,

@@ -91,7 +91,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// The ttft term's prefill queue: this request's uncached prompt tokens
 	// until its first token (which teaches the worker's prefill rate) or its end.
 	var pre *scoring.Prefill
-	if n, ok := x.req.UncachedTokens(wk); ok {
+	if n, ok := x.req.UncachedTokens(wk); ok && !x.remotePrefill() {
 		pre = wk.Live.StartPrefill(n)
 	}
 	defer pre.Cancel()

@@ -87,6 +87,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if g.cfg.Prepare != nil {
 		g.cfg.Prepare(req)
 	}
+	if g.disaggregate(ctx, w, r, rec, x) {
+		return
+	}
 	g.attempt(ctx, w, r, rec, x)
 }
 
@@ -100,6 +103,14 @@ type exchange struct {
 
 	release func()             // gives the admission slot back (idempotent)
 	remote  *federation.Target // set while the attempt goes to another datacenter
+}
+
+// remotePrefill reports whether x is a decode leg (leg): its body is not
+// the client's, and its prompt is computed by a prefill worker, so the
+// decode worker has no prefill of its own to account for. (Told by the
+// body rather than a field: the exchange stays in a 256-byte allocation.)
+func (x *exchange) remotePrefill() bool {
+	return len(x.body) > 0 && len(x.req.Body) > 0 && &x.body[0] != &x.req.Body[0]
 }
 
 // attempt sends the request to a worker and, when that fails before anything
@@ -242,13 +253,17 @@ func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	return admission.Slot{}, false
 }
 
-// candidates are the workers a request may go to directly: prefill-only
-// instances are left out when others exist.
+// candidates are the workers a request may go to directly (directWorker):
+// prefill instances, and SGLang decode instances, which wait for a prefill
+// peer, are left out when others exist.
 func (g *Gateway) candidates(model string) []*scoring.Worker {
 	ws := g.cfg.Pool.Workers(model)
 	for _, w := range ws {
-		if w.Role == "prefill" {
-			return slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return w.Role == "prefill" })
+		if !directWorker(w) {
+			if d := slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return !directWorker(w) }); len(d) > 0 {
+				return d
+			}
+			return ws
 		}
 	}
 	return ws

@@ -46,6 +46,16 @@ type Metrics struct {
 	// allow-list refuses their hosted upstream (discovery.HostedPolicy).
 	HostedRejected *prometheus.CounterVec // reason
 
+	// Engine registrations left out of the pool because a service meta
+	// value is malformed (discovery.MetaError): anyone who can register a
+	// service writes meta.
+	MetaRejected *prometheus.CounterVec // key
+
+	// Disaggregated prefill/decode (gateway disagg.go).
+	DisaggRequests *prometheus.CounterVec   // model, path (pair|direct|fallback)
+	PrefillLeg     *prometheus.HistogramVec // model: a prefill leg's time to its answer
+	DisaggFailures *prometheus.CounterVec   // model, leg (prefill|decode)
+
 	// Reads of Nomad node statistics for GPU power (-power-from-nomad):
 	// errors are how a missing ACL policy shows.
 	NodeStatsReads *prometheus.CounterVec // result (ok|error)
@@ -175,6 +185,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		[]string{"reason"})
 	m.NodeStatsReads = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "nomad_node_stats_reads_total",
 		Help: "Reads of Nomad node statistics for GPU power (-power-from-nomad), by result (ok|error)."}, []string{"result"})
-	reg.MustRegister(m.HostedRejected, m.NodeStatsReads)
+	m.MetaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "meta_rejected_total",
+		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port)."},
+		[]string{"key"})
+	m.DisaggRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_requests_total",
+		Help: "Requests for models with prefill workers, by path: pair (prefill leg, then decode leg), direct (to a decode or aggregated worker: disaggregation off or too few uncached tokens), fallback (prefill legs failed; served without a remote prefill)."},
+		[]string{"model", "path"})
+	m.PrefillLeg = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "prefill_leg_seconds",
+		Help: "Time from sending a prefill leg to its answer (vLLM protocol: the prefill and its one token; SGLang: the response head).", Buckets: lat},
+		[]string{"model"})
+	m.DisaggFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_failures_total",
+		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
+		[]string{"model", "leg"})
+	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	return m
 }

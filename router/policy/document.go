@@ -32,6 +32,8 @@ type Document struct {
 	Admission Admission          `json:"admission"`
 	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
 	Models    map[string]Model   `json:"models,omitempty"`
+	// Disaggregated prefill/decode: see disagg.go.
+	Disagg
 	// Federation is document-wide: see federation.go.
 	Federation *Federation `json:"federation,omitempty"`
 }
@@ -42,6 +44,7 @@ type Model struct {
 	Weights   map[string]float64 `json:"weights,omitempty"`
 	Admission *Admission         `json:"admission,omitempty"`
 	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
+	Disagg
 }
 
 // Timeouts bound the router's wait for an engine. In a per-model override an
@@ -99,6 +102,7 @@ type Resolved struct {
 	Scoring  scoring.Config
 	Limits   Limits
 	Timeouts UpstreamTimeouts
+	Disagg   DisaggPolicy
 }
 
 // DefaultWeights are the weighted policy's terms when no document says otherwise. Estimated
@@ -164,6 +168,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 	if err := d.Timeouts.validate("timeouts"); err != nil {
 		return err
 	}
+	if err := d.Disagg.validate(""); err != nil {
+		return err
+	}
 	if err := d.Federation.validate(); err != nil {
 		return err
 	}
@@ -181,6 +188,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 			}
 		}
 		if err := m.Timeouts.validate("models." + name + ".timeouts"); err != nil {
+			return err
+		}
+		if err := m.Disagg.validate("models." + name + "."); err != nil {
 			return err
 		}
 	}
@@ -257,8 +267,10 @@ func (d *Document) For(model string) Resolved {
 	r.Limits = d.Admission.apply(Limits{MaxQueue: 1024, QueueTimeout: 30 * time.Second})
 	r.Timeouts = d.Timeouts.apply(UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout,
 		StreamIdle: DefaultStreamIdleTimeout, HoldAuto: true})
+	r.Disagg = d.Disagg.apply(DisaggPolicy{Enabled: true, MinUncachedTokens: DefaultDisaggMinUncachedTokens, Fallback: true})
 	if m, ok := d.Models[model]; ok {
 		r.Timeouts = m.Timeouts.apply(r.Timeouts)
+		r.Disagg = m.Disagg.apply(r.Disagg)
 		if m.Policy != "" {
 			r.Scoring.Policy = m.Policy
 		}

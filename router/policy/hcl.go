@@ -23,8 +23,11 @@ import (
 //	  enabled = true
 //	  margin  = "50ms"
 //	}
+//	disaggregation                     = "auto"
+//	disaggregation_min_uncached_tokens = 256
 //	model "llama-3-8b" {
 //	  policy = "least_load"
+//	  disaggregation_fallback = "none"
 //	  admission { max_in_flight = 64 }
 //	}
 type hclDocument struct {
@@ -34,6 +37,10 @@ type hclDocument struct {
 	Timeouts   *hclTimeouts       `hcl:"timeouts,block"`
 	Models     []hclModel         `hcl:"model,block"`
 	Federation *hclFederation     `hcl:"federation,block"`
+
+	Disaggregation                  *string `hcl:"disaggregation,optional"`
+	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
+	DisaggregationFallback          *string `hcl:"disaggregation_fallback,optional"`
 }
 
 type hclFederation struct {
@@ -65,6 +72,10 @@ type hclModel struct {
 	Weights   map[string]float64 `hcl:"weights,optional"`
 	Admission *hclAdmission      `hcl:"admission,block"`
 	Timeouts  *hclTimeouts       `hcl:"timeouts,block"`
+
+	Disaggregation                  *string `hcl:"disaggregation,optional"`
+	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
+	DisaggregationFallback          *string `hcl:"disaggregation_fallback,optional"`
 }
 
 // decodeHCL turns an HCL policy document into a Document (not yet validated).
@@ -78,7 +89,8 @@ func decodeHCL(data []byte) (*Document, error) {
 	if diags := gohcl.DecodeBody(f.Body, nil, &h); diags.HasErrors() {
 		return nil, fmt.Errorf("decoding policy HCL: %s", diags.Error())
 	}
-	d := &Document{Policy: h.Policy, Weights: h.Weights}
+	d := &Document{Policy: h.Policy, Weights: h.Weights, Disagg: Disagg{h.Disaggregation,
+		h.DisaggregationMinUncachedTokens, h.DisaggregationFallback}}
 	if h.Admission != nil {
 		d.Admission = Admission(*h.Admission)
 	}
@@ -97,7 +109,8 @@ func decodeHCL(data []byte) (*Document, error) {
 		if _, dup := d.Models[m.Name]; dup {
 			return nil, fmt.Errorf("decoding policy HCL: model %q defined twice", m.Name)
 		}
-		mm := Model{Policy: m.Policy, Weights: m.Weights}
+		mm := Model{Policy: m.Policy, Weights: m.Weights, Disagg: Disagg{m.Disaggregation,
+			m.DisaggregationMinUncachedTokens, m.DisaggregationFallback}}
 		if m.Admission != nil {
 			a := Admission(*m.Admission)
 			mm.Admission = &a
@@ -109,7 +122,7 @@ func decodeHCL(data []byte) (*Document, error) {
 		d.Models[m.Name] = mm
 	}
 	if d.Policy == "" && d.Weights == nil && h.Admission == nil && h.Timeouts == nil && len(h.Models) == 0 &&
-		h.Federation == nil {
+		h.Federation == nil && d.Disagg.empty() {
 		return nil, errors.New("decoding policy HCL: empty document")
 	}
 	return d, nil

@@ -22,10 +22,16 @@ import (
 // Live is shared between successive discovery snapshots of the same instance
 // (same ID) so signals survive pool updates.
 type Worker struct {
-	ID               string // service instance id, unique in the cluster
-	Model            string // oasis_model
-	Engine           string // oasis_engine: vllm|sglang|llama_cpp|trtllm|openai_compat|sim
-	Role             string // oasis_role: both|prefill|decode
+	ID     string // service instance id, unique in the cluster
+	Model  string // oasis_model
+	Engine string // oasis_engine: vllm|sglang|llama_cpp|trtllm|openai_compat|sim
+	Role   string // oasis_role: both|prefill|decode
+	// PDProtocol is how a prefill and a decode worker hand a request over
+	// (oasis_pd_protocol): "vllm" (kv_transfer_params) or "sglang" (bootstrap).
+	PDProtocol string
+	// BootstrapPort is an SGLang prefill worker's bootstrap server port
+	// (oasis_bootstrap_port); 0 if none.
+	BootstrapPort    int
 	Address          string // host:port of the OpenAI API
 	Node             string // oasis_node: Nomad node id
 	BlockSize        int    // oasis_block_size, tokens per KV block (0 if unknown)
