@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -104,6 +105,9 @@ type SimConfig struct {
 	Port int
 	// Args are more flags of oasis-sim serve.
 	Args []string
+	// Env is added to its environment (e.g. VLLM_NIXL_SIDE_CHANNEL_PORT:
+	// two disaggregated sims on one host need side channels of their own).
+	Env []string
 }
 
 // Sim is an oasis-sim process a test started.
@@ -122,7 +126,11 @@ func StartSim(t testing.TB, cfg SimConfig) *Sim {
 	}
 	args := append([]string{"serve", cfg.Model, "--port", strconv.Itoa(cfg.Port)}, cfg.Args...)
 	s := &Sim{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.Port))}
-	s.Process = Start(t, exec.Command(cfg.Bin, args...))
+	cmd := exec.Command(cfg.Bin, args...)
+	if len(cfg.Env) > 0 {
+		cmd.Env = append(os.Environ(), cfg.Env...)
+	}
+	s.Process = Start(t, cmd)
 	Eventually(t, 20*time.Second, "oasis-sim to answer /health", func() bool {
 		return s.Exited() || s.healthy()
 	})

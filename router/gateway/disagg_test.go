@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -209,7 +210,8 @@ func TestVLLMPairWithSim(t *testing.T) {
 	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-sim")
 	sim := func() *testutil.Sim {
 		return testutil.StartSim(t, testutil.SimConfig{Bin: bin, Model: "m", Args: []string{"--host", "127.0.0.1",
-			"--speed", "0", "--log-level", "warn", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`}})
+			"--speed", "0", "--log-level", "warn", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`},
+			Env: []string{"VLLM_NIXL_SIDE_CHANNEL_PORT=" + strconv.Itoa(testutil.FreePort(t))}})
 	}
 	ps, ds := sim(), sim()
 	p := newPDEngine(t, proxyTo(ps.Addr))
@@ -226,8 +228,13 @@ func TestVLLMPairWithSim(t *testing.T) {
 	must.SliceLen(t, 1, dl)
 	kv := dl[0].body["kv_transfer_params"].(map[string]any)
 	must.Eq(t, true, kv["do_remote_prefill"])
-	must.Eq(t, "oasis-sim-m", kv["remote_engine_id"])
+	must.StrHasPrefix(t, "oasis-sim-", kv["remote_engine_id"].(string))
 	must.SliceLen(t, 1, p.got())
+	// The decode engine pulled the prompt's KV from the prefill engine and
+	// computed none of it.
+	decodeMetrics := getString(t, "http://"+ds.Addr+"/metrics")
+	must.StrContains(t, decodeMetrics, `oasis_sim_prompt_tokens_total{engine="0",model_name="m",source="local"} 0`)
+	must.StrNotContains(t, decodeMetrics, `oasis_sim_prompt_tokens_total{engine="0",model_name="m",source="remote"} 0`)
 	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool {
 		return promtest.ToFloat64(h.m.Requests.WithLabelValues("m", "200", "d1")) == 1
 	})
@@ -246,6 +253,14 @@ func TestVLLMPairWithSim(t *testing.T) {
 	resp.Body.Close()
 	must.Eq(t, 4, ans.Usage.CompletionTokens)
 	must.Eq(t, 2.0, disaggPath(h, "pair"))
+}
+
+func getString(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	return readAllString(t, resp)
 }
 
 // proxyTo relays a recorded request to a real engine.
