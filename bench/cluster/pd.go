@@ -154,6 +154,7 @@ type pdWorker struct {
 	txFree, rxFree int64 // when the NIC's send / receive side is next free, ns
 
 	promptComputed int64 // prompt tokens its steps computed
+	generated      int64 // output tokens its steps produced
 	remote         int   // RemotePrefill requests submitted to it
 }
 

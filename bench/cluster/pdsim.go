@@ -97,6 +97,7 @@ func (s *pdSim) startStep(w *pdWorker, now int64) {
 	}
 	w.busy = true
 	w.promptComputed += int64(res.PrefillTokens)
+	w.generated += int64(len(res.Outputs))
 	w.outs = append(w.outs[:0], res.Outputs...)
 	s.q.push(event{t: now + int64(res.Duration), kind: evStepDone, w: w.idx})
 }
