@@ -107,7 +107,7 @@ func TestPDTPOTAccounting(t *testing.T) {
 		{1, prefill + time.Duration((PDConfig{LinkGBps: 40, KV: Llama3_8B}).transferTime(32)) + tm.StepBase + tm.PerPrefillToken},
 	} {
 		for _, slo := range []time.Duration{decode - 1, decode} {
-			s, err := runPD(PDConfig{Workers: 2, Prefill: tc.prefill, TPOTSLO: slo}, reqs)
+			s, err := runPD(PDConfig{Workers: 2, Prefill: tc.prefill, SLOs: []SLO{{time.Second, slo}}}, reqs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -118,8 +118,8 @@ func TestPDTPOTAccounting(t *testing.T) {
 			if got := time.Duration(r.TPOTP50 * 1e9); got.Round(time.Microsecond) != decode {
 				t.Errorf("%s: TPOT %v, want %v", s.cfg.Split(), got, decode)
 			}
-			if want := float64(map[bool]int{true: 1, false: 0}[slo >= decode]); r.Attainment != want {
-				t.Errorf("%s: TPOT SLO %v: attainment %.0f, want %.0f", s.cfg.Split(), slo, r.Attainment, want)
+			if want := float64(map[bool]int{true: 1, false: 0}[slo >= decode]); r.SLO[0].Attainment != want {
+				t.Errorf("%s: TPOT SLO %v: attainment %.0f, want %.0f", s.cfg.Split(), slo, r.SLO[0].Attainment, want)
 			}
 		}
 	}
@@ -128,13 +128,13 @@ func TestPDTPOTAccounting(t *testing.T) {
 // A sustained rate needs 90% of requests within both SLOs.
 func TestSummarisePD(t *testing.T) {
 	runs := []PDResult{
-		{Split: "agg", Rate: 1, Attainment: 0.99, Goodput: 0.99},
-		{Split: "agg", Rate: 2, Attainment: 0.91, Goodput: 1.82},
-		{Split: "agg", Rate: 3, Attainment: 0.7, Goodput: 2.1},
-		{Split: "2P2D", Rate: 1, Attainment: 0.5, Goodput: 0.5},
+		{Split: "agg", Rate: 1, SLO: []SLOResult{{Attainment: 0.99, Goodput: 0.99}}},
+		{Split: "agg", Rate: 2, SLO: []SLOResult{{Attainment: 0.91, Goodput: 1.82}}},
+		{Split: "agg", Rate: 3, SLO: []SLOResult{{Attainment: 0.7, Goodput: 2.1}}},
+		{Split: "2P2D", Rate: 1, SLO: []SLOResult{{Attainment: 0.5, Goodput: 0.5}}},
 	}
 	got := SummarisePD(runs)
-	if len(got) != 2 || got[0].MaxRate != 2 || got[0].Goodput != 1.82 || got[0].BestGoodput != 2.1 || got[1].MaxRate != 0 {
+	if len(got) != 2 || got[0].SLO[0].MaxRate != 2 || got[0].SLO[0].Goodput != 1.82 || got[0].SLO[0].BestGoodput != 2.1 || got[1].SLO[0].MaxRate != 0 {
 		t.Fatalf("summaries %+v", got)
 	}
 }

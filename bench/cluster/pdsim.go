@@ -174,15 +174,30 @@ func (s *pdSim) token(w *pdWorker, idx int, o engine.Output, now int64) {
 	w.inflight--
 	s.completed++
 	s.lastDone = now
-	ok := time.Duration(f.first-f.arrival) <= s.cfg.TTFTSLO
+	l := reqLatency{ttft: time.Duration(f.first - f.arrival), tpot: -1}
 	if r.Output > 1 {
-		tpot := time.Duration((f.last - f.first) / int64(r.Output-1))
-		s.tpots = append(s.tpots, tpot.Seconds())
-		ok = ok && tpot <= s.cfg.TPOTSLO
+		l.tpot = time.Duration((f.last - f.first) / int64(r.Output-1))
+		s.tpots = append(s.tpots, l.tpot.Seconds())
 	}
-	if ok {
-		s.met++
+	s.lat = append(s.lat, l)
+}
+
+// judge is the run's outcome under o over span seconds of trace time.
+func (s *pdSim) judge(o SLO, span float64) SLOResult {
+	met := 0
+	for _, l := range s.lat {
+		if l.ttft <= o.TTFT && l.tpot <= o.TPOT {
+			met++
+		}
 	}
+	res := SLOResult{TTFT: o.TTFT.Seconds(), TPOT: o.TPOT.Seconds()}
+	if len(s.reqs) > 0 {
+		res.Attainment = float64(met) / float64(len(s.reqs))
+	}
+	if span > 0 {
+		res.Goodput = float64(met) / span
+	}
+	return res
 }
 
 func (s *pdSim) result(wall time.Duration) PDResult {
@@ -195,10 +210,9 @@ func (s *pdSim) result(wall time.Duration) PDResult {
 	span := Span(s.reqs) / c.RateScale
 	if span > 0 {
 		r.Rate = float64(len(s.reqs)) / span
-		r.Goodput = float64(s.met) / span
 	}
-	if len(s.reqs) > 0 {
-		r.Attainment = float64(s.met) / float64(len(s.reqs))
+	for _, o := range c.SLOs {
+		r.SLO = append(r.SLO, s.judge(o, span))
 	}
 	r.Makespan = float64(s.lastDone) / 1e9
 	if r.Makespan > 0 {

@@ -36,8 +36,7 @@ func run() error {
 		splits   = flag.String("splits", "0,2,4,6", "prefill GPUs of each configuration (0: aggregated); the rest decode")
 		scales   = flag.String("scales", "1,2,3,4,5,6", "rate scales to sweep (arrival time / scale)")
 		link     = flag.Float64("link-gbps", cluster.DefaultLinkGBps, "KV transfer bandwidth of each GPU's NIC, GB/s (default: 400 Gb/s ConnectX-7 at ~80%, NIXL over RDMA)")
-		ttftSLO  = flag.Duration("ttft-slo", cluster.DefaultTTFTSLO, "TTFT SLO")
-		tpotSLO  = flag.Duration("tpot-slo", cluster.DefaultTPOTSLO, "TPOT SLO")
+		sloList  = flag.String("slos", "2s/100ms,2s/25ms", "SLOs judged, each TTFT/TPOT (the first is plotted)")
 		limit    = flag.Int("limit", 0, "use only the first N requests (0: all)")
 		outDir   = flag.String("out", "bench/out", "directory for disagg.json and the plots")
 		parallel = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
@@ -57,7 +56,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	base := cluster.PDConfig{GPU: cluster.H100, Workers: *gpus, LinkGBps: *link, KV: cluster.Llama3_8B, TTFTSLO: *ttftSLO, TPOTSLO: *tpotSLO}
+	slos, err := parseSLOs(*sloList)
+	if err != nil {
+		return err
+	}
+	base := cluster.PDConfig{GPU: cluster.H100, Workers: *gpus, LinkGBps: *link, KV: cluster.Llama3_8B, SLOs: slos}
 	cfgs, err := configs(base, *splits, rates)
 	if err != nil {
 		return err
@@ -67,20 +70,34 @@ func run() error {
 	runs, err := cluster.RunParallel(cfgs, *parallel, func(c cluster.PDConfig) (cluster.PDResult, error) { return cluster.RunPD(c, reqs) },
 		func(r cluster.PDResult) {
 			fmt.Fprintf(os.Stderr, "  %-5s scale %4.2f: TTFT p90 %7.3fs TPOT p90 %6.1fms SLO met %.3f (%.1fs)\n",
-				r.Split, r.RateScale, r.TTFTP90, r.TPOTP90*1e3, r.Attainment, r.WallSeconds)
+				r.Split, r.RateScale, r.TTFTP90, r.TPOTP90*1e3, r.SLO[0].Attainment, r.WallSeconds)
 		})
 	if err != nil {
 		return err
 	}
 	rep := &cluster.PDReport{Trace: *trace, Requests: len(reqs), Workers: *gpus, GPU: base.GPU.Name, Model: base.KV.Name,
-		BytesPerT: base.KV.BytesPerToken(), LinkGBps: *link, TTFTSLO: ttftSLO.Seconds(), TPOTSLO: tpotSLO.Seconds(),
-		Runs: runs, Summaries: cluster.SummarisePD(runs)}
+		BytesPerT: base.KV.BytesPerToken(), LinkGBps: *link, Runs: runs, Summaries: cluster.SummarisePD(runs)}
 	cluster.WritePDTable(os.Stdout, rep)
 	if err := write(*outDir, rep); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s/disagg.json, disagg-tpot.png and disagg-ttft.png in %.1fs\n", *outDir, time.Since(t0).Seconds())
 	return nil
+}
+
+// parseSLOs reads -slos: comma-separated TTFT/TPOT duration pairs.
+func parseSLOs(list string) ([]cluster.SLO, error) {
+	var out []cluster.SLO
+	for _, f := range strings.Split(list, ",") {
+		a, b, ok := strings.Cut(strings.TrimSpace(f), "/")
+		ttft, err1 := time.ParseDuration(a)
+		tpot, err2 := time.ParseDuration(b)
+		if !ok || err1 != nil || err2 != nil || ttft <= 0 || tpot <= 0 {
+			return nil, fmt.Errorf("-slos: bad entry %q (want e.g. 2s/100ms)", f)
+		}
+		out = append(out, cluster.SLO{TTFT: ttft, TPOT: tpot})
+	}
+	return out, nil
 }
 
 // configs is every split at every rate scale, grouped by split.
@@ -113,16 +130,17 @@ func write(dir string, rep *cluster.PDReport) error {
 	}
 	tpot, ttft := series(rep.Runs)
 	name := filepath.Base(rep.Trace)
+	slo := rep.Runs[0].SLO[0]
 	if err := plot(filepath.Join(dir, "disagg-tpot.png"), cluster.PlotSpec{
 		Title:  fmt.Sprintf("TPOT p90 vs request rate, %d GPUs aggregated vs xPyD (%s)", rep.Workers, name),
-		XLabel: "request rate (req/s)", YLabel: "tpot p90 (s, log)", SLO: rep.TPOTSLO,
-		SLOLabel: fmt.Sprintf("slo %.0f ms", rep.TPOTSLO*1e3), MinY: 0.005, MaxY: 2 * rep.TPOTSLO}, tpot); err != nil {
+		XLabel: "request rate (req/s)", YLabel: "tpot p90 (s, log)", SLO: slo.TPOT,
+		SLOLabel: fmt.Sprintf("slo %.0f ms", slo.TPOT*1e3), MinY: 0.005, MaxY: 2 * slo.TPOT}, tpot); err != nil {
 		return err
 	}
 	return plot(filepath.Join(dir, "disagg-ttft.png"), cluster.PlotSpec{
 		Title:  fmt.Sprintf("TTFT p90 vs request rate, %d GPUs aggregated vs xPyD (%s)", rep.Workers, name),
-		XLabel: "request rate (req/s)", YLabel: "ttft p90 (s, log)", SLO: rep.TTFTSLO,
-		SLOLabel: fmt.Sprintf("slo %.0f s", rep.TTFTSLO), MinY: 0.05, MaxY: 2 * rep.TTFTSLO}, ttft)
+		XLabel: "request rate (req/s)", YLabel: "ttft p90 (s, log)", SLO: slo.TTFT,
+		SLOLabel: fmt.Sprintf("slo %.0f s", slo.TTFT), MinY: 0.05, MaxY: 2 * slo.TTFT}, ttft)
 }
 
 // series is TPOT p90 and TTFT p90 against rate, one line per split.
