@@ -59,10 +59,14 @@ type PDConfig struct {
 	Prefill   int // 0: aggregated
 	RateScale float64
 	// LinkGBps is each GPU's NIC bandwidth for KV transfers, GB/s (10^9).
-	LinkGBps  float64
-	KV        KVModel
-	SLOs      []SLO // default DefaultSLOs
-	BlockSize int
+	LinkGBps float64
+	KV       KVModel
+	SLOs     []SLO // default DefaultSLOs
+	// MaxBatchedTokens is every engine's token budget per step (vLLM
+	// --max-num-batched-tokens, the chunked-prefill chunk); 0: the engine's
+	// default, 8192.
+	MaxBatchedTokens int
+	BlockSize        int
 }
 
 // Split names the configuration: "agg" or "xPyD".
@@ -245,7 +249,7 @@ func newPDSim(cfg PDConfig, reqs []*Request) (*pdSim, error) {
 	}
 	s := &pdSim{cfg: cfg, reqs: reqs, flights: make([]pdFlight, len(reqs)), q: &queue{}}
 	for i := range cfg.Workers {
-		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.GPU.Blocks, Timing: cfg.GPU.Timing})
+		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: cfg.GPU.Blocks, MaxNumBatchedTokens: cfg.MaxBatchedTokens, Timing: cfg.GPU.Timing})
 		if err != nil {
 			return nil, err
 		}

@@ -37,6 +37,7 @@ func run() error {
 		scales   = flag.String("scales", "1,2,3,4,5,6", "rate scales to sweep (arrival time / scale)")
 		link     = flag.Float64("link-gbps", cluster.DefaultLinkGBps, "KV transfer bandwidth of each GPU's NIC, GB/s (default: 400 Gb/s ConnectX-7 at ~80%, NIXL over RDMA)")
 		sloList  = flag.String("slos", "2s/100ms,2s/25ms", "SLOs judged, each TTFT/TPOT (the first is plotted)")
+		chunk    = flag.Int("max-batched-tokens", 0, "every engine's token budget per step, the chunked-prefill chunk (0: 8192, vLLM's default)")
 		limit    = flag.Int("limit", 0, "use only the first N requests (0: all)")
 		outDir   = flag.String("out", "bench/out", "directory for disagg.json and the plots")
 		parallel = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
@@ -60,7 +61,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	base := cluster.PDConfig{GPU: cluster.H100, Workers: *gpus, LinkGBps: *link, KV: cluster.Llama3_8B, SLOs: slos}
+	base := cluster.PDConfig{GPU: cluster.H100, Workers: *gpus, LinkGBps: *link, KV: cluster.Llama3_8B, SLOs: slos, MaxBatchedTokens: *chunk}
 	cfgs, err := configs(base, *splits, rates)
 	if err != nil {
 		return err
