@@ -24,7 +24,9 @@ func (m KVModel) BytesPerToken() int64 {
 
 // Llama3_8B is the model oasis-sim's step-time model describes (BF16, GQA
 // with 8 KV heads): 128 KiB per token.
-var Llama3_8B = KVModel{Name: "Llama-3-8B BF16", Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+func Llama3_8B() KVModel {
+	return KVModel{Name: "Llama-3-8B BF16", Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}
+}
 
 // DefaultLinkGBps is the default KV transfer bandwidth per GPU, GB/s: one
 // 400 Gb/s ConnectX-7 NIC per GPU (a DGX H100's compute fabric) is 50 GB/s
@@ -91,7 +93,7 @@ func (c *PDConfig) fill() error {
 		c.LinkGBps = DefaultLinkGBps
 	}
 	if c.KV.Layers == 0 {
-		c.KV = Llama3_8B
+		c.KV = Llama3_8B()
 	}
 	if len(c.SLOs) == 0 {
 		c.SLOs = DefaultSLOs()

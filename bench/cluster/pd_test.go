@@ -76,7 +76,7 @@ func TestPDTransferScales(t *testing.T) {
 		t.Fatalf("transfer of 4,000 tokens %d ns, not 4 × %d", b, a)
 	}
 	c.LinkGBps = 20
-	if a, b := c.transferTime(1000), (PDConfig{LinkGBps: 40, KV: Llama3_8B}).transferTime(1000); a != 2*b {
+	if a, b := c.transferTime(1000), (PDConfig{LinkGBps: 40, KV: Llama3_8B()}).transferTime(1000); a != 2*b {
 		t.Fatalf("half the bandwidth: %d ns, not 2 × %d", a, b)
 	}
 	// Two requests far apart, no shared prefix: no queueing, no hits.
@@ -104,7 +104,7 @@ func TestPDTPOTAccounting(t *testing.T) {
 		{0, prefill},
 		// Prefill, transfer, then the decode worker's first step computes
 		// the last prompt token only.
-		{1, prefill + time.Duration((PDConfig{LinkGBps: 40, KV: Llama3_8B}).transferTime(32)) + tm.StepBase + tm.PerPrefillToken},
+		{1, prefill + time.Duration((PDConfig{LinkGBps: 40, KV: Llama3_8B()}).transferTime(32)) + tm.StepBase + tm.PerPrefillToken},
 	} {
 		for _, slo := range []time.Duration{decode - 1, decode} {
 			s, err := runPD(PDConfig{Workers: 2, Prefill: tc.prefill, SLOs: []SLO{{time.Second, slo}}}, reqs)

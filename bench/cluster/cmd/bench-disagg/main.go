@@ -61,7 +61,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	base := cluster.PDConfig{GPU: cluster.H100, Workers: *gpus, LinkGBps: *link, KV: cluster.Llama3_8B, SLOs: slos, MaxBatchedTokens: *chunk}
+	base := cluster.PDConfig{GPU: cluster.H100, Workers: *gpus, LinkGBps: *link, KV: cluster.Llama3_8B(), SLOs: slos, MaxBatchedTokens: *chunk}
 	cfgs, err := configs(base, *splits, rates)
 	if err != nil {
 		return err
