@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-federation bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
 
 all: build
 
@@ -96,6 +96,10 @@ FED_FLAGS ?=
 bench-federation:
 	$(GO) run ./bench/cluster/cmd/bench-federation -trace $(TRACE) -dcs 2 -workers 4 -rtt 30ms -skew 0.8 \
 		-scales 0.25,0.5,0.75,1,1.5,2 -bisect 3 -out bench/out $(FED_FLAGS)
+
+## bench-disagg: cluster simulator, 8 H100s aggregated vs xPyD prefill/decode pools on the trace: TTFT/TPOT p50/p90, goodput at SLO; bench/out/disagg.json, disagg-tpot.png, disagg-ttft.png
+bench-disagg:
+	$(GO) run ./bench/cluster/cmd/bench-disagg -trace $(TRACE) -gpus 8 -splits 0,2,4,5,6,7 -scales 1,2,3,3.5,4,4.5,5,5.5,6 -out bench/out
 
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps

@@ -12,36 +12,62 @@ import (
 )
 
 // PlotTTFT draws TTFT p90 (log scale) against request rate, one line per
-// policy, with the 2 s SLO, as a PNG. Only the standard library is used: a
-// small 5×7 bitmap font is built in.
+// policy, with the 2 s SLO, as a PNG.
 func PlotTTFT(w io.Writer, title string, runs []Result) error {
+	var series []Series
+	at := map[string]int{}
+	for _, r := range runs {
+		i, ok := at[r.Policy]
+		if !ok {
+			i = len(series)
+			at[r.Policy] = i
+			series = append(series, Series{Name: r.Policy})
+		}
+		series[i].X = append(series[i].X, r.Rate)
+		series[i].Y = append(series[i].Y, r.TTFTP90)
+	}
+	return PlotLog(w, PlotSpec{Title: title, XLabel: "request rate (req/s)", YLabel: "ttft p90 (s, log)",
+		SLO: 2, SLOLabel: "slo p90 2 s", MinY: 0.05, MaxY: 4}, series)
+}
+
+// Series is one line of a plot: points (X[i], Y[i]).
+type Series struct {
+	Name string
+	X, Y []float64
+}
+
+// PlotSpec labels a plot. The y axis is logarithmic and spans at least
+// [MinY, MaxY]; SLO, when positive, is drawn as a dashed red line.
+type PlotSpec struct {
+	Title, XLabel, YLabel string
+	SLO                   float64
+	SLOLabel              string
+	MinY, MaxY            float64
+}
+
+// PlotLog draws series against a linear x and a logarithmic y axis as a PNG.
+// Only the standard library is used: a small 5×7 bitmap font is built in.
+func PlotLog(w io.Writer, spec PlotSpec, series []Series) error {
 	const (
 		W, H                     = 960, 600
 		left, right, top, bottom = 80, 200, 50, 60
 	)
 	img := image.NewRGBA(image.Rect(0, 0, W, H))
 	fill(img, img.Bounds(), color.RGBA{255, 255, 255, 255})
-
-	series := map[string][]Result{}
-	var names []string
-	maxRate, minY, maxY := 0.0, 0.05, 2.0*2
-	for _, r := range runs {
-		key := r.Policy
-		if _, ok := series[key]; !ok {
-			names = append(names, key)
-		}
-		series[key] = append(series[key], r)
-		maxRate = math.Max(maxRate, r.Rate)
-		if r.TTFTP90 > 0 {
-			maxY = math.Max(maxY, r.TTFTP90)
-			minY = math.Min(minY, r.TTFTP90)
+	maxX, minY, maxY := 0.0, spec.MinY, spec.MaxY
+	for _, sr := range series {
+		for i, x := range sr.X {
+			maxX = math.Max(maxX, x)
+			if y := sr.Y[i]; y > 0 {
+				maxY, minY = math.Max(maxY, y), math.Min(minY, y)
+			}
 		}
 	}
-	if maxRate == 0 {
-		maxRate = 1
+	if maxX == 0 {
+		maxX = 1
 	}
 	lo, hi := math.Floor(math.Log10(minY)), math.Ceil(math.Log10(maxY))
-	px := func(rate float64) int { return left + int(rate/maxRate*float64(W-left-right)) }
+	px := func(x float64) int { return left + int(x/maxX*float64(W-left-right)) }
 	py := func(v float64) int {
 		v = math.Max(v, math.Pow(10, lo))
 		f := (math.Log10(v) - lo) / (hi - lo)
@@ -55,41 +81,49 @@ func PlotTTFT(w io.Writer, title string, runs []Result) error {
 		text(img, left-8-textWidth(fmtSeconds(math.Pow(10, e))), y-3, fmtSeconds(math.Pow(10, e)), black)
 	}
 	for i := 0; i <= 5; i++ {
-		rate := maxRate * float64(i) / 5
-		x := px(rate)
-		vline(img, x, top, H-bottom, grey)
-		s := fmt.Sprintf("%.1f", rate)
-		text(img, x-textWidth(s)/2, H-bottom+8, s, black)
+		x := maxX * float64(i) / 5
+		vline(img, px(x), top, H-bottom, grey)
+		s := fmt.Sprintf("%.1f", x)
+		text(img, px(x)-textWidth(s)/2, H-bottom+8, s, black)
 	}
 	hline(img, left, W-right, H-bottom, black)
 	vline(img, left, top, H-bottom, black)
-	// SLO line.
-	slo := py(2)
-	for x := left; x < W-right; x += 6 {
-		hline(img, x, x+3, slo, color.RGBA{200, 0, 0, 255})
+	if spec.SLO > 0 {
+		red, slo := color.RGBA{200, 0, 0, 255}, py(spec.SLO)
+		for x := left; x < W-right; x += 6 {
+			hline(img, x, x+3, slo, red)
+		}
+		text(img, W-right-textWidth(spec.SLOLabel)-4, slo-10, spec.SLOLabel, red)
 	}
-	text(img, W-right-textWidth("slo p90 2 s")-4, slo-10, "slo p90 2 s", color.RGBA{200, 0, 0, 255})
-	text(img, (W-textWidth(title))/2, 18, title, black)
-	text(img, left+(W-left-right-textWidth("request rate (req/s)"))/2, H-bottom+26, "request rate (req/s)", black)
-	text(img, 8, top-18, "ttft p90 (s, log)", black)
+	text(img, (W-textWidth(spec.Title))/2, 18, spec.Title, black)
+	text(img, left+(W-left-right-textWidth(spec.XLabel))/2, H-bottom+26, spec.XLabel, black)
+	text(img, 8, top-18, spec.YLabel, black)
+	drawSeries(img, series, px, py, W-right, top)
+	return png.Encode(w, img)
+}
 
+// drawSeries draws each series sorted by x, and its legend entry right of
+// legendX.
+func drawSeries(img *image.RGBA, series []Series, px, py func(float64) int, legendX, top int) {
 	palette := []color.RGBA{{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {148, 103, 189, 255}, {214, 39, 40, 255}, {140, 86, 75, 255}, {23, 190, 207, 255}}
-	for i, name := range names {
+	for i, sr := range series {
 		c := palette[i%len(palette)]
-		pts := series[name]
-		sort.Slice(pts, func(a, b int) bool { return pts[a].Rate < pts[b].Rate })
-		for j, p := range pts {
-			x, y := px(p.Rate), py(p.TTFTP90)
+		order := make([]int, len(sr.X))
+		for j := range order {
+			order[j] = j
+		}
+		sort.SliceStable(order, func(a, b int) bool { return sr.X[order[a]] < sr.X[order[b]] })
+		for j, k := range order {
+			x, y := px(sr.X[k]), py(sr.Y[k])
 			fill(img, image.Rect(x-3, y-3, x+4, y+4), c)
 			if j > 0 {
-				line(img, px(pts[j-1].Rate), py(pts[j-1].TTFTP90), x, y, c)
+				line(img, px(sr.X[order[j-1]]), py(sr.Y[order[j-1]]), x, y, c)
 			}
 		}
 		ly := top + 10 + 18*i
-		fill(img, image.Rect(W-right+16, ly, W-right+36, ly+4), c)
-		text(img, W-right+42, ly-1, name, black)
+		fill(img, image.Rect(legendX+16, ly, legendX+36, ly+4), c)
+		text(img, legendX+42, ly-1, sr.Name, color.RGBA{0, 0, 0, 255})
 	}
-	return png.Encode(w, img)
 }
 
 func fmtSeconds(v float64) string {

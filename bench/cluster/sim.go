@@ -315,6 +315,9 @@ const (
 	evForward
 	evSummary
 	evSummaryArrive
+	// Prefill/decode disaggregation (pd.go): a prompt's KV has reached its
+	// decode worker.
+	evTransfer
 )
 
 type event struct {
