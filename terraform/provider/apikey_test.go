@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -219,4 +220,22 @@ func (b *testBed) testAPIKeysConcurrent(t *testing.T) {
 		must.NoError(t, err)
 	}
 	must.MapLen(t, n, b.keyDoc(t, "t/concurrent"))
+
+	// Removing every entry, concurrently too, deletes the document: the
+	// router reads a missing document as no keys.
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = c.updateKeys(ctx, func(f *auth.File) error {
+				f.Keys = slices.DeleteFunc(f.Keys, func(k auth.KeySpec) bool { return k.ID == fmt.Sprintf("k%d", i) })
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		must.NoError(t, err)
+	}
+	pair, _, err := b.consul.KV().Get(c.keysKey(), nil)
+	must.NoError(t, err)
+	must.Nil(t, pair)
 }

@@ -46,7 +46,10 @@ func (c *Clients) readKeys(ctx context.Context) (*auth.File, uint64, error) {
 // updateKeys applies change to the key document: read, change, validate
 // with the router's auth.Parse, write with check-and-set on the index read,
 // and start over when another writer came first. A change that returns
-// errUnchanged writes nothing.
+// errUnchanged writes nothing. A change that leaves no key deletes the
+// document (check-and-set too): the router treats a missing document as no
+// keys, refusing every request, so destroying the last key leaves nothing
+// in Consul and the same behaviour.
 func (c *Clients) updateKeys(ctx context.Context, change func(*auth.File) error) error {
 	key := c.keysKey()
 	for attempt := 1; ; attempt++ {
@@ -61,17 +64,7 @@ func (c *Clients) updateKeys(ctx context.Context, change func(*auth.File) error)
 		if err != nil {
 			return err
 		}
-		if f.Keys == nil {
-			f.Keys = []auth.KeySpec{} // "keys": [], not null
-		}
-		data, err := json.MarshalIndent(f, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encoding %s: %w", key, err)
-		}
-		if _, err := auth.Parse(data); err != nil {
-			return fmt.Errorf("the key document %s would be invalid: %w", key, err)
-		}
-		_, err = kvCAS(ctx, c.Consul, key, data, index)
+		err = c.writeKeys(ctx, f, index)
 		if !errors.Is(err, errChanged) {
 			return err
 		}
@@ -82,6 +75,27 @@ func (c *Clients) updateKeys(ctx context.Context, change func(*auth.File) error)
 			return fmt.Errorf("updating %s: %w", key, err)
 		}
 	}
+}
+
+// writeKeys writes f over the document at index, or deletes the document
+// when f holds no key.
+func (c *Clients) writeKeys(ctx context.Context, f *auth.File, index uint64) error {
+	key := c.keysKey()
+	if len(f.Keys) == 0 {
+		if index == 0 {
+			return nil
+		}
+		return kvDeleteCAS(ctx, c.Consul, key, index)
+	}
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", key, err)
+	}
+	if _, err := auth.Parse(data); err != nil {
+		return fmt.Errorf("the key document %s would be invalid: %w", key, err)
+	}
+	_, err = kvCAS(ctx, c.Consul, key, data, index)
+	return err
 }
 
 // findKey is the index of id's entry in f, -1 if none.

@@ -174,6 +174,16 @@ func usesNIXLPort(engine, role string) bool {
 	return role != config.RoleBoth && (engine == config.EngineVLLM || engine == config.EngineSim)
 }
 
+// pdProtocol is the disaggregation protocol of an engine's prefill and
+// decode instances (the router's oasis_pd_protocol meta): the sim renders
+// vLLM's NixlConnector handshake here (nixl side channel port).
+func pdProtocol(engine string) string {
+	if engine == config.EngineSGLang {
+		return "sglang"
+	}
+	return "vllm"
+}
+
 func usesBootstrapPort(engine, role string) bool {
 	return engine == config.EngineSGLang && role == config.RolePrefill
 }
@@ -190,6 +200,15 @@ func renderService(s modelSpec, role string) *nomadapi.Service {
 	if config.SupportsKVEvents(s.Engine) {
 		meta["oasis_kv_events"] = "tcp://${NOMAD_ADDR_kv_events}"
 		meta["oasis_kv_events_replay"] = "tcp://${NOMAD_ADDR_kv_events_replay}"
+	}
+	if role != config.RoleBoth {
+		// The router pairs a prefill and a decode instance that speak the
+		// same protocol; SGLang's decode leg meets its prefill through the
+		// prefill instance's bootstrap server.
+		meta["oasis_pd_protocol"] = pdProtocol(s.Engine)
+		if usesBootstrapPort(s.Engine, role) {
+			meta["oasis_bootstrap_port"] = "${NOMAD_HOST_PORT_bootstrap}"
+		}
 	}
 	if config.HasBlockSize(s.Engine) {
 		bs := s.BlockSize

@@ -31,7 +31,8 @@ resource "oasis_model" "this" {
 
 resource "oasis_router_policy" "this" {
   document = jsonencode({
-    policy = var.routing_policy
+    policy  = var.routing_policy
+    weights = var.weights
     admission = {
       max_in_flight = 0
       max_queue     = var.max_queue

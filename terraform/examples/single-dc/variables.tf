@@ -90,6 +90,17 @@ variable "routing_policy" {
   default     = "weighted"
 }
 
+variable "weights" {
+  description = "Terms of the weighted policy and their weights (router/README.md, \"Policy document\"); these are the router's defaults."
+  type        = map(number)
+  default = {
+    ttft   = 2
+    prefix = 1
+    load   = 0.2
+    power  = 1.3
+  }
+}
+
 variable "max_queue" {
   description = "Requests that may wait for an admission slot per model before the router answers 429."
   type        = number

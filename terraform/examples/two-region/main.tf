@@ -31,7 +31,8 @@ locals {
   # The same routing in both regions; federation on. Each datacenter's router reads its own
   # datacenter's Consul KV, so the document is written once per region.
   policy = jsonencode({
-    policy = "weighted"
+    policy  = "weighted"
+    weights = { ttft = 2, prefix = 1, load = 0.2, power = 1.3 }
     admission = {
       max_in_flight = 0
       max_queue     = 1024

@@ -117,6 +117,22 @@ func (s *Stack) WaitAllocsRunning(ctx context.Context, jobID string) ([]*nomadap
 	return running, nil
 }
 
+// WaitDeployment waits until the job's latest deployment succeeded (Nomad refuses to scale a
+// job while a deployment runs); a failed or cancelled deployment ends the wait with its status.
+func (s *Stack) WaitDeployment(ctx context.Context, jobID string) error {
+	return poll(ctx, 500*time.Millisecond, "deployment of "+jobID+" to succeed", func() (bool, error) {
+		d, _, err := s.Nomad.Jobs().LatestDeployment(jobID, (&nomadapi.QueryOptions{}).WithContext(ctx))
+		if err != nil || d == nil {
+			return false, err
+		}
+		switch d.Status {
+		case nomadapi.DeploymentStatusFailed, nomadapi.DeploymentStatusCancelled:
+			return false, permanentError{fmt.Errorf("deployment %s of %s is %s: %s", d.ID[:8], jobID, d.Status, d.StatusDescription)}
+		}
+		return d.Status == nomadapi.DeploymentStatusSuccessful, nil
+	})
+}
+
 // WaitJobDone waits until every allocation of a batch job has finished and returns them.
 func (s *Stack) WaitJobDone(ctx context.Context, jobID string) ([]*nomadapi.AllocationListStub, error) {
 	var done []*nomadapi.AllocationListStub

@@ -151,6 +151,7 @@ func (ex *singleDC) planChange(t *testing.T, ctx context.Context) {
 func (ex *singleDC) planDrift(t *testing.T, ctx context.Context) {
 	_, err := stack.Consul.KV().Put(&consulapi.KVPair{Key: ex.policyKey, Value: []byte(`{"policy":"least_load"}`)}, nil)
 	must.NoError(t, err)
+	must.NoError(t, stack.WaitDeployment(ctx, ex.modelJobID)) // Nomad scales no job mid-deployment
 	one := 1
 	_, _, err = stack.Nomad.Jobs().Scale(ex.modelJobID, "engine", &one, "out of band", false, nil, nil)
 	must.NoError(t, err)

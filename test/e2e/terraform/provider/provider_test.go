@@ -18,7 +18,6 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
-	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
@@ -121,7 +120,7 @@ func TestModelAndSystemJobs(t *testing.T) {
 	t.Run("nomad job scale shows as drift", func(t *testing.T) {
 		// Nomad refuses to scale a job while a deployment runs (the
 		// recipes' min_healthy_time is 30s).
-		waitDeployment(t, ctx, modelJobID)
+		must.NoError(t, stack.WaitDeployment(ctx, modelJobID))
 		one := 1
 		_, _, err := stack.Nomad.Jobs().Scale(modelJobID, "engine", &one, "out of band", false, nil, nil)
 		must.NoError(t, err)
@@ -251,21 +250,6 @@ func changedKeys(c tofutest.Change) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// waitDeployment waits until the job's latest deployment succeeded.
-func waitDeployment(t *testing.T, ctx context.Context, jobID string) {
-	t.Helper()
-	status := ""
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		d, _, err := stack.Nomad.Jobs().LatestDeployment(jobID, (&nomadapi.QueryOptions{}).WithContext(ctx))
-		if err != nil || d == nil {
-			return false
-		}
-		status = d.Status
-		return status == nomadapi.DeploymentStatusSuccessful
-	}), wait.Timeout(2*time.Minute), wait.Gap(500*time.Millisecond)),
-		must.Sprintf("deployment of %s: last status %q", jobID, status))
 }
 
 // passing counts the model's passing oasis-engine instances in Consul.
