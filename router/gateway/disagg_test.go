@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -590,6 +591,71 @@ func TestDecodeFailures(t *testing.T) {
 				must.Eq(t, kvAnswer, d2.got()[0].body["kv_transfer_params"].(map[string]any))
 				must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "decode")))
 			}
+		})
+	}
+}
+
+// TestDecodeFailsAfterPrefillDied: a prefill engine that dies after
+// answering its leg (vLLM) or after its response head (SGLang) makes the
+// decode engine's KV pull fail, and the decode leg answers 500 before the
+// first byte. The retry's new pair leaves out that prefill worker, and
+// reuses the decode worker when it is the only one (found by
+// test/e2e/disagg: SGLang requests failed with one decode worker).
+func TestDecodeFailsAfterPrefillDied(t *testing.T) {
+	sglangPrefill := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	}
+	vllmDeadPrefill := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		kv := maps.Clone(kvAnswer)
+		kv["remote_engine_id"] = "p-dead"
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"choices": []any{}, "kv_transfer_params": kv})
+	}
+	// The decode engine fails every request whose KV is on the dead prefill engine.
+	decode := func(w http.ResponseWriter, r *http.Request, b map[string]any) {
+		kv, _ := b["kv_transfer_params"].(map[string]any)
+		if b["bootstrap_port"] == 1.0 || (kv != nil && kv["remote_engine_id"] == "p-dead") {
+			failWith(500)(w, r, b)
+			return
+		}
+		streamDecode(w, r, b)
+	}
+	for _, tc := range []struct {
+		name            string
+		proto           string
+		dead, good      func(http.ResponseWriter, *http.Request, map[string]any)
+		decodes         int
+		wantFirst       int // legs the first decode worker gets
+		wantSecond      int
+		wantGoodPrefill int
+	}{
+		{"sglang, one decode worker", "sglang", sglangPrefill, sglangPrefill, 1, 2, 0, 1},
+		{"sglang, two decode workers", "sglang", sglangPrefill, sglangPrefill, 2, 1, 1, 1},
+		{"vllm, one decode worker", "vllm", vllmDeadPrefill, vllmPrefill, 1, 2, 0, 1},
+		{"vllm, two decode workers", "vllm", vllmDeadPrefill, vllmPrefill, 2, 1, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dead, good := newPDEngine(t, tc.dead), newPDEngine(t, tc.good)
+			d1, d2 := newPDEngine(t, decode), newPDEngine(t, decode)
+			ins := []discovery.Instance{
+				pdInstance("p-dead", addr(dead.srv), "prefill", tc.proto, discovery.MetaBootstrapPort, "1"),
+				pdInstance("p-good", addr(good.srv), "prefill", tc.proto, discovery.MetaBootstrapPort, "2"),
+				pdInstance("d1", addr(d1.srv), "decode", tc.proto)}
+			if tc.decodes == 2 {
+				ins = append(ins, pdInstance("d2", addr(d2.srv), "decode", tc.proto))
+			}
+			h := pdHarness(t, pdDoc(), ins...)
+			busy(h, "p-good") // p-dead is chosen first, and again over a busy worker unless left out
+			busy(h, "d2")     // d1 is chosen first
+			resp := h.post("/v1/completions", pdStreamBody)
+			must.Eq(t, 200, resp.StatusCode)
+			must.StrContains(t, readAllString(t, resp), `"llo"`)
+			must.SliceLen(t, tc.wantFirst, d1.got())
+			must.SliceLen(t, tc.wantSecond, d2.got())
+			testutil.Eventually(t, 5*time.Second, "the good prefill leg", func() bool { return len(good.got()) == tc.wantGoodPrefill })
+			must.SliceLen(t, 1, dead.got())
+			must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "decode")))
 		})
 	}
 }
