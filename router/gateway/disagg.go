@@ -19,7 +19,8 @@ package gateway
 // Failures: a failed prefill leg is retried on another prefill worker
 // (maxPrefillAttempts in all), then served without a remote prefill when
 // the policy allows (disaggregation_fallback "local"); a decode leg that
-// fails before the client's first byte is retried once with a new pair;
+// fails before the client's first byte is retried once with a new pair
+// (retryPair: it may be the prefill worker's failure);
 // nothing is retried after bytes reached the client.
 
 import (
@@ -128,7 +129,7 @@ func (g *Gateway) pairs(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		triedD = append(triedD, pair.Decode)
 		g.notePick(ctx, x, pair.Prefill)
 		g.notePick(ctx, x, pair.Decode)
-		err := g.pairAttempt(ctx, w, r, rec, x, pair, prefill, &failedP, n == 0)
+		err := g.pairAttempt(ctx, w, r, rec, x, &pair, prefill, &failedP, n == 0)
 		var pe *prefillError
 		var la *legAnswer
 		var ue *upstreamError
@@ -149,8 +150,12 @@ func (g *Gateway) pairs(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return
 		}
 		g.m.DisaggFailures.WithLabelValues(x.req.Model, "decode").Inc()
-		next, perr := g.cfg.Selector.PickPair(ctx, x.req, without(prefill, failedP), without(decode, triedD))
-		if n > 0 || perr != nil {
+		var next scoring.Pair
+		perr := scoring.ErrNoWorker
+		if n == 0 {
+			next, perr = g.retryPair(ctx, x, pair, without(prefill, failedP), decode, triedD)
+		}
+		if perr != nil {
 			reason := ""
 			if n == 0 {
 				reason = "; no other prefill/decode pair is available"
@@ -165,10 +170,32 @@ func (g *Gateway) pairs(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 }
 
+// retryPair chooses the pair for the retry after a decode leg failed before
+// the first byte. The failure may be the prefill worker's: a decode engine
+// whose prefill peer died after answering the prefill leg (or, SGLang,
+// after its response head) fails the KV pull and answers 5xx. So the retry
+// prefers a pair that shares neither worker with the failed one, then
+// another decode worker with the same prefill worker, then the same decode
+// worker with another prefill worker (a model with one decode worker).
+func (g *Gateway) retryPair(ctx context.Context, x *exchange, failed scoring.Pair, prefill, decode,
+	triedD []*scoring.Worker) (scoring.Pair, error) {
+	otherP := without(prefill, []*scoring.Worker{failed.Prefill})
+	otherD := without(decode, triedD)
+	next, err := g.cfg.Selector.PickPair(ctx, x.req, otherP, otherD)
+	if err != nil {
+		next, err = g.cfg.Selector.PickPair(ctx, x.req, prefill, otherD)
+	}
+	if err != nil {
+		next, err = g.cfg.Selector.PickPair(ctx, x.req, otherP, []*scoring.Worker{failed.Decode})
+	}
+	return next, err
+}
+
 // pairAttempt runs one pair by its protocol. prefill are the prefill
-// workers a failed prefill leg may move to; failed collects those that failed.
+// workers a failed prefill leg may move to (pair.Prefill is the last one
+// tried); failed collects those that failed.
 func (g *Gateway) pairAttempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	pair scoring.Pair, prefill []*scoring.Worker, failed *[]*scoring.Worker, mayRetry bool) error {
+	pair *scoring.Pair, prefill []*scoring.Worker, failed *[]*scoring.Worker, mayRetry bool) error {
 	var last *upstreamError
 	for i := 0; i < maxPrefillAttempts; i++ {
 		if i > 0 {
@@ -181,9 +208,9 @@ func (g *Gateway) pairAttempt(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 		var err error
 		if pair.Decode.PDProtocol == discovery.ProtocolSGLang {
-			err = g.sglangPair(ctx, w, r, rec, x, pair, mayRetry)
+			err = g.sglangPair(ctx, w, r, rec, x, *pair, mayRetry)
 		} else {
-			err = g.vllmPair(ctx, w, r, rec, x, pair, mayRetry)
+			err = g.vllmPair(ctx, w, r, rec, x, *pair, mayRetry)
 		}
 		var pf *prefillLegError
 		if !errors.As(err, &pf) || ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -253,6 +254,86 @@ func TestVLLMPairWithSim(t *testing.T) {
 	resp.Body.Close()
 	must.Eq(t, 4, ans.Usage.CompletionTokens)
 	must.Eq(t, 2.0, disaggPath(h, "pair"))
+}
+
+// TestSGLangPairWithSim runs the SGLang protocol against two oasis-sim
+// processes (--disaggregation-mode prefill and decode), each behind a
+// recording proxy: the decode engine pulls the room's KV from the prefill
+// engine's bootstrap server.
+func TestSGLangPairWithSim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs oasis-sim")
+	}
+	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-sim")
+	bootstrap := testutil.FreePort(t)
+	sim := func(mode string, port int) *testutil.Sim {
+		return testutil.StartSim(t, testutil.SimConfig{Bin: bin, Model: "m", Args: []string{"--host", "127.0.0.1",
+			"--speed", "0", "--log-level", "warn", "--disaggregation-mode", mode,
+			"--disaggregation-bootstrap-port", strconv.Itoa(port), "--kv-wait-timeout", "10s"}})
+	}
+	ps, ds := sim("prefill", bootstrap), sim("decode", testutil.FreePort(t))
+	p := newPDEngine(t, proxyTo(ps.Addr))
+	d := newPDEngine(t, proxyTo(ds.Addr))
+	h := pdHarness(t, pdDoc(),
+		pdInstance("p1", addr(p.srv), "prefill", "sglang", discovery.MetaBootstrapPort, strconv.Itoa(bootstrap)),
+		pdInstance("d1", addr(d.srv), "decode", "sglang"))
+
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":6,"stream_options":{"include_usage":true},`+
+		`"messages":[{"role":"user","content":"disaggregated serving moves the prefill to another engine"}]}`)
+	must.Eq(t, 200, resp.StatusCode)
+	must.StrHasPrefix(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	events := sseData(t, readAllString(t, resp))
+	// One stream: chunks of one completion, usage, then [DONE] once at the end.
+	must.Greater(t, 2, len(events))
+	must.Eq(t, "[DONE]", events[len(events)-1])
+	ids := map[string]bool{}
+	var completion float64
+	for _, e := range events[:len(events)-1] {
+		var c struct {
+			ID    string `json:"id"`
+			Usage *struct {
+				CompletionTokens float64 `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		must.NoError(t, json.Unmarshal([]byte(e), &c), must.Sprint(e))
+		ids[c.ID] = true
+		if c.Usage != nil {
+			completion = c.Usage.CompletionTokens
+		}
+	}
+	must.MapLen(t, 1, ids, must.Sprint("chunks of more than one completion: ", events))
+	must.Eq(t, 6.0, completion) // the decode engine's answer, not the prefill's one token
+	pl, dl := p.got(), d.got()
+	must.SliceLen(t, 1, pl)
+	must.SliceLen(t, 1, dl)
+	must.Eq(t, pl[0].body["bootstrap_room"], dl[0].body["bootstrap_room"])
+	must.Eq[any](t, float64(bootstrap), dl[0].body["bootstrap_port"])
+	// The decode engine pulled the prompt's KV from the prefill engine and
+	// computed none of it; the prefill engine computed it.
+	decodeMetrics := getString(t, "http://"+ds.Addr+"/metrics")
+	must.StrContains(t, decodeMetrics, `oasis_sim_prompt_tokens_total{engine="0",model_name="m",source="local"} 0`)
+	must.StrNotContains(t, decodeMetrics, `oasis_sim_prompt_tokens_total{engine="0",model_name="m",source="remote"} 0`)
+	must.StrContains(t, decodeMetrics, `oasis_sim_prompt_tokens_total{engine="0",model_name="m",source="remote"}`)
+	must.StrNotContains(t, getString(t, "http://"+ps.Addr+"/metrics"),
+		`oasis_sim_prompt_tokens_total{engine="0",model_name="m",source="local"} 0`)
+	must.Eq(t, 1.0, disaggPath(h, "pair"))
+	testutil.Eventually(t, 5*time.Second, "the request to be counted", func() bool {
+		return promtest.ToFloat64(h.m.Requests.WithLabelValues("m", "200", "d1")) == 1
+	})
+}
+
+// sseData is a stream's data payloads, in order.
+func sseData(t *testing.T, stream string) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(stream, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			out = append(out, data)
+		} else if line != "" && !strings.HasPrefix(line, ":") {
+			t.Fatalf("not an SSE data line: %q in\n%s", line, stream)
+		}
+	}
+	return out
 }
 
 func getString(t *testing.T, url string) string {
@@ -510,6 +591,71 @@ func TestDecodeFailures(t *testing.T) {
 				must.Eq(t, kvAnswer, d2.got()[0].body["kv_transfer_params"].(map[string]any))
 				must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "decode")))
 			}
+		})
+	}
+}
+
+// TestDecodeFailsAfterPrefillDied: a prefill engine that dies after
+// answering its leg (vLLM) or after its response head (SGLang) makes the
+// decode engine's KV pull fail, and the decode leg answers 500 before the
+// first byte. The retry's new pair leaves out that prefill worker, and
+// reuses the decode worker when it is the only one (found by
+// test/e2e/disagg: SGLang requests failed with one decode worker).
+func TestDecodeFailsAfterPrefillDied(t *testing.T) {
+	sglangPrefill := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	}
+	vllmDeadPrefill := func(w http.ResponseWriter, _ *http.Request, _ map[string]any) {
+		kv := maps.Clone(kvAnswer)
+		kv["remote_engine_id"] = "p-dead"
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"choices": []any{}, "kv_transfer_params": kv})
+	}
+	// The decode engine fails every request whose KV is on the dead prefill engine.
+	decode := func(w http.ResponseWriter, r *http.Request, b map[string]any) {
+		kv, _ := b["kv_transfer_params"].(map[string]any)
+		if b["bootstrap_port"] == 1.0 || (kv != nil && kv["remote_engine_id"] == "p-dead") {
+			failWith(500)(w, r, b)
+			return
+		}
+		streamDecode(w, r, b)
+	}
+	for _, tc := range []struct {
+		name            string
+		proto           string
+		dead, good      func(http.ResponseWriter, *http.Request, map[string]any)
+		decodes         int
+		wantFirst       int // legs the first decode worker gets
+		wantSecond      int
+		wantGoodPrefill int
+	}{
+		{"sglang, one decode worker", "sglang", sglangPrefill, sglangPrefill, 1, 2, 0, 1},
+		{"sglang, two decode workers", "sglang", sglangPrefill, sglangPrefill, 2, 1, 1, 1},
+		{"vllm, one decode worker", "vllm", vllmDeadPrefill, vllmPrefill, 1, 2, 0, 1},
+		{"vllm, two decode workers", "vllm", vllmDeadPrefill, vllmPrefill, 2, 1, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dead, good := newPDEngine(t, tc.dead), newPDEngine(t, tc.good)
+			d1, d2 := newPDEngine(t, decode), newPDEngine(t, decode)
+			ins := []discovery.Instance{
+				pdInstance("p-dead", addr(dead.srv), "prefill", tc.proto, discovery.MetaBootstrapPort, "1"),
+				pdInstance("p-good", addr(good.srv), "prefill", tc.proto, discovery.MetaBootstrapPort, "2"),
+				pdInstance("d1", addr(d1.srv), "decode", tc.proto)}
+			if tc.decodes == 2 {
+				ins = append(ins, pdInstance("d2", addr(d2.srv), "decode", tc.proto))
+			}
+			h := pdHarness(t, pdDoc(), ins...)
+			busy(h, "p-good") // p-dead is chosen first, and again over a busy worker unless left out
+			busy(h, "d2")     // d1 is chosen first
+			resp := h.post("/v1/completions", pdStreamBody)
+			must.Eq(t, 200, resp.StatusCode)
+			must.StrContains(t, readAllString(t, resp), `"llo"`)
+			must.SliceLen(t, tc.wantFirst, d1.got())
+			must.SliceLen(t, tc.wantSecond, d2.got())
+			testutil.Eventually(t, 5*time.Second, "the good prefill leg", func() bool { return len(good.got()) == tc.wantGoodPrefill })
+			must.SliceLen(t, 1, dead.got())
+			must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "decode")))
 		})
 	}
 }
