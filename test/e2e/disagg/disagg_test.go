@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
@@ -366,42 +364,12 @@ func enginePID(t *testing.T, port int) int {
 	return 0
 }
 
-// metric sums a counter (or gauge) over the series of a /metrics page whose labels include want.
+// metric sums a family's series on a /metrics page whose labels include want.
 func metric(t *testing.T, url, name string, want map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	ms, err := testutil.ScrapeMetrics(context.Background(), nil, url+"/metrics")
 	must.NoError(t, err)
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	must.NoError(t, err)
-	f, ok := fams[name]
-	if !ok {
-		return 0
-	}
-	var sum float64
-	for _, m := range f.Metric {
-		match := true
-		for k, v := range want {
-			found := false
-			for _, l := range m.Label {
-				found = found || (l.GetName() == k && l.GetValue() == v)
-			}
-			match = match && found
-		}
-		if !match {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
-		case m.Untyped != nil:
-			sum += m.Untyped.GetValue()
-		}
-	}
-	return sum
+	return ms.Sum(name, want)
 }
 
 // logTasks logs a job's allocations' task events and stderr tails, for a failure message.

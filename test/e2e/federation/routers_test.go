@@ -13,8 +13,6 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	nomadapi "github.com/hashicorp/nomad/api"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
@@ -156,29 +154,7 @@ func streamThrough(ctx context.Context, url, model string) ([]string, error) {
 // routerMetric sums a router's counter over the series whose labels include want.
 func routerMetric(t *testing.T, url, name string, want map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	ms, err := testutil.ScrapeMetrics(context.Background(), nil, url+"/metrics")
 	must.NoError(t, err)
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	must.NoError(t, err)
-	var sum float64
-	f, ok := fams[name]
-	if !ok {
-		return 0
-	}
-	for _, m := range f.Metric {
-		labels := map[string]string{}
-		for _, l := range m.Label {
-			labels[l.GetName()] = l.GetValue()
-		}
-		match := true
-		for k, v := range want {
-			match = match && labels[k] == v
-		}
-		if match && m.Counter != nil {
-			sum += m.Counter.GetValue()
-		}
-	}
-	return sum
+	return ms.Sum(name, want)
 }

@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -163,28 +162,9 @@ func streamChatWith(t *testing.T, ctx context.Context, c *http.Client, router, s
 
 func metricSum(t *testing.T, ctx context.Context, url, name string) float64 {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	ms, err := testutil.ScrapeMetrics(ctx, nil, url)
 	must.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	must.NoError(t, err)
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.LegacyValidation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	must.NoError(t, err)
-	mf, ok := families[name]
-	if !ok {
-		return 0
-	}
-	var sum float64
-	for _, m := range mf.GetMetric() {
-		switch {
-		case m.GetCounter() != nil:
-			sum += m.GetCounter().GetValue()
-		case m.GetGauge() != nil:
-			sum += m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return ms.Sum(name, nil)
 }
 
 // running reports whether pid is a live process. A killed task whose parent (here the machine's
