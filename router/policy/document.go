@@ -36,6 +36,12 @@ type Document struct {
 	Disagg
 	// Federation is document-wide: see federation.go.
 	Federation *Federation `json:"federation,omitempty"`
+	// Cascades maps a model alias to its small → large cascade (cascade.go).
+	Cascades map[string]Cascade `json:"cascades,omitempty"`
+	// HostedPeers makes hosted workers (oasis_upstream) candidates beside
+	// local ones; by default they serve a model only when no local worker
+	// does, or as an overflow pool. A model's hosted_peers overrides it.
+	HostedPeers *bool `json:"hosted_peers,omitempty"`
 }
 
 // Model overrides the document's defaults for one model.
@@ -45,6 +51,10 @@ type Model struct {
 	Admission *Admission         `json:"admission,omitempty"`
 	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
 	Disagg
+	// Overflow sends requests the local pool cannot take in time to
+	// another pool (cascade.go).
+	Overflow    *Overflow `json:"overflow,omitempty"`
+	HostedPeers *bool     `json:"hosted_peers,omitempty"`
 }
 
 // Timeouts bound the router's wait for an engine. In a per-model override an
@@ -103,6 +113,12 @@ type Resolved struct {
 	Limits   Limits
 	Timeouts UpstreamTimeouts
 	Disagg   DisaggPolicy
+	// Cascade is set when the model is a cascade alias.
+	Cascade *Cascade
+	// Overflow is set when the model overflows to another pool.
+	Overflow *OverflowPolicy
+	// HostedPeers: hosted workers compete with local ones.
+	HostedPeers bool
 }
 
 // DefaultWeights are the weighted policy's terms when no document says otherwise. Estimated
@@ -172,6 +188,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 		return err
 	}
 	if err := d.Federation.validate(); err != nil {
+		return err
+	}
+	if err := d.validateCascades(); err != nil {
 		return err
 	}
 	for name, m := range d.Models {
@@ -268,7 +287,15 @@ func (d *Document) For(model string) Resolved {
 	r.Timeouts = d.Timeouts.apply(UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout,
 		StreamIdle: DefaultStreamIdleTimeout, HoldAuto: true})
 	r.Disagg = d.Disagg.apply(DisaggPolicy{Enabled: true, MinUncachedTokens: DefaultDisaggMinUncachedTokens, Fallback: true})
+	r.HostedPeers = d.HostedPeers != nil && *d.HostedPeers
+	if c, ok := d.Cascades[model]; ok {
+		r.Cascade = &c
+	}
 	if m, ok := d.Models[model]; ok {
+		r.Overflow = m.Overflow.resolve()
+		if m.HostedPeers != nil {
+			r.HostedPeers = *m.HostedPeers
+		}
 		r.Timeouts = m.Timeouts.apply(r.Timeouts)
 		r.Disagg = m.Disagg.apply(r.Disagg)
 		if m.Policy != "" {
