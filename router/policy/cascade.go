@@ -104,15 +104,25 @@ func (o *Overflow) validate(where, model string, d *Document) error {
 	return nil
 }
 
-func (o *Overflow) resolve() *OverflowPolicy {
-	if o == nil {
-		return nil
+// OverflowFor resolves model's overflow; false when it has none. (Kept out
+// of Resolved, which every request copies.)
+func (d *Document) OverflowFor(model string) (OverflowPolicy, bool) {
+	m, ok := d.Models[model]
+	if !ok || m.Overflow == nil {
+		return OverflowPolicy{}, false
 	}
-	p := &OverflowPolicy{Pool: o.Pool, Model: o.Model, TTFTOver: o.When == OverflowTTFTOver, TTFTSeconds: o.TTFTSeconds}
+	o := m.Overflow
+	p := OverflowPolicy{Pool: o.Pool, Model: o.Model, TTFTOver: o.When == OverflowTTFTOver, TTFTSeconds: o.TTFTSeconds}
 	if p.Model == "" {
 		p.Model = o.Pool
 	}
-	return p
+	return p, true
+}
+
+// CascadeFor returns the cascade of alias; false when alias is none.
+func (d *Document) CascadeFor(alias string) (Cascade, bool) {
+	c, ok := d.Cascades[alias]
+	return c, ok
 }
 
 // validateCascades checks the document's cascades and overflows.
@@ -131,4 +141,13 @@ func (d *Document) validateCascades() error {
 		}
 	}
 	return nil
+}
+
+// HostedPeersFor reports whether hosted workers of model compete with its
+// local ones (hosted_peers, the model's over the document's).
+func (d *Document) HostedPeersFor(model string) bool {
+	if m, ok := d.Models[model]; ok && m.HostedPeers != nil {
+		return *m.HostedPeers
+	}
+	return d.HostedPeers != nil && *d.HostedPeers
 }

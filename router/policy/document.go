@@ -113,12 +113,6 @@ type Resolved struct {
 	Limits   Limits
 	Timeouts UpstreamTimeouts
 	Disagg   DisaggPolicy
-	// Cascade is set when the model is a cascade alias.
-	Cascade *Cascade
-	// Overflow is set when the model overflows to another pool.
-	Overflow *OverflowPolicy
-	// HostedPeers: hosted workers compete with local ones.
-	HostedPeers bool
 }
 
 // DefaultWeights are the weighted policy's terms when no document says otherwise. Estimated
@@ -287,15 +281,7 @@ func (d *Document) For(model string) Resolved {
 	r.Timeouts = d.Timeouts.apply(UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout,
 		StreamIdle: DefaultStreamIdleTimeout, HoldAuto: true})
 	r.Disagg = d.Disagg.apply(DisaggPolicy{Enabled: true, MinUncachedTokens: DefaultDisaggMinUncachedTokens, Fallback: true})
-	r.HostedPeers = d.HostedPeers != nil && *d.HostedPeers
-	if c, ok := d.Cascades[model]; ok {
-		r.Cascade = &c
-	}
 	if m, ok := d.Models[model]; ok {
-		r.Overflow = m.Overflow.resolve()
-		if m.HostedPeers != nil {
-			r.HostedPeers = *m.HostedPeers
-		}
 		r.Timeouts = m.Timeouts.apply(r.Timeouts)
 		r.Disagg = m.Disagg.apply(r.Disagg)
 		if m.Policy != "" {

@@ -85,9 +85,9 @@ func TestFor(t *testing.T) {
 		model string
 		want  Resolved
 	}{
-		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg, nil, nil, false}},
-		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}, defaults, defaultDisagg, nil, nil, false}},
-		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg, nil, nil, false}},
+		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg}},
+		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}, defaults, defaultDisagg}},
+		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.model, func(t *testing.T) { must.Eq(t, tc.want, doc.For(tc.model)) })
