@@ -44,7 +44,7 @@ func readAnswer(t *testing.T, resp *http.Response, stream bool) answer {
 	a := answer{status: resp.StatusCode, cascade: resp.Header.Get(CascadeHeader),
 		smallLogprob: resp.Header.Get(SmallLogprobHeader), smallCompletion: resp.Header.Get(SmallCompletionTokensHeader)}
 	type choice struct {
-		Text     string          `json:"text"`
+		Text     string `json:"text"`
 		Message  struct{ Content string }
 		Delta    struct{ Content string }
 		Logprobs json.RawMessage `json:"logprobs"`
