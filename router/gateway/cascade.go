@@ -179,7 +179,8 @@ func (g *Gateway) runBuffered(ctx context.Context, r *http.Request, sx *exchange
 // errNotCompletion is a small answer without a first choice.
 var errNotCompletion = errors.New("the small model's answer has no choices")
 
-// parse reads the answer's usage, finish reason and gate statistic. Both
+// parse reads the answer's usage, finish reasons and gate statistic (over
+// the tokens of every choice). Both
 // engines' shapes: chat logprobs.content[].logprob (vLLM, SGLang) and
 // completions logprobs.token_logprobs[] (null entries, as for an echoed
 // prompt's first token, are skipped).
@@ -202,11 +203,6 @@ func (a *smallAnswer) parse() error {
 	if err := json.Unmarshal(a.doc["choices"], &choices); err != nil || len(choices) == 0 {
 		return errNotCompletion
 	}
-	ch := choices[0]
-	a.cutOff = ch.FinishReason != nil && *ch.FinishReason == "length"
-	if ch.Logprobs == nil {
-		return nil
-	}
 	var sum float64
 	add := func(lp *float64) {
 		if lp != nil {
@@ -214,11 +210,17 @@ func (a *smallAnswer) parse() error {
 			a.tokens++
 		}
 	}
-	for _, e := range ch.Logprobs.Content {
-		add(e.Logprob)
-	}
-	for _, lp := range ch.Logprobs.TokenLogprobs {
-		add(lp)
+	for _, ch := range choices {
+		a.cutOff = a.cutOff || ch.FinishReason != nil && *ch.FinishReason == "length"
+		if ch.Logprobs == nil {
+			continue
+		}
+		for _, e := range ch.Logprobs.Content {
+			add(e.Logprob)
+		}
+		for _, lp := range ch.Logprobs.TokenLogprobs {
+			add(lp)
+		}
 	}
 	if a.tokens > 0 {
 		a.mean = sum / float64(a.tokens)
