@@ -253,6 +253,7 @@ func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		return slot, true
 	case errors.Is(err, admission.ErrQueueFull) && g.overflow(ctx, w, r, rec, x, reasonQueueFull),
 		errors.Is(err, admission.ErrQueueTimeout) && g.overflow(ctx, w, r, rec, x, reasonQueueTimeout):
+		// The overflow pool answered.
 	case errors.Is(err, admission.ErrQueueFull):
 		g.m.AdmissionRefused.WithLabelValues(model, "queue_full").Inc()
 		rec.fail(w, http.StatusTooManyRequests, "requests", "model_overloaded", "",
