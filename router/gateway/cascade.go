@@ -119,7 +119,7 @@ type usageCounts struct {
 // mean token log probability is at least the threshold. An answer without
 // log probabilities (an engine that ignores the request for them) fails it.
 func (a *smallAnswer) accept(c *policy.Cascade) bool {
-	return a.tokens > 0 && a.mean >= c.Threshold && !(a.capped && a.cutOff)
+	return a.tokens > 0 && a.mean >= c.ThresholdValue() && !(a.capped && a.cutOff)
 }
 
 // smallLeg runs the request on the small model, buffered. ok is false when

@@ -14,7 +14,8 @@ import (
 
 // The gate reads vLLM's and SGLang's log probability shapes alike.
 func TestSmallAnswerGate(t *testing.T) {
-	c := &policy.Cascade{Small: "s", Large: "l", Threshold: -0.5}
+	threshold := -0.5
+	c := &policy.Cascade{Small: "s", Large: "l", Threshold: &threshold}
 	cases := []struct {
 		name, body string
 		capped     bool

@@ -31,8 +31,9 @@ type Cascade struct {
 	Large string `json:"large"`
 	// Gate is "logprob" (default): the mean token log probability.
 	Gate string `json:"gate,omitempty"`
-	// Threshold is the lowest mean token log probability accepted (≤ 0).
-	Threshold float64 `json:"threshold"`
+	// Threshold is the lowest mean token log probability accepted (≤ 0;
+	// required: no default suits every pair of models).
+	Threshold *float64 `json:"threshold"`
 	// MaxSmallTokens caps the small model's answer (0: the client's
 	// max_tokens only). An answer the cap cut short is escalated.
 	MaxSmallTokens int `json:"max_small_tokens,omitempty"`
@@ -69,8 +70,10 @@ func (c Cascade) validate(where string, d *Document) error {
 		return fmt.Errorf("%s.large: must differ from small (%q)", where, c.Small)
 	case c.Gate != "" && c.Gate != GateLogprob:
 		return fmt.Errorf("%s.gate: want %q, got %q", where, GateLogprob, c.Gate)
-	case math.IsNaN(c.Threshold) || math.IsInf(c.Threshold, 0) || c.Threshold > 0:
-		return fmt.Errorf("%s.threshold: want a mean token log probability ≤ 0, got %v", where, c.Threshold)
+	case c.Threshold == nil:
+		return fmt.Errorf("%s.threshold: required (a mean token log probability ≤ 0)", where)
+	case math.IsNaN(*c.Threshold) || math.IsInf(*c.Threshold, 0) || *c.Threshold > 0:
+		return fmt.Errorf("%s.threshold: want a mean token log probability ≤ 0, got %v", where, *c.Threshold)
 	case c.MaxSmallTokens < 0:
 		return fmt.Errorf("%s.max_small_tokens: must be ≥ 0 (0 = no cap), got %d", where, c.MaxSmallTokens)
 	}
@@ -117,6 +120,14 @@ func (d *Document) OverflowFor(model string) (OverflowPolicy, bool) {
 		p.Model = o.Pool
 	}
 	return p, true
+}
+
+// ThresholdValue is the threshold of a validated cascade.
+func (c Cascade) ThresholdValue() float64 {
+	if c.Threshold == nil {
+		return 0
+	}
+	return *c.Threshold
 }
 
 // CascadeFor returns the cascade of alias; false when alias is none.

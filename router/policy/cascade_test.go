@@ -12,6 +12,7 @@ func TestCascadeOverflowValidation(t *testing.T) {
 	}{
 		{"json", `{"policy":"round_robin","cascades":{"assist":{"small":"s","large":"l","gate":"logprob","threshold":-0.5,"max_small_tokens":64}},
 			"hosted_peers":false,"models":{"l":{"overflow":{"pool":"l-hosted","when":"ttft_over","ttft_seconds":2,"model":"gpt-x"},"hosted_peers":true}}}`, ""},
+		{"no threshold", `{"policy":"round_robin","cascades":{"a":{"small":"s","large":"l"}}}`, "cascades.a.threshold: required"},
 		{"no small", `{"policy":"round_robin","cascades":{"a":{"large":"l","threshold":-1}}}`, "cascades.a.small: required"},
 		{"same", `{"policy":"round_robin","cascades":{"a":{"small":"l","large":"l","threshold":-1}}}`, "cascades.a.large: must differ"},
 		{"bad gate", `{"policy":"round_robin","cascades":{"a":{"small":"s","large":"l","gate":"entropy","threshold":-1}}}`, `cascades.a.gate: want "logprob"`},
@@ -85,7 +86,8 @@ func TestCascadeOverflowResolve(t *testing.T) {
 	must.NoError(t, err)
 	c, ok := d.CascadeFor("assist")
 	must.True(t, ok)
-	must.Eq(t, Cascade{Small: "s", Large: "l", Threshold: -0.5}, c)
+	must.Eq(t, -0.5, c.ThresholdValue())
+	must.Eq(t, "s", c.Small)
 	_, ok = d.CascadeFor("l")
 	must.False(t, ok)
 	must.True(t, d.HostedPeersFor("assist"))

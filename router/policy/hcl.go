@@ -176,7 +176,7 @@ func decodeHCLCascades(d *Document, cs []hclCascade) error {
 		if _, dup := d.Cascades[c.Alias]; dup {
 			return fmt.Errorf("decoding policy HCL: cascade %q defined twice", c.Alias)
 		}
-		d.Cascades[c.Alias] = Cascade{Small: c.Small, Large: c.Large, Gate: c.Gate, Threshold: c.Threshold,
+		d.Cascades[c.Alias] = Cascade{Small: c.Small, Large: c.Large, Gate: c.Gate, Threshold: &c.Threshold,
 			MaxSmallTokens: c.MaxSmallTokens}
 	}
 	return nil
