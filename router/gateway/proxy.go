@@ -56,7 +56,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 
-	pol := g.cfg.Policy.Current().For(f.Model)
+	doc := g.cfg.Policy.Current()
+	pol := doc.For(f.Model)
 	req := &scoring.Request{Model: f.Model, Path: r.URL.Path, Body: body, Stream: f.Stream, Prompt: f.Prompt,
 		EstimatedTokens: estimateTokens(len(body), f)}
 	reqID := r.Header.Get("X-Request-Id")
@@ -67,16 +68,26 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if g.federating(ctx) {
 		g.cfg.Federation.Arrived()
 	}
-	if len(g.candidates(f.Model)) == 0 {
-		if !g.federateEarly(ctx, w, r, rec, x, false) {
-			g.noWorker(w, rec, f.Model)
+	if c, ok := doc.CascadeFor(f.Model); ok {
+		g.cascade(ctx, w, r, rec, x, &c)
+		return
+	}
+	g.serve(ctx, w, r, rec, x)
+}
+
+// serve admits x for its model and sends it to a worker of that model (or
+// of its overflow pool, or another datacenter), answering the client.
+func (g *Gateway) serve(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange) {
+	if len(g.candidates(x.req.Model)) == 0 {
+		if !g.federateEarly(ctx, w, r, rec, x, false) && !g.overflow(ctx, w, r, rec, x, reasonNoWorker) {
+			g.noWorker(w, rec, x.req.Model)
 		}
 		return
 	}
-	if g.federateEarly(ctx, w, r, rec, x, true) {
+	if g.federateEarly(ctx, w, r, rec, x, true) || g.overflowEarly(ctx, w, r, rec, x) {
 		return
 	}
-	slot, ok := g.admit(ctx, w, r, rec, f.Model, pol.Limits)
+	slot, ok := g.admit(ctx, w, r, rec, x)
 	if !ok {
 		return
 	}
@@ -85,7 +96,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	defer x.release()
 
 	if g.cfg.Prepare != nil {
-		g.cfg.Prepare(req)
+		g.cfg.Prepare(x.req)
 	}
 	if g.disaggregate(ctx, w, r, rec, x) {
 		return
@@ -232,13 +243,17 @@ func readAll(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) 
 	return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 }
 
-// admit waits for an admission slot, answering the client when none comes.
-func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, model string,
-	lim policy.Limits) (admission.Slot, bool) {
-	slot, err := g.cfg.Admission.AcquireSlot(ctx, model, lim)
+// admit waits for an admission slot, answering the client (or sending the
+// request to the model's overflow pool) when none comes.
+func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange) (admission.Slot, bool) {
+	model := x.req.Model
+	slot, err := g.cfg.Admission.AcquireSlot(ctx, model, x.pol.Limits)
 	switch {
 	case err == nil:
 		return slot, true
+	case errors.Is(err, admission.ErrQueueFull) && g.overflow(ctx, w, r, rec, x, reasonQueueFull),
+		errors.Is(err, admission.ErrQueueTimeout) && g.overflow(ctx, w, r, rec, x, reasonQueueTimeout):
+		// The overflow pool answered.
 	case errors.Is(err, admission.ErrQueueFull):
 		g.m.AdmissionRefused.WithLabelValues(model, "queue_full").Inc()
 		rec.fail(w, http.StatusTooManyRequests, "requests", "model_overloaded", "",
@@ -255,9 +270,19 @@ func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 
 // candidates are the workers a request may go to directly (directWorker):
 // prefill instances, and SGLang decode instances, which wait for a prefill
-// peer, are left out when others exist.
+// peer, are left out when others exist; so are hosted workers (oasis_upstream)
+// unless the policy makes them peers (hosted_peers): they are the overflow.
 func (g *Gateway) candidates(model string) []*scoring.Worker {
 	ws := g.cfg.Pool.Workers(model)
+	for _, w := range ws {
+		if w.Upstream != "" {
+			return directOnly(g.localFirst(model, ws))
+		}
+	}
+	return directOnly(ws)
+}
+
+func directOnly(ws []*scoring.Worker) []*scoring.Worker {
 	for _, w := range ws {
 		if !directWorker(w) {
 			if d := slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return !directWorker(w) }); len(d) > 0 {

@@ -60,6 +60,9 @@ type Metrics struct {
 	// errors are how a missing ACL policy shows.
 	NodeStatsReads *prometheus.CounterVec // result (ok|error)
 
+	// Cascades and overflow (cascade.go).
+	Cascade
+
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
 	// vector's lock, which showed up in the router's CPU profile.
@@ -198,5 +201,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
 		[]string{"model", "leg"})
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
+	m.Cascade = newCascade(reg, ns, lat)
 	return m
 }

@@ -36,6 +36,12 @@ type Document struct {
 	Disagg
 	// Federation is document-wide: see federation.go.
 	Federation *Federation `json:"federation,omitempty"`
+	// Cascades maps a model alias to its small → large cascade (cascade.go).
+	Cascades map[string]Cascade `json:"cascades,omitempty"`
+	// HostedPeers makes hosted workers (oasis_upstream) candidates beside
+	// local ones; by default they serve a model only when no local worker
+	// does, or as an overflow pool. A model's hosted_peers overrides it.
+	HostedPeers *bool `json:"hosted_peers,omitempty"`
 }
 
 // Model overrides the document's defaults for one model.
@@ -45,6 +51,10 @@ type Model struct {
 	Admission *Admission         `json:"admission,omitempty"`
 	Timeouts  *Timeouts          `json:"timeouts,omitempty"`
 	Disagg
+	// Overflow sends requests the local pool cannot take in time to
+	// another pool (cascade.go).
+	Overflow    *Overflow `json:"overflow,omitempty"`
+	HostedPeers *bool     `json:"hosted_peers,omitempty"`
 }
 
 // Timeouts bound the router's wait for an engine. In a per-model override an
@@ -172,6 +182,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 		return err
 	}
 	if err := d.Federation.validate(); err != nil {
+		return err
+	}
+	if err := d.validateCascades(); err != nil {
 		return err
 	}
 	for name, m := range d.Models {

@@ -38,6 +38,10 @@ func FuzzParse(f *testing.F) {
 		  "breaker_cooldown":"10s","summary_stale":"3s"}}`,
 		`{"policy":"round_robin","federation":{"max_spill_fraction":0.05}}`,
 		"policy = \"round_robin\"\nfederation {\n  enabled = true\n  margin = \"0s\"\n  max_spill_fraction = 1\n}\n",
+		`{"policy":"round_robin","hosted_peers":false,"cascades":{"a":{"small":"s","large":"l","threshold":-0.4,"max_small_tokens":8}},
+		  "models":{"l":{"overflow":{"pool":"h","when":"ttft_over","ttft_seconds":1.5,"model":"x"},"hosted_peers":true}}}`,
+		"policy = \"round_robin\"\ncascade \"a\" {\n  small = \"s\"\n  large = \"l\"\n  threshold = -1\n}\n" +
+			"model \"l\" {\n  overflow {\n    pool = \"h\"\n  }\n}\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -79,7 +83,13 @@ func FuzzParse(f *testing.F) {
 		if fs := d.FederationSettings(); fs.ResumeSpillFraction > fs.MaxSpillFraction || fs.BreakerFailures < 1 {
 			t.Fatalf("accepted federation settings break their invariants: %+v", fs)
 		}
+		for name := range d.Cascades {
+			names = append(names, name)
+		}
 		for _, name := range names {
+			if a, b := routingExtras(d, name), routingExtras(d2, name); !reflect.DeepEqual(a, b) {
+				t.Fatalf("model %q's cascade, overflow or hosted_peers is %+v, after a JSON round trip (%s) %+v", name, a, js, b)
+			}
 			if a, b := effective(d.For(name)), effective(d2.For(name)); !reflect.DeepEqual(a, b) {
 				t.Fatalf("model %q resolves to %+v, after a JSON round trip (%s) to %+v", name, a, js, b)
 			}
@@ -97,4 +107,11 @@ func effective(r Resolved) Resolved {
 		r.Scoring.Weights = nil
 	}
 	return r
+}
+
+// routingExtras is what a document says of name outside Resolved.
+func routingExtras(d *Document, name string) []any {
+	c, isAlias := d.CascadeFor(name)
+	o, overflows := d.OverflowFor(name)
+	return []any{isAlias, c.Small, c.Large, c.Gate, c.ThresholdValue(), c.MaxSmallTokens, overflows, o, d.HostedPeersFor(name)}
 }

@@ -29,14 +29,29 @@ import (
 //	  policy = "least_load"
 //	  disaggregation_fallback = "none"
 //	  admission { max_in_flight = 64 }
+//	  overflow {
+//	    pool  = "llama-3-8b-hosted"
+//	    when  = "queue_full"
+//	    model = "meta-llama/Llama-3-8B-Instruct"
+//	  }
+//	}
+//	hosted_peers = false
+//	cascade "assistant" {
+//	  small            = "llama-3-8b"
+//	  large            = "llama-3-70b"
+//	  gate             = "logprob"
+//	  threshold        = -0.4
+//	  max_small_tokens = 512
 //	}
 type hclDocument struct {
-	Policy     string             `hcl:"policy,optional"`
-	Weights    map[string]float64 `hcl:"weights,optional"`
-	Admission  *hclAdmission      `hcl:"admission,block"`
-	Timeouts   *hclTimeouts       `hcl:"timeouts,block"`
-	Models     []hclModel         `hcl:"model,block"`
-	Federation *hclFederation     `hcl:"federation,block"`
+	Policy      string             `hcl:"policy,optional"`
+	Weights     map[string]float64 `hcl:"weights,optional"`
+	Admission   *hclAdmission      `hcl:"admission,block"`
+	Timeouts    *hclTimeouts       `hcl:"timeouts,block"`
+	Models      []hclModel         `hcl:"model,block"`
+	Federation  *hclFederation     `hcl:"federation,block"`
+	Cascades    []hclCascade       `hcl:"cascade,block"`
+	HostedPeers *bool              `hcl:"hosted_peers,optional"`
 
 	Disaggregation                  *string `hcl:"disaggregation,optional"`
 	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
@@ -54,6 +69,22 @@ type hclFederation struct {
 	SummaryStale        *string  `hcl:"summary_stale,optional"`
 }
 
+type hclCascade struct {
+	Alias          string  `hcl:"alias,label"`
+	Small          string  `hcl:"small"`
+	Large          string  `hcl:"large"`
+	Gate           string  `hcl:"gate,optional"`
+	Threshold      float64 `hcl:"threshold"`
+	MaxSmallTokens int     `hcl:"max_small_tokens,optional"`
+}
+
+type hclOverflow struct {
+	Pool        string  `hcl:"pool"`
+	When        string  `hcl:"when,optional"`
+	TTFTSeconds float64 `hcl:"ttft_seconds,optional"`
+	Model       string  `hcl:"model,optional"`
+}
+
 type hclTimeouts struct {
 	ResponseHeader *string `hcl:"response_header,optional"`
 	StreamIdle     *string `hcl:"stream_idle,optional"`
@@ -67,11 +98,13 @@ type hclAdmission struct {
 }
 
 type hclModel struct {
-	Name      string             `hcl:"name,label"`
-	Policy    string             `hcl:"policy,optional"`
-	Weights   map[string]float64 `hcl:"weights,optional"`
-	Admission *hclAdmission      `hcl:"admission,block"`
-	Timeouts  *hclTimeouts       `hcl:"timeouts,block"`
+	Name        string             `hcl:"name,label"`
+	Policy      string             `hcl:"policy,optional"`
+	Weights     map[string]float64 `hcl:"weights,optional"`
+	Admission   *hclAdmission      `hcl:"admission,block"`
+	Timeouts    *hclTimeouts       `hcl:"timeouts,block"`
+	Overflow    *hclOverflow       `hcl:"overflow,block"`
+	HostedPeers *bool              `hcl:"hosted_peers,optional"`
 
 	Disaggregation                  *string `hcl:"disaggregation,optional"`
 	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
@@ -90,7 +123,10 @@ func decodeHCL(data []byte) (*Document, error) {
 		return nil, fmt.Errorf("decoding policy HCL: %s", diags.Error())
 	}
 	d := &Document{Policy: h.Policy, Weights: h.Weights, Disagg: Disagg{h.Disaggregation,
-		h.DisaggregationMinUncachedTokens, h.DisaggregationFallback}}
+		h.DisaggregationMinUncachedTokens, h.DisaggregationFallback}, HostedPeers: h.HostedPeers}
+	if err := decodeHCLCascades(d, h.Cascades); err != nil {
+		return nil, err
+	}
 	if h.Admission != nil {
 		d.Admission = Admission(*h.Admission)
 	}
@@ -110,7 +146,11 @@ func decodeHCL(data []byte) (*Document, error) {
 			return nil, fmt.Errorf("decoding policy HCL: model %q defined twice", m.Name)
 		}
 		mm := Model{Policy: m.Policy, Weights: m.Weights, Disagg: Disagg{m.Disaggregation,
-			m.DisaggregationMinUncachedTokens, m.DisaggregationFallback}}
+			m.DisaggregationMinUncachedTokens, m.DisaggregationFallback}, HostedPeers: m.HostedPeers}
+		if m.Overflow != nil {
+			o := Overflow(*m.Overflow)
+			mm.Overflow = &o
+		}
 		if m.Admission != nil {
 			a := Admission(*m.Admission)
 			mm.Admission = &a
@@ -122,8 +162,22 @@ func decodeHCL(data []byte) (*Document, error) {
 		d.Models[m.Name] = mm
 	}
 	if d.Policy == "" && d.Weights == nil && h.Admission == nil && h.Timeouts == nil && len(h.Models) == 0 &&
-		h.Federation == nil && d.Disagg.empty() {
+		h.Federation == nil && d.Disagg.empty() && len(h.Cascades) == 0 && h.HostedPeers == nil {
 		return nil, errors.New("decoding policy HCL: empty document")
 	}
 	return d, nil
+}
+
+func decodeHCLCascades(d *Document, cs []hclCascade) error {
+	for _, c := range cs {
+		if d.Cascades == nil {
+			d.Cascades = map[string]Cascade{}
+		}
+		if _, dup := d.Cascades[c.Alias]; dup {
+			return fmt.Errorf("decoding policy HCL: cascade %q defined twice", c.Alias)
+		}
+		d.Cascades[c.Alias] = Cascade{Small: c.Small, Large: c.Large, Gate: c.Gate, Threshold: &c.Threshold,
+			MaxSmallTokens: c.MaxSmallTokens}
+	}
+	return nil
 }

@@ -40,6 +40,7 @@ type genParams struct {
 	skipSpecial  bool
 	topLogprobs  int
 	wantLogprobs bool
+	fixedLogprob *float64 // every sampled token's log probability, when set
 	rng          *rand.Rand
 }
 
@@ -128,6 +129,9 @@ func (v *vocab) generate(p genParams) *generation {
 		for i, t := range g.tokens {
 			// The chosen token is the most likely one; alternatives are less likely.
 			lp := -p.rng.ExpFloat64() * 0.5
+			if p.fixedLogprob != nil {
+				lp = *p.fixedLogprob
+			}
 			g.logprobs[i] = round4(lp)
 			if p.topLogprobs > 0 {
 				ents := make([]topEntry, 0, p.topLogprobs)

@@ -100,6 +100,9 @@ type apiRequest struct {
 	BootstrapHost          json.RawMessage `json:"bootstrap_host"`
 	BootstrapPort          json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom          json.RawMessage `json:"bootstrap_room"`
+	// OasisLogprob fixes every sampled token's log probability (see
+	// confidence.go); an oasis-sim extension.
+	OasisLogprob *float64 `json:"oasis_logprob"`
 }
 
 type chatMessage struct {
@@ -426,6 +429,7 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 		skipSpecial:  req.SkipSpecialTokens == nil || *req.SkipSpecialTokens,
 		wantLogprobs: p.logprobs,
 		topLogprobs:  p.topLogprobs,
+		fixedLogprob: confidence(&req),
 		rng:          s.requestRNG(p.prompt, req.Seed, req.Temperature),
 	}
 	if maxTokens != nil {
