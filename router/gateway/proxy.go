@@ -27,6 +27,8 @@ import (
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	rec := &outcome{g: g, start: time.Now(), status: http.StatusOK}
 	defer rec.done()
+	ctx, tr := g.tr.startRequest(r.Context(), r)
+	rec.tr = tr
 
 	body, ok := g.readBody(w, r, rec)
 	if !ok {
@@ -43,7 +45,6 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.model = f.Model
 
-	ctx := r.Context()
 	if v := r.Header.Get(DeadlineHeader); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms <= 0 {
@@ -64,6 +65,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		reqID = g.ids.next()
 	}
 	x := &exchange{req: req, fields: f, body: body, reqID: reqID, pol: pol}
+	tr.identify(f.Model, reqID)
 	if g.federating(ctx) {
 		g.cfg.Federation.Arrived()
 	}
@@ -87,6 +89,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if g.cfg.Prepare != nil {
 		g.cfg.Prepare(req)
 	}
+	tr.wrapTokenize(req)
 	if g.disaggregate(ctx, w, r, rec, x) {
 		return
 	}
@@ -132,8 +135,13 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return
 		}
 		t0 := time.Now()
-		d, err := g.cfg.Selector.Pick(ctx, x.pol.Scoring, x.req, cands)
+		dctx, dsp := rec.tr.start(ctx, SpanRoute)
+		d, err := g.cfg.Selector.Pick(dctx, x.pol.Scoring, x.req, cands)
 		g.m.RoutingDecision.Observe(time.Since(t0).Seconds())
+		if err == nil {
+			rec.tr.decided(dctx, dsp, g.cfg.Selector, x, cands, d.Worker)
+		}
+		endSpan(dsp, err)
 		if err != nil {
 			g.log.Error("choosing worker failed", "model", x.req.Model, "error", err)
 			rec.fail(w, http.StatusInternalServerError, "server_error", "routing_failed", "", "choosing a worker failed", 0)
@@ -160,6 +168,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return
 		case n == 0:
 			g.m.Retries.WithLabelValues(x.req.Model).Inc()
+			rec.tr.retried()
 			g.log.Warn("engine failed before the first token; retrying on another worker",
 				"model", x.req.Model, "worker", wk.ID, "request_id", x.reqID, "error", err)
 		case !g.federateFailed(ctx, w, r, rec, x):
@@ -235,7 +244,9 @@ func readAll(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) 
 // admit waits for an admission slot, answering the client when none comes.
 func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, model string,
 	lim policy.Limits) (admission.Slot, bool) {
-	slot, err := g.cfg.Admission.AcquireSlot(ctx, model, lim)
+	actx, sp := rec.tr.admission(ctx)
+	slot, err := g.cfg.Admission.AcquireSlot(actx, model, lim)
+	rec.tr.queued(sp, err)
 	switch {
 	case err == nil:
 		return slot, true
@@ -340,13 +351,17 @@ type outcome struct {
 	ws       *metrics.WorkerSeries // the chosen worker's series, once forwarded
 	ttftDone bool
 	recorded bool
+	tr       *reqTrace     // nil: tracing off
+	ttft     time.Duration // once ttftDone
+	tokens   [2]int64      // prompt and completion tokens, when the engine reported usage
 }
 
 // firstByte records the time to the first byte, now.
 func (o *outcome) firstByte(now time.Time) {
 	if !o.ttftDone {
 		o.ttftDone = true
-		o.g.m.Model(o.model).TTFT.Observe(now.Sub(o.start).Seconds())
+		o.ttft = now.Sub(o.start)
+		o.g.m.Model(o.model).TTFT.Observe(o.ttft.Seconds())
 	}
 }
 
@@ -360,6 +375,7 @@ func (o *outcome) done() {
 		return
 	}
 	o.recorded = true
+	defer o.tr.end(o)
 	model := o.model
 	if model == "" {
 		model = "_unparsed"
