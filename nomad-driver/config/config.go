@@ -163,15 +163,15 @@ type TaskConfig struct {
 	BootstrapPort       string            `codec:"bootstrap_port" json:"bootstrap_port,omitempty"`
 	Endpoint            string            `codec:"endpoint" json:"endpoint,omitempty"`
 	HealthTimeout       string            `codec:"health_timeout" json:"health_timeout,omitempty"`
+	ExtraArgs           []string          `codec:"extra_args" json:"extra_args,omitempty"`
+	ExtraEnv            map[string]string `codec:"extra_env" json:"extra_env,omitempty"`
+	Binary              string            `codec:"binary" json:"binary,omitempty"`
 	// OTLPTracesEndpoint is where the engine exports its request traces
 	// (vLLM's --otlp-traces-endpoint): http(s)://host:port[/path] for
 	// OTLP/HTTP (path default /v1/traces), grpc://host:port for OTLP/gRPC.
 	// The router's traceparent makes the engine's spans children of its
 	// upstream attempt.
 	OTLPTracesEndpoint string `codec:"otlp_traces_endpoint" json:"otlp_traces_endpoint,omitempty"`
-	ExtraArgs           []string          `codec:"extra_args" json:"extra_args,omitempty"`
-	ExtraEnv            map[string]string `codec:"extra_env" json:"extra_env,omitempty"`
-	Binary              string            `codec:"binary" json:"binary,omitempty"`
 }
 
 // FieldError is a validation error about one task config field.
