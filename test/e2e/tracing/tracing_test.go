@@ -69,6 +69,14 @@ func TestRouterTracesRequestsInJaeger(t *testing.T) {
 	}), wait.Timeout(30*time.Second), wait.Gap(250*time.Millisecond)))
 	checkSpanTree(t, tr, parentID)
 	t.Logf("trace: %s/api/traces/%s", jaeger.Query, traceID)
+	for _, s := range tr.Spans {
+		t.Logf("  %s (parent %s): %d tags", s.OperationName, parentName(tr, s), len(s.Tags))
+		for _, tg := range s.Tags {
+			if strings.HasPrefix(tg.Key, "oasis.") || strings.HasPrefix(tg.Key, "gen_ai.") {
+				t.Logf("    %s = %v", tg.Key, tg.Value)
+			}
+		}
+	}
 
 	_, err = jaeger.Trace(ctx, unsampled)
 	must.Error(t, err, must.Sprint("an unsampled traceparent made a trace at ratio 0"))
@@ -152,9 +160,14 @@ func checkSpanTree(t *testing.T, tr *testbed.JaegerTrace, clientSpan string) {
 	must.Positive(t, tag(root, "oasis.ttft_ms").(float64))
 	must.EqOp(t, float64(0), tag(root, "oasis.retries").(float64))
 	_ = tag(root, "oasis.queue_wait_ms")
-	if _, ok := byName["oasis.tokenize"]; ok {
-		must.EqOp(t, routeSpan, parentName(tr, byName["oasis.tokenize"]))
-	}
+	// The sims are oasis_engine=sim: the router tokenizes with the sim's tokenizer, for the
+	// default policy's prefix and ttft terms, inside the decision.
+	tok, ok := byName["oasis.tokenize"]
+	must.True(t, ok, must.Sprintf("no oasis.tokenize span in %v", names))
+	must.EqOp(t, routeSpan, parentName(tr, tok))
+	must.Positive(t, tag(tok, "oasis.prompt_tokens").(float64))
+	must.EqOp(t, "none", tag(root, "oasis.prefix.tier").(string)) // a fresh prompt
+	must.Positive(t, tag(root, "gen_ai.usage.output_tokens").(float64))
 }
 
 // parentName is the operation name of s's parent.
