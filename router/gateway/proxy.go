@@ -351,17 +351,16 @@ type outcome struct {
 	ws       *metrics.WorkerSeries // the chosen worker's series, once forwarded
 	ttftDone bool
 	recorded bool
-	tr       *reqTrace     // nil: tracing off
-	ttft     time.Duration // once ttftDone
-	tokens   [2]int64      // prompt and completion tokens, when the engine reported usage
+	tr       *reqTrace // nil: tracing off
 }
 
 // firstByte records the time to the first byte, now.
 func (o *outcome) firstByte(now time.Time) {
 	if !o.ttftDone {
 		o.ttftDone = true
-		o.ttft = now.Sub(o.start)
-		o.g.m.Model(o.model).TTFT.Observe(o.ttft.Seconds())
+		ttft := now.Sub(o.start)
+		o.g.m.Model(o.model).TTFT.Observe(ttft.Seconds())
+		o.tr.firstByte(ttft)
 	}
 }
 

@@ -77,7 +77,23 @@ type reqTrace struct {
 	t        *tracing
 	span     trace.Span
 	retries  int
-	admitted time.Time // when admission began
+	admitted time.Time     // when admission began
+	ttft     time.Duration // to the first response byte; 0: none yet
+	tokens   [2]int64      // prompt and completion tokens, when the engine reported usage
+}
+
+// firstByte records the time to the first response byte.
+func (rt *reqTrace) firstByte(d time.Duration) {
+	if rt != nil {
+		rt.ttft = d
+	}
+}
+
+// usage records the engine's token counts.
+func (rt *reqTrace) usage(prompt, completion int64) {
+	if rt != nil {
+		rt.tokens = [2]int64{prompt, completion}
+	}
 }
 
 // startRequest starts the request's server span, a child of the client's
@@ -216,10 +232,10 @@ func (rt *reqTrace) end(o *outcome) {
 			attrs = append(attrs, AttrWorker.String(o.worker))
 		}
 		if o.ttftDone {
-			attrs = append(attrs, AttrTTFT.Float64(float64(o.ttft.Microseconds())/1000))
+			attrs = append(attrs, AttrTTFT.Float64(float64(rt.ttft.Microseconds())/1000))
 		}
-		if o.tokens[0] > 0 || o.tokens[1] > 0 {
-			attrs = append(attrs, AttrPromptTokens.Int64(o.tokens[0]), AttrOutputTokens.Int64(o.tokens[1]))
+		if rt.tokens != [2]int64{} {
+			attrs = append(attrs, AttrPromptTokens.Int64(rt.tokens[0]), AttrOutputTokens.Int64(rt.tokens[1]))
 		}
 		rt.span.SetAttributes(attrs...)
 		if o.status >= 500 {
