@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -143,4 +144,36 @@ func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
 		m[kv.Key] = kv.Value
 	}
 	return m
+}
+
+func TestTracingPDLegs(t *testing.T) {
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	p := newPDEngine(t, vllmPrefill)
+	d := newPDEngine(t, streamDecode)
+	h := newHarnessWith(t, Config{MaxBodyBytes: 1 << 20, TracerProvider: tp}, pdDoc(), map[string]string{})
+	h.pool.Set([]discovery.Instance{pdInstance("p1", addr(p.srv), "prefill", "vllm"),
+		pdInstance("d1", addr(d.srv), "decode", "vllm")})
+	resp := h.post("/v1/completions", pdStreamBody, "Traceparent", clientParent)
+	must.EqOp(t, http.StatusOK, resp.StatusCode)
+	_ = readAllString(t, resp)
+
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range sr.Ended() {
+		byName[s.Name()] = s
+	}
+	root := byName["POST /v1/completions"]
+	must.NotNil(t, root, must.Sprintf("spans: %v", names(sr.Ended())))
+	for _, n := range []string{SpanAdmission, SpanRoute, SpanPrefill, SpanDecode} {
+		s, ok := byName[n]
+		must.True(t, ok, must.Sprintf("no %s span in %v", n, names(sr.Ended())))
+		must.EqOp(t, root.SpanContext().SpanID(), s.Parent().SpanID())
+	}
+	route := attrMap(byName[SpanRoute].Attributes())
+	must.EqOp(t, "pd_pair", route[AttrPolicy].AsString())
+	must.EqOp(t, "p1", route[AttrPrefill].AsString())
+	must.EqOp(t, "d1", route[AttrDecode].AsString())
+	must.EqOp(t, "p1", attrMap(byName[SpanPrefill].Attributes())[AttrWorker].AsString())
+	must.EqOp(t, "d1", attrMap(byName[SpanDecode].Attributes())[AttrWorker].AsString())
+	must.EqOp(t, "d1", attrMap(root.Attributes())[AttrWorker].AsString())
 }
