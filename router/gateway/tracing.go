@@ -111,13 +111,14 @@ func (t *tracing) startRequest(ctx context.Context, r *http.Request) (context.Co
 // start starts a child span of ctx's (internal); a no-op span when off.
 func (rt *reqTrace) start(ctx context.Context, name string) (context.Context, trace.Span) {
 	if rt == nil {
-		return ctx, noSpan
+		return ctx, noSpan()
 	}
 	return rt.t.tracer.Start(ctx, name)
 }
 
-// noSpan is the span hooks get with tracing off.
-var noSpan = trace.SpanFromContext(context.Background())
+// noSpan is the span hooks return with tracing off: OpenTelemetry's no-op
+// span (a zero-size value: no allocation).
+func noSpan() trace.Span { return trace.SpanFromContext(context.Background()) }
 
 // identify records the request's model and id once parsed.
 func (rt *reqTrace) identify(model, reqID string) {
@@ -129,7 +130,7 @@ func (rt *reqTrace) identify(model, reqID string) {
 // admission starts the admission span.
 func (rt *reqTrace) admission(ctx context.Context) (context.Context, trace.Span) {
 	if rt == nil {
-		return ctx, noSpan
+		return ctx, noSpan()
 	}
 	rt.admitted = time.Now()
 	return rt.t.tracer.Start(ctx, SpanAdmission)
@@ -201,7 +202,7 @@ func (rt *reqTrace) pairDecided(sp trace.Span, pair scoring.Pair) {
 // attempt's error (endSpan).
 func (t *tracing) attempt(ctx context.Context, name string, wk *scoring.Worker) (context.Context, trace.Span) {
 	if t == nil {
-		return ctx, noSpan
+		return ctx, noSpan()
 	}
 	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(AttrWorker.String(wk.ID), AttrWorkerAddress.String(wk.Address)))
