@@ -34,7 +34,7 @@ terraform-provider:
 	@mkdir -p $(PROVIDER_DIR)
 	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
-## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint and the CNI plugins in bin/cni
+## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger and the CNI plugins in bin/cni
 hashistack:
 	@scripts/hashistack.sh
 
@@ -160,9 +160,10 @@ gpu-check:
 ## up: start Consul + Nomad with the Oasis plugins and run jobs/ and the demo recipe
 ## (DCS=2: two federated datacenters, each running them in its own region;
 ##  MESH=1: in the Consul service mesh: bridge networking, intentions from jobs/mesh, the router
-##  Connect-native, engines behind sidecars)
+##  Connect-native, engines behind sidecars;
+##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one)
 up: hashistack $(if $(MESH),deps)
-	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh)
+	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing)
 
 ## down: stop everything `make up` started
 down:

@@ -44,7 +44,9 @@
 #   commit's, as target router-base: it has no TLS flags and no `@engine`
 #   syntax, so it runs plain HTTP with m=host:port engines and the same policy
 #   file; with BOTH=1 it is in the plain pass only, with TLS alone it runs plain
-#   as target router-base-http).
+#   as target router-base-http), ROUTER_TRACED=1 (also this router with
+#   OpenTelemetry tracing on, every request sampled, exporting over OTLP/HTTP
+#   to a local receiver that discards the spans, as target router-traced).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/tls.sh
@@ -108,6 +110,26 @@ for i in $(seq "$ENGINES"); do
   engines+=("m=127.0.0.1:$p${ENGINE_KIND:+@$ENGINE_KIND}")
 done
 for i in $(seq "$ENGINES"); do waitport "${direct[$((i-1))]##*:}" "${pids[$((i-1))]}" "sim$i"; done
+if [ "${ROUTER_TRACED:-0}" = 1 ]; then
+  # The OTLP/HTTP receiver of router-traced: answers every export, keeps nothing.
+  sinkport=$(freeport)
+  python3 - "$sinkport" >"$work/otlp-sink.log" 2>&1 <<'PY' &
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+PY
+  pids+=($!)
+  waitport "$sinkport" "$!" otlp-sink
+fi
 engines_flag=$(IFS=,; echo "${engines[*]}")
 
 # start NAME BINARY ARGS...: a router with the static engines and policy file,
@@ -140,6 +162,13 @@ pass() {
     start router-1p "$work/oasis-router" -gomaxprocs 1 -listen "127.0.0.1:$p" -engines "$engines_flag" "${rtls[@]}"
     waits+=("$p $started router-1p")
     extra_targets+=",router-1p=$scheme://127.0.0.1:$p" extra_pids+=",router-1p=$started"
+  fi
+  if [ "${ROUTER_TRACED:-0}" = 1 ]; then
+    local p; p=$(freeport)
+    start router-traced "$work/oasis-router" -otlp-endpoint "http://127.0.0.1:$sinkport" -trace-sample-ratio 1 \
+      -listen "127.0.0.1:$p" -engines "$engines_flag" "${rtls[@]}"
+    waits+=("$p $started router-traced")
+    extra_targets+=",router-traced=$scheme://127.0.0.1:$p" extra_pids+=",router-traced=$started"
   fi
   if [ -n "${ROUTER_BASE_BIN:-}" ] && { [ "$mode" = plain ] || [ "$BOTH" != 1 ]; }; then
     local p name=router-base; p=$(freeport)

@@ -152,6 +152,29 @@ variable "max_connections" {
   default     = 4096
 }
 
+variable "otlp_endpoint" {
+  description = "OTLP/HTTP receiver (e.g. an OpenTelemetry Collector or Jaeger) the router exports request traces to, http(s)://host:port[/path] (path default /v1/traces). Empty: no tracing."
+  type        = string
+  default     = ""
+
+  validation {
+    # Nomad's HCL has regex_replace, not regex: a valid URL (or "") leaves nothing.
+    condition     = regex_replace(var.otlp_endpoint, "^https?://[^/:]+:[0-9]+(/.*)?$", "") == ""
+    error_message = "The otlp_endpoint must be http(s)://host:port[/path]."
+  }
+}
+
+variable "trace_sample_ratio" {
+  description = "With otlp_endpoint, the share of new traces the router samples, 0 to 1. A client's traceparent decides for its own trace."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.trace_sample_ratio >= 0 && var.trace_sample_ratio <= 1
+    error_message = "The trace_sample_ratio must be from 0 to 1."
+  }
+}
+
 variable "cpu" {
   type    = number
   default = 500
@@ -344,7 +367,10 @@ job "oasis-router" {
           "-max-connections=${var.max_connections}",
           "-hosted-upstreams=${join(",", var.hosted_upstreams)}",
           "-hosted-key-envs=${join(",", var.hosted_key_envs)}",
-          ], var.tls_enabled ? [
+          ], var.otlp_endpoint != "" ? [
+          "-otlp-endpoint", var.otlp_endpoint,
+          "-trace-sample-ratio=${var.trace_sample_ratio}",
+          ] : [], var.tls_enabled ? [
           "-tls-cert", "${NOMAD_SECRETS_DIR}/tls/cert.pem",
           "-tls-key", "${NOMAD_SECRETS_DIR}/tls/key.pem",
           ] : [], var.tls_enabled && var.tls_mutual ? [

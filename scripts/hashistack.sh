@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real nomad, consul, tofu and tflint binaries from their tools modules (tools/<name>/go.mod) once,
+# Builds the real nomad, consul, tofu, tflint and jaeger binaries from their tools modules (tools/<name>/go.mod) once,
 # keeps them in a cache outside the checkout keyed by version and go.sum, and links them into bin/.
 # The CNI plugins Nomad's bridge networking runs (tools/cni) are cached the same way and linked as
 # the directory bin/cni, the client's cni_path.
@@ -83,6 +83,8 @@ build_cni
 build tofu github.com/opentofu/opentofu "" github.com/opentofu/opentofu/cmd/tofu \
 	"-s -w -X github.com/opentofu/opentofu/version.dev=no"
 build tflint github.com/terraform-linters/tflint "" github.com/terraform-linters/tflint "-s -w"
+# The trace backend (`make up TRACING=1`, test/e2e/tracing): all-in-one, OTLP in, memory storage.
+build jaeger github.com/jaegertracing/jaeger "" github.com/jaegertracing/jaeger/cmd/jaeger "-s -w"
 # First line of each version; no `| head`, whose early exit would SIGPIPE the binary under pipefail.
 for bin in nomad consul; do
 	v=$("$root/bin/$bin" version)

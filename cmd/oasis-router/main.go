@@ -123,6 +123,8 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	fs.BoolVar(&c.MeshEngines, "mesh-engines", false, "reach engines only through the mesh: their sidecar proxies (or Connect-native listeners) from Consul, dialled with the router's mesh certificate, each verified as the engine service (needs -mesh-service)")
 	fs.StringVar(&hostedUpstreams, "hosted-upstreams", "", "hosted OpenAI-compatible base URLs engines may name in oasis_upstream, comma-separated: https://host[:port]/path, host may start with *. (one label); others are ignored")
 	fs.StringVar(&hostedKeyEnvs, "hosted-key-envs", "", "environment variables engines may name in oasis_upstream_key_env, comma-separated: NAME (any allowed upstream) or NAME=URL pattern (only those upstreams)")
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces of API requests over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318 (off by default; path default /v1/traces); engines get each attempt's traceparent")
+	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", 1, "share of new traces sampled with -otlp-endpoint, 0 to 1; a client's traceparent decides for its own trace")
 	fs.StringVar(&rt.logLevel, "log-level", "info", "trace, debug, info, warn, error")
 	fs.BoolVar(&rt.logJSON, "log-json", false, "log JSON lines")
 	fs.IntVar(&rt.gcPercent, "gc-percent", 400, "Go GC target percentage (runtime/debug.SetGCPercent): the router's live heap is a few MiB, so collecting less often trades a little memory for CPU per request; -1 disables GC except under -memory-limit")

@@ -125,6 +125,7 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"bootstrap_port":         hclspec.NewAttr("bootstrap_port", "string", false),
 	"endpoint":               hclspec.NewAttr("endpoint", "string", false),
 	"health_timeout":         hclspec.NewAttr("health_timeout", "string", false),
+	"otlp_traces_endpoint":   hclspec.NewAttr("otlp_traces_endpoint", "string", false),
 	"extra_args":             hclspec.NewAttr("extra_args", "list(string)", false),
 	"extra_env":              hclspec.NewAttr("extra_env", "map(string)", false),
 	"binary":                 hclspec.NewAttr("binary", "string", false),
@@ -165,6 +166,12 @@ type TaskConfig struct {
 	ExtraArgs           []string          `codec:"extra_args" json:"extra_args,omitempty"`
 	ExtraEnv            map[string]string `codec:"extra_env" json:"extra_env,omitempty"`
 	Binary              string            `codec:"binary" json:"binary,omitempty"`
+	// OTLPTracesEndpoint is where the engine exports its request traces
+	// (vLLM's --otlp-traces-endpoint): http(s)://host:port[/path] for
+	// OTLP/HTTP (path default /v1/traces), grpc://host:port for OTLP/gRPC.
+	// The router's traceparent makes the engine's spans children of its
+	// upstream attempt.
+	OTLPTracesEndpoint string `codec:"otlp_traces_endpoint" json:"otlp_traces_endpoint,omitempty"`
 }
 
 // FieldError is a validation error about one task config field.
@@ -338,6 +345,7 @@ func (c TaskConfig) Validate() error {
 			{"extra_args", len(c.ExtraArgs) != 0},
 			{"extra_env", len(c.ExtraEnv) != 0},
 			{"binary", c.Binary != ""},
+			{"otlp_traces_endpoint", c.OTLPTracesEndpoint != ""},
 		} {
 			if f.set {
 				add(fieldErr(f.name, "not used by engine openai_compat, which runs no process (it only checks endpoint)"))
@@ -349,6 +357,7 @@ func (c TaskConfig) Validate() error {
 		return errors.Join(errs...)
 	}
 
+	add(c.validateOTLP())
 	if c.Endpoint != "" {
 		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
 	}
@@ -447,6 +456,26 @@ func (c TaskConfig) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateOTLP checks otlp_traces_endpoint: vLLM only, an http(s):// or
+// grpc:// URL with host and port.
+func (c TaskConfig) validateOTLP() error {
+	e := c.OTLPTracesEndpoint
+	if e == "" {
+		return nil
+	}
+	if c.Engine != EngineVLLM {
+		return fieldErr("otlp_traces_endpoint", "engine %s exports no traces the driver can configure; allowed for: vllm", c.Engine)
+	}
+	u, err := url.Parse(e)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "grpc") || u.Port() == "" || u.Hostname() == "" {
+		return fieldErr("otlp_traces_endpoint", "%q is not an OTLP receiver URL with host and port: http(s)://host:4318[/v1/traces] (OTLP/HTTP) or grpc://host:4317 (OTLP/gRPC)", e)
+	}
+	if u.Scheme == "grpc" && u.Path != "" && u.Path != "/" {
+		return fieldErr("otlp_traces_endpoint", "%q: an OTLP/gRPC endpoint has no path", e)
+	}
+	return nil
 }
 
 func validateEndpoint(endpoint string) error {

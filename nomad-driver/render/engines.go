@@ -2,6 +2,7 @@ package render
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
@@ -124,8 +125,29 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 		on := true
 		a = append(a, "--kv-events-config", eventsConfig(c, in, &on))
 	}
+	if c.OTLPTracesEndpoint != "" {
+		a = append(a, "--otlp-traces-endpoint", otlpTraces(p, c.OTLPTracesEndpoint))
+	}
 	p.Argv = a
 	return nil
+}
+
+// otlpTraces returns vLLM's --otlp-traces-endpoint for a validated
+// otlp_traces_endpoint and sets the OpenTelemetry exporter's protocol:
+// OTLP/HTTP takes the whole URL (path default /v1/traces), OTLP/gRPC
+// host:port over plain text.
+func otlpTraces(p *Plan, endpoint string) string {
+	u, _ := url.Parse(endpoint)
+	if u.Scheme == "grpc" {
+		p.Env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "grpc"
+		p.Env["OTEL_EXPORTER_OTLP_TRACES_INSECURE"] = "true"
+		return u.Host
+	}
+	p.Env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/v1/traces"
+	}
+	return u.String()
 }
 
 func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port int) error {

@@ -295,7 +295,7 @@ func checkNamespaced(c config.TaskConfig) []error {
 var renderedFlags = map[string][]string{
 	config.EngineVLLM: {"--host", "--port", "--served-model-name", "--tensor-parallel-size", "-tp", "--max-model-len",
 		"--gpu-memory-utilization", "--block-size", "--kv-transfer-config", "--kv-events-config",
-		"--kv-offloading-backend", "--kv-offloading-size", "--prefix-caching-hash-algo"},
+		"--kv-offloading-backend", "--kv-offloading-size", "--prefix-caching-hash-algo", "--otlp-traces-endpoint"},
 	config.EngineSGLang: {"--model-path", "--model", "--host", "--port", "--served-model-name", "--tp-size", "--tp",
 		"--context-length", "--mem-fraction-static", "--page-size", "--kv-events-config",
 		"--enable-hierarchical-cache", "--hicache-size", "--hicache-write-policy", "--enable-lmcache",

@@ -258,6 +258,16 @@ func TestRenderCases(t *testing.T) {
 			c.BindAddress = "0.0.0.0"
 			return testInput(c)
 		}},
+		{"vllm-otlp-http", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.OTLPTracesEndpoint = "http://10.0.0.9:4318"
+			return testInput(c)
+		}},
+		{"vllm-otlp-grpc", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.OTLPTracesEndpoint = "grpc://10.0.0.9:4317"
+			return testInput(c)
+		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))
 			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}}
@@ -293,6 +303,12 @@ func TestRenderBadInput(t *testing.T) {
 		{"port label missing", func(in *Input) { in.Config.Port = "api" }, "port", `"api" is not in the group's network block; labels: bootstrap, http, kv, nixl, replay`},
 		{"events label missing", func(in *Input) { in.Config.KVEventsPort = "zmq" }, "kv_events_port", `"zmq" is not in the group's network block`},
 		{"events without port", func(in *Input) { in.Config.KVEventsPort = "" }, "kv_events_port", "set kv_events_port"},
+		{"traces on unsupported engine", func(in *Input) {
+			in.Config.Engine, in.Config.OTLPTracesEndpoint = "sglang", "http://10.0.0.9:4318"
+		}, "otlp_traces_endpoint", "allowed for: vllm"},
+		{"traces endpoint without port", func(in *Input) { in.Config.OTLPTracesEndpoint = "http://collector" }, "otlp_traces_endpoint", "with host and port"},
+		{"traces endpoint without scheme", func(in *Input) { in.Config.OTLPTracesEndpoint = "collector:4317" }, "otlp_traces_endpoint", "grpc://host:4317"},
+		{"traces gRPC endpoint with path", func(in *Input) { in.Config.OTLPTracesEndpoint = "grpc://collector:4317/v1/traces" }, "otlp_traces_endpoint", "has no path"},
 		{"events on unsupported engine", func(in *Input) {
 			on := true
 			in.Config.Engine, in.Config.KVEvents, in.Config.KVEventsPort = "llama_cpp", &on, ""

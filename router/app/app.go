@@ -20,6 +20,7 @@ import (
 	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
@@ -63,6 +64,10 @@ type App struct {
 	tls       *tlsfiles.Files        // nil without TLS
 	mesh      *meshid.Identity       // nil without -mesh-service
 	procs     *gomaxprocs.Controller // nil unless AdaptiveGOMAXPROCS
+	// tracer is the gateway's tracer provider (nil: no tracing);
+	// tracerShutdown flushes the one initTracing built.
+	tracer         trace.TracerProvider
+	tracerShutdown func(context.Context) error
 
 	ln  net.Listener // nil with -listen off
 	srv *http.Server
@@ -88,7 +93,7 @@ func New(cfg Config) (*App, error) {
 	a := &App{cfg: cfg, log: cfg.Logger}
 	a.bg, a.bgCancel = context.WithCancel(context.Background())
 	steps := []func() error{a.initMetrics, a.initClients, a.initMesh, a.initPool, a.initPolicy, a.initAuth,
-		a.initFederation, a.initGateway, a.initTLS, a.initServer}
+		a.initFederation, a.initTracing, a.initGateway, a.initTLS, a.initServer}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			a.Close()
@@ -115,6 +120,9 @@ func (a *App) Close() error {
 		a.mesh.Close()
 	}
 	var errs []error
+	if err := a.closeTracing(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, ln := range []net.Listener{a.ln, a.meshLn} {
 		if ln != nil {
 			if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {

@@ -294,6 +294,9 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 			c.FederationListen, c.FederationDC = "127.0.0.1:0", "dc1"
 			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, junk
 		}, "-federation-tls-ca"},
+		{"sample ratio above 1", func(c *Config) { c.TraceSampleRatio = 1.5 }, "-trace-sample-ratio"},
+		{"OTLP endpoint without scheme", func(c *Config) { c.OTLPEndpoint = "127.0.0.1:4318" }, "-otlp-endpoint"},
+		{"OTLP endpoint without port", func(c *Config) { c.OTLPEndpoint = "http://collector" }, "-otlp-endpoint"},
 		{"hosted key variable name", func(c *Config) { c.HostedKeyEnvs = []string{"NOT-A-NAME"} }, "-hosted-key-envs"},
 		{"mesh listener without identity", func(c *Config) { c.MeshListen = "127.0.0.1:0" }, "-mesh-listen"},
 		{"mesh engines without identity", func(c *Config) { c.MeshEngines = true }, "-mesh-engines"},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -96,6 +97,16 @@ type Config struct {
 
 	HostedUpstreams []string // -hosted-upstreams: allowed oasis_upstream base URLs (discovery.ParseHostedPolicy)
 	HostedKeyEnvs   []string // -hosted-key-envs: allowed oasis_upstream_key_env names
+
+	// OpenTelemetry traces (router/gateway/tracing.go), off by default.
+	OTLPEndpoint string // -otlp-endpoint: OTLP/HTTP receiver URL, e.g. http://127.0.0.1:4318 (path default /v1/traces)
+	// TraceSampleRatio is the share of new traces sampled, 0 to 1
+	// (-trace-sample-ratio, flag default 1; 0: only requests whose
+	// traceparent says sampled). A client's traceparent decides for its trace.
+	TraceSampleRatio float64
+	// TracerProvider, when set, is used instead of -otlp-endpoint's
+	// exporter; its owner shuts it down.
+	TracerProvider trace.TracerProvider
 
 	Logger hclog.Logger // nil: no logs
 	// Registry gets the router's metrics and is served at /metrics; nil: a
@@ -261,6 +272,9 @@ func (c Config) validate() error {
 		}
 	}
 	if err := c.validateTLS(); err != nil {
+		return err
+	}
+	if err := c.validateTracing(); err != nil {
 		return err
 	}
 	return c.validateFederation()

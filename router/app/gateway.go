@@ -30,6 +30,7 @@ func (a *App) initGateway() error {
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
 		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, Federation: a.fed,
+		TracerProvider: a.tracer,
 	})
 	if err != nil {
 		return err

@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // BenchmarkProxyStreaming measures the router's per-request cost for a short
@@ -15,7 +19,29 @@ import (
 func BenchmarkProxyStreaming(b *testing.B) {
 	e := sseEngine()
 	defer e.Close()
-	h := newHarness(&testing.T{}, nil, nil, map[string]string{"a": "m@" + addr(e)})
+	h := newHarnessWith(b, Config{}, nil, map[string]string{"a": "m@" + addr(e)})
+	benchStream(b, h.srv.URL)
+}
+
+// BenchmarkProxyStreamingTraced is BenchmarkProxyStreaming with tracing on,
+// every request sampled, spans batched and exported over OTLP/HTTP to an
+// in-process receiver that discards them: the tracing's whole cost on the
+// router's machine.
+func BenchmarkProxyStreamingTraced(b *testing.B) {
+	e := sseEngine()
+	defer e.Close()
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer sink.Close()
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(sink.URL+"/v1/traces"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	h := newHarnessWith(b, Config{TracerProvider: tp}, nil, map[string]string{"a": "m@" + addr(e)})
 	benchStream(b, h.srv.URL)
 }
 

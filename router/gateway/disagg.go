@@ -96,8 +96,13 @@ func (g *Gateway) disaggregate(ctx context.Context, w http.ResponseWriter, r *ht
 		return false
 	}
 	t0 := time.Now()
-	pair, err := g.cfg.Selector.PickPair(ctx, x.req, prefill, decode)
+	dctx, dsp := rec.tr.start(ctx, SpanRoute)
+	pair, err := g.cfg.Selector.PickPair(dctx, x.req, prefill, decode)
 	g.m.RoutingDecision.Observe(time.Since(t0).Seconds())
+	if err == nil {
+		rec.tr.pairDecided(dsp, pair)
+	}
+	endSpan(dsp, err)
 	if err != nil {
 		return false // no two workers share a protocol
 	}
@@ -164,6 +169,7 @@ func (g *Gateway) pairs(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return
 		}
 		g.m.Retries.WithLabelValues(x.req.Model).Inc()
+		rec.tr.retried()
 		g.log.Warn("decode leg failed before the first token; retrying with a new pair", "model", x.req.Model,
 			"decode", pair.Decode.ID, "request_id", x.reqID, "error", err)
 		pair = next

@@ -79,7 +79,13 @@ func orNever(d time.Duration) time.Duration {
 // retry is allowed, a stream that broke before its first token); any other
 // failure has already been answered or reported to the client.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	wk *scoring.Worker, mayRetry bool) error {
+	wk *scoring.Worker, mayRetry bool) (err error) {
+	span := SpanUpstream
+	if x.remotePrefill() {
+		span = SpanDecode
+	}
+	ctx, sp := g.tr.attempt(ctx, span, wk)
+	defer func() { endSpan(sp, err) }()
 	tokens := x.req.EstimatedTokens
 	wk.Live.Enter(tokens)
 	defer wk.Live.Leave(tokens)
@@ -191,6 +197,7 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 		up.Header.Del("Authorization") // the router's key is not the engine's
 	}
 	up.Header.Set("X-Request-Id", x.reqID)
+	g.tr.inject(ctx, up.Header)
 	if x.remote != nil {
 		g.remoteRequest(ctx, up, x.remote)
 	}

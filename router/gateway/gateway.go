@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
@@ -78,6 +79,10 @@ type Config struct {
 	// Federation, when set, may send requests to other datacenters' routers
 	// (see federate.go). Requests it marks as forwarded are served here.
 	Federation *federation.Federation
+
+	// TracerProvider, when set, traces every API request (tracing.go);
+	// nil: no tracing, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // Gateway serves the router's HTTP API.
@@ -92,6 +97,7 @@ type Gateway struct {
 	ids      *requestIDs
 	ttft     ttftWindows
 	service  serviceTimes
+	tr       *tracing // nil: tracing off
 }
 
 // New validates c and returns a gateway.
@@ -132,7 +138,8 @@ func New(c Config) (*Gateway, error) {
 	if c.Admission.OnQueue == nil {
 		c.Admission.OnQueue = func(model string, n int) { m.Queued.WithLabelValues(model).Set(float64(n)) }
 	}
-	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, started: time.Now().Unix(), ids: newRequestIDs()}
+	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, started: time.Now().Unix(), ids: newRequestIDs(),
+		tr: newTracing(c.TracerProvider)}
 	g.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	g.mux = g.routes()
 	return g, nil

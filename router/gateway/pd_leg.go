@@ -44,8 +44,10 @@ func (g *Gateway) startPrefill(ctx context.Context, r *http.Request, lx *exchang
 	if n, ok := lx.req.UncachedTokens(pw); ok {
 		pre = pw.Live.StartPrefill(n)
 	}
+	ctx, sp := g.tr.attempt(ctx, SpanPrefill, pw)
 	lctx, cancel := context.WithTimeoutCause(ctx, orNever(lx.pol.Timeouts.ResponseHeader), errResponseHeaderTimeout)
 	end := func() {
+		sp.End()
 		cancel()
 		pre.Cancel()
 		ws.InFlight.Dec()
@@ -53,6 +55,7 @@ func (g *Gateway) startPrefill(ctx context.Context, r *http.Request, lx *exchang
 	}
 	call, err := g.prefillHead(lctx, r, lx, pw)
 	if err != nil {
+		endSpan(sp, err)
 		end()
 		return nil, err
 	}

@@ -27,6 +27,8 @@ import (
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	rec := &outcome{g: g, start: time.Now(), status: http.StatusOK}
 	defer rec.done()
+	ctx, tr := g.tr.startRequest(r.Context(), r)
+	rec.tr = tr
 
 	body, ok := g.readBody(w, r, rec)
 	if !ok {
@@ -43,7 +45,6 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.model = f.Model
 
-	ctx := r.Context()
 	if v := r.Header.Get(DeadlineHeader); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms <= 0 {
@@ -65,6 +66,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		reqID = g.ids.next()
 	}
 	x := &exchange{req: req, fields: f, body: body, reqID: reqID, pol: pol}
+	tr.identify(f.Model, reqID)
 	if g.federating(ctx) {
 		g.cfg.Federation.Arrived()
 	}
@@ -98,6 +100,7 @@ func (g *Gateway) serve(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if g.cfg.Prepare != nil {
 		g.cfg.Prepare(x.req)
 	}
+	rec.tr.wrapTokenize(x.req)
 	if g.disaggregate(ctx, w, r, rec, x) {
 		return
 	}
@@ -143,8 +146,13 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return
 		}
 		t0 := time.Now()
-		d, err := g.cfg.Selector.Pick(ctx, x.pol.Scoring, x.req, cands)
+		dctx, dsp := rec.tr.start(ctx, SpanRoute)
+		d, err := g.cfg.Selector.Pick(dctx, x.pol.Scoring, x.req, cands)
 		g.m.RoutingDecision.Observe(time.Since(t0).Seconds())
+		if err == nil {
+			rec.tr.decided(dctx, dsp, g.cfg.Selector, x, cands, d.Worker)
+		}
+		endSpan(dsp, err)
 		if err != nil {
 			g.log.Error("choosing worker failed", "model", x.req.Model, "error", err)
 			rec.fail(w, http.StatusInternalServerError, "server_error", "routing_failed", "", "choosing a worker failed", 0)
@@ -171,6 +179,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return
 		case n == 0:
 			g.m.Retries.WithLabelValues(x.req.Model).Inc()
+			rec.tr.retried()
 			g.log.Warn("engine failed before the first token; retrying on another worker",
 				"model", x.req.Model, "worker", wk.ID, "request_id", x.reqID, "error", err)
 		case !g.federateFailed(ctx, w, r, rec, x):
@@ -247,7 +256,9 @@ func readAll(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) 
 // request to the model's overflow pool) when none comes.
 func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange) (admission.Slot, bool) {
 	model := x.req.Model
-	slot, err := g.cfg.Admission.AcquireSlot(ctx, model, x.pol.Limits)
+	actx, sp := rec.tr.admission(ctx)
+	slot, err := g.cfg.Admission.AcquireSlot(actx, model, x.pol.Limits)
+	rec.tr.queued(sp, err)
 	switch {
 	case err == nil:
 		return slot, true
@@ -365,13 +376,16 @@ type outcome struct {
 	ws       *metrics.WorkerSeries // the chosen worker's series, once forwarded
 	ttftDone bool
 	recorded bool
+	tr       *reqTrace // nil: tracing off
 }
 
 // firstByte records the time to the first byte, now.
 func (o *outcome) firstByte(now time.Time) {
 	if !o.ttftDone {
 		o.ttftDone = true
-		o.g.m.Model(o.model).TTFT.Observe(now.Sub(o.start).Seconds())
+		ttft := now.Sub(o.start)
+		o.g.m.Model(o.model).TTFT.Observe(ttft.Seconds())
+		o.tr.firstByte(ttft)
 	}
 }
 
@@ -385,6 +399,7 @@ func (o *outcome) done() {
 		return
 	}
 	o.recorded = true
+	defer o.tr.end(o)
 	model := o.model
 	if model == "" {
 		model = "_unparsed"

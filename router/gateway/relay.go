@@ -165,6 +165,7 @@ func (rl *relay) run(ctx, uctx context.Context, r *http.Request) error {
 	case errors.Is(err, io.EOF):
 		if p, c, ok := rl.usage.result(); ok {
 			ws := rl.rec.ws
+			rl.rec.tr.usage(p, c)
 			ws.PromptTokens.Add(float64(p))
 			ws.CompletionTokens.Add(float64(c))
 			rl.wk.Live.AddGenerated(c)

@@ -151,7 +151,7 @@ func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker)
 			if len(keys) > 0 {
 				for _, m := range sc.matches {
 					if m.Worker == wj.ID {
-						h.blocks, h.weighted = m.Blocks, m.Weighted
+						h.blocks, h.weighted, h.gpu = m.Blocks, m.Weighted, m.GPUBlocks
 						break
 					}
 				}

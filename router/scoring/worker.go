@@ -227,6 +227,7 @@ type prefixHit struct {
 	blocks   int     // matched blocks (a prefix), any tier
 	weighted float64 // the same, tier-weighted
 	keys     int     // request blocks at this worker's block size
+	gpu      int     // of blocks, those in GPU memory
 }
 
 // PrefixResult returns what the prefix match saw for this request: the prompt's

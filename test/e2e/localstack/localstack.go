@@ -37,6 +37,11 @@ type Options struct {
 	// Mesh runs the stack in the Consul service mesh (MESH=1): bridge networking, the shipped
 	// intentions (jobs/mesh), the router with mesh_enabled and the mesh demo recipe.
 	Mesh bool
+	// Tracing runs a Jaeger all-in-one as the trace backend (TRACING=1) and the router with
+	// otlp_endpoint set to it.
+	Tracing bool
+
+	otlpEndpoint string // the Jaeger's OTLP/HTTP receiver, once it runs
 }
 
 // StatePath is where Up leaves what Down needs.
@@ -76,6 +81,14 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 		}
 		fmt.Fprintln(out, "  applied jobs/mesh (intentions)")
 	}
+	var jaeger *testbed.Jaeger
+	if opts.Tracing {
+		if jaeger, err = s.RunJaeger(ctx, ""); err != nil {
+			return s, err
+		}
+		opts.otlpEndpoint = jaeger.OTLP
+		fmt.Fprintln(out, "  ran jaeger (trace backend, memory storage)")
+	}
 	if err := runJobs(ctx, root, home, s, out, opts); err != nil {
 		return s, err
 	}
@@ -86,6 +99,9 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 		}
 	}
 	printURLs(out, s, EnvPath(home))
+	if jaeger != nil {
+		printTracing(out, s, jaeger)
+	}
 	return s, nil
 }
 
@@ -98,6 +114,9 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 	vars, err := localVariables(s, home)
 	if err != nil {
 		return err
+	}
+	if opts.otlpEndpoint != "" {
+		vars["router.nomad.hcl"]["otlp_endpoint"] = opts.otlpEndpoint
 	}
 	if opts.Mesh {
 		vars["router.nomad.hcl"]["mesh_enabled"] = "true"
@@ -231,6 +250,23 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 		fmt.Fprintln(out, body)
 	}
 	fmt.Fprintln(out, "Stop:       make down")
+}
+
+// exampleTrace is the trace id printTracing suggests sending.
+const exampleTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+// printTracing says where the traces are and how to look at one.
+func printTracing(out io.Writer, s *testbed.Stack, j *testbed.Jaeger) {
+	fmt.Fprintf(out, "Traces:     Jaeger at %s (OTLP/HTTP in at %s; query API only, no UI in this build)\n", j.Query, j.OTLP)
+	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
+	if err != nil || len(routers) == 0 {
+		return
+	}
+	r := routers[0].Service
+	fmt.Fprintf(out, "Trace one:  curl -N http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n", r.Address, r.Port)
+	fmt.Fprintf(out, "              -H 'traceparent: 00-%s-00f067aa0ba902b7-01' \\\n", exampleTrace)
+	fmt.Fprintln(out, `              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`)
+	fmt.Fprintf(out, "            curl -s %s/api/traces/%s   (the router's spans, a few seconds later)\n", j.Query, exampleTrace)
 }
 
 // Down stops everything Up or UpFederation started under home and removes home.
