@@ -60,6 +60,11 @@ type Metrics struct {
 	// errors are how a missing ACL policy shows.
 	NodeStatsReads *prometheus.CounterVec // result (ok|error)
 
+	// GPU instances Nomad fingerprints on the workers' nodes by health, read
+	// with the node statistics: the device plugin marks a GPU unhealthy on a
+	// critical Xid or when it falls off the bus.
+	NodeGPUs *prometheus.GaugeVec // node, health (healthy|unhealthy)
+
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
 	// vector's lock, which showed up in the router's CPU profile.
@@ -185,6 +190,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		[]string{"reason"})
 	m.NodeStatsReads = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "nomad_node_stats_reads_total",
 		Help: "Reads of Nomad node statistics for GPU power (-power-from-nomad), by result (ok|error)."}, []string{"result"})
+	m.NodeGPUs = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "node_gpus",
+		Help: "GPU instances Nomad fingerprints on each worker's node, by health (healthy|unhealthy; -power-from-nomad): the device plugin marks a GPU unhealthy on a critical Xid or when it falls off the bus."},
+		[]string{"node", "health"})
 	m.MetaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "meta_rejected_total",
 		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port)."},
 		[]string{"key"})
@@ -197,6 +205,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.DisaggFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_failures_total",
 		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
 		[]string{"model", "leg"})
-	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
+	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	return m
 }
