@@ -98,5 +98,3 @@ v=$(TF_CLI_CONFIG_FILE=/dev/null "$root/bin/tofu" version)
 echo "${v%%$'\n'*}"
 v=$("$root/bin/tflint" --version)
 echo "${v%%$'\n'*}"
-v=$("$root/bin/prometheus" --version)
-echo "${v%%$'\n'*}"
