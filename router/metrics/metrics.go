@@ -97,6 +97,9 @@ func (w *WorkerSeries) Requests(status int) prometheus.Counter {
 	return w.requests.WithLabelValues(w.model, strconv.Itoa(status), w.worker)
 }
 
+// AdmissionReasons are the admission_refused_total reasons.
+var AdmissionReasons = []string{"queue_full", "queue_timeout", "deadline"}
+
 type workerKey struct{ model, worker string }
 
 // Model returns the request-path series of one model (the label value is the
@@ -105,8 +108,17 @@ func (m *Metrics) Model(model string) *ModelSeries {
 	if s, ok := m.models.Load(model); ok {
 		return s.(*ModelSeries)
 	}
-	s, _ := m.models.LoadOrStore(model, &ModelSeries{TTFT: m.TTFT.WithLabelValues(model),
+	s, loaded := m.models.LoadOrStore(model, &ModelSeries{TTFT: m.TTFT.WithLabelValues(model),
 		Duration: m.Duration.WithLabelValues(model)})
+	if !loaded {
+		// Counters of rare events start at zero with the model rather than at
+		// its first event: rate() over a series that does not exist yet is
+		// empty, and a dashboard panel or alert on it shows nothing.
+		m.Retries.WithLabelValues(model)
+		for _, reason := range AdmissionReasons {
+			m.AdmissionRefused.WithLabelValues(model, reason)
+		}
+	}
 	return s.(*ModelSeries)
 }
 
