@@ -58,6 +58,13 @@ func TestEveryDashboardPanelHasData(t *testing.T) {
 	// each job's relabelling reaches the metrics endpoint.
 	waitTargetsUp(t, ctx, prom, []string{"oasis-router", "oasis-engine", "oasis-kvcached", "nomad"})
 
+	// The shipped alerting rules are loaded and evaluate without error, and the series the GPU
+	// alert reads exists (this node has no GPUs: zero of each health).
+	rulesEvaluate(t, ctx, prom, filepath.Join(root, "observability", "alerts.yml"))
+	n, err := waitSeries(ctx, prom, `oasis_router_node_gpus{health="unhealthy"}`, 60*time.Second)
+	must.NoError(t, err, must.Sprint("the router exports no node_gpus for the GPU alert"))
+	must.Positive(t, n)
+
 	// Traffic for a few scrape intervals: streamed chats sharing a long system prompt through the
 	// router, and writes and reads (hits and misses) against kvcached.
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("%s:%d", kvcached[0].Service.Address, kvcached[0].Service.Port)})
@@ -232,6 +239,48 @@ func waitTargetsUp(t *testing.T, ctx context.Context, prom string, jobs []string
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			t.Fatalf("prometheus targets: no target up for %v; not up: %v", missing, down)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// rulesEvaluate waits until Prometheus has loaded every rule of the rule file and evaluated each
+// without error.
+func rulesEvaluate(t *testing.T, ctx context.Context, prom, file string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	must.NoError(t, err)
+	want := strings.Count(string(data), "- alert:")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var res struct {
+			Data struct {
+				Groups []struct {
+					Rules []struct {
+						Name      string `json:"name"`
+						Health    string `json:"health"`
+						LastError string `json:"lastError"`
+					} `json:"rules"`
+				} `json:"groups"`
+			} `json:"data"`
+		}
+		must.NoError(t, getJSON(ctx, prom+"/api/v1/rules?type=alert", &res))
+		ok, bad := 0, []string{}
+		for _, g := range res.Data.Groups {
+			for _, r := range g.Rules {
+				if r.Health == "ok" {
+					ok++
+				} else {
+					bad = append(bad, fmt.Sprintf("%s: %s %s", r.Name, r.Health, r.LastError))
+				}
+			}
+		}
+		if ok == want {
+			t.Logf("prometheus evaluates %d alerting rules", ok)
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("prometheus evaluates %d of %d alerting rules; not ok: %v", ok, want, bad)
 		}
 		time.Sleep(time.Second)
 	}
