@@ -1,5 +1,6 @@
-// Package observability holds the Grafana dashboard and the Prometheus scrape example; its tests
-// keep them true to the metrics Oasis exports and the service meta its jobs register.
+// Package observability holds the Grafana dashboard, the Prometheus scrape configuration and the
+// alerting rules; its tests keep them true to the metrics Oasis exports and the service meta its
+// jobs register.
 package observability
 
 import (
