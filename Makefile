@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check
+.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -34,7 +34,7 @@ terraform-provider:
 	@mkdir -p $(PROVIDER_DIR)
 	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
-## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger and the CNI plugins in bin/cni
+## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger, bin/prometheus, bin/promtool and the CNI plugins in bin/cni
 hashistack:
 	@scripts/hashistack.sh
 
@@ -43,7 +43,7 @@ deps:
 	@scripts/deps.sh
 
 ## test: everything CI runs — vet, staticcheck, the Terraform checks, unit tests, e2e against real Nomad + Consul
-test: deps hashistack lint terraform-check unit e2e
+test: deps hashistack lint terraform-check observability-check unit e2e
 
 ## unit: fast tests, no Nomad/Consul agents
 unit:
@@ -71,6 +71,13 @@ lint: vet $(STATICCHECK)
 ## fmt and tflint only: their providers cannot be installed here)
 terraform-check: hashistack
 	@scripts/terraform-check.sh
+
+## observability-check: promtool checks the shipped scrape configuration and alerting rules, and
+## runs the rules' unit tests (observability/alerts_test.yml fires every alert)
+observability-check: hashistack
+	cd observability && ../bin/promtool check config prometheus.yml
+	bin/promtool check rules observability/alerts.yml
+	cd observability && ../bin/promtool test rules alerts_test.yml
 
 ## bench: Go benchmarks of every package (bounded); peer comparisons are scripts in bench/
 bench:

@@ -1,5 +1,6 @@
-// Package observability holds the Grafana dashboard and the Prometheus scrape example; its tests
-// keep them true to the metrics Oasis exports and the service meta its jobs register.
+// Package observability holds the Grafana dashboard, the Prometheus scrape configuration and the
+// alerting rules; its tests keep them true to the metrics Oasis exports and the service meta its
+// jobs register.
 package observability
 
 import (
@@ -149,4 +150,31 @@ func TestPrometheusScrapesOasisServicesByTheirMeta(t *testing.T) {
 	for _, s := range []string{"oasis-router", "oasis-engine", "oasis-kvcached"} {
 		must.True(t, services[s], must.Sprintf("no scrape job discovers %s", s))
 	}
+}
+
+// TestAlertsUseExportedMetrics: every oasis_* metric an alerting rule reads is one some component
+// exports (promtool's own tests in alerts_test.yml only see the series they are given).
+func TestAlertsUseExportedMetrics(t *testing.T) {
+	data, err := os.ReadFile("alerts.yml")
+	must.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert string `yaml:"alert"`
+				Expr  string `yaml:"expr"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	must.NoError(t, yaml.Unmarshal(data, &rules))
+	sources := goSources(t)
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			for _, m := range metricName.FindAllString(r.Expr, -1) {
+				must.True(t, exported(sources, m), must.Sprintf("alert %s reads %s, which no Oasis component exports", r.Alert, m))
+			}
+		}
+	}
+	must.Positive(t, n)
 }

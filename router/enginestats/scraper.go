@@ -152,6 +152,7 @@ func (s *Scraper) pollNodes(ctx context.Context) {
 	s.mu.Lock()
 	s.nodeW = got
 	s.mu.Unlock()
+	s.pollGPUHealth(ctx, nodes)
 }
 
 // noteStatsRead counts a node statistics read and logs a change between

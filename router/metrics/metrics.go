@@ -60,6 +60,11 @@ type Metrics struct {
 	// errors are how a missing ACL policy shows.
 	NodeStatsReads *prometheus.CounterVec // result (ok|error)
 
+	// GPU instances Nomad fingerprints on the workers' nodes by health, read
+	// with the node statistics: the device plugin marks a GPU unhealthy on a
+	// critical Xid or when it falls off the bus.
+	NodeGPUs *prometheus.GaugeVec // node, health (healthy|unhealthy)
+
 	// Cascades and overflow (cascade.go).
 	Cascade
 
@@ -95,6 +100,9 @@ func (w *WorkerSeries) Requests(status int) prometheus.Counter {
 	return w.requests.WithLabelValues(w.model, strconv.Itoa(status), w.worker)
 }
 
+// AdmissionReasons are the admission_refused_total reasons.
+var AdmissionReasons = []string{"queue_full", "queue_timeout", "deadline"}
+
 type workerKey struct{ model, worker string }
 
 // Model returns the request-path series of one model (the label value is the
@@ -103,8 +111,17 @@ func (m *Metrics) Model(model string) *ModelSeries {
 	if s, ok := m.models.Load(model); ok {
 		return s.(*ModelSeries)
 	}
-	s, _ := m.models.LoadOrStore(model, &ModelSeries{TTFT: m.TTFT.WithLabelValues(model),
+	s, loaded := m.models.LoadOrStore(model, &ModelSeries{TTFT: m.TTFT.WithLabelValues(model),
 		Duration: m.Duration.WithLabelValues(model)})
+	if !loaded {
+		// Counters of rare events start at zero with the model rather than at
+		// its first event: rate() over a series that does not exist yet is
+		// empty, and a dashboard panel or alert on it shows nothing.
+		m.Retries.WithLabelValues(model)
+		for _, reason := range AdmissionReasons {
+			m.AdmissionRefused.WithLabelValues(model, reason)
+		}
+	}
 	return s.(*ModelSeries)
 }
 
@@ -188,6 +205,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		[]string{"reason"})
 	m.NodeStatsReads = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "nomad_node_stats_reads_total",
 		Help: "Reads of Nomad node statistics for GPU power (-power-from-nomad), by result (ok|error)."}, []string{"result"})
+	m.NodeGPUs = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "node_gpus",
+		Help: "GPU instances Nomad fingerprints on each worker's node, by health (healthy|unhealthy; -power-from-nomad): the device plugin marks a GPU unhealthy on a critical Xid or when it falls off the bus."},
+		[]string{"node", "health"})
 	m.MetaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "meta_rejected_total",
 		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port)."},
 		[]string{"key"})
@@ -200,7 +220,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.DisaggFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_failures_total",
 		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
 		[]string{"model", "leg"})
-	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
+	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
 	return m
 }

@@ -46,7 +46,7 @@ func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 		t.Logf("nomad log:\n%s", s.NomadLog())
 	}
 	must.NoError(t, err)
-	for _, want := range []string{"ran jobs/kvcached.nomad.hcl", "ran jobs/router.nomad.hcl", "ran recipes/tiny/sim/agg/job.nomad.hcl", "OpenAI API: http://", "curl -N"} {
+	for _, want := range []string{"ran jobs/kvcached.nomad.hcl", "ran jobs/router.nomad.hcl", "ran recipes/tiny/sim/agg/job.nomad.hcl", "OpenAI API: http://", "curl -N", "Prometheus: http://127.0.0.1:"} {
 		must.StrContains(t, out.String(), want)
 	}
 

@@ -164,6 +164,14 @@ plugin "raw_exec" {
   }
 }
 
+# /v1/metrics?format=prometheus, which the shipped Prometheus configuration scrapes
+# (observability/prometheus.yml, job nomad).
+telemetry {
+  prometheus_metrics         = true
+  publish_allocation_metrics = true
+  publish_node_metrics       = true
+}
+
 %[7]s
 %[8]s
 `, s.nomadDataDir(), s.PluginDir, http, rpc, serf, s.ConsulAddr, plugins.String(), opts.NomadConfig, aclConfig, s.acls,
