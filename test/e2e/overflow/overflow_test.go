@@ -1,4 +1,5 @@
-// Package overflow runs a model's overflow to a hosted endpoint end to end on
+// Package overflow runs the policy features that send a request to another model end to end
+// (TestCascadeOnTheTestBed: a small-to-large cascade) and a model's overflow to a hosted endpoint on
 // the real Nomad + Consul test bed: an oasis-sim engine run by the llm driver,
 // a fake hosted OpenAI-compatible API registered by the hosted recipe, and
 // jobs/router.nomad.hcl allowing that upstream, with a policy in Consul KV
