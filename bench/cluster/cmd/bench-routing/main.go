@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,7 +43,12 @@ func run() error {
 		workers     = flag.Int("workers", 16, "workers in the cluster")
 		homogeneous = flag.Bool("homogeneous", false, "all H100 instead of the heterogeneous H100/A100/L40S mix")
 		scales      = flag.String("scales", "0.5,1,2,3,4", "rate scales to sweep (arrival time / scale)")
-		policies    = flag.String("policies", strings.Join(cluster.Policies, ","), "policies to compare")
+		policies    = flag.String("policies", strings.Join(append(slices.Clone(cluster.Policies), cluster.PeerPolicies...), ","), "policies to compare (peers: "+strings.Join(cluster.PeerPolicies, ",")+")")
+		bisect      = flag.Int("bisect", 4, "bisection steps per policy for the highest rate meeting the SLO (0: no bisection, no peer targets)")
+		maxScale    = flag.Float64("max-scale", 64, "bisection: highest rate scale tried")
+		sloTTFT     = flag.Duration("slo-ttft", 2*time.Second, "SLO: TTFT p90")
+		sloTPOT     = flag.Duration("slo-tpot", 100*time.Millisecond, "SLO: TPOT p90")
+		dynTemp     = flag.Float64("dynamo-temperature", 0, "dynamo peer: router_temperature (0, its default: lowest cost)")
 		learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
 		delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
 		loss        = flag.Float64("event-loss", 0, "probability of losing one KV event batch")
@@ -135,7 +141,7 @@ func run() error {
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
 
-	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, DecodePower: *decodePower}
+	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, DecodePower: *decodePower, DynamoTemperature: *dynTemp}
 	var cfgs []cluster.Config
 	for _, r := range rates {
 		for _, p := range pols {
@@ -155,6 +161,12 @@ func run() error {
 		OracleHitRatio: oracle, ReferenceScale: cluster.ReferenceScale(runs), Runs: runs}
 	rep.Summaries = cluster.Summarise(runs, oracle)
 	rep.Targets = cluster.Targets(rep.Summaries, runs)
+	rep.SLO = cluster.RoutingSLO{TTFTP90: sloTTFT.Seconds(), TPOTP90: sloTPOT.Seconds()}
+	if *bisect > 0 {
+		if err := peerStage(rep, base, pols, reqs, *bisect, *parallel, *maxScale); err != nil {
+			return err
+		}
+	}
 	if *variants {
 		ref := rep.ReferenceScale
 		a := base
@@ -174,6 +186,7 @@ func run() error {
 	}
 
 	cluster.WriteTable(os.Stdout, rep)
+	writePeers(rep)
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		return err
 	}
@@ -189,7 +202,11 @@ func run() error {
 		return err
 	}
 	title := fmt.Sprintf("TTFT p90 vs request rate, %d workers (%s)", *workers, filepath.Base(name))
-	if err := cluster.PlotTTFT(f, title, runs); err != nil {
+	plotted := slices.Clone(runs)
+	for _, b := range rep.Bisections {
+		plotted = append(plotted, b.Runs...)
+	}
+	if err := cluster.PlotTTFT(f, title, plotted); err != nil {
 		f.Close()
 		return err
 	}
