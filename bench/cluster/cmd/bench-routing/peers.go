@@ -81,7 +81,7 @@ func peerVariants(rep *cluster.Report, base cluster.Config, reqs []*cluster.Requ
 		}
 	}
 	rep.PeerVariants = append([]cluster.Result{out[0]}, variants...)
-	rep.PeerTargets = cluster.PeerTargets(rep.Bisections, out[0], rep.Summaries, variants)
+	rep.PeerTargets = cluster.PeerTargets(rep.Bisections, out[0], rep.Summaries, variants, rep.SLO)
 	return nil
 }
 
