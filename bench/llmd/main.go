@@ -219,11 +219,12 @@ func main() {
 	sweepW := flag.String("sweep-workers", "", "decision-scaling sweep: comma-separated worker counts (with -sweep-blocks; replaces the single comparison)")
 	sweepB := flag.String("sweep-blocks", "1000000,4000000,10000000", "decision-scaling sweep: distinct indexed blocks")
 	llmdMax := flag.Int("llmd-max-entries", 1200000, "sweep: run llm-d's index only up to this many (block, worker) entries (~1 KB each)")
+	llmdWorkers := flag.Int("llmd-max-workers", 256, "sweep: run llm-d's index only up to this many workers")
 	profDir := flag.String("profile-dir", "", "sweep: write a CPU profile of each Oasis lookup loop here")
 	flag.Parse()
 	runtime.GOMAXPROCS(1) // one core, as the targets state
 	if *sweepW != "" {
-		if err := sweep(*sweepW, *sweepB, *blocks, *shared, *lookups, *llmdMax, *profDir); err != nil {
+		if err := sweep(*sweepW, *sweepB, *blocks, *shared, *lookups, *llmdMax, *llmdWorkers, *profDir); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

@@ -11,9 +11,9 @@ import (
 
 // sweep measures decision latency and memory per (block, worker) entry for
 // every worker count × distinct block count, Oasis's index always and
-// llm-d's where its ~1 KB per entry fits this machine (maxLLMD entries), in
-// the same process.
-func sweep(workerList, blockList string, blocks, shared, lookups, maxLLMD int, profDir string) error {
+// llm-d's where its ~1 KB per entry fits this machine (maxLLMD entries, up
+// to maxLLMDWorkers workers), in the same process.
+func sweep(workerList, blockList string, blocks, shared, lookups, maxLLMD, maxLLMDWorkers int, profDir string) error {
 	ws, err := ints(workerList)
 	if err != nil {
 		return err
@@ -34,8 +34,8 @@ func sweep(workerList, blockList string, blocks, shared, lookups, maxLLMD int, p
 			}
 			row(nw, nb, measure(w, func() index { return newOasis(w) }, lookups, prof))
 			entries := prompts*(blocks-shared) + min(prompts, nw)*shared
-			if entries <= maxLLMD {
-				row(nw, nb, measure(w, func() index { return newLLMD(w) }, lookups, ""))
+			if entries <= maxLLMD && nw <= maxLLMDWorkers { // its lookups take milliseconds: a fifth as many
+				row(nw, nb, measure(w, func() index { return newLLMD(w) }, max(100, lookups/5), ""))
 			}
 		}
 	}
