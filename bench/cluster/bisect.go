@@ -147,29 +147,41 @@ func PeerTargets(bs []Bisection, atPeer Result, sums []Summary, variants []Resul
 	add := func(name, goal string, v float64, met bool) {
 		t = append(t, Target{Name: name, Goal: goal, Measured: v, Met: met})
 	}
-	thr := ratio(oa.Best.Throughput, peer.Best.Throughput)
-	add("throughput at SLO oasis / best peer ("+peer.Policy+")", ">= 1.25", thr, thr >= 1.25)
-	ttft := ratio(atPeer.TTFTP90, peer.Best.TTFTP90)
-	add("TTFT p90 oasis / "+peer.Policy+" at its highest SLO rate", "<= 0.8", ttft, ttft > 0 && ttft <= 0.8)
+	if peer.Scale == 0 { // no peer meets the SLO at any rate tried: no ratio
+		add("throughput at SLO oasis (r/s; no peer meets the SLO at any rate tried)", "> 0", oa.Best.Throughput, oa.Scale > 0)
+	} else {
+		thr := ratio(oa.Best.Throughput, peer.Best.Throughput)
+		add("throughput at SLO oasis / best peer ("+peer.Policy+")", ">= 1.25", thr, thr >= 1.25)
+		ttft := ratio(atPeer.TTFTP90, peer.Best.TTFTP90)
+		add("TTFT p90 oasis / "+peer.Policy+" at its highest SLO rate", "<= 0.8", ttft, ttft > 0 && ttft <= 0.8)
+	}
 	for _, s := range sums {
 		if s.Policy == PolicyOasis {
 			h := ratio(s.HitRatio, s.OracleHitRatio)
 			add("hit ratio / oracle, oasis with events", ">= 0.95", h, h >= 0.95)
 		}
 	}
-	var oaHit, peerHit float64
-	name := ""
-	for _, r := range variants {
-		if r.Learning != LearnApprox {
-			continue
-		}
-		if r.Policy == PolicyOasis {
-			oaHit = r.HitRatio
-		} else if IsPeer(r.Policy) && slo.Met(r) && r.HitRatio > peerHit {
-			peerHit, name = r.HitRatio, r.Policy
-		}
+	oaHit, peerHit, name := approxHits(variants, slo, true)
+	if name == "" {
+		oaHit, peerHit, name = approxHits(variants, slo, false)
+		name += "; none meets the SLO"
 	}
 	a := ratio(oaHit, peerHit)
 	add("approx hit ratio oasis / best peer approx meeting SLO ("+name+")", ">= 1.0", a, a >= 1)
 	return t
+}
+
+// approxHits returns Oasis's approximate-learning hit ratio and the best
+// peer approximate mode's (only those meeting slo when meeting).
+func approxHits(variants []Result, slo RoutingSLO, meeting bool) (oasis, peer float64, name string) {
+	for _, r := range variants {
+		switch {
+		case r.Learning != LearnApprox:
+		case r.Policy == PolicyOasis:
+			oasis = r.HitRatio
+		case IsPeer(r.Policy) && (!meeting || slo.Met(r)) && r.HitRatio > peer:
+			peer, name = r.HitRatio, r.Policy
+		}
+	}
+	return oasis, peer, name
 }
