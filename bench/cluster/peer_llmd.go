@@ -2,8 +2,9 @@ package cluster
 
 // llm-d's inference scheduler (EPP), default scheduling profile of its
 // precise-prefix-cache well-lit path, read from llm-d/llm-d
-// guides/precise-prefix-cache-aware (v0.3) and llm-d/llm-d-inference-scheduler
-// pkg/plugins/scorer/precise_prefix_cache.go (v0.3.x), with the GIE scorers
+// guides/precise-prefix-cache-aware/gaie-kv-events/values.yaml (commit
+// 126f65d, inference scheduler v0.5.0) and llm-d/llm-d-inference-scheduler
+// pkg/plugins/scorer/utils.go indexedScoresToNormalizedScoredPods, with the GIE scorers
 // (kubernetes-sigs/gateway-api-inference-extension v1.0
 // pkg/epp/scheduling/framework/plugins/scorer/{kvcache_utilization,queue}.go,
 // picker/max_score_picker.go): score = 3 × precise-prefix-cache + 2 ×
