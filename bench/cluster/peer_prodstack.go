@@ -2,7 +2,7 @@ package cluster
 
 // vLLM production-stack's prefixaware router, read from
 // vllm-project/production-stack src/vllm_router/routers/routing_logic.py
-// (PrefixAwareRouter) and src/vllm_router/prefix/hashtrie.py (v0.1.x): the
+// (PrefixAwareRouter) and src/vllm_router/prefix/hashtrie.py (commit 35e4ad3): the
 // prompt text is hashed in 128-character chunks into a trie recording which
 // endpoints were sent each chunk; the endpoints at the longest matched chunk
 // (all endpoints when nothing matches) are the candidates, one is chosen
