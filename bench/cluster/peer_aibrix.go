@@ -7,11 +7,13 @@ import (
 
 // AIBrix gateway's prefix-cache routing, read from vllm-project/aibrix
 // pkg/plugins/gateway/algorithms/prefix_cache.go and
-// pkg/utils/prefixcacheindexer (v0.3/v0.4), code defaults:
+// pkg/utils/prefixcacheindexer/hash.go (commit 0871c21), code defaults:
 // AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT 8,
-// AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR 1, 128-token blocks,
+// AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR 1,
 // AIBRIX_PREFIX_CACHE_BLOCK_NUMBER 200,000 blocks (LRU), entries expire
-// after 60 min:
+// after AIBRIX_PREFIX_CACHE_EVICTION_DURATION_MINS 20; blocks of 128 tokens
+// (the documented default for its character tokenizer and the Helm chart's
+// value):
 //
 //   - running requests per pod max − min > 8: the pod with the fewest;
 //   - else the pods holding a prefix of the prompt in the gateway's own
@@ -29,7 +31,7 @@ const (
 	aibrixStdFactor    = 1.0
 	aibrixBlock        = 128 // tokens
 	aibrixBlocks       = 200000
-	aibrixTTL          = 60 * 60e9 // ns
+	aibrixTTL          = 20 * 60e9 // ns
 )
 
 func newAIBrix(n int) *aibrixPeer {
