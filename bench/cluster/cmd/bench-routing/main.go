@@ -97,36 +97,10 @@ func run() error {
 	if len(reqs) == 0 {
 		return fmt.Errorf("no requests")
 	}
-	gpus := cluster.Heterogeneous(*workers)
-	clusterName := "heterogeneous H100/A100/H100/L40S"
-	if *cpuGiB > 0 {
-		clusterName += fmt.Sprintf(", %.0f GiB CPU KV tier per worker", *cpuGiB)
-	}
-	if *diskGiB > 0 {
-		clusterName += fmt.Sprintf(", %.0f GiB disk KV tier per worker", *diskGiB)
-	}
-	if *homogeneous {
-		clusterName = "homogeneous H100" + strings.TrimPrefix(clusterName, "heterogeneous H100/A100/H100/L40S")
-		for i := range gpus {
-			gpus[i] = cluster.H100
-		}
-	}
-	for i := range gpus {
-		gpus[i].Blocks = int(float64(gpus[i].Blocks) * *kvScale)
-		gpus[i].CPUBlocks = cluster.BlocksForGiB(*cpuGiB, *blockSize)
-		gpus[i].DiskBlocks = cluster.BlocksForGiB(*diskGiB, *blockSize)
-	}
-	var w map[string]float64
-	if *weights != "" {
-		w = map[string]float64{}
-		for _, kv := range strings.Split(*weights, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			f, err := strconv.ParseFloat(v, 64)
-			if !ok || err != nil {
-				return fmt.Errorf("-weights: bad entry %q", kv)
-			}
-			w[strings.TrimSpace(k)] = f
-		}
+	gpus, clusterName := clusterGPUs(*workers, *homogeneous, *cpuGiB, *diskGiB, *kvScale, *blockSize)
+	w, err := parseWeights(*weights)
+	if err != nil {
+		return err
 	}
 	rates, err := cluster.ParseScales(*scales)
 	if err != nil {
@@ -228,4 +202,46 @@ func runAll(cfgs []cluster.Config, reqs []*cluster.Request, parallel int) ([]clu
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].RateScale < out[j].RateScale })
 	return out, nil
+}
+
+// clusterGPUs builds the workers' GPUs (the heterogeneous mix, or all H100)
+// with their offloading tiers, and names the cluster.
+func clusterGPUs(workers int, homogeneous bool, cpuGiB, diskGiB, kvScale float64, blockSize int) ([]cluster.GPU, string) {
+	gpus := cluster.Heterogeneous(workers)
+	name := "heterogeneous H100/A100/H100/L40S"
+	if homogeneous {
+		name = "homogeneous H100"
+		for i := range gpus {
+			gpus[i] = cluster.H100
+		}
+	}
+	if cpuGiB > 0 {
+		name += fmt.Sprintf(", %.0f GiB CPU KV tier per worker", cpuGiB)
+	}
+	if diskGiB > 0 {
+		name += fmt.Sprintf(", %.0f GiB disk KV tier per worker", diskGiB)
+	}
+	for i := range gpus {
+		gpus[i].Blocks = int(float64(gpus[i].Blocks) * kvScale)
+		gpus[i].CPUBlocks = cluster.BlocksForGiB(cpuGiB, blockSize)
+		gpus[i].DiskBlocks = cluster.BlocksForGiB(diskGiB, blockSize)
+	}
+	return gpus, name
+}
+
+// parseWeights reads -weights (name=value,...); empty: nil (the defaults).
+func parseWeights(list string) (map[string]float64, error) {
+	if list == "" {
+		return nil, nil
+	}
+	w := map[string]float64{}
+	for _, kv := range strings.Split(list, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("-weights: bad entry %q", kv)
+		}
+		w[strings.TrimSpace(k)] = f
+	}
+	return w, nil
 }
