@@ -88,14 +88,21 @@ bench-sim: build
 	$(GO) run ./sim/simload -sim bin/oasis-sim -c 64 -d 10s
 	$(GO) run ./sim/simload -sim bin/oasis-sim -fill-blocks 100000
 
-## bench-routing: cluster simulator on a trace (TRACE=<file>, WORKERS=<n>): table, bench/out/routing.json and .png
-## (CPU_GIB / DISK_GIB: host-memory and kvcached SSD KV tiers per worker; 0 for GPU KV only)
+## bench-routing: cluster simulator on a trace (TRACE=<file>, WORKERS=<n>): Oasis beside random, round_robin, least_load,
+## prefix and the peers' published algorithms (llmd, dynamo, sglang, aibrix, prodstack), throughput at SLO (TTFT p90 2 s,
+## TPOT p90 100 ms) by bisection; table, bench/out/routing.json and .png
+## (CPU_GIB / DISK_GIB: host-memory and kvcached SSD KV tiers per worker; 0 for GPU KV only; ROUTING_LIMIT=n: the
+## first n requests, 0 all; ROUTING_BISECT: bisection steps per policy; ROUTING_FLAGS: more flags, e.g. -learning approx)
 TRACE    ?= ../shared/traces/mooncake-conversation.jsonl
 WORKERS  ?= 16
 CPU_GIB  ?= 256
 DISK_GIB ?= 2048
+ROUTING_LIMIT  ?= 0
+ROUTING_BISECT ?= 3
+ROUTING_FLAGS  ?=
 bench-routing:
-	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 -out bench/out
+	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 \
+		-limit $(ROUTING_LIMIT) -bisect $(ROUTING_BISECT) $(ROUTING_FLAGS) -out bench/out
 
 ## bench-federation: cluster simulator, two datacenters on the trace: local-only vs best-prefix vs Oasis federation
 ## (the policy's default federation section; FED_FLAGS: more flags, e.g. -limit, -shift, -max-spill)

@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"cmp"
 	"fmt"
 	"image"
 	"image/color"
 	"image/png"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -16,6 +18,8 @@ import (
 func PlotTTFT(w io.Writer, title string, runs []Result) error {
 	var series []Series
 	at := map[string]int{}
+	runs = slices.Clone(runs)
+	slices.SortStableFunc(runs, func(a, b Result) int { return cmp.Compare(a.Rate, b.Rate) })
 	for _, r := range runs {
 		i, ok := at[r.Policy]
 		if !ok {
@@ -105,7 +109,7 @@ func PlotLog(w io.Writer, spec PlotSpec, series []Series) error {
 // drawSeries draws each series sorted by x, and its legend entry right of
 // legendX.
 func drawSeries(img *image.RGBA, series []Series, px, py func(float64) int, legendX, top int) {
-	palette := []color.RGBA{{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {148, 103, 189, 255}, {214, 39, 40, 255}, {140, 86, 75, 255}, {23, 190, 207, 255}}
+	palette := []color.RGBA{{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {148, 103, 189, 255}, {214, 39, 40, 255}, {140, 86, 75, 255}, {23, 190, 207, 255}, {188, 189, 34, 255}, {227, 119, 194, 255}, {127, 127, 127, 255}, {0, 0, 128, 255}}
 	for i, sr := range series {
 		c := palette[i%len(palette)]
 		order := make([]int, len(sr.X))

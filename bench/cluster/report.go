@@ -41,6 +41,14 @@ type Report struct {
 	Extra          []Result  `json:"learning_variants,omitempty"`
 	Runs           []Result  `json:"runs"`
 	Targets        []Target  `json:"targets"`
+	// The peer comparison: every policy's highest rate meeting SLO (found
+	// by bisection), runs of Oasis at the best peer's rate and of the
+	// approximate-learning modes at the reference rate, and the targets
+	// against the best peer.
+	SLO          RoutingSLO  `json:"slo"`
+	Bisections   []Bisection `json:"bisection,omitempty"`
+	PeerVariants []Result    `json:"peer_variants,omitempty"`
+	PeerTargets  []Target    `json:"peer_targets,omitempty"`
 }
 
 // Target is one issue target with its measured value.

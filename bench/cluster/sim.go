@@ -109,6 +109,9 @@ type Config struct {
 	// a fraction of the GPU's full dynamic power, rising linearly to full at
 	// DecodePowerBatch sequences; 0 or 1: every step draws full power.
 	DecodePower float64
+	// DynamoTemperature is the dynamo peer policy's router_temperature (0,
+	// its default: the lowest cost).
+	DynamoTemperature float64
 }
 
 // DecodePowerBatch is the decode batch at which a step draws full power in the
@@ -147,6 +150,11 @@ type Result struct {
 	TTFTP50        float64 `json:"ttft_p50_s"`
 	TTFTP90        float64 `json:"ttft_p90_s"`
 	TTFTP99        float64 `json:"ttft_p99_s"`
+	// TPOT per request with more than one output token: (last token − first
+	// token) / (output − 1).
+	TPOTP50        float64 `json:"tpot_p50_s"`
+	TPOTP90        float64 `json:"tpot_p90_s"`
+	TPOTP99        float64 `json:"tpot_p99_s"`
 	Throughput     float64 `json:"throughput_rps"`
 	OutputTokPS    float64 `json:"output_tokens_per_s"`
 	Imbalance      float64 `json:"imbalance"`
@@ -254,6 +262,8 @@ type flight struct {
 	output        int
 	end           func()
 	prefill       *scoring.Prefill
+	firstAt       int64 // first token, ns (0: none yet)
+	peerPrefill   int64 // prompt tokens the router expected it to compute
 }
 
 type worker struct {
@@ -276,6 +286,7 @@ type worker struct {
 	stepDur       time.Duration       // duration of the step in progress
 	generated     int64               // output tokens so far
 	scraped       scrapeState
+	pl            peerLoad // router-side load the peer policies read
 }
 
 // scrapeState is what the router's signals.Scraper keeps per worker between
@@ -399,6 +410,12 @@ type sim struct {
 	// federation's admission slots).
 	onFinish func(f *flight, now int64)
 	zeros    []uint32 // prompt "token ids" for the scoring: only the length is read
+	peer     peer     // a peer policy (peers.go), nil for Oasis's own
+	matchBuf []prefixindex.Match
+	view     peerView // the decision in progress (peer policies)
+	now      int64    // the arrival being routed, ns
+
+	tpots []float64
 
 	ttfts                     []float64
 	cached, promptTok, outTok int64
@@ -490,13 +507,20 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 		}
 		s.scfg = scoring.Config{Policy: scoring.Weighted, Weights: w}
 	default:
-		return nil, fmt.Errorf("unknown policy %q", cfg.Policy)
+		if !IsPeer(cfg.Policy) {
+			return nil, fmt.Errorf("unknown policy %q", cfg.Policy)
+		}
+		p, err := newPeer(cfg, len(cfg.GPUs))
+		if err != nil {
+			return nil, err
+		}
+		s.peer, s.prefix = p, p.events()
 	}
 	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, scoring.NewTTFTTerm(term))...)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Policy != PolicyRandom {
+	if cfg.Policy != PolicyRandom && s.peer == nil {
 		if err := reg.Validate(s.scfg); err != nil {
 			return nil, fmt.Errorf("policy: %w", err)
 		}
@@ -526,7 +550,7 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	}
 	s.zeros = make([]uint32, longest)
 	for i, r := range reqs {
-		if r.keys == nil && s.prefix {
+		if r.keys == nil && (s.prefix || s.peer != nil) {
 			return nil, fmt.Errorf("request %d has no keys: call Keys first", i)
 		}
 	}
@@ -575,6 +599,7 @@ func (w *worker) replay(from int64) ([]kvevents.Message, error) {
 
 func (s *sim) arrive(idx int, now int64) error {
 	s.sampleImbalance()
+	s.now = now
 	w, req, err := s.pick(idx)
 	if err != nil {
 		return err
@@ -603,6 +628,9 @@ func (s *sim) pick(idx int) (*worker, *scoring.Request, error) {
 	r := s.reqs[idx]
 	if s.cfg.Policy == PolicyRandom {
 		return s.workers[s.rng.IntN(len(s.workers))], nil, nil
+	}
+	if s.peer != nil {
+		return s.pickPeer(idx)
 	}
 	s.src.keys = r.keys
 	// The source ignores token ids (the keys were computed by Keys); the
@@ -635,8 +663,10 @@ func (s *sim) submit(idx int, w *worker, req *scoring.Request, now, origin, extr
 		pf.Cancel()
 		return false
 	}
-	w.flights[id] = &flight{idx: idx, arrival: now, origin: origin, extra: extra, prompt: r.Input, output: r.Output,
-		end: w.sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf}
+	f := &flight{idx: idx, arrival: now, origin: origin, extra: extra, prompt: r.Input, output: r.Output,
+		end: w.sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf, peerPrefill: int64(r.Input)}
+	w.flights[id] = f
+	s.routedPeer(w, f, now)
 	if s.prefix && s.cfg.Learning == LearnApprox {
 		_ = s.src.approx.Store(w.id, prefixindex.TierGPU, r.keys, now)
 	}
@@ -670,7 +700,10 @@ func (s *sim) stepDone(w *worker, now int64) {
 		if f == nil {
 			continue
 		}
+		w.pl.active++
 		if o.Index == 0 {
+			f.firstAt = now
+			w.pl.prefill -= f.peerPrefill
 			f.prefill.FirstToken(time.Duration(now - f.arrival))
 			s.ttfts = append(s.ttfts, float64(now+f.extra-f.origin)/1e9)
 			s.cached += int64(o.CachedTokens)
@@ -678,6 +711,7 @@ func (s *sim) stepDone(w *worker, now int64) {
 		}
 		if o.Finished {
 			f.end()
+			s.finishPeer(w, f, now)
 			delete(w.flights, o.ID)
 			s.completed++
 			s.outTok += int64(f.output)
@@ -751,6 +785,9 @@ func (s *sim) result(wall time.Duration) Result {
 		WallSeconds: wall.Seconds(),
 		DecodePower: s.cfg.DecodePower,
 	}
+	if s.peer != nil && !s.prefix {
+		r.Learning = LearnApprox
+	}
 	if s.prefix {
 		r.Learning = s.cfg.Learning
 		r.EventDelay = s.cfg.EventDelay.Seconds()
@@ -762,6 +799,10 @@ func (s *sim) result(wall time.Duration) Result {
 	}
 	slices.Sort(s.ttfts)
 	r.TTFTP50, r.TTFTP90, r.TTFTP99 = percentile(s.ttfts, 0.5), percentile(s.ttfts, 0.9), percentile(s.ttfts, 0.99)
+	slices.Sort(s.tpots)
+	if len(s.tpots) > 0 {
+		r.TPOTP50, r.TPOTP90, r.TPOTP99 = percentile(s.tpots, 0.5), percentile(s.tpots, 0.9), percentile(s.tpots, 0.99)
+	}
 	if s.promptTok > 0 {
 		r.HitRatio = float64(s.cached) / float64(s.promptTok)
 	}

@@ -161,7 +161,7 @@ func heap() uint64 {
 	return m.HeapAlloc
 }
 
-func measure(w *workload, mk func() index, lookups int) result {
+func measure(w *workload, mk func() index, lookups int, profile string) result {
 	before := heap()
 	t0 := time.Now()
 	ix := mk()
@@ -180,6 +180,7 @@ func measure(w *workload, mk func() index, lookups int) result {
 
 	rng := rand.New(rand.NewPCG(7, 7))
 	lat := make([]time.Duration, 0, lookups)
+	stop := startProfile(profile)
 	for i := 0; i < lookups; i++ {
 		p := rng.IntN(len(w.prompts))
 		t := time.Now()
@@ -190,6 +191,7 @@ func measure(w *workload, mk func() index, lookups int) result {
 			r.correct++
 		}
 	}
+	stop()
 	slices.Sort(lat)
 	r.p50, r.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
 
@@ -214,14 +216,26 @@ func main() {
 	blocks := flag.Int("blocks", 256, "blocks per prompt")
 	shared := flag.Int("shared", 32, "leading blocks shared by every prompt")
 	lookups := flag.Int("lookups", 20000, "routing decisions measured")
+	sweepW := flag.String("sweep-workers", "", "decision-scaling sweep: comma-separated worker counts (with -sweep-blocks; replaces the single comparison)")
+	sweepB := flag.String("sweep-blocks", "1000000,4000000,10000000", "decision-scaling sweep: distinct indexed blocks")
+	llmdMax := flag.Int("llmd-max-entries", 1200000, "sweep: run llm-d's index only up to this many (block, worker) entries (~1 KB each)")
+	llmdWorkers := flag.Int("llmd-max-workers", 256, "sweep: run llm-d's index only up to this many workers")
+	profDir := flag.String("profile-dir", "", "sweep: write a CPU profile of each Oasis lookup loop here")
 	flag.Parse()
 	runtime.GOMAXPROCS(1) // one core, as the targets state
+	if *sweepW != "" {
+		if err := sweep(*sweepW, *sweepB, *blocks, *shared, *lookups, *llmdMax, *llmdWorkers, *profDir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	w := newWorkload(*workers, *prompts, *blocks, *shared)
 	fmt.Printf("workload: %d workers, %d prompts × %d blocks (%d shared), %d lookups, GOMAXPROCS=1\n",
 		*workers, *prompts, *blocks, *shared, *lookups)
-	oa := measure(w, func() index { return newOasis(w) }, *lookups)
-	ll := measure(w, func() index { return newLLMD(w) }, *lookups)
+	oa := measure(w, func() index { return newOasis(w) }, *lookups, "")
+	ll := measure(w, func() index { return newLLMD(w) }, *lookups, "")
 	for _, r := range []result{oa, ll} {
 		fmt.Printf("%-28s entries %8d  bytes/entry %6.1f  decision p50 %8v p99 %8v  ingest %10.0f blocks/s  correct %d/%d  build %.2fs\n",
 			r.name, r.entries, r.bytesPerEntry, r.p50, r.p99, r.ingestBlocksPerSec, r.correct, r.checkedBest, r.buildS)

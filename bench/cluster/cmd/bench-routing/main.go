@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,7 +43,12 @@ func run() error {
 		workers     = flag.Int("workers", 16, "workers in the cluster")
 		homogeneous = flag.Bool("homogeneous", false, "all H100 instead of the heterogeneous H100/A100/L40S mix")
 		scales      = flag.String("scales", "0.5,1,2,3,4", "rate scales to sweep (arrival time / scale)")
-		policies    = flag.String("policies", strings.Join(cluster.Policies, ","), "policies to compare")
+		policies    = flag.String("policies", strings.Join(append(slices.Clone(cluster.Policies), cluster.PeerPolicies...), ","), "policies to compare (peers: "+strings.Join(cluster.PeerPolicies, ",")+")")
+		bisect      = flag.Int("bisect", 4, "bisection steps per policy for the highest rate meeting the SLO (0: no bisection, no peer targets)")
+		maxScale    = flag.Float64("max-scale", 64, "bisection: highest rate scale tried")
+		sloTTFT     = flag.Duration("slo-ttft", 2*time.Second, "SLO: TTFT p90")
+		sloTPOT     = flag.Duration("slo-tpot", 100*time.Millisecond, "SLO: TPOT p90")
+		dynTemp     = flag.Float64("dynamo-temperature", 0, "dynamo peer: router_temperature (0, its default: lowest cost)")
 		learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
 		delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
 		loss        = flag.Float64("event-loss", 0, "probability of losing one KV event batch")
@@ -91,36 +97,10 @@ func run() error {
 	if len(reqs) == 0 {
 		return fmt.Errorf("no requests")
 	}
-	gpus := cluster.Heterogeneous(*workers)
-	clusterName := "heterogeneous H100/A100/H100/L40S"
-	if *cpuGiB > 0 {
-		clusterName += fmt.Sprintf(", %.0f GiB CPU KV tier per worker", *cpuGiB)
-	}
-	if *diskGiB > 0 {
-		clusterName += fmt.Sprintf(", %.0f GiB disk KV tier per worker", *diskGiB)
-	}
-	if *homogeneous {
-		clusterName = "homogeneous H100" + strings.TrimPrefix(clusterName, "heterogeneous H100/A100/H100/L40S")
-		for i := range gpus {
-			gpus[i] = cluster.H100
-		}
-	}
-	for i := range gpus {
-		gpus[i].Blocks = int(float64(gpus[i].Blocks) * *kvScale)
-		gpus[i].CPUBlocks = cluster.BlocksForGiB(*cpuGiB, *blockSize)
-		gpus[i].DiskBlocks = cluster.BlocksForGiB(*diskGiB, *blockSize)
-	}
-	var w map[string]float64
-	if *weights != "" {
-		w = map[string]float64{}
-		for _, kv := range strings.Split(*weights, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			f, err := strconv.ParseFloat(v, 64)
-			if !ok || err != nil {
-				return fmt.Errorf("-weights: bad entry %q", kv)
-			}
-			w[strings.TrimSpace(k)] = f
-		}
+	gpus, clusterName := clusterGPUs(*workers, *homogeneous, *cpuGiB, *diskGiB, *kvScale, *blockSize)
+	w, err := parseWeights(*weights)
+	if err != nil {
+		return err
 	}
 	rates, err := cluster.ParseScales(*scales)
 	if err != nil {
@@ -135,7 +115,7 @@ func run() error {
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
 
-	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, DecodePower: *decodePower}
+	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, DecodePower: *decodePower, DynamoTemperature: *dynTemp}
 	var cfgs []cluster.Config
 	for _, r := range rates {
 		for _, p := range pols {
@@ -155,6 +135,12 @@ func run() error {
 		OracleHitRatio: oracle, ReferenceScale: cluster.ReferenceScale(runs), Runs: runs}
 	rep.Summaries = cluster.Summarise(runs, oracle)
 	rep.Targets = cluster.Targets(rep.Summaries, runs)
+	rep.SLO = cluster.RoutingSLO{TTFTP90: sloTTFT.Seconds(), TPOTP90: sloTPOT.Seconds()}
+	if *bisect > 0 {
+		if err := peerStage(rep, base, pols, reqs, *bisect, *parallel, *maxScale); err != nil {
+			return err
+		}
+	}
 	if *variants {
 		ref := rep.ReferenceScale
 		a := base
@@ -174,6 +160,7 @@ func run() error {
 	}
 
 	cluster.WriteTable(os.Stdout, rep)
+	writePeers(rep)
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		return err
 	}
@@ -189,7 +176,11 @@ func run() error {
 		return err
 	}
 	title := fmt.Sprintf("TTFT p90 vs request rate, %d workers (%s)", *workers, filepath.Base(name))
-	if err := cluster.PlotTTFT(f, title, runs); err != nil {
+	plotted := slices.Clone(runs)
+	for _, b := range rep.Bisections {
+		plotted = append(plotted, b.Runs...)
+	}
+	if err := cluster.PlotTTFT(f, title, plotted); err != nil {
 		f.Close()
 		return err
 	}
@@ -211,4 +202,46 @@ func runAll(cfgs []cluster.Config, reqs []*cluster.Request, parallel int) ([]clu
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].RateScale < out[j].RateScale })
 	return out, nil
+}
+
+// clusterGPUs builds the workers' GPUs (the heterogeneous mix, or all H100)
+// with their offloading tiers, and names the cluster.
+func clusterGPUs(workers int, homogeneous bool, cpuGiB, diskGiB, kvScale float64, blockSize int) ([]cluster.GPU, string) {
+	gpus := cluster.Heterogeneous(workers)
+	name := "heterogeneous H100/A100/H100/L40S"
+	if homogeneous {
+		name = "homogeneous H100"
+		for i := range gpus {
+			gpus[i] = cluster.H100
+		}
+	}
+	if cpuGiB > 0 {
+		name += fmt.Sprintf(", %.0f GiB CPU KV tier per worker", cpuGiB)
+	}
+	if diskGiB > 0 {
+		name += fmt.Sprintf(", %.0f GiB disk KV tier per worker", diskGiB)
+	}
+	for i := range gpus {
+		gpus[i].Blocks = int(float64(gpus[i].Blocks) * kvScale)
+		gpus[i].CPUBlocks = cluster.BlocksForGiB(cpuGiB, blockSize)
+		gpus[i].DiskBlocks = cluster.BlocksForGiB(diskGiB, blockSize)
+	}
+	return gpus, name
+}
+
+// parseWeights reads -weights (name=value,...); empty: nil (the defaults).
+func parseWeights(list string) (map[string]float64, error) {
+	if list == "" {
+		return nil, nil
+	}
+	w := map[string]float64{}
+	for _, kv := range strings.Split(list, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("-weights: bad entry %q", kv)
+		}
+		w[strings.TrimSpace(k)] = f
+	}
+	return w, nil
 }
