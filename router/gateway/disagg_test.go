@@ -654,7 +654,14 @@ func TestDecodeFailsAfterPrefillDied(t *testing.T) {
 			must.SliceLen(t, tc.wantFirst, d1.got())
 			must.SliceLen(t, tc.wantSecond, d2.got())
 			testutil.Eventually(t, 5*time.Second, "the good prefill leg", func() bool { return len(good.got()) == tc.wantGoodPrefill })
-			must.SliceLen(t, 1, dead.got())
+			// The retry leaves the dead prefill worker out. (SGLang's legs run
+			// at once: the decode leg's failure may cancel the prefill leg
+			// before it reaches the dead engine.)
+			if tc.proto == "vllm" {
+				must.SliceLen(t, 1, dead.got())
+			} else {
+				must.LessEq(t, 1, len(dead.got()))
+			}
 			must.Eq(t, 1.0, promtest.ToFloat64(h.m.DisaggFailures.WithLabelValues("m", "decode")))
 		})
 	}
