@@ -45,10 +45,7 @@ func module(t *testing.T) (*tofutest.Tofu, []string, int) {
 	tf := tofutest.New(t, tofutest.Options{
 		Module:   "testdata/stack",
 		Provider: stack.Bin("terraform-provider-oasis"),
-		Env: []string{
-			"NOMAD_ADDR=" + stack.NomadAddr, "NOMAD_TOKEN=" + stack.NomadToken,
-			"CONSUL_HTTP_ADDR=" + stack.ConsulAddr, "CONSUL_HTTP_TOKEN=" + stack.ConsulToken,
-		},
+		Env:      stack.Env(),
 	})
 	vars := map[string]string{
 		"bin_dir":            stack.BinDir,
@@ -294,10 +291,7 @@ func TestModelTimeout(t *testing.T) {
 	tf := tofutest.New(t, tofutest.Options{
 		Module:   "testdata/broken",
 		Provider: stack.Bin("terraform-provider-oasis"),
-		Env: []string{
-			"NOMAD_ADDR=" + stack.NomadAddr, "NOMAD_TOKEN=" + stack.NomadToken,
-			"CONSUL_HTTP_ADDR=" + stack.ConsulAddr, "CONSUL_HTTP_TOKEN=" + stack.ConsulToken,
-		},
+		Env:      stack.Env(),
 	})
 	tf.Init(ctx)
 	t.Cleanup(func() { _, _ = tf.Run(context.Background(), "destroy", "-auto-approve", "-no-color") })
@@ -329,10 +323,7 @@ func TestDisaggregatedModel(t *testing.T) {
 	tf := tofutest.New(t, tofutest.Options{
 		Module:   "testdata/disagg",
 		Provider: stack.Bin("terraform-provider-oasis"),
-		Env: []string{
-			"NOMAD_ADDR=" + stack.NomadAddr, "NOMAD_TOKEN=" + stack.NomadToken,
-			"CONSUL_HTTP_ADDR=" + stack.ConsulAddr, "CONSUL_HTTP_TOKEN=" + stack.ConsulToken,
-		},
+		Env:      stack.Env(),
 	})
 	tf.Init(ctx)
 	destroyed := false
