@@ -3,6 +3,7 @@ package scoring
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/oasis-llm/oasis/router/cachestate"
@@ -26,7 +27,7 @@ func tokReq(tokens []uint32) *Request {
 
 // newPrefixState returns a cache state following approximate-learning
 // workers (no events), so the tests can put blocks where they want.
-func newPrefixState(t *testing.T, ids ...string) *cachestate.State {
+func newPrefixState(t testing.TB, ids ...string) *cachestate.State {
 	s := cachestate.New(cachestate.Config{})
 	t.Cleanup(s.Close)
 	var engs []cachestate.Engine
@@ -37,7 +38,7 @@ func newPrefixState(t *testing.T, ids ...string) *cachestate.State {
 	return s
 }
 
-func hold(t *testing.T, s *cachestate.State, id string, tokens []uint32) {
+func hold(t testing.TB, s *cachestate.State, id string, tokens []uint32) {
 	keys, err := s.Keys(nil, "m", testBS, tokens)
 	must.NoError(t, err)
 	s.Record(id, keys)
@@ -97,6 +98,10 @@ func TestPrefixTermGuardBound(t *testing.T) {
 		{"guard off", -1, [4]int{10, 2, 0, 0}, []float64{1, 1, 0, 0}},
 		// Below the floor (4) affinity always holds.
 		{"floor", 0.25, [4]int{3, 0, 0, 0}, []float64{1, 1, 0, 0}},
+		// total 19: ε 0.25 bounds at ⌈1.25·20/4⌉ = 7, so a (7: 1.47× the mean, 4.75) loses its
+		// credit; the default ε 0.5 bounds at ⌈1.5·20/4⌉ = 8 and a keeps it.
+		{"ε 0.25 withdraws at 1.25× the mean", 0.25, [4]int{7, 4, 4, 4}, []float64{0, 1, 0, 0}},
+		{"default ε keeps it below 1.5× the mean", DefaultLoadSlack, [4]int{7, 4, 4, 4}, []float64{1, 1, 0, 0}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,10 +122,22 @@ func TestPrefixTermGuardBound(t *testing.T) {
 // start with one long shared system prompt (plus a short distinct suffix)
 // and never finish, learning each decision like the router does. Pure
 // affinity piles every request on the first holder; the guarded weighted
-// policy keeps max/mean in-flight within the bound while still reusing the
-// prompt on the workers it spread to.
+// policy keeps the busiest worker within the guard's bound at the burst's
+// last pick, ⌈(1+ε)·burst/n⌉, while still reusing the prompt on the workers
+// it spread to.
+//
+// With the default ε = 0.5 that bound is 1.5× the mean (at most 12 of 64
+// requests on one of 8 workers, against all 64 with pure affinity), the
+// max/mean ≤ 1.5 this test asserted when ε was 0.25 (which measured 10/8).
+// ε went from 0.25 to 0.5 because the routing benchmark on the Mooncake trace
+// showed the 1.25× bound costing cache hits at high load (16 identical H100s:
+// 35.9 req/s at the SLO with 0.25, 43.4 with 0.5, SGLang's cache_aware 42.6;
+// BENCHMARKS.md, "Routing on the Mooncake trace"). ε 1 would double the hot
+// holder's share (16 of 64 here) for no throughput gain there.
 func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 	const n, burst = 8, 64
+	bound := math.Ceil((1 + DefaultLoadSlack) * burst / n)
+	must.LessEq(t, burst/4, bound, must.Sprint("the default guard still keeps a hot prefix to a fraction of the burst"))
 	system := prompt(1, 30)
 	run := func(slack float64, weights map[string]float64, powerMeasured bool) (maxIn, meanIn float64, holders int) {
 		ids := make([]string, n)
@@ -173,7 +190,7 @@ func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 	must.Eq(t, 1, holders)
 
 	maxIn, meanIn, holders := run(DefaultLoadSlack, map[string]float64{"prefix": 1, "load": 1}, false)
-	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("guarded imbalance max %v mean %v", maxIn, meanIn))
+	must.LessEq(t, bound, maxIn, must.Sprintf("guarded imbalance max %v mean %v", maxIn, meanIn))
 	must.Greater(t, 1, holders)
 
 	// The router's default weights (policy.DefaultWeights) add ttft, which
@@ -182,7 +199,7 @@ func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 	defaults := map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}
 	maxIn, meanIn, holders = run(DefaultLoadSlack, defaults, false)
 	t.Logf("default weights, power unmeasured: max %v mean %v holders %d", maxIn, meanIn, holders)
-	must.LessEq(t, 1.5, maxIn/meanIn, must.Sprintf("default weights imbalance max %v mean %v", maxIn, meanIn))
+	must.LessEq(t, bound, maxIn, must.Sprintf("default weights imbalance max %v mean %v", maxIn, meanIn))
 	must.Greater(t, 1, holders)
 	// Once power is measured the term consolidates on purpose (a request
 	// joining a batch costs fewer joules per token), but only up to a batch
