@@ -525,7 +525,8 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 			return nil, fmt.Errorf("policy: %w", err)
 		}
 	}
-	s.sel = scoring.NewSelector(reg)
+	// Ties break on a draw of the run's seed, so that one command repeats exactly.
+	s.sel = scoring.NewSelector(reg, scoring.WithTieBreak(rand.New(rand.NewPCG(cfg.Seed, 11)).IntN))
 
 	for i, g := range cfg.GPUs {
 		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, DiskBlocks: g.DiskBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
@@ -539,7 +540,12 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 			_ = evIdx.AddWorker(id, 0)
 			w.ew = cachestate.NewEventWorker(id, cfg.Model, evIdx, dig)
 		} else {
-			_ = apIdx.AddWorker(id, g.Blocks)
+			// The engine's tiers as configured: Oasis's approximate record
+			// models its write-through offloading as the router does for an
+			// engine advertising oasis_kv_capacity.
+			if err := apIdx.AddTieredWorker(id, prefixindex.Capacity{GPU: g.Blocks, CPU: g.CPUBlocks, Disk: g.DiskBlocks}); err != nil {
+				return nil, fmt.Errorf("worker %s: %w", id, err)
+			}
 		}
 		s.workers = append(s.workers, w)
 		s.ws = append(s.ws, w.sw)

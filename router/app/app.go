@@ -225,7 +225,8 @@ func (a *App) poolChanged(ws []*scoring.Worker) {
 	for _, w := range ws {
 		a.m.Workers.WithLabelValues(w.Model).Inc()
 		engines = append(engines, cachestate.Engine{ID: w.ID, Model: w.Model, Address: w.Address,
-			BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint, KVEventsReplay: w.KVEventsReplay, Node: w.Node})
+			BlockSize: w.BlockSize, KVEvents: w.KVEventsEndpoint, KVEventsReplay: w.KVEventsReplay, Node: w.Node,
+			KVCapacity: w.KVCapacity})
 	}
 	a.cache.Sync(a.bg, engines)
 	a.log.Info("engine pool changed", "workers", len(ws))

@@ -12,12 +12,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
 )
@@ -424,30 +427,87 @@ func TestDecisionsLearnPrefixes(t *testing.T) {
 	r := start(t, cfg)
 
 	prompt := strings.Repeat("the same long system prompt shared by every request ", 40)
-	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, prompt)
-	counters := func() (requested, matched float64) {
-		mfs, err := cfg.Registry.Gather()
-		must.NoError(t, err)
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				switch mf.GetName() {
-				case "oasis_router_prefix_request_blocks_total":
-					requested += m.GetCounter().GetValue()
-				case "oasis_router_prefix_matched_blocks_total":
-					matched += m.GetCounter().GetValue()
-				}
-			}
-		}
-		return requested, matched
-	}
 	for range 2 {
-		resp, err := http.Post(r.url("http")+"/v1/completions", "application/json", strings.NewReader(body))
-		must.NoError(t, err)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		must.Eq(t, http.StatusOK, resp.StatusCode)
+		completePrompt(t, r.url("http"), "m", prompt)
 	}
-	requested, matched := counters()
+	requested, matched := prefixBlocks(t, cfg.Registry, "m")
 	must.Greater(t, 0, requested)
 	must.Eq(t, requested/2, matched) // nothing the first time, everything the second
+}
+
+// completePrompt posts one completion of prompt through the router at url.
+func completePrompt(t *testing.T, url, model, prompt string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"prompt":%q}`, model, prompt)
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+}
+
+// prefixBlocks reads the oasis_router_prefix_* counters of model.
+func prefixBlocks(t *testing.T, reg *prometheus.Registry, model string) (requested, matched float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	must.NoError(t, err)
+	for _, mf := range mfs {
+		var sum *float64
+		switch mf.GetName() {
+		case "oasis_router_prefix_request_blocks_total":
+			sum = &requested
+		case "oasis_router_prefix_matched_blocks_total":
+			sum = &matched
+		default:
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == model { // the only label
+				*sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return requested, matched
+}
+
+// An engine without KV events that advertises its offload tiers in
+// oasis_kv_capacity (registered in a real Consul) is modelled with them:
+// prompts pushed out of its small GPU tier by newer ones still match from
+// the CPU tier, where an engine advertising the same GPU tier alone has
+// forgotten them.
+func TestDecisionsModelAdvertisedTiers(t *testing.T) {
+	consul, addr := testutil.StartConsul(t)
+	eng := newEngine(t, 1, 0)
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(eng.URL, "http://"))
+	must.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	must.NoError(t, err)
+	for id, capacity := range map[string]string{"tiered": "gpu=64,cpu=65536", "gpu-only": "gpu=64"} {
+		must.NoError(t, consul.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+			ID: id, Name: discovery.EngineService, Address: host, Port: p,
+			Meta: map[string]string{"oasis_model": id, "oasis_engine": "sim", "oasis_kv_capacity": capacity}}))
+	}
+	cfg := baseConfig(t)
+	cfg.Discovery, cfg.ConsulAddr = DiscoveryConsul, addr
+	cfg.PolicyFile = policyFile(t, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`)
+	r := start(t, cfg)
+	testutil.Eventually(t, 10*time.Second, "both registrations in the pool", func() bool {
+		return len(r.Pool().Workers("tiered")) == 1 && len(r.Pool().Workers("gpu-only")) == 1
+	})
+
+	first := strings.Repeat("a first long prompt that the engine computes once ", 40)
+	second := strings.Repeat("then a second one, as long, which pushes it out of the GPU ", 40)
+	for _, model := range []string{"tiered", "gpu-only"} {
+		completePrompt(t, r.url("http"), model, first)
+		completePrompt(t, r.url("http"), model, second)
+		before, matchedBefore := prefixBlocks(t, cfg.Registry, model)
+		completePrompt(t, r.url("http"), model, first)
+		after, matched := prefixBlocks(t, cfg.Registry, model)
+		must.Greater(t, 4, after-before, must.Sprintf("%s: the prompt spans more blocks than the GPU tier", model))
+		if model == "tiered" {
+			must.Eq(t, after-before, matched-matchedBefore, must.Sprintf("%s: the whole first prompt is still held", model))
+		} else {
+			must.Eq(t, 0.0, matched-matchedBefore, must.Sprintf("%s: nothing of the first prompt is left", model))
+		}
+	}
 }

@@ -10,8 +10,9 @@
 //     restarts and on AllBlocksCleared;
 //   - approximate, for engines without events (llama.cpp, openai_compat): the
 //     router records its own routing decisions in a second index whose entries
-//     expire after a TTL and are bounded by a per-worker LRU capacity, a model
-//     of the engine's cache.
+//     expire after a TTL and are bounded by a model of the engine's cache: the
+//     GPU, CPU and disk tiers it advertises (oasis_kv_capacity), written
+//     through, or a GPU tier of ApproxCapacity blocks when it advertises none.
 //
 // Engines come and go with discovery: Sync starts and stops subscribers and
 // drops the state of engines that left.
@@ -50,6 +51,10 @@ type Engine struct {
 	// Node is the engine's Nomad node id (oasis_node): kvcached on the same
 	// node marks its blocks CPU/disk for it, kvcached elsewhere marks them peer.
 	Node string
+	// KVCapacity is the engine's cache in blocks per tier (oasis_kv_capacity),
+	// the approximate record's model when the engine publishes no events; a
+	// zero GPU tier means unknown (Config.ApproxCapacity).
+	KVCapacity prefixindex.Capacity
 }
 
 // Config tunes a State.
@@ -57,7 +62,8 @@ type Config struct {
 	// EventCapacity bounds each event-driven worker's index entries, a safety
 	// net: the engine's own eviction events normally keep it smaller.
 	EventCapacity int
-	// ApproxCapacity models an event-less engine's cache size in blocks.
+	// ApproxCapacity models the GPU cache, in blocks, of an event-less engine
+	// that advertises no oasis_kv_capacity.
 	ApproxCapacity int
 	// ApproxTTL forgets a routing decision after this long.
 	ApproxTTL time.Duration
@@ -201,13 +207,13 @@ func (s *State) startLocked(ctx context.Context, e Engine) {
 	es := &engineState{eng: e}
 	s.engines[e.ID] = es
 	if e.KVEvents == "" {
-		_ = s.approx.AddWorker(e.ID, 0)
+		s.addApproxLocked(e)
 		return
 	}
 	endpoint, err := ResolveEndpoint(e.KVEvents, e.Address)
 	if err != nil {
 		s.log.Warn("engine has an unusable kv events endpoint; learning from routing decisions instead", "engine", e.ID, "error", err)
-		_ = s.approx.AddWorker(e.ID, 0)
+		s.addApproxLocked(e)
 		return
 	}
 	if err := s.events.AddWorker(e.ID, 0); err != nil {
@@ -226,6 +232,19 @@ func (s *State) startLocked(ctx context.Context, e Engine) {
 		}
 	}
 	go s.subscribe(sctx, es, endpoint, replay)
+}
+
+// addApproxLocked follows an engine from the router's own decisions, with
+// its advertised cache as the model, else a GPU tier of ApproxCapacity.
+func (s *State) addApproxLocked(e Engine) {
+	c := e.KVCapacity
+	if c.GPU <= 0 {
+		c = prefixindex.Capacity{GPU: s.cfg.ApproxCapacity}
+	}
+	if err := s.approx.AddTieredWorker(e.ID, c); err != nil {
+		s.log.Warn("ignoring the engine's kv capacity; modelling the default", "engine", e.ID, "error", err)
+		_ = s.approx.AddTieredWorker(e.ID, prefixindex.Capacity{GPU: s.cfg.ApproxCapacity})
+	}
 }
 
 func (s *State) stopLocked(es *engineState) {

@@ -187,3 +187,30 @@ func TestReplayOverZMQ(t *testing.T) {
 	must.Eq(t, int64(0), f.ew.Stats().Resyncs)
 	must.Eq(t, int64(1), f.ew.Stats().Replays)
 }
+
+// An event-less engine that advertises its tiers is modelled with them: what
+// falls out of its GPU tier is still credited, at the CPU and disk weights.
+func TestApproximateLearningAdvertisedTiers(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	s := New(Config{ApproxCapacity: 4, ApproxTTL: time.Minute, Now: clock.Now})
+	defer s.Close()
+	s.Sync(context.Background(), []Engine{
+		{ID: "tiered", Model: "m", Address: "127.0.0.1:1", BlockSize: bs, KVCapacity: prefixindex.Capacity{GPU: 2, CPU: 4, Disk: 6}},
+		{ID: "bad", Model: "m", Address: "127.0.0.1:2", BlockSize: bs, KVCapacity: prefixindex.Capacity{GPU: 2, CPU: -1}},
+	})
+	k, err := s.Keys(nil, "m", bs, toks(1, 6*bs))
+	must.NoError(t, err)
+	s.Record("tiered", k)
+	s.Record("bad", k) // refused capacity: the default model, 4 GPU blocks
+	w := prefixindex.DefaultTierWeights()
+	got := map[string]prefixindex.Match{}
+	for _, m := range s.Match(k, w, nil) {
+		got[m.Worker] = m
+	}
+	// Blocks 0-1 disk only, 2-3 CPU, 4-5 GPU: the whole prompt is held.
+	must.Eq(t, 6, got["tiered"].Blocks)
+	must.Eq(t, 2, got["tiered"].GPUBlocks)
+	must.Eq(t, 2*w.Disk+2*w.CPU+2*w.GPU, got["tiered"].Weighted)
+	// The default model evicted blocks 0-1, so no prefix is left.
+	must.Eq(t, 0, got["bad"].Blocks)
+}

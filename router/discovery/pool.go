@@ -162,6 +162,11 @@ func (p *Pool) Set(instances []Instance) {
 			p.refuse(in.ID, err)
 			continue
 		}
+		var err error
+		if w.KVCapacity, err = kvCapacityOf(w, get); err != nil {
+			p.refuse(in.ID, err)
+			continue
+		}
 		if _, dup := seen[w.ID]; dup {
 			continue
 		}

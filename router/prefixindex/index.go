@@ -19,7 +19,10 @@
 //     the position with one cache miss and never touches a node; the other
 //     holders of a shared digest are chained through the nodes;
 //   - each worker keeps its nodes on an intrusive LRU list, which bounds its
-//     memory (per-worker capacity) and lets TTL expiry sweep from the tail.
+//     memory (per-worker capacity) and lets TTL expiry sweep from the tail;
+//     a tiered worker (lru.go), the record of an engine without KV events,
+//     splits it in GPU, CPU and disk zones that spill into each other the way
+//     the engine offloads what it evicts.
 //
 // Match looks positions up in batches (independent loads whose cache misses
 // overlap) before walking them in order: a dependent memory access costs
@@ -173,10 +176,13 @@ func msOf(ns int64) uint32 { return uint32(ns / 1e6) }
 type worker struct {
 	id       string
 	slot     uint16
-	capacity int
+	capacity int // all zones together
 	count    int
-	head     uint32 // most recently stored
-	tail     uint32 // least recently stored
+	tiered   bool
+	// zones are the worker's LRU lists (lru.go): an untiered worker keeps
+	// every entry in zones[0]; a tiered one keeps its GPU, CPU and disk
+	// entries in zones[0], [1] and [2].
+	zones [numZones]zone
 }
 
 // Index is the prefix index. The zero value is not usable; call New.
@@ -406,11 +412,23 @@ func (ix *Index) AddWorker(id string, capacity int) error {
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	return ix.addWorker(id, false, [numZones]int{capacity})
+}
+
+// addWorker registers worker id or updates its zone capacities. A worker that
+// changes between tiered and untiered loses its entries: their tiers mean
+// different things in the two.
+func (ix *Index) addWorker(id string, tiered bool, caps [numZones]int) error {
 	if w, ok := ix.byID[id]; ok {
-		w.capacity = capacity
-		for w.count > w.capacity {
-			ix.unlink(w, w.tail)
+		if w.tiered != tiered {
+			ix.clear(w)
+			w.tiered = tiered
 		}
+		w.setCapacities(caps)
+		for w.count > w.capacity {
+			ix.unlink(w, w.lruTail())
+		}
+		ix.spill(w)
 		return nil
 	}
 	slot := -1
@@ -430,7 +448,8 @@ func (ix *Index) AddWorker(id string, capacity int) error {
 	if slot >= ix.words*64 {
 		ix.growWords(slot/64 + 1)
 	}
-	w := &worker{id: id, slot: uint16(slot), capacity: capacity}
+	w := &worker{id: id, slot: uint16(slot), tiered: tiered}
+	w.setCapacities(caps)
 	ix.bySlot[slot] = w
 	ix.byID[id] = w
 	return nil
@@ -465,8 +484,8 @@ func (ix *Index) ClearWorker(id string) (int, error) {
 
 func (ix *Index) clear(w *worker) int {
 	n := w.count
-	for w.tail != nilNode {
-		ix.unlink(w, w.tail)
+	for t := w.lruTail(); t != nilNode; t = w.lruTail() {
+		ix.unlink(w, t)
 	}
 	return n
 }
@@ -484,6 +503,9 @@ func (ix *Index) Store(id string, tier Tier, digests []uint64, now int64) error 
 	if !ok {
 		return fmt.Errorf("storing blocks for %q: %w", id, ErrUnknownWorker)
 	}
+	if w.tiered && tier != TierGPU {
+		return fmt.Errorf("storing blocks for %q: a tiered worker's blocks are stored in GPU and spill to lower tiers; got %s", id, tier)
+	}
 	ix.warm(digests)
 	ix.warmEvictions(w, len(digests))
 	for _, d := range digests {
@@ -497,7 +519,7 @@ func (ix *Index) Store(id string, tier Tier, digests []uint64, now int64) error 
 // blocks would evict from w's LRU tail, so that those misses overlap too.
 func (ix *Index) warmEvictions(w *worker, n int) {
 	var sink uint32
-	for i, k := w.tail, w.count+n-w.capacity; i != nilNode && k > 0; k-- {
+	for i, k := w.lruTail(), w.count+n-w.capacity; i != nilNode && k > 0; k-- {
 		nd := ix.node(i)
 		sink += ix.table[ix.home(nd.digest())].first
 		i = nd.prev
@@ -524,13 +546,17 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 		for i := sl.first; i != nilNode; {
 			n := ix.node(i)
 			if n.slot == w.slot {
+				z := w.zoneOf(n)
 				n.tiers |= tier
+				if w.tiered {
+					n.tiers = TierGPU
+				}
 				n.stamp = stamp
-				ix.touch(w, i)
 				if sl.info&infoWide != 0 {
 					ix.setWide(sl.info&infoIdx, w.slot, n.tiers)
 				}
 				ix.setInfo(s)
+				ix.touch(w, z, i)
 				return
 			}
 			holders++
@@ -540,7 +566,7 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 	// New (block, worker) entry: make room first, then look the slot up again,
 	// since eviction and growth move table slots.
 	if w.count >= w.capacity {
-		ix.unlink(w, w.tail)
+		ix.unlink(w, w.lruTail())
 		s, found = ix.lookup(d)
 	}
 	if !found && (ix.digests+1)*5 > len(ix.table)*4 { // load factor 0.8
@@ -566,9 +592,10 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 		ix.digests++
 	}
 	ix.setInfo(s)
-	ix.pushFront(w, i)
+	w.pushFront(ix, 0, i)
 	w.count++
 	ix.used++
+	ix.spill(w)
 }
 
 // setWide makes slot's bits in wide record r equal to tiers.
@@ -661,13 +688,14 @@ func (ix *Index) Remove(id string, tier Tier, digests []uint64, left []Tier) err
 		for i := sl.first; i != nilNode; {
 			n := ix.node(i)
 			if n.slot == w.slot {
-				n.tiers &^= tier
+				kept := n.tiers &^ tier
 				if left != nil {
-					left[k] = n.tiers
+					left[k] = kept
 				}
-				if n.tiers == 0 {
-					ix.unlink(w, i)
+				if kept == 0 {
+					ix.unlink(w, i) // with n.tiers intact: it names n's LRU zone
 				} else {
+					n.tiers = kept
 					if sl.info&infoWide != 0 {
 						ix.setWide(sl.info&infoIdx, w.slot, n.tiers)
 					}
@@ -703,8 +731,8 @@ func (ix *Index) expire(w *worker, now int64) int {
 	}
 	n := 0
 	ttl, stamp := uint32(ix.cfg.TTL/1e6), msOf(now)
-	for w.tail != nilNode && stamp-ix.node(w.tail).stamp > ttl {
-		ix.unlink(w, w.tail)
+	for t := w.lruTail(); t != nilNode && stamp-ix.node(t).stamp > ttl; t = w.lruTail() {
+		ix.unlink(w, t)
 		n++
 	}
 	return n
@@ -741,48 +769,10 @@ func (ix *Index) unlink(w *worker, i uint32) {
 			ix.deleteSlot(s)
 		}
 	}
-	// LRU list.
-	if n.prev != nilNode {
-		ix.node(n.prev).next = n.next
-	} else {
-		w.head = n.next
-	}
-	if n.next != nilNode {
-		ix.node(n.next).prev = n.prev
-	} else {
-		w.tail = n.prev
-	}
+	w.detach(ix, w.zoneOf(n), i)
 	w.count--
 	ix.used--
 	ix.release(i)
-}
-
-func (ix *Index) pushFront(w *worker, i uint32) {
-	n := ix.node(i)
-	n.prev = nilNode
-	n.next = w.head
-	if w.head != nilNode {
-		ix.node(w.head).prev = i
-	}
-	w.head = i
-	if w.tail == nilNode {
-		w.tail = i
-	}
-}
-
-func (ix *Index) touch(w *worker, i uint32) {
-	if w.head == i {
-		return
-	}
-	n := ix.node(i)
-	// Detach (i is not the head, so prev is set).
-	ix.node(n.prev).next = n.next
-	if n.next != nilNode {
-		ix.node(n.next).prev = n.prev
-	} else {
-		w.tail = n.prev
-	}
-	ix.pushFront(w, i)
 }
 
 // Match is one worker's longest held prefix of a request.

@@ -139,7 +139,7 @@ func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker)
 		if done[i] {
 			continue
 		}
-		bs := blockSizeOf(w)
+		bs := BlockSizeOf(w)
 		keys, err := t.Source.Keys(sc.keys[:0], w.Model, bs, tokens)
 		sc.keys = keys
 		if err != nil {
@@ -151,7 +151,7 @@ func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker)
 		}
 		for j := i; j < len(workers); j++ {
 			wj := workers[j]
-			if done[j] || wj.Model != w.Model || blockSizeOf(wj) != bs {
+			if done[j] || wj.Model != w.Model || BlockSizeOf(wj) != bs {
 				continue
 			}
 			done[j] = true
@@ -189,7 +189,9 @@ func (t *PrefixTerm) guard(workers []*Worker, out []float64) {
 	}
 }
 
-func blockSizeOf(w *Worker) int {
+// BlockSizeOf is the block size the router assumes for w: its
+// oasis_block_size, else DefaultBlockSize.
+func BlockSizeOf(w *Worker) int {
 	if w.BlockSize > 0 {
 		return w.BlockSize
 	}

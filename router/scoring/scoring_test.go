@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,6 +198,29 @@ func TestWeightedRandomTieBreak(t *testing.T) {
 	}
 	for _, id := range []string{"a", "b", "c"} {
 		must.Between(t, 800, count[id], 1200)
+	}
+}
+
+// A seeded tie-break repeats its picks exactly; the default source does not
+// have to.
+func TestWeightedSeededTieBreak(t *testing.T) {
+	reg, err := NewRegistry(BuiltinTerms()...)
+	must.NoError(t, err)
+	ws := []*Worker{worker("a", 0, nil, -1), worker("b", 0, nil, -1), worker("c", 0, nil, -1)}
+	picks := func(seed uint64) string {
+		s := NewSelector(reg, WithTieBreak(rand.New(rand.NewPCG(seed, 1)).IntN))
+		var b strings.Builder
+		for range 64 {
+			d, err := s.Pick(context.Background(), Config{Policy: Weighted, Weights: map[string]float64{"load": 1}}, &Request{Model: "m"}, ws)
+			must.NoError(t, err)
+			b.WriteString(d.Worker.ID)
+		}
+		return b.String()
+	}
+	must.Eq(t, picks(7), picks(7))
+	must.NotEq(t, picks(7), picks(8))
+	for _, id := range []string{"a", "b", "c"} {
+		must.StrContains(t, picks(7), id) // still spread over the tied workers
 	}
 }
 

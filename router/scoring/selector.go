@@ -59,9 +59,24 @@ type Selector struct {
 	intn func(n int) int
 }
 
+// SelectorOption configures a Selector.
+type SelectorOption func(*Selector)
+
+// WithTieBreak makes the selector break exact score ties with intn (a draw in
+// [0, n)) instead of the process-wide random source: a seeded source makes a
+// simulation repeat exactly. intn must be safe for the selector's concurrent
+// use (a *rand.Rand is not: give one to a single-goroutine caller only).
+func WithTieBreak(intn func(n int) int) SelectorOption {
+	return func(s *Selector) { s.intn = intn }
+}
+
 // NewSelector returns a selector over reg's terms.
-func NewSelector(reg *Registry) *Selector {
-	return &Selector{reg: reg, intn: rand.IntN}
+func NewSelector(reg *Registry, opts ...SelectorOption) *Selector {
+	s := &Selector{reg: reg, intn: rand.IntN}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Decision is a pick with the scores that led to it (weighted only).

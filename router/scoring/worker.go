@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/router/openai"
+	"github.com/oasis-llm/oasis/router/prefixindex"
 )
 
 // Worker is one engine instance serving one model, as discovered in Consul or
@@ -38,7 +39,10 @@ type Worker struct {
 	KVEventsEndpoint string // oasis_kv_events, e.g. tcp://10.0.0.1:5557; "" if none
 	KVEventsReplay   string // oasis_kv_events_replay: the events' replay ROUTER endpoint; "" if none
 	MetricsPath      string // oasis_metrics_path, e.g. /metrics; "" for a hosted endpoint
-	Tags             []string
+	// KVCapacity is the engine's KV cache in blocks per tier
+	// (oasis_kv_capacity); zero when it advertises none.
+	KVCapacity prefixindex.Capacity
+	Tags       []string
 	// Upstream is a hosted OpenAI-compatible API's base URL (oasis_upstream, e.g.
 	// https://api.example.com/v1): requests go there instead of to Address.
 	Upstream string
@@ -254,7 +258,7 @@ func (r *Request) UncachedTokens(w *Worker) (int64, bool) {
 func uncached(r *Request, w *Worker) int64 {
 	n := int64(len(r.tokens))
 	if h, ok := r.prefixHits[w.ID]; ok {
-		n -= int64(h.blocks) * int64(blockSizeOf(w))
+		n -= int64(h.blocks) * int64(BlockSizeOf(w))
 	}
 	return max(n, 0)
 }

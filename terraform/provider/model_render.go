@@ -210,6 +210,11 @@ func renderService(s modelSpec, role string) *nomadapi.Service {
 			meta["oasis_bootstrap_port"] = "${NOMAD_HOST_PORT_bootstrap}"
 		}
 	}
+	if s.Engine == config.EngineLlamaCpp && s.MaxModelLen > 0 {
+		// No KV events: the router models llama-server's cache (-c tokens)
+		// from its own routing decisions.
+		meta["oasis_kv_capacity"] = "gpu=" + strconv.Itoa(s.MaxModelLen)
+	}
 	if config.HasBlockSize(s.Engine) {
 		bs := s.BlockSize
 		if bs == 0 {

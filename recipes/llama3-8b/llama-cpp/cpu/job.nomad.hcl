@@ -66,6 +66,9 @@ job "llama3-8b-llama-cpp-cpu" {
         oasis_metrics_path = "/metrics"
         oasis_block_size   = ""
         oasis_node         = "${node.unique.id}"
+        # No KV events: the router models llama-server's cache (-c tokens)
+        # from its own routing decisions.
+        oasis_kv_capacity = "gpu=${var.max_model_len}"
       }
       check {
         name     = "health"
