@@ -30,15 +30,7 @@ func TestDisaggMeta(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := metrics.New(prometheus.NewRegistry())
-			p := NewPool(WithMetrics(m))
-			meta := map[string]string{MetaModel: "m"}
-			for k, v := range tc.meta {
-				meta[k] = v
-			}
-			in := []Instance{{ID: "i", Address: "10.0.0.1:8000", Meta: meta}}
-			p.Set(in)
-			p.Set(in) // reported once
+			p, m := poolOfOne(tc.meta)
 			if tc.refused != "" {
 				must.SliceEmpty(t, p.Workers("m"))
 				must.Eq(t, 1.0, promtest.ToFloat64(m.MetaRejected.WithLabelValues(tc.refused)))
@@ -50,4 +42,19 @@ func TestDisaggMeta(t *testing.T) {
 			must.Eq(t, tc.bootstrap, ws[0].BootstrapPort)
 		})
 	}
+}
+
+// poolOfOne is a pool given, twice (a refusal is reported once), one instance
+// of model "m" with meta added to oasis_model.
+func poolOfOne(meta map[string]string) (*Pool, *metrics.Metrics) {
+	m := metrics.New(prometheus.NewRegistry())
+	p := NewPool(WithMetrics(m))
+	all := map[string]string{MetaModel: "m"}
+	for k, v := range meta {
+		all[k] = v
+	}
+	in := []Instance{{ID: "i", Address: "10.0.0.1:8000", Meta: all}}
+	p.Set(in)
+	p.Set(in)
+	return p, m
 }

@@ -4,11 +4,9 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
 
-	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 )
 
@@ -36,15 +34,7 @@ func TestKVCapacityMeta(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := metrics.New(prometheus.NewRegistry())
-			p := NewPool(WithMetrics(m))
-			meta := map[string]string{MetaModel: "m"}
-			for k, v := range tc.meta {
-				meta[k] = v
-			}
-			in := []Instance{{ID: "i", Address: "10.0.0.1:8000", Meta: meta}}
-			p.Set(in)
-			p.Set(in) // reported once
+			p, m := poolOfOne(tc.meta)
 			if tc.refused {
 				must.SliceEmpty(t, p.Workers("m"))
 				must.Eq(t, 1.0, promtest.ToFloat64(m.MetaRejected.WithLabelValues(MetaKVCapacity)))

@@ -149,8 +149,9 @@ func (ix *Index) touch(w *worker, z int, i uint32) {
 }
 
 // spill moves a tiered worker's entries past a zone's capacity to the next
-// zone, least recent first. The caller keeps w.count within w.capacity, so
-// the last zone never overflows.
+// zone, least recent first, and drops what the last zone cannot hold. Stores
+// keep w.count within w.capacity, so only a capacity change that shrinks the
+// last zone below what the others pass down drops anything here.
 func (ix *Index) spill(w *worker) {
 	if !w.tiered {
 		return
@@ -162,6 +163,9 @@ func (ix *Index) spill(w *worker) {
 			ix.retier(w, i, zoneTiers[z+1])
 			w.pushFront(ix, z+1, i)
 		}
+	}
+	for last := &w.zones[numZones-1]; last.count > last.capacity; {
+		ix.unlink(w, last.tail)
 	}
 }
 

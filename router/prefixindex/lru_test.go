@@ -43,6 +43,13 @@ func TestTieredWorkerSpills(t *testing.T) {
 	must.NoError(t, ix.AddTieredWorker("a", Capacity{GPU: 1, CPU: 4, Disk: 5}))
 	must.Eq(t, TierGPU, ix.Holds("a", 6))
 	must.Eq(t, TierCPU, ix.Holds("a", 1))
+	// Zones of 5, 0, 1: the three CPU entries (1, 5, 4) pass to disk, which
+	// keeps the most recent, although the total would fit.
+	must.NoError(t, ix.AddTieredWorker("a", Capacity{GPU: 5, CPU: 5, Disk: 6}))
+	must.Eq(t, 2, ix.WorkerEntries("a"))
+	must.Eq(t, TierGPU, ix.Holds("a", 6))
+	must.Eq(t, TierDisk, ix.Holds("a", 1))
+	must.Eq(t, 0, ix.Holds("a", 5))
 	must.NoError(t, ix.AddWorker("a", 10))
 	must.Eq(t, 0, ix.WorkerEntries("a"))
 }
@@ -125,6 +132,24 @@ func (m *tieredModel) store(d uint64, now int64) {
 	}
 	m.zones[0] = slices.Insert(m.zones[0], 0, d)
 	m.stamps[d] = now
+	m.cascade()
+}
+
+// resize is AddTieredWorker on a known worker: evict the oldest down to the
+// new total, spill down, and drop what the last zone cannot hold.
+func (m *tieredModel) resize(caps [numZones]int) {
+	m.caps = caps
+	for m.count() > caps[0]+caps[1]+caps[2] {
+		m.dropOldest()
+	}
+	m.cascade()
+	last := numZones - 1
+	for len(m.zones[last]) > caps[last] {
+		m.drop(last, len(m.zones[last])-1)
+	}
+}
+
+func (m *tieredModel) cascade() {
 	for z := 0; z < numZones-1; z++ {
 		for len(m.zones[z]) > m.caps[z] {
 			last := m.zones[z][len(m.zones[z])-1]
@@ -194,6 +219,10 @@ func TestTieredAgainstModel(t *testing.T) {
 			_, err := ix.ClearWorker(w)
 			must.NoError(t, err)
 			m.zones, m.stamps = [numZones][]uint64{}, map[uint64]int64{}
+		case r < 72:
+			c := Capacity{GPU: 1 + rng.IntN(8), CPU: rng.IntN(16), Disk: rng.IntN(24)}
+			must.NoError(t, ix.AddTieredWorker(w, c))
+			m.resize(c.zones())
 		case r < 74:
 			ix.Expire(step * ms)
 			for _, mm := range models {
