@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/nomad/client/lib/nsutil"
 	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 )
 
 // failThreshold consecutive failed polls make "health failing".
@@ -140,7 +141,7 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 				h.setHealth("failing")
 				d.emit(h.taskConfig, fmt.Sprintf("Health failing: %s not ready after %s (%s)", url, h.state.HealthTimeout, detail), nil)
 			}
-			if !sleep(h.ctx, startupInterval(time.Since(start))) {
+			if ctxsleep.Sleep(h.ctx, startupInterval(time.Since(start))) != nil {
 				return
 			}
 		}
@@ -173,7 +174,7 @@ func (d *Driver) watchHealth(h *taskHandle, recovered bool) {
 // It returns when the task's context ends.
 func (d *Driver) watchSteady(h *taskHandle, client *http.Client, url string, accept func(int) bool, logger hclog.Logger) {
 	fails := 0
-	for sleep(h.ctx, d.timing.steady) {
+	for ctxsleep.Sleep(h.ctx, d.timing.steady) == nil {
 		ok, detail := probe(h.ctx, client, url, accept)
 		if h.ctx.Err() != nil {
 			return
@@ -192,17 +193,6 @@ func (d *Driver) watchSteady(h *taskHandle, client *http.Client, url string, acc
 			h.setHealth("failing")
 			d.emit(h.taskConfig, fmt.Sprintf("Health failing: %s (%s, %d checks in a row)", url, detail, fails), nil)
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -235,7 +225,7 @@ func (d *Driver) watchRemote(h *taskHandle) {
 	defer close(h.doneCh)
 	client := d.newHealthClient()
 	fails := 0
-	for sleep(h.ctx, d.timing.remote) {
+	for ctxsleep.Sleep(h.ctx, d.timing.remote) == nil {
 		ok, detail := probe(h.ctx, client, h.state.HealthURL, reachable)
 		if h.ctx.Err() != nil {
 			break

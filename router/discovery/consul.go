@@ -10,6 +10,7 @@ import (
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 	"github.com/oasis-llm/oasis/router/metrics"
 )
 
@@ -69,7 +70,7 @@ func (c *Consul) Watch(ctx context.Context, fn func([]Instance)) {
 				c.Metrics.DiscoveryStale.Set(1)
 			}
 			log.Warn("querying Consul failed; serving the last known pool", "service", svc, "error", err)
-			sleep(ctx, backoff)
+			_ = ctxsleep.Sleep(ctx, backoff)
 			backoff = min(backoff*2, 5*time.Second)
 			index = 0
 			continue
@@ -166,14 +167,5 @@ func instance(s, at *consulapi.ServiceEntry) Instance {
 		Address: net.JoinHostPort(addr, strconv.Itoa(at.Service.Port)),
 		Tags:    s.Service.Tags,
 		Meta:    s.Service.Meta,
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

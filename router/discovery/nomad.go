@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	nomadapi "github.com/hashicorp/nomad/api"
 
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 	"github.com/oasis-llm/oasis/router/metrics"
 )
 
@@ -64,7 +65,7 @@ func (n *Nomad) Run(ctx context.Context, pool *Pool) {
 			n.Metrics.DiscoveryErrors.Inc()
 			n.Metrics.DiscoveryStale.Set(1)
 			log.Warn("querying Nomad failed; serving the last known pool", "service", svc, "error", err)
-			sleep(ctx, backoff)
+			_ = ctxsleep.Sleep(ctx, backoff)
 			backoff = min(backoff*2, 5*time.Second)
 			index = 0
 			continue

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 )
 
 // Service is the Consul service name routers register their federation
@@ -148,7 +149,7 @@ func (f *Federation) watchPeers(ctx context.Context) {
 			wg.Add(1)
 			go func() { defer wg.Done(); f.watchDC(ctx, dc) }()
 		}
-		if !sleep(ctx, f.cfg.QueryWait) {
+		if ctxsleep.Sleep(ctx, f.cfg.QueryWait) != nil {
 			return
 		}
 	}
@@ -189,7 +190,7 @@ func (f *Federation) watchDC(ctx context.Context, dc string) {
 			f.m.peersStale.WithLabelValues(dc).Set(1)
 			f.log.Warn("querying a datacenter's routers failed; keeping the last list", "dc", dc, "error", err)
 			index = 0
-			sleep(ctx, time.Second)
+			_ = ctxsleep.Sleep(ctx, time.Second)
 			continue
 		}
 		f.m.peersStale.WithLabelValues(dc).Set(0)
@@ -205,15 +206,3 @@ func (f *Federation) watchDC(ctx context.Context, dc string) {
 var errNoLeader = errors.New("the datacenter's Consul answered without a known leader")
 
 func (f *Federation) badEntry(reason string) { f.m.badEntries.WithLabelValues(reason).Inc() }
-
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

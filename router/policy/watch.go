@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -91,7 +92,7 @@ func (w *Watcher) Run(ctx context.Context) {
 				return
 			}
 			w.log.Warn("reading policy failed; keeping the last good one", "key", w.key, "error", err)
-			sleep(ctx, backoff)
+			_ = ctxsleep.Sleep(ctx, backoff)
 			backoff = min(backoff*2, 10*time.Second)
 			continue
 		}
@@ -138,17 +139,8 @@ func (w *Watcher) writeDefault(ctx context.Context) {
 	switch {
 	case err != nil:
 		w.log.Warn("writing default policy failed", "key", w.key, "error", err)
-		sleep(ctx, time.Second)
+		_ = ctxsleep.Sleep(ctx, time.Second)
 	case ok:
 		w.log.Info("wrote default policy document", "key", w.key)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

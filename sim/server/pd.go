@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 )
 
 // Disaggregated prefill/decode. A prefill leg computes the prompt and its engine keeps
@@ -334,14 +336,7 @@ func (s *Server) sleepSim(ctx context.Context, d time.Duration) error {
 	if s.cfg.Speed <= 0 || d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(time.Duration(float64(d) / s.cfg.Speed))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return ctxsleep.Sleep(ctx, time.Duration(float64(d)/s.cfg.Speed))
 }
 
 // receiveKV runs a decode leg's KV load before it is scheduled. It reports whether

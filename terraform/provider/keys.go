@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 	"github.com/oasis-llm/oasis/router/auth"
 )
 
@@ -71,7 +72,7 @@ func (c *Clients) updateKeys(ctx context.Context, change func(*auth.File) error)
 		if attempt == keysAttempts {
 			return fmt.Errorf("%w (%d attempts)", err, attempt)
 		}
-		if err := sleepCtx(ctx, time.Duration(5+rand.IntN(20*attempt))*time.Millisecond); err != nil {
+		if err := ctxsleep.Sleep(ctx, time.Duration(5+rand.IntN(20*attempt))*time.Millisecond); err != nil {
 			return fmt.Errorf("updating %s: %w", key, err)
 		}
 	}
@@ -106,15 +107,4 @@ func findKey(f *auth.File, id string) int {
 		}
 	}
 	return -1
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
