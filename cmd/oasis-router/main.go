@@ -21,6 +21,7 @@ import (
 	"github.com/oasis-llm/oasis/router/app"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/gateway"
 )
 
 // runtimeFlags are the process-wide settings main applies itself.
@@ -99,6 +100,8 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	fs.BoolVar(&c.APIKeysKV, "api-keys-kv", false, "enable API keys from Consul KV <prefix>/keys (watched)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", app.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
 	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", app.DefaultBodyReadTimeout, "time a client has to send its request body once its headers arrived (408 after)")
+	fs.IntVar(&c.EjectAfter, "eject-after", gateway.DefaultEjectAfter, "connection failures in a row that take a worker out of routing for -eject-for (0: never)")
+	fs.DurationVar(&c.EjectFor, "eject-for", gateway.DefaultEjectFor, "how long an ejected worker is left out of routing before one request probes it")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", app.DefaultMaxHeaderBytes, "largest request header block accepted (431 above)")
 	fs.IntVar(&c.MaxConnections, "max-connections", app.DefaultMaxConnections, "most client connections served at once; more wait in the kernel's accept queue (0: no limit)")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", time.Second, "how often engine metrics are scraped (0 disables)")
@@ -143,5 +146,8 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	c.HostedUpstreams = discovery.SplitList(hostedUpstreams)
 	c.HostedKeyEnvs = discovery.SplitList(hostedKeyEnvs)
 	c.AdaptiveGOMAXPROCS = rt.gomaxprocs <= 0
+	if c.EjectAfter == 0 {
+		c.EjectAfter = -1 // the flag's 0 is "never"; Config's 0 is "the default"
+	}
 	return c, rt, nil
 }

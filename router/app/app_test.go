@@ -257,6 +257,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"listen without port", func(c *Config) { c.Listen = "127.0.0.1" }, "-listen"},
 		{"listen address in use", func(c *Config) { c.Listen = busy.Addr().String() }, "-listen"},
 		{"unknown discovery", func(c *Config) { c.Discovery = "dns" }, "-discovery"},
+		{"negative ejection time", func(c *Config) { c.EjectFor = -time.Second }, "-eject-for"},
 		{"static without engines", func(c *Config) { c.Engines = nil }, "-engines"},
 		{"engines with consul", func(c *Config) { c.Discovery = DiscoveryConsul }, "-engines"},
 		{"engine without model", func(c *Config) { c.Engines = []StaticEngine{{Address: "h:1"}} }, "-engines"},

@@ -56,7 +56,12 @@ type Config struct {
 
 	MaxBodyBytes    int64         // -max-body-bytes (default DefaultMaxBodyBytes)
 	BodyReadTimeout time.Duration // -body-read-timeout (default DefaultBodyReadTimeout)
-	MaxHeaderBytes  int           // -max-header-bytes (default DefaultMaxHeaderBytes)
+	// EjectAfter and EjectFor leave a worker that refused connections out
+	// of routing (-eject-after, -eject-for; gateway defaults when zero,
+	// EjectAfter < 0: never).
+	EjectAfter     int
+	EjectFor       time.Duration
+	MaxHeaderBytes int // -max-header-bytes (default DefaultMaxHeaderBytes)
 	// MaxConnections caps concurrent client connections (-max-connections;
 	// 0: unlimited).
 	MaxConnections int
@@ -257,7 +262,7 @@ func (c Config) validate() error {
 		{"-max-body-bytes", c.MaxBodyBytes}, {"-body-read-timeout", int64(c.BodyReadTimeout)},
 		{"-max-header-bytes", int64(c.MaxHeaderBytes)}, {"-max-connections", int64(c.MaxConnections)},
 		{"-scrape-interval", int64(c.ScrapeInterval)}, {"-shutdown-timeout", int64(c.ShutdownTimeout)},
-		{"-kvcached-max-blocks", int64(c.KVCachedMaxBlocks)},
+		{"-kvcached-max-blocks", int64(c.KVCachedMaxBlocks)}, {"-eject-for", int64(c.EjectFor)},
 	} {
 		if n.v < 0 {
 			return flagErr(n.flag, "must not be negative")

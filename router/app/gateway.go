@@ -29,6 +29,7 @@ func (a *App) initGateway() error {
 		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: admission.New(),
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
+		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor,
 		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, Federation: a.fed,
 		TracerProvider: a.tracer,
 	})

@@ -68,7 +68,7 @@ func directWorker(w *scoring.Worker) bool {
 // whether any may serve directly; nil sides (no allocation) when the model
 // has no prefill worker.
 func (g *Gateway) pdWorkers(model string) (prefill, decode []*scoring.Worker, direct bool) {
-	ws := g.cfg.Pool.Workers(model)
+	ws := routable(g.cfg.Pool.Workers(model), time.Now())
 	if !slices.ContainsFunc(ws, func(w *scoring.Worker) bool { return w.Role == discovery.RolePrefill }) {
 		return nil, nil, true
 	}

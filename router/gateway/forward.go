@@ -118,8 +118,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			g.m.UpstreamTimeouts.WithLabelValues(x.req.Model, "response_header").Inc()
 			return &upstreamError{err: errResponseHeaderTimeout, timeout: true}
 		}
-		return &upstreamError{err: err, unreachable: isConnectError(err)}
+		if isConnectError(err) {
+			g.connectFailed(wk, x.reqID)
+			return &upstreamError{err: err, unreachable: true}
+		}
+		return &upstreamError{err: err}
 	}
+	g.connected(wk)
 	defer resp.Body.Close()
 	timer.streaming(to.StreamIdle)
 	if resp.StatusCode >= 500 && mayRetry {

@@ -83,6 +83,13 @@ type Config struct {
 	// TracerProvider, when set, traces every API request (tracing.go);
 	// nil: no tracing, at no cost.
 	TracerProvider trace.TracerProvider
+
+	// EjectAfter connect failures in a row keep a worker out of routing for
+	// EjectFor (eject.go), until its health check fails in Consul or one
+	// probe a period connects again. Defaults: DefaultEjectAfter,
+	// DefaultEjectFor; EjectAfter < 0 turns ejection off.
+	EjectAfter int
+	EjectFor   time.Duration
 }
 
 // Gateway serves the router's HTTP API.
@@ -117,6 +124,14 @@ func New(c Config) (*Gateway, error) {
 		return nil, errors.New("gateway: Config.MaxBodyBytes must be ≥ 0")
 	case c.BodyReadTimeout < 0:
 		return nil, errors.New("gateway: Config.BodyReadTimeout must be ≥ 0")
+	case c.EjectFor < 0:
+		return nil, errors.New("gateway: Config.EjectFor must be ≥ 0")
+	}
+	if c.EjectAfter == 0 {
+		c.EjectAfter = DefaultEjectAfter
+	}
+	if c.EjectFor == 0 {
+		c.EjectFor = DefaultEjectFor
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()

@@ -72,8 +72,13 @@ func (g *Gateway) prefillHead(lctx context.Context, r *http.Request, lx *exchang
 	sent := time.Now()
 	resp, err := rt.RoundTrip(up)
 	if err != nil {
-		return nil, g.legFailed(lctx, lx, err, isConnectError(err))
+		unreachable := isConnectError(err)
+		if unreachable {
+			g.connectFailed(pw, lx.reqID)
+		}
+		return nil, g.legFailed(lctx, lx, err, unreachable)
 	}
+	g.connected(pw)
 	if resp.StatusCode/100 == 2 {
 		return &prefillCall{resp: resp, sent: sent}, nil
 	}

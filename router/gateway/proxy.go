@@ -284,7 +284,7 @@ func (g *Gateway) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 // peer, are left out when others exist; so are hosted workers (oasis_upstream)
 // unless the policy makes them peers (hosted_peers): they are the overflow.
 func (g *Gateway) candidates(model string) []*scoring.Worker {
-	ws := g.cfg.Pool.Workers(model)
+	ws := routable(g.cfg.Pool.Workers(model), time.Now())
 	for _, w := range ws {
 		if w.Upstream != "" {
 			return directOnly(g.localFirst(model, ws))

@@ -51,6 +51,10 @@ type Metrics struct {
 	// service writes meta.
 	MetaRejected *prometheus.CounterVec // key
 
+	// Workers taken out of routing after connect failures in a row
+	// (gateway eject.go).
+	Ejections *prometheus.CounterVec // model
+
 	// Disaggregated prefill/decode (gateway disagg.go).
 	DisaggRequests *prometheus.CounterVec   // model, path (pair|direct|fallback)
 	PrefillLeg     *prometheus.HistogramVec // model: a prefill leg's time to its answer
@@ -209,8 +213,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "GPU instances Nomad fingerprints on each worker's node, by health (healthy|unhealthy; -power-from-nomad): the device plugin marks a GPU unhealthy on a critical Xid or when it falls off the bus."},
 		[]string{"node", "health"})
 	m.MetaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "meta_rejected_total",
-		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port)."},
+		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port|oasis_kv_capacity)."},
 		[]string{"key"})
+	m.Ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "worker_ejections_total",
+		Help: "Workers taken out of routing for a while after connections to them failed several times in a row (-eject-after, -eject-for), by model."},
+		[]string{"model"})
 	m.DisaggRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_requests_total",
 		Help: "Requests for models with prefill workers, by path: pair (prefill leg, then decode leg), direct (to a decode or aggregated worker: disaggregation off or too few uncached tokens), fallback (prefill legs failed; served without a remote prefill)."},
 		[]string{"model", "path"})
@@ -220,7 +227,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.DisaggFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_failures_total",
 		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
 		[]string{"model", "leg"})
-	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
+	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
 	return m
 }

@@ -322,3 +322,29 @@ func TestLiveAttach(t *testing.T) {
 	l.Attach(b)
 	must.Eq(t, any(b), l.Attached())
 }
+
+func TestEjection(t *testing.T) {
+	l := NewLive()
+	now := time.Unix(1000, 0)
+	must.False(t, l.ConnectFailed(now, 3, 10*time.Second))
+	must.False(t, l.ConnectFailed(now, 3, 10*time.Second))
+	must.False(t, l.Ejected(now))
+	must.True(t, l.ConnectFailed(now, 3, 10*time.Second)) // third in a row
+	must.True(t, l.Ejected(now.Add(9*time.Second)))
+	must.False(t, l.Ejected(now.Add(10*time.Second)))
+	// The probe after the ejection fails: ejected again at once.
+	later := now.Add(11 * time.Second)
+	must.True(t, l.ConnectFailed(later, 3, 10*time.Second))
+	must.False(t, l.ConnectFailed(later, 3, 10*time.Second)) // already ejected: re-armed, not new
+	must.True(t, l.Ejected(later.Add(5*time.Second)))
+	// A request that connects ends it and restarts the count.
+	l.Connected()
+	must.False(t, l.Ejected(later))
+	must.False(t, l.ConnectFailed(later, 3, 10*time.Second))
+	// after ≤ 0: never.
+	never := NewLive()
+	for range 10 {
+		must.False(t, never.ConnectFailed(now, 0, time.Second))
+	}
+	must.False(t, never.Ejected(now))
+}

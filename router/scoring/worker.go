@@ -112,6 +112,8 @@ type Live struct {
 	generated      atomic.Int64 // completion tokens from engine usage objects
 	prefill        prefillState
 	attached       atomic.Value // Attach's value
+	unreachable    atomic.Int32 // connect failures in a row (eject.go)
+	ejectedUntil   atomic.Int64 // unix ns; the worker is out of routing before it
 
 	mu sync.RWMutex
 	s  Signals // engine and power fields only
