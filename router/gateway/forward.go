@@ -193,8 +193,18 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 	// Lets the transport resend the body on a pooled connection the engine
 	// had closed before reading anything.
 	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(x.body)), nil }
-	up.Header = endToEnd(r.Header, len(r.Header)+1)
+	up.Header = endToEnd(r.Header, len(r.Header)+2)
 	delete(up.Header, "Expect") // the body is already here; never wait for 100 Continue
+	// A pooled connection can also be closed by the engine (its keep-alive
+	// timeout: 5 s in uvicorn and cpp-httplib) just as the request is written
+	// on it; the write succeeds and the read fails. net/http resends such a
+	// request on a new connection only if it is idempotent, which a nil
+	// Idempotency-Key declares without sending the header. A request that
+	// failed before its first byte is retried on another worker anyway, so
+	// the gateway treats every request it forwards as safe to resend.
+	if _, ok := up.Header["Idempotency-Key"]; !ok {
+		up.Header["Idempotency-Key"] = nil
+	}
 	switch {
 	case wk.UpstreamKey != "":
 		up.Header.Set("Authorization", "Bearer "+wk.UpstreamKey)

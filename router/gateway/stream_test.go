@@ -192,3 +192,61 @@ func TestInterimResponsesSkipped(t *testing.T) {
 		must.Eq(t, "", resp.Header.Get("Link"))
 	}
 }
+
+// An engine that closes a kept-alive connection just as the next request
+// arrives on it (its keep-alive timeout firing then) costs nothing: the
+// transport resends the request on a new connection, with no gateway retry.
+func TestStaleKeepAliveConnectionResent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	var mu sync.Mutex
+	var open []net.Conn // closed with the test, as rawEngine's
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range open {
+			c.Close()
+		}
+	})
+	var served, dropped atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; ; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					if i == 1 { // the second request on a connection: close unanswered
+						dropped.Add(1)
+						return
+					}
+					served.Add(1)
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+				}
+			}()
+		}
+	}()
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + ln.Addr().String()})
+	for range 6 {
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.NoError(t, err)
+		must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(string(b)))
+	}
+	must.Eq(t, int64(6), served.Load())
+	must.Eq(t, int64(5), dropped.Load()) // every request after the first met a stale connection first
+	must.Eq(t, 0.0, promtest.ToFloat64(h.m.Retries.WithLabelValues("m")))
+}
