@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // File is the key set document, from a file or Consul KV:
@@ -39,8 +41,8 @@ type KeySpec struct {
 
 // Key is an authenticated caller.
 type Key struct {
-	ID     string
-	bucket *bucket // nil: unlimited
+	ID  string
+	lim *rate.Limiter // nil: unlimited
 }
 
 // Errors.
@@ -114,11 +116,11 @@ func (a *Authenticator) Set(specs map[[32]byte]KeySpec) {
 	old := *a.keys.Load()
 	next := make(map[[32]byte]*Key, len(specs))
 	for d, s := range specs {
-		if k, ok := old[d]; ok && k.ID == s.ID && k.bucket.same(s) {
+		if k, ok := old[d]; ok && k.ID == s.ID && sameLimit(k.lim, newLimiter(s)) {
 			next[d] = k
 			continue
 		}
-		next[d] = &Key{ID: s.ID, bucket: newBucket(s, a.now())}
+		next[d] = &Key{ID: s.ID, lim: newLimiter(s)}
 	}
 	a.keys.Store(&next)
 }
@@ -144,21 +146,22 @@ func (a *Authenticator) Authenticate(r *http.Request) (*Key, error) {
 // Allow takes one token from the key's bucket. When empty it returns false
 // and how long until a token is available.
 func (a *Authenticator) Allow(k *Key) (bool, time.Duration) {
-	if k.bucket == nil {
+	if k.lim == nil {
 		return true, 0
 	}
-	return k.bucket.take(a.now())
+	now := a.now()
+	r := k.lim.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now) // refused: the token stays for the next caller
+		return false, d
+	}
+	return true, 0
 }
 
-// bucket is a token bucket: rate tokens per second up to burst.
-type bucket struct {
-	rate, burst float64
-	mu          sync.Mutex
-	tokens      float64
-	last        time.Time
-}
-
-func newBucket(s KeySpec, now time.Time) *bucket {
+// newLimiter is s's token bucket (golang.org/x/time/rate): rate_per_second
+// tokens a second up to burst (default: one second's worth, at least 1),
+// starting full; nil when unlimited.
+func newLimiter(s KeySpec) *rate.Limiter {
 	if s.RatePerSecond == 0 {
 		return nil
 	}
@@ -166,28 +169,12 @@ func newBucket(s KeySpec, now time.Time) *bucket {
 	if burst < 1 {
 		burst = math.Max(1, s.RatePerSecond)
 	}
-	return &bucket{rate: s.RatePerSecond, burst: burst, tokens: burst, last: now}
+	return rate.NewLimiter(rate.Limit(s.RatePerSecond), int(math.Min(burst, math.MaxInt32)))
 }
 
-func (b *bucket) same(s KeySpec) bool {
-	nb := newBucket(s, time.Time{})
-	if b == nil || nb == nil {
-		return b == nil && nb == nil
+func sameLimit(a, b *rate.Limiter) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
 	}
-	return b.rate == nb.rate && b.burst == nb.burst
-}
-
-func (b *bucket) take(now time.Time) (bool, time.Duration) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if el := now.Sub(b.last).Seconds(); el > 0 {
-		b.tokens = math.Min(b.burst, b.tokens+el*b.rate)
-		b.last = now
-	}
-	if b.tokens >= 1 {
-		b.tokens--
-		return true, 0
-	}
-	wait := time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
-	return false, wait
+	return a.Limit() == b.Limit() && a.Burst() == b.Burst()
 }
