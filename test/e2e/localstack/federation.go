@@ -59,6 +59,9 @@ func UpFederation(ctx context.Context, root, home string, n int, out io.Writer) 
 		if err := runJobs(ctx, root, home, s, out, Options{}); err != nil {
 			return f, err
 		}
+		if err := startPrometheus(ctx, s, home, out); err != nil {
+			return f, err
+		}
 	}
 	printFederation(out, f, home)
 	return f, nil

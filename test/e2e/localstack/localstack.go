@@ -226,7 +226,7 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 	fmt.Fprintf(out, "Nomad UI:   %s/ui\n", s.NomadAddr)
 	fmt.Fprintf(out, "Consul UI:  http://%s/ui\n", s.ConsulAddr)
 	fmt.Fprintf(out, "Env:        . %s   (addresses and management tokens for the nomad and consul CLIs and UIs)\n", envPath)
-	printPrometheus(out, filepath.Dir(envPath))
+	printPrometheus(out, filepath.Dir(envPath), s.Datacenter)
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
 	var plain, mesh *consulapi.AgentService
 	for _, r := range routers {

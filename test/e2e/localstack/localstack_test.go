@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -231,6 +233,7 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 		must.StrContains(t, out.String(), want)
 	}
 	must.Eq(t, 2, strings.Count(out.String(), "OpenAI API: http://"))
+	must.Eq(t, 2, strings.Count(out.String(), "Prometheus: http://127.0.0.1:"))
 
 	routers := map[string]string{}
 	for _, s := range f.DCs {
@@ -247,9 +250,47 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 		waitReady(t, ctx, router)
 		events := streamChat(t, ctx, router, "You are a helpful assistant.", "Hello from "+s.Datacenter)
 		must.Eq(t, "[DONE]", events[len(events)-1])
+		// Each datacenter's Prometheus scrapes its own router, found through its own Consul.
+		prom, err := PrometheusURL(home, s.Datacenter)
+		must.NoError(t, err)
+		waitRouterScraped(t, ctx, prom, rs[0].Service.Port)
 	}
 	must.NotEq(t, routers["dc1"], routers["dc2"])
 
 	downLeavesNothing(t, home, "federation")
 	downed = true
+}
+
+// waitRouterScraped waits until the Prometheus at prom reports its oasis-router target on port up.
+func waitRouterScraped(t *testing.T, ctx context.Context, prom string, port int) {
+	t.Helper()
+	q := prom + "/api/v1/query?query=" + url.QueryEscape(`up{job="oasis-router"}`)
+	testutil.Eventually(t, 60*time.Second, "prometheus at "+prom+" scraping the router on port "+strconv.Itoa(port), func() bool {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, q, nil)
+		if err != nil {
+			return false
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var res struct {
+			Data struct {
+				Result []struct {
+					Metric map[string]string `json:"metric"`
+					Value  [2]any            `json:"value"`
+				} `json:"result"`
+			} `json:"data"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&res) != nil {
+			return false
+		}
+		for _, r := range res.Data.Result {
+			if strings.HasSuffix(r.Metric["instance"], ":"+strconv.Itoa(port)) && r.Value[1] == "1" {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -43,7 +43,7 @@ func TestEveryDashboardPanelHasData(t *testing.T) {
 		t.Logf("nomad log:\n%s", s.NomadLog())
 	}
 	must.NoError(t, err)
-	prom, err := localstack.PrometheusURL(home)
+	prom, err := localstack.PrometheusURL(home, "dc1")
 	must.NoError(t, err)
 
 	routers, err := s.WaitServicePassing(ctx, "oasis-router", 1)

@@ -83,7 +83,8 @@ func (s *Stack) StartPrometheus(ctx context.Context) (*Prometheus, error) {
 		if err != nil {
 			return nil, err
 		}
-		if token, err = s.consulPolicyToken("prometheus", string(rules)); err != nil {
+		// Named per datacenter: a federation's policies are global, one Prometheus runs in each.
+		if token, err = s.consulPolicyToken("prometheus-"+s.Datacenter, string(rules)); err != nil {
 			return nil, err
 		}
 	}
