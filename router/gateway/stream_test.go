@@ -24,6 +24,13 @@ import (
 // says whether to close the connection after it.
 func rawEngine(t *testing.T, answer func(conn int) (resp string, close bool)) (addr string, conns *atomic.Int64) {
 	t.Helper()
+	return rawEngineEach(t, func(conn, _ int) (string, bool) { return answer(conn) })
+}
+
+// rawEngineEach is rawEngine with answer also told the request's number on
+// its connection (from 0); an empty answer closes the connection unanswered.
+func rawEngineEach(t *testing.T, answer func(conn, req int) (resp string, close bool)) (addr string, conns *atomic.Int64) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
 	conns = &atomic.Int64{}
@@ -53,13 +60,16 @@ func rawEngine(t *testing.T, answer func(conn int) (resp string, close bool)) (a
 			go func() {
 				defer c.Close()
 				br := bufio.NewReader(c)
-				for {
+				for i := 0; ; i++ {
 					req, err := http.ReadRequest(br)
 					if err != nil {
 						return
 					}
 					_, _ = io.Copy(io.Discard, req.Body)
-					resp, closeAfter := answer(n)
+					resp, closeAfter := answer(n, i)
+					if resp == "" {
+						return
+					}
 					if _, err := io.WriteString(c, resp); err != nil || closeAfter {
 						return
 					}
@@ -197,48 +207,16 @@ func TestInterimResponsesSkipped(t *testing.T) {
 // arrives on it (its keep-alive timeout firing then) costs nothing: the
 // transport resends the request on a new connection, with no gateway retry.
 func TestStaleKeepAliveConnectionResent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	var mu sync.Mutex
-	var open []net.Conn // closed with the test, as rawEngine's
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range open {
-			c.Close()
-		}
-	})
 	var served, dropped atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for i := 0; ; i++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if i == 1 { // the second request on a connection: close unanswered
-						dropped.Add(1)
-						return
-					}
-					served.Add(1)
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-				}
-			}()
+	a, _ := rawEngineEach(t, func(_, req int) (string, bool) {
+		if req == 1 { // the second request on a connection: close unanswered
+			dropped.Add(1)
+			return "", true
 		}
-	}()
-	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + ln.Addr().String()})
+		served.Add(1)
+		return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", false
+	})
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + a})
 	for range 6 {
 		resp := h.post("/v1/chat/completions", `{"model":"m"}`)
 		b, err := io.ReadAll(resp.Body)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -264,30 +263,13 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 // waitRouterScraped waits until the Prometheus at prom reports its oasis-router target on port up.
 func waitRouterScraped(t *testing.T, ctx context.Context, prom string, port int) {
 	t.Helper()
-	q := prom + "/api/v1/query?query=" + url.QueryEscape(`up{job="oasis-router"}`)
 	testutil.Eventually(t, 60*time.Second, "prometheus at "+prom+" scraping the router on port "+strconv.Itoa(port), func() bool {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, q, nil)
+		res, err := testbed.PromQuery(ctx, prom, `up{job="oasis-router"}`)
 		if err != nil {
 			return false
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var res struct {
-			Data struct {
-				Result []struct {
-					Metric map[string]string `json:"metric"`
-					Value  [2]any            `json:"value"`
-				} `json:"result"`
-			} `json:"data"`
-		}
-		if json.NewDecoder(resp.Body).Decode(&res) != nil {
-			return false
-		}
-		for _, r := range res.Data.Result {
-			if strings.HasSuffix(r.Metric["instance"], ":"+strconv.Itoa(port)) && r.Value[1] == "1" {
+		for _, r := range res {
+			if strings.HasSuffix(r.Metric["instance"], ":"+strconv.Itoa(port)) && r.Value == 1 {
 				return true
 			}
 		}

@@ -11,7 +11,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -164,34 +163,20 @@ func waitSeries(ctx context.Context, prom, expr string, timeout time.Duration) (
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
-		var res struct {
-			Status string `json:"status"`
-			Error  string `json:"error"`
-			Data   struct {
-				Result []struct {
-					Metric map[string]string `json:"metric"`
-					Value  [2]any            `json:"value"`
-				} `json:"result"`
-			} `json:"data"`
-		}
-		if err := getJSON(ctx, prom+"/api/v1/query?query="+url.QueryEscape(expr), &res); err != nil {
+		res, err := testbed.PromQuery(ctx, prom, expr)
+		if err != nil {
 			return 0, err
 		}
-		if res.Status != "success" {
-			return 0, fmt.Errorf("query failed: %s", res.Error)
-		}
 		n := 0
-		for _, r := range res.Data.Result {
-			if v, ok := r.Value[1].(string); ok {
-				if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(f) {
-					n++
-				}
+		for _, r := range res {
+			if !math.IsNaN(r.Value) {
+				n++
 			}
 		}
 		if n > 0 {
 			return n, nil
 		}
-		last = fmt.Sprintf("%d series, none with a number", len(res.Data.Result))
+		last = fmt.Sprintf("%d series, none with a number", len(res))
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("no data after %s (%s)", timeout, last)
 		}

@@ -2,11 +2,15 @@ package testbed
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -148,3 +152,49 @@ func (s *Stack) StartPrometheus(ctx context.Context) (*Prometheus, error) {
 
 // Close stops the server (the stack's Close ends it as well).
 func (p *Prometheus) Close() error { return stopProcess(p.proc, 10*time.Second) }
+
+// PromSample is one series of an instant query's answer.
+type PromSample struct {
+	Metric map[string]string
+	Value  float64 // NaN when Prometheus answered no number
+}
+
+// PromQuery evaluates expr now on the Prometheus at base (its URL).
+func PromQuery(ctx context.Context, base, expr string) ([]PromSample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/query?query="+url.QueryEscape(expr), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var res struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		return nil, fmt.Errorf("query %s: %w", expr, err)
+	}
+	if res.Status != "success" {
+		return nil, fmt.Errorf("query %s failed: %s", expr, res.Error)
+	}
+	out := make([]PromSample, 0, len(res.Data.Result))
+	for _, r := range res.Data.Result {
+		v := math.NaN()
+		if s, ok := r.Value[1].(string); ok {
+			if f, err := strconv.ParseFloat(s, 64); err == nil {
+				v = f
+			}
+		}
+		out = append(out, PromSample{Metric: r.Metric, Value: v})
+	}
+	return out, nil
+}
