@@ -119,12 +119,16 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return &upstreamError{err: errResponseHeaderTimeout, timeout: true}
 		}
 		if isConnectError(err) {
-			g.connectFailed(wk, x.reqID)
+			if x.remote == nil { // another datacenter's router: the federation's own failure budget
+				g.connectFailed(wk, x.reqID)
+			}
 			return &upstreamError{err: err, unreachable: true}
 		}
 		return &upstreamError{err: err}
 	}
-	g.connected(wk)
+	if x.remote == nil {
+		g.connected(wk)
+	}
 	defer resp.Body.Close()
 	timer.streaming(to.StreamIdle)
 	if resp.StatusCode >= 500 && mayRetry {
