@@ -381,7 +381,10 @@ func startConsulWAN(t testing.TB, acls bool) (dc1, dc2 *ConsulAgent) {
 
 // SetIntentions writes the service-intentions config entry of dest: the
 // allow sources, then every other source denied (so the test does not hang
-// on the agent's default, which follows its ACL default policy).
+// on the agent's default, which follows its ACL default policy). A server
+// just elected refuses intention writes until it has moved intentions to
+// config entries ("Intentions are read only while being upgraded to config
+// entries"), so the write is retried for a while.
 func SetIntentions(t testing.TB, c *consulapi.Client, dest string, allow ...string) {
 	t.Helper()
 	e := &consulapi.ServiceIntentionsConfigEntry{Kind: consulapi.ServiceIntentions, Name: dest}
@@ -389,8 +392,15 @@ func SetIntentions(t testing.TB, c *consulapi.Client, dest string, allow ...stri
 		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
 	}
 	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
-	_, _, err := c.ConfigEntries().Set(e, nil)
-	must.NoError(t, err)
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, _, err = c.ConfigEntries().Set(e, nil)
+		if err == nil || time.Now().After(deadline) ||
+			!strings.Contains(err.Error(), "being upgraded to config entries") && !strings.Contains(err.Error(), "No cluster leader") {
+			break
+		}
+	}
+	must.NoError(t, err, must.Sprintf("writing the intentions of %s", dest))
 }
 
 // RotateConnectCA gives the Connect CA of c's cluster a new private key:
