@@ -71,6 +71,8 @@ type Metrics struct {
 
 	// Cascades and overflow (cascade.go).
 	Cascade
+	// Routing loops and client connections (protection.go).
+	Protection
 
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
@@ -229,5 +231,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		[]string{"model", "leg"})
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
+	m.Protection = newProtection(reg, ns)
 	return m
 }
