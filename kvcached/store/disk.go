@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble"
+	"github.com/cockroachdb/pebble/vfs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/kvcached/internal/bufpool"
 )
@@ -86,13 +87,16 @@ type diskEntry struct {
 func (e *diskEntry) links() *lruLinks[diskEntry] { return &e.lruLinks }
 
 type diskTier struct {
-	dir    string
-	limit  int64
-	db     *pebble.DB
-	log    hclog.Logger
-	m      *Metrics
-	events Observer
-	bufs   *bufpool.Pool // read buffers; nil allocates each
+	dir   string
+	limit int64
+	db    *pebble.DB
+	lock  *pebble.Lock // held from before Open until after Close
+	// fsCloser stops the disk-health checker of the index's file system.
+	fsCloser io.Closer
+	log      hclog.Logger
+	m        *Metrics
+	events   Observer
+	bufs     *bufpool.Pool // read buffers; nil allocates each
 
 	mu         sync.Mutex
 	idx        map[string]*diskEntry
@@ -136,31 +140,129 @@ func openDisk(dir string, limit int64, log hclog.Logger, m *Metrics, events Obse
 	if err := os.MkdirAll(filepath.Join(dir, "free"), 0o700); err != nil {
 		return nil, 0, fmt.Errorf("creating disk tier directory: %w", err)
 	}
+	d := &diskTier{dir: dir, limit: limit, log: log, m: m, events: events,
+		idx: make(map[string]*diskEntry), retryAfter: 10 * time.Second,
+		walKick: make(chan struct{}, 1), walStop: make(chan struct{}), walDone: make(chan struct{})}
+	maxSeq, err := d.openIndex()
+	if err != nil {
+		var de *indexDamageError
+		if !errors.As(err, &de) {
+			return nil, 0, err
+		}
+		// A cache is rebuilt by its clients: a damaged index must not keep
+		// the process from starting (Nomad would restart it forever).
+		if maxSeq, err = d.discardDamaged(de); err != nil {
+			return nil, 0, err
+		}
+	}
+	// Started after load: a kick load's own index writes left is waiting.
+	go d.walSyncer()
+	return d, maxSeq, nil
+}
+
+// indexDamageError is an index that was locked but could not be opened or
+// read: a corrupt or missing file, an empty or malformed MANIFEST.
+type indexDamageError struct{ err error }
+
+func (e *indexDamageError) Error() string { return "disk index damaged: " + e.err.Error() }
+func (e *indexDamageError) Unwrap() error { return e.err }
+
+// damagedSuffix names the copy of a damaged index kept for inspection,
+// <data-dir>/index.damaged-<UTC time>; one is kept, older ones are deleted.
+const damagedSuffix = ".damaged-"
+
+// openIndex locks, opens and loads the Pebble index. The lock is taken
+// first and on its own: an index another process holds is an error (two
+// kvcached on one directory), never damage; any error after it is.
+func (d *diskTier) openIndex() (uint64, error) {
+	idir := filepath.Join(d.dir, "index")
+	if err := os.MkdirAll(idir, 0o700); err != nil {
+		return 0, fmt.Errorf("creating disk index directory: %w", err)
+	}
+	// Pebble's disk-health checker is made here rather than by Open, which
+	// leaks its goroutine when it fails; d.closeFS stops it.
+	fs, fsCloser := vfs.WithDiskHealthChecks(vfs.Default, 5*time.Second, func(info vfs.DiskSlowInfo) {
+		d.log.Warn("slow disk index operation", "info", info.String())
+	})
+	lock, err := pebble.LockDirectory(idir, fs)
+	if err != nil {
+		fsCloser.Close()
+		return 0, fmt.Errorf("locking disk index %s: %w", idir, err)
+	}
 	// Pebble allocates its block cache and memtables outside the Go heap
 	// (cgo), where the process's memory limit does not see them: keep them
 	// small. Reads go through the in-memory index first, and only inline
 	// values and restarts read Pebble, so a small cache costs little.
 	cache := pebble.NewCache(pebbleCacheBytes)
 	defer cache.Unref()
-	db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{
-		Logger:       pebbleLogger{log.Named("pebble")},
+	db, err := pebble.Open(idir, &pebble.Options{
+		FS:           fs,
+		Lock:         lock,
+		Logger:       pebbleLogger{d.log.Named("pebble")},
 		Cache:        cache,
 		MemTableSize: pebbleMemTableBytes,
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("opening disk index: %w", err)
+		lock.Close()
+		fsCloser.Close()
+		return 0, &indexDamageError{fmt.Errorf("opening disk index: %w", err)}
 	}
-	d := &diskTier{dir: dir, limit: limit, db: db, log: log, m: m, events: events,
-		idx: make(map[string]*diskEntry), retryAfter: 10 * time.Second,
-		walKick: make(chan struct{}, 1), walStop: make(chan struct{}), walDone: make(chan struct{})}
+	d.db, d.lock, d.fsCloser = db, lock, fsCloser
 	maxSeq, err := d.load()
 	if err != nil {
-		db.Close()
-		return nil, 0, err
+		d.closeDB()
+		return 0, err
 	}
-	// Started after load: a kick load's own index writes left is waiting.
-	go d.walSyncer()
-	return d, maxSeq, nil
+	return maxSeq, nil
+}
+
+// closeDB closes the index and releases its lock and health checker.
+func (d *diskTier) closeDB() error {
+	err := d.db.Close()
+	d.lock.Close()
+	d.fsCloser.Close()
+	d.db, d.lock, d.fsCloser = nil, nil, nil
+	return err
+}
+
+// discardDamaged moves a damaged index aside (keeping only the newest such
+// copy), drops the block files it named, and opens an empty index. The
+// block files are not re-indexed from their headers: values of up to
+// InlineMax bytes lived only in the index, LMCache's metadata keys among
+// them, and without its metadata a chunk's kv_bytes is never read, yet would
+// be announced and kept; reading every block back would also delay the
+// start by the time it takes to read the whole disk tier.
+func (d *diskTier) discardDamaged(de *indexDamageError) (uint64, error) {
+	// What load took in before the damage showed is dropped with the rest.
+	d.idx, d.lru, d.used = make(map[string]*diskEntry), lruList[diskEntry, *diskEntry]{}, 0
+	idir := filepath.Join(d.dir, "index")
+	aside := idir + damagedSuffix + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := os.Rename(idir, aside); err != nil {
+		return 0, fmt.Errorf("%w; moving it aside: %w", de, err)
+	}
+	if old, err := filepath.Glob(idir + damagedSuffix + "*"); err == nil {
+		for _, p := range old {
+			if p != aside {
+				if err := os.RemoveAll(p); err != nil {
+					d.log.Warn("removing an older damaged disk index", "path", p, "error", err)
+				}
+			}
+		}
+	}
+	blocks := filepath.Join(d.dir, "blocks")
+	if err := os.RemoveAll(blocks); err != nil {
+		return 0, fmt.Errorf("%w; dropping its block files: %w", de, err)
+	}
+	if err := os.MkdirAll(blocks, 0o700); err != nil {
+		return 0, fmt.Errorf("creating disk tier directory: %w", err)
+	}
+	d.m.IndexDamaged.Inc()
+	d.log.Error("disk index damaged: moved aside, the disk tier starts empty", "error", de.err, "moved_to", aside)
+	maxSeq, err := d.openIndex()
+	if err != nil {
+		return 0, fmt.Errorf("opening a new disk index after moving a damaged one aside: %w", err)
+	}
+	return maxSeq, nil
 }
 
 // indexWritten records an unsynced index write for the walSyncer. It is
@@ -203,7 +305,7 @@ func (d *diskTier) walSyncer() {
 func (d *diskTier) load() (uint64, error) {
 	it, err := d.db.NewIter(&pebble.IterOptions{LowerBound: []byte{indexPrefix}, UpperBound: []byte{indexPrefix + 1}})
 	if err != nil {
-		return 0, fmt.Errorf("reading disk index: %w", err)
+		return 0, &indexDamageError{fmt.Errorf("reading disk index: %w", err)}
 	}
 	var maxSeq uint64
 	live := make(map[uint64]string) // seq → key of indexed blocks not yet seen on disk
@@ -230,7 +332,7 @@ func (d *diskTier) load() (uint64, error) {
 		maxSeq = max(maxSeq, e.seq)
 	}
 	if err := it.Close(); err != nil {
-		return 0, fmt.Errorf("reading disk index: %w", err)
+		return 0, &indexDamageError{fmt.Errorf("reading disk index: %w", err)}
 	}
 	// Block files the index does not name were written just before a crash
 	// whose index records had not reached the WAL (Pebble writes unsynced
@@ -323,7 +425,7 @@ func (d *diskTier) recover(path string, seq uint64) bool {
 func (d *diskTier) close() error {
 	close(d.walStop)
 	<-d.walDone
-	return d.db.Close()
+	return d.closeDB()
 }
 
 func (d *diskTier) path(seq uint64) string {

@@ -24,6 +24,7 @@ type Metrics struct {
 	Corrupt      prometheus.Counter
 	DiskDegraded prometheus.Gauge
 	TooLarge     prometheus.Counter
+	IndexDamaged prometheus.Counter   // disk indexes found damaged at open, moved aside
 	PoolBytes    prometheus.GaugeFunc // read from the store's buffer pool at scrape time
 
 	pool atomic.Pointer[bufpool.Pool] // set by Open
@@ -76,12 +77,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		TooLarge: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "oasis_kvcached_values_too_large_total", Help: "Writes refused because the value exceeded the size limit.",
 		}),
+		IndexDamaged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oasis_kvcached_index_damaged_total", Help: "Disk indexes found damaged at open (corrupt or missing files, a malformed MANIFEST): moved aside to <data-dir>/index.damaged-<time>, the disk tier started empty.",
+		}),
 	}
 	m.PoolBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "oasis_kvcached_buffer_pool_bytes", Help: "Bytes of released value buffers kept for reuse by the next values received or read from disk (outside the RAM tier's bytes).",
 	}, func() float64 { return float64(m.pool.Load().Held()) })
 	reg.MustRegister(m.Hits, m.Misses, m.Bytes, m.Blocks, m.Evictions, m.Spills, m.SpillBytes,
-		m.SpillErrors, m.SpillSkipped, m.Promotions, m.Corrupt, m.DiskDegraded, m.TooLarge, m.PoolBytes)
+		m.SpillErrors, m.SpillSkipped, m.Promotions, m.Corrupt, m.DiskDegraded, m.TooLarge, m.IndexDamaged, m.PoolBytes)
 	m.hitRAM, m.hitDisk, m.hitPeer = m.Hits.WithLabelValues("ram"), m.Hits.WithLabelValues("disk"), m.Hits.WithLabelValues("peer")
 	m.bytesRAM, m.bytesDisk = m.Bytes.WithLabelValues("ram"), m.Bytes.WithLabelValues("disk")
 	m.blocksRAM, m.blocksDisk = m.Blocks.WithLabelValues("ram"), m.Blocks.WithLabelValues("disk")
