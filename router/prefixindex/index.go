@@ -23,6 +23,9 @@
 //     a tiered worker (lru.go), the record of an engine without KV events,
 //     splits it in GPU, CPU and disk zones that spill into each other the way
 //     the engine offloads what it evicts.
+//   - an optional global budget (Config.MaxEntries, budget.go) bounds all
+//     workers' entries together, evicting the least recently stored entry
+//     of any worker, whatever the workers' own capacities add up to.
 //
 // Match looks positions up in batches (independent loads whose cache misses
 // overlap) before walking them in order: a dependent memory access costs
@@ -119,6 +122,16 @@ type Config struct {
 	// TTL, when positive, makes entries not refreshed for this long invisible
 	// to Match and reclaimable. Used for approximate (decision-learned) state.
 	TTL int64
+	// MaxEntries, when positive, bounds the entries of all workers together,
+	// whatever their own capacities add up to: a new entry past it evicts
+	// the least recently stored entry of any worker (budget.go). It bounds
+	// the index's memory (about 60 bytes per entry) against registrations
+	// that advertise huge caches or many workers.
+	MaxEntries int
+	// OnBudgetEvict, when set, is told how many entries one Store evicted
+	// for MaxEntries. It runs under the index's write lock: keep it short
+	// (a counter).
+	OnBudgetEvict func(n int)
 }
 
 const defaultCapacity = 1 << 20
@@ -209,6 +222,8 @@ type Index struct {
 	byID    map[string]*worker
 	bySlot  []*worker // index = slot; nil for a free slot
 	scratch sync.Pool // *matchScratch
+
+	budget budget // MaxEntries eviction (budget.go)
 }
 
 // New returns an empty index.
@@ -467,6 +482,7 @@ func (ix *Index) RemoveWorker(id string) int {
 	n := ix.clear(w)
 	delete(ix.byID, id)
 	ix.bySlot[w.slot] = nil
+	ix.budget.forget(w)
 	return n
 }
 
@@ -508,10 +524,14 @@ func (ix *Index) Store(id string, tier Tier, digests []uint64, now int64) error 
 	}
 	ix.warm(digests)
 	ix.warmEvictions(w, len(digests))
+	evicted := ix.budget.evicted
 	for _, d := range digests {
 		ix.store(w, tier, d, now)
 	}
 	ix.expire(w, now)
+	if n := ix.budget.evicted - evicted; n > 0 && ix.cfg.OnBudgetEvict != nil {
+		ix.cfg.OnBudgetEvict(int(n))
+	}
 	return nil
 }
 
@@ -567,6 +587,9 @@ func (ix *Index) store(w *worker, tier Tier, d uint64, now int64) {
 	// since eviction and growth move table slots.
 	if w.count >= w.capacity {
 		ix.unlink(w, w.lruTail())
+		s, found = ix.lookup(d)
+	} else if ix.cfg.MaxEntries > 0 && ix.used >= ix.cfg.MaxEntries {
+		ix.evictOldest(w)
 		s, found = ix.lookup(d)
 	}
 	if !found && (ix.digests+1)*5 > len(ix.table)*4 { // load factor 0.8
@@ -1093,6 +1116,9 @@ type Stats struct {
 	Entries, Digests int
 	// Bytes estimates the index's heap footprint (slab, table, worker state).
 	Bytes int64
+	// BudgetEvictions counts entries evicted to keep within
+	// Config.MaxEntries since the index was made.
+	BudgetEvictions uint64
 }
 
 // Stats returns the index's current size.
@@ -1102,7 +1128,8 @@ func (ix *Index) Stats() Stats {
 	const nodeBytes, slotBytes = 28, 16
 	b := int64(len(ix.chunks))*chunkSize*nodeBytes + int64(len(ix.table))*slotBytes
 	b += int64(len(ix.wide))*8 + int64(len(ix.bySlot))*(8+64)
-	return Stats{Workers: len(ix.byID), Entries: ix.used, Digests: ix.digests, Bytes: b}
+	return Stats{Workers: len(ix.byID), Entries: ix.used, Digests: ix.digests, Bytes: b,
+		BudgetEvictions: ix.budget.evicted}
 }
 
 // Holds reports the tiers in which worker id holds digest d (0 if none).
