@@ -34,6 +34,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/prefixindex"
 )
 
@@ -70,7 +71,18 @@ type Config struct {
 	// PresenceCapacity bounds the blocks tracked from kvcached presence
 	// events (DefaultPresenceCapacity if 0).
 	PresenceCapacity int
-	Logger           hclog.Logger
+	// MaxWorkerBlocks bounds each tier of the cache model of an event-less
+	// engine (DefaultMaxWorkerBlocks if 0): an advertised oasis_kv_capacity
+	// above it is cut to it, logged and counted, so no registration makes
+	// the router keep more than this many blocks for one engine.
+	MaxWorkerBlocks int
+	// MaxIndexBlocks bounds the entries of each of the two indexes (event-fed
+	// and approximate), all engines together (DefaultMaxIndexBlocks if 0):
+	// past it the least recently stored entry of any engine is evicted.
+	MaxIndexBlocks int
+	// Metrics, when set, counts capacity clamps and budget evictions.
+	Metrics *metrics.Metrics
+	Logger  hclog.Logger
 	// Now is the clock (tests and the cluster simulator drive their own).
 	Now func() time.Time
 }
@@ -80,6 +92,12 @@ const (
 	DefaultEventCapacity  = 1 << 20
 	DefaultApproxCapacity = 1 << 15 // 512k tokens of 16-token blocks
 	DefaultApproxTTL      = 10 * time.Minute
+	// DefaultMaxWorkerBlocks is 32M tokens of 16-token blocks: an engine's
+	// GPU, CPU and disk tiers as large as the README's example.
+	DefaultMaxWorkerBlocks = 1 << 21
+	// DefaultMaxIndexBlocks bounds each index to about 250 MiB (about 60
+	// bytes per entry).
+	DefaultMaxIndexBlocks = 1 << 22
 )
 
 // State is the router's cache view. Its methods are safe for concurrent use.
@@ -130,12 +148,21 @@ func New(cfg Config) *State {
 	if cfg.PresenceCapacity <= 0 {
 		cfg.PresenceCapacity = DefaultPresenceCapacity
 	}
+	if cfg.MaxWorkerBlocks <= 0 {
+		cfg.MaxWorkerBlocks = DefaultMaxWorkerBlocks
+	}
+	if cfg.MaxIndexBlocks <= 0 {
+		cfg.MaxIndexBlocks = DefaultMaxIndexBlocks
+	}
+	cfg.ApproxCapacity = min(cfg.ApproxCapacity, cfg.MaxWorkerBlocks)
 	return &State{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		dig:     NewDigester(),
-		events:  prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.EventCapacity}),
-		approx:  prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.ApproxCapacity, TTL: int64(cfg.ApproxTTL)}),
+		cfg: cfg,
+		log: cfg.Logger,
+		dig: NewDigester(),
+		events: prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.EventCapacity, MaxEntries: cfg.MaxIndexBlocks,
+			OnBudgetEvict: budgetCounter(cfg.Metrics, "events")}),
+		approx: prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.ApproxCapacity, TTL: int64(cfg.ApproxTTL),
+			MaxEntries: cfg.MaxIndexBlocks, OnBudgetEvict: budgetCounter(cfg.Metrics, "approx")}),
 		engines: make(map[string]*engineState),
 
 		caches:          make(map[string]*cacheState),
@@ -143,6 +170,15 @@ func New(cfg Config) *State {
 		presenceWorkers: map[string]string{},
 		presenceCap:     cfg.PresenceCapacity,
 	}
+}
+
+// budgetCounter counts an index's budget evictions in m (nil: nowhere).
+func budgetCounter(m *metrics.Metrics, index string) func(int) {
+	if m == nil {
+		return nil
+	}
+	c := m.IndexBudgetEvictions.WithLabelValues(index)
+	return func(n int) { c.Add(float64(n)) }
 }
 
 // Digester returns the State's digester, for computing request keys.
@@ -235,16 +271,35 @@ func (s *State) startLocked(ctx context.Context, e Engine) {
 }
 
 // addApproxLocked follows an engine from the router's own decisions, with
-// its advertised cache as the model, else a GPU tier of ApproxCapacity.
+// its advertised cache as the model (each tier at most MaxWorkerBlocks),
+// else a GPU tier of ApproxCapacity.
 func (s *State) addApproxLocked(e Engine) {
 	c := e.KVCapacity
 	if c.GPU <= 0 {
 		c = prefixindex.Capacity{GPU: s.cfg.ApproxCapacity}
 	}
+	if clamped, ok := clampCapacity(c, s.cfg.MaxWorkerBlocks); ok {
+		s.log.Warn("engine advertises a larger cache than the router models for one engine; modelling the bound (-index-worker-max-blocks)",
+			"engine", e.ID, "gpu", c.GPU, "cpu", c.CPU, "disk", c.Disk, "max_blocks", s.cfg.MaxWorkerBlocks)
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.KVCapacityClamped.Inc()
+		}
+		c = clamped
+	}
 	if err := s.approx.AddTieredWorker(e.ID, c); err != nil {
 		s.log.Warn("ignoring the engine's kv capacity; modelling the default", "engine", e.ID, "error", err)
 		_ = s.approx.AddTieredWorker(e.ID, prefixindex.Capacity{GPU: s.cfg.ApproxCapacity})
 	}
+}
+
+// clampCapacity cuts each tier of c to limit blocks, and reports whether any
+// was over it. The tiers are written through, so the record of one engine
+// then holds at most limit blocks.
+func clampCapacity(c prefixindex.Capacity, limit int) (prefixindex.Capacity, bool) {
+	if c.GPU <= limit && c.CPU <= limit && c.Disk <= limit {
+		return c, false
+	}
+	return prefixindex.Capacity{GPU: min(c.GPU, limit), CPU: min(c.CPU, limit), Disk: min(c.Disk, limit)}, true
 }
 
 func (s *State) stopLocked(es *engineState) {

@@ -71,6 +71,9 @@ type Metrics struct {
 
 	// Cascades and overflow (cascade.go).
 	Cascade
+
+	// Bounds on what registrations and engines can make the router hold (bounds.go).
+	Bounds
 	// Routing loops and client connections (protection.go).
 	Protection
 
@@ -232,5 +235,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
+	m.Bounds = newBounds(reg, ns)
 	return m
 }
