@@ -30,7 +30,7 @@ func (a *App) initGateway() error {
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
 		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor,
-		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, Federation: a.fed,
+		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, OnAccept: a.record, Federation: a.fed,
 		TracerProvider: a.tracer,
 	})
 	if err != nil {
@@ -41,11 +41,7 @@ func (a *App) initGateway() error {
 }
 
 // learn is told every routing decision. Where the prefix term scored the
-// request it counts how much of the prompt the chosen worker held and, for
-// engines without KV events, records the decision as the approximate view
-// of that worker's cache. The keys are the prefix term's, computed at the
-// worker's block size or, where it advertises none, the term's default: the
-// recorded view matches what the term will look up.
+// request it counts how much of the prompt the chosen worker held.
 func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w *scoring.Worker) {
 	keys, matched, ok := req.PrefixResult(w.ID)
 	if !ok || len(keys) == 0 {
@@ -53,7 +49,17 @@ func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w
 	}
 	a.m.PrefixRequestBlocks.WithLabelValues(w.Model).Add(float64(len(keys)))
 	a.m.PrefixMatchedBlocks.WithLabelValues(w.Model).Add(float64(matched))
-	if !a.cache.EventDriven(w.ID) {
+}
+
+// record is told every engine that accepted a request (a 2xx answer) and,
+// for engines without KV events, records the decision as the approximate
+// view of that worker's cache: an engine that refused the prompt never
+// cached it. The keys are the prefix term's, computed at the worker's block
+// size or, where it advertises none, the term's default: the recorded view
+// matches what the term will look up.
+func (a *App) record(_ context.Context, _ scoring.Config, req *scoring.Request, w *scoring.Worker) {
+	keys, _, ok := req.PrefixResult(w.ID)
+	if ok && len(keys) > 0 && !a.cache.EventDriven(w.ID) {
 		a.cache.Record(w.ID, keys)
 	}
 }

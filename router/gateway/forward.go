@@ -135,6 +135,9 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return &upstreamError{err: errors.New("engine answered " + resp.Status)}
 	}
+	if resp.StatusCode/100 == 2 && x.remote == nil && g.cfg.OnAccept != nil {
+		g.cfg.OnAccept(ctx, x.pol.Scoring, x.req, wk)
+	}
 
 	rl := &relay{g: g, w: w, rec: rec, x: x, wk: wk, resp: resp, pre: pre, sent: sent, timer: timer,
 		stream: x.fields.Stream, sse: x.fields.Stream && resp.StatusCode == http.StatusOK && isEventStream(resp.Header)}

@@ -72,9 +72,13 @@ type Config struct {
 	// Prepare, when set, may fill the scoring request (e.g. its Tokenize func)
 	// before the worker is chosen.
 	Prepare func(*scoring.Request)
-	// OnPick, when set, is told every choice before the request is sent
-	// (approximate cache learning). It runs on the request path: keep it short.
+	// OnPick, when set, is told every choice before the request is sent.
+	// It runs on the request path: keep it short.
 	OnPick func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
+	// OnAccept, when set, is told every engine that accepted a request (its
+	// answer's head is a 2xx): approximate cache learning, which must not
+	// learn prompts an engine refused. On the request path: keep it short.
+	OnAccept func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
 
 	// Federation, when set, may send requests to other datacenters' routers
 	// (see federate.go). Requests it marks as forwarded are served here.

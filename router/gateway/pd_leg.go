@@ -80,6 +80,9 @@ func (g *Gateway) prefillHead(lctx context.Context, r *http.Request, lx *exchang
 	}
 	g.connected(pw)
 	if resp.StatusCode/100 == 2 {
+		if g.cfg.OnAccept != nil {
+			g.cfg.OnAccept(lctx, lx.pol.Scoring, lx.req, pw)
+		}
 		return &prefillCall{resp: resp, sent: sent}, nil
 	}
 	defer resp.Body.Close()
