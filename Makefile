@@ -149,6 +149,7 @@ soak: hashistack
 # key would take the whole run, so it minimizes once (-fuzzminimizetime 1x).
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./router/openai
+	$(GO) test -run '^$$' -fuzz FuzzWithoutRouterOwned -fuzztime 20s ./router/openai
 	$(GO) test -run '^$$' -fuzz FuzzParseHostedPolicy -fuzztime 30s ./router/discovery
 	$(GO) test -run '^$$' -fuzz FuzzHostedPolicyAllow -fuzztime 30s ./router/discovery
 	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime 60s ./kvcached/resp

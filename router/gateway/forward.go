@@ -26,6 +26,10 @@ type upstreamError struct {
 	// TLS handshake the engine's side refused, as a mesh sidecar does when
 	// no intention lets the router in): the request never reached an engine.
 	unreachable bool
+	// loop: the engine answered 508 Loop Detected, as a router does to a
+	// request that came back to it (hop.go): a registration points at a
+	// router.
+	loop bool
 }
 
 func (e *upstreamError) Error() string { return e.err.Error() }
@@ -133,7 +137,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	timer.streaming(to.StreamIdle)
 	if resp.StatusCode >= 500 && mayRetry {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return &upstreamError{err: errors.New("engine answered " + resp.Status)}
+		return &upstreamError{err: errors.New("engine answered " + resp.Status), loop: resp.StatusCode == http.StatusLoopDetected}
 	}
 	if resp.StatusCode/100 == 2 && x.remote == nil && g.cfg.OnAccept != nil {
 		g.cfg.OnAccept(ctx, x.pol.Scoring, x.req, wk)
@@ -183,7 +187,8 @@ func (g *Gateway) beforeFirstByte(x *exchange, uctx context.Context, err error) 
 }
 
 // upstreamRequest builds the request to wk: the client's body and its
-// end-to-end headers, X-Request-Id, and a hosted API's key.
+// end-to-end headers but its Authorization and X-Oasis-* (towardEngine),
+// X-Request-Id, this router's Via entry (hop.go), and a hosted API's key.
 func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *exchange, wk *scoring.Worker) (*http.Request, http.RoundTripper, error) {
 	target, rt := "http://"+wk.Address+r.URL.RequestURI(), g.cfg.Transport
 	if x.remote != nil {
@@ -200,7 +205,7 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 	// Lets the transport resend the body on a pooled connection the engine
 	// had closed before reading anything.
 	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(x.body)), nil }
-	up.Header = endToEnd(r.Header, len(r.Header)+2)
+	up.Header = towardEngine(r.Header, len(r.Header)+2)
 	delete(up.Header, "Expect") // the body is already here; never wait for 100 Continue
 	// A pooled connection can also be closed by the engine (its keep-alive
 	// timeout: 5 s in uvicorn and cpp-httplib) just as the request is written
@@ -212,13 +217,17 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 	if _, ok := up.Header["Idempotency-Key"]; !ok {
 		up.Header["Idempotency-Key"] = nil
 	}
-	switch {
+	switch auth := r.Header["Authorization"]; {
 	case wk.UpstreamKey != "":
 		up.Header.Set("Authorization", "Bearer "+wk.UpstreamKey)
-	case g.cfg.Auth != nil:
-		up.Header.Del("Authorization") // the router's key is not the engine's
+	case wk.Upstream != "" && g.cfg.Auth == nil && len(auth) > 0:
+		// A hosted API the operator allow-listed without a key of the
+		// router's: the client brings its own. Engines never see a
+		// client's key.
+		up.Header["Authorization"] = auth
 	}
 	up.Header.Set("X-Request-Id", x.reqID)
+	g.markHop(up, r)
 	g.tr.inject(ctx, up.Header)
 	if x.remote != nil {
 		g.remoteRequest(ctx, up, x.remote)

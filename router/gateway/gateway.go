@@ -109,6 +109,7 @@ type Gateway struct {
 	ttft     ttftWindows
 	service  serviceTimes
 	tr       *tracing // nil: tracing off
+	hop      hopMark  // this router's Via entry (hop.go)
 }
 
 // New validates c and returns a gateway.
@@ -158,7 +159,7 @@ func New(c Config) (*Gateway, error) {
 		c.Admission.OnQueue = func(model string, n int) { m.Queued.WithLabelValues(model).Set(float64(n)) }
 	}
 	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, started: time.Now().Unix(), ids: newRequestIDs(),
-		tr: newTracing(c.TracerProvider)}
+		tr: newTracing(c.TracerProvider), hop: newHopMark()}
 	g.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	g.mux = g.routes()
 	return g, nil

@@ -29,6 +29,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	defer rec.done()
 	ctx, tr := g.tr.startRequest(r.Context(), r)
 	rec.tr = tr
+	if g.refuseLoop(w, r, rec) {
+		return
+	}
 
 	body, ok := g.readBody(w, r, rec)
 	if !ok {
@@ -42,6 +45,17 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", param, err.Error(), 0)
 		return
+	}
+	if f.RouterOwned {
+		// The router's disaggregation protocol is not the client's to speak
+		// (openai.RouterOwned): removed before any path sees the body.
+		if body, err = openai.WithoutRouterOwned(body); err == nil {
+			f, err = openai.ParseRequest(r.URL.Path, body)
+		}
+		if err != nil {
+			rec.fail(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", "", err.Error(), 0)
+			return
+		}
 	}
 	rec.model = f.Model
 
@@ -190,8 +204,15 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 // upstreamFailed answers a request whose last attempt failed before its
 // first byte: 504 when the engine was silent too long, 503 when no
-// connection to it could be made, else 502.
+// connection to it could be made, 508 when it was a router the request had
+// passed (hop.go), else 502.
 func upstreamFailed(w http.ResponseWriter, rec *outcome, e *upstreamError, why string) {
+	if e.loop {
+		rec.fail(w, http.StatusLoopDetected, "server_error", "loop_detected", "",
+			"routing loop: the engine chosen is a router this request had already passed through "+
+				"(an engine registration points at a router): "+e.Error()+why, 0)
+		return
+	}
 	if e.unreachable {
 		rec.fail(w, http.StatusServiceUnavailable, "server_error", "no_reachable_worker", "",
 			"no engine could be reached: "+e.Error()+why, time.Second)

@@ -23,11 +23,17 @@ import (
 // Request is what the router reads of a request body.
 type Request struct {
 	Model        string
+	MaxTokens    int // max_completion_tokens, else max_tokens, when HasMaxTokens
 	Stream       bool
-	MaxTokens    int  // max_completion_tokens, else max_tokens, when HasMaxTokens
 	HasMaxTokens bool // either is a non-negative integer
 	IncludeUsage bool // stream_options.include_usage is true
-	Prompt       Prompt
+	// RouterOwned is true when the body has a top-level member of the
+	// router's disaggregation protocol (RouterOwned): the gateway removes
+	// them (WithoutRouterOwned) before any engine sees the body. (The
+	// booleans sit together: the gateway's per-request exchange, which
+	// holds a Request, stays in its 256-byte size class.)
+	RouterOwned bool
+	Prompt      Prompt
 }
 
 // Prompt is the part of a request that determines its prompt tokens: the
@@ -143,6 +149,7 @@ func ParseRequest(path string, body []byte) (Request, error) {
 	r.MaxTokens, r.HasMaxTokens = maxTokens(raw.maxCompl, raw.maxTok)
 	r.IncludeUsage = includeUsage(raw.streamOpts)
 	r.Prompt = promptOf(path, &raw)
+	r.RouterOwned = raw.routerOwned
 	return r, nil
 }
 

@@ -11,6 +11,7 @@ import (
 type rawFields struct {
 	model, stream, maxTok, maxCompl, streamOpts []byte
 	messages, prompt, addGenPrompt, addSpecial  []byte
+	routerOwned                                 bool // a member RouterOwned names
 }
 
 // maxJSONDepth is encoding/json's nesting limit, which scanRequest keeps so
@@ -49,6 +50,8 @@ func scanRequest(b []byte, raw *rawFields) (valid, object bool) {
 			raw.addGenPrompt = val
 		case "add_special_tokens":
 			raw.addSpecial = val
+		case keyKVTransferParams, keyBootstrapHost, keyBootstrapPort, keyBootstrapRoom:
+			raw.routerOwned = true
 		}
 	})
 	return ok && skipWS(b, end) == len(b), true
