@@ -17,14 +17,14 @@ func (a *App) initGateway() error {
 	a.engines = gateway.NewEngineTransport(gateway.EngineTransportConfig{TLS: a.engineTLS()})
 	a.enginesReady.Store(a.engines)
 	// Prompt tokens, computed only when a term or the cache learning asks.
-	tok := tokens.NewAuto(func(model string) []tokens.Replica {
+	tok := tokens.NewAutoEngine(tokens.EngineConfig{Replicas: func(model string) []tokens.Replica {
 		ws := a.pool.Workers(model)
 		out := make([]tokens.Replica, len(ws))
 		for i, w := range ws {
 			out[i] = tokens.Replica{Address: w.Address, Engine: w.Engine}
 		}
 		return out
-	}, &http.Client{Transport: a.engines, Timeout: 2 * time.Second})
+	}, Client: &http.Client{Transport: a.engines, Timeout: 2 * time.Second}, Metrics: a.m})
 	gw, err := gateway.New(gateway.Config{
 		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: admission.New(),
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,

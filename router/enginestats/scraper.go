@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -21,6 +22,14 @@ import (
 // GPU power draw (oasis-sim exposes one; real engines do not).
 var DefaultPowerMetrics = []string{"oasis_sim_power_watts", "oasis_sim_gpu_power_watts"}
 
+// DefaultMaxMetricsBytes is far above an engine's metrics page (vLLM's and
+// SGLang's are tens to hundreds of KiB, histograms included).
+const DefaultMaxMetricsBytes = 4 << 20
+
+// ErrPageTooLarge means an engine's metrics page exceeded
+// ScraperConfig.MaxMetricsBytes and was refused unread past it.
+var ErrPageTooLarge = errors.New("metrics page too large")
+
 // ScraperConfig configures a Scraper.
 type ScraperConfig struct {
 	// Pool holds the workers to scrape; required.
@@ -37,6 +46,11 @@ type ScraperConfig struct {
 	// PowerMetrics are the engine gauges read as GPU power (default
 	// DefaultPowerMetrics).
 	PowerMetrics []string
+	// MaxMetricsBytes bounds what is read of one metrics page (default
+	// DefaultMaxMetricsBytes): a larger page is refused, counted in
+	// EngineAnswerRefused{kind="metrics"}, and the engine's metrics are
+	// unknown until it serves a smaller one.
+	MaxMetricsBytes int64
 	// Metrics takes scrape errors and worker power; nil keeps them in
 	// collectors registered nowhere.
 	Metrics *metrics.Metrics
@@ -54,6 +68,7 @@ type Scraper struct {
 	nomad         *nomadapi.Client
 	powerInterval time.Duration
 	powerMetrics  []string
+	maxBytes      int64
 	m             *metrics.Metrics
 	log           hclog.Logger
 
@@ -83,6 +98,9 @@ func NewScraper(cfg ScraperConfig) (*Scraper, error) {
 	if cfg.PowerMetrics == nil {
 		cfg.PowerMetrics = DefaultPowerMetrics
 	}
+	if cfg.MaxMetricsBytes <= 0 {
+		cfg.MaxMetricsBytes = DefaultMaxMetricsBytes
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New(prometheus.NewRegistry())
 	}
@@ -91,7 +109,7 @@ func NewScraper(cfg ScraperConfig) (*Scraper, error) {
 	}
 	return &Scraper{
 		pool: cfg.Pool, http: cfg.HTTP, interval: cfg.Interval, nomad: cfg.Nomad, powerInterval: cfg.PowerInterval,
-		powerMetrics: cfg.PowerMetrics, m: cfg.Metrics, log: cfg.Logger,
+		powerMetrics: cfg.PowerMetrics, maxBytes: cfg.MaxMetricsBytes, m: cfg.Metrics, log: cfg.Logger,
 		state: map[string]*workerState{}, nodeW: map[string]float64{}, energy: map[string]energySample{},
 	}, nil
 }
@@ -109,6 +127,7 @@ type workerState struct {
 	eff       float64 // smoothed tokens per joule
 	lastRun   float64 // sequences running at lastAt
 	seqEff    float64 // smoothed tokens per joule per running sequence
+	refused   bool    // the last scrape's page was over the bound (warned once)
 }
 
 // Run scrapes until ctx ends.
@@ -233,7 +252,11 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 	if err != nil {
 		w.Live.ClearEngine()
 		s.m.ScrapeErrors.WithLabelValues(w.ID).Inc()
-		s.log.Debug("scraping engine metrics failed", "worker", w.ID, "error", err)
+		if errors.Is(err, ErrPageTooLarge) {
+			s.m.EngineAnswerRefused.WithLabelValues(metrics.EngineLabel(w.Engine), "metrics").Inc()
+		} else {
+			s.log.Debug("scraping engine metrics failed", "worker", w.ID, "error", err)
+		}
 	} else if em.HasLoad {
 		w.Live.SetEngine(em.Running, em.Waiting, em.KVUsage, now)
 	}
@@ -245,6 +268,13 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 		st = &workerState{}
 		s.state[w.ID] = st
 	}
+	// A refused page is logged once until the engine serves a good one.
+	refused := errors.Is(err, ErrPageTooLarge)
+	if refused && !st.refused {
+		s.log.Warn("refused an engine's metrics page over the size bound; its load signals are unknown until it serves a smaller one",
+			"worker", w.ID, "engine", w.Engine, "error", err)
+	}
+	st.refused = refused
 	// Power attributed to this worker: its own gauge, else its node's GPU
 	// power shared equally by the engines on that node.
 	watts, haveW := 0.0, false
@@ -303,7 +333,41 @@ func (s *Scraper) fetch(ctx context.Context, w *scoring.Worker) (EngineMetrics, 
 	if resp.StatusCode != http.StatusOK {
 		return EngineMetrics{}, fmt.Errorf("GET %s: %s", w.MetricsPath, resp.Status)
 	}
-	return ParseEngineMetrics(resp.Body, s.powerMetrics)
+	if resp.ContentLength > s.maxBytes {
+		return EngineMetrics{}, fmt.Errorf("GET %s: %d bytes, at most %d: %w", w.MetricsPath, resp.ContentLength, s.maxBytes, ErrPageTooLarge)
+	}
+	body := &boundedReader{r: resp.Body, left: s.maxBytes}
+	em, err := ParseEngineMetrics(body, s.powerMetrics)
+	if body.over {
+		return EngineMetrics{}, fmt.Errorf("GET %s: more than %d bytes: %w", w.MetricsPath, s.maxBytes, ErrPageTooLarge)
+	}
+	return em, err
+}
+
+// boundedReader reads at most left bytes of r, then fails, and says so
+// (over): the parser may wrap or drop the error.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+	over bool
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more tells a page of exactly the bound from a longer one.
+		var one [1]byte
+		if n, _ := b.r.Read(one[:]); n > 0 {
+			b.over = true
+			return 0, ErrPageTooLarge
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // smooth folds sample x into the exponentially smoothed v (0: none yet).

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -54,6 +56,57 @@ type EngineConfig struct {
 	CacheTokens int
 	// Timeout bounds one round trip (default 2s).
 	Timeout time.Duration
+	// MaxTokens bounds the token ids the router reads from one /tokenize
+	// answer (default DefaultMaxTokens): the longest max_model_len it
+	// expects. An answer is also bounded by its prompt (answerLimit).
+	MaxTokens int
+	// RefusedFor keeps a replica whose answer was refused out of the
+	// rotation for this long (default 30s), so a misbehaving engine costs
+	// one round trip per period, not one per prompt.
+	RefusedFor time.Duration
+	// Metrics, when set, counts refused answers in EngineAnswerRefused.
+	Metrics *metrics.Metrics
+}
+
+// DefaultMaxTokens is above the context window (max_model_len) of the
+// models engines serve: a prompt longer than its engine's window is refused
+// by the engine, so its tokens are worth nothing to routing.
+const DefaultMaxTokens = 1 << 20
+
+// Bounds of a /tokenize answer (answerLimit): every prompt byte is at most
+// one token (byte-level BPE, byte fallback) plus templateTokens for the
+// chat template and special tokens; each id is at most idBytes of JSON
+// ("4294967295, "), and the other members (count, max_model_len) fit in
+// answerSlack bytes.
+const (
+	templateTokens = 4096
+	idBytes        = 12
+	answerSlack    = 4096
+)
+
+// ErrAnswerRefused means an engine's /tokenize answer was refused unread
+// past its bound; the error is an *AnswerError.
+var ErrAnswerRefused = errors.New("tokenize answer refused")
+
+// AnswerError is a /tokenize answer the router refused: more bytes or
+// token ids than the prompt can tokenize to.
+type AnswerError struct {
+	URL    string
+	Reason string // "too_large" (bytes) or "too_many_tokens"
+	Limit  int64
+}
+
+func (e *AnswerError) Error() string {
+	return fmt.Sprintf("%s: answer refused (%s, limit %d)", e.URL, e.Reason, e.Limit)
+}
+
+func (e *AnswerError) Unwrap() error { return ErrAnswerRefused }
+
+// answerLimit is the most token ids, and bytes, an answer to payload may
+// hold.
+func (e *Engine) answerLimit(payload []byte) (tokens int, bytes int64) {
+	tokens = min(e.cfg.MaxTokens, len(payload)+templateTokens)
+	return tokens, int64(tokens)*idBytes + answerSlack
 }
 
 // Engine tokenizes through a replica's /tokenize, with a cache.
@@ -66,6 +119,7 @@ type Engine struct {
 	lru      *list.List // of *cacheEntry, most recent at front
 	size     int
 	inflight map[[32]byte]*call
+	refused  map[string]time.Time // replica address → out of the rotation until
 
 	hits, misses atomic.Int64
 }
@@ -92,7 +146,14 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
 	}
-	return &Engine{cfg: cfg, entries: map[[32]byte]*list.Element{}, lru: list.New(), inflight: map[[32]byte]*call{}}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.RefusedFor <= 0 {
+		cfg.RefusedFor = 30 * time.Second
+	}
+	return &Engine{cfg: cfg, entries: map[[32]byte]*list.Element{}, lru: list.New(), inflight: map[[32]byte]*call{},
+		refused: map[string]time.Time{}}
 }
 
 // Tokenize implements Tokenizer. The /tokenize request carries the prompt's
@@ -200,15 +261,24 @@ func (e *Engine) add(key [32]byte, toks []uint32) {
 }
 
 // roundTrip asks replicas in rotation, moving on after a failure; at most
-// three tries.
+// three tries. Replicas whose answers were refused lately are left out.
 func (e *Engine) roundTrip(ctx context.Context, model string, payload []byte) ([]uint32, error) {
 	var reps []Replica
+	refused := 0
+	now := time.Now()
 	for _, r := range e.cfg.Replicas(model) {
-		if servesTokenize(r.Engine) {
+		switch {
+		case !servesTokenize(r.Engine):
+		case e.refusedLately(r.Address, now):
+			refused++
+		default:
 			reps = append(reps, r)
 		}
 	}
 	if len(reps) == 0 {
+		if refused > 0 {
+			return nil, fmt.Errorf("tokenizing for %q: every replica's answers were refused lately: %w", model, ErrAnswerRefused)
+		}
 		return nil, fmt.Errorf("tokenizing for %q: no healthy replica", model)
 	}
 	start := e.next.Add(1)
@@ -219,12 +289,45 @@ func (e *Engine) roundTrip(ctx context.Context, model string, payload []byte) ([
 		if err == nil {
 			return toks, nil
 		}
+		if errors.Is(err, ErrAnswerRefused) {
+			e.refuse(r)
+		}
 		lastErr = err
 		if ctx.Err() != nil {
 			break
 		}
 	}
 	return nil, fmt.Errorf("tokenizing for %q: %w", model, lastErr)
+}
+
+// refusedLately reports whether the replica at addr had an answer refused
+// less than RefusedFor ago.
+func (e *Engine) refusedLately(addr string, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	until, ok := e.refused[addr]
+	if ok && !now.Before(until) {
+		delete(e.refused, addr)
+		return false
+	}
+	return ok
+}
+
+// refuse counts a refused answer of r and keeps r out of the rotation for
+// RefusedFor. The map holds only replicas refused within that period.
+func (e *Engine) refuse(r Replica) {
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.EngineAnswerRefused.WithLabelValues(metrics.EngineLabel(r.Engine), "tokenize").Inc()
+	}
+	now := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for addr, until := range e.refused {
+		if !now.Before(until) {
+			delete(e.refused, addr)
+		}
+	}
+	e.refused[r.Address] = now.Add(e.cfg.RefusedFor)
 }
 
 func (e *Engine) ask(ctx context.Context, r Replica, payload []byte) ([]uint32, error) {
@@ -241,18 +344,29 @@ func (e *Engine) ask(ctx context.Context, r Replica, payload []byte) ([]uint32, 
 		return nil, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	maxTokens, maxBytes := e.answerLimit(payload)
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+		return nil, fmt.Errorf("POST %s: status %d: %.200s", url, resp.StatusCode, body)
+	}
+	if resp.ContentLength > maxBytes {
+		return nil, &AnswerError{URL: url, Reason: "too_large", Limit: maxBytes}
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", url, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("POST %s: status %d: %.200s", url, resp.StatusCode, body)
+	if int64(len(body)) > maxBytes {
+		return nil, &AnswerError{URL: url, Reason: "too_large", Limit: maxBytes}
 	}
 	var out struct {
 		Tokens []int64 `json:"tokens"`
 	}
 	if err := json.Unmarshal(body, &out); err != nil {
 		return nil, fmt.Errorf("decoding %s response: %w", url, err)
+	}
+	if len(out.Tokens) > maxTokens {
+		return nil, &AnswerError{URL: url, Reason: "too_many_tokens", Limit: int64(maxTokens)}
 	}
 	toks := make([]uint32, len(out.Tokens))
 	for i, t := range out.Tokens {
@@ -272,7 +386,13 @@ type Auto struct {
 
 // NewAuto returns an Auto over replicas, with an Engine tokenizer using client.
 func NewAuto(replicas ReplicaSource, client *http.Client) *Auto {
-	a := &Auto{Replicas: replicas, Engine: NewEngine(EngineConfig{Replicas: replicas, Client: client})}
+	return NewAutoEngine(EngineConfig{Replicas: replicas, Client: client})
+}
+
+// NewAutoEngine returns an Auto over cfg.Replicas, with an Engine tokenizer
+// of cfg.
+func NewAutoEngine(cfg EngineConfig) *Auto {
+	a := &Auto{Replicas: cfg.Replicas, Engine: NewEngine(cfg)}
 	a.tokenizeReq = a.tokenizeRequest
 	return a
 }
@@ -300,13 +420,19 @@ func (a *Auto) Mode(model string) string {
 	return "bytes"
 }
 
-// Tokenize implements Tokenizer.
+// Tokenize implements Tokenizer. When the engines' answers are refused
+// (ErrAnswerRefused: larger than the prompt can tokenize to), it falls back
+// to Bytes: approximate learning stays self-consistent, and the ttft term
+// still gets the prompt's length.
 func (a *Auto) Tokenize(ctx context.Context, model string, p openai.Prompt) ([]uint32, error) {
 	switch a.Mode(model) {
 	case "sim":
 		return Sim{}.Tokenize(ctx, model, p)
 	case "engine":
-		return a.Engine.Tokenize(ctx, model, p)
+		toks, err := a.Engine.Tokenize(ctx, model, p)
+		if !errors.Is(err, ErrAnswerRefused) {
+			return toks, err
+		}
 	}
 	return Bytes{}.Tokenize(ctx, model, p)
 }
