@@ -211,8 +211,10 @@ func (a *App) initPool() error {
 	if err != nil {
 		return flagErr("-hosted-key-envs", "%w", err)
 	}
+	// The listeners are bound (initServer) before discovery first calls
+	// isSelf (Run).
 	a.pool = discovery.NewPool(discovery.WithHostedPolicy(hosted), discovery.WithMetrics(a.m),
-		discovery.WithLogger(a.log.Named("discovery")))
+		discovery.WithLogger(a.log.Named("discovery")), discovery.WithSelf(a.isSelf))
 	a.pool.OnChange(a.poolChanged)
 	return nil
 }

@@ -375,47 +375,6 @@ func TestRunDrainsInFlightStream(t *testing.T) {
 	must.Error(t, err)
 }
 
-// With the cap at 2, a third connection is not served until one of the
-// first two closes.
-func TestMaxConnections(t *testing.T) {
-	eng := newEngine(t, 1, 0)
-	cfg := baseConfig(t, eng.URL)
-	cfg.MaxConnections = 2
-	r := start(t, cfg)
-
-	get := func(c net.Conn) error {
-		c.SetDeadline(time.Now().Add(300 * time.Millisecond))
-		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
-	}
-	var conns []net.Conn
-	for range 3 {
-		c, err := net.Dial("tcp", r.Addr().String())
-		must.NoError(t, err)
-		defer c.Close()
-		conns = append(conns, c)
-	}
-	must.NoError(t, get(conns[0]))
-	must.NoError(t, get(conns[1]))
-	err := get(conns[2])
-	var ne net.Error
-	must.True(t, errors.As(err, &ne) && ne.Timeout(), must.Sprintf("third connection served: %v", err))
-
-	conns[0].Close()
-	conns[2].SetDeadline(time.Now().Add(5 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(conns[2]), nil)
-	must.NoError(t, err)
-	resp.Body.Close()
-	must.Eq(t, http.StatusOK, resp.StatusCode)
-}
-
 // The routing decisions teach the router which prompts a worker without KV
 // events holds: a prompt sent twice to a sim engine (oasis-sim's tokenizer,
 // no /tokenize round trip) is matched in full the second time, and the

@@ -31,6 +31,10 @@ const (
 	DefaultMaxHeaderBytes  = 1 << 20
 	DefaultShutdownTimeout = 60 * time.Second
 	DefaultMaxConnections  = 4096
+	// DefaultMaxConnectionsPerSource is a quarter of the cap: one address
+	// cannot take every slot. Behind a load balancer or NAT that shows
+	// every client as one address, raise it or set 0.
+	DefaultMaxConnectionsPerSource = 1024
 
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 120 * time.Second
@@ -63,8 +67,12 @@ type Config struct {
 	EjectFor       time.Duration
 	MaxHeaderBytes int // -max-header-bytes (default DefaultMaxHeaderBytes)
 	// MaxConnections caps concurrent client connections (-max-connections;
-	// 0: unlimited).
+	// 0: unlimited); idle ones are closed to make room (connlimit.go).
 	MaxConnections int
+	// MaxConnectionsPerSource caps one source's connections (an IPv4
+	// address, an IPv6 /64; -max-connections-per-source, flag default
+	// DefaultMaxConnectionsPerSource; 0: unlimited).
+	MaxConnectionsPerSource int
 
 	ScrapeInterval time.Duration // -scrape-interval (0: no engine metrics scraping)
 	PowerFromNomad bool          // -power-from-nomad
@@ -261,6 +269,7 @@ func (c Config) validate() error {
 	}{
 		{"-max-body-bytes", c.MaxBodyBytes}, {"-body-read-timeout", int64(c.BodyReadTimeout)},
 		{"-max-header-bytes", int64(c.MaxHeaderBytes)}, {"-max-connections", int64(c.MaxConnections)},
+		{"-max-connections-per-source", int64(c.MaxConnectionsPerSource)},
 		{"-scrape-interval", int64(c.ScrapeInterval)}, {"-shutdown-timeout", int64(c.ShutdownTimeout)},
 		{"-kvcached-max-blocks", int64(c.KVCachedMaxBlocks)}, {"-eject-for", int64(c.EjectFor)},
 	} {

@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/net/netutil"
 )
 
 // initServer binds the listener and builds the API's HTTP server.
@@ -32,14 +31,20 @@ func (a *App) initServer() error {
 	if err != nil {
 		return flagErr("-listen", "%w", err)
 	}
-	if a.cfg.MaxConnections > 0 {
-		// Past the cap, connections wait in the kernel's accept queue: each
-		// served one costs goroutines and buffers, and under a flood the
-		// router keeps serving the ones it has.
-		ln = netutil.LimitListener(ln, a.cfg.MaxConnections)
+	// Past the cap, idle connections make room (connlimit.go); when none
+	// is idle, connections wait in the kernel's accept queue: each served
+	// one costs goroutines and buffers, and under a flood the router keeps
+	// serving the ones it has.
+	var lim *connLimiter
+	if a.cfg.MaxConnections > 0 || a.cfg.MaxConnectionsPerSource > 0 {
+		lim = newConnLimiter(ln, a.cfg.MaxConnections, a.cfg.MaxConnectionsPerSource, a.m)
+		ln = lim
 	}
 	a.ln = ln
 	a.srv = a.newHTTPServer("http")
+	if lim != nil {
+		a.srv.ConnState = lim.connState
+	}
 	if a.tls != nil {
 		tc := a.tls.ServerConfig()
 		// Set here, not left to http.Server: with mutual TLS every

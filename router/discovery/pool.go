@@ -72,7 +72,8 @@ type Pool struct {
 	hosted   *HostedPolicy
 	log      hclog.Logger
 	metrics  *metrics.Metrics
-	rejected map[string]string // instance id → the refused upstream and key variable, logged once
+	rejected map[string]string         // instance id → the refused upstream and key variable, logged once
+	self     func(address string) bool // the router's own listeners (WithSelf)
 }
 
 // PoolOption configures a Pool.
@@ -158,6 +159,10 @@ func (p *Pool) Set(instances []Instance) {
 		if w.Model == "" || w.Address == "" {
 			continue
 		}
+		if err := p.checkSelf(w); err != nil {
+			p.refuse(in.ID, err)
+			continue
+		}
 		if err := checkDisagg(w, get); err != nil {
 			p.refuse(in.ID, err)
 			continue
@@ -211,6 +216,9 @@ func (p *Pool) Set(instances []Instance) {
 // sources deliver the whole list on every change, and one bad registration
 // must not log on each.
 func (p *Pool) refuse(id string, err error) {
+	if p.refuseSelf(id, err) {
+		return
+	}
 	var me *MetaError
 	if errors.As(err, &me) {
 		if what := me.Key + "\x00" + me.Value; p.rejected[id] != what {

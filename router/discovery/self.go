@@ -1,0 +1,50 @@
+package discovery
+
+import (
+	"errors"
+
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// SelfError is an engine registration whose address is one of the router's
+// own listeners: every request sent there would come back to the router.
+type SelfError struct{ Address string }
+
+func (e *SelfError) Error() string {
+	return "engine address " + e.Address + " is this router's own listener"
+}
+
+// WithSelf leaves out the instances whose address isSelf reports to be one
+// of the router's own listeners (counted under
+// oasis_router_loops_refused_total{reason="self_address"} and logged, once
+// per instance and address). isSelf is called from Set, by the source's
+// goroutine; hosted workers are judged by their upstream, not their address.
+func WithSelf(isSelf func(address string) bool) PoolOption {
+	return func(p *Pool) { p.self = isSelf }
+}
+
+// checkSelf refuses w when it is the router itself.
+func (p *Pool) checkSelf(w *scoring.Worker) error {
+	if p.self == nil || w.Upstream != "" || !p.self(w.Address) {
+		return nil
+	}
+	return &SelfError{Address: w.Address}
+}
+
+// refuseSelf reports a *SelfError refusal once per instance and address;
+// false when err is another refusal.
+func (p *Pool) refuseSelf(id string, err error) bool {
+	var se *SelfError
+	if !errors.As(err, &se) {
+		return false
+	}
+	if what := "self\x00" + se.Address; p.rejected[id] != what {
+		p.rejected[id] = what
+		p.log.Warn("ignoring engine registration whose address is this router's own listener (it would route requests back to itself)",
+			"instance", id, "address", se.Address)
+		if p.metrics != nil {
+			p.metrics.Loops.WithLabelValues("self_address").Inc()
+		}
+	}
+	return true
+}
