@@ -152,6 +152,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzWithoutRouterOwned -fuzztime 20s ./router/openai
 	$(GO) test -run '^$$' -fuzz FuzzParseHostedPolicy -fuzztime 30s ./router/discovery
 	$(GO) test -run '^$$' -fuzz FuzzHostedPolicyAllow -fuzztime 30s ./router/discovery
+	$(GO) test -run '^$$' -fuzz FuzzMetricsPath -fuzztime 20s ./router/discovery
 	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime 60s ./kvcached/resp
 	$(GO) test -run '^$$' -fuzz FuzzReaderPathsAgree -fuzztime 30s ./kvcached/resp
 	$(GO) test -run '^$$' -fuzz FuzzAPI -fuzztime 30s ./sim/server

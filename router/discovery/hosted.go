@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"path"
 	"strings"
+
+	"golang.org/x/net/publicsuffix"
 )
 
 // Service meta is written by whoever may register a service in Consul or
@@ -216,6 +218,14 @@ func parsePattern(s string) (urlPattern, error) {
 			return bad("a wildcard needs https")
 		}
 		p.wildcard, p.host = true, strings.TrimPrefix(p.host, "x.")
+		// "*.co.uk" or "*.github.io" would allow anyone's host: every name
+		// under a public suffix is registered by someone else.
+		if net.ParseIP(p.host) != nil {
+			return bad("a wildcard needs a domain, not an address")
+		}
+		if suffix, _ := publicsuffix.PublicSuffix(p.host); suffix == p.host {
+			return bad(fmt.Sprintf(`a wildcard over the public suffix %q would allow anyone's host; name a registered domain after "*."`, suffix))
+		}
 	}
 	return p, nil
 }

@@ -167,6 +167,10 @@ func (p *Pool) Set(instances []Instance) {
 			p.refuse(in.ID, err)
 			continue
 		}
+		if err := checkMetricsPath(w); err != nil {
+			p.refuse(in.ID, err)
+			continue
+		}
 		var err error
 		if w.KVCapacity, err = kvCapacityOf(w, get); err != nil {
 			p.refuse(in.ID, err)

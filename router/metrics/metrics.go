@@ -218,7 +218,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "GPU instances Nomad fingerprints on each worker's node, by health (healthy|unhealthy; -power-from-nomad): the device plugin marks a GPU unhealthy on a critical Xid or when it falls off the bus."},
 		[]string{"node", "health"})
 	m.MetaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "meta_rejected_total",
-		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port|oasis_kv_capacity)."},
+		Help: "Engine registrations ignored because a service meta value is invalid, once per instance and value, by meta key (oasis_role|oasis_pd_protocol|oasis_bootstrap_port|oasis_kv_capacity|oasis_metrics_path)."},
 		[]string{"key"})
 	m.Ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "worker_ejections_total",
 		Help: "Workers taken out of routing for a while after connections to them failed several times in a row (-eject-after, -eject-for), by model."},
