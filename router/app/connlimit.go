@@ -45,7 +45,8 @@ type connLimiter struct {
 	open     int
 	bySource map[netip.Addr]int
 	idle     list.List     // *limitedConn, idle longest first
-	changed  chan struct{} // closed (and replaced) when a connection closes or turns idle
+	changed  chan struct{} // closed (and replaced) when a connection closes or turns idle while waiting
+	waiting  bool          // Accept waits on changed
 	closed   bool
 }
 
@@ -107,13 +108,14 @@ func (l *connLimiter) admit(c net.Conn) (*limitedConn, error) {
 				l.evict(old, "cap")
 				continue
 			}
-			ch := l.changed
-			l.mu.Unlock()
-			<-ch
-			l.mu.Lock()
 			if l.closed {
 				return nil, net.ErrClosed
 			}
+			ch := l.changed
+			l.waiting = true
+			l.mu.Unlock()
+			<-ch
+			l.mu.Lock()
 		}
 	}
 	l.open++
@@ -181,6 +183,10 @@ func (l *connLimiter) release(lc *limitedConn) {
 
 // signal wakes an Accept waiting for room; l.mu held.
 func (l *connLimiter) signal() {
+	if !l.waiting {
+		return
+	}
+	l.waiting = false
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
@@ -190,6 +196,7 @@ func (l *connLimiter) Close() error {
 	l.mu.Lock()
 	if !l.closed {
 		l.closed = true
+		l.waiting = true // wake it whether or not it waits: it checks closed
 		l.signal()
 	}
 	l.mu.Unlock()

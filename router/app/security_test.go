@@ -138,6 +138,12 @@ func (l *connLimiter) counts() (open, idle int) {
 	return l.open, l.idle.Len()
 }
 
+func (l *connLimiter) setPressureIdle(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pressureIdle = d
+}
+
 func waitCounts(t *testing.T, l *connLimiter, open, idle int) {
 	t.Helper()
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
@@ -155,6 +161,7 @@ func TestIdleConnectionsMakeRoom(t *testing.T) {
 	cfg.MaxConnections = 4
 	r := start(t, cfg)
 	lim := r.ln.(*connLimiter)
+	lim.setPressureIdle(time.Hour) // only the cap closes idle connections here, however slow the test
 
 	var conns []net.Conn
 	var readers []*bufio.Reader
@@ -178,6 +185,32 @@ func TestIdleConnectionsMakeRoom(t *testing.T) {
 	_, err = readers[0].ReadByte()
 	must.ErrorIs(t, err, io.EOF)
 	must.NoError(t, getHealth(conns[3], readers[3]))
+}
+
+// Item 6: near the cap (3/4), connections idle past the short idle
+// timeout (here: any) are closed as new ones arrive, below the cap too.
+func TestIdleConnectionsClosedUnderPressure(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	cfg := baseConfig(t, eng.URL)
+	cfg.MaxConnections = 4
+	r := start(t, cfg)
+	lim := r.ln.(*connLimiter)
+	lim.setPressureIdle(0)
+
+	for i := range 3 {
+		c, err := net.Dial("tcp", r.Addr().String())
+		must.NoError(t, err)
+		defer c.Close()
+		must.NoError(t, getHealth(c, bufio.NewReader(c)))
+		waitCounts(t, lim, i+1, i+1)
+	}
+	c, err := net.Dial("tcp", r.Addr().String())
+	must.NoError(t, err)
+	defer c.Close()
+	must.NoError(t, getHealth(c, bufio.NewReader(c)))
+	must.Eq(t, 1.0, promtest.ToFloat64(r.m.IdleConnsClosed.WithLabelValues("pressure")))
+	must.Eq(t, 0.0, promtest.ToFloat64(r.m.IdleConnsClosed.WithLabelValues("cap")))
+	waitCounts(t, lim, 3, 3)
 }
 
 // Item 6: with the cap reached by active connections, a new one waits
