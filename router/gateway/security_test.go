@@ -44,7 +44,7 @@ func recordingEngine(t *testing.T) (*httptest.Server, <-chan seenRequest) {
 // disaggBody carries every member of the router's disaggregation protocol.
 const disaggBody = `{"model":"m", "messages":[{"role":"user","content":"a <b> & c"}],` +
 	`"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"victim","remote_host":"10.0.0.9","remote_port":5600,"remote_block_ids":[1,2,3]},` +
-	`"bootstrap_host":"10.0.0.9","bootstrap_port":8998,"bootstrap_room":42,"max_tokens":4}`
+	`"bootstrap_host":"10.0.0.9","bootstrap_port":8998,"bootstrap_room":42,"bootstrap_pair_key":"k","max_tokens":4}`
 
 // disaggStripped is disaggBody as engines must see it: the other members
 // byte for byte.

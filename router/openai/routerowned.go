@@ -8,19 +8,25 @@ import "bytes"
 // client they would let it steer engines' KV transfers (a NixlConnector
 // decode engine pulls the blocks kv_transfer_params names, from the host it
 // names; an SGLang decode engine joins the bootstrap room named), so the
-// gateway removes them from every client body.
+// gateway removes them from every client body. SGLang's other transfer
+// fields (bootstrap_pair_key, disagg_prefill_dp_rank, decode_tp_size),
+// which the router does not set, steer a transfer the same way and go too.
 const (
 	keyKVTransferParams = "kv_transfer_params"
 	keyBootstrapHost    = "bootstrap_host"
 	keyBootstrapPort    = "bootstrap_port"
 	keyBootstrapRoom    = "bootstrap_room"
+	keyBootstrapPairKey = "bootstrap_pair_key"
+	keyPrefillDPRank    = "disagg_prefill_dp_rank"
+	keyDecodeTPSize     = "decode_tp_size"
 )
 
 // RouterOwned reports whether key (a top-level member's, unescaped) is one
 // of the router's disaggregation protocol.
 func RouterOwned(key string) bool {
 	switch key {
-	case keyKVTransferParams, keyBootstrapHost, keyBootstrapPort, keyBootstrapRoom:
+	case keyKVTransferParams, keyBootstrapHost, keyBootstrapPort, keyBootstrapRoom,
+		keyBootstrapPairKey, keyPrefillDPRank, keyDecodeTPSize:
 		return true
 	}
 	return false

@@ -20,6 +20,7 @@ func TestWithoutRouterOwned(t *testing.T) {
 		{`{"model":"m","bootstrap_host":"10.0.0.9","bootstrap_port":8998,"bootstrap_room":42,"stream":true}`,
 			`{"model":"m","stream":true}`},
 		{`{"bootstrap_room":1,"bootstrap_room":2}`, `{}`},
+		{`{"model":"m","bootstrap_pair_key":"k","disagg_prefill_dp_rank":1,"decode_tp_size":8}`, `{"model":"m"}`},
 		{"{\"kv\\u005ftransfer_params\":{},\"model\":\"m\"}\n", "{\"model\":\"m\"}\n"},               // escaped key
 		{`{"model":"m","Kv_Transfer_Params":1}`, `{"model":"m","Kv_Transfer_Params":1}`},             // keys match exactly
 		{`{"model":"m","x":{"kv_transfer_params":1}}`, `{"model":"m","x":{"kv_transfer_params":1}}`}, // top level only

@@ -50,7 +50,8 @@ func scanRequest(b []byte, raw *rawFields) (valid, object bool) {
 			raw.addGenPrompt = val
 		case "add_special_tokens":
 			raw.addSpecial = val
-		case keyKVTransferParams, keyBootstrapHost, keyBootstrapPort, keyBootstrapRoom:
+		case keyKVTransferParams, keyBootstrapHost, keyBootstrapPort, keyBootstrapRoom,
+			keyBootstrapPairKey, keyPrefillDPRank, keyDecodeTPSize:
 			raw.routerOwned = true
 		}
 	})
