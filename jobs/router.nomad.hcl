@@ -147,9 +147,15 @@ variable "hosted_key_envs" {
 }
 
 variable "max_connections" {
-  description = "Most client connections served at once (0: no limit); further ones wait in the kernel's accept queue."
+  description = "Most client connections served at once (0: no limit): at the cap the connection idle longest is closed; with none idle, further ones wait in the kernel's accept queue."
   type        = number
   default     = 4096
+}
+
+variable "max_connections_per_source" {
+  description = "Most client connections from one IPv4 address or IPv6 /64 (0: no limit): past it the source's idle connection is closed, else the new one. Raise it (or 0) when a load balancer or NAT shows every client as one address."
+  type        = number
+  default     = 1024
 }
 
 variable "otlp_endpoint" {
@@ -365,6 +371,7 @@ job "oasis-router" {
           "-power-from-nomad",
           "-log-json",
           "-max-connections=${var.max_connections}",
+          "-max-connections-per-source=${var.max_connections_per_source}",
           "-hosted-upstreams=${join(",", var.hosted_upstreams)}",
           "-hosted-key-envs=${join(",", var.hosted_key_envs)}",
           ], var.otlp_endpoint != "" ? [
