@@ -112,6 +112,8 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "how long SIGTERM waits for in-flight streams to finish")
 	fs.StringVar(&c.PprofListen, "pprof-listen", "", "serve net/http/pprof on this address (off by default; keep it on loopback)")
 	fs.IntVar(&c.KVCachedMaxBlocks, "kvcached-max-blocks", cachestate.DefaultPresenceCapacity, "most blocks tracked from kvcached presence events (each costs one index entry per event-driven engine)")
+	fs.IntVar(&c.IndexMaxBlocks, "index-max-blocks", cachestate.DefaultMaxIndexBlocks, "most entries (KV blocks × engines holding them, about 60 bytes each) of each prefix index, all engines together: past it the least recently stored go first")
+	fs.IntVar(&c.IndexWorkerMaxBlocks, "index-worker-max-blocks", cachestate.DefaultMaxWorkerBlocks, "most blocks per tier the router models for one engine without KV events, whatever its oasis_kv_capacity advertises (larger ones are cut to it and counted)")
 	fs.StringVar(&c.KVCachedService, "kvcached-service", discovery.KVCachedService, "Consul service of the node-local kvcached instances whose presence events count offloaded prefixes as CPU/disk/peer hits (empty: ignore them)")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN, TLS 1.2+) with this PEM certificate chain; reloaded when the file changes")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of -tls-cert; reloaded with it")

@@ -197,7 +197,8 @@ func (a *App) initClients() error {
 // initPool builds the cache state, the scoring terms over it, and the pool
 // whose changes the cache state follows.
 func (a *App) initPool() error {
-	a.cache = cachestate.New(cachestate.Config{Logger: a.log.Named("cachestate"), PresenceCapacity: a.cfg.KVCachedMaxBlocks})
+	a.cache = cachestate.New(cachestate.Config{Logger: a.log.Named("cachestate"), PresenceCapacity: a.cfg.KVCachedMaxBlocks,
+		MaxIndexBlocks: a.cfg.IndexMaxBlocks, MaxWorkerBlocks: a.cfg.IndexWorkerMaxBlocks, Metrics: a.m})
 	var err error
 	// Adding a term: one file in router/scoring and one entry here.
 	if a.terms, err = scoring.RouterRegistry(a.cache); err != nil {

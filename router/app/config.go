@@ -84,6 +84,13 @@ type Config struct {
 
 	KVCachedService   string // -kvcached-service (empty: kvcached presence events ignored)
 	KVCachedMaxBlocks int    // -kvcached-max-blocks (default cachestate.DefaultPresenceCapacity)
+	// IndexMaxBlocks bounds each prefix index's entries, all engines together
+	// (-index-max-blocks, default cachestate.DefaultMaxIndexBlocks);
+	// IndexWorkerMaxBlocks each tier of an event-less engine's modelled cache,
+	// whatever its oasis_kv_capacity says (-index-worker-max-blocks, default
+	// cachestate.DefaultMaxWorkerBlocks).
+	IndexMaxBlocks       int
+	IndexWorkerMaxBlocks int
 
 	// AdaptiveGOMAXPROCS sizes GOMAXPROCS to the router's CPU use while it
 	// runs (-gomaxprocs=0). It changes process-wide state: off in tests.
@@ -222,6 +229,12 @@ func (c Config) withDefaults() Config {
 	if c.KVCachedMaxBlocks == 0 {
 		c.KVCachedMaxBlocks = cachestate.DefaultPresenceCapacity
 	}
+	if c.IndexMaxBlocks == 0 {
+		c.IndexMaxBlocks = cachestate.DefaultMaxIndexBlocks
+	}
+	if c.IndexWorkerMaxBlocks == 0 {
+		c.IndexWorkerMaxBlocks = cachestate.DefaultMaxWorkerBlocks
+	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
 	}
@@ -272,6 +285,7 @@ func (c Config) validate() error {
 		{"-max-connections-per-source", int64(c.MaxConnectionsPerSource)},
 		{"-scrape-interval", int64(c.ScrapeInterval)}, {"-shutdown-timeout", int64(c.ShutdownTimeout)},
 		{"-kvcached-max-blocks", int64(c.KVCachedMaxBlocks)}, {"-eject-for", int64(c.EjectFor)},
+		{"-index-max-blocks", int64(c.IndexMaxBlocks)}, {"-index-worker-max-blocks", int64(c.IndexWorkerMaxBlocks)},
 	} {
 		if n.v < 0 {
 			return flagErr(n.flag, "must not be negative")

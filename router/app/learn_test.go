@@ -7,8 +7,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/router/discovery"
 )
 
 // The approximate record learns only prompts an engine accepted: an engine
@@ -52,4 +57,29 @@ func TestDecisionsLearnOnlyAcceptedPrompts(t *testing.T) {
 	}
 	requested, matched = prefixBlocks(t, cfg.Registry, "accepted")
 	must.Eq(t, requested/2, matched)
+}
+
+// A registration advertising 2^36 tokens per tier (the most discovery
+// accepts), delivered to the pool as discovery delivers it, is modelled
+// with -index-worker-max-blocks blocks at most, and the clamp is counted
+// (issue #33, item 4).
+func TestAdvertisedCapacityClamped(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	cfg := baseConfig(t, eng.URL)
+	cfg.IndexWorkerMaxBlocks = 8
+	cfg.PolicyFile = policyFile(t, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`)
+	r := start(t, cfg)
+	// The static list first, then what a discovery source would deliver.
+	testutil.Eventually(t, 10*time.Second, "the static engine in the pool", func() bool {
+		return len(r.Pool().Workers("m")) == 1
+	})
+	huge := "gpu=68719476736,cpu=68719476736,disk=68719476736"
+	r.Pool().Set([]discovery.Instance{{ID: "huge", Address: strings.TrimPrefix(eng.URL, "http://"),
+		Meta: map[string]string{"oasis_model": "m", "oasis_engine": "sim", "oasis_kv_capacity": huge}}})
+	must.Eq(t, 1.0, promtest.ToFloat64(r.m.KVCapacityClamped))
+
+	completePrompt(t, r.url("http"), "m", strings.Repeat("a prompt of many more blocks than the bound ", 40))
+	requested, _ := prefixBlocks(t, cfg.Registry, "m")
+	must.Greater(t, 8, requested)
+	must.Eq(t, 8, r.cache.ApproxIndex().WorkerEntries("huge"))
 }
