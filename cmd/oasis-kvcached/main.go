@@ -148,7 +148,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// 1 MiB SET throughput at Go's default) or lets the heap grow by GiBs of fresh,
 	// page-faulted memory when much is. GOGC in the environment wins.
 	if os.Getenv("GOGC") == "" {
-		tuneGC(ctx, plan.headroom-plan.pool)
+		tuneGC(ctx, plan.headroom-plan.pool-plan.unauth)
 	}
 	budget := resp.NewBudget(plan.inflight)
 
@@ -197,7 +197,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	srv, err := server.New(server.Config{Store: st, Logger: log.Named("resp"), Registerer: reg, Password: password, MaxBulk: o.maxValue, Budget: budget,
-		IdleTimeout: disabledIfZero(o.idleTimeout), AuthTimeout: disabledIfZero(o.authTimeout)})
+		UnauthenticatedBytes: plan.unauth, IdleTimeout: disabledIfZero(o.idleTimeout), AuthTimeout: disabledIfZero(o.authTimeout)})
 	if err != nil {
 		return err
 	}
@@ -214,7 +214,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("serving the Redis protocol", "addr", l.Addr().String(), "ram_bytes", o.ramBytes,
-		"ram_tier_bytes", plan.tier, "inflight_bytes", plan.inflight, "go_memory_limit", plan.goLimit,
+		"ram_tier_bytes", plan.tier, "inflight_bytes", plan.inflight, "unauthenticated_bytes", plan.unauth, "go_memory_limit", plan.goLimit,
 		"disk_bytes", o.diskBytes, "auth", password != "")
 
 	if o.httpAddr != "" {

@@ -15,7 +15,9 @@ import (
 //     is let through alone), and at most half;
 //   - headroom: 1/16 (at most 1 GiB) for garbage between GC cycles, a
 //     quarter of it (pool) for buffers of released values kept for reuse
-//     (the store's buffer pool, which turns that garbage into reuse);
+//     (the store's buffer pool, which turns that garbage into reuse) and a
+//     quarter (unauth) for connections that have not authenticated, their
+//     buffers and arguments together (server.Config.UnauthenticatedBytes);
 //   - tier: the rest holds blocks (the RAM tier's limit, INFO's maxmemory);
 //   - goLimit: the Go runtime's memory limit is the total + 10% minus what
 //     the runtime does not manage (the binary's mapped text and data, and
@@ -23,7 +25,7 @@ import (
 //     least what the tier, the budget and some slack need, so the collector
 //     never chases a limit the live heap already exceeds.
 type memoryPlan struct {
-	tier, inflight, headroom, pool, goLimit int64
+	tier, inflight, headroom, pool, unauth, goLimit int64
 }
 
 // binaryOverhead is the RSS of the binary's text, data and runtime
@@ -42,5 +44,5 @@ func planMemory(ram, maxValue int64, disk bool) (memoryPlan, error) {
 		nonGo += store.PebbleBytes
 	}
 	goLimit := max(ram+ram/10-nonGo, tier+inflight+8<<20)
-	return memoryPlan{tier: tier, inflight: inflight, headroom: headroom, pool: headroom / 4, goLimit: goLimit}, nil
+	return memoryPlan{tier: tier, inflight: inflight, headroom: headroom, pool: headroom / 4, unauth: headroom / 4, goLimit: goLimit}, nil
 }

@@ -24,6 +24,10 @@ func TestPlanMemory(t *testing.T) {
 		must.Positive(t, p.tier)
 		must.LessEq(t, tc.ram, p.tier+p.inflight)
 		must.Greater(t, p.tier+p.inflight, p.goLimit)
+		// The buffer pool and unauthenticated connections share the
+		// headroom with garbage.
+		must.Positive(t, p.unauth)
+		must.LessEq(t, p.headroom/2, p.pool+p.unauth)
 		if tc.ram >= 256<<20 {
 			must.LessEq(t, tc.ram+tc.ram/10, p.goLimit)
 			must.GreaterEq(t, min(tc.maxValue, tc.ram/2), p.inflight)

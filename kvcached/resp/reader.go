@@ -8,6 +8,7 @@ package resp
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -93,6 +94,11 @@ type Reader struct {
 	// unauthenticated applies Redis's limits for clients that have not
 	// authenticated (unauthMaxArgs, unauthMaxBulk).
 	unauthenticated bool
+	// allowance, when set, is where an unauthenticated command's large
+	// arguments take their bytes from instead of the budget (allowanceHeld
+	// of them for the current command).
+	allowance     Allowance
+	allowanceHeld int64
 	// lowWater, when set, asks the socket to report readability only once n
 	// bytes are queued (SO_RCVLOWAT); n = 1 restores the default.
 	lowWater func(n int)
@@ -126,6 +132,13 @@ func (r *Reader) newArg(l int64) ([]byte, error) {
 		r.slab = r.slab[l:]
 		return arg, nil
 	}
+	if r.unauthenticated && r.allowance != nil {
+		if !r.allowance.Take(l) {
+			return nil, ErrUnauthenticatedMemory
+		}
+		r.allowanceHeld += l
+		return r.pool.Get(int(l)), nil
+	}
 	if r.budget != nil {
 		if !r.fits(l) {
 			return nil, &OverBudgetError{Need: r.held + l, Limit: r.budget.limit}
@@ -148,7 +161,7 @@ func (r *Reader) newArg(l int64) ([]byte, error) {
 // argument larger than the whole budget goes through alone, but a command
 // already holding bytes may not grow past the budget.
 func (r *Reader) fits(l int64) bool {
-	return r.budget == nil || l <= smallArg || r.held == 0 || r.held+l <= r.budget.limit
+	return r.budget == nil || (r.unauthenticated && r.allowance != nil) || l <= smallArg || r.held == 0 || r.held+l <= r.budget.limit
 }
 
 // readArg fills arg from the stream, a large one with the socket's low-water
@@ -201,9 +214,14 @@ func (r *Reader) SetPool(p *bufpool.Pool) { r.pool = p }
 // gives them back with Done once it has finished with each command.
 func (r *Reader) SetBudget(b *Budget) { r.budget = b }
 
-// Done returns the budget held for the last command (a no-op without one).
+// Done returns the budget (and allowance) held for the last command (a
+// no-op without one).
 func (r *Reader) Done() {
 	r.doneReading()
+	if r.allowanceHeld > 0 {
+		r.allowance.Give(r.allowanceHeld)
+		r.allowanceHeld = 0
+	}
 	if r.budget == nil || r.held == 0 {
 		return
 	}
@@ -222,6 +240,40 @@ func (r *Reader) doneReading() {
 		r.budget.leave()
 	}
 }
+
+// Allowance bounds the bytes of unauthenticated connections' arguments,
+// all connections together, without waiting: Take reports false when n more
+// bytes do not fit.
+type Allowance interface {
+	Take(n int64) bool
+	Give(n int64)
+}
+
+// ErrUnauthenticatedMemory refuses an unauthenticated command's argument
+// that does not fit in the Allowance; the connection is closed.
+var ErrUnauthenticatedMemory = &ProtocolError{Msg: "unauthenticated connections' memory limit reached"}
+
+// SetAllowance makes unauthenticated commands take their large arguments'
+// bytes from a instead of the budget, so clients without the password can
+// neither hold nor wait for the budget authenticated clients' values need.
+func (r *Reader) SetAllowance(a Allowance) { r.allowance = a }
+
+// Grow replaces the read buffer by one of size bytes, unless it is already
+// that large, keeping the bytes it holds; src must be the stream the reader
+// reads (the bufio.Reader's own source).
+func (r *Reader) Grow(src io.Reader, size int) {
+	if r.br.Size() >= size {
+		return
+	}
+	if n := r.br.Buffered(); n > 0 {
+		p, _ := r.br.Peek(n)
+		src = io.MultiReader(bytes.NewReader(bytes.Clone(p)), src)
+	}
+	r.br = bufio.NewReaderSize(src, size)
+}
+
+// BufferSize is the size of the read buffer.
+func (r *Reader) BufferSize() int { return r.br.Size() }
 
 // NewReader returns a Reader over br with the given limits.
 func NewReader(br *bufio.Reader, limits Limits) *Reader {

@@ -27,6 +27,20 @@ func NewWriter(dst io.Writer, size int) *Writer {
 	return &Writer{bw: &bufWriter{dst: dst, buf: make([]byte, 0, size)}}
 }
 
+// Grow replaces the reply buffer by one of size bytes, unless it is already
+// that large, keeping the replies it holds.
+func (w *Writer) Grow(size int) {
+	if cap(w.bw.buf) >= size {
+		return
+	}
+	nb := make([]byte, len(w.bw.buf), size)
+	copy(nb, w.bw.buf)
+	w.bw.buf = nb
+}
+
+// BufferSize is the reply buffer's size.
+func (w *Writer) BufferSize() int { return cap(w.bw.buf) }
+
 // bufWriter is bufio.Writer's subset used here, with access to the buffered
 // bytes so a large value can join them in one writev. Errors are sticky.
 type bufWriter struct {

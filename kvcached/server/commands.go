@@ -622,12 +622,32 @@ func (s *Server) cmdAuth(_ context.Context, c *conn, args [][]byte) {
 		return
 	}
 	if (user != nil && string(user) != "default") || !s.checkPassword(pass) {
-		s.mErrors.WithLabelValues("auth").Inc()
-		w.Error("WRONGPASS invalid username-password pair or user is disabled.")
+		s.authFailed(c)
 		return
 	}
 	c.authed = true
 	w.OK()
+}
+
+// authFailed answers a wrong password or user: after AuthFailureDelay, with
+// WRONGPASS, and the MaxAuthFailures-th failure of a connection closes it.
+// Redis itself neither delays nor closes (it relies on long passwords and
+// logs failures in ACL LOG); a connection that guesses gets a few tries at
+// a slow pace here, and a client that retries a wrong password from
+// configuration reconnects every MaxAuthFailures attempts.
+func (s *Server) authFailed(c *conn) {
+	s.mErrors.WithLabelValues("auth").Inc()
+	s.mAuthFail.Inc()
+	c.authFails++
+	if s.cfg.AuthFailureDelay > 0 {
+		time.Sleep(s.cfg.AuthFailureDelay)
+	}
+	c.w.Error("WRONGPASS invalid username-password pair or user is disabled.")
+	if s.cfg.MaxAuthFailures > 0 && c.authFails >= s.cfg.MaxAuthFailures {
+		s.mClosed.WithLabelValues(closedAuthFailures).Inc()
+		s.log.Warn("closing a connection after failed AUTH attempts", "client", c.id, "remote", c.nc.RemoteAddr().String(), "failures", c.authFails)
+		c.quit = true
+	}
 }
 
 func (s *Server) cmdHello(_ context.Context, c *conn, args [][]byte) {
@@ -655,8 +675,7 @@ func (s *Server) cmdHello(_ context.Context, c *conn, args [][]byte) {
 				return
 			}
 			if string(args[i+1]) != "default" || !s.checkPassword(args[i+2]) {
-				s.mErrors.WithLabelValues("auth").Inc()
-				w.Error("WRONGPASS invalid username-password pair or user is disabled.")
+				s.authFailed(c)
 				return
 			}
 			c.authed = true

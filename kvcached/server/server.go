@@ -31,6 +31,11 @@ const Version = "7.2.0"
 const (
 	DefaultIdleTimeout = 300 * time.Second
 	DefaultAuthTimeout = 10 * time.Second
+	// DefaultMaxAuthFailures is how many failed AUTH (or HELLO ... AUTH)
+	// attempts a connection gets before it is closed.
+	DefaultMaxAuthFailures = 3
+	// DefaultAuthFailureDelay is how long the reply to a failed AUTH waits.
+	DefaultAuthFailureDelay = 100 * time.Millisecond
 )
 
 // Config configures a Server.
@@ -62,6 +67,20 @@ type Config struct {
 	// Budget, when set, is the in-flight budget to use, shared with other
 	// holders of transient values (peer fetches).
 	Budget *resp.Budget
+	// UnauthenticatedBytes bounds what connections that have not
+	// authenticated hold together, buffers and arguments (see preauth.go;
+	// default: 1/16 of the in-flight budget, at least 256 connections'
+	// worth; at least 4 connections' worth). Without a password every
+	// connection is authenticated.
+	UnauthenticatedBytes int64
+	// MaxAuthFailures closes a connection after this many failed AUTH
+	// attempts (default DefaultMaxAuthFailures; negative: never).
+	MaxAuthFailures int
+	// AuthFailureDelay delays the reply to each failed AUTH (default
+	// DefaultAuthFailureDelay; negative: none), so guesses per connection
+	// are slow and, with UnauthenticatedBytes bounding the connections that
+	// may be guessing, guesses in all are too.
+	AuthFailureDelay time.Duration
 }
 
 // Server is a Redis-protocol front end to a store.Store.
@@ -86,11 +105,22 @@ type Server struct {
 	port      int
 	budget    *resp.Budget
 
+	preAuth preAuthPool
+
 	mConns    prometheus.Gauge
 	mCommands *prometheus.CounterVec
 	mErrors   *prometheus.CounterVec
+	mClosed   *prometheus.CounterVec
+	mAuthFail prometheus.Counter
 	cmdCount  [numCounted]prometheus.Counter
 }
+
+// Reasons in oasis_kvcached_connections_closed_total.
+const (
+	closedUnauthEvicted = "unauthenticated_evicted"
+	closedUnauthMemory  = "unauthenticated_memory"
+	closedAuthFailures  = "auth_failures"
+)
 
 // New returns a Server; Serve starts it.
 func New(cfg Config) (*Server, error) {
@@ -131,11 +161,38 @@ func New(cfg Config) (*Server, error) {
 	if s.budget == nil {
 		s.budget = resp.NewBudget(cfg.InflightBytes)
 	}
+	if cfg.UnauthenticatedBytes <= 0 {
+		cfg.UnauthenticatedBytes = max(s.budget.Limit()/16, 256*preAuthConnBytes)
+	}
+	// A few connections at least, or no client could authenticate.
+	cfg.UnauthenticatedBytes = max(cfg.UnauthenticatedBytes, 4*preAuthConnBytes)
+	switch {
+	case cfg.MaxAuthFailures == 0:
+		cfg.MaxAuthFailures = DefaultMaxAuthFailures
+	case cfg.MaxAuthFailures < 0:
+		cfg.MaxAuthFailures = 0
+	}
+	switch {
+	case cfg.AuthFailureDelay == 0:
+		cfg.AuthFailureDelay = DefaultAuthFailureDelay
+	case cfg.AuthFailureDelay < 0:
+		cfg.AuthFailureDelay = 0
+	}
+	s.cfg = cfg
+	s.preAuth.limit = cfg.UnauthenticatedBytes
 	s.SetPassword(cfg.Password)
 	s.mConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_connections", Help: "Open Redis-protocol client connections."})
 	s.mCommands = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_commands_total", Help: "Redis commands served, by command."}, []string{"command"})
 	s.mErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_command_errors_total", Help: "Error replies, by kind (protocol, too_large, auth, unknown, args)."}, []string{"kind"})
-	cfg.Registerer.MustRegister(s.mConns, s.mCommands, s.mErrors)
+	s.mClosed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_connections_closed_total", Help: "Connections the server closed to protect itself, by reason: unauthenticated_evicted (the oldest unauthenticated connections, to make room for a new one), unauthenticated_memory (an unauthenticated command's argument over the allowance), auth_failures (too many failed AUTH attempts)."}, []string{"reason"})
+	s.mAuthFail = prometheus.NewCounter(prometheus.CounterOpts{Name: "oasis_kvcached_auth_failures_total", Help: "Failed AUTH and HELLO ... AUTH attempts (wrong password or user)."})
+	evicted := s.mClosed.WithLabelValues(closedUnauthEvicted)
+	s.preAuth.onEvict = evicted.Inc
+	unauthBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "oasis_kvcached_unauthenticated_bytes", Help: "Bytes charged to connections that have not authenticated (buffers and arguments), within the allowance."},
+		func() float64 { u, _ := s.preAuth.stats(); return float64(u) })
+	unauthConns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "oasis_kvcached_unauthenticated_connections", Help: "Connections that have not authenticated yet."},
+		func() float64 { _, n := s.preAuth.stats(); return float64(n) })
+	cfg.Registerer.MustRegister(s.mConns, s.mCommands, s.mErrors, s.mClosed, s.mAuthFail, unauthBytes, unauthConns)
 	for i, name := range countedNames {
 		s.cmdCount[i] = s.mCommands.WithLabelValues(name)
 	}
@@ -222,6 +279,8 @@ type conn struct {
 	authed bool
 	name   string
 	quit   bool
+	// authFails counts failed AUTH attempts (see authFailed).
+	authFails int
 	// Commands served since the last publish: counted here and added to the
 	// shared counters once per flushed batch, since a shared atomic per
 	// command contends between cores on the pipelined hot path.
@@ -255,12 +314,27 @@ func (s *Server) serveConn(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	authed := s.passHash.Load() == nil
+	bufSize, wbufSize := connBuffer, connBuffer
+	var hold *preAuthHold
+	if !authed {
+		if hold = s.preAuth.admit(nc); hold == nil {
+			s.mClosed.WithLabelValues(closedUnauthMemory).Inc()
+			nc.Write([]byte("-ERR " + resp.ErrUnauthenticatedMemory.Error() + "\r\n"))
+			return
+		}
+		defer func() { hold.end() }()
+		bufSize, wbufSize = preAuthReadBuffer, preAuthWriteBuffer
+	}
 	c := &conn{
 		id:     s.nextID.Add(1),
 		nc:     nc,
-		r:      resp.NewReader(bufio.NewReaderSize(nc, 64<<10), s.limits),
-		w:      resp.NewWriter(nc, 64<<10),
-		authed: s.passHash.Load() == nil,
+		r:      resp.NewReader(bufio.NewReaderSize(nc, bufSize), s.limits),
+		w:      resp.NewWriter(nc, wbufSize),
+		authed: authed,
+	}
+	if hold != nil {
+		c.r.SetAllowance(hold)
 	}
 	c.r.SetBudget(s.budget)
 	c.r.SetPool(s.st.BufferPool())
@@ -286,6 +360,18 @@ func (s *Server) serveConn(nc net.Conn) {
 	sinceDeadline := deadlineEvery
 	deadlineSet, wasAuthed := false, c.authed
 	for !c.quit {
+		if c.authed != wasAuthed {
+			if c.authed {
+				// Authenticated: full buffers, charged to nothing.
+				hold.end()
+				c.r.Grow(nc, connBuffer)
+				c.w.Grow(connBuffer)
+			} else {
+				// RESET dropped the authentication.
+				hold = s.preAuth.detached(nc)
+				c.r.SetAllowance(hold)
+			}
+		}
 		c.r.SetUnauthenticated(!c.authed)
 		if sinceDeadline++; sinceDeadline >= deadlineEvery || c.r.Buffered() == 0 || c.authed != wasAuthed {
 			sinceDeadline, wasAuthed = 0, c.authed
@@ -315,6 +401,9 @@ func (s *Server) serveConn(nc net.Conn) {
 				c.w.Error("ERR " + ob.Error())
 			case errors.As(err, &pe):
 				s.mErrors.WithLabelValues("protocol").Inc()
+				if errors.Is(err, resp.ErrUnauthenticatedMemory) && !hold.wasEvicted() {
+					s.mClosed.WithLabelValues(closedUnauthMemory).Inc()
+				}
 				c.w.Error("ERR " + pe.Error())
 				c.w.Flush()
 				return
