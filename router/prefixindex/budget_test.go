@@ -133,6 +133,20 @@ func TestBudgetAgainstModel(t *testing.T) {
 			order = slices.DeleteFunc(order, func(e entry) bool { return e.worker == w })
 			caps[w] = 20 + rng.IntN(200)
 			must.NoError(t, ix.AddWorker(w, caps[w]))
+		case r < 98:
+			// Match agrees with the model, shared digests (wide records) included.
+			req := make([]uint64, 1+rng.IntN(4))
+			for i := range req {
+				req[i] = uint64(rng.IntN(keys / 10))
+			}
+			got := matchesByWorker(ix.Match(req, DefaultTierWeights(), nil))
+			for _, w := range workers {
+				n := 0
+				for n < len(req) && find(w, req[n]) >= 0 {
+					n++
+				}
+				must.Eq(t, n, got[w].Blocks, must.Sprintf("step %d: %s %v", step, w, req))
+			}
 		default:
 			for _, e := range order {
 				must.Eq(t, TierGPU, ix.Holds(e.worker, e.digest), must.Sprintf("step %d: %s %d", step, e.worker, e.digest))
