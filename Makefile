@@ -34,7 +34,8 @@ terraform-provider:
 	@mkdir -p $(PROVIDER_DIR)
 	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
-## hashistack: build (once) and link bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger, bin/prometheus, bin/promtool and the CNI plugins in bin/cni
+## hashistack: build (once) and link every tool tests run: bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger,
+## bin/prometheus, bin/promtool and the CNI plugins in bin/cni (scripts/hashistack.sh NAME... builds only those)
 hashistack:
 	@scripts/hashistack.sh
 
@@ -175,11 +176,16 @@ gpu-check:
 	$(GO) run ./cmd/gpu-check -plugin bin/nomad-device-gpu -json
 
 ## up: start Consul + Nomad with the Oasis plugins and run jobs/ and the demo recipe
-## (DCS=2: two federated datacenters, each running them in its own region;
+## (DCS=2: two federated datacenters, each running them in its own region, their routers federated
+##  with certificates from a CA made at up and kept in .oasis/; prints how to see a request served
+##  by the other datacenter;
 ##  MESH=1: in the Consul service mesh: bridge networking, intentions from jobs/mesh, the router
 ##  Connect-native, engines behind sidecars;
-##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one)
-up: hashistack $(if $(MESH),deps)
+##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one).
+## It builds (once, cached like hashistack) only the tools it runs: nomad, consul, prometheus; the CNI
+## plugins with MESH=1, jaeger with TRACING=1.
+up: $(if $(MESH),deps)
+	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger)
 	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing)
 
 ## down: stop everything `make up` started

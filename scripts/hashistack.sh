@@ -1,14 +1,77 @@
 #!/usr/bin/env bash
-# Builds the real nomad, consul, tofu, tflint, jaeger, prometheus and promtool binaries from their tools modules (tools/<name>/go.mod) once,
-# keeps them in a cache outside the checkout keyed by version and go.sum, and links them into bin/.
-# The CNI plugins Nomad's bridge networking runs (tools/cni) are cached the same way and linked as
-# the directory bin/cni, the client's cni_path.
-# A fresh clone on the same machine (how CI runs) reuses the cache; a cold build takes minutes.
+# Builds the real tool binaries Oasis runs beside its own from their tools modules
+# (tools/<module>/go.mod) once, keeps them in a cache outside the checkout keyed by version and
+# go.sum, and links them into bin/:
+#
+#   scripts/hashistack.sh                          every tool (make hashistack, make test)
+#   scripts/hashistack.sh nomad consul prometheus  only the tools named (make up)
+#
+# Tools: nomad, consul, cni (the CNI plugins Nomad's bridge networking runs, linked as the
+# directory bin/cni, the client's cni_path), tofu, tflint, jaeger, prometheus, promtool.
+# A fresh clone on the same machine (how CI runs) reuses the cache; a cold build takes minutes,
+# and says every 15 s that it is still going.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OASIS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/oasis}
+all=(nomad consul cni tofu tflint jaeger prometheus promtool)
+
+tools=("$@")
+[ ${#tools[@]} -gt 0 ] || tools=("${all[@]}")
+for t in "${tools[@]}"; do
+	case " ${all[*]} " in
+	*" $t "*) ;;
+	*) echo "hashistack: unknown tool '$t' (one of: ${all[*]})" >&2; exit 2 ;;
+	esac
+done
 mkdir -p "$root/bin" "$cache"
+
+# A ticker says, every 15 s, what is still building and for how long, so that a cold build (many
+# minutes of a silent compiler) does not look like a hang. Only one runs at a time.
+ticker=
+start_ticker() {
+	local what=$1 since
+	since=$(date +%s)
+	(
+		# sleep's output goes nowhere: a sleep left over after the ticker stops holds no pipe open.
+		while sleep 15 </dev/null >/dev/null 2>&1; do
+			echo "hashistack:   $what: $(($(date +%s) - since)) s ..."
+		done
+	) &
+	ticker=$!
+}
+stop_ticker() {
+	if [ -n "$ticker" ]; then
+		kill "$ticker" 2>/dev/null || true
+		wait "$ticker" 2>/dev/null || true
+		ticker=
+	fi
+}
+trap stop_ticker EXIT
+
+# lock FILE WHAT: takes the build lock on fd 9, saying so when another checkout holds it (one build
+# at a time per binary, even when several checkouts ask at once).
+lock() {
+	exec 9>"$1"
+	if ! flock -n 9; then
+		echo "hashistack: waiting for another build of $2 (a checkout building it now) ..."
+		start_ticker "still waiting for $2"
+		flock 9
+		stop_ticker
+	fi
+}
+
+# compile NAME VERSION DIR COMMAND...: runs the build command with progress lines.
+compile() {
+	local name=$1 version=$2 dir=$3
+	shift 3
+	echo "hashistack: building $name $version (once: cached in $dir for every later run and clone; a cold build takes minutes) ..."
+	local start=$SECONDS
+	start_ticker "still building $name"
+	"$@"
+	stop_ticker
+	echo "hashistack: built $name $version in $((SECONDS - start)) s"
+}
 
 # build NAME MODULE TAGS [PACKAGE [LDFLAGS [TOOLS]]]: MODULE names the version in go.mod; PACKAGE is the
 # main package when it is not the module's root; TOOLS is the directory under tools/ when it is not NAME
@@ -30,19 +93,27 @@ build() {
 		echo "hashistack: $name $version cached at $out"
 	else
 		mkdir -p "$dir"
-		# One build at a time per binary, even when several checkouts ask at once.
-		exec 9>"$dir/.lock"
-		flock 9
+		lock "$dir/.lock" "$name"
 		if [ ! -x "$out" ]; then
-			echo "hashistack: building $name $version (a cold build takes minutes) ..."
-			local start=$SECONDS
-			(cd "$mod" && GOFLAGS=-mod=readonly go build -trimpath ${tags:+-tags "$tags"} ${ldflags:+-ldflags "$ldflags"} -o "$out.tmp" "$target")
+			compile "$name" "$version" "$dir" go_build "$mod" "$tags" "$ldflags" "$out.tmp" "$target"
 			mv "$out.tmp" "$out"
-			echo "hashistack: built $name $version in $((SECONDS - start))s"
 		fi
 		exec 9>&-
 	fi
 	ln -sfn "$out" "$root/bin/$name"
+}
+
+go_build() {
+	local mod=$1 tags=$2 ldflags=$3 out=$4 target=$5
+	(cd "$mod" && GOFLAGS=-mod=readonly go build -trimpath ${tags:+-tags "$tags"} ${ldflags:+-ldflags "$ldflags"} -o "$out" "$target")
+}
+
+# go_build_static MODULE DIR PACKAGE...: static binaries (the CNI plugins run as root from the
+# client, on any host libc) into DIR.
+go_build_static() {
+	local mod=$1 out=$2
+	shift 2
+	(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out/" "$@")
 }
 
 # build_cni builds every plugin the tools module lists into one cached directory: Nomad's client
@@ -58,45 +129,48 @@ build_cni() {
 	if [ -f "$dir.complete" ]; then
 		echo "hashistack: cni plugins $version cached at $dir"
 	else
-		exec 9>"$dir.lock"
-		flock 9
+		lock "$dir.lock" "the cni plugins"
 		if [ ! -f "$dir.complete" ]; then
-			echo "hashistack: building cni plugins $version ..."
-			local start=$SECONDS tools
-			tools=$(awk '$1 == "tool" && $2 != "(" { print $2 } $1 == "tool" && $2 == "(" { in_tool = 1; next } in_tool && $1 == ")" { in_tool = 0 } in_tool { print $1 }' "$mod/go.mod")
+			local plugins
+			plugins=$(awk '$1 == "tool" && $2 != "(" { print $2 } $1 == "tool" && $2 == "(" { in_tool = 1; next } in_tool && $1 == ")" { in_tool = 0 } in_tool { print $1 }' "$mod/go.mod")
 			rm -rf "$dir" "$dir.tmp"
 			mkdir -p "$dir.tmp"
-			# Static binaries: the plugins run as root from the client, on any host libc.
-			(cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$dir.tmp/" $tools)
+			# shellcheck disable=SC2086 # one word per plugin package
+			compile "cni plugins" "$version" "$dir" go_build_static "$mod" "$dir.tmp" $plugins
 			mv "$dir.tmp" "$dir"
 			touch "$dir.complete"
-			echo "hashistack: built cni plugins $version in $((SECONDS - start))s"
 		fi
 		exec 9>&-
 	fi
 	ln -sfn "$dir" "$root/bin/cni"
 }
 
-build nomad github.com/hashicorp/nomad ui
-build consul github.com/hashicorp/consul ""
-build_cni
-# version.dev=no: without it a release build reports itself as a development build.
-build tofu github.com/opentofu/opentofu "" github.com/opentofu/opentofu/cmd/tofu \
-	"-s -w -X github.com/opentofu/opentofu/version.dev=no"
-build tflint github.com/terraform-linters/tflint "" github.com/terraform-linters/tflint "-s -w"
-# The trace backend (`make up TRACING=1`, test/e2e/tracing): all-in-one, OTLP in, memory storage.
-build jaeger github.com/jaegertracing/jaeger "" github.com/jaegertracing/jaeger/cmd/jaeger "-s -w"
 # Prometheus 3 with only the service discovery Oasis uses (Consul, Nomad): a smaller, faster build.
 prom_tags=remove_all_sd,enable_consul_sd,enable_nomad_sd
-build prometheus github.com/prometheus/prometheus "$prom_tags" github.com/prometheus/prometheus/cmd/prometheus "-s -w"
-build promtool github.com/prometheus/prometheus "$prom_tags" github.com/prometheus/prometheus/cmd/promtool "-s -w" prometheus
+for t in "${tools[@]}"; do
+	case $t in
+	nomad) build nomad github.com/hashicorp/nomad ui ;;
+	consul) build consul github.com/hashicorp/consul "" ;;
+	cni) build_cni ;;
+	# version.dev=no: without it a release build reports itself as a development build.
+	tofu) build tofu github.com/opentofu/opentofu "" github.com/opentofu/opentofu/cmd/tofu \
+		"-s -w -X github.com/opentofu/opentofu/version.dev=no" ;;
+	tflint) build tflint github.com/terraform-linters/tflint "" github.com/terraform-linters/tflint "-s -w" ;;
+	# The trace backend (`make up TRACING=1`, test/e2e/tracing): all-in-one, OTLP in, memory storage.
+	jaeger) build jaeger github.com/jaegertracing/jaeger "" github.com/jaegertracing/jaeger/cmd/jaeger "-s -w" ;;
+	prometheus) build prometheus github.com/prometheus/prometheus "$prom_tags" github.com/prometheus/prometheus/cmd/prometheus "-s -w" ;;
+	promtool) build promtool github.com/prometheus/prometheus "$prom_tags" github.com/prometheus/prometheus/cmd/promtool "-s -w" prometheus ;;
+	esac
+done
+
 # First line of each version; no `| head`, whose early exit would SIGPIPE the binary under pipefail.
-for bin in nomad consul; do
-	v=$("$root/bin/$bin" version)
+for t in "${tools[@]}"; do
+	case $t in
+	nomad | consul) v=$("$root/bin/$t" version) ;;
+	# An empty CLI configuration: tofu warns on stderr when TF_CLI_CONFIG_FILE names a missing file.
+	tofu) v=$(TF_CLI_CONFIG_FILE=/dev/null "$root/bin/tofu" version) ;;
+	tflint) v=$("$root/bin/tflint" --version) ;;
+	*) continue ;;
+	esac
 	echo "${v%%$'\n'*}"
 done
-# An empty CLI configuration: tofu warns on stderr when TF_CLI_CONFIG_FILE names a missing file.
-v=$(TF_CLI_CONFIG_FILE=/dev/null "$root/bin/tofu" version)
-echo "${v%%$'\n'*}"
-v=$("$root/bin/tflint" --version)
-echo "${v%%$'\n'*}"
