@@ -1,7 +1,9 @@
 package testutil
 
 import (
+	"net"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,4 +32,16 @@ func TestStopReportsHowTheProcessExited(t *testing.T) {
 	sleep := Start(t, exec.Command("sleep", "60"))
 	must.ErrorContains(t, sleep.Stop(), "signal: terminated")
 	must.True(t, sleep.Exited())
+}
+
+func TestRefusingAddrRefusesAndKeepsItsPort(t *testing.T) {
+	addr, release := RefusingAddr(t)
+	_, err := net.Dial("tcp", addr)
+	must.ErrorIs(t, err, syscall.ECONNREFUSED)
+	_, err = net.Listen("tcp", addr) // nobody else may serve it meanwhile
+	must.Error(t, err)
+	release()
+	ln, err := net.Listen("tcp", addr)
+	must.NoError(t, err)
+	ln.Close()
 }

@@ -12,6 +12,8 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // An engine that stops accepting connections is routed around after
@@ -20,7 +22,7 @@ import (
 func TestUnreachableWorkerEjected(t *testing.T) {
 	var good atomic.Int64
 	ok := echoEngine(t, "good", &good)
-	dead := deadAddr(t)
+	dead, release := testutil.RefusingAddr(t)
 	const ejectFor = 300 * time.Millisecond
 	h := newHarnessWith(t, Config{EjectFor: ejectFor}, nil, map[string]string{"a-dead": "m@" + dead, "b-good": "m@" + addr(ok)})
 	send := func(n int) {
@@ -53,6 +55,7 @@ func TestUnreachableWorkerEjected(t *testing.T) {
 	// The engine comes back on its address: the next probe connects and the
 	// worker serves again.
 	var back atomic.Int64
+	release()
 	ln, err := net.Listen("tcp", dead)
 	must.NoError(t, err)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -39,7 +39,9 @@ func h2Transport(t testing.TB, files *tlsfiles.Files) *http.Transport {
 	must.NoError(t, err)
 	c := id.ClientConfig("")
 	c.MinVersion = tls.VersionTLS13
-	return &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}
+	tr := &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
 }
 
 // serveH2 serves h over HTTP/2 with TLS, requiring client certificates.
@@ -109,11 +111,35 @@ func fedPairOver(t testing.TB, h2 bool, doc *policy.Document, e1, e2 map[string]
 		go func() { defer wg.Done(); d.fed.Run(ctx) }()
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	for _, d := range []*fedDC{dc1, dc2} {
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(d.fed.RemoteDCs()) == 1 }),
+	// Each must have the other's summary (its models) before a test routes:
+	// RemoteDCs lists a datacenter as soon as a push to it succeeded, which
+	// under load can be well before its own first summary arrives.
+	for d, other := range map[*fedDC]string{dc1: "dc2", dc2: "dc1"} {
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return summaryFrom(t, d, other) }),
 			wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
 	}
 	return dc1, dc2
+}
+
+// summaryFrom reports whether d has received a summary from datacenter dc:
+// its summary_age_seconds gauge has a series for dc.
+func summaryFrom(t testing.TB, d *fedDC, dc string) bool {
+	t.Helper()
+	mfs, err := d.reg.Gather()
+	must.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "oasis_router_federation_summary_age_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "dc" && l.GetValue() == dc {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // forwardedCount sums oasis_router_federation_forwarded_total over its series.
@@ -239,6 +265,9 @@ func TestFederationSaturatedSpills(t *testing.T) {
 		Federation: &policy.Federation{Enabled: &on, MaxSpillFraction: &spill}}
 	dc1, _ := fedPairOver(t, false, doc, map[string]string{"a": "m@" + addr(slow)},
 		map[string]string{"b": "m@" + addr(goodEngine(t, &remote))})
+	var releaseOnce sync.Once
+	unhold := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unhold) // runs first: a failed assertion must not leave the slow engine holding the servers' Close
 
 	first := make(chan int, 1)
 	go func() {
@@ -257,7 +286,7 @@ func TestFederationSaturatedSpills(t *testing.T) {
 	must.StrContains(t, body, "data: [DONE]")
 	must.Eq(t, 1, remote.Load())
 	must.Eq(t, 1, forwardedCount(t, dc1))
-	close(release)
+	unhold()
 	must.Eq(t, http.StatusOK, <-first)
 }
 

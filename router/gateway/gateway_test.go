@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,11 +70,26 @@ func newHarnessWith(t testing.TB, c Config, doc *policy.Document, engines map[st
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 10
 	}
+	if c.Transport == nil {
+		c.Transport = engineTransport(t)
+	}
 	h.gw, err = New(c)
 	must.NoError(t, err)
 	h.srv = httptest.NewServer(h.gw)
 	t.Cleanup(h.srv.Close)
 	return h
+}
+
+// engineTransport is a gateway's transport to engines whose idle
+// connections close with the test: registered before the gateway's server,
+// its cleanup runs after that server's Close, when no handler uses a
+// connection any more. Without it every pooled connection lives (its read
+// and write loops, which goleak in TestMain counts) for as long as the
+// engine's end stays open.
+func engineTransport(t testing.TB) *http.Transport {
+	tr := NewEngineTransport(EngineTransportConfig{})
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
 }
 
 // setEngines sets the pool: id → "model@host:port".
@@ -103,12 +117,12 @@ func (h *harness) post(path, body string, hdr ...string) *http.Response {
 
 func addr(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
 
-// deadAddr is a loopback address nothing listens on.
+// deadAddr is a loopback address that refuses connections for the rest of
+// the test. A port that was only free a moment ago is not enough: one of
+// the test's own servers, created after it (an engine, the gateway's),
+// could take it and answer for the "dead" worker.
 func deadAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	a := ln.Addr().String()
-	ln.Close()
+	a, _ := testutil.RefusingAddr(t)
 	return a
 }
 

@@ -65,7 +65,7 @@ func overflowHarness(t *testing.T, doc *policy.Document, f *fakeHosted, hostedMo
 	must.NoError(t, err)
 	h.gw, err = New(Config{Pool: h.pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
 		Admission: admission.New(), Metrics: h.m, Gatherer: h.reg, Logger: hclog.NewNullLogger(),
-		HostedTransport: f.srv.Client().Transport})
+		Transport: engineTransport(t), HostedTransport: f.srv.Client().Transport})
 	must.NoError(t, err)
 	h.srv = httptest.NewServer(h.gw)
 	t.Cleanup(h.srv.Close)

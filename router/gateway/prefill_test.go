@@ -68,7 +68,7 @@ func TestGatewayTeachesPrefillRate(t *testing.T) {
 	doc := &policy.Document{Policy: scoring.Weighted, Weights: map[string]float64{"ttft": 1, "prefix": 1}}
 	gw, err := New(Config{Pool: pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
 		Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg, Logger: hclog.NewNullLogger(),
-		MaxBodyBytes: 1 << 20,
+		MaxBodyBytes: 1 << 20, Transport: engineTransport(t),
 		Prepare: func(r *scoring.Request) {
 			r.Tokenize = func(context.Context, *scoring.Request) ([]uint32, error) {
 				return make([]uint32, promptTokens), nil

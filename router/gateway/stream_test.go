@@ -36,28 +36,46 @@ func rawEngineEach(t *testing.T, answer func(conn, req int) (resp string, close 
 	conns = &atomic.Int64{}
 	// The engine's connections close with the test: the gateway keeps idle
 	// upstream connections, and their read and write loops outlive the test
-	// (goleak, TestMain) while the engine holds its end open.
-	var mu sync.Mutex
-	var open []net.Conn
+	// (goleak, TestMain) while the engine holds its end open. A connection
+	// Accept returns while the test ends is closed too (it was not yet in
+	// open when the cleanup closed those), and the cleanup returns once
+	// every goroutine of the engine has.
+	var (
+		mu     sync.Mutex
+		open   = map[net.Conn]struct{}{}
+		closed bool
+		wg     sync.WaitGroup
+	)
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range open {
+		closed = true
+		for c := range open {
 			c.Close()
 		}
+		mu.Unlock()
+		wg.Wait()
 	})
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
 			mu.Lock()
-			open = append(open, c)
+			if closed {
+				mu.Unlock()
+				c.Close()
+				continue
+			}
+			open[c] = struct{}{}
+			wg.Add(1)
 			mu.Unlock()
 			n := int(conns.Add(1))
 			go func() {
+				defer wg.Done()
 				defer c.Close()
 				br := bufio.NewReader(c)
 				for i := 0; ; i++ {
