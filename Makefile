@@ -156,6 +156,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzMetricsPath -fuzztime 20s ./router/discovery
 	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime 60s ./kvcached/resp
 	$(GO) test -run '^$$' -fuzz FuzzReaderPathsAgree -fuzztime 30s ./kvcached/resp
+	$(GO) test -run '^$$' -fuzz FuzzDispatch -fuzztime 60s ./kvcached/server
 	$(GO) test -run '^$$' -fuzz FuzzAPI -fuzztime 30s ./sim/server
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./internal/kvevents
 	$(GO) test -run '^$$' -fuzz FuzzRoundTrip -fuzztime 30s ./internal/tokenizer
