@@ -9,8 +9,10 @@ package bloom
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"math"
+	"math/bits"
 )
 
 // Filter is a Bloom filter. The zero value and nil hold nothing.
@@ -95,4 +97,69 @@ func Unmarshal(b []byte) (*Filter, error) {
 	}
 	f.bits = b[5:]
 	return f, nil
+}
+
+// Limits bound a filter from another process: its size, its number of
+// hashes, and how full it may be. A filter past them matches too much to be
+// evidence of anything (an all-ones filter matches every key).
+type Limits struct {
+	MinBits, MaxBits uint32 // m
+	MinK, MaxK       uint8  // k
+	// MaxFalsePositive bounds the false-positive rate the filter's fill
+	// implies (fill^k): New's filters, at 10 bits and 7 hashes per key, are
+	// under 1% when holding the keys they were sized for.
+	MaxFalsePositive float64
+}
+
+// DefaultLimits accept what New makes, for up to 2^16 keys, and refuse a
+// filter whose fill implies more than 5% false positives.
+var DefaultLimits = Limits{MinBits: 64 * bitsPerKey, MaxBits: 1 << 16 * bitsPerKey, MinK: 1, MaxK: 16, MaxFalsePositive: 0.05}
+
+// LimitError is a filter outside Limits; Field names what (bits, k, fill).
+type LimitError struct {
+	Field string
+	Value float64
+	Limit string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("bloom: filter %s %g outside %s", e.Field, e.Value, e.Limit)
+}
+
+// FillRatio is the share of bits set.
+func (f *Filter) FillRatio() float64 {
+	if f == nil || f.m == 0 {
+		return 0
+	}
+	n := 0
+	for _, b := range f.bits {
+		n += bits.OnesCount8(b)
+	}
+	return float64(n) / float64(f.m)
+}
+
+// FalsePositiveRate is the rate the filter's fill implies: fill^k.
+func (f *Filter) FalsePositiveRate() float64 {
+	if f == nil || f.m == 0 {
+		return 0
+	}
+	return math.Pow(f.FillRatio(), float64(f.k))
+}
+
+// Check reports whether f is within l (nil is: it holds nothing).
+func (f *Filter) Check(l Limits) error {
+	if f == nil {
+		return nil
+	}
+	switch {
+	case f.m < l.MinBits || f.m > l.MaxBits:
+		return &LimitError{Field: "bits", Value: float64(f.m), Limit: fmt.Sprintf("[%d, %d]", l.MinBits, l.MaxBits)}
+	case f.k < l.MinK || f.k > l.MaxK:
+		return &LimitError{Field: "k", Value: float64(f.k), Limit: fmt.Sprintf("[%d, %d]", l.MinK, l.MaxK)}
+	}
+	if p := f.FalsePositiveRate(); p > l.MaxFalsePositive {
+		return &LimitError{Field: "fill", Value: f.FillRatio(),
+			Limit: fmt.Sprintf("a false-positive rate of %g (it implies %.3g at k=%d)", l.MaxFalsePositive, p, f.k)}
+	}
+	return nil
 }

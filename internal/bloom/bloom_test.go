@@ -2,6 +2,7 @@ package bloom
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -60,4 +61,45 @@ func FuzzUnmarshal(f *testing.F) {
 			t.Fatalf("filter misses %q just added", key)
 		}
 	})
+}
+
+// Check passes what New makes and refuses filters that would match nearly
+// anything: all ones, too small, odd k, nearly full.
+func TestCheckRefusesFullAndOddFilters(t *testing.T) {
+	for _, n := range []int{1, 64, 1024, 4096} {
+		f := New(n)
+		for i := 0; i < n; i++ {
+			f.Add(fmt.Sprint("key", i))
+		}
+		must.NoError(t, f.Check(DefaultLimits), must.Sprintf("New(%d) holding %d keys", n, n))
+	}
+	ones := func(k uint8, m uint32) *Filter {
+		b := append([]byte{k, 0, 0, 0, 0}, bytes.Repeat([]byte{0xff}, int(m/8))...)
+		b[1], b[2], b[3], b[4] = byte(m), byte(m>>8), byte(m>>16), byte(m>>24)
+		f, err := Unmarshal(b)
+		must.NoError(t, err)
+		return f
+	}
+	overfull := New(64)
+	for i := 0; i < 640; i++ {
+		overfull.Add(fmt.Sprint("key", i))
+	}
+	for name, tc := range map[string]struct {
+		f     *Filter
+		field string
+	}{
+		"one byte of ones":      {ones(7, 8), "bits"},
+		"all ones":              {ones(7, 640), "fill"},
+		"one hash":              {ones(1, 640), "fill"},
+		"too many hashes":       {&Filter{k: 32, m: 640, bits: make([]byte, 80)}, "k"},
+		"ten times its keys":    {overfull, "fill"},
+		"larger than any New's": {&Filter{k: 7, m: 1 << 24, bits: make([]byte, 1<<21)}, "bits"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := tc.f.Check(DefaultLimits)
+			var le *LimitError
+			must.True(t, errors.As(err, &le), must.Sprint(err))
+			must.EqOp(t, tc.field, le.Field)
+		})
+	}
 }

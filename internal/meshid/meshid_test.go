@@ -199,7 +199,7 @@ func TestFilesClientFollowsTheBundle(t *testing.T) {
 
 	tlsfilestest.WriteFile(t, dir, "servers.pem", append(otherCA.PEM, serverCA.PEM...))
 	must.NoError(t, f.Reload())
-	got, err := get(client(id, ""), srv.URL)
+	got, err := get(&http.Client{Transport: &http.Transport{TLSClientConfig: ForHost(id.ClientConfig(""), "127.0.0.1")}}, srv.URL)
 	must.NoError(t, err)
 	must.EqOp(t, "ok", got)
 
@@ -207,6 +207,42 @@ func TestFilesClientFollowsTheBundle(t *testing.T) {
 	cfg.ServerName = "elsewhere.test"
 	_, err = tls.Dial("tcp", addr, cfg)
 	must.Error(t, err) // the name is checked too
+}
+
+// A files identity dialling a peer by IP address checks the address: crypto/tls
+// reports no server name for an IP literal, so the plain configuration refuses
+// (it used to accept any certificate of the CA), and ForHost checks the
+// dialled address against the certificate's IP SANs.
+func TestFilesClientChecksTheDialledAddress(t *testing.T) {
+	ca := tlsfilestest.NewCA(t, "oasis")
+	dir := t.TempDir()
+	caFile, certFile, keyFile := ca.WriteFiles(t, dir, "client", "client.test")
+	f, err := tlsfiles.New(tlsfiles.Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile})
+	must.NoError(t, err)
+	id, err := New(context.Background(), Config{Files: f})
+	must.NoError(t, err)
+	start := func(names ...string) string {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "server", names...).TLS(t)}}
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	elsewhere := start("127.0.0.2", "other.test") // another node's certificate, served at 127.0.0.1
+	here := start("127.0.0.1")
+	via := func(c *tls.Config) *http.Client {
+		tr := &http.Transport{TLSClientConfig: c}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Timeout: 10 * time.Second, Transport: tr}
+	}
+
+	_, err = get(via(id.ClientConfig("")), elsewhere)
+	must.ErrorIs(t, err, ErrNoServerName)
+	_, err = get(via(ForHost(id.ClientConfig(""), "127.0.0.1")), elsewhere)
+	must.ErrorContains(t, err, "127.0.0.1")
+	got, err := get(via(ForHost(id.ClientConfig(""), "127.0.0.1")), here)
+	must.NoError(t, err)
+	must.EqOp(t, "ok", got)
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {

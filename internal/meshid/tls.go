@@ -39,7 +39,9 @@ func (id *Identity) ServerConfig(nextProtos ...string) *tls.Config {
 // current certificate and accepts a server only if its chain ends in the
 // current roots and, in the mesh, its certificate names service (any
 // datacenter of the trust domain; "" accepts any service). With files the
-// server's name is checked against ServerName instead, as crypto/tls would.
+// server's name is checked against ServerName instead, as crypto/tls would;
+// a dial by IP address needs ForHost (crypto/tls leaves addresses out of
+// the name a handshake reports, and such a handshake is refused).
 func (id *Identity) ClientConfig(service string, nextProtos ...string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -50,6 +52,34 @@ func (id *Identity) ClientConfig(service string, nextProtos ...string) *tls.Conf
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return id.certificate(), nil },
 		VerifyConnection:     func(cs tls.ConnectionState) error { return id.verifyServer(cs, service) },
 	}
+}
+
+// ErrNoServerName is a files identity's handshake with no server name to
+// check: a peer dialled by IP address through a configuration that is not
+// ForHost's.
+var ErrNoServerName = errors.New("meshid: no server name to verify (dialled by IP address: use meshid.ForHost with the dialled host)")
+
+// ForHost is c (a ClientConfig) for one dial of host, an IP address or a DNS
+// name: its ServerName is host and its VerifyConnection checks the server's
+// certificate against host. crypto/tls leaves an IP address out of
+// ConnectionState.ServerName, so without it a files identity would have no
+// name to check a peer dialled by address against (it refuses instead:
+// ErrNoServerName). A ServerName already set in c is the name checked.
+func ForHost(c *tls.Config, host string) *tls.Config {
+	c = c.Clone()
+	if c.ServerName == "" {
+		c.ServerName = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	name := c.ServerName
+	if verify := c.VerifyConnection; verify != nil && name != "" {
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if cs.ServerName == "" {
+				cs.ServerName = name
+			}
+			return verify(cs)
+		}
+	}
+	return c
 }
 
 // Authorize checks a connection's caller against the intentions as they
@@ -93,6 +123,11 @@ func (id *Identity) verifyServer(cs tls.ConnectionState, service string) error {
 		return fmt.Errorf("meshid: server certificate: %w", err)
 	}
 	if id.files != nil {
+		if cs.ServerName == "" {
+			// crypto/tls leaves an IP address out of ServerName (SNI carries
+			// no addresses): verifying "" would check no name at all.
+			return ErrNoServerName
+		}
 		return nil
 	}
 	sid, err := id.peerID(leaf)

@@ -10,6 +10,7 @@ package federation
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +24,10 @@ import (
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
+
+	"github.com/oasis-llm/oasis/internal/bloom"
 
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -52,9 +56,13 @@ type Config struct {
 	Local func() []ModelSummary
 
 	// Transport, when set, replaces the HTTP/3 client (its peers then serve
-	// Handler on a listener of the same protocol): benchmarks compare
-	// HTTP/2 over TLS with it.
+	// Handler on a listener of the same protocol). Peers' datacenters are
+	// then checked on answers, not at the handshake: prefer HTTP2.
 	Transport http.RoundTripper
+	// HTTP2 makes the client HTTP/2 over TLS (TCP) instead of HTTP/3, with
+	// the same per-dial checks: benchmarks compare the two, its peers serve
+	// Handler on a TLS listener (LimitListener bounds it per peer).
+	HTTP2 bool
 
 	StaticPeers  []Peer        // peers besides Consul's (tests, fixed topologies)
 	Interval     time.Duration // between two summary pushes; default 1s
@@ -62,6 +70,26 @@ type Config struct {
 	QueryWait    time.Duration // a blocking Consul query's wait; default 5s
 	QueryTimeout time.Duration // added to QueryWait for a cross-DC query's deadline; default 2s
 	HotKeys      int           // prefix block keys remembered per model; default 1024
+
+	// Limits on what peers may do. A peer is a remote address (connections)
+	// or the datacenter its certificate names (requests).
+	MaxConnsPerPeer int // connections at once from one address (QUIC or TLS); default 16
+	// ForwardedRate and ForwardedBurst bound the requests each datacenter
+	// forwards here, per second; default 1000 and 1000. Past them a request
+	// is answered 429 and the forwarding router serves it itself.
+	ForwardedRate  float64
+	ForwardedBurst int
+	// MaxForwardedInFlight bounds each datacenter's forwarded requests being
+	// served here at once; default 1024.
+	MaxForwardedInFlight int
+	// ProbeTimeout bounds the half-open breaker's probe until its response
+	// head: a stalling datacenter costs the probe that long, not the
+	// request's response timeout; default 3s.
+	ProbeTimeout time.Duration
+	// RemoteTTL is how long another datacenter's summary is kept: older
+	// ones are dropped, and so is the datacenter's entry once Consul no
+	// longer lists its routers; default 1m.
+	RemoteTTL time.Duration
 
 	Logger     hclog.Logger          // nil: no logs
 	Registerer prometheus.Registerer // nil: metrics not registered
@@ -80,10 +108,12 @@ type Federation struct {
 	cfg   Config
 	log   hclog.Logger
 	m     *fedMetrics
-	h3    *http3.Transport // the default client; closed with the federation
+	cl    io.Closer // the client this federation made; closed with it
 	rt    http.RoundTripper
 	peers *peerSet
 	rr    atomic.Uint64 // spreads forwards over a datacenter's routers
+	conns peerConns     // connections per remote address on the listener
+	fwd   forwardLimits // forwarded requests per datacenter
 
 	mu        sync.Mutex
 	static    []Peer               // Config.StaticPeers, or SetStaticPeers'
@@ -92,6 +122,7 @@ type Federation struct {
 	spill     SpillBudget
 	closeOnce sync.Once
 	ln        net.PacketConn
+	qln       *quic.EarlyListener
 	srv       *http3.Server
 }
 
@@ -109,7 +140,7 @@ func New(c Config) (*Federation, error) {
 	switch {
 	case !validName(c.DC):
 		return nil, ErrNoDC
-	case c.Identity.Server == nil || c.Identity.Client == nil:
+	case c.Identity.Server == nil || c.Identity.Client == nil || c.Identity.PeerDC == nil:
 		return nil, ErrNoIdentity
 	case c.Policy == nil || c.Local == nil:
 		return nil, errors.New("federation: Config.Policy and Config.Local are required")
@@ -122,22 +153,34 @@ func New(c Config) (*Federation, error) {
 		}
 	}
 	setDefaults(&c)
-	f := &Federation{cfg: c, log: c.Logger.Named("federation"), h3: c.Identity.clientTransport(),
+	f := &Federation{cfg: c, log: c.Logger.Named("federation"),
 		peers:  &peerSet{peers: map[string][]Peer{}, stale: map[string]bool{}},
 		remote: map[string]*remoteDC{}, hot: map[string]*HotKeys{}, static: c.StaticPeers}
+	f.conns.max = c.MaxConnsPerPeer
+	f.fwd.init(c)
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	f.m, f.rt = m, f.h3
-	if c.Transport != nil {
-		f.rt = c.Transport
+	f.m = m
+	switch {
+	case c.Transport != nil:
+		// Not ours: the datacenter is checked on each answer.
+		f.rt = dcChecked{rt: c.Transport, f: f}
+	case c.HTTP2:
+		h2 := f.newH2Client()
+		f.rt, f.cl = h2, closerFunc(func() error { h2.CloseIdleConnections(); return nil })
+	default:
+		h3, err := f.newH3Client()
+		if err != nil {
+			return nil, err
+		}
+		f.rt, f.cl = h3, h3
 	}
-	if c.Identity.PeerDC != nil {
-		f.rt = dcChecked{rt: f.rt, f: f}
-	}
+	f.rt = probeTimed{rt: f.rt, f: f}
 	if c.Listen != "" {
 		if err := f.listen(); err != nil {
+			f.Close()
 			return nil, err
 		}
 	}
@@ -152,13 +195,25 @@ func setDefaults(c *Config) {
 		v   *time.Duration
 		def time.Duration
 	}{{&c.Interval, time.Second}, {&c.PushTimeout, time.Second}, {&c.QueryWait, 5 * time.Second},
-		{&c.QueryTimeout, 2 * time.Second}} {
+		{&c.QueryTimeout, 2 * time.Second}, {&c.ProbeTimeout, 3 * time.Second}, {&c.RemoteTTL, time.Minute}} {
 		if *d.v <= 0 {
 			*d.v = d.def
 		}
 	}
 	if c.HotKeys <= 0 {
 		c.HotKeys = 1024
+	}
+	if c.MaxConnsPerPeer <= 0 {
+		c.MaxConnsPerPeer = 16
+	}
+	if c.ForwardedRate <= 0 {
+		c.ForwardedRate = 1000
+	}
+	if c.ForwardedBurst <= 0 {
+		c.ForwardedBurst = 1000
+	}
+	if c.MaxForwardedInFlight <= 0 {
+		c.MaxForwardedInFlight = 1024
 	}
 	if c.now == nil {
 		c.now = time.Now
@@ -176,7 +231,12 @@ func (f *Federation) listen() error {
 	if err != nil {
 		return fmt.Errorf("federation: listening on %s: %w", f.cfg.Listen, err)
 	}
-	f.ln = ln
+	qln, err := quic.ListenEarly(ln, tc, quicConfig())
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("federation: listening on %s: %w", f.cfg.Listen, err)
+	}
+	f.ln, f.qln = ln, qln
 	f.srv = &http3.Server{TLSConfig: tc, QUICConfig: quicConfig(), Handler: f.serverHandler()}
 	return nil
 }
@@ -217,7 +277,7 @@ func (f *Federation) Run(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := f.srv.Serve(f.ln); err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
+			if err := f.srv.ServeListener(limitedQUIC{EarlyListener: f.qln, f: f}); err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
 				f.log.Error("federation listener failed", "error", err)
 			}
 		}()
@@ -238,10 +298,15 @@ func (f *Federation) Close() {
 		if f.srv != nil {
 			_ = f.srv.Close()
 		}
+		if f.qln != nil {
+			_ = f.qln.Close()
+		}
 		if f.ln != nil {
 			_ = f.ln.Close()
 		}
-		_ = f.h3.Close()
+		if f.cl != nil {
+			_ = f.cl.Close()
+		}
 	})
 }
 
@@ -250,27 +315,85 @@ func (f *Federation) Close() {
 func (f *Federation) Handler() http.Handler { return f.serverHandler() }
 
 // serverHandler serves the federation listener: summaries, and forwarded
-// requests, which are marked so the gateway never forwards them again.
+// requests, which are marked so the gateway never forwards them again. Every
+// request is authenticated first: the caller's certificate must name a
+// datacenter whose routers Consul lists (or a static peer's), and in the
+// mesh the intentions must allow it now.
 func (f *Federation) serverHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+SummaryPath, f.receive)
-	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.cfg.Handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardedKey{}, true)))
-	}))
-	if auth := f.cfg.Identity.Authorize; auth != nil {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.TLS == nil || auth(*r.TLS) != nil {
-				http.Error(w, "federation: caller not authorized", http.StatusForbidden)
-				return
-			}
-			mux.ServeHTTP(w, r)
-		})
-	}
-	return mux
+	mux.Handle("/", http.HandlerFunc(f.serveForwarded))
+	auth := f.cfg.Identity.Authorize
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || auth != nil && auth(*r.TLS) != nil {
+			f.m.refused.WithLabelValues("", "identity").Inc()
+			http.Error(w, "federation: caller not authorized", http.StatusForbidden)
+			return
+		}
+		dc, err := f.caller(*r.TLS)
+		if err != nil {
+			f.m.refused.WithLabelValues("", "identity").Inc()
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, dc)))
+	})
 }
 
-// maxRemoteDCs bounds the datacenters a router keeps state for: peers are
-// authenticated, but the datacenter a summary names is theirs to choose.
+// Errors of a caller's identity (403).
+var (
+	ErrNoPeerDC   = errors.New("federation: the caller's certificate names no datacenter (URI SAN spiffe://<trust domain>/ns/<ns>/dc/<dc>/svc/oasis-router)")
+	ErrUnlistedDC = errors.New("federation: the datacenter the caller's certificate names has no router Consul lists")
+	ErrSummaryDC  = errors.New("federation: the summary's datacenter is not the caller's")
+	ErrOwnDC      = errors.New("federation: the caller's certificate names this router's own datacenter")
+)
+
+// caller is the datacenter a connection's peer speaks for.
+func (f *Federation) caller(cs tls.ConnectionState) (string, error) {
+	dc := f.cfg.Identity.PeerDC(cs)
+	switch {
+	case dc == "":
+		return "", ErrNoPeerDC
+	case dc == f.cfg.DC:
+		return "", ErrOwnDC
+	case !f.knownDC(dc):
+		return "", fmt.Errorf("%w: %q", ErrUnlistedDC, dc)
+	}
+	return dc, nil
+}
+
+// knownDC reports whether dc has a router Consul lists (or a static peer).
+func (f *Federation) knownDC(dc string) bool {
+	for _, p := range f.allPeers() {
+		if p.DC == dc {
+			return true
+		}
+	}
+	return false
+}
+
+type callerKey struct{}
+
+// callerDC is the authenticated datacenter of a request on the listener.
+func callerDC(ctx context.Context) string { v, _ := ctx.Value(callerKey{}).(string); return v }
+
+// serveForwarded serves a request another datacenter's router forwarded,
+// within that datacenter's rate and in-flight limits (429 past them: the
+// forwarding router serves it itself).
+func (f *Federation) serveForwarded(w http.ResponseWriter, r *http.Request) {
+	dc := callerDC(r.Context())
+	release, reason := f.fwd.acquire(dc, f.cfg.now())
+	if reason != "" {
+		f.m.refused.WithLabelValues(dc, reason).Inc()
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "federation: too many requests forwarded from "+dc+" ("+reason+")", http.StatusTooManyRequests)
+		return
+	}
+	defer release()
+	f.cfg.Handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardedKey{}, true)))
+}
+
+// maxRemoteDCs bounds the datacenters a router keeps state for.
 const maxRemoteDCs = 64
 
 type forwardedKey struct{}
@@ -279,34 +402,41 @@ type forwardedKey struct{}
 // datacenter's router: it must be served locally.
 func Forwarded(ctx context.Context) bool { v, _ := ctx.Value(forwardedKey{}).(bool); return v }
 
-// receive stores a peer's summary.
+// receive stores a peer's summary: only for the datacenter the caller's
+// certificate names, with filters that are evidence of something.
 func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
+	dc := callerDC(r.Context())
 	b, err := io.ReadAll(io.LimitReader(r.Body, MaxSummaryBytes+1))
 	if err != nil {
 		http.Error(w, "reading summary: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	var s Summary
-	if err := s.UnmarshalBinary(b); err != nil || s.DC == f.cfg.DC {
-		f.m.badSummaries.Inc()
-		http.Error(w, "bad summary", http.StatusBadRequest)
+	if err := s.UnmarshalBinary(b); err != nil {
+		f.m.badSummaries.WithLabelValues("malformed").Inc()
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if pdc := f.cfg.Identity.PeerDC; pdc != nil && r.TLS != nil && pdc(*r.TLS) != s.DC {
-		f.m.badSummaries.Inc()
-		http.Error(w, "the summary's datacenter is not the caller's", http.StatusForbidden)
+	if s.DC != dc {
+		f.m.badSummaries.WithLabelValues("wrong_dc").Inc()
+		http.Error(w, fmt.Sprintf("%v: summary for %q from %q", ErrSummaryDC, s.DC, dc), http.StatusForbidden)
 		return
 	}
 	models := make(map[string]ModelSummary, len(s.Models))
 	for _, m := range s.Models {
+		if err := m.Prefixes.Check(filterLimits); err != nil {
+			f.m.badSummaries.WithLabelValues("filter").Inc()
+			http.Error(w, fmt.Sprintf("federation: model %q: prefix filter refused: %v", m.Model, err), http.StatusBadRequest)
+			return
+		}
 		models[m.Model] = m
 	}
 	now := f.cfg.now()
 	f.mu.Lock()
 	if _, known := f.remote[s.DC]; !known && len(f.remote) >= maxRemoteDCs {
 		f.mu.Unlock()
-		f.m.badSummaries.Inc()
-		http.Error(w, "too many datacenters", http.StatusBadRequest)
+		f.m.badSummaries.WithLabelValues("too_many_dcs").Inc()
+		http.Error(w, "federation: too many datacenters", http.StatusServiceUnavailable)
 		return
 	}
 	rd := f.remoteLocked(s.DC)
@@ -314,6 +444,15 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// filterLimits bound a summary's prefix filters: what New makes for up to
+// maxFilterBytes, and no fuller than a 5% false-positive rate (an all-ones
+// filter would pull every request across).
+var filterLimits = func() bloom.Limits {
+	l := bloom.DefaultLimits
+	l.MaxBits = maxFilterBytes * 8
+	return l
+}()
 
 func (f *Federation) remoteLocked(dc string) *remoteDC {
 	rd := f.remote[dc]

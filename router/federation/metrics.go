@@ -13,8 +13,11 @@ type fedMetrics struct {
 	peersStale      *prometheus.GaugeVec     // dc
 	summaryBytes    prometheus.Gauge
 	badEntries      *prometheus.CounterVec // reason
-	badSummaries    prometheus.Counter
+	badSummaries    *prometheus.CounterVec // reason
 	wrongDC         *prometheus.CounterVec // dc
+	refused         *prometheus.CounterVec // dc, reason: requests the listener refused
+	connsRefused    prometheus.Counter
+	expired         prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
@@ -37,16 +40,24 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 			Help: "Encoded size of the last summary this router pushed."}),
 		badEntries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_peer_entries_total",
 			Help: "Consul registrations of the federation service left out, by reason."}, []string{"reason"}),
-		badSummaries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_summaries_total",
-			Help: "Summaries refused as malformed, from too many datacenters, or (in the mesh) for another datacenter than the caller's certificate names."}),
+		badSummaries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_summaries_total",
+			Help: "Summaries refused, by reason: malformed, wrong_dc (for another datacenter than the caller's certificate names), filter (a prefix filter too small, too large or too full), too_many_dcs."},
+			[]string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "refused_total",
+			Help: "Requests the federation listener refused, by caller datacenter and reason: identity (no certificate naming a datacenter Consul lists, or intentions), rate, in_flight."},
+			[]string{"dc", "reason"}),
+		connsRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_refused_total",
+			Help: "Connections to the federation listener closed because their address already held the per-peer maximum."}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "summaries_expired_total",
+			Help: "Datacenters' summaries dropped for being older than the remote state's TTL."}),
 		wrongDC: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "wrong_dc_peers_total",
-			Help: "Requests to a peer found for dc whose certificate named another datacenter (mesh identities), refused."}, []string{"dc"}),
+			Help: "Dials of a peer found for dc whose certificate named another datacenter (or none), refused at the handshake."}, []string{"dc"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.forwarded, m.forwardFailures, m.rtt, m.breaker, m.summaryAge,
-		m.peersStale, m.summaryBytes, m.badEntries, m.badSummaries, m.wrongDC} {
+		m.peersStale, m.summaryBytes, m.badEntries, m.badSummaries, m.wrongDC, m.refused, m.connsRefused, m.expired} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -70,7 +70,7 @@ func TestFrozenDatacenterGoesStale(t *testing.T) {
 	client, err := consulapi.NewClient(&consulapi.Config{Address: srv.Listener.Addr().String()})
 	must.NoError(t, err)
 	ca := tlsfilestest.NewCA(t, "federation")
-	f := startFed(t, Config{DC: "dc1", Identity: testIdentity(t, ca, "a"), Consul: client,
+	f := startFed(t, Config{DC: "dc1", Identity: testIdentity(t, ca, "dc1"), Consul: client,
 		QueryWait: 300 * time.Millisecond, QueryTimeout: 200 * time.Millisecond,
 		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: testWriter{t}})})
 	start := time.Now()
@@ -95,7 +95,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // any.
 func TestBeginSkipsRoutersWithoutModels(t *testing.T) {
 	ca := tlsfilestest.NewCA(t, "federation")
-	f, err := New(Config{DC: "dc1", Identity: testIdentity(t, ca, "a"), Policy: enabled,
+	f, err := New(Config{DC: "dc1", Identity: testIdentity(t, ca, "dc1"), Policy: enabled,
 		Local:       func() []ModelSummary { return nil },
 		StaticPeers: []Peer{{DC: "dc2", Addr: "10.0.0.1:1", Models: []string{}}, {DC: "dc3", Addr: "10.0.0.2:1"}}})
 	must.NoError(t, err)

@@ -90,6 +90,7 @@ func (f *Federation) pushLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		f.pushOnce(ctx)
+		f.expire(f.cfg.now())
 		f.updateGauges()
 		select {
 		case <-ctx.Done():

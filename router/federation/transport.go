@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/pki"
 )
 
 // Identity is this router's TLS identity on the federation link. Server
@@ -29,12 +31,15 @@ type Identity struct {
 	// serves (403 when it refuses): in the mesh, the intentions as they
 	// are now, so that a revoked one stops connections made before it.
 	Authorize func(tls.ConnectionState) error
-	// PeerDC, when set, is the datacenter a peer's certificate names (a
-	// Connect leaf's SPIFFE ID does; files do not). A peer must then be of
-	// the datacenter it speaks for: a request to an address registered for
-	// dc2 fails unless the certificate there is dc2's, and a summary is
-	// taken only for the caller's own datacenter. Anyone who may register a
-	// service cannot send one datacenter's traffic to another's router.
+	// PeerDC is the datacenter a peer's certificate names, "" for none (a
+	// Connect leaf's SPIFFE ID; with files a URI SAN of the same form). A
+	// peer must be of the datacenter it speaks for: a dial of an address
+	// registered for dc2 fails at the handshake unless the certificate there
+	// is dc2's, and the listener serves a caller only when its certificate
+	// names a datacenter whose routers Consul lists (summaries only for that
+	// datacenter). Anyone who may register a service cannot send one
+	// datacenter's traffic to another's router, and a certificate of the CA
+	// cannot speak for a datacenter it does not name. Required.
 	PeerDC func(tls.ConnectionState) string
 }
 
@@ -44,17 +49,33 @@ var ErrNoClientAuth = errors.New("federation: the identity's server configuratio
 
 // MeshIdentity is the federation identity of id: in the Consul mesh, peers
 // must present a leaf of peerService and the intentions decide (at the
-// handshake and per request); from files, any certificate the CA signed.
+// handshake and per request); from files, a certificate the CA signed. Either
+// way a peer's certificate must name its datacenter (PeerDC): the Connect
+// leaf's SPIFFE ID, or with files a URI SAN of the same form naming service
+// pki.RouterService (pki.RouterURI; pki.IssueRouter makes such certificates).
 func MeshIdentity(id *meshid.Identity, peerService string) Identity {
 	ident := Identity{
 		Server:    func() *tls.Config { return id.ServerConfig() },
 		Client:    func() *tls.Config { return id.ClientConfig(peerService) },
 		Authorize: id.Authorize,
+		PeerDC:    meshid.PeerDatacenter,
 	}
-	if id.Mesh() {
-		ident.PeerDC = meshid.PeerDatacenter
+	if !id.Mesh() {
+		ident.PeerDC = filesPeerDC
 	}
 	return ident
+}
+
+// filesPeerDC is the datacenter a PEM certificate names: its URI SAN
+// spiffe://<any>/ns/<ns>/dc/<dc>/svc/oasis-router ("" for any other).
+func filesPeerDC(cs tls.ConnectionState) string {
+	if meshid.PeerService(cs) != pki.RouterService {
+		return ""
+	}
+	if dc := meshid.PeerDatacenter(cs); validName(dc) {
+		return dc
+	}
+	return ""
 }
 
 // ErrWrongDC is a peer whose certificate is of another datacenter than the
@@ -95,13 +116,15 @@ func FilesIdentity(f *tlsfiles.Files) (Identity, error) {
 
 // QUIC timers: a peer that goes silent is noticed within MaxIdleTimeout
 // instead of quic-go's default 30 s, which would hold a cut stream open.
+// A connection carries at most quicMaxStreams requests at once.
 const (
 	quicKeepAlive   = time.Second
 	quicIdleTimeout = 5 * time.Second
+	quicMaxStreams  = 256
 )
 
 func quicConfig() *quic.Config {
-	return &quic.Config{KeepAlivePeriod: quicKeepAlive, MaxIdleTimeout: quicIdleTimeout}
+	return &quic.Config{KeepAlivePeriod: quicKeepAlive, MaxIdleTimeout: quicIdleTimeout, MaxIncomingStreams: quicMaxStreams}
 }
 
 // serverTLS returns the identity's server configuration for HTTP/3, TLS 1.3
@@ -116,9 +139,89 @@ func (id Identity) serverTLS() (*tls.Config, error) {
 	return http3.ConfigureTLSConfig(c), nil
 }
 
-// clientTransport is an HTTP/3 client with the identity.
-func (id Identity) clientTransport() *http3.Transport {
-	c := id.Client().Clone()
+// ErrUnknownPeer is a dial to an address that no known peer has.
+var ErrUnknownPeer = errors.New("federation: not the address of a known peer")
+
+// dialTLS is the client configuration for one dial of addr (host:port): the
+// server's certificate must name the dialled host (meshid.ForHost: crypto/tls
+// reports no name for an IP address, which would check none) and the
+// datacenter addr was found for.
+func (f *Federation) dialTLS(base *tls.Config, addr string) (*tls.Config, error) {
+	want := f.peerDC(addr)
+	if want == "" {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownPeer, addr)
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	c := meshid.ForHost(base, host)
 	c.MinVersion = tls.VersionTLS13
-	return &http3.Transport{TLSClientConfig: c, QUICConfig: quicConfig(), DisableCompression: true}
+	verify := c.VerifyConnection
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if verify != nil {
+			if err := verify(cs); err != nil {
+				return err
+			}
+		}
+		if got := f.cfg.Identity.PeerDC(cs); got != want {
+			f.m.wrongDC.WithLabelValues(want).Inc()
+			return fmt.Errorf("%w: %s was found for %s, its certificate names %q", ErrWrongDC, addr, want, got)
+		}
+		return nil
+	}
+	return c, nil
+}
+
+// h3Client is the HTTP/3 client: its dials are dialTLS's, on its own UDP
+// socket. An http3.Transport keeps one connection per peer address.
+type h3Client struct {
+	*http3.Transport
+	qt *quic.Transport
+}
+
+func (f *Federation) newH3Client() (*h3Client, error) {
+	udp, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return nil, fmt.Errorf("federation: client socket: %w", err)
+	}
+	c := &h3Client{qt: &quic.Transport{Conn: udp}}
+	base := f.cfg.Identity.Client()
+	c.Transport = &http3.Transport{TLSClientConfig: base, QUICConfig: quicConfig(), DisableCompression: true,
+		Dial: func(ctx context.Context, addr string, tc *tls.Config, qc *quic.Config) (*quic.Conn, error) {
+			dc, err := f.dialTLS(tc, addr)
+			if err != nil {
+				return nil, err
+			}
+			ua, err := net.ResolveUDPAddr("udp", addr)
+			if err != nil {
+				return nil, err
+			}
+			return c.qt.Dial(ctx, ua, dc, qc)
+		}}
+	return c, nil
+}
+
+func (c *h3Client) Close() error {
+	err := c.Transport.Close()
+	_ = c.qt.Close()
+	_ = c.qt.Conn.Close()
+	return err
+}
+
+// newH2Client is the HTTP/2 over TLS client (Config.HTTP2): dialTLS's
+// dials, at most MaxConnsPerPeer connections per peer.
+func (f *Federation) newH2Client() *http.Transport {
+	base := f.cfg.Identity.Client()
+	return &http.Transport{ForceAttemptHTTP2: true, DisableCompression: true, MaxConnsPerHost: f.cfg.MaxConnsPerPeer,
+		MaxIdleConnsPerHost: f.cfg.MaxConnsPerPeer, IdleConnTimeout: 90 * time.Second,
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := f.dialTLS(base, addr)
+			if err != nil {
+				return nil, err
+			}
+			c.NextProtos = []string{"h2"}
+			d := tls.Dialer{Config: c}
+			return d.DialContext(ctx, network, addr)
+		}}
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
-	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/router/federation"
@@ -31,17 +30,6 @@ type fedDC struct {
 	fed  *federation.Federation
 	reg  *prometheus.Registry // the federation's metrics
 	addr func() string        // its federation listener
-}
-
-// h2Transport is an HTTP/2 over TLS client with the files' identity.
-func h2Transport(t testing.TB, files *tlsfiles.Files) *http.Transport {
-	id, err := meshid.New(context.Background(), meshid.Config{Files: files})
-	must.NoError(t, err)
-	c := id.ClientConfig("")
-	c.MinVersion = tls.VersionTLS13
-	tr := &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 64}
-	t.Cleanup(tr.CloseIdleConnections)
-	return tr
 }
 
 // serveH2 serves h over HTTP/2 with TLS, requiring client certificates.
@@ -74,19 +62,19 @@ func fedPairOver(t testing.TB, h2 bool, doc *policy.Document, e1, e2 map[string]
 			Models: map[string]policy.Model{"m": {}}}
 	}
 	mk := func(dc string, engines map[string]string) *fedDC {
-		caFile, certFile, keyFile := ca.WriteFiles(t, t.TempDir(), dc, "127.0.0.1")
+		caFile, certFile, keyFile := ca.WriteRouterFiles(t, t.TempDir(), dc, "127.0.0.1")
 		files, err := tlsfiles.New(tlsfiles.Config{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile})
 		must.NoError(t, err)
 		d := &fedDC{reg: prometheus.NewRegistry()}
 		var gw atomic.Pointer[Gateway] // the federation and the gateway each need the other
-		listen, rt := "127.0.0.1:0", http.RoundTripper(nil)
+		listen := "127.0.0.1:0"
 		if h2 {
-			listen, rt = "", h2Transport(t, files)
+			listen = ""
 		}
 		id, err := federation.FilesIdentity(files)
 		must.NoError(t, err)
 		d.fed, err = federation.New(federation.Config{DC: dc, Identity: id,
-			Listen: listen, Transport: rt, Interval: 50 * time.Millisecond, Registerer: d.reg,
+			Listen: listen, HTTP2: h2, Interval: 50 * time.Millisecond, Registerer: d.reg,
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				gw.Load().ForwardedHandler().ServeHTTP(w, r)
 			}),

@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/oasis-llm/oasis/internal/tlsfiles/pki"
 )
 
 // CA is a self-signed certificate authority.
@@ -83,6 +85,38 @@ func (ca *CA) Issue(t testing.TB, commonName string, names ...string) *Leaf {
 	}
 	return &Leaf{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})}
+}
+
+// IssueRouter makes datacenter dc's routers' federation certificate, as
+// pki.IssueRouter does (the datacenter in a URI SAN), for hosts.
+func (ca *CA) IssueRouter(t testing.TB, dc string, hosts ...string) *Leaf {
+	t.Helper()
+	p, err := pki.ParseCA(ca.PEM, ca.keyPEM(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := p.IssueRouter(dc, hosts, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Leaf{Cert: l.Cert, CertPEM: l.CertPEM, KeyPEM: l.KeyPEM}
+}
+
+// WriteRouterFiles issues IssueRouter's certificate for dc and hosts and
+// writes ca.pem, <dc>.pem and <dc>-key.pem into dir, returning the paths.
+func (ca *CA) WriteRouterFiles(t testing.TB, dir, dc string, hosts ...string) (caFile, certFile, keyFile string) {
+	t.Helper()
+	l := ca.IssueRouter(t, dc, hosts...)
+	return WriteFile(t, dir, "ca.pem", ca.PEM), WriteFile(t, dir, dc+".pem", l.CertPEM),
+		WriteFile(t, dir, dc+"-key.pem", l.KeyPEM)
+}
+
+func (ca *CA) keyPEM(t testing.TB) []byte {
+	der, err := x509.MarshalPKCS8PrivateKey(ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
 
 // TLS is the leaf as a tls.Certificate, to serve or dial with.

@@ -42,9 +42,11 @@ func TestRoutersFederateAcrossRegions(t *testing.T) {
 		Policies: []*consulapi.ACLTokenPolicyLink{{Name: "oasis-router"}}}, nil)
 	must.NoError(t, err)
 	ca := tlsfilestest.NewCA(t, "oasis-federation")
-	leaf := ca.Issue(t, "oasis-router-federation", "127.0.0.1")
 	urls := map[string]string{}
 	for _, s := range []*testbed.Stack{dc1, dc2} {
+		// Each datacenter's routers have their own certificate: it names
+		// the datacenter they speak for (pki.RouterURI).
+		leaf := ca.IssueRouter(t, s.Datacenter, "127.0.0.1")
 		_, _, err := s.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/oasis-router", Items: nomadapi.VariableItems{
 			"consul_token": token.SecretID, "federation_tls_cert": string(leaf.CertPEM),
 			"federation_tls_key": string(leaf.KeyPEM), "federation_tls_ca": string(ca.PEM)}}, nil)

@@ -79,7 +79,7 @@ func startDCWith(t *testing.T, name string, agent *testutil.ConsulAgent, ca *tls
 	}
 	d.fed = o.listen
 	dir := t.TempDir()
-	caFile, cert, key := ca.WriteFiles(t, dir, name, append([]string{"127.0.0.1"}, o.hosts...)...)
+	caFile, cert, key := ca.WriteRouterFiles(t, dir, name, append([]string{"127.0.0.1"}, o.hosts...)...)
 	pol := filepath.Join(dir, "policy.json")
 	must.NoError(t, os.WriteFile(pol, []byte(o.policy), 0o600))
 	listen := testutil.FreeAddr(t)

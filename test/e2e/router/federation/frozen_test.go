@@ -45,7 +45,7 @@ func startRouterProcess(t *testing.T, name string, agent *testutil.ConsulAgent, 
 	sim := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--log-level", "warn"}})
 	registerEngine(t, agent.Client, name+"-engine-0", sim.Addr)
 	dir := t.TempDir()
-	caFile, cert, key := ca.WriteFiles(t, dir, name, "127.0.0.1")
+	caFile, cert, key := ca.WriteRouterFiles(t, dir, name, "127.0.0.1")
 	pol := filepath.Join(dir, "policy.json")
 	must.NoError(t, os.WriteFile(pol, []byte(frozenPolicy), 0o600))
 	fedAddr := testutil.FreeAddr(t)
