@@ -294,6 +294,10 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 			c.FederationListen, c.PolicyFile = "127.0.0.1:0", write("p.json", `{"policy":"round_robin"}`)
 			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, pki.clientCAFile
 		}, "-federation-dc"},
+		{"federation certificate naming no datacenter", func(c *Config) {
+			c.FederationListen, c.FederationDC, c.PolicyFile = "127.0.0.1:0", "dc1", write("p.json", `{"policy":"round_robin"}`)
+			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, pki.clientCAFile
+		}, "-federation-tls-cert"},
 		{"federation CA not PEM", func(c *Config) {
 			c.FederationListen, c.FederationDC = "127.0.0.1:0", "dc1"
 			c.FederationTLSCert, c.FederationTLSKey, c.FederationTLSCA = pki.serverCert, pki.serverKey, junk

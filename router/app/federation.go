@@ -14,6 +14,7 @@ import (
 	consulapi "github.com/hashicorp/consul/api"
 
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/pki"
 	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/policy"
 )
@@ -62,7 +63,7 @@ func (a *App) initFederation() error {
 	if err != nil {
 		return err
 	}
-	id, err := a.federationIdentity()
+	id, err := a.federationIdentity(dc)
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,7 @@ func (a *App) initFederation() error {
 
 // federationIdentity is the router's mesh identity with -mesh-service, the
 // -federation-tls-* files otherwise.
-func (a *App) federationIdentity() (federation.Identity, error) {
+func (a *App) federationIdentity(dc string) (federation.Identity, error) {
 	c := a.cfg
 	if a.mesh != nil {
 		// Peers are the other datacenters' routers, in the mesh as MeshService.
@@ -102,6 +103,13 @@ func (a *App) federationIdentity() (federation.Identity, error) {
 	id, err := federation.FilesIdentity(files)
 	if err != nil {
 		return federation.Identity{}, flagErr("-federation-tls-cert", "%w", err)
+	}
+	// Peers take a datacenter's summaries and requests only from a
+	// certificate that names it: say so now rather than be refused by all.
+	if got := federation.CertificateDC(files.Certificate()); got != dc {
+		return federation.Identity{}, flagErr("-federation-tls-cert",
+			"the certificate names datacenter %q, not this router's %q: it needs the URI SAN %s (internal/tlsfiles/pki.IssueRouter makes one)",
+			got, dc, pki.RouterURI(dc))
 	}
 	return id, nil
 }

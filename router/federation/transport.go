@@ -3,6 +3,7 @@ package federation
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -76,6 +77,15 @@ func filesPeerDC(cs tls.ConnectionState) string {
 		return dc
 	}
 	return ""
+}
+
+// CertificateDC is the datacenter a router's own PEM certificate names for
+// its peers ("" for none), as they will read it.
+func CertificateDC(c *tls.Certificate) string {
+	if c == nil || c.Leaf == nil {
+		return ""
+	}
+	return filesPeerDC(tls.ConnectionState{PeerCertificates: []*x509.Certificate{c.Leaf}})
 }
 
 // ErrWrongDC is a peer whose certificate is of another datacenter than the
