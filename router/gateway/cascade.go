@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -34,12 +33,12 @@ const (
 // maxSmallAnswer bounds the buffered small answer; a larger one escalates.
 const maxSmallAnswer = 8 << 20
 
-// cascade serves a request for a cascade alias: the small model first,
+// runCascade serves a request for a cascade alias: the small model first,
 // without streaming and with log probabilities; its answer goes to the
 // client when its mean token log probability clears the threshold, else the
 // request goes to the large model, whose answer is relayed as usual.
-func (g *Gateway) cascade(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	c *policy.Cascade) {
+func (g *Gateway) runCascade(c *call, cs *policy.Cascade) {
+	x, w, rec := c.x, c.w, c.rec
 	alias := x.req.Model
 	orig, err := decodeObject(x.body)
 	if err != nil {
@@ -47,21 +46,21 @@ func (g *Gateway) cascade(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	t0 := time.Now()
-	ans, ok := g.smallLeg(ctx, r, x, c, orig)
+	ans, ok := g.smallLeg(c, cs, orig)
 	g.m.CascadeLeg.WithLabelValues(alias, "small").Observe(time.Since(t0).Seconds())
-	if r.Context().Err() != nil {
+	if c.r.Context().Err() != nil {
 		rec.status = 499 // the client left while the small model answered
 		return
 	}
-	if ctx.Err() != nil {
-		g.contextFailed(w, r, rec, "deadline expired while the small model answered")
+	if c.ctx.Err() != nil {
+		g.refuse(c, g.contextRefusal(c, "deadline expired while the small model answered"))
 		return
 	}
 	outcome := cascadeSmallFailed
 	if ok {
 		g.smallUsage(w.Header(), ans)
 		outcome = cascadeEscalated
-		if ans.accept(c) {
+		if ans.accept(cs) {
 			outcome = cascadeSmall
 		}
 		g.m.CascadeSmallTokens.WithLabelValues(alias, outcome, "prompt").Add(float64(ans.usage.PromptTokens))
@@ -74,26 +73,25 @@ func (g *Gateway) cascade(ctx context.Context, w http.ResponseWriter, r *http.Re
 		g.writeSmall(w, x, ans)
 		return
 	}
-	g.escalate(ctx, w, r, rec, x, c, orig)
+	g.escalate(c, cs, orig)
 }
 
 // escalate sends the client's request to the cascade's large model.
-func (g *Gateway) escalate(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	c *policy.Cascade, orig map[string]json.RawMessage) {
-	body, err := encodeWith(orig, map[string]json.RawMessage{"model": jsonString(c.Large)})
+func (g *Gateway) escalate(c *call, cs *policy.Cascade, orig map[string]json.RawMessage) {
+	body, err := encodeWith(orig, map[string]json.RawMessage{"model": jsonString(cs.Large)})
 	var lx *exchange
 	if err == nil {
-		lx, err = g.derive(r, x, c.Large, body)
+		lx, err = g.derive(c.r, c.x, cs.Large, body)
 	}
 	if err != nil {
-		rec.fail(w, http.StatusInternalServerError, "server_error", "internal_error", "", "building the large model's request failed", 0)
+		g.refuse(c, internalError("internal_error", "building the large model's request failed"))
 		return
 	}
-	w.Header().Set(CascadeHeader, cascadeEscalated)
-	rec.model = c.Large
+	c.w.Header().Set(CascadeHeader, cascadeEscalated)
+	c.rec.model = cs.Large
 	t0 := time.Now()
-	g.serve(ctx, w, r, rec, lx)
-	g.m.CascadeLeg.WithLabelValues(x.req.Model, "large").Observe(time.Since(t0).Seconds())
+	g.serve(c.with(lx))
+	g.m.CascadeLeg.WithLabelValues(c.x.req.Model, "large").Observe(time.Since(t0).Seconds())
 }
 
 // smallAnswer is the small model's buffered answer and its gate statistic.
@@ -124,8 +122,8 @@ func (a *smallAnswer) accept(c *policy.Cascade) bool {
 
 // smallLeg runs the request on the small model, buffered. ok is false when
 // the leg failed (no 200 answer, or one that is not a completion).
-func (g *Gateway) smallLeg(ctx context.Context, r *http.Request, x *exchange, c *policy.Cascade,
-	orig map[string]json.RawMessage) (*smallAnswer, bool) {
+func (g *Gateway) smallLeg(cl *call, c *policy.Cascade, orig map[string]json.RawMessage) (*smallAnswer, bool) {
+	x := cl.x
 	ans := &smallAnswer{chat: x.fields.Prompt.Chat}
 	set := map[string]json.RawMessage{"model": jsonString(c.Small), "stream": nil, "stream_options": nil}
 	if ans.chat {
@@ -146,12 +144,12 @@ func (g *Gateway) smallLeg(ctx context.Context, r *http.Request, x *exchange, c 
 	if err != nil {
 		return nil, false
 	}
-	sx, err := g.derive(r, x, c.Small, body)
+	sx, err := g.derive(cl.r, x, c.Small, body)
 	if err != nil {
 		return nil, false
 	}
 	bw := &bufferWriter{h: http.Header{}, status: http.StatusOK}
-	g.runBuffered(ctx, r, sx, bw)
+	g.runBuffered(cl, sx, bw)
 	if bw.status != http.StatusOK || bw.over {
 		return nil, false
 	}
@@ -162,7 +160,7 @@ func (g *Gateway) smallLeg(ctx context.Context, r *http.Request, x *exchange, c 
 // runBuffered serves sx into bw under its own outcome (the small leg counts
 // as a request for the small model). A leg whose engine failed mid-answer
 // aborts (http.ErrAbortHandler); that is a failed leg, not a failed client.
-func (g *Gateway) runBuffered(ctx context.Context, r *http.Request, sx *exchange, bw *bufferWriter) {
+func (g *Gateway) runBuffered(cl *call, sx *exchange, bw *bufferWriter) {
 	srec := &outcome{g: g, start: time.Now(), model: sx.req.Model, status: http.StatusOK}
 	defer srec.done()
 	defer func() {
@@ -173,7 +171,7 @@ func (g *Gateway) runBuffered(ctx context.Context, r *http.Request, sx *exchange
 			bw.status, srec.status = http.StatusBadGateway, http.StatusBadGateway
 		}
 	}()
-	g.serve(ctx, bw, r, srec, sx)
+	g.serve(&call{ctx: cl.ctx, w: bw, r: cl.r, rec: srec, x: sx})
 }
 
 // errNotCompletion is a small answer without a first choice.

@@ -24,7 +24,6 @@ package gateway
 // nothing is retried after bytes reached the client.
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"slices"
@@ -84,34 +83,36 @@ func (g *Gateway) pdWorkers(model string) (prefill, decode []*scoring.Worker, di
 	return prefill, decode, direct
 }
 
-// disaggregate serves the request through a prefill/decode pair when the
-// model has one and the policy wants it; false leaves the request to the
-// direct path (attempt).
-func (g *Gateway) disaggregate(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange) bool {
+// routePair is the plan for a request its model's prefill/decode pairs
+// should serve, when the model has them and the policy wants one; nil
+// leaves it to a direct worker (pick).
+func (g *Gateway) routePair(c *call) plan {
+	x := c.x
 	if !x.pol.Disagg.Enabled || x.remote != nil || x.req.Path == "/v1/embeddings" {
-		return false // an embedding has no decode
+		return nil // an embedding has no decode
 	}
 	prefill, decode, direct := g.pdWorkers(x.req.Model)
 	if len(prefill) == 0 || len(decode) == 0 {
-		return false
+		return nil
 	}
 	t0 := time.Now()
-	dctx, dsp := rec.tr.start(ctx, SpanRoute)
+	dctx, dsp := c.rec.tr.start(c.ctx, SpanRoute)
 	pair, err := g.cfg.Selector.PickPair(dctx, x.req, prefill, decode)
 	g.m.RoutingDecision.Observe(time.Since(t0).Seconds())
+	p := &planPair{pair: pair, prefill: prefill, decode: decode, direct: direct}
 	if err == nil {
-		rec.tr.pairDecided(dsp, pair)
+		c.rec.tr.pairDecided(dsp, p)
 	}
 	endSpan(dsp, err)
 	if err != nil {
-		return false // no two workers share a protocol
+		return nil // no two workers share a protocol
 	}
 	if direct && uncachedOn(x, pair.Decode) < int64(x.pol.Disagg.MinUncachedTokens) {
 		g.m.DisaggRequests.WithLabelValues(x.req.Model, "direct").Inc()
-		return false
+		return nil
 	}
-	g.pairs(ctx, w, r, rec, x, pair, prefill, decode, direct)
-	return true
+	g.m.DisaggRequests.WithLabelValues(x.req.Model, "pair").Inc()
+	return p
 }
 
 // uncachedOn is the prompt's tokens not in wk's cache by the router's
@@ -124,56 +125,45 @@ func uncachedOn(x *exchange, wk *scoring.Worker) int64 {
 	return int64(len(x.body) / 4)
 }
 
-// pairs serves the request through pair, and once more through a new pair
-// when the decode leg failed before the first byte.
-func (g *Gateway) pairs(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	pair scoring.Pair, prefill, decode []*scoring.Worker, direct bool) {
-	g.m.DisaggRequests.WithLabelValues(x.req.Model, "pair").Inc()
-	var failedP, triedD []*scoring.Worker
-	for n := 0; ; n++ {
-		triedD = append(triedD, pair.Decode)
-		g.notePick(ctx, x, pair.Prefill)
-		g.notePick(ctx, x, pair.Decode)
-		err := g.pairAttempt(ctx, w, r, rec, x, &pair, prefill, &failedP, n == 0)
-		var pe *prefillError
-		var la *legAnswer
-		var ue *upstreamError
-		switch {
-		case err == nil:
-			return
-		case ctx.Err() != nil:
-			g.contextFailed(w, r, rec, "deadline expired before the engine answered")
-			return
-		case errors.As(err, &la):
-			relayAnswer(w, rec, la)
-			return
-		case errors.As(err, &pe):
-			g.prefillFailed(ctx, w, r, rec, x, pe, direct)
-			return
-		case !errors.As(err, &ue):
-			rec.fail(w, http.StatusInternalServerError, "server_error", "internal_error", "", "building the upstream request failed", 0)
-			return
-		}
-		g.m.DisaggFailures.WithLabelValues(x.req.Model, "decode").Inc()
-		var next scoring.Pair
-		perr := scoring.ErrNoWorker
-		if n == 0 {
-			next, perr = g.retryPair(ctx, x, pair, without(prefill, failedP), decode, triedD)
-		}
-		if perr != nil {
-			reason := ""
-			if n == 0 {
-				reason = "; no other prefill/decode pair is available"
-			}
-			upstreamFailed(w, rec, ue, reason)
-			return
-		}
-		g.m.Retries.WithLabelValues(x.req.Model).Inc()
-		rec.tr.retried()
-		g.log.Warn("decode leg failed before the first token; retrying with a new pair", "model", x.req.Model,
-			"decode", pair.Decode.ID, "request_id", x.reqID, "error", err)
-		pair = next
+// runPair serves the request through p's pair. When its decode leg failed
+// before the first byte, the next plan is a new pair (the first time);
+// when every prefill leg failed, prefillFailed's.
+func (g *Gateway) runPair(c *call, st *attempts, p *planPair) plan {
+	x := c.x
+	p.triedD = append(p.triedD, p.pair.Decode)
+	g.notePick(c, p.pair.Prefill)
+	g.notePick(c, p.pair.Decode)
+	err := g.pairAttempt(c, p)
+	var pe *prefillError
+	var la *legAnswer
+	var ue *upstreamError
+	switch {
+	case err == nil:
+		return nil
+	case c.ctx.Err() != nil:
+		return g.contextRefusal(c, "deadline expired before the engine answered")
+	case errors.As(err, &la):
+		relayAnswer(c.w, c.rec, la)
+		return nil
+	case errors.As(err, &pe):
+		return g.prefillFailed(c, st, pe, p.direct)
+	case !errors.As(err, &ue):
+		return internalError("internal_error", "building the upstream request failed")
 	}
+	g.m.DisaggFailures.WithLabelValues(x.req.Model, "decode").Inc()
+	if p.retry > 0 {
+		return upstreamRefusal(ue, "")
+	}
+	next, perr := g.retryPair(c, p.pair, without(p.prefill, p.failedP), p.decode, p.triedD)
+	if perr != nil {
+		return upstreamRefusal(ue, "; no other prefill/decode pair is available")
+	}
+	g.m.Retries.WithLabelValues(x.req.Model).Inc()
+	c.rec.tr.retried()
+	g.log.Warn("decode leg failed before the first token; retrying with a new pair", "model", x.req.Model,
+		"decode", p.pair.Decode.ID, "request_id", x.reqID, "error", err)
+	return &planPair{pair: next, prefill: p.prefill, decode: p.decode, direct: p.direct, retry: p.retry + 1,
+		failedP: p.failedP, triedD: p.triedD}
 }
 
 // retryPair chooses the pair for the retry after a decode leg failed before
@@ -183,8 +173,9 @@ func (g *Gateway) pairs(ctx context.Context, w http.ResponseWriter, r *http.Requ
 // prefers a pair that shares neither worker with the failed one, then
 // another decode worker with the same prefill worker, then the same decode
 // worker with another prefill worker (a model with one decode worker).
-func (g *Gateway) retryPair(ctx context.Context, x *exchange, failed scoring.Pair, prefill, decode,
+func (g *Gateway) retryPair(c *call, failed scoring.Pair, prefill, decode,
 	triedD []*scoring.Worker) (scoring.Pair, error) {
+	ctx, x := c.ctx, c.x
 	otherP := without(prefill, []*scoring.Worker{failed.Prefill})
 	otherD := without(decode, triedD)
 	next, err := g.cfg.Selector.PickPair(ctx, x.req, otherP, otherD)
@@ -197,33 +188,33 @@ func (g *Gateway) retryPair(ctx context.Context, x *exchange, failed scoring.Pai
 	return next, err
 }
 
-// pairAttempt runs one pair by its protocol. prefill are the prefill
-// workers a failed prefill leg may move to (pair.Prefill is the last one
-// tried); failed collects those that failed.
-func (g *Gateway) pairAttempt(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	pair *scoring.Pair, prefill []*scoring.Worker, failed *[]*scoring.Worker, mayRetry bool) error {
+// pairAttempt runs p's pair by its protocol. A failed prefill leg moves
+// to another of p's prefill workers (p.pair.Prefill is the last one tried);
+// p.failedP collects those that failed.
+func (g *Gateway) pairAttempt(c *call, p *planPair) error {
+	x, pair := c.x, &p.pair
 	var last *upstreamError
 	for i := 0; i < maxPrefillAttempts; i++ {
 		if i > 0 {
-			next, err := g.cfg.Selector.PickPair(ctx, x.req, without(prefill, *failed), []*scoring.Worker{pair.Decode})
+			next, err := g.cfg.Selector.PickPair(c.ctx, x.req, without(p.prefill, p.failedP), []*scoring.Worker{pair.Decode})
 			if err != nil {
 				break
 			}
 			pair.Prefill = next.Prefill
-			g.notePick(ctx, x, pair.Prefill)
+			g.notePick(c, pair.Prefill)
 		}
 		var err error
 		if pair.Decode.PDProtocol == discovery.ProtocolSGLang {
-			err = g.sglangPair(ctx, w, r, rec, x, *pair, mayRetry)
+			err = g.sglangPair(c, *pair, p.retry == 0)
 		} else {
-			err = g.vllmPair(ctx, w, r, rec, x, *pair, mayRetry)
+			err = g.vllmPair(c, *pair, p.retry == 0)
 		}
 		var pf *prefillLegError
-		if !errors.As(err, &pf) || ctx.Err() != nil {
+		if !errors.As(err, &pf) || c.ctx.Err() != nil {
 			return err
 		}
 		last = pf.err
-		*failed = append(*failed, pair.Prefill)
+		p.failedP = append(p.failedP, pair.Prefill)
 		g.m.DisaggFailures.WithLabelValues(x.req.Model, "prefill").Inc()
 		g.log.Warn("prefill leg failed", "model", x.req.Model, "prefill", pair.Prefill.ID,
 			"request_id", x.reqID, "error", pf.err)
@@ -237,26 +228,18 @@ type prefillLegError struct{ err *upstreamError }
 func (e *prefillLegError) Error() string { return "prefill leg: " + e.err.Error() }
 func (e *prefillLegError) Unwrap() error { return e.err }
 
-// prefillFailed answers a request whose prefill legs all failed: served
-// without a remote prefill by the direct candidates when the policy allows
-// it, else the last prefill failure is the client's answer.
-func (g *Gateway) prefillFailed(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	pe *prefillError, direct bool) {
+// prefillFailed is the plan for a request whose prefill legs all failed:
+// the direct workers, without a remote prefill, when the policy allows it,
+// else the last prefill failure is the client's answer.
+func (g *Gateway) prefillFailed(c *call, st *attempts, pe *prefillError, direct bool) plan {
+	x := c.x
 	if !x.pol.Disagg.Fallback || !direct {
-		upstreamFailed(w, rec, pe.last, "; the prefill failed on every prefill worker tried")
-		return
+		return upstreamRefusal(pe.last, "; the prefill failed on every prefill worker tried")
 	}
 	g.m.DisaggRequests.WithLabelValues(x.req.Model, "fallback").Inc()
 	g.log.Warn("every prefill leg failed; serving without a remote prefill", "model", x.req.Model,
 		"request_id", x.reqID, "error", pe.last)
-	g.attempt(ctx, w, r, rec, x)
-}
-
-// notePick tells Config.OnPick about a worker chosen for a leg.
-func (g *Gateway) notePick(ctx context.Context, x *exchange, wk *scoring.Worker) {
-	if g.cfg.OnPick != nil {
-		g.cfg.OnPick(ctx, x.pol.Scoring, x.req, wk)
-	}
+	return g.pick(c, st)
 }
 
 // relayAnswer sends a leg's 4xx answer to the client.

@@ -21,43 +21,44 @@ import (
 // the local worker is chosen, with the prompt's cached prefix there (its
 // admission slot is then given back before the request leaves), and when
 // every local attempt failed before its first byte (as with no local
-// candidate). A
-// request that failed before its first byte in the other datacenter falls
-// back to local workers, or is answered as any request without one.
+// candidate). Each answer naming a datacenter is a planRemote whose then
+// plan is what the request does when the other datacenter failed before
+// its first byte: the local plan it would have had, or the local error.
 
 // federating reports whether the federation may route this request.
 func (g *Gateway) federating(ctx context.Context) bool {
 	return g.cfg.Federation != nil && !federation.Forwarded(ctx) && g.cfg.Federation.Settings().Enabled
 }
 
-// federateEarly asks before admission; true when the request was answered.
-func (g *Gateway) federateEarly(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	x *exchange, healthy bool) bool {
-	if !g.federating(ctx) {
-		return false
+// federateEarly asks before admission; ok when another datacenter should
+// serve the request.
+func (g *Gateway) federateEarly(c *call, healthy bool) (d federation.Decision, ok bool) {
+	if !g.federating(c.ctx) {
+		return d, false
 	}
+	x := c.x
 	l := federation.Local{Healthy: healthy}
 	if healthy {
 		l.Saturated, l.QueueWait = g.localPressure(x.req.Model, x.pol.Limits)
 		if !l.Saturated && l.QueueWait <= g.cfg.Federation.Settings().QueueWaitBudget {
-			return false
+			return d, false
 		}
 	}
-	d := g.cfg.Federation.Route(federation.Request{Model: x.req.Model, Local: l})
-	return d.DC != "" && g.forwardRemote(ctx, w, r, rec, x, d)
+	d = g.cfg.Federation.Route(federation.Request{Model: x.req.Model, Local: l})
+	return d, d.DC != ""
 }
 
-// federateChosen asks once wk is chosen locally; true when the request was
-// answered elsewhere. A request that stays is remembered in the local
-// datacenter's hot prefixes.
-func (g *Gateway) federateChosen(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	x *exchange, wk *scoring.Worker) bool {
-	if !g.federating(ctx) {
-		return false
+// federateChosen asks once p's worker is chosen locally: a planRemote
+// falling back to p, or nil when the request stays. A request that stays is
+// remembered in the local datacenter's hot prefixes.
+func (g *Gateway) federateChosen(c *call, p planWorker) plan {
+	if !g.federating(c.ctx) {
+		return nil
 	}
+	x, wk := c.x, p.wk
 	keys, matched, ok := x.req.PrefixResult(wk.ID)
 	if !ok || len(keys) == 0 {
-		return false
+		return nil
 	}
 	bs := wk.BlockSize
 	if bs <= 0 {
@@ -70,61 +71,64 @@ func (g *Gateway) federateChosen(ctx context.Context, w http.ResponseWriter, r *
 		Local: federation.Local{Healthy: true, CachedTokens: cached, PromptTokens: cached + uncached,
 			PrefillRate: wk.Signals().PrefillRate}})
 	if d.DC != "" {
-		x.release() // the local slot is not needed there
-		if g.forwardRemote(ctx, w, r, rec, x, d) {
-			return true
-		}
+		return &planRemote{d: d, keys: keys, then: p}
 	}
 	fed.Observe(x.req.Model, keys)
-	return false
+	return nil
 }
 
 // federateFailed asks once every local attempt failed before its first
 // byte: the request is then as one without a local worker, and need not
 // wait for discovery to drop the dead ones (a health check's interval).
-// True when it was answered elsewhere.
-func (g *Gateway) federateFailed(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	x *exchange) bool {
-	if !g.federating(ctx) {
-		return false
+func (g *Gateway) federateFailed(c *call) (d federation.Decision, ok bool) {
+	if !g.federating(c.ctx) {
+		return d, false
 	}
-	d := g.cfg.Federation.Route(federation.Request{Model: x.req.Model, Local: federation.Local{Healthy: false}})
-	if d.DC == "" {
-		return false
-	}
-	x.release() // the local slot is not needed there
-	return g.forwardRemote(ctx, w, r, rec, x, d)
+	d = g.cfg.Federation.Route(federation.Request{Model: c.x.req.Model, Local: federation.Local{Healthy: false}})
+	return d, d.DC != ""
 }
 
-// forwardRemote sends the request to a router in the datacenter d names.
-// It returns false when that failed before anything reached the client: the
-// caller serves it locally or answers it.
-func (g *Gateway) forwardRemote(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
-	x *exchange, d federation.Decision) bool {
-	fed, dc := g.cfg.Federation, d.DC
+// runRemote sends the request to a router in the datacenter p names,
+// giving its local admission slot back first. When that fails before
+// anything reached the client, the next plan is p.then.
+func (g *Gateway) runRemote(c *call, p *planRemote) plan {
+	x := c.x
+	x.releaseSlot() // the local slot is not needed there
+	if next, done := g.forwardRemote(c, p.d); done {
+		return next
+	}
+	if p.keys != nil {
+		g.cfg.Federation.Observe(x.req.Model, p.keys)
+	}
+	return p.then
+}
+
+// forwardRemote forwards the request to the datacenter d names; done is
+// false when that failed before anything reached the client.
+func (g *Gateway) forwardRemote(c *call, d federation.Decision) (next plan, done bool) {
+	fed, dc, x, rec := g.cfg.Federation, d.DC, c.x, c.rec
 	tg, err := fed.Begin(d, x.req.Model)
 	if err != nil {
-		return false
+		return nil, false
 	}
 	wk := &scoring.Worker{ID: "dc:" + dc, Model: x.req.Model, Engine: "oasis-router", Role: "both",
 		Address: tg.Addr, Live: tg.Live}
 	x.remote = &tg
 	defer func() { x.remote = nil }()
 	rec.worker = wk.ID
-	err = g.forward(ctx, w, r, rec, x, wk, true)
+	err = g.forward(c, wk, true)
 	switch {
 	case err == nil:
 		fed.End(dc, true)
-		return true
-	case ctx.Err() != nil:
-		g.contextFailed(w, r, rec, "deadline expired before the other datacenter answered")
-		return true
+		return nil, true
+	case c.ctx.Err() != nil:
+		return g.contextRefusal(c, "deadline expired before the other datacenter answered"), true
 	}
 	fed.End(dc, false)
 	rec.ws, rec.worker = nil, ""
 	g.log.Warn("forwarding to another datacenter failed before the first byte; serving locally",
 		"model", x.req.Model, "dc", dc, "peer", tg.Addr, "request_id", x.reqID, "error", err)
-	return false
+	return nil, false
 }
 
 // remoteRequest adjusts a request to another datacenter's router: its

@@ -82,8 +82,8 @@ func orNever(d time.Duration) time.Duration {
 // the client (a connect error, no response head in time, a 5xx while a
 // retry is allowed, a stream that broke before its first token); any other
 // failure has already been answered or reported to the client.
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	wk *scoring.Worker, mayRetry bool) (err error) {
+func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error) {
+	ctx, w, r, rec, x := c.ctx, c.w, c.r, c.rec, c.x
 	span := SpanUpstream
 	if x.remotePrefill() {
 		span = SpanDecode

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -37,14 +36,12 @@ func (g *Gateway) localFirst(model string, ws []*scoring.Worker) []*scoring.Work
 	return local
 }
 
-// overflowEarly overflows x when its model's policy bounds the estimated
-// time to first token and the local pool's estimate exceeds it.
-func (g *Gateway) overflowEarly(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange) bool {
-	o, ok := g.cfg.Policy.Current().OverflowFor(x.req.Model)
-	if !ok || !o.TTFTOver || g.estimatedTTFT(x).Seconds() <= o.TTFTSeconds {
-		return false
-	}
-	return g.overflow(ctx, w, r, rec, x, reasonTTFT)
+// overflowEarly reports whether c should overflow before admission: its
+// model's policy bounds the estimated time to first token and the local
+// pool's estimate exceeds it.
+func (g *Gateway) overflowEarly(c *call) bool {
+	o, ok := g.cfg.Policy.Current().OverflowFor(c.x.req.Model)
+	return ok && o.TTFTOver && g.estimatedTTFT(c.x).Seconds() > o.TTFTSeconds
 }
 
 // estimatedTTFT is the local pool's estimated time to first token for x: the
@@ -65,30 +62,37 @@ func (g *Gateway) estimatedTTFT(x *exchange) time.Duration {
 	return wait + best
 }
 
-// overflow sends x to its model's overflow pool, with the model name that
-// pool's API uses, and answers the client from there. False, with nothing
-// written, when the model has no overflow or the pool no worker: the local
-// answer (429, 503) stands. Only ever called before a request reached a
-// worker, so no answer has started.
-func (g *Gateway) overflow(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange, reason string) bool {
+// overflowOr is the plan that sends c to its model's overflow pool, with
+// the model name that pool's API uses, or otherwise when the model has no
+// overflow or the pool no worker: the local answer (429, 503) stands. Only
+// ever chosen before a request reached a worker, so no answer has started.
+func (g *Gateway) overflowOr(c *call, reason string, otherwise plan) plan {
+	x := c.x
 	o, ok := g.cfg.Policy.Current().OverflowFor(x.req.Model)
 	if !ok || o.Pool == x.req.Model || len(g.cfg.Pool.Workers(o.Pool)) == 0 {
-		return false
+		return otherwise
 	}
 	body, err := withFields(x.body, map[string]json.RawMessage{"model": jsonString(o.Model)})
 	if err != nil {
-		return false
+		return otherwise
 	}
-	ox, err := g.derive(r, x, o.Pool, body)
+	ox, err := g.derive(c.r, x, o.Pool, body)
 	if err != nil {
-		return false
+		return otherwise
 	}
-	g.m.Overflowed.WithLabelValues(x.req.Model, reason).Inc()
-	g.log.Debug("overflowing request", "model", x.req.Model, "pool", o.Pool, "reason", reason, "request_id", x.reqID)
-	w.Header().Set(OverflowHeader, reason)
-	rec.model = o.Pool
-	g.serve(ctx, w, r, rec, ox)
-	return true
+	return &planOverflow{x: ox, reason: reason}
+}
+
+// runOverflow serves p's request in the overflow pool, answering the client
+// from there.
+func (g *Gateway) runOverflow(c *call, p *planOverflow) {
+	x := c.x
+	g.m.Overflowed.WithLabelValues(x.req.Model, p.reason).Inc()
+	g.log.Debug("overflowing request", "model", x.req.Model, "pool", p.x.req.Model, "reason", p.reason,
+		"request_id", x.reqID)
+	c.w.Header().Set(OverflowHeader, p.reason)
+	c.rec.model = p.x.req.Model
+	g.serve(c.with(p.x))
 }
 
 // derive returns an exchange like x for another model (the pool it goes to)

@@ -43,18 +43,17 @@ func sglangBody(body []byte, pw *scoring.Worker) ([]byte, error) {
 // attempt is the prefill's failure (retried on another prefill worker);
 // once the decode leg failed, or the client left, the prefill leg is
 // cancelled too.
-func (g *Gateway) sglangPair(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	pair scoring.Pair, mayRetry bool) error {
-	body, err := sglangBody(x.body, pair.Prefill)
+func (g *Gateway) sglangPair(c *call, pair scoring.Pair, mayRetry bool) error {
+	body, err := sglangBody(c.x.body, pair.Prefill)
 	if err != nil {
 		return err
 	}
-	lx := x.leg(body)
-	dctx, cancelDecode := context.WithCancelCause(ctx)
+	lx, r := c.x.leg(body), c.r
+	dctx, cancelDecode := context.WithCancelCause(c.ctx)
 	defer cancelDecode(nil)
 	// The prefill leg may outlive the handler while its answer drains: its
 	// context is not the client's, and startPrefill bounds it.
-	pctx, cancelPrefill := context.WithCancel(context.WithoutCancel(ctx))
+	pctx, cancelPrefill := context.WithCancel(context.WithoutCancel(c.ctx))
 	prefillDone := make(chan struct{})
 	go func() {
 		defer close(prefillDone)
@@ -62,8 +61,10 @@ func (g *Gateway) sglangPair(ctx context.Context, w http.ResponseWriter, r *http
 		g.sglangPrefill(pctx, r, lx, pair.Prefill, cancelDecode)
 	}()
 
-	rec.worker = pair.Decode.ID
-	err = g.forward(dctx, w, r, rec, lx, pair.Decode, mayRetry)
+	c.rec.worker = pair.Decode.ID
+	dc := *c
+	dc.ctx, dc.x = dctx, lx
+	err = g.forward(&dc, pair.Decode, mayRetry)
 	if err == nil {
 		return nil
 	}

@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
-	"net/http"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -55,28 +53,27 @@ func vllmPrefillBody(body []byte) ([]byte, error) {
 
 // vllmPair runs the prefill leg on pair.Prefill, then the decode leg on
 // pair.Decode, relayed to the client.
-func (g *Gateway) vllmPair(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome, x *exchange,
-	pair scoring.Pair, mayRetry bool) error {
-	kv, err := g.vllmPrefill(ctx, r, x, pair.Prefill)
+func (g *Gateway) vllmPair(c *call, pair scoring.Pair, mayRetry bool) error {
+	kv, err := g.vllmPrefill(c, pair.Prefill)
 	if err != nil {
 		return err
 	}
-	body, err := withFields(x.body, map[string]json.RawMessage{"kv_transfer_params": kv})
+	body, err := withFields(c.x.body, map[string]json.RawMessage{"kv_transfer_params": kv})
 	if err != nil {
 		return err
 	}
-	dx := x.leg(body)
-	rec.worker = pair.Decode.ID
-	return g.forward(ctx, w, r, rec, dx, pair.Decode, mayRetry)
+	c.rec.worker = pair.Decode.ID
+	return g.forward(c.with(c.x.leg(body)), pair.Decode, mayRetry)
 }
 
 // vllmPrefill runs a prefill leg and returns its answer's kv_transfer_params.
-func (g *Gateway) vllmPrefill(ctx context.Context, r *http.Request, x *exchange, pw *scoring.Worker) (json.RawMessage, error) {
+func (g *Gateway) vllmPrefill(c *call, pw *scoring.Worker) (json.RawMessage, error) {
+	x := c.x
 	body, err := vllmPrefillBody(x.body)
 	if err != nil {
 		return nil, err
 	}
-	call, err := g.startPrefill(ctx, r, x.leg(body), pw)
+	call, err := g.startPrefill(c.ctx, c.r, x.leg(body), pw)
 	if err != nil {
 		return nil, err
 	}

@@ -163,14 +163,15 @@ func (rt *reqTrace) wrapTokenize(req *scoring.Request) {
 	}
 }
 
-// decided records a routing decision on its span and on the request span:
+// decided records a routing decision (the plan p) on its span and on the request span:
 // the policy, the chosen worker, each weighted term's value for it (scored
 // again: only for recorded spans) and the prefix match.
 func (rt *reqTrace) decided(ctx context.Context, sp trace.Span, sel *scoring.Selector, x *exchange,
-	cands []*scoring.Worker, wk *scoring.Worker) {
+	cands []*scoring.Worker, p planWorker) {
 	if rt == nil || !sp.IsRecording() {
 		return
 	}
+	wk := p.wk
 	cfg := x.pol.Scoring
 	attrs := []attribute.KeyValue{AttrPolicy.String(cfg.Policy), AttrWorker.String(wk.ID),
 		AttrCandidates.Int(len(cands))}
@@ -186,11 +187,12 @@ func (rt *reqTrace) decided(ctx context.Context, sp trace.Span, sel *scoring.Sel
 	rt.span.SetAttributes(attrs...)
 }
 
-// pairDecided records a prefill/decode pair choice.
-func (rt *reqTrace) pairDecided(sp trace.Span, pair scoring.Pair) {
+// pairDecided records a prefill/decode pair plan.
+func (rt *reqTrace) pairDecided(sp trace.Span, p *planPair) {
 	if rt == nil || !sp.IsRecording() {
 		return
 	}
+	pair := p.pair
 	attrs := []attribute.KeyValue{AttrPolicy.String("pd_pair"), AttrPrefill.String(pair.Prefill.ID),
 		AttrDecode.String(pair.Decode.ID)}
 	sp.SetAttributes(attrs...)
