@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -208,7 +209,10 @@ func (w *consulWatch) checkToken(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	defer cancel()
 	_, _, err := w.cfg.Client.ACL().TokenReadSelf((&consulapi.QueryOptions{Datacenter: w.cfg.Datacenter}).WithContext(ctx))
-	if err != nil && strings.Contains(err.Error(), "ACL not found") {
+	// Any token may read itself: 403 means the datacenter does not know it
+	// (Consul's "ACL not found").
+	var se consulapi.StatusError
+	if errors.As(err, &se) && se.Code == http.StatusForbidden {
 		w.log.Warn("the Consul token is not valid in the remote datacenter (a local token?): its queries there see only what the anonymous token may read; give kvcached a global token", "error", err)
 	}
 }

@@ -26,10 +26,7 @@ func isNotFound(err error) bool {
 		return ur.StatusCode() == http.StatusNotFound
 	}
 	var urp *nomadapi.UnexpectedResponseError
-	if errors.As(err, &urp) {
-		return urp.StatusCode() == http.StatusNotFound
-	}
-	return strings.Contains(err.Error(), "404")
+	return errors.As(err, &urp) && urp.StatusCode() == http.StatusNotFound
 }
 
 // modelInstances counts the model's oasis-engine instances in Consul; with
