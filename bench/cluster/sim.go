@@ -47,7 +47,7 @@ func BlocksForGiB(gib float64, blockSize int) int {
 // both load offloaded KV over PCIe Gen4 x16 (~25 GB/s: 5.2 µs per token). Every GPU
 // loads from the disk tier at one NVMe Gen4 SSD's ~6.5 GB/s (20 µs per token).
 var (
-	H100 = GPU{"H100", engine.DefaultTiming, engine.DefaultPower, engine.BlocksForMemory(0.9, 16), 0, 0}
+	H100 = GPU{"H100", engine.DefaultTiming(), engine.DefaultPower(), engine.BlocksForMemory(0.9, 16), 0, 0}
 	A100 = GPU{"A100", engine.Timing{StepBase: 10 * time.Millisecond, PerPrefillToken: 95 * time.Microsecond, PerDecodeSeq: 84 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond},
 		engine.PowerModel{IdleWatts: 55, WattsPerUtil: 345}, engine.BlocksForMemory(0.9, 16), 0, 0}
 	L40S = GPU{"L40S", engine.Timing{StepBase: 23 * time.Millisecond, PerPrefillToken: 82 * time.Microsecond, PerDecodeSeq: 195 * time.Microsecond, PerLoadedToken: 5200 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond},

@@ -27,7 +27,7 @@ func (a *testAllowance) Give(n int64) { a.used -= n }
 func TestUnauthenticatedArgumentsTakeTheAllowance(t *testing.T) {
 	arg := strings.Repeat("a", 10000)
 	in := "*2\r\n$4\r\nECHO\r\n$10000\r\n" + arg + "\r\n" + "*3\r\n$4\r\nECHO\r\n$10000\r\n" + arg + "\r\n$10000\r\n" + arg + "\r\n"
-	r := NewReader(bufio.NewReaderSize(strings.NewReader(in), 4096), DefaultLimits)
+	r := NewReader(bufio.NewReaderSize(strings.NewReader(in), 4096), DefaultLimits())
 	b := NewBudget(1 << 20)
 	a := &testAllowance{limit: 15000}
 	r.SetBudget(b)
@@ -53,7 +53,7 @@ func TestUnauthenticatedArgumentsTakeTheAllowance(t *testing.T) {
 func TestGrowKeepsBufferedBytes(t *testing.T) {
 	val := bytes.Repeat([]byte("v"), 100000)
 	src := strings.NewReader("*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n" + string(val) + "\r\n*1\r\n$4\r\nPING\r\n")
-	r := NewReader(bufio.NewReaderSize(src, 64), DefaultLimits)
+	r := NewReader(bufio.NewReaderSize(src, 64), DefaultLimits())
 	args, err := r.ReadCommand()
 	must.NoError(t, err)
 	must.Eq(t, "AUTH", string(args[0]))

@@ -53,8 +53,10 @@ func (l Limits) maxSkip() int64 {
 	return max(redisMaxBulk, l.MaxBulk)
 }
 
-// DefaultLimits allows 64 MiB values, LMCache's largest chunk with headroom.
-var DefaultLimits = Limits{MaxBulk: 64<<20 + 4096, MaxArgs: 1 << 20, MaxInline: 64 << 10}
+// DefaultLimits returns limits allowing 64 MiB values, LMCache's largest chunk with headroom.
+func DefaultLimits() Limits {
+	return Limits{MaxBulk: 64<<20 + 4096, MaxArgs: 1 << 20, MaxInline: 64 << 10}
+}
 
 // ProtocolError is a malformed stream the reader cannot resynchronise on: the
 // server replies with it and closes the connection.

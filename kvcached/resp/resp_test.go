@@ -420,7 +420,7 @@ func TestBudgetRunningCommandDoesNotBlockTheOverdraft(t *testing.T) {
 
 // A bulk length past what is worth skipping closes the connection.
 func TestHugeBulkLengthIsAProtocolError(t *testing.T) {
-	r := reader("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$9223372036854775807\r\n", DefaultLimits)
+	r := reader("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$9223372036854775807\r\n", DefaultLimits())
 	_, err := r.ReadCommand()
 	var pe *ProtocolError
 	must.True(t, errors.As(err, &pe), must.Sprint(err))
@@ -434,7 +434,7 @@ func BenchmarkReadCommandSet1KiB(b *testing.B) {
 	stream := strings.Repeat(cmd, 64)
 	src := strings.NewReader(stream)
 	br := bufio.NewReaderSize(src, 64<<10)
-	r := NewReader(br, DefaultLimits)
+	r := NewReader(br, DefaultLimits())
 	r.SetBudget(NewBudget(1 << 30))
 	b.SetBytes(int64(len(cmd)))
 	b.ReportAllocs()

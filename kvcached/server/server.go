@@ -152,7 +152,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.AuthTimeout = 0
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, st: cfg.Store, started: time.Now(), conns: map[net.Conn]struct{}{}}
-	s.limits = resp.DefaultLimits
+	s.limits = resp.DefaultLimits()
 	s.limits.MaxBulk = cfg.MaxBulk
 	if cfg.InflightBytes <= 0 {
 		cfg.InflightBytes = max(cfg.Store.Stats().RAMLimit/8, 2*cfg.MaxBulk)

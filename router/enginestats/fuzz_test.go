@@ -33,7 +33,7 @@ func FuzzParseEngineMetrics(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	power := DefaultPowerMetrics
+	power := DefaultPowerMetrics()
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseEngineMetrics(bytes.NewReader(data), power)
 		if err != nil {

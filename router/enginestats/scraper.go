@@ -18,9 +18,11 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// DefaultPowerMetrics are engine gauges, in watts, read as the engine's own
-// GPU power draw (oasis-sim exposes one; real engines do not).
-var DefaultPowerMetrics = []string{"oasis_sim_power_watts", "oasis_sim_gpu_power_watts"}
+// DefaultPowerMetrics returns the engine gauges, in watts, read as the
+// engine's own GPU power draw (oasis-sim exposes one; real engines do not).
+func DefaultPowerMetrics() []string {
+	return []string{"oasis_sim_power_watts", "oasis_sim_gpu_power_watts"}
+}
 
 // DefaultMaxMetricsBytes is far above an engine's metrics page (vLLM's and
 // SGLang's are tens to hundreds of KiB, histograms included).
@@ -96,7 +98,7 @@ func NewScraper(cfg ScraperConfig) (*Scraper, error) {
 		cfg.PowerInterval = 5 * time.Second
 	}
 	if cfg.PowerMetrics == nil {
-		cfg.PowerMetrics = DefaultPowerMetrics
+		cfg.PowerMetrics = DefaultPowerMetrics()
 	}
 	if cfg.MaxMetricsBytes <= 0 {
 		cfg.MaxMetricsBytes = DefaultMaxMetricsBytes

@@ -78,7 +78,7 @@ trtllm_generation_tokens_total{engine_type="trtllm",model_name="m"} 96.0
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseEngineMetrics(strings.NewReader(tc.text), DefaultPowerMetrics)
+			got, err := ParseEngineMetrics(strings.NewReader(tc.text), DefaultPowerMetrics())
 			must.NoError(t, err)
 			must.Eq(t, tc.want, got)
 		})

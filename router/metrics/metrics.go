@@ -109,8 +109,8 @@ func (w *WorkerSeries) Requests(status int) prometheus.Counter {
 	return w.requests.WithLabelValues(w.model, strconv.Itoa(status), w.worker)
 }
 
-// AdmissionReasons are the admission_refused_total reasons.
-var AdmissionReasons = []string{"queue_full", "queue_timeout", "deadline"}
+// AdmissionReasons returns the admission_refused_total reasons.
+func AdmissionReasons() []string { return []string{"queue_full", "queue_timeout", "deadline"} }
 
 type workerKey struct{ model, worker string }
 
@@ -127,7 +127,7 @@ func (m *Metrics) Model(model string) *ModelSeries {
 		// its first event: rate() over a series that does not exist yet is
 		// empty, and a dashboard panel or alert on it shows nothing.
 		m.Retries.WithLabelValues(model)
-		for _, reason := range AdmissionReasons {
+		for _, reason := range AdmissionReasons() {
 			m.AdmissionRefused.WithLabelValues(model, reason)
 		}
 	}

@@ -16,7 +16,7 @@ func TestModelStartsRareCountersAtZero(t *testing.T) {
 	must.Eq(t, 0, testutil.CollectAndCount(m.Retries))
 	m.Model("tiny")
 	must.Eq(t, 1, testutil.CollectAndCount(m.Retries))
-	must.Eq(t, len(AdmissionReasons), testutil.CollectAndCount(m.AdmissionRefused))
+	must.Eq(t, len(AdmissionReasons()), testutil.CollectAndCount(m.AdmissionRefused))
 	m.Model("tiny")
 	must.Eq(t, 1, testutil.CollectAndCount(m.Retries))
 }

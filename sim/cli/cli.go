@@ -415,8 +415,8 @@ func setKVEvents(o *Options, v string) error {
 
 // Parse parses the arguments after "serve".
 func Parse(args []string) (*Options, error) {
-	o := &Options{Host: "127.0.0.1", Port: 8000, Speed: 1, LogLevel: "info", gpuUtil: 0.9, Power: engine.DefaultPower, BootstrapPort: 8998}
-	o.Engine.Timing = engine.DefaultTiming // the step-time flags override single terms
+	o := &Options{Host: "127.0.0.1", Port: 8000, Speed: 1, LogLevel: "info", gpuUtil: 0.9, Power: engine.DefaultPower(), BootstrapPort: 8998}
+	o.Engine.Timing = engine.DefaultTiming() // the step-time flags override single terms
 	sp := specs()
 	var positional []string
 	for i := 0; i < len(args); i++ {

@@ -54,7 +54,7 @@ func TestParseDriverArgv(t *testing.T) {
 	must.Eq(t, []string{"--tensor-parallel-size"}, o.IgnoredFlagNames())
 	// 8 GiB of CPU offloading at 2 MiB per 16-token block.
 	must.Eq(t, 4096, o.Engine.CPUBlocks)
-	must.Eq(t, engine.DefaultTiming, o.Engine.Timing)
+	must.Eq(t, engine.DefaultTiming(), o.Engine.Timing)
 }
 
 func TestParseForms(t *testing.T) {
@@ -70,7 +70,7 @@ func TestParseForms(t *testing.T) {
 	must.Eq(t, 32000, o.MaxModelLen)
 	must.Eq(t, 0.0, o.Speed)
 	must.Eq(t, 2*time.Millisecond, o.Engine.Timing.StepBase)
-	must.Eq(t, engine.DefaultTiming.PerPrefillToken, o.Engine.Timing.PerPrefillToken) // other terms keep defaults
+	must.Eq(t, engine.DefaultTiming().PerPrefillToken, o.Engine.Timing.PerPrefillToken) // other terms keep defaults
 	must.Eq(t, 50.0, o.Power.IdleWatts)
 	must.Eq(t, 630.0, o.Power.WattsPerUtil)
 	must.Eq(t, "tcp://127.0.0.1:5557", o.KVEvents.Endpoint) // vLLM's port, loopback by default

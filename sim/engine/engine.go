@@ -85,9 +85,11 @@ func (t Timing) StepTime(prefillTokens, decodeSeqs int) time.Duration {
 	return t.StepBase + time.Duration(prefillTokens)*t.PerPrefillToken + time.Duration(decodeSeqs)*t.PerDecodeSeq
 }
 
-// DefaultTiming is the Llama-3-8B on one H100 model described on Timing.
-var DefaultTiming = Timing{StepBase: 6 * time.Millisecond, PerPrefillToken: 30 * time.Microsecond, PerDecodeSeq: 50 * time.Microsecond,
-	PerLoadedToken: 2600 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond}
+// DefaultTiming returns the Llama-3-8B on one H100 model described on Timing.
+func DefaultTiming() Timing {
+	return Timing{StepBase: 6 * time.Millisecond, PerPrefillToken: 30 * time.Microsecond, PerDecodeSeq: 50 * time.Microsecond,
+		PerLoadedToken: 2600 * time.Nanosecond, PerDiskLoadedToken: 20 * time.Microsecond}
+}
 
 // DefaultConfig returns vLLM's defaults on one 80 GB H100 serving Llama-3-8B through
 // the OpenAI server: block size 16, max_num_seqs 1024 and max_num_batched_tokens 8192
@@ -99,7 +101,7 @@ func DefaultConfig() Config {
 		NumGPUBlocks:        BlocksForMemory(0.9, 16),
 		MaxNumSeqs:          1024,
 		MaxNumBatchedTokens: 8192,
-		Timing:              DefaultTiming,
+		Timing:              DefaultTiming(),
 	}
 }
 

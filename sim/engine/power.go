@@ -10,8 +10,8 @@ type PowerModel struct {
 	WattsPerUtil float64
 }
 
-// DefaultPower is the H100 SXM model described on PowerModel.
-var DefaultPower = PowerModel{IdleWatts: 70, WattsPerUtil: 630}
+// DefaultPower returns the H100 SXM model described on PowerModel.
+func DefaultPower() PowerModel { return PowerModel{IdleWatts: 70, WattsPerUtil: 630} }
 
 // Watts is the draw at utilization u (clamped to 0..1).
 func (p PowerModel) Watts(u float64) float64 {

@@ -130,7 +130,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("speed %v: must not be negative", cfg.Speed)
 	}
 	if cfg.Power == (engine.PowerModel{}) {
-		cfg.Power = engine.DefaultPower
+		cfg.Power = engine.DefaultPower()
 	}
 	cfg.Engine.KVEvents = cfg.KVEvents != nil
 	eng, err := engine.New(cfg.Engine)
