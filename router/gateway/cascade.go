@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
 )
 
@@ -78,7 +79,7 @@ func (g *Gateway) runCascade(c *call, cs *policy.Cascade) {
 
 // escalate sends the client's request to the cascade's large model.
 func (g *Gateway) escalate(c *call, cs *policy.Cascade, orig map[string]json.RawMessage) {
-	body, err := encodeWith(orig, map[string]json.RawMessage{"model": jsonString(cs.Large)})
+	body, err := encodeWith(orig, map[string]json.RawMessage{"model": openai.String(cs.Large)})
 	var lx *exchange
 	if err == nil {
 		lx, err = g.derive(c.r, c.x, cs.Large, body)
@@ -125,7 +126,7 @@ func (a *smallAnswer) accept(c *policy.Cascade) bool {
 func (g *Gateway) smallLeg(cl *call, c *policy.Cascade, orig map[string]json.RawMessage) (*smallAnswer, bool) {
 	x := cl.x
 	ans := &smallAnswer{chat: x.fields.Prompt.Chat}
-	set := map[string]json.RawMessage{"model": jsonString(c.Small), "stream": nil, "stream_options": nil}
+	set := map[string]json.RawMessage{"model": openai.String(c.Small), "stream": nil, "stream_options": nil}
 	if ans.chat {
 		ans.wantsLP = string(orig["logprobs"]) == "true"
 		set["logprobs"] = json.RawMessage("true")

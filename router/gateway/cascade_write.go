@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/oasis-llm/oasis/router/openai"
 )
 
 // writeSmall sends the accepted small answer to the client as the client
@@ -51,7 +53,7 @@ func sseOf(a *smallAnswer, choices []map[string]json.RawMessage, includeUsage bo
 	}
 	var out []byte
 	event := func(chs []map[string]json.RawMessage, usage json.RawMessage) {
-		ev := map[string]json.RawMessage{"id": a.doc["id"], "object": jsonString(object), "created": a.doc["created"],
+		ev := map[string]json.RawMessage{"id": a.doc["id"], "object": openai.String(object), "created": a.doc["created"],
 			"model": a.doc["model"]}
 		ev["choices"], _ = json.Marshal(chs)
 		if usage != nil {

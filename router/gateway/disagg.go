@@ -1,40 +1,18 @@
 package gateway
 
-// Disaggregated prefill/decode. For a model served by prefill workers
-// (oasis_role=prefill) and decode workers (oasis_role=decode) the router
-// chooses a prefill worker and a decode worker together (scoring.PickPair)
-// and hands the request from one to the other by the pair's protocol
-// (oasis_pd_protocol):
-//
-//   - vllm (NixlConnector, LMCache, MultiConnector): a prefill leg with
-//     max_tokens 1 and kv_transfer_params {do_remote_decode: true} first;
-//     its answer's kv_transfer_params go unchanged into the decode leg,
-//     which is the client's body otherwise (pd_vllm.go).
-//   - sglang (bootstrap server): both legs at once, each the client's body
-//     with bootstrap_host, bootstrap_port and bootstrap_room; the decode
-//     leg's answer is the client's, the prefill leg's is drained (pd_sglang.go).
-//
-// A prompt with few uncached tokens on the chosen decode worker goes to a
-// direct candidate instead (policy disaggregation_min_uncached_tokens).
-// Failures: a failed prefill leg is retried on another prefill worker
-// (maxPrefillAttempts in all), then served without a remote prefill when
-// the policy allows (disaggregation_fallback "local"); a decode leg that
-// fails before the client's first byte is retried once with a new pair
-// (retryPair: it may be the prefill worker's failure);
-// nothing is retried after bytes reached the client.
+// Disaggregated prefill/decode, the gateway's side (router/pd has the
+// rest): the pair plan, its execution and retries; the legs' requests are
+// in pd_leg.go, pd_vllm.go and pd_sglang.go.
 
 import (
 	"errors"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/pd"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
-
-// maxPrefillAttempts bounds the prefill legs of one pair attempt.
-const maxPrefillAttempts = 2
 
 // prefillError is a pair attempt whose every prefill leg failed before the
 // client saw anything: the request may still be served without a remote
@@ -56,33 +34,6 @@ func (e *legAnswer) Error() string {
 	return "the engine refused the request: " + http.StatusText(e.status)
 }
 
-// directWorker reports whether w serves a request by itself: not a prefill
-// worker, nor an SGLang decode worker (which waits for a prefill peer's KV).
-func directWorker(w *scoring.Worker) bool {
-	return w.Role != discovery.RolePrefill &&
-		(w.Role != discovery.RoleDecode || w.PDProtocol != discovery.ProtocolSGLang)
-}
-
-// pdWorkers splits model's workers into prefill and decode sides and tells
-// whether any may serve directly; nil sides (no allocation) when the model
-// has no prefill worker.
-func (g *Gateway) pdWorkers(model string) (prefill, decode []*scoring.Worker, direct bool) {
-	ws := routable(g.cfg.Pool.Workers(model), time.Now())
-	if !slices.ContainsFunc(ws, func(w *scoring.Worker) bool { return w.Role == discovery.RolePrefill }) {
-		return nil, nil, true
-	}
-	for _, w := range ws {
-		switch w.Role {
-		case discovery.RolePrefill:
-			prefill = append(prefill, w)
-		case discovery.RoleDecode:
-			decode = append(decode, w)
-		}
-		direct = direct || directWorker(w)
-	}
-	return prefill, decode, direct
-}
-
 // routePair is the plan for a request its model's prefill/decode pairs
 // should serve, when the model has them and the policy wants one; nil
 // leaves it to a direct worker (pick).
@@ -91,7 +42,7 @@ func (g *Gateway) routePair(c *call) plan {
 	if !x.pol.Disagg.Enabled || x.remote != nil || x.req.Path == "/v1/embeddings" {
 		return nil // an embedding has no decode
 	}
-	prefill, decode, direct := g.pdWorkers(x.req.Model)
+	prefill, decode, direct := pd.Split(routable(g.cfg.Pool.Workers(x.req.Model), time.Now()))
 	if len(prefill) == 0 || len(decode) == 0 {
 		return nil
 	}
@@ -107,22 +58,12 @@ func (g *Gateway) routePair(c *call) plan {
 	if err != nil {
 		return nil // no two workers share a protocol
 	}
-	if direct && uncachedOn(x, pair.Decode) < int64(x.pol.Disagg.MinUncachedTokens) {
+	if direct && pd.Uncached(x.req, x.body, pair.Decode) < int64(x.pol.Disagg.MinUncachedTokens) {
 		g.m.DisaggRequests.WithLabelValues(x.req.Model, "direct").Inc()
 		return nil
 	}
 	g.m.DisaggRequests.WithLabelValues(x.req.Model, "pair").Inc()
 	return p
-}
-
-// uncachedOn is the prompt's tokens not in wk's cache by the router's
-// prefix index, or, without prompt tokens (no tokenizer), the prompt's
-// length estimated from the body (≈4 bytes a token).
-func uncachedOn(x *exchange, wk *scoring.Worker) int64 {
-	if n, ok := x.req.UncachedTokens(wk); ok {
-		return n
-	}
-	return int64(len(x.body) / 4)
 }
 
 // runPair serves the request through p's pair. When its decode leg failed
@@ -154,7 +95,7 @@ func (g *Gateway) runPair(c *call, st *attempts, p *planPair) plan {
 	if p.retry > 0 {
 		return upstreamRefusal(ue, "")
 	}
-	next, perr := g.retryPair(c, p.pair, without(p.prefill, p.failedP), p.decode, p.triedD)
+	next, perr := pd.RetryPair(c.ctx, g.cfg.Selector, x.req, p.pair, pd.Without(p.prefill, p.failedP), p.decode, p.triedD)
 	if perr != nil {
 		return upstreamRefusal(ue, "; no other prefill/decode pair is available")
 	}
@@ -166,37 +107,15 @@ func (g *Gateway) runPair(c *call, st *attempts, p *planPair) plan {
 		failedP: p.failedP, triedD: p.triedD}
 }
 
-// retryPair chooses the pair for the retry after a decode leg failed before
-// the first byte. The failure may be the prefill worker's: a decode engine
-// whose prefill peer died after answering the prefill leg (or, SGLang,
-// after its response head) fails the KV pull and answers 5xx. So the retry
-// prefers a pair that shares neither worker with the failed one, then
-// another decode worker with the same prefill worker, then the same decode
-// worker with another prefill worker (a model with one decode worker).
-func (g *Gateway) retryPair(c *call, failed scoring.Pair, prefill, decode,
-	triedD []*scoring.Worker) (scoring.Pair, error) {
-	ctx, x := c.ctx, c.x
-	otherP := without(prefill, []*scoring.Worker{failed.Prefill})
-	otherD := without(decode, triedD)
-	next, err := g.cfg.Selector.PickPair(ctx, x.req, otherP, otherD)
-	if err != nil {
-		next, err = g.cfg.Selector.PickPair(ctx, x.req, prefill, otherD)
-	}
-	if err != nil {
-		next, err = g.cfg.Selector.PickPair(ctx, x.req, otherP, []*scoring.Worker{failed.Decode})
-	}
-	return next, err
-}
-
 // pairAttempt runs p's pair by its protocol. A failed prefill leg moves
 // to another of p's prefill workers (p.pair.Prefill is the last one tried);
 // p.failedP collects those that failed.
 func (g *Gateway) pairAttempt(c *call, p *planPair) error {
 	x, pair := c.x, &p.pair
 	var last *upstreamError
-	for i := 0; i < maxPrefillAttempts; i++ {
+	for i := 0; i < pd.MaxPrefillAttempts; i++ {
 		if i > 0 {
-			next, err := g.cfg.Selector.PickPair(c.ctx, x.req, without(p.prefill, p.failedP), []*scoring.Worker{pair.Decode})
+			next, err := g.cfg.Selector.PickPair(c.ctx, x.req, pd.Without(p.prefill, p.failedP), []*scoring.Worker{pair.Decode})
 			if err != nil {
 				break
 			}
@@ -250,11 +169,4 @@ func relayAnswer(w http.ResponseWriter, rec *outcome, a *legAnswer) {
 	rec.status = a.status
 	w.WriteHeader(a.status)
 	_, _ = w.Write(a.body)
-}
-
-// without returns ws less the workers in out (a new slice).
-func without(ws, out []*scoring.Worker) []*scoring.Worker {
-	return slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool {
-		return slices.ContainsFunc(out, func(o *scoring.Worker) bool { return o.ID == w.ID })
-	})
 }

@@ -72,7 +72,7 @@ func (g *Gateway) overflowOr(c *call, reason string, otherwise plan) plan {
 	if !ok || o.Pool == x.req.Model || len(g.cfg.Pool.Workers(o.Pool)) == 0 {
 		return otherwise
 	}
-	body, err := withFields(x.body, map[string]json.RawMessage{"model": jsonString(o.Model)})
+	body, err := openai.WithFields(x.body, map[string]json.RawMessage{"model": openai.String(o.Model)})
 	if err != nil {
 		return otherwise
 	}
@@ -105,10 +105,4 @@ func (g *Gateway) derive(r *http.Request, x *exchange, model string, body []byte
 	req := &scoring.Request{Model: model, Path: r.URL.Path, Body: body, Stream: f.Stream, Prompt: f.Prompt,
 		EstimatedTokens: estimateTokens(len(body), f)}
 	return &exchange{req: req, fields: f, body: body, reqID: x.reqID, pol: g.cfg.Policy.Current().For(model)}, nil
-}
-
-// jsonString is s as a JSON string.
-func jsonString(s string) json.RawMessage {
-	b, _ := json.Marshal(s)
-	return b
 }

@@ -2,17 +2,14 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/pd"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
-
-// maxLegAnswer bounds what the router reads of a prefill leg's answer.
-const maxLegAnswer = 4 << 20
 
 // leg returns a copy of x that sends body instead of the client's (see
 // exchange.remotePrefill).
@@ -86,7 +83,7 @@ func (g *Gateway) prefillHead(lctx context.Context, r *http.Request, lx *exchang
 		return &prefillCall{resp: resp, sent: sent}, nil
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLegAnswer))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, pd.MaxLegAnswer))
 	if resp.StatusCode/100 == 4 && err == nil {
 		return nil, &legAnswer{status: resp.StatusCode, header: resp.Header, body: body}
 	}
@@ -101,21 +98,4 @@ func (g *Gateway) legFailed(lctx context.Context, lx *exchange, err error, unrea
 		return &prefillLegError{&upstreamError{err: errors.New("prefill leg: " + errResponseHeaderTimeout.Error()), timeout: true}}
 	}
 	return &prefillLegError{&upstreamError{err: err, unreachable: unreachable}}
-}
-
-// withFields returns body, a JSON object, with the fields of set replaced
-// (a nil value deletes the field). The other fields keep their values.
-func withFields(body []byte, set map[string]json.RawMessage) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, err
-	}
-	for k, v := range set {
-		if v == nil {
-			delete(m, k)
-		} else {
-			m[k] = v
-		}
-	}
-	return json.Marshal(m)
 }

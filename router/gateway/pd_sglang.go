@@ -2,41 +2,17 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
-	"strconv"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/pd"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// The SGLang protocol, as SGLang's own load balancers run it
-// (sgl-project/sglang python/sglang/srt/disaggregation/mini_lb.py, and
-// sgl-router's PD router, sgl-router/src/routers/http/pd_router.rs): both
-// legs are the client's body plus bootstrap_host (the prefill instance's
-// host), bootstrap_port (its bootstrap server, oasis_bootstrap_port) and
-// bootstrap_room (a random 63-bit integer naming the transfer), sent at
-// once; the decode engine pulls the KV from the prefill engine's bootstrap
-// server. The decode leg's answer is the client's; the prefill leg's is
-// read to its end and dropped.
-
-// sglangBody is both legs' body.
-func sglangBody(body []byte, pw *scoring.Worker) ([]byte, error) {
-	host, _, err := net.SplitHostPort(pw.Address)
-	if err != nil {
-		return nil, err
-	}
-	h, _ := json.Marshal(host)
-	return withFields(body, map[string]json.RawMessage{
-		"bootstrap_host": h,
-		"bootstrap_port": json.RawMessage(strconv.Itoa(pw.BootstrapPort)),
-		"bootstrap_room": json.RawMessage(strconv.FormatInt(rand.Int64(), 10)), // [0, 2⁶³)
-	})
-}
+// The SGLang protocol (router/pd/sglang.go): both legs at once, the decode
+// leg relayed, the prefill leg drained.
 
 // sglangPair sends both legs at once and relays the decode leg. A prefill
 // leg that fails before its response head cancels the decode leg, and the
@@ -44,7 +20,7 @@ func sglangBody(body []byte, pw *scoring.Worker) ([]byte, error) {
 // once the decode leg failed, or the client left, the prefill leg is
 // cancelled too.
 func (g *Gateway) sglangPair(c *call, pair scoring.Pair, mayRetry bool) error {
-	body, err := sglangBody(c.x.body, pair.Prefill)
+	body, err := pd.SGLangBody(c.x.body, pair.Prefill)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/pd"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -65,7 +66,7 @@ func (g *Gateway) choose(c *call, st *attempts) plan {
 // when none is left, the plan for a request every local attempt failed.
 func (g *Gateway) pick(c *call, st *attempts) plan {
 	x := c.x
-	cands := without(g.candidates(x.req.Model), st.tried)
+	cands := pd.Without(g.candidates(x.req.Model), st.tried)
 	if len(cands) == 0 {
 		if st.last == nil {
 			return g.noWorker(x.req.Model)
@@ -154,7 +155,7 @@ func (g *Gateway) contextRefusal(c *call, msg string) *refusal {
 		count: "deadline"}
 }
 
-// candidates are the workers a request may go to directly (directWorker):
+// candidates are the workers a request may go to directly (pd.Direct):
 // prefill instances, and SGLang decode instances, which wait for a prefill
 // peer, are left out when others exist; so are hosted workers (oasis_upstream)
 // unless the policy makes them peers (hosted_peers): they are the overflow.
@@ -170,8 +171,8 @@ func (g *Gateway) candidates(model string) []*scoring.Worker {
 
 func directOnly(ws []*scoring.Worker) []*scoring.Worker {
 	for _, w := range ws {
-		if !directWorker(w) {
-			if d := slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return !directWorker(w) }); len(d) > 0 {
+		if !pd.Direct(w) {
+			if d := slices.DeleteFunc(slices.Clone(ws), func(w *scoring.Worker) bool { return !pd.Direct(w) }); len(d) > 0 {
 				return d
 			}
 			return ws
