@@ -231,13 +231,13 @@ func (f *Federation) listen() error {
 	if err != nil {
 		return fmt.Errorf("federation: listening on %s: %w", f.cfg.Listen, err)
 	}
-	qln, err := quic.ListenEarly(ln, tc, quicConfig())
+	qln, err := quic.ListenEarly(ln, tc, quicServerConfig())
 	if err != nil {
 		_ = ln.Close()
 		return fmt.Errorf("federation: listening on %s: %w", f.cfg.Listen, err)
 	}
 	f.ln, f.qln = ln, qln
-	f.srv = &http3.Server{TLSConfig: tc, QUICConfig: quicConfig(), Handler: f.serverHandler()}
+	f.srv = &http3.Server{TLSConfig: tc, QUICConfig: quicServerConfig(), Handler: f.serverHandler()}
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/oasis-llm/oasis/internal/bloom"
 	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/pki"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/router/policy"
 )
@@ -352,4 +354,37 @@ func TestHTTP2ClientAndLimitedListener(t *testing.T) {
 	must.Error(t, err)
 	must.False(t, errors.Is(err, context.DeadlineExceeded))
 	must.EqOp(t, 1.0, testutil.ToFloat64(b.m.connsRefused))
+}
+
+// pkiIdentity is a files identity for a certificate pki issued from ca.
+func pkiIdentity(t *testing.T, ca *pki.CA, s pki.Spec) Identity {
+	t.Helper()
+	l, err := ca.Issue(s)
+	must.NoError(t, err)
+	dir := t.TempDir()
+	f, err := tlsfiles.New(tlsfiles.Config{CertFile: tlsfilestest.WriteFile(t, dir, "c.pem", l.CertPEM),
+		KeyFile: tlsfilestest.WriteFile(t, dir, "k.pem", l.KeyPEM), ClientCAFile: tlsfilestest.WriteFile(t, dir, "ca.pem", ca.CertPEM)})
+	must.NoError(t, err)
+	id, err := FilesIdentity(f)
+	must.NoError(t, err)
+	return id
+}
+
+// Only a router's identity speaks for a datacenter: another service's
+// certificate of the same CA naming dc1 (kvcached's, say) does not.
+func TestAnotherServicesCertificateRefused(t *testing.T) {
+	ca, err := pki.NewCA("federation", time.Hour)
+	must.NoError(t, err)
+	router := func(dc string) Identity {
+		return pkiIdentity(t, ca, pki.Spec{CommonName: dc, Hosts: []string{"127.0.0.1"}, URIs: []*url.URL{pki.RouterURI(dc)}, Validity: time.Hour})
+	}
+	b := startFed(t, Config{DC: "dc2", Identity: router("dc2"), Listen: "127.0.0.1:0",
+		StaticPeers: []Peer{{DC: "dc1", Addr: "127.0.0.1:1"}}})
+	kv := pkiIdentity(t, ca, pki.Spec{CommonName: "kv", Hosts: []string{"127.0.0.1"}, Validity: time.Hour,
+		URIs: []*url.URL{{Scheme: "spiffe", Host: "oasis", Path: "/ns/default/dc/dc1/svc/oasis-kvcached"}}})
+	code, body := post(t, kv, b.Addr().String(), SummaryPath, summaryOf(t, "dc1", nil))
+	must.EqOp(t, http.StatusForbidden, code)
+	must.StrContains(t, body, "names no datacenter")
+	code, _ = post(t, router("dc1"), b.Addr().String(), SummaryPath, summaryOf(t, "dc1", nil))
+	must.EqOp(t, http.StatusNoContent, code)
 }

@@ -134,7 +134,15 @@ const (
 )
 
 func quicConfig() *quic.Config {
-	return &quic.Config{KeepAlivePeriod: quicKeepAlive, MaxIdleTimeout: quicIdleTimeout, MaxIncomingStreams: quicMaxStreams}
+	return &quic.Config{KeepAlivePeriod: quicKeepAlive, MaxIdleTimeout: quicIdleTimeout}
+}
+
+// quicServerConfig is the listener's: quicConfig, and the streams a peer
+// may open on one connection.
+func quicServerConfig() *quic.Config {
+	c := quicConfig()
+	c.MaxIncomingStreams = quicMaxStreams
+	return c
 }
 
 // serverTLS returns the identity's server configuration for HTTP/3, TLS 1.3
