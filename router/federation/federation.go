@@ -28,7 +28,6 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/oasis-llm/oasis/internal/bloom"
-
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )

@@ -238,7 +238,8 @@ type closerFunc func() error
 
 func (c closerFunc) Close() error { return c() }
 
-// expire drops summaries older than RemoteTTL, and the entries of
+// expire drops summaries older than RemoteTTL (twice summary_stale if
+// longer), and the entries of
 // datacenters with none whose routers Consul no longer lists, so a
 // datacenter that went away frees its place in the table.
 func (f *Federation) expire(now time.Time) {
@@ -246,10 +247,11 @@ func (f *Federation) expire(now time.Time) {
 	for _, p := range f.allPeers() {
 		known[p.DC] = true
 	}
+	ttl := max(f.cfg.RemoteTTL, 2*f.cfg.Policy().SummaryStale)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for dc, rd := range f.remote {
-		if !rd.received.IsZero() && now.Sub(rd.received) > f.cfg.RemoteTTL {
+		if !rd.received.IsZero() && now.Sub(rd.received) > ttl {
 			rd.summary, rd.received = nil, time.Time{}
 			f.m.summaryAge.DeleteLabelValues(dc)
 			f.m.expired.Inc()
