@@ -1,52 +1,43 @@
-package gateway
+package cascade
 
 import (
 	"encoding/json"
-	"net/http"
 	"strconv"
 
 	"github.com/oasis-llm/oasis/router/openai"
 )
 
-// writeSmall sends the accepted small answer to the client as the client
-// asked for it: without log probabilities unless requested, and as an event
-// stream (the whole answer in one chunk, then the finish, usage when
+// An accepted small answer goes to the client as the client asked for it:
+// without log probabilities unless requested, and as an event stream (the
+// whole answer in one chunk, then the finish, usage when
 // stream_options.include_usage, and [DONE]) when the client streams.
-func (g *Gateway) writeSmall(w http.ResponseWriter, x *exchange, a *smallAnswer) {
-	h := w.Header()
-	h.Set("X-Request-Id", x.reqID)
+
+// choices are the answer's choices, without log probabilities unless the
+// client asked for them.
+func (a *Answer) choices() []map[string]json.RawMessage {
 	var choices []map[string]json.RawMessage
-	_ = json.Unmarshal(a.doc["choices"], &choices) // parse checked it is a list
+	_ = json.Unmarshal(a.doc["choices"], &choices) // Read checked it is a list
 	if !a.wantsLP {
 		for _, c := range choices {
 			c["logprobs"] = json.RawMessage("null")
 		}
 	}
-	if x.fields.Stream {
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(sseOf(a, choices, x.fields.IncludeUsage))
-		if fl, ok := w.(http.Flusher); ok {
-			fl.Flush()
-		}
-		return
-	}
-	body := a.body
-	if !a.wantsLP {
-		a.doc["choices"], _ = json.Marshal(choices)
-		body, _ = json.Marshal(a.doc)
-	}
-	body = append(body, '\n')
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(body)
+	return choices
 }
 
-// sseOf turns a whole chat or text completion into the chunks a streamed
+// JSON is the answer as a JSON body, newline-terminated.
+func (a *Answer) JSON() []byte {
+	body := a.body
+	if !a.wantsLP {
+		a.doc["choices"], _ = json.Marshal(a.choices())
+		body, _ = json.Marshal(a.doc)
+	}
+	return append(body, '\n')
+}
+
+// Events turns a whole chat or text completion into the events a streamed
 // answer would have had.
-func sseOf(a *smallAnswer, choices []map[string]json.RawMessage, includeUsage bool) []byte {
+func (a *Answer) Events(includeUsage bool) []byte {
 	object := "text_completion"
 	if a.chat {
 		object = "chat.completion.chunk"
@@ -65,7 +56,7 @@ func sseOf(a *smallAnswer, choices []map[string]json.RawMessage, includeUsage bo
 		out = append(out, "\n\n"...)
 	}
 	null := json.RawMessage("null")
-	for _, c := range choices {
+	for _, c := range a.choices() {
 		if !a.chat {
 			event([]map[string]json.RawMessage{c}, nil)
 			continue
