@@ -2,7 +2,9 @@
 // engines: it discovers engines in Consul (or Nomad), routes each request by
 // the policy document in Consul KV, and streams the engine's answer back.
 // The router is assembled by router/app; this command parses its flags and
-// runs it until SIGINT or SIGTERM, then drains.
+// runs it until SIGINT or SIGTERM, then drains. -config FILE|DIR (HCL or
+// JSON, repeatable) sets the same settings from files; flags on the command
+// line win (router/README.md "Configuration").
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/oasis-llm/oasis/internal/agentconfig"
 	"github.com/oasis-llm/oasis/router/app"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -80,12 +83,44 @@ func run(cfg app.Config) error {
 	return a.Run(ctx)
 }
 
-// parseFlags parses the command line into the app's Config and the
-// process-wide settings.
+// parseFlags parses the command line, and the config files its -config
+// flags name, into the app's Config and the process-wide settings.
 func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	var c app.Config
 	var rt runtimeFlags
-	var engines, hostedUpstreams, hostedKeyEnvs string
+	var lists listFlags
+	var configs agentconfig.Paths
+	fs := newFlagSet(&c, &rt, &lists)
+	fs.Var(&configs, "config", agentconfig.Usage)
+	if err := fs.Parse(args); err != nil {
+		return c, rt, err
+	}
+	if fs.NArg() > 0 {
+		return c, rt, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if err := agentconfig.Apply(fs, app.ConfigKeys, configs); err != nil {
+		return c, rt, err
+	}
+	var err error
+	if c.Engines, err = app.ParseEngines(lists.engines); err != nil {
+		return c, rt, err
+	}
+	c.HostedUpstreams = discovery.SplitList(lists.hostedUpstreams)
+	c.HostedKeyEnvs = discovery.SplitList(lists.hostedKeyEnvs)
+	c.AdaptiveGOMAXPROCS = rt.gomaxprocs <= 0
+	return c, rt, nil
+}
+
+// listFlags are the flags parsed further after the command line and the
+// config files are read.
+type listFlags struct {
+	engines, hostedUpstreams, hostedKeyEnvs string
+}
+
+// newFlagSet defines every flag but -config on c, rt and lists, with its
+// default; app.ConfigKeys maps the config file's keys onto them.
+func newFlagSet(c *app.Config, rt *runtimeFlags, lists *listFlags) *flag.FlagSet {
+	engines, hostedUpstreams, hostedKeyEnvs := &lists.engines, &lists.hostedUpstreams, &lists.hostedKeyEnvs
 	fs := flag.NewFlagSet("oasis-router", flag.ContinueOnError)
 	fs.StringVar(&c.Listen, "listen", app.DefaultListen, "address to serve the API on (loopback unless you mean otherwise); off: none, with -mesh-listen serving mesh clients only")
 	fs.StringVar(&c.Discovery, "discovery", app.DiscoveryConsul, "engine discovery: consul (health API), nomad (native service discovery) or static (-engines)")
@@ -94,7 +129,7 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	fs.StringVar(&c.Service, "service", discovery.EngineService, "engine service name")
 	fs.StringVar(&c.ServiceTag, "service-tag", "", "only engines with this tag (consul discovery)")
 	fs.StringVar(&c.KVPrefix, "kv-prefix", app.DefaultKVPrefix, "Consul KV prefix: <prefix>/policy holds the policy, <prefix>/keys the API keys")
-	fs.StringVar(&engines, "engines", "", "static engines for -discovery=static: model=host:port[@engine][,...]; @engine sets oasis_engine (e.g. @sim: oasis-sim's tokenizer, no /tokenize round trip)")
+	fs.StringVar(engines, "engines", "", "static engines for -discovery=static: model=host:port[@engine][,...]; @engine sets oasis_engine (e.g. @sim: oasis-sim's tokenizer, no /tokenize round trip)")
 	fs.StringVar(&c.PolicyFile, "policy-file", "", "read the policy from this file (JSON or HCL) instead of Consul KV (no live reload)")
 	fs.StringVar(&c.APIKeysFile, "api-keys-file", "", "enable API keys from this JSON file of sha256 digests (reloaded on SIGHUP)")
 	fs.BoolVar(&c.APIKeysKV, "api-keys-kv", false, "enable API keys from Consul KV <prefix>/keys (watched)")
@@ -127,30 +162,14 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	fs.StringVar(&c.MeshService, "mesh-service", "", "join the Consul service mesh as this service (e.g. oasis-router): its Connect leaf certificate from the local agent is the router's identity for -mesh-listen, -mesh-engines and the federation link (the token needs service:write on it)")
 	fs.StringVar(&c.MeshListen, "mesh-listen", "", "serve the API Connect-native on this TCP host:port: callers present their mesh certificate and intentions decide who may call (needs -mesh-service)")
 	fs.BoolVar(&c.MeshEngines, "mesh-engines", false, "reach engines only through the mesh: their sidecar proxies (or Connect-native listeners) from Consul, dialled with the router's mesh certificate, each verified as the engine service (needs -mesh-service)")
-	fs.StringVar(&hostedUpstreams, "hosted-upstreams", "", "hosted OpenAI-compatible base URLs engines may name in oasis_upstream, comma-separated: https://host[:port]/path, host may start with *. (one label); others are ignored")
-	fs.StringVar(&hostedKeyEnvs, "hosted-key-envs", "", "environment variables engines may name in oasis_upstream_key_env, comma-separated: NAME (any allowed upstream) or NAME=URL pattern (only those upstreams)")
+	fs.StringVar(hostedUpstreams, "hosted-upstreams", "", "hosted OpenAI-compatible base URLs engines may name in oasis_upstream, comma-separated: https://host[:port]/path, host may start with *. (one label); others are ignored")
+	fs.StringVar(hostedKeyEnvs, "hosted-key-envs", "", "environment variables engines may name in oasis_upstream_key_env, comma-separated: NAME (any allowed upstream) or NAME=URL pattern (only those upstreams)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces of API requests over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318 (off by default; path default /v1/traces); engines get each attempt's traceparent")
-	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", 1, "share of new traces sampled with -otlp-endpoint, 0 to 1; a client's traceparent decides for its own trace")
+	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", app.DefaultTraceSampleRatio, "share of new traces sampled with -otlp-endpoint, 0 to 1 (1 samples every request); a client's traceparent decides for its own trace")
 	fs.StringVar(&rt.logLevel, "log-level", "info", "trace, debug, info, warn, error")
 	fs.BoolVar(&rt.logJSON, "log-json", false, "log JSON lines")
 	fs.IntVar(&rt.gcPercent, "gc-percent", 400, "Go GC target percentage (runtime/debug.SetGCPercent): the router's live heap is a few MiB, so collecting less often trades a little memory for CPU per request; -1 disables GC except under -memory-limit")
 	fs.IntVar(&rt.gomaxprocs, "gomaxprocs", 0, "threads running Go code at once (runtime.GOMAXPROCS); 0 sizes them to the router's CPU use, from 1 up to the CPUs available (as does a GOMAXPROCS environment variable, which is then the most used); N > 0 fixes them at N")
 	fs.Int64Var(&rt.memoryLimit, "memory-limit", 0, "soft memory limit in bytes for the Go runtime (runtime/debug.SetMemoryLimit); 0 leaves the runtime's default")
-	if err := fs.Parse(args); err != nil {
-		return c, rt, err
-	}
-	if fs.NArg() > 0 {
-		return c, rt, fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	var err error
-	if c.Engines, err = app.ParseEngines(engines); err != nil {
-		return c, rt, err
-	}
-	c.HostedUpstreams = discovery.SplitList(hostedUpstreams)
-	c.HostedKeyEnvs = discovery.SplitList(hostedKeyEnvs)
-	c.AdaptiveGOMAXPROCS = rt.gomaxprocs <= 0
-	if c.EjectAfter == 0 {
-		c.EjectAfter = -1 // the flag's 0 is "never"; Config's 0 is "the default"
-	}
-	return c, rt, nil
+	return fs
 }

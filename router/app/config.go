@@ -60,9 +60,11 @@ type Config struct {
 
 	MaxBodyBytes    int64         // -max-body-bytes (default DefaultMaxBodyBytes)
 	BodyReadTimeout time.Duration // -body-read-timeout (default DefaultBodyReadTimeout)
-	// EjectAfter and EjectFor leave a worker that refused connections out
-	// of routing (-eject-after, -eject-for; gateway defaults when zero,
-	// EjectAfter < 0: never).
+	// EjectAfter connection failures in a row leave a worker out of
+	// routing for EjectFor (-eject-after, flag default
+	// gateway.DefaultEjectAfter; -eject-for, default gateway.DefaultEjectFor
+	// when zero). EjectAfter 0 means never, as the flag's 0 does (negative
+	// too).
 	EjectAfter     int
 	EjectFor       time.Duration
 	MaxHeaderBytes int // -max-header-bytes (default DefaultMaxHeaderBytes)
@@ -121,8 +123,9 @@ type Config struct {
 	// OpenTelemetry traces (router/gateway/tracing.go), off by default.
 	OTLPEndpoint string // -otlp-endpoint: OTLP/HTTP receiver URL, e.g. http://127.0.0.1:4318 (path default /v1/traces)
 	// TraceSampleRatio is the share of new traces sampled, 0 to 1
-	// (-trace-sample-ratio, flag default 1; 0: only requests whose
-	// traceparent says sampled). A client's traceparent decides for its trace.
+	// (-trace-sample-ratio, flag default DefaultTraceSampleRatio; 0: only
+	// requests whose traceparent says sampled). A client's traceparent
+	// decides for its trace.
 	TraceSampleRatio float64
 	// TracerProvider, when set, is used instead of -otlp-endpoint's
 	// exporter; its owner shuts it down.
@@ -214,6 +217,9 @@ func (c Config) withDefaults() Config {
 	def(&c.Service, discovery.EngineService)
 	def(&c.KVPrefix, DefaultKVPrefix)
 	c.KVPrefix = strings.TrimSuffix(c.KVPrefix, "/")
+	if c.EjectAfter <= 0 {
+		c.EjectAfter = -1 // never: the gateway's 0 is its default
+	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
