@@ -21,6 +21,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/kvcached/app"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
@@ -287,9 +288,9 @@ func TestRSSStaysWithinRAMLimit(t *testing.T) {
 			must.NoError(t, err)
 			hwm := peakRSS(t, p.Pid())
 			t.Logf("peak RSS %d MiB for --ram-bytes %d MiB", hwm>>20, ram>>20)
-			plan, err := planMemory(ram, 64<<20, disk)
+			plan, err := app.PlanMemory(ram, 64<<20, disk)
 			must.NoError(t, err)
-			must.Between(t, float64(plan.tier-(1<<20)), p.metric(t, `oasis_kvcached_bytes{tier="ram"}`), float64(plan.tier))
+			must.Between(t, float64(plan.Tier-(1<<20)), p.metric(t, `oasis_kvcached_bytes{tier="ram"}`), float64(plan.Tier))
 			must.LessEq(t, int64(ram)*11/10, hwm)
 		})
 	}
@@ -375,14 +376,6 @@ func TestIdleAndAuthTimeoutFlags(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error { return client.Ping(context.Background()).Err() }),
 		wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
 	closedWithin(t, addr, 5*time.Second)
-}
-
-func TestIsLoopback(t *testing.T) {
-	for addr, want := range map[string]bool{"127.0.0.1:6380": true, "[::1]:6380": true, "0.0.0.0:6380": false, "10.0.0.5:6380": false, "[::]:6380": false} {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		must.NoError(t, err)
-		must.Eq(t, want, isLoopback(a), must.Sprint(addr))
-	}
 }
 
 // TestPasswordFileReloadsOnSIGHUP: the Nomad job's template rewrites the

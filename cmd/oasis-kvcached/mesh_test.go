@@ -150,9 +150,9 @@ func TestMeshWithTheJobsConsulPolicy(t *testing.T) {
 }
 
 func TestMeshFlagNeedsConsul(t *testing.T) {
-	_, err := parseFlags([]string{"--mesh", "--quic-addr", "127.0.0.1:0"}, testWriter{t})
+	_, _, err := parseFlags([]string{"--mesh", "--quic-addr", "127.0.0.1:0"}, testWriter{t})
 	must.ErrorContains(t, err, "--mesh needs")
-	_, err = parseFlags([]string{"--mesh", "--quic-addr", "127.0.0.1:0", "--consul-addr", "127.0.0.1:1", "--tls-ca", "ca.pem"}, testWriter{t})
+	_, _, err = parseFlags([]string{"--mesh", "--quic-addr", "127.0.0.1:0", "--consul-addr", "127.0.0.1:1", "--tls-ca", "ca.pem"}, testWriter{t})
 	must.ErrorContains(t, err, "drop --tls-ca")
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/kvcached/app"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
@@ -105,12 +106,12 @@ func TestUnauthenticatedConnectionsStayWithinRAMLimit(t *testing.T) {
 	must.NoError(t, err)
 	must.True(t, bytes.Equal(val, got))
 
-	plan, err := planMemory(ram, 64<<20, false)
+	plan, err := app.PlanMemory(ram, 64<<20, false)
 	must.NoError(t, err)
 	used := p.metric(t, "oasis_kvcached_unauthenticated_bytes")
 	hwm := peakRSS(t, p.Pid())
 	t.Logf("peak RSS %d MiB for --ram-bytes %d MiB; unauthenticated: %.0f bytes of %d in %.0f connections, %.0f closed",
-		hwm>>20, ram>>20, used, plan.unauth, p.metric(t, "oasis_kvcached_unauthenticated_connections"), closed())
-	must.LessEq(t, float64(plan.unauth), used)
+		hwm>>20, ram>>20, used, plan.Unauth, p.metric(t, "oasis_kvcached_unauthenticated_connections"), closed())
+	must.LessEq(t, float64(plan.Unauth), used)
 	must.LessEq(t, int64(ram)*11/10, hwm)
 }

@@ -163,21 +163,21 @@ func frozenDC2(t *testing.T, dc1, dc2 *testutil.ConsulAgent, a, n *proc, nID str
 
 func TestPeerDatacenterFlags(t *testing.T) {
 	var out bytes.Buffer
-	o, err := parseFlags(nil, &out)
+	c, _, err := parseFlags(nil, &out)
 	must.NoError(t, err)
-	must.Eq(t, "", o.peerDCs, must.Sprint("remote datacenters must be off by default"))
-	must.Eq(t, int64(100<<20), o.wanBytesPerSecond)
-	must.Eq(t, 5*time.Second, o.wanTimeout)
+	must.SliceEmpty(t, c.PeerDatacenters, must.Sprint("remote datacenters must be off by default"))
+	must.Eq(t, int64(100<<20), c.PeerWANBytesPerSecond)
+	must.Eq(t, 5*time.Second, c.PeerWANTimeout)
 
 	t.Setenv("CONSUL_HTTP_ADDR", "")
-	_, err = parseFlags([]string{"--peer-datacenters", "dc2"}, &out)
+	_, _, err = parseFlags([]string{"--peer-datacenters", "dc2"}, &out)
 	must.ErrorContains(t, err, "--peer-datacenters needs --quic-addr")
-	o, err = parseFlags([]string{"--peer-datacenters", "dc2, dc3", "--quic-addr", "127.0.0.1:0", "--consul-addr", "127.0.0.1:1",
+	c, _, err = parseFlags([]string{"--peer-datacenters", "dc2, dc3", "--quic-addr", "127.0.0.1:0", "--consul-addr", "127.0.0.1:1",
 		"--peer-wan-bytes-per-second", "1GiB", "--peer-wan-timeout", "3s"}, &out)
 	must.NoError(t, err)
-	must.Eq(t, []string{"dc2", "dc3"}, splitList(o.peerDCs))
-	must.Eq(t, int64(1<<30), o.wanBytesPerSecond)
-	must.Eq(t, 3*time.Second, o.wanTimeout)
+	must.Eq(t, []string{"dc2", "dc3"}, c.PeerDatacenters)
+	must.Eq(t, int64(1<<30), c.PeerWANBytesPerSecond)
+	must.Eq(t, 3*time.Second, c.PeerWANTimeout)
 }
 
 // TestRemoteDatacenterNeedsAGlobalToken runs the two datacenters with ACLs

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"testing"
@@ -17,22 +17,22 @@ func TestPlanMemory(t *testing.T) {
 		{1 << 30, 64 << 20, false},
 		{64 << 30, 64 << 20, true},
 	} {
-		p, err := planMemory(tc.ram, tc.maxValue, tc.disk)
+		p, err := PlanMemory(tc.ram, tc.maxValue, tc.disk)
 		must.NoError(t, err)
 		// The parts never exceed the budget, and the collector's limit
 		// leaves room above the live blocks and in-flight values.
-		must.Positive(t, p.tier)
-		must.LessEq(t, tc.ram, p.tier+p.inflight)
-		must.Greater(t, p.tier+p.inflight, p.goLimit)
+		must.Positive(t, p.Tier)
+		must.LessEq(t, tc.ram, p.Tier+p.Inflight)
+		must.Greater(t, p.Tier+p.Inflight, p.GoLimit)
 		// The buffer pool and unauthenticated connections share the
 		// headroom with garbage.
-		must.Positive(t, p.unauth)
-		must.LessEq(t, p.headroom/2, p.pool+p.unauth)
+		must.Positive(t, p.Unauth)
+		must.LessEq(t, p.Headroom/2, p.Pool+p.Unauth)
 		if tc.ram >= 256<<20 {
-			must.LessEq(t, tc.ram+tc.ram/10, p.goLimit)
-			must.GreaterEq(t, min(tc.maxValue, tc.ram/2), p.inflight)
+			must.LessEq(t, tc.ram+tc.ram/10, p.GoLimit)
+			must.GreaterEq(t, min(tc.maxValue, tc.ram/2), p.Inflight)
 		}
 	}
-	_, err := planMemory(16, 64<<20, false)
+	_, err := PlanMemory(16, 64<<20, false)
 	must.Error(t, err)
 }
