@@ -100,7 +100,10 @@ func (c *Client) Pid() int {
 func (c *Client) Exited() bool { return c.client.Exited() }
 
 // Close stops the plugin process.
-func (c *Client) Close() { c.client.Kill() }
+func (c *Client) Close() error {
+	c.client.Kill()
+	return nil
+}
 
 // EncodeConfig parses config against a plugin's schema, applying its
 // defaults, and msgpack-encodes the result: what Nomad's plugin loader sends
