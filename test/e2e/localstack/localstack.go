@@ -28,6 +28,9 @@ const (
 	meshRecipe = "recipes/tiny/sim/agg-mesh"
 )
 
+// demoModel is the model the demo recipes serve.
+const demoModel = "tiny-sim"
+
 // meshClientService is the client identity `make up MESH=1` tells the user to call the router
 // as: jobs/mesh/oasis-router.hcl allows it.
 const meshClientService = "oasis-client"
@@ -42,6 +45,8 @@ type Options struct {
 	Tracing bool
 
 	otlpEndpoint string // the Jaeger's OTLP/HTTP receiver, once it runs
+	// federated runs the router with its federation listener (make up DCS=n; see federate).
+	federated bool
 }
 
 // StatePath is where Up leaves what Down needs.
@@ -124,6 +129,18 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 	if opts.Mesh {
 		vars["router.nomad.hcl"]["mesh_enabled"] = "true"
 		maps.Copy(vars["job.nomad.hcl"], s.MeshVariables())
+	}
+	if opts.federated {
+		port, err := testutil.FreePorts(1)
+		if err != nil {
+			return err
+		}
+		maps.Copy(vars["router.nomad.hcl"], map[string]string{
+			"federation_enabled": "true",
+			"federation_port":    fmt.Sprint(port[0]),
+			"federation_dc":      s.Datacenter,
+			"federation_models":  fmt.Sprintf("[%q]", demoModel),
+		})
 	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
@@ -240,7 +257,7 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 		fmt.Fprintln(out, "OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")
 		return
 	}
-	const body = `              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`
+	body := chatBody("Hello, Oasis!")
 	if plain != nil {
 		base := fmt.Sprintf("http://%s:%d/v1", plain.Address, plain.Port)
 		fmt.Fprintf(out, "OpenAI API: %s\n", base)
@@ -256,6 +273,27 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 	fmt.Fprintln(out, "Stop:       make down")
 }
 
+// plainRouter is the OpenAI API base URL (.../v1) of a passing oasis-router instance outside the
+// mesh, if there is one.
+func plainRouter(s *testbed.Stack) (string, bool) {
+	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
+	if err != nil {
+		return "", false
+	}
+	for _, r := range routers {
+		if r.Service.Connect == nil || !r.Service.Connect.Native {
+			return fmt.Sprintf("http://%s:%d/v1", r.Service.Address, r.Service.Port), true
+		}
+	}
+	return "", false
+}
+
+// chatBody is the curl argument printed after a Try line: a streamed chat completion of the demo
+// model.
+func chatBody(content string) string {
+	return fmt.Sprintf(`              -d '{"model":%q,"stream":true,"messages":[{"role":"user","content":%q}]}'`, demoModel, content)
+}
+
 // exampleTrace is the trace id printTracing suggests sending.
 const exampleTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -269,7 +307,7 @@ func printTracing(out io.Writer, s *testbed.Stack, j *testbed.Jaeger) {
 	r := routers[0].Service
 	fmt.Fprintf(out, "Trace one:  curl -N http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n", r.Address, r.Port)
 	fmt.Fprintf(out, "              -H 'traceparent: 00-%s-00f067aa0ba902b7-01' \\\n", exampleTrace)
-	fmt.Fprintln(out, `              -d '{"model":"tiny-sim","stream":true,"messages":[{"role":"user","content":"Hello, Oasis!"}]}'`)
+	fmt.Fprintln(out, chatBody("Hello, Oasis!"))
 	fmt.Fprintf(out, "            curl -s %s/api/traces/%s   (the router's spans, a few seconds later)\n", j.Query, exampleTrace)
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -131,7 +132,7 @@ func streamChat(t *testing.T, ctx context.Context, router, system, user string) 
 func streamChatWith(t *testing.T, ctx context.Context, c *http.Client, router, system, user string) []string {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{
-		"model":      "tiny-sim",
+		"model":      demoModel,
 		"stream":     true,
 		"max_tokens": 8,
 		"messages": []map[string]string{
@@ -161,11 +162,16 @@ func streamChatWith(t *testing.T, ctx context.Context, c *http.Client, router, s
 	return events
 }
 
-func metricSum(t *testing.T, ctx context.Context, url, name string) float64 {
+// metricSum sums a metric over the series whose labels include want (every series with none).
+func metricSum(t *testing.T, ctx context.Context, url, name string, want ...map[string]string) float64 {
 	t.Helper()
 	ms, err := testutil.ScrapeMetrics(ctx, nil, url)
 	must.NoError(t, err)
-	return ms.Sum(name, nil)
+	var labels map[string]string
+	if len(want) > 0 {
+		labels = want[0]
+	}
+	return ms.Sum(name, labels)
 }
 
 // running reports whether pid is a live process. A killed task whose parent (here the machine's
@@ -206,8 +212,9 @@ func stackPIDs(t *testing.T, home string) []int {
 
 // TestUpFederationServesInEachDC is `make up DCS=2` and `make down`: two federated datacenters,
 // each running the system jobs and the demo recipe in its own region, a streamed chat completion
-// through each datacenter's router, an env file per datacenter, and a teardown that leaves no
-// process or directory.
+// through each datacenter's router, an env file per datacenter; then what the output says to try:
+// with dc1's demo engines stopped, dc1's router serves the model through dc2's (federated routers);
+// and a teardown that leaves no process or directory.
 func TestUpFederationServesInEachDC(t *testing.T) {
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
@@ -256,8 +263,68 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 	}
 	must.NotEq(t, routers["dc1"], routers["dc2"])
 
+	// The routers federate. What the output says to try: stop dc1's demo engines, so that only
+	// dc2 serves the model, and ask dc1's router again; dc2 serves it, and dc1 counts the forward.
+	dc1 := f.DC("dc1")
+	job, err := demoJobID(dc1, root)
+	must.NoError(t, err)
+	for _, want := range []string{"Federation: the routers of dc1 and dc2", FederationTLSDir(home), "bin/nomad job stop " + job,
+		"curl -N " + routers["dc1"] + "/v1/chat/completions", "oasis_router_federation_forwarded_total"} {
+		must.StrContains(t, out.String(), want)
+	}
+	for _, name := range []string{"ca.pem", "ca-key.pem", "router.pem", "router-key.pem"} {
+		_, err := os.Stat(filepath.Join(FederationTLSDir(home), name))
+		must.NoError(t, err)
+	}
+	must.NoError(t, dc1.StopJob(ctx, job))
+	testutil.Eventually(t, 60*time.Second, "dc1 without engines in its Consul", func() bool {
+		engines, _, err := dc1.Consul.Health().Service("oasis-engine", "", false, nil)
+		return err == nil && len(engines) == 0
+	})
+	var last error
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		last = tryStream(ctx, routers["dc1"])
+		return last
+	}), wait.Timeout(60*time.Second), wait.Gap(500*time.Millisecond)),
+		must.Func(func() string {
+			return fmt.Sprintf("dc1's router never served %s through dc2; last: %v", demoModel, last)
+		}))
+	must.Greater(t, 0, metricSum(t, ctx, routers["dc1"]+"/metrics", "oasis_router_federation_forwarded_total",
+		map[string]string{"dc": "dc2", "reason": "no_local_worker"}))
+
 	downLeavesNothing(t, home, "federation")
 	downed = true
+}
+
+// tryStream sends a streamed chat completion of the demo model; an error unless it answers 200
+// and ends with [DONE] after at least one chunk.
+func tryStream(ctx context.Context, router string) error {
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`, demoModel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, router+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
+	}
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			events = append(events, data)
+		}
+	}
+	if len(events) < 2 || events[len(events)-1] != "[DONE]" {
+		return fmt.Errorf("stream did not end with [DONE] after a chunk: %v (%v)", events, sc.Err())
+	}
+	return nil
 }
 
 // waitRouterScraped waits until the Prometheus at prom reports its oasis-router target on port up.

@@ -341,3 +341,36 @@ func (s *Stack) waitACLObjectsReplicated(ctx context.Context) error {
 		return strings.Join(want, ",") == strings.Join(got, ","), nil
 	})
 }
+
+// GlobalConsulToken creates a global Consul token with the named policies in the primary, which
+// owns the federation's ACLs, and waits until every datacenter accepts it: a secondary knows a
+// global token only once replication has carried it there. With ACLs off it returns "".
+func (f *Federation) GlobalConsulToken(ctx context.Context, description string, policies ...string) (string, error) {
+	p := f.DCs[0]
+	if p.ConsulToken == "" {
+		return "", nil
+	}
+	links := make([]*consulapi.ACLTokenPolicyLink, len(policies))
+	for i, name := range policies {
+		links[i] = &consulapi.ACLTokenPolicyLink{Name: name}
+	}
+	t, _, err := p.Consul.ACL().TokenCreate(&consulapi.ACLToken{Description: description, Policies: links},
+		(&consulapi.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return "", fmt.Errorf("creating a global consul token with %s: %w", strings.Join(policies, ", "), err)
+	}
+	for _, s := range f.DCs[1:] {
+		c, err := newConsulClient(s.ConsulAddr, t.SecretID)
+		if err != nil {
+			return "", err
+		}
+		err = poll(ctx, 200*time.Millisecond, "the global consul token replicated to "+s.Datacenter, func() (bool, error) {
+			_, _, err := c.ACL().TokenReadSelf((&consulapi.QueryOptions{}).WithContext(ctx))
+			return err == nil, err
+		})
+		if err != nil {
+			return "", err
+		}
+	}
+	return t.SecretID, nil
+}

@@ -1,6 +1,7 @@
 // Command oasis-stack is `make up` / `make down` (see package localstack).
 //
-//	oasis-stack up [-dcs N] [-mesh] [-tracing]   # N > 1: N federated datacenters (make up DCS=N);
+//	oasis-stack up [-dcs N] [-mesh] [-tracing]   # N > 1: N federated datacenters, their routers
+//	                                             # federated too (make up DCS=N);
 //	                                             # -mesh: in the Consul service mesh (make up MESH=1);
 //	                                             # -tracing: a Jaeger and the router's traces (make up TRACING=1)
 //	oasis-stack down

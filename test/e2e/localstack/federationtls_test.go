@@ -1,0 +1,40 @@
+package localstack
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// TestFederationTLSChainsToItsCA checks what `make up DCS=n` leaves in .oasis/federation-tls: a
+// routers' certificate, valid for the loopback address peers dial, as server and as client,
+// chaining to the CA beside it, and keys only their owner reads.
+func TestFederationTLSChainsToItsCA(t *testing.T) {
+	home := t.TempDir()
+	certs, err := makeFederationTLS(home)
+	must.NoError(t, err)
+
+	dir := FederationTLSDir(home)
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	must.NoError(t, err)
+	must.Eq(t, certs.CA, ca)
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "router.pem"), filepath.Join(dir, "router-key.pem"))
+	must.NoError(t, err)
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	must.NoError(t, err)
+	roots := x509.NewCertPool()
+	must.True(t, roots.AppendCertsFromPEM(ca))
+	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+		_, err := leaf.Verify(x509.VerifyOptions{DNSName: "127.0.0.1", Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}})
+		must.NoError(t, err)
+	}
+	for _, name := range []string{"ca-key.pem", "router-key.pem"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		must.NoError(t, err)
+		must.Eq(t, os.FileMode(0o600), fi.Mode().Perm(), must.Sprint(name))
+	}
+}
