@@ -3,7 +3,7 @@ package discovery
 import (
 	"strconv"
 
-	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // Roles (oasis_role) and prefill/decode protocols (oasis_pd_protocol).
@@ -32,7 +32,7 @@ func (e *MetaError) Error() string {
 // others for disaggregated prefill/decode. Meta is written by whoever
 // registers the service: a value the router would misread refuses the
 // instance instead of sending it requests it cannot serve.
-func checkDisagg(w *scoring.Worker, get func(string) string) error {
+func checkDisagg(w *worker.Worker, get func(string) string) error {
 	switch w.Role {
 	case RoleBoth, RolePrefill, RoleDecode:
 	default:

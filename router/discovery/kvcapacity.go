@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/oasis-llm/oasis/router/prefixindex"
-	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // MetaKVCapacity is an engine's KV cache per tier, in tokens, as configured:
@@ -21,7 +21,7 @@ const maxKVCapacityTokens = 1 << 36
 
 // kvCapacityOf parses w's oasis_kv_capacity into blocks of w's block size.
 // An empty value is the zero Capacity (unknown).
-func kvCapacityOf(w *scoring.Worker, get func(string) string) (prefixindex.Capacity, error) {
+func kvCapacityOf(w *worker.Worker, get func(string) string) (prefixindex.Capacity, error) {
 	v := get(MetaKVCapacity)
 	if v == "" {
 		return prefixindex.Capacity{}, nil
@@ -29,7 +29,7 @@ func kvCapacityOf(w *scoring.Worker, get func(string) string) (prefixindex.Capac
 	bad := func(reason string) (prefixindex.Capacity, error) {
 		return prefixindex.Capacity{}, &MetaError{Key: MetaKVCapacity, Value: v, Reason: reason}
 	}
-	bs := scoring.BlockSizeOf(w)
+	bs := worker.BlockSizeOf(w)
 	var c prefixindex.Capacity
 	seen := map[string]bool{}
 	for _, part := range strings.Split(v, ",") {

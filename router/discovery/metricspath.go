@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // maxMetricsPath bounds oasis_metrics_path: engines serve /metrics, or
@@ -17,7 +17,7 @@ const maxMetricsPath = 256
 // scheme or host ("@evil", "//evil" would move the request elsewhere), no
 // query or fragment, no escapes, no "." or ".." segments, and a bounded
 // length. Segments are letters, digits and "-._~"; a trailing "/" is kept.
-func checkMetricsPath(w *scoring.Worker) error {
+func checkMetricsPath(w *worker.Worker) error {
 	p := w.MetricsPath
 	if p == "" {
 		return nil // a hosted endpoint without one is not scraped

@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/oasis-llm/oasis/router/metrics"
-	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // Service meta keys of the engine convention (ARCHITECTURE.md).
@@ -62,11 +62,11 @@ type Instance struct {
 type Pool struct {
 	view atomic.Pointer[view]
 
-	mu     sync.Mutex               // serialises Set
-	live   map[string]*scoring.Live // by instance id; survives updates
-	known  map[string]struct{}      // every model ever seen, to tell 404 from 503
+	mu     sync.Mutex              // serialises Set
+	live   map[string]*worker.Live // by instance id; survives updates
+	known  map[string]struct{}     // every model ever seen, to tell 404 from 503
 	knownV atomic.Pointer[map[string]struct{}]
-	onSet  []func(workers []*scoring.Worker)
+	onSet  []func(workers []*worker.Worker)
 	synced atomic.Bool // a source has delivered a list
 
 	hosted   *HostedPolicy
@@ -91,18 +91,18 @@ func WithLogger(l hclog.Logger) PoolOption { return func(p *Pool) { p.log = l } 
 func WithMetrics(m *metrics.Metrics) PoolOption { return func(p *Pool) { p.metrics = m } }
 
 type view struct {
-	byModel map[string][]*scoring.Worker
-	all     []*scoring.Worker
+	byModel map[string][]*worker.Worker
+	all     []*worker.Worker
 }
 
 // NewPool returns an empty pool.
 func NewPool(opts ...PoolOption) *Pool {
-	p := &Pool{live: map[string]*scoring.Live{}, known: map[string]struct{}{}, rejected: map[string]string{},
+	p := &Pool{live: map[string]*worker.Live{}, known: map[string]struct{}{}, rejected: map[string]string{},
 		log: hclog.NewNullLogger()}
 	for _, o := range opts {
 		o(p)
 	}
-	p.view.Store(&view{byModel: map[string][]*scoring.Worker{}})
+	p.view.Store(&view{byModel: map[string][]*worker.Worker{}})
 	k := map[string]struct{}{}
 	p.knownV.Store(&k)
 	return p
@@ -110,13 +110,13 @@ func NewPool(opts ...PoolOption) *Pool {
 
 // OnChange registers fn to be called (synchronously, under the pool's update
 // lock) with every new worker list. Register before any source runs.
-func (p *Pool) OnChange(fn func(workers []*scoring.Worker)) { p.onSet = append(p.onSet, fn) }
+func (p *Pool) OnChange(fn func(workers []*worker.Worker)) { p.onSet = append(p.onSet, fn) }
 
 // Workers returns the healthy workers serving model. The slice is shared: do not modify.
-func (p *Pool) Workers(model string) []*scoring.Worker { return p.view.Load().byModel[model] }
+func (p *Pool) Workers(model string) []*worker.Worker { return p.view.Load().byModel[model] }
 
 // All returns every healthy worker.
-func (p *Pool) All() []*scoring.Worker { return p.view.Load().all }
+func (p *Pool) All() []*worker.Worker { return p.view.Load().all }
 
 // Models returns the models with at least one healthy worker, sorted.
 func (p *Pool) Models() []string {
@@ -146,7 +146,7 @@ func (p *Pool) Set(instances []Instance) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.synced.Store(true)
-	v := &view{byModel: map[string][]*scoring.Worker{}}
+	v := &view{byModel: map[string][]*worker.Worker{}}
 	seen := make(map[string]struct{}, len(instances))
 	newKnown := false
 	for _, in := range instances {
@@ -182,7 +182,7 @@ func (p *Pool) Set(instances []Instance) {
 		seen[w.ID] = struct{}{}
 		l, ok := p.live[w.ID]
 		if !ok {
-			l = scoring.NewLive()
+			l = worker.NewLive()
 			p.live[w.ID] = l
 		}
 		w.Live = l
@@ -201,7 +201,7 @@ func (p *Pool) Set(instances []Instance) {
 	p.forgetRefused(instances)
 	// Stable order so round_robin walks instances predictably.
 	for _, ws := range v.byModel {
-		slices.SortFunc(ws, func(a, b *scoring.Worker) int { return strings.Compare(a.ID, b.ID) })
+		slices.SortFunc(ws, func(a, b *worker.Worker) int { return strings.Compare(a.ID, b.ID) })
 	}
 	if newKnown {
 		k := make(map[string]struct{}, len(p.known))
@@ -287,7 +287,7 @@ func metaOf(in Instance) func(string) string {
 
 // workerOf builds the worker of an instance whose hosted upstream, if any,
 // the pool's policy allowed.
-func workerOf(id, address string, tags []string, get func(string) string) *scoring.Worker {
+func workerOf(id, address string, tags []string, get func(string) string) *worker.Worker {
 	bs, _ := strconv.Atoi(get(MetaBlockSize))
 	upstream := get(MetaUpstream)
 	var key string
@@ -310,7 +310,7 @@ func workerOf(id, address string, tags []string, get func(string) string) *scori
 		}
 	}
 	boot, _ := strconv.Atoi(get(MetaBootstrapPort))
-	return &scoring.Worker{
+	return &worker.Worker{
 		ID:               id,
 		Model:            get(MetaModel),
 		Engine:           get(MetaEngine),

@@ -3,7 +3,7 @@ package discovery
 import (
 	"errors"
 
-	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // SelfError is an engine registration whose address is one of the router's
@@ -24,7 +24,7 @@ func WithSelf(isSelf func(address string) bool) PoolOption {
 }
 
 // checkSelf refuses w when it is the router itself.
-func (p *Pool) checkSelf(w *scoring.Worker) error {
+func (p *Pool) checkSelf(w *worker.Worker) error {
 	if p.self == nil || w.Upstream != "" || !p.self(w.Address) {
 		return nil
 	}

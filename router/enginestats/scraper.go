@@ -15,7 +15,7 @@ import (
 
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/metrics"
-	"github.com/oasis-llm/oasis/router/scoring"
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // DefaultPowerMetrics returns the engine gauges, in watts, read as the
@@ -246,7 +246,7 @@ func (s *Scraper) scrapeAll(ctx context.Context, timeout time.Duration) {
 	s.mu.Unlock()
 }
 
-func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time.Duration, sameNode int) {
+func (s *Scraper) scrapeOne(ctx context.Context, w *worker.Worker, timeout time.Duration, sameNode int) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	em, err := s.fetch(ctx, w)
@@ -322,7 +322,7 @@ func (s *Scraper) scrapeOne(ctx context.Context, w *scoring.Worker, timeout time
 	}
 }
 
-func (s *Scraper) fetch(ctx context.Context, w *scoring.Worker) (EngineMetrics, error) {
+func (s *Scraper) fetch(ctx context.Context, w *worker.Worker) (EngineMetrics, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.Address+w.MetricsPath, nil)
 	if err != nil {
 		return EngineMetrics{}, err

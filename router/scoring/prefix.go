@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/oasis-llm/oasis/router/prefixindex"
+	rworker "github.com/oasis-llm/oasis/router/worker"
 )
 
 // PrefixSource is the router's view of cache contents (cachestate.State
@@ -17,7 +18,7 @@ type PrefixSource interface {
 }
 
 // DefaultBlockSize is assumed for workers that do not advertise oasis_block_size.
-const DefaultBlockSize = 16
+const DefaultBlockSize = rworker.DefaultBlockSize
 
 // DefaultLoadSlack is the hot-spot guard's ε (see PrefixTerm). 0.5, not the
 // 0.25 it was: on the Mooncake trace in the cluster simulator (BENCHMARKS.md,
@@ -191,9 +192,4 @@ func (t *PrefixTerm) guard(workers []*Worker, out []float64) {
 
 // BlockSizeOf is the block size the router assumes for w: its
 // oasis_block_size, else DefaultBlockSize.
-func BlockSizeOf(w *Worker) int {
-	if w.BlockSize > 0 {
-		return w.BlockSize
-	}
-	return DefaultBlockSize
-}
+func BlockSizeOf(w *Worker) int { return rworker.BlockSizeOf(w) }
