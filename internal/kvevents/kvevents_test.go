@@ -287,9 +287,10 @@ func publishUntil(t *testing.T, p *Publisher, b EventBatch, received func() bool
 func TestPubSubOverZMQ(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := NewPublisher(ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@sim"})
+	p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@sim"})
 	must.NoError(t, err)
 	defer p.Close()
+	go p.Run(ctx)
 	ep := "tcp://" + p.Addr().String()
 
 	// An independent raw SUB socket and plain-struct decoding.
@@ -372,9 +373,10 @@ func TestPubSubOverZMQ(t *testing.T) {
 func TestReplayBufferBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	p, err := NewPublisher(ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSize: 3})
+	p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSize: 3})
 	must.NoError(t, err)
 	defer p.Close()
+	go p.Run(ctx)
 	for i := range 5 {
 		_, err := p.Publish(EventBatch{TS: float64(i)})
 		must.NoError(t, err)
@@ -442,7 +444,7 @@ func TestParseFrames(t *testing.T) {
 func TestSubscriberSeesPublisherRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p1, err := NewPublisher(ctx, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	p1, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 	must.NoError(t, err)
 	ep := "tcp://" + p1.Addr().String()
 	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep})
@@ -483,7 +485,7 @@ func TestSubscriberSeesPublisherRestart(t *testing.T) {
 	waitFor(p1, func(m Message) bool { return m.Seq >= 10 })
 	must.NoError(t, p1.Close())
 
-	p2, err := NewPublisher(ctx, PublisherConfig{Endpoint: ep})
+	p2, err := NewPublisher(PublisherConfig{Endpoint: ep})
 	must.NoError(t, err)
 	defer p2.Close()
 	// p1's last messages may still be on their way (they carry seq >= 10):
@@ -500,7 +502,7 @@ func TestSubscriberBeforePublisher(t *testing.T) {
 	must.NoError(t, err)
 	defer s.Close()
 	time.Sleep(300 * time.Millisecond) // the subscriber is retrying its dial
-	p, err := NewPublisher(ctx, PublisherConfig{Endpoint: ep, Topic: "t"})
+	p, err := NewPublisher(PublisherConfig{Endpoint: ep, Topic: "t"})
 	must.NoError(t, err)
 	defer p.Close()
 	got := make(chan Message, 1)

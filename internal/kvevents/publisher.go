@@ -18,7 +18,7 @@ import (
 const DefaultBufferSize = 10000
 
 // endSeq is the replay stream's end marker: -1 as 8 big-endian bytes.
-var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+const endSeq = "\xff\xff\xff\xff\xff\xff\xff\xff"
 
 // PublisherConfig mirrors vLLM's KVEventsConfig fields that matter on the wire.
 type PublisherConfig struct {
@@ -41,15 +41,18 @@ type buffered struct {
 	payload []byte
 }
 
-// Publisher publishes EventBatches on a ZMQ PUB socket with vLLM's framing and serves
-// replays of recent batches. Safe for concurrent use.
+// Publisher publishes EventBatches on a ZMQ PUB socket with vLLM's framing and,
+// while Run runs, serves replays of recent batches. Safe for concurrent use.
 type Publisher struct {
 	cfg    PublisherConfig
 	log    hclog.Logger
-	cancel context.CancelFunc
+	cancel context.CancelFunc // ends the PUB socket's context
 	pub    zmq4.Socket
-	replay zmq4.Socket
-	done   chan struct{}
+	// replay's context ends with Run's or at Close.
+	replay       zmq4.Socket
+	replayCtx    context.Context
+	replayCancel context.CancelFunc
+	wg           sync.WaitGroup // Run
 
 	mu     sync.Mutex
 	seq    int64
@@ -58,35 +61,52 @@ type Publisher struct {
 	closed bool
 }
 
-// NewPublisher binds the PUB socket (and the replay ROUTER socket if configured).
-func NewPublisher(ctx context.Context, cfg PublisherConfig) (*Publisher, error) {
+// NewPublisher binds the PUB socket (and the replay ROUTER socket if configured);
+// Run serves the replays. Close releases both.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.BufferSize <= 0 {
 		cfg.BufferSize = DefaultBufferSize
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	p := &Publisher{cfg: cfg, log: cfg.Logger, cancel: cancel, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{cfg: cfg, log: cfg.Logger, cancel: cancel}
+	p.replayCtx, p.replayCancel = context.WithCancel(context.Background())
 	p.pub = zmq4.NewPub(ctx)
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
-		cancel()
-		p.pub.Close()
+		p.closeSockets()
 		return nil, fmt.Errorf("binding kv-events endpoint %q: %w", cfg.Endpoint, err)
 	}
 	if cfg.ReplayEndpoint == "" {
-		close(p.done)
 		return p, nil
 	}
-	p.replay = zmq4.NewRouter(ctx, zmq4.WithTimeout(5*time.Second))
+	p.replay = zmq4.NewRouter(p.replayCtx, zmq4.WithTimeout(5*time.Second))
 	if err := p.replay.Listen(cfg.ReplayEndpoint); err != nil {
-		cancel()
-		p.pub.Close()
-		p.replay.Close()
+		p.closeSockets()
 		return nil, fmt.Errorf("binding kv-events replay endpoint %q: %w", cfg.ReplayEndpoint, err)
 	}
-	go p.serveReplay(ctx)
 	return p, nil
+}
+
+// Run serves replay requests until ctx ends or the publisher closes; without a
+// replay endpoint it returns at once. Publishing does not need it.
+func (p *Publisher) Run(ctx context.Context) error {
+	if p.replay == nil {
+		return nil
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+	stop := context.AfterFunc(ctx, p.replayCancel)
+	defer stop()
+	p.serveReplay()
+	return nil
 }
 
 // Addr is the PUB socket's bound address (useful with port 0).
@@ -130,12 +150,11 @@ func (p *Publisher) Publish(b EventBatch) (int64, error) {
 	return seq, nil
 }
 
-func (p *Publisher) serveReplay(ctx context.Context) {
-	defer close(p.done)
+func (p *Publisher) serveReplay() {
 	for {
 		msg, err := p.replay.Recv()
 		if err != nil {
-			if ctx.Err() != nil {
+			if p.replayCtx.Err() != nil {
 				return
 			}
 			p.log.Debug("kv-events replay receive failed", "error", err)
@@ -164,7 +183,7 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 				break
 			}
 		}
-		if err := p.replay.SendMulti(zmq4.NewMsgFrom(id, nil, endSeq, nil)); err != nil {
+		if err := p.replay.SendMulti(zmq4.NewMsgFrom(id, nil, []byte(endSeq), nil)); err != nil {
 			p.log.Debug("kv-events replay send failed", "error", err)
 		}
 	}
@@ -179,13 +198,18 @@ func (p *Publisher) Close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	err := p.closeSockets()
+	p.wg.Wait()
+	return err
+}
+
+// closeSockets ends the sockets' contexts and closes them.
+func (p *Publisher) closeSockets() error {
 	p.cancel()
+	p.replayCancel()
 	err := p.pub.Close()
 	if p.replay != nil {
-		if rerr := p.replay.Close(); err == nil {
-			err = rerr
-		}
+		err = errors.Join(err, p.replay.Close())
 	}
-	<-p.done
 	return err
 }

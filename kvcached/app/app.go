@@ -180,7 +180,7 @@ func (a *App) initPresence() error {
 	if a.cfg.EventsEndpoint == "" {
 		return nil
 	}
-	p, err := presence.New(a.bg, presence.Config{Endpoint: a.cfg.EventsEndpoint, ReplayEndpoint: a.cfg.EventsReplayEndpoint,
+	p, err := presence.New(presence.Config{Endpoint: a.cfg.EventsEndpoint, ReplayEndpoint: a.cfg.EventsReplayEndpoint,
 		BlockSize: a.cfg.EventsBlockSize, Logger: a.log.Named("presence"), Registerer: a.reg})
 	if err != nil {
 		return flagErr("--kv-events-endpoint", "%w", err)

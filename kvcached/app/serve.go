@@ -23,6 +23,13 @@ func (a *App) Run(ctx context.Context) error {
 		a.tuneRuntime(ctx)
 	}
 	a.startPeers()
+	if a.presence != nil {
+		a.bgWG.Add(1)
+		go func() {
+			defer a.bgWG.Done()
+			_ = a.presence.Run(a.bg) // ends at Close
+		}()
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- a.srv.Serve(a.ln) }()
 	a.log.Info("serving the Redis protocol", "addr", a.ln.Addr().String(), "ram_bytes", a.cfg.RAMBytes,

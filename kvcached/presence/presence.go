@@ -70,20 +70,25 @@ type event struct {
 	medium string
 }
 
-// Publisher implements store.Observer.
+// Publisher implements store.Observer: events queue from New on and are
+// published in batches while Run runs; Close publishes what is left.
 type Publisher struct {
-	cfg      Config
-	log      hclog.Logger
-	pub      *kvevents.Publisher
-	ch       chan event
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	mEvents  *prometheus.CounterVec
-	mDropped prometheus.Counter
+	cfg Config
+	log hclog.Logger
+	pub *kvevents.Publisher
+	ch  chan event
+	// stop ends Run at Close.
+	stop       context.Context
+	stopCancel context.CancelFunc
+	mu         sync.Mutex
+	closed     bool
+	wg         sync.WaitGroup // Run
+	mEvents    *prometheus.CounterVec
+	mDropped   prometheus.Counter
 }
 
-// New binds the publisher's sockets and starts its batching loop.
-func New(ctx context.Context, cfg Config) (*Publisher, error) {
+// New binds the publisher's sockets; Run publishes.
+func New(cfg Config) (*Publisher, error) {
 	if cfg.BlockSize <= 0 {
 		cfg.BlockSize = 256
 	}
@@ -99,7 +104,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	pub, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
 		Endpoint: cfg.Endpoint, ReplayEndpoint: cfg.ReplayEndpoint, Topic: cfg.Topic, Logger: cfg.Logger,
 	})
 	if err != nil {
@@ -108,22 +113,75 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	p := &Publisher{cfg: cfg, log: cfg.Logger, pub: pub, ch: make(chan event, cfg.QueueSize)}
 	p.mEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_presence_events_total", Help: "Block presence events published, by type and medium."}, []string{"type", "medium"})
 	p.mDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "oasis_kvcached_presence_events_dropped_total", Help: "Presence events dropped because the publish queue was full."})
-	cfg.Registerer.MustRegister(p.mEvents, p.mDropped)
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
-	p.wg.Add(1)
-	go p.run(ctx)
+	if err := registerAll(cfg.Registerer, p.mEvents, p.mDropped); err != nil {
+		pub.Close()
+		return nil, fmt.Errorf("registering presence metrics: %w", err)
+	}
+	p.stop, p.stopCancel = context.WithCancel(context.Background())
 	return p, nil
+}
+
+func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run publishes queued events in batches, and serves replays, until ctx
+// ends or Close; it returns nil then.
+func (p *Publisher) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.stop, cancel)()
+	replayed := make(chan struct{})
+	go func() {
+		defer close(replayed)
+		_ = p.pub.Run(ctx) // ends with ctx
+	}()
+	p.batch(ctx)
+	<-replayed
+	return nil
 }
 
 // Addr is the PUB socket's address.
 func (p *Publisher) Addr() string { return p.pub.Addr().String() }
 
-// Close flushes queued events and closes the sockets.
+// Close ends Run, publishes the events still queued and closes the sockets.
 func (p *Publisher) Close() error {
-	p.cancel()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.stopCancel()
 	p.wg.Wait()
+	p.flush(p.drain(nil))
 	return p.pub.Close()
+}
+
+// drain appends the queued events to pending.
+func (p *Publisher) drain(pending []event) []event {
+	for {
+		select {
+		case e := <-p.ch:
+			pending = append(pending, e)
+		default:
+			return pending
+		}
+	}
 }
 
 func medium(t store.Tier) string {
@@ -151,8 +209,7 @@ func (p *Publisher) enqueue(key string, t store.Tier, stored bool) {
 	}
 }
 
-func (p *Publisher) run(ctx context.Context) {
-	defer p.wg.Done()
+func (p *Publisher) batch(ctx context.Context) {
 	t := time.NewTicker(p.cfg.FlushInterval)
 	defer t.Stop()
 	var pending []event
@@ -166,15 +223,8 @@ func (p *Publisher) run(ctx context.Context) {
 		case <-t.C:
 			pending = p.flush(pending)
 		case <-ctx.Done():
-			for {
-				select {
-				case e := <-p.ch:
-					pending = append(pending, e)
-				default:
-					p.flush(pending)
-					return
-				}
-			}
+			p.flush(p.drain(pending))
+			return
 		}
 	}
 }

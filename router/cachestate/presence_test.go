@@ -64,9 +64,10 @@ func newPub(t *testing.T, ctx context.Context, replay bool) *kvevents.Publisher 
 	if replay {
 		cfg.ReplayEndpoint = "tcp://127.0.0.1:0"
 	}
-	p, err := kvevents.NewPublisher(ctx, cfg)
+	p, err := kvevents.NewPublisher(cfg)
 	must.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
+	go p.Run(ctx)
 	return p
 }
 

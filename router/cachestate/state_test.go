@@ -67,7 +67,7 @@ func publishUntil(t *testing.T, pub *kvevents.Publisher, batch kvevents.EventBat
 func TestStateOverZMQ(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pub, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 	must.NoError(t, err)
 	port := pub.Addr().(*net.TCPAddr).Port
 
@@ -86,7 +86,7 @@ func TestStateOverZMQ(t *testing.T) {
 	must.NoError(t, pub.Close())
 	var pub2 *kvevents.Publisher
 	for i := 0; ; i++ {
-		pub2, err = kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)})
+		pub2, err = kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)})
 		if err == nil {
 			break
 		}
@@ -160,9 +160,10 @@ func TestApproximateLearning(t *testing.T) {
 func TestReplayOverZMQ(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pub, err := kvevents.NewPublisher(ctx, kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	must.NoError(t, err)
 	defer pub.Close()
+	go pub.Run(ctx)
 	seq := toks(1, 3*bs)
 	batches := []kvevents.EventBatch{
 		{Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(1)}, seq[:bs], "")}},

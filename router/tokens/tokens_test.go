@@ -17,7 +17,7 @@ import (
 // simServer runs a real oasis-sim HTTP server in process.
 func simServer(t *testing.T) *httptest.Server {
 	t.Helper()
-	s, err := server.New(context.Background(), server.Config{Model: "sim-model"})
+	s, err := server.New(server.Config{Model: "sim-model"})
 	must.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	ts := httptest.NewServer(s.Handler())

@@ -673,7 +673,7 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 		Engine: o.Engine, Power: o.Power, KVEvents: o.KVEvents, KVTransfer: len(o.KVTransfer) > 0,
 		Host: o.Host, Version: Version, Logger: log, APIKey: o.APIKey, PD: o.PD,
 	}
-	srv, err := server.New(ctx, cfg)
+	srv, err := server.New(cfg)
 	if err != nil {
 		return err
 	}

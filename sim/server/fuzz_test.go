@@ -27,7 +27,7 @@ func FuzzAPI(f *testing.F) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)
-	s, err := New(ctx, Config{Model: "m", MaxModelLen: 512, Engine: engine.Config{BlockSize: 16, NumGPUBlocks: 64}})
+	s, err := New(Config{Model: "m", MaxModelLen: 512, Engine: engine.Config{BlockSize: 16, NumGPUBlocks: 64}})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -115,8 +115,9 @@ func (st *stream) take(buf []engine.Output) ([]engine.Output, bool) {
 	return buf, done
 }
 
-// New builds a server; call Run to drive the engine and Handler to serve HTTP.
-func New(ctx context.Context, cfg Config) (*Server, error) {
+// New builds a server and binds its KV-event sockets; call Run to drive the
+// engine, Handler to serve HTTP, and Close to release the sockets.
+func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
@@ -165,7 +166,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.KVEvents != nil {
 		pc := *cfg.KVEvents
 		pc.Logger = cfg.Logger.Named("kv-events")
-		if s.pub, err = kvevents.NewPublisher(ctx, pc); err != nil {
+		if s.pub, err = kvevents.NewPublisher(pc); err != nil {
 			return nil, err
 		}
 	}
@@ -256,9 +257,25 @@ func (s *Server) abort(st *stream) {
 	}
 }
 
-// Run drives the engine until ctx ends: step, wait out the step's simulated duration
-// (scaled by Speed), deliver the step's tokens, publish its KV events.
-func (s *Server) Run(ctx context.Context) {
+// Run drives the engine until ctx ends, and serves the KV events' replays
+// meanwhile; it returns nil then.
+func (s *Server) Run(ctx context.Context) error {
+	if s.pub != nil {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.pub.Run(ctx) // ends with ctx
+		}()
+		defer wg.Wait()
+	}
+	s.drive(ctx)
+	return nil
+}
+
+// drive steps the engine until ctx ends: step, wait out the step's simulated
+// duration (scaled by Speed), deliver the step's tokens, publish its KV events.
+func (s *Server) drive(ctx context.Context) {
 	var (
 		outs     []engine.Output
 		dsts     []*stream

@@ -36,7 +36,7 @@ func startServer(t *testing.T, mod func(*Config)) (*Server, string) {
 		mod(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := New(ctx, cfg)
+	s, err := New(cfg)
 	must.NoError(t, err)
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
@@ -614,7 +614,7 @@ func TestKVEventsOverZMQ(t *testing.T) {
 // 128-token prompts and 16 output tokens at speed 0 (see sim/simload for the
 // out-of-process benchmark recorded in BENCHMARKS.md).
 func BenchmarkStreamingCompletion(b *testing.B) {
-	s, err := New(context.Background(), Config{Model: "m", MaxModelLen: 4096, Engine: engine.Config{BlockSize: 16, NumGPUBlocks: 20000}})
+	s, err := New(Config{Model: "m", MaxModelLen: 4096, Engine: engine.Config{BlockSize: 16, NumGPUBlocks: 20000}})
 	if err != nil {
 		b.Fatal(err)
 	}
