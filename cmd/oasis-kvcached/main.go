@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/oasis-llm/oasis/internal/agentconfig"
 	"github.com/oasis-llm/oasis/kvcached/app"
 	"github.com/oasis-llm/oasis/kvcached/peer"
 	"github.com/oasis-llm/oasis/kvcached/server"
@@ -68,15 +69,23 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	return a.Run(ctx)
 }
 
-// parseFlags fills an app.Config from the command line and the environment
-// and validates it; the second result is --log-level.
+// parseFlags fills an app.Config from the command line, the config files
+// its --config flags name (HCL or JSON; flags win; kvcached/README.md
+// "Configuration") and the environment, and validates it; the second result
+// is --log-level.
 func parseFlags(args []string, stderr io.Writer) (app.Config, string, error) {
 	var cfg app.Config
 	fs := flag.NewFlagSet("oasis-kvcached", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	logLevel := fs.String("log-level", "info", "trace, debug, info, warn or error")
 	lists := defineFlags(fs, &cfg)
+	var configs agentconfig.Paths
+	fs.Var(&configs, "config", agentconfig.Usage)
 	if err := fs.Parse(args); err != nil {
+		return app.Config{}, "", err
+	}
+	// The files' keys set the flags the command line left alone.
+	if err := agentconfig.Apply(fs, app.ConfigKeys, configs); err != nil {
 		return app.Config{}, "", err
 	}
 	cfg.Peers, cfg.PeerDatacenters = splitList(lists.peers), splitList(lists.peerDCs)
@@ -147,32 +156,10 @@ type byteFlag int64
 func (b *byteFlag) String() string { return strconv.FormatInt(int64(*b), 10) }
 
 func (b *byteFlag) Set(s string) error {
-	v, err := parseBytes(s)
+	v, err := agentconfig.ParseBytes(s)
 	if err != nil {
 		return err
 	}
 	*b = byteFlag(v)
 	return nil
-}
-
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v < 0 || v > (1<<62)/mult {
-		return 0, fmt.Errorf("invalid size %q", s)
-	}
-	return v * mult, nil
 }
