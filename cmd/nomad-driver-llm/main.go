@@ -16,11 +16,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/hashicorp/nomad/plugins"
 
+	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/driver"
 	"github.com/oasis-llm/oasis/nomad-driver/jobcheck"
 )
@@ -40,8 +42,13 @@ func validate(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	address := fs.String("address", "", "Nomad HTTP address (default: $NOMAD_ADDR or http://127.0.0.1:4646)")
+	// The clients' plugin policy (see nomad-driver/README.md): the defaults
+	// are those of a plugin block that sets none of these options.
+	allowTaskBinary := fs.Bool("allow-task-binary", false, "the clients' plugin config sets allow_task_binary = true")
+	allowedEnv := fs.String("allowed-env", "", "the clients' plugin config allowed_env, comma-separated")
+	defaultUser := fs.String("default-user", config.DefaultUser, "the clients' plugin config default_user")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: nomad-driver-llm validate [-address URL] JOB.hcl...")
+		fmt.Fprintln(stderr, "usage: nomad-driver-llm validate [-address URL] [-allow-task-binary] [-allowed-env A,B] [-default-user U] JOB.hcl...")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -50,6 +57,12 @@ func validate(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return 2
+	}
+	policy := config.PluginConfig{AllowTaskBinary: *allowTaskBinary, DefaultUser: *defaultUser}
+	for _, n := range strings.Split(*allowedEnv, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			policy.AllowedEnv = append(policy.AllowedEnv, n)
+		}
 	}
 	cfg := nomadapi.DefaultConfig()
 	if *address != "" {
@@ -72,7 +85,7 @@ func validate(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: parsing job: %v\n", path, err)
 			return 2
 		}
-		results := jobcheck.Check(job)
+		results := jobcheck.CheckPolicy(job, policy.Policy())
 		if len(results) == 0 {
 			fmt.Fprintf(stdout, "%s: no llm tasks\n", path)
 		}

@@ -68,6 +68,17 @@ var PluginSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("fingerprint_period", "string", false),
 		hclspec.NewLiteral(`"30s"`),
 	),
+	// What tasks may run (see Policy): their own binary, loader and
+	// interpreter variables in extra_env, and the user they run as.
+	"allow_task_binary": hclspec.NewDefault(
+		hclspec.NewAttr("allow_task_binary", "bool", false),
+		hclspec.NewLiteral("false"),
+	),
+	"allowed_env": hclspec.NewAttr("allowed_env", "list(string)", false),
+	"default_user": hclspec.NewDefault(
+		hclspec.NewAttr("default_user", "string", false),
+		hclspec.NewLiteral(`"`+DefaultUser+`"`),
+	),
 })
 
 // PluginConfig is the decoded plugin block.
@@ -76,6 +87,14 @@ type PluginConfig struct {
 	// sglang: a Python interpreter, or a launcher script).
 	Binaries          map[string]string `codec:"binaries" json:"binaries,omitempty"`
 	FingerprintPeriod string            `codec:"fingerprint_period" json:"fingerprint_period,omitempty"`
+	// AllowTaskBinary lets tasks name their own executable in `binary`.
+	AllowTaskBinary bool `codec:"allow_task_binary" json:"allow_task_binary,omitempty"`
+	// AllowedEnv names extra_env variables allowed although RefusedEnv
+	// refuses them (LD_PRELOAD, PYTHONPATH, ...).
+	AllowedEnv []string `codec:"allowed_env" json:"allowed_env,omitempty"`
+	// DefaultUser runs tasks that set no `user` (default "nobody") when
+	// the plugin runs as root.
+	DefaultUser string `codec:"default_user" json:"default_user,omitempty"`
 }
 
 // Validate checks the plugin config and returns the fingerprint period.
@@ -86,6 +105,12 @@ func (p *PluginConfig) Validate() (time.Duration, error) {
 			errs = append(errs, fieldErr("binaries", "unknown engine key %q; allowed: %s", engine,
 				strings.Join(slices.DeleteFunc(slices.Clone(Engines), func(e string) bool { return e == EngineOpenAICompat }), ", ")))
 		}
+	}
+	if err := validateEnvNames(p.AllowedEnv); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateUser(p.DefaultUser); err != nil {
+		errs = append(errs, err)
 	}
 	period := DefaultFingerprintEvery
 	if p.FingerprintPeriod != "" {

@@ -330,24 +330,24 @@ func TestDriver_EngineExitEvent(t *testing.T) {
 // the field, and nothing is launched.
 func TestDriver_BadConfigFailsBeforeStart(t *testing.T) {
 	cases := []struct {
-		name   string
-		mutate func(*config.TaskConfig)
-		want   string
+		name     string
+		mutate   func(*config.TaskConfig)
+		want     string
+		binaries map[string]string
 	}{
-		{"port label missing", func(c *config.TaskConfig) { c.Port = "api" }, `port: port label "api" is not in the group's network block`},
-		{"unknown engine", func(c *config.TaskConfig) { c.Engine = "tgi" }, "engine: unknown engine"},
-		{"missing model", func(c *config.TaskConfig) { c.Model = "" }, "model: is required"},
+		{"port label missing", func(c *config.TaskConfig) { c.Port = "api" }, `port: port label "api" is not in the group's network block`, nil},
+		{"unknown engine", func(c *config.TaskConfig) { c.Engine = "tgi" }, "engine: unknown engine", nil},
+		{"missing model", func(c *config.TaskConfig) { c.Model = "" }, "model: is required", nil},
 		{"tp larger than gpus", func(c *config.TaskConfig) {
 			c.Engine = "vllm"
 			c.TensorParallelSize = 4
-			c.Binary = os.Getenv(simBinEnv)
-		}, "tensor_parallel_size: 4 is larger than the 2 GPU(s)"},
-		{"engine binary missing", func(c *config.TaskConfig) { c.Engine = "llama_cpp"; c.KVEventsPort = "" }, "engine: engine llama_cpp: binary \"llama-server\" not found"},
-		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim"},
+		}, "tensor_parallel_size: 4 is larger than the 2 GPU(s)", map[string]string{"vllm": os.Getenv(simBinEnv)}},
+		{"engine binary missing", func(c *config.TaskConfig) { c.Engine = "llama_cpp"; c.KVEventsPort = "" }, "engine: engine llama_cpp: binary \"llama-server\" not found", nil},
+		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, h := newHarness(t, nil)
+			_, h := newHarness(t, tc.binaries)
 			task := newSimTask(t, h, false, tc.mutate)
 			_, _, err := h.StartTask(task.cfg)
 			must.ErrorContains(t, err, tc.want)
@@ -471,8 +471,8 @@ func TestDriver_StopHonoursKillTimeout(t *testing.T) {
 	script := t.TempDir() + "/stubborn-engine"
 	// Ignores SIGTERM; a child keeps the process group populated.
 	must.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\ntrap '' TERM\nsleep 300 &\nwhile :; do sleep 1; done\n"), 0o755))
-	_, h := newHarness(t, nil)
-	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.Binary = script })
+	_, h := newHarness(t, map[string]string{"sim": script})
+	task := newSimTask(t, h, true, nil)
 	_, _, err := h.StartTask(task.cfg)
 	must.NoError(t, err)
 	pid := pidOf(t, h, task.cfg.ID)
@@ -570,9 +570,9 @@ func TestDriver_HealthFailingAndBack(t *testing.T) {
 func TestDriver_NeverReady(t *testing.T) {
 	script := t.TempDir() + "/silent-engine"
 	must.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 300\n"), 0o755))
-	_, h := newHarness(t, nil)
+	_, h := newHarness(t, map[string]string{"sim": script})
 	events := watchEvents(t, h)
-	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.Binary, c.HealthTimeout = script, "300ms" })
+	task := newSimTask(t, h, true, func(c *config.TaskConfig) { c.HealthTimeout = "300ms" })
 	_, _, err := h.StartTask(task.cfg)
 	must.NoError(t, err)
 	ev := events.waitFor(t, task.cfg.ID, "Health failing: ", 10*time.Second)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,8 +56,12 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 			in.Ports[p.Label] = render.Port{HostIP: p.HostIP, Value: p.Value, To: p.To}
 		}
 	}
-	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) {
-		pc, _, _ := d.pluginConfig()
+	pc, _, _ := d.pluginConfig()
+	in.Policy, in.User = pc.Policy(), cfg.User
+	// A task's own binary is resolved only where the policy allows it;
+	// otherwise Render refuses it, naming the field and the plugin option.
+	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) &&
+		(tc.Binary == "" || in.Policy.AllowTaskBinary) {
 		bin, err := resolveBinary(tc.Engine, tc.Binary, pc)
 		if err != nil {
 			field := "binary"
@@ -74,12 +80,36 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 	return p, nil
 }
 
+// taskUser is the account the engine runs as: the task's `user`, else the
+// plugin's default_user when the plugin runs as root (an unprivileged
+// plugin cannot switch users; its engines run as itself). A task user that
+// resolves to uid 0 under another name is refused as root is.
+func taskUser(cfg *drivers.TaskConfig, policy config.Policy, euid int) (string, error) {
+	if cfg.User != "" {
+		if u, err := user.Lookup(cfg.User); err == nil && u.Uid == "0" && policy.DefaultUser != "root" && policy.DefaultUser != "0" {
+			return "", &config.FieldError{Field: "user", Msg: fmt.Sprintf(
+				"%q is uid 0: tasks of driver llm run as root only where the client's plugin config sets default_user = \"root\" (this client's default: %q)",
+				cfg.User, policy.DefaultUser)}
+		}
+		return cfg.User, nil
+	}
+	if euid != 0 {
+		return "", nil
+	}
+	return policy.DefaultUser, nil
+}
+
 func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drivers.DriverNetwork, error) {
 	called := time.Now() // readiness is reported from here: StartTask → engine ready
 	if _, ok := d.tasks.Get(cfg.ID); ok {
 		return nil, nil, fmt.Errorf("task with ID %q already started", cfg.ID)
 	}
 	plan, err := d.plan(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	pc, _, _ := d.pluginConfig()
+	runAs, err := taskUser(cfg, pc.Policy(), os.Geteuid())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -107,7 +137,8 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 			return nil, nil, structs.NewRecoverableError(fmt.Errorf("writing %s: %w", f.Path, err), true)
 		}
 	}
-	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")), nil)
+	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")),
+		map[string]string{"user": displayUser(runAs)})
 
 	_, nomadConfig, compute := d.pluginConfig()
 	if nomadConfig == nil || nomadConfig.Topology == nil {
@@ -139,7 +170,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		Cmd:              plan.Argv[0],
 		Args:             plan.Argv[1:],
 		Env:              envList,
-		User:             cfg.User,
+		User:             runAs,
 		TaskDir:          cfg.TaskDir().Dir,
 		StdoutPath:       cfg.StdoutPath,
 		StderrPath:       cfg.StderrPath,
@@ -358,6 +389,17 @@ func (d *Driver) ExecTaskStreamingRaw(ctx context.Context, taskID string, comman
 		return ErrNoProcess
 	}
 	return h.exec.ExecStreaming(ctx, command, tty, stream)
+}
+
+// displayUser names the account an engine runs as in task events.
+func displayUser(u string) string {
+	if u != "" {
+		return u
+	}
+	if cur, err := user.Current(); err == nil {
+		return cur.Username
+	}
+	return strconv.Itoa(os.Geteuid())
 }
 
 // redact hides the values of secret-looking flags (--api-key, --hf-token,

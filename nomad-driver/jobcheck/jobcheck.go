@@ -40,8 +40,13 @@ func (r Result) String() string {
 	return where + ": ok: " + strings.Join(r.Plan.Argv, " ")
 }
 
-// Check returns one result per task with driver "llm".
-func Check(job *nomadapi.Job) []Result {
+// Check returns one result per task with driver "llm", checked against the
+// policy of a plugin block that sets no policy options (config.DefaultPolicy):
+// no task binary, no loader variables in extra_env, no root tasks.
+func Check(job *nomadapi.Job) []Result { return CheckPolicy(job, config.DefaultPolicy()) }
+
+// CheckPolicy is Check against the policy of the clients the job runs on.
+func CheckPolicy(job *nomadapi.Job, policy config.Policy) []Result {
 	var out []Result
 	for _, g := range job.TaskGroups {
 		ports := map[string]render.Port{}
@@ -73,7 +78,7 @@ func Check(job *nomadapi.Job) []Result {
 			}
 			r.Plan, r.Err = render.Render(render.Input{
 				Config: tc, Ports: ports, GPUs: gpus(t.Resources), Namespaced: namespaced,
-				LocalDir: "${NOMAD_TASK_DIR}",
+				LocalDir: "${NOMAD_TASK_DIR}", Policy: policy, User: t.User,
 			})
 			out = append(out, r)
 		}

@@ -60,6 +60,12 @@ type Input struct {
 	// namespace (network mode "bridge" or "cni/..."): the engine then binds
 	// each port's To inside it, and its health is probed from inside it.
 	Namespaced bool
+	// Policy is what the client's plugin config lets the task run (its own
+	// binary, extra_env's loader variables, root); the zero value allows
+	// none of them.
+	Policy config.Policy
+	// User is the task's own `user` ("" when unset).
+	User string
 }
 
 // File is a file written into the task's local directory before start.
@@ -142,6 +148,9 @@ const (
 func Render(in Input) (*Plan, error) {
 	c := in.Config.Normalize()
 	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := c.CheckPolicy(in.Policy, in.User); err != nil {
 		return nil, err
 	}
 	if err := checkRuntime(c, in); err != nil {
@@ -292,16 +301,64 @@ func checkNamespaced(c config.TaskConfig) []error {
 }
 
 // renderedFlags are the flags the driver owns per engine; extra_args may not repeat them.
+// vLLM's and SGLang's --config reads flags from a YAML file, owned ones included.
 var renderedFlags = map[string][]string{
 	config.EngineVLLM: {"--host", "--port", "--served-model-name", "--tensor-parallel-size", "-tp", "--max-model-len",
 		"--gpu-memory-utilization", "--block-size", "--kv-transfer-config", "--kv-events-config",
-		"--kv-offloading-backend", "--kv-offloading-size", "--prefix-caching-hash-algo", "--otlp-traces-endpoint"},
+		"--kv-offloading-backend", "--kv-offloading-size", "--prefix-caching-hash-algo", "--otlp-traces-endpoint",
+		"--config"},
 	config.EngineSGLang: {"--model-path", "--model", "--host", "--port", "--served-model-name", "--tp-size", "--tp",
 		"--context-length", "--mem-fraction-static", "--page-size", "--kv-events-config",
 		"--enable-hierarchical-cache", "--hicache-size", "--hicache-write-policy", "--enable-lmcache",
-		"--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port"},
+		"--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
+		"--config"},
 	config.EngineLlamaCpp: {"-m", "--model", "--host", "--port", "-a", "--alias", "-c", "--ctx-size", "-ngl", "--n-gpu-layers", "--gpu-layers"},
 	config.EngineTRTLLM:   {"--host", "--port", "--tp_size", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options"},
+}
+
+// argparseEngines parse their command line with Python's argparse, which
+// (allow_abbrev on) takes any unambiguous prefix of a long flag for the flag,
+// and whose parsers (vLLM's FlexibleArgumentParser, SGLang's) accept '_' for
+// '-' in flag names. llama.cpp's own parser and trtllm-serve's (Click) match
+// flag names exactly.
+var argparseEngines = map[string]bool{config.EngineVLLM: true, config.EngineSGLang: true}
+
+// ownedFlag returns the owned flag an extra_args element sets, or "" when
+// it sets none. For argparse engines the name is normalized ('_' → '-')
+// and a prefix of an owned flag counts as that flag: argparse resolves it
+// to the owned flag when no other flag shares the prefix, and refusing an
+// ambiguous prefix refuses nothing the engine would accept.
+func ownedFlag(engine, arg string, owned []string) string {
+	name, _, _ := strings.Cut(arg, "=")
+	if !strings.HasPrefix(name, "-") {
+		return ""
+	}
+	if !argparseEngines[engine] {
+		if slices.Contains(owned, name) {
+			return name
+		}
+		return ""
+	}
+	dashes := "-"
+	if strings.HasPrefix(name, "--") {
+		dashes = "--"
+	}
+	name = dashes + strings.ReplaceAll(strings.TrimPrefix(name, dashes), "_", "-")
+	if len(name) <= len(dashes) {
+		return "" // "-" or "--" alone
+	}
+	for _, f := range owned {
+		if name == f {
+			return f
+		}
+	}
+	for _, f := range owned {
+		// Same dash style: argparse abbreviates long flags by their prefix.
+		if strings.HasPrefix(f, dashes) && (dashes == "--") == strings.HasPrefix(f, "--") && strings.HasPrefix(f, name) {
+			return f
+		}
+	}
+	return ""
 }
 
 func checkExtraArgs(c config.TaskConfig) error {
@@ -311,14 +368,18 @@ func checkExtraArgs(c config.TaskConfig) error {
 	}
 	owned := renderedFlags[family]
 	for _, a := range c.ExtraArgs {
-		name, _, _ := strings.Cut(a, "=")
-		for _, f := range owned {
-			if name == f {
-				return &config.FieldError{Field: "extra_args", Msg: fmt.Sprintf(
-					"%q is rendered by the driver from the task config; set the matching field instead (owned flags for %s: %s)",
-					name, c.Engine, strings.Join(owned, " "))}
-			}
+		f := ownedFlag(family, a, owned)
+		if f == "" {
+			continue
 		}
+		name, _, _ := strings.Cut(a, "=")
+		what := fmt.Sprintf("%q", name)
+		if name != f {
+			what = fmt.Sprintf("%q (the engine reads it as %s)", name, f)
+		}
+		return &config.FieldError{Field: "extra_args", Msg: fmt.Sprintf(
+			"%s is rendered by the driver from the task config; set the matching field instead (owned flags for %s: %s)",
+			what, c.Engine, strings.Join(owned, " "))}
 	}
 	return nil
 }

@@ -44,6 +44,8 @@ func TestCheckModel(t *testing.T) {
 		{"bad name", func(s *modelSpec) { s.Name = "a b" }, "name", "not a model name"},
 		{"no model", func(s *modelSpec) { s.Model = " " }, "model", "required"},
 		{"no datacenters", func(s *modelSpec) { s.Datacenters = nil }, "datacenters", "at least one"},
+		// The llm driver's default policy: the clients' binaries map chooses the executable.
+		{"engine binary", func(s *modelSpec) { s.EngineBinary = "/bin/sh" }, "engine_binary", "allow_task_binary = true"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -34,7 +34,11 @@ import (
 
 var stack *testbed.Stack
 
-func TestMain(m *testing.M) { os.Exit(testbed.Main(m, testbed.Options{}, &stack)) }
+// The sim recipe's artifact test runs the oasis-sim its job downloaded: the llm driver allows a
+// task's own binary only with allow_task_binary.
+func TestMain(m *testing.M) {
+	os.Exit(testbed.Main(m, testbed.Options{LLMPluginExtra: "allow_task_binary = true"}, &stack))
+}
 
 // engineJob is one oasis-sim engine run by the llm driver, registered as
 // oasis-engine with the Oasis meta convention.

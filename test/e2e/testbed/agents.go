@@ -106,6 +106,9 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	if llmConfig == "" {
 		llmConfig = fmt.Sprintf("binaries = { sim = %q }", s.Bin("oasis-sim"))
 	}
+	if opts.LLMPluginExtra != "" {
+		llmConfig += "\n    " + opts.LLMPluginExtra
+	}
 	aclConfig := ""
 	if s.acls {
 		aclConfig = s.nomadConsulACLConfig()

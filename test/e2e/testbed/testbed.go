@@ -33,6 +33,9 @@ type Options struct {
 	// LLMPluginConfig replaces the body of the llm driver's plugin config block. Empty means
 	// `binaries = { sim = "<BinDir>/oasis-sim" }`.
 	LLMPluginConfig string
+	// LLMPluginExtra is appended to the llm driver's default plugin config body, e.g.
+	// `allow_task_binary = true` for jobs that run an engine they downloaded themselves.
+	LLMPluginExtra string
 	// Dir, when set, is where the stack lives (created if missing, must be empty); otherwise a
 	// new temporary directory. `make up` keeps its stack under the checkout's .oasis/.
 	Dir string
@@ -184,6 +187,11 @@ func stackDir(dir string) (string, error) {
 		dir, err := os.MkdirTemp("", "oasis-testbed-")
 		if err != nil {
 			return "", fmt.Errorf("creating stack directory: %w", err)
+		}
+		// The llm driver runs engines as nobody (its default_user): they must
+		// reach their binaries under BinDir and their task directories.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return "", fmt.Errorf("opening stack directory to the engines' user: %w", err)
 		}
 		return dir, nil
 	}
