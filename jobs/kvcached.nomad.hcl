@@ -177,24 +177,70 @@ locals {
     var.artifact_checksum != "" ? "local/oasis" : file("artifact_checksum is required with artifact_url")
   )
   kv_events_address = var.kv_events_address != "" ? var.kv_events_address : "$${attr.unique.network.ip-address}"
-  auth_args         = var.auth_enabled ? ["--password-file", "secrets/redis-password"] : []
-  mesh              = var.peers_enabled && var.mesh
-  quic_args         = var.peers_enabled ? ["--quic-addr", "${var.bind_address == "127.0.0.1" ? "0.0.0.0" : var.bind_address}:${var.quic_port}"] : []
-  files_args = var.peers_enabled && !var.mesh ? [
-    "--tls-ca", "secrets/ca.pem",
-    "--tls-cert", "secrets/cert.pem",
-    "--tls-key", "secrets/key.pem",
-    "--consul-addr", var.consul_addr,
-  ] : []
-  # With the mesh, Consul's address is the one Nomad injects (CONSUL_HTTP_ADDR).
-  peer_args   = concat(local.quic_args, local.files_args, local.mesh ? ["--mesh"] : [])
-  verify_args = var.peers_enabled && !var.mesh && var.peer_verify_address ? ["--tls-verify-address"] : []
-  wan_enabled = var.peers_enabled && length(var.peer_datacenters) > 0
-  wan_args = local.wan_enabled ? [
-    "--peer-datacenters", join(",", var.peer_datacenters),
-    "--peer-wan-bytes-per-second", var.peer_wan_bytes_per_second,
-    "--peer-wan-timeout", var.peer_wan_timeout,
-  ] : []
+  # The same in the config file below, which Nomad's template renders: node attributes through env.
+  kv_events_host = var.kv_events_address != "" ? var.kv_events_address : "{{ env \"attr.unique.network.ip-address\" }}"
+  mesh           = var.peers_enabled && var.mesh
+  wan_enabled    = var.peers_enabled && length(var.peer_datacenters) > 0
+
+  # kvcached's config file (kvcached/README.md "Configuration"), rendered from the variables
+  # above into local/kvcached.hcl. Nomad fills in {{ env "..." }} when the task starts.
+  kvcached_config = <<EOT
+listeners {
+  resp = "${var.bind_address}:${var.resp_port}"
+  http = "${var.bind_address}:${var.http_port}"
+%{~if var.peers_enabled}
+  quic = "${var.bind_address == "127.0.0.1" ? "0.0.0.0" : var.bind_address}:${var.quic_port}"
+%{~endif}
+}
+
+tiers {
+  ram {
+    bytes = ${jsonencode(var.ram_bytes)}
+  }
+  disk {
+    bytes = ${jsonencode(var.disk_bytes)}
+    dir   = ${jsonencode(var.data_dir)}
+  }
+}
+%{~if var.peers_enabled && !var.mesh}
+
+tls {
+  ca             = "secrets/ca.pem"
+  cert           = "secrets/cert.pem"
+  key            = "secrets/key.pem"
+  verify_address = ${var.peer_verify_address}
+}
+%{~endif}
+%{~if var.peers_enabled}
+
+peers {
+%{~if local.mesh}
+  # Consul's address is the one Nomad injects for a Connect-native task (CONSUL_HTTP_ADDR).
+  mesh = true
+%{~else}
+  consul_addr = ${jsonencode(var.consul_addr)}
+%{~endif}
+%{~if local.wan_enabled}
+  datacenters          = ${jsonencode(var.peer_datacenters)}
+  wan_bytes_per_second = ${jsonencode(var.peer_wan_bytes_per_second)}
+  wan_timeout          = ${jsonencode(var.peer_wan_timeout)}
+%{~endif}
+}
+%{~endif}
+%{~if var.auth_enabled}
+
+auth {
+  password_file = "secrets/redis-password"
+}
+%{~endif}
+
+telemetry {
+  kv_events {
+    endpoint        = "tcp://${local.kv_events_host}:{{ env "NOMAD_PORT_kv_events" }}"
+    replay_endpoint = "tcp://${local.kv_events_host}:{{ env "NOMAD_PORT_kv_events_replay" }}"
+  }
+}
+EOT
 }
 
 job "oasis-kvcached" {
@@ -290,15 +336,15 @@ job "oasis-kvcached" {
 
       config {
         command = "${local.bin_dir}/oasis-kvcached"
-        args = concat([
-          "--addr", "${var.bind_address}:${NOMAD_PORT_resp}",
-          "--http-addr", "${var.bind_address}:${NOMAD_PORT_http}",
-          "--ram-bytes", var.ram_bytes,
-          "--disk-bytes", var.disk_bytes,
-          "--data-dir", var.data_dir,
-          "--kv-events-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events}",
-          "--kv-events-replay-endpoint", "tcp://${local.kv_events_address}:${NOMAD_PORT_kv_events_replay}",
-        ], local.auth_args, local.peer_args, local.verify_args, local.wan_args)
+        args    = ["--config", "${NOMAD_TASK_DIR}/kvcached.hcl"]
+      }
+
+      # Every setting is in the config file rendered from the variables (local.kvcached_config);
+      # kvcached reads it once at start, so a change restarts it.
+      template {
+        data        = local.kvcached_config
+        destination = "local/kvcached.hcl"
+        change_mode = "restart"
       }
 
       # With remote datacenters: the global token (see the top of this file). The file wins over

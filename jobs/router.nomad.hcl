@@ -171,9 +171,9 @@ variable "otlp_endpoint" {
 }
 
 variable "trace_sample_ratio" {
-  description = "With otlp_endpoint, the share of new traces the router samples, 0 to 1. A client's traceparent decides for its own trace."
+  description = "With otlp_endpoint, the share of new traces the router samples, 0 to 1 (5% by default, inside the 1-10% BENCHMARKS.md recommends; 1 while debugging). A client's traceparent decides for its own trace."
   type        = number
-  default     = 1
+  default     = 0.05
 
   validation {
     condition     = var.trace_sample_ratio >= 0 && var.trace_sample_ratio <= 1
@@ -206,6 +206,73 @@ locals {
   )
   hosted_key_names = [for e in var.hosted_key_envs : split("=", e)[0]]
   plain_listener   = !var.mesh_enabled || var.mesh_plain_listener
+
+  # The router's config file (router/README.md "Configuration"), rendered from the variables
+  # above into local/router.hcl. Nomad fills in {{ env "..." }} when the task starts.
+  router_config = <<EOT
+log_json = true
+
+listeners {
+  api = "${local.plain_listener ? "${var.bind_address}:${var.http_port}" : "off"}"
+}
+%{~if var.tls_enabled}
+
+tls {
+  cert = "{{ env "NOMAD_SECRETS_DIR" }}/tls/cert.pem"
+  key  = "{{ env "NOMAD_SECRETS_DIR" }}/tls/key.pem"
+%{~if var.tls_mutual}
+  client_ca = "{{ env "NOMAD_SECRETS_DIR" }}/tls/client-ca.pem"
+%{~endif}
+}
+%{~endif}
+
+discovery {
+  consul_addr      = ${jsonencode(var.consul_addr)}
+  nomad_addr       = ${jsonencode(var.nomad_addr)}
+  hosted_upstreams = ${jsonencode(var.hosted_upstreams)}
+  hosted_key_envs  = ${jsonencode(var.hosted_key_envs)}
+}
+
+policy {
+  kv_prefix   = ${jsonencode(var.kv_prefix)}
+  api_keys_kv = ${var.api_keys_kv}
+}
+%{~if var.mesh_enabled}
+
+mesh {
+  service = "oasis-router"
+  listen  = "${var.bind_address}:{{ env "NOMAD_PORT_mesh" }}"
+  engines = true
+}
+%{~endif}
+%{~if var.federation_enabled}
+
+federation {
+  listen     = "${var.bind_address}:${var.federation_port}"
+  datacenter = ${jsonencode(var.federation_dc)}
+%{~if !var.mesh_enabled}
+  tls_cert   = "{{ env "NOMAD_SECRETS_DIR" }}/tls/federation-cert.pem"
+  tls_key    = "{{ env "NOMAD_SECRETS_DIR" }}/tls/federation-key.pem"
+  tls_ca     = "{{ env "NOMAD_SECRETS_DIR" }}/tls/federation-ca.pem"
+%{~endif}
+}
+%{~endif}
+
+limits {
+  max_connections            = ${var.max_connections}
+  max_connections_per_source = ${var.max_connections_per_source}
+}
+
+telemetry {
+  metrics {
+    power_from_nomad = true
+  }
+  tracing {
+    otlp_endpoint = ${jsonencode(var.otlp_endpoint)}
+    sample_ratio  = ${var.trace_sample_ratio}
+  }
+}
+EOT
 }
 
 job "oasis-router" {
@@ -362,38 +429,15 @@ job "oasis-router" {
 
       config {
         command = "${local.bin_dir}/oasis-router"
-        args = concat([
-          "-listen", local.plain_listener ? "${var.bind_address}:${NOMAD_PORT_http}" : "off",
-          "-consul-addr", var.consul_addr,
-          "-kv-prefix", var.kv_prefix,
-          "-api-keys-kv=${var.api_keys_kv}",
-          "-nomad-addr", var.nomad_addr,
-          "-power-from-nomad",
-          "-log-json",
-          "-max-connections=${var.max_connections}",
-          "-max-connections-per-source=${var.max_connections_per_source}",
-          "-hosted-upstreams=${join(",", var.hosted_upstreams)}",
-          "-hosted-key-envs=${join(",", var.hosted_key_envs)}",
-          ], var.otlp_endpoint != "" ? [
-          "-otlp-endpoint", var.otlp_endpoint,
-          "-trace-sample-ratio=${var.trace_sample_ratio}",
-          ] : [], var.tls_enabled ? [
-          "-tls-cert", "${NOMAD_SECRETS_DIR}/tls/cert.pem",
-          "-tls-key", "${NOMAD_SECRETS_DIR}/tls/key.pem",
-          ] : [], var.tls_enabled && var.tls_mutual ? [
-          "-tls-client-ca", "${NOMAD_SECRETS_DIR}/tls/client-ca.pem",
-          ] : [], var.mesh_enabled ? [
-          "-mesh-service", "oasis-router",
-          "-mesh-listen", "${var.bind_address}:${NOMAD_PORT_mesh}",
-          "-mesh-engines",
-          ] : [], var.federation_enabled ? [
-          "-federation-listen", "${var.bind_address}:${NOMAD_PORT_federation}",
-          "-federation-dc", var.federation_dc,
-          ] : [], var.federation_enabled && !var.mesh_enabled ? [
-          "-federation-tls-cert", "${NOMAD_SECRETS_DIR}/tls/federation-cert.pem",
-          "-federation-tls-key", "${NOMAD_SECRETS_DIR}/tls/federation-key.pem",
-          "-federation-tls-ca", "${NOMAD_SECRETS_DIR}/tls/federation-ca.pem",
-        ] : [])
+        args    = ["-config", "${NOMAD_TASK_DIR}/router.hcl"]
+      }
+
+      # Every setting is in the config file rendered from the variables (local.router_config);
+      # the router reads it once at start, so a change restarts it.
+      template {
+        data        = local.router_config
+        destination = "local/router.hcl"
+        change_mode = "restart"
       }
 
       # The PEM files come from the Nomad variable. The router re-reads them when they change

@@ -248,7 +248,12 @@ func kvcachedPid(t *testing.T, ctx context.Context, ctl *redis.Client, dataDir s
 	must.NoError(t, err)
 	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 	must.Eq(t, "oasis-kvcached", filepath.Base(args[0]), must.Sprintf("process %d: %q", pid, args))
-	must.SliceContains(t, args, dataDir, must.Sprintf("process %d is not this test's kvcached: %q", pid, args))
+	// The job passes its settings in a config file (--config local/kvcached.hcl).
+	must.Eq(t, 3, len(args), must.Sprintf("process %d: %q", pid, args))
+	must.Eq(t, "--config", args[1], must.Sprintf("process %d: %q", pid, args))
+	conf, err := os.ReadFile(args[2])
+	must.NoError(t, err)
+	must.StrContains(t, string(conf), strconv.Quote(dataDir), must.Sprintf("process %d is not this test's kvcached: %s", pid, conf))
 	return pid
 }
 
