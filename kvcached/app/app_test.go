@@ -7,9 +7,14 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/kvcached/peer"
 )
 
 func TestIsLoopback(t *testing.T) {
@@ -60,4 +65,43 @@ func TestNewNamesTheFlag(t *testing.T) {
 		must.True(t, errors.As(err, &ce), must.Sprintf("%s: %v", flag, err))
 		must.Eq(t, flag, ce.Flag)
 	}
+}
+
+// TestPeersServeEachOther runs two Apps in process as each other's static
+// peers over QUIC with mutual TLS: a block stored on one is read from the
+// other, and closing both leaves no goroutine behind (TestMain).
+func TestPeersServeEachOther(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlsfilestest.NewCA(t, "oasis test CA")
+	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", peer.DefaultServerName)
+	_, certB, keyB := ca.WriteFiles(t, dir, "b", peer.DefaultServerName)
+	qa, qb := freeUDP(t), freeUDP(t)
+	peerApp := func(quic, cert, key, other string) *App {
+		a, err := New(Config{Addr: "127.0.0.1:0", RAMBytes: 64 << 20, QUICAddr: quic, TLSCA: caFile, TLSCert: cert, TLSKey: key,
+			Peers: []string{other}, PeerFilterInterval: 100 * time.Millisecond, PeerTimeout: time.Second})
+		must.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		t.Cleanup(func() { cancel(); must.NoError(t, <-done) })
+		return a
+	}
+	a, b := peerApp(qa, certA, keyA, qb), peerApp(qb, certB, keyB, qa)
+	ca1 := redis.NewClient(&redis.Options{Addr: a.Addr().String(), MaxRetries: -1})
+	cb := redis.NewClient(&redis.Options{Addr: b.Addr().String(), MaxRetries: -1})
+	t.Cleanup(func() { ca1.Close(); cb.Close() })
+
+	ctx := context.Background()
+	must.NoError(t, ca1.Set(ctx, "m@1@0@1@bfloat16kv_bytes", "from a", 0).Err())
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return cb.Get(ctx, "m@1@0@1@bfloat16kv_bytes").Val() == "from a"
+	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+}
+
+func freeUDP(t *testing.T) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer c.Close()
+	return c.LocalAddr().String()
 }

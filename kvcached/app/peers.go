@@ -82,12 +82,20 @@ func (a *App) peerIdentity(files peer.TLSFiles, client *consulapi.Client) (*mesh
 	return id, nil
 }
 
-// startPeers follows the peer set in Consul, when there is one, until
-// Close: the local datacenter's, and each remote datacenter's in its own
-// goroutine, with its own query timeout, so a datacenter that stops
+// startPeers serves peers and follows the peer set in Consul, when there is
+// one, until Close: the local datacenter's, and each remote datacenter's in
+// its own goroutine, with its own query timeout, so a datacenter that stops
 // answering delays neither local discovery nor the others.
 func (a *App) startPeers() {
-	if a.peers == nil || a.peers.consul == nil {
+	if a.peers == nil {
+		return
+	}
+	a.bgWG.Add(1)
+	go func() {
+		defer a.bgWG.Done()
+		_ = a.peers.node.Run(a.bg) // ends at Close
+	}()
+	if a.peers.consul == nil {
 		return
 	}
 	ps, c, log := a.peers, a.cfg, a.log.Named("consul")

@@ -182,7 +182,10 @@ type Node struct {
 	filterBytes []byte
 	filterAt    time.Time
 
+	// stop ends Run at Close; closed (under mu) keeps Run from starting after.
+	stop   context.Context
 	cancel context.CancelFunc
+	closed bool
 	wg     sync.WaitGroup
 
 	mFetches  *prometheus.CounterVec
@@ -231,7 +234,7 @@ func (c *Config) validate() error {
 	return validateDatacenters(c.Datacenters)
 }
 
-// New starts serving peers on cfg.ListenAddr.
+// New binds cfg.ListenAddr; Run serves peers there. Fetches work without Run.
 func New(cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -279,12 +282,27 @@ func New(cfg Config) (*Node, error) {
 		n.dcs[dc] = &remoteDC{name: dc, bucket: newTokenBucket(cfg.WANBytesPerSecond, cfg.Now)}
 	}
 	n.wan = newWANMetrics(cfg.Registerer, cfg.Datacenters)
-	ctx, cancel := context.WithCancel(context.Background())
-	n.cancel = cancel
+	n.stop, n.cancel = context.WithCancel(context.Background())
+	return n, nil
+}
+
+// Run serves peers' connections and exchanges membership filters until ctx
+// ends or Close; it returns nil then.
+func (n *Node) Run(ctx context.Context) error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
 	n.wg.Add(2)
+	n.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(n.stop, cancel)()
 	go n.accept(ctx)
 	go n.refreshLoop(ctx)
-	return n, nil
+	<-ctx.Done()
+	return nil
 }
 
 // Addr is the UDP address peers reach this node on.
@@ -298,6 +316,9 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) close() error {
+	n.mu.Lock()
+	n.closed = true
+	n.mu.Unlock()
 	n.cancel()
 	n.ln.Close()
 	n.mu.Lock()

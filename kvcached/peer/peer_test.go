@@ -57,6 +57,7 @@ func budgetedNode(t testing.TB, ca *tlsfilestest.CA, local Local, budget Budget)
 		FetchTimeout: 500 * time.Millisecond, FilterInterval: 100 * time.Millisecond, Budget: budget})
 	must.NoError(t, err)
 	t.Cleanup(func() { n.Close() })
+	go n.Run(context.Background()) // ends at Close
 	return n
 }
 
@@ -165,6 +166,7 @@ func TestPeerWithForeignCertificateIsRefused(t *testing.T) {
 		FetchTimeout: 500 * time.Millisecond, FilterInterval: time.Hour})
 	must.NoError(t, err)
 	defer b.Close()
+	go b.Run(context.Background())
 	b.SetPeers([]string{a.Addr().String()})
 	p := b.peers[peerKey{addr: a.Addr().String()}]
 	_, err = b.request(context.Background(), p, opGet, "blk", 1<<20)
@@ -226,6 +228,7 @@ func TestPeerComesBackWhenHealthy(t *testing.T) {
 	a2, err := New(Config{ListenAddr: addr, ServerTLS: st, ClientTLS: ct, Local: store, FetchTimeout: 500 * time.Millisecond})
 	must.NoError(t, err)
 	defer a2.Close()
+	go a2.Run(context.Background())
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return b.MayHave("k") }),
 		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
 	v, err := b.Fetch(context.Background(), "k")
@@ -299,6 +302,7 @@ func testPeerCertificateMustNameTheNode(t *testing.T, configs func(ca *tlsfilest
 			FetchTimeout: 2 * time.Second, FilterInterval: time.Hour})
 		must.NoError(t, err)
 		t.Cleanup(func() { n.Close() })
+		go n.Run(context.Background())
 		return n
 	}
 	a := addrNode("127.0.0.2", "127.0.0.2")
@@ -344,6 +348,7 @@ func TestAuthorizeRecheckedOnEveryStream(t *testing.T) {
 		}})
 	must.NoError(t, err)
 	defer a.Close()
+	go a.Run(context.Background())
 	b := node(t, ca, &mapStore{m: map[string][]byte{}})
 	b.SetPeers([]string{a.Addr().String()})
 	b.RefreshFilters(context.Background())

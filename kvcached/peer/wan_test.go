@@ -76,6 +76,7 @@ func wanNode(t testing.TB, ca *tlsfilestest.CA, local Local, reg prometheus.Regi
 	n, err := New(cfg)
 	must.NoError(t, err)
 	t.Cleanup(func() { n.Close() })
+	go n.Run(context.Background()) // ends at Close
 	return n
 }
 
