@@ -162,6 +162,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzRoundTrip -fuzztime 30s ./internal/tokenizer
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./router/policy
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 20s ./router/auth
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 20s ./internal/agentconfig
 	$(GO) test -run '^$$' -fuzz FuzzParseEngineMetrics -fuzztime 30s ./router/enginestats
 	$(GO) test -run '^$$' -fuzz FuzzTaskConfig -fuzztime 30s ./nomad-driver/jobcheck
 	$(GO) test -run '^$$' -fuzz FuzzParseFrames -fuzztime 20s ./internal/kvevents
