@@ -5,7 +5,9 @@ package gateway
 //   - proxy (proxy.go) takes the request in over HTTP: loop refusal, body,
 //     fields, deadline, trace, and builds the call (one value per request).
 //   - route (route.go) looks at the request, its model's pool and policy
-//     and the federation's view, and returns a plan (below).
+//     and the federation's view, and returns a plan (below); routeModel is
+//     that step for a request to a model (an overflow pool's, a cascade
+//     leg's).
 //   - execute (execute.go) carries the plan out. A plan that did not answer
 //     the client returns the next one (a retry on another worker, a
 //     fallback to the local pool, an error to answer); nil means the client

@@ -82,11 +82,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		g.cfg.Federation.Arrived()
 	}
 	c := call{ctx: ctx, w: w, r: r, rec: rec, x: x}
-	if cs, ok := doc.CascadeFor(f.Model); ok {
-		g.execute(&c, &planCascade{c: cs})
-		return
-	}
-	g.serve(&c)
+	g.execute(&c, g.route(&c, doc))
 }
 
 // exchange is what every attempt at one request shares.

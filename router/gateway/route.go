@@ -7,14 +7,25 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/router/pd"
+	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// route is the request's first routing step: a plan from its model's pool
-// and policy and the federation's view, before any local slot is taken.
-// Later steps (choose, pick, and the failures execute reports) return the
-// plans that follow.
-func (g *Gateway) route(c *call) plan {
+// route is a client request's first routing step: a cascade alias's plan,
+// else routeModel's.
+func (g *Gateway) route(c *call, doc *policy.Document) plan {
+	if cs, ok := doc.CascadeFor(c.x.req.Model); ok {
+		return &planCascade{c: cs}
+	}
+	return g.routeModel(c)
+}
+
+// routeModel is the plan for a request to a model (the client's, or a
+// cascade leg's, or an overflow pool's) from the model's pool and policy
+// and the federation's view, before any local slot is taken. Later steps
+// (choose, pick, and the failures execute reports) return the plans that
+// follow.
+func (g *Gateway) routeModel(c *call) plan {
 	if len(g.candidates(c.x.req.Model)) == 0 {
 		// No local worker: another datacenter, else the overflow pool,
 		// else no worker.
