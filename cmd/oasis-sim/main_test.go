@@ -53,9 +53,10 @@ func TestServeAsDriverRendersIt(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", kvPort), Topic: "kv-events"})
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", kvPort), Topic: "kv-events"})
 	must.NoError(t, err)
 	defer sub.Close()
+	go sub.Run(ctx)
 	got := make(chan kvevents.Message, 8)
 	go func() {
 		for {

@@ -324,9 +324,10 @@ func TestPubSubOverZMQ(t *testing.T) {
 	must.Eq(t, []int32{1, 2, 3, 4, 5, 6, 7, 8}, st.TokenIDs)
 
 	// The package's Subscriber.
-	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep, Topic: "kv@sim", ReplayEndpoint: "tcp://" + p.ReplayAddr().String()})
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: ep, Topic: "kv@sim", ReplayEndpoint: "tcp://" + p.ReplayAddr().String()})
 	must.NoError(t, err)
 	defer s.Close()
+	go s.Run(ctx)
 	first := make(chan Message, 1)
 	go func() {
 		m, err := s.Next(ctx)
@@ -447,9 +448,10 @@ func TestSubscriberSeesPublisherRestart(t *testing.T) {
 	p1, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 	must.NoError(t, err)
 	ep := "tcp://" + p1.Addr().String()
-	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep})
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: ep})
 	must.NoError(t, err)
 	defer s.Close()
+	go s.Run(ctx)
 
 	recv := make(chan Message, 64)
 	go func() {
@@ -498,9 +500,10 @@ func TestSubscriberBeforePublisher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ep := "tcp://" + testutil.FreeAddr(t)
-	s, err := NewSubscriber(ctx, SubscriberConfig{Endpoint: ep, Topic: "t"})
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: ep, Topic: "t"})
 	must.NoError(t, err)
 	defer s.Close()
+	go s.Run(ctx)
 	time.Sleep(300 * time.Millisecond) // the subscriber is retrying its dial
 	p, err := NewPublisher(PublisherConfig{Endpoint: ep, Topic: "t"})
 	must.NoError(t, err)

@@ -44,16 +44,22 @@ type SubscriberConfig struct {
 	Logger         hclog.Logger
 }
 
-// Subscriber receives EventBatches from one engine. It dials in the background and
-// keeps redialing, so it may be created before the engine starts.
+// Subscriber receives EventBatches from one engine. While Run runs it dials and
+// keeps redialing, so it may be created before the engine starts; Next returns
+// what it received.
 type Subscriber struct {
 	cfg     SubscriberConfig
 	log     hclog.Logger
+	ctx     context.Context // the socket's; ends with Run's or at Close
 	cancel  context.CancelFunc
 	sub     zmq4.Socket
 	msgs    chan recvd
-	done    chan struct{}
+	done    chan struct{} // closed when Run ends, or at Close without Run
 	tracker *connTracker
+
+	mu      sync.Mutex
+	running bool
+	closed  bool
 
 	lastSeq   int64 // -1 before the first message; only touched by Next
 	lastEpoch int64
@@ -99,8 +105,8 @@ var registerTransport = sync.OnceValue(func() error {
 	return zmq4.RegisterTransport(trackedScheme, trackingTransport{tcp: transport.New("tcp")})
 })
 
-// NewSubscriber starts a subscriber. Close it to stop.
-func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, error) {
+// NewSubscriber makes a subscriber; Run receives, Close stops it.
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.Endpoint == "" {
 		return nil, errors.New("kv-events subscriber: endpoint is required")
 	}
@@ -111,10 +117,11 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 		return nil, fmt.Errorf("registering zmq transport: %w", err)
 	}
 	tracker := &connTracker{}
-	ctx, cancel := context.WithCancel(context.WithValue(ctx, trackerKey{}, tracker))
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), trackerKey{}, tracker))
 	s := &Subscriber{
 		cfg:     cfg,
 		log:     cfg.Logger,
+		ctx:     ctx,
 		cancel:  cancel,
 		sub:     zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(200*time.Millisecond), zmq4.WithAutomaticReconnect(true)),
 		msgs:    make(chan recvd, 1024),
@@ -122,8 +129,22 @@ func NewSubscriber(ctx context.Context, cfg SubscriberConfig) (*Subscriber, erro
 		tracker: tracker,
 		lastSeq: -1,
 	}
-	go s.run(ctx)
 	return s, nil
+}
+
+// Run dials the endpoint and receives batches for Next until ctx ends or
+// Close; it returns nil then. Dial and subscription errors come out of Next.
+func (s *Subscriber) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed || s.running {
+		s.mu.Unlock()
+		return nil
+	}
+	s.running = true
+	s.mu.Unlock()
+	defer context.AfterFunc(ctx, s.cancel)()
+	s.run(s.ctx)
+	return nil
 }
 
 func (s *Subscriber) run(ctx context.Context) {
@@ -263,10 +284,22 @@ func Replay(ctx context.Context, endpoint, topic string, from int64) ([]Message,
 	}
 }
 
-// Close stops the subscriber.
+// Close stops the subscriber and waits for Run to end.
 func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	running := s.running
+	s.mu.Unlock()
 	s.cancel()
 	err := s.sub.Close()
-	<-s.done
+	if running {
+		<-s.done
+	} else {
+		close(s.done)
+	}
 	return err
 }

@@ -54,9 +54,10 @@ func TestStoreEventsReachASubscriber(t *testing.T) {
 	must.NoError(t, err)
 	defer p.Close()
 	go p.Run(ctx)
-	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: ep})
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: ep})
 	must.NoError(t, err)
 	defer sub.Close()
+	go sub.Run(ctx)
 
 	m := store.NewMetrics(prometheus.NewRegistry())
 	s, err := store.Open(store.Config{RAMBytes: 150, DiskBytes: 1 << 20, Dir: t.TempDir(), Metrics: m, Observer: p})

@@ -361,12 +361,13 @@ func (s *State) subscribe(ctx context.Context, es *engineState, endpoint, replay
 // over after a short pause.
 func followEvents(ctx context.Context, log hclog.Logger, endpoint, replay string,
 	broken func(error), handle func(*replayer, kvevents.Message)) {
-	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: endpoint, Logger: log})
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: endpoint, Logger: log})
 	if err != nil {
 		log.Error("cannot subscribe to kv events", "error", err)
 		return
 	}
 	defer sub.Close()
+	go sub.Run(ctx) // ends with ctx or at Close
 	var fetch ReplayFunc
 	if replay != "" {
 		fetch = func(from int64) ([]kvevents.Message, error) {

@@ -210,9 +210,10 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 
 	// The rendered --kv-events-config publishes where oasis_kv_events says:
 	// a long prompt fills 16-token blocks and the engine reports them.
-	sub, err := kvevents.NewSubscriber(ctx, kvevents.SubscriberConfig{Endpoint: svc.Meta["oasis_kv_events"]})
+	sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{Endpoint: svc.Meta["oasis_kv_events"]})
 	must.NoError(t, err)
 	defer sub.Close()
+	go sub.Run(ctx)
 	time.Sleep(300 * time.Millisecond) // ZMQ slow joiner: let the SUB connect first
 	chatPrompt(t, net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)), strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20))
 	stored := false
