@@ -98,7 +98,7 @@ func (p *Paths) Set(s string) error {
 }
 
 // Usage is the -config flag's help text.
-const Usage = "load settings from this HCL (.hcl) or JSON (.json) file, or from a directory's *.hcl and *.json files in lexical order; repeatable, later files override earlier ones and flags given on the command line override every file"
+const Usage = "load settings from `FILE|DIR`: an HCL (.hcl) or JSON (.json) file, or a directory's *.hcl and *.json files in lexical order; repeatable, later files override earlier ones and flags given on the command line override every file"
 
 // Files expands -config arguments into files in load order: a file as is
 // (whatever its extension), a directory's *.hcl and *.json files in
