@@ -214,8 +214,7 @@ func (a *App) initPool() error {
 	}
 	// The listeners are bound (initServer) before discovery first calls
 	// isSelf (Run).
-	a.pool = discovery.NewPool(discovery.WithHostedPolicy(hosted), discovery.WithMetrics(a.m),
-		discovery.WithLogger(a.log.Named("discovery")), discovery.WithSelf(a.isSelf))
+	a.pool = discovery.New(discovery.Config{Hosted: hosted, IsSelf: a.isSelf, Logger: a.log.Named("discovery"), Metrics: a.m})
 	a.pool.OnChange(a.poolChanged)
 	return nil
 }

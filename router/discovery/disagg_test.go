@@ -48,7 +48,7 @@ func TestDisaggMeta(t *testing.T) {
 // of model "m" with meta added to oasis_model.
 func poolOfOne(meta map[string]string) (*Pool, *metrics.Metrics) {
 	m := metrics.New(prometheus.NewRegistry())
-	p := NewPool(WithMetrics(m))
+	p := New(Config{Metrics: m})
 	all := map[string]string{MetaModel: "m"}
 	for k, v := range meta {
 		all[k] = v

@@ -150,7 +150,7 @@ func TestPoolRefusesHostedUpstreams(t *testing.T) {
 	var logs strings.Builder
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	p := NewPool(WithMetrics(m), WithLogger(hclog.New(&hclog.LoggerOptions{Output: &logs})))
+	p := New(Config{Metrics: m, Logger: hclog.New(&hclog.LoggerOptions{Output: &logs})})
 	for range 3 {
 		p.Set([]Instance{local, evil, viaTag, keyOnly})
 	}
@@ -169,7 +169,7 @@ func TestPoolRefusesHostedUpstreams(t *testing.T) {
 	// Allowed by the operator: used, with the key from the router's environment.
 	hp, err := ParseHostedPolicy([]string{"https://evil.example/v1"}, []string{"OASIS_TEST_POOL_SECRET"})
 	must.NoError(t, err)
-	p = NewPool(WithHostedPolicy(hp))
+	p = New(Config{Hosted: hp})
 	p.Set([]Instance{local, evil})
 	ws = p.Workers("m")
 	must.Eq(t, 2, len(ws))

@@ -73,35 +73,56 @@ type Pool struct {
 	log      hclog.Logger
 	metrics  *metrics.Metrics
 	rejected map[string]string         // instance id → the refused upstream and key variable, logged once
-	self     func(address string) bool // the router's own listeners (WithSelf)
+	self     func(address string) bool // the router's own listeners (Config.IsSelf)
 }
 
-// PoolOption configures a Pool.
-type PoolOption func(*Pool)
+// Config configures a Pool; every field is optional.
+type Config struct {
+	// Hosted is the allow-list of hosted upstreams (nil allows none): an
+	// instance whose oasis_upstream or oasis_upstream_key_env it refuses is
+	// left out of the pool.
+	Hosted *HostedPolicy
+	// IsSelf reports the addresses of the router's own listeners: instances
+	// there are left out (counted under
+	// oasis_router_loops_refused_total{reason="self_address"} and logged,
+	// once per instance and address). It is called from Set, by the
+	// source's goroutine; hosted workers are judged by their upstream, not
+	// their address.
+	IsSelf func(address string) bool
+	// Logger is where refused instances are reported (default: nowhere).
+	Logger hclog.Logger
+	// Metrics counts refused instances (nil: not counted).
+	Metrics *metrics.Metrics
+}
 
-// WithHostedPolicy sets the allow-list of hosted upstreams (nil, the
-// default, allows none): an instance whose oasis_upstream or
-// oasis_upstream_key_env it refuses is left out of the pool.
-func WithHostedPolicy(hp *HostedPolicy) PoolOption { return func(p *Pool) { p.hosted = hp } }
+// PoolOption configures a Pool for NewPool.
+type PoolOption func(*Config)
 
-// WithLogger sets where refused instances are reported (default: nowhere).
-func WithLogger(l hclog.Logger) PoolOption { return func(p *Pool) { p.log = l } }
-
-// WithMetrics counts refused instances in m.HostedRejected.
-func WithMetrics(m *metrics.Metrics) PoolOption { return func(p *Pool) { p.metrics = m } }
+// WithHostedPolicy sets Config.Hosted.
+func WithHostedPolicy(hp *HostedPolicy) PoolOption { return func(c *Config) { c.Hosted = hp } }
 
 type view struct {
 	byModel map[string][]*worker.Worker
 	all     []*worker.Worker
 }
 
-// NewPool returns an empty pool.
+// NewPool is New with the options' Config. New is the convention; NewPool
+// stays for the callers not moved to it yet (router/gateway's tests).
 func NewPool(opts ...PoolOption) *Pool {
-	p := &Pool{live: map[string]*worker.Live{}, known: map[string]struct{}{}, rejected: map[string]string{},
-		log: hclog.NewNullLogger()}
+	var cfg Config
 	for _, o := range opts {
-		o(p)
+		o(&cfg)
 	}
+	return New(cfg)
+}
+
+// New returns an empty pool.
+func New(cfg Config) *Pool {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	p := &Pool{live: map[string]*worker.Live{}, known: map[string]struct{}{}, rejected: map[string]string{},
+		hosted: cfg.Hosted, self: cfg.IsSelf, log: cfg.Logger, metrics: cfg.Metrics}
 	p.view.Store(&view{byModel: map[string][]*worker.Worker{}})
 	k := map[string]struct{}{}
 	p.knownV.Store(&k)

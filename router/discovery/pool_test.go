@@ -7,7 +7,7 @@ import (
 )
 
 func TestPoolSet(t *testing.T) {
-	p := NewPool()
+	p := New(Config{})
 	p.Set([]Instance{
 		{ID: "b", Address: "10.0.0.2:8000", Meta: map[string]string{MetaModel: "m", MetaEngine: "vllm", MetaRole: "decode",
 			MetaBlockSize: "16", MetaKVEvents: "tcp://10.0.0.2:5557", MetaMetricsPath: "/prometheus/metrics", MetaNode: "n1"}},
@@ -45,7 +45,7 @@ func TestPoolSet(t *testing.T) {
 }
 
 func TestPoolReadsReplayEndpoint(t *testing.T) {
-	p := NewPool()
+	p := New(Config{})
 	p.Set([]Instance{
 		{ID: "r", Address: "10.0.0.2:8000", Meta: map[string]string{MetaModel: "m", MetaKVEvents: "tcp://10.0.0.2:5557",
 			MetaKVEventsReplay: "tcp://10.0.0.2:5558"}},

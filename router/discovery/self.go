@@ -14,15 +14,6 @@ func (e *SelfError) Error() string {
 	return "engine address " + e.Address + " is this router's own listener"
 }
 
-// WithSelf leaves out the instances whose address isSelf reports to be one
-// of the router's own listeners (counted under
-// oasis_router_loops_refused_total{reason="self_address"} and logged, once
-// per instance and address). isSelf is called from Set, by the source's
-// goroutine; hosted workers are judged by their upstream, not their address.
-func WithSelf(isSelf func(address string) bool) PoolOption {
-	return func(p *Pool) { p.self = isSelf }
-}
-
 // checkSelf refuses w when it is the router itself.
 func (p *Pool) checkSelf(w *worker.Worker) error {
 	if p.self == nil || w.Upstream != "" || !p.self(w.Address) {

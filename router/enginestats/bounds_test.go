@@ -48,7 +48,7 @@ func TestScraperRefusesOversizedPage(t *testing.T) {
 				}
 			}))
 			t.Cleanup(e.Close)
-			pool := discovery.NewPool()
+			pool := discovery.New(discovery.Config{})
 			pool.Set([]discovery.Instance{{ID: "w", Address: strings.TrimPrefix(e.URL, "http://"),
 				Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaEngine: "vllm"}}})
 			m := metrics.New(prometheus.NewRegistry())

@@ -35,7 +35,7 @@ func TestPollNodesReportsGPUHealth(t *testing.T) {
 	defer nomad.Close()
 	nc, err := nomadapi.NewClient(&nomadapi.Config{Address: nomad.URL})
 	must.NoError(t, err)
-	pool := discovery.NewPool()
+	pool := discovery.New(discovery.Config{})
 	pool.Set([]discovery.Instance{{ID: "a", Address: "127.0.0.1:1", Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}}})
 	s, err := NewScraper(ScraperConfig{Pool: pool, Nomad: nc, Metrics: metrics.New(prometheus.NewRegistry())})
 	must.NoError(t, err)

@@ -31,7 +31,7 @@ func TestScraperEngineAndPower(t *testing.T) {
 			"vllm:generation_tokens_total %d\noasis_sim_power_watts 200\n", gen.Load())
 	}))
 	defer e.Close()
-	pool := discovery.NewPool()
+	pool := discovery.New(discovery.Config{})
 	pool.Set([]discovery.Instance{{ID: "w", Address: strings.TrimPrefix(e.URL, "http://"), Meta: map[string]string{discovery.MetaModel: "m"}}})
 	s, err := NewScraper(ScraperConfig{Pool: pool, HTTP: e.Client()})
 	must.NoError(t, err)
@@ -77,7 +77,7 @@ func TestScraperNodePowerSplit(t *testing.T) {
 	}))
 	defer e.Close()
 	addr := strings.TrimPrefix(e.URL, "http://")
-	pool := discovery.NewPool()
+	pool := discovery.New(discovery.Config{})
 	pool.Set([]discovery.Instance{
 		{ID: "a", Address: addr, Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}},
 		{ID: "b", Address: addr, Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}},
@@ -122,7 +122,7 @@ func TestPollNodesCountsReads(t *testing.T) {
 	defer nomad.Close()
 	nc, err := nomadapi.NewClient(&nomadapi.Config{Address: nomad.URL})
 	must.NoError(t, err)
-	pool := discovery.NewPool()
+	pool := discovery.New(discovery.Config{})
 	pool.Set([]discovery.Instance{{ID: "a", Address: "127.0.0.1:1", Meta: map[string]string{discovery.MetaModel: "m", discovery.MetaNode: "n1"}}})
 	reg := prometheus.NewRegistry()
 	s, err := NewScraper(ScraperConfig{Pool: pool, Nomad: nc, Metrics: metrics.New(reg)})

@@ -4,7 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Protection are the instruments of the router's protections against its
 // own traffic and its clients' connections (gateway hop.go, discovery's
-// WithSelf, app connlimit.go).
+// Config.IsSelf, app connlimit.go).
 type Protection struct {
 	// Loops counts routing loops refused, by reason: self_address (an
 	// engine registration whose address is one of the router's own

@@ -109,7 +109,7 @@ func (d *poolDataSource) read(ctx context.Context, m *poolModel) error {
 	if err != nil {
 		return err
 	}
-	pool := discovery.NewPool(discovery.WithHostedPolicy(hosted))
+	pool := discovery.New(discovery.Config{Hosted: hosted})
 	pool.Set(instances)
 	m.ModelNames = pool.Models()
 	m.Models = make([]poolModelEntry, 0, len(m.ModelNames))

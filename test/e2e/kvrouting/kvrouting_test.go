@@ -76,7 +76,7 @@ func startRouter(t *testing.T, ctx context.Context, doc *policy.Document) *route
 	m := metrics.New(prometheus.NewRegistry())
 	cache := cachestate.New(cachestate.Config{Logger: log.Named("cachestate")})
 	t.Cleanup(cache.Close)
-	pool := discovery.NewPool()
+	pool := discovery.New(discovery.Config{})
 	pool.OnChange(func(ws []*scoring.Worker) { cache.Sync(ctx, enginesOf(ws)) })
 	src := &discovery.Consul{Client: stack.Consul, Service: discovery.EngineService, Tag: "kvrouting-e2e", Logger: log, Metrics: m, WaitTime: 5 * time.Second}
 	go src.Run(ctx, pool)

@@ -45,7 +45,7 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	reg := prometheus.NewRegistry()
-	r := &router{pool: discovery.NewPool(), m: metrics.New(reg), tag: "it-" + sanitize(t.Name()),
+	r := &router{pool: discovery.New(discovery.Config{}), m: metrics.New(reg), tag: "it-" + sanitize(t.Name()),
 		key: "oasis-it/" + sanitize(t.Name()) + "/policy"}
 	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: testWriter{t}})
 	// The terms cmd/oasis-router registers (the default policy weights ttft); with no cache
