@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -90,7 +90,7 @@ bench-sim: build
 	$(GO) run ./sim/simload -sim bin/oasis-sim -c 64 -d 10s
 	$(GO) run ./sim/simload -sim bin/oasis-sim -fill-blocks 100000
 
-## bench-routing: cluster simulator on a trace (TRACE=<file>, WORKERS=<n>): Oasis beside random, round_robin, least_load,
+## bench-routing: cluster simulator on a trace (TRACE=<file, library name or gen:NAME[:knobs]>, WORKERS=<n>): Oasis beside random, round_robin, least_load,
 ## prefix and the peers' published algorithms (llmd, dynamo, sglang, aibrix, prodstack), throughput at SLO (TTFT p90 2 s,
 ## TPOT p90 100 ms) by bisection; table, bench/out/routing.json and .png
 ## (CPU_GIB / DISK_GIB: host-memory and kvcached SSD KV tiers per worker; 0 for GPU KV only; ROUTING_LIMIT=n: the
@@ -105,6 +105,13 @@ ROUTING_FLAGS  ?=
 bench-routing:
 	$(GO) run ./bench/cluster/cmd/bench-routing -trace $(TRACE) -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 \
 		-limit $(ROUTING_LIMIT) -bisect $(ROUTING_BISECT) $(ROUTING_FLAGS) -out bench/out
+
+## bench-routing-library: bench-routing on every entry of the trace library (published traces and generators;
+## `go run ./bench/cluster/cmd/bench-routing -list` lists them; TRACE=<name>, TRACE=gen:rag or gen:rag:docs=200,zipf=1.4
+## runs one), each into bench/out/library/<name>/, then the cross-validation table (same knobs as bench-routing)
+bench-routing-library:
+	$(GO) run ./bench/cluster/cmd/bench-routing -library all -workers $(WORKERS) -cpu-gib $(CPU_GIB) -disk-gib $(DISK_GIB) -scales 0.5,1,2,3,4 \
+		-limit $(ROUTING_LIMIT) -bisect $(ROUTING_BISECT) $(ROUTING_FLAGS) -out bench/out/library
 
 ## bench-federation: cluster simulator, two datacenters on the trace: local-only vs best-prefix vs Oasis federation
 ## (the policy's default federation section; FED_FLAGS: more flags, e.g. -limit, -shift, -max-spill)

@@ -10,6 +10,7 @@ package cluster
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strings"
 )
 
 // TraceBlock is the Mooncake trace's block size: each hash id stands for 512
@@ -36,14 +38,23 @@ type Request struct {
 	keys []uint64 // router block keys, computed once (see Sim.keysOf)
 }
 
-// LoadTrace reads a trace in the Mooncake JSONL format.
+// LoadTrace reads a trace in the Mooncake JSONL format, gunzipped when the
+// name ends in .gz.
 func LoadTrace(path string) ([]*Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("opening trace: %w", err)
 	}
 	defer f.Close()
-	return ReadTrace(f)
+	if !strings.HasSuffix(path, ".gz") {
+		return ReadTrace(f)
+	}
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: %w", path, err)
+	}
+	defer z.Close()
+	return ReadTrace(z)
 }
 
 // ReadTrace parses Mooncake JSONL: one request per line, sorted by arrival.

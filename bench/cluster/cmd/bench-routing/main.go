@@ -30,42 +30,45 @@ func main() {
 	}
 }
 
+var (
+	trace       = flag.String("trace", "../shared/traces/mooncake-conversation.jsonl", "trace: a library name ("+strings.Join(cluster.LibraryNames(), ", ")+"), a generator gen:NAME[:knob=v,...], or a file in the Mooncake JSONL format (.gz read gunzipped)")
+	synthetic   = flag.Bool("synthetic", false, "use the synthetic shared-prefix generator instead of -trace")
+	groups      = flag.Int("syn-groups", 32, "synthetic: prefix groups")
+	perGroup    = flag.Int("syn-prompts", 64, "synthetic: conversations per group")
+	sysBlocks   = flag.Int("syn-system-blocks", 4, "synthetic: system prompt length in 512-token blocks")
+	turns       = flag.Int("syn-turns", 3, "synthetic: turns per conversation")
+	zipf        = flag.Float64("syn-zipf", 1.2, "synthetic: Zipf exponent of group popularity (>1; 0 uniform)")
+	synRate     = flag.Float64("syn-rate", 4, "synthetic: conversation starts per second at scale 1")
+	workers     = flag.Int("workers", 16, "workers in the cluster")
+	homogeneous = flag.Bool("homogeneous", false, "all H100 instead of the heterogeneous H100/A100/L40S mix")
+	scales      = flag.String("scales", "0.5,1,2,3,4", "rate scales to sweep (arrival time / scale)")
+	policies    = flag.String("policies", strings.Join(append(slices.Clone(cluster.Policies), cluster.PeerPolicies...), ","), "policies to compare (peers: "+strings.Join(cluster.PeerPolicies, ",")+")")
+	bisect      = flag.Int("bisect", 4, "bisection steps per policy for the highest rate meeting the SLO (0: no bisection, no peer targets)")
+	maxScale    = flag.Float64("max-scale", 64, "bisection: highest rate scale tried")
+	sloTTFT     = flag.Duration("slo-ttft", 2*time.Second, "SLO: TTFT p90")
+	sloTPOT     = flag.Duration("slo-tpot", 100*time.Millisecond, "SLO: TPOT p90")
+	dynTemp     = flag.Float64("dynamo-temperature", 0, "dynamo peer: router_temperature (0, its default: lowest cost)")
+	learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
+	delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
+	loss        = flag.Float64("event-loss", 0, "probability of losing one KV event batch")
+	replay      = flag.Bool("event-replay", true, "fill event sequence gaps from the engine's replay buffer instead of resynchronising")
+	variants    = flag.Bool("variants", true, "also run oasis at the reference rate with approximate learning, and with events delayed 100 ms and 1% lost (with and without replay)")
+	blockSize   = flag.Int("block-size", 16, "engine block size in tokens")
+	limit       = flag.Int("limit", 0, "use only the first N requests (0: all)")
+	outDir      = flag.String("out", "bench/out", "directory for routing.json and routing.png")
+	weights     = flag.String("weights", "", "oasis policy weights, e.g. prefix=2,load=1,power=0.2 (default cluster.DefaultOasisWeights)")
+	slack       = flag.Float64("load-slack", 0, "prefix term hot-spot guard ε for oasis (0: default)")
+	cpuGiB      = flag.Float64("cpu-gib", 0, "host memory per worker for a CPU KV offloading tier, GiB (0: none)")
+	diskGiB     = flag.Float64("disk-gib", 0, "SSD per worker for an oasis-kvcached disk KV tier below the CPU tier, GiB (0: none)")
+	decodePower = flag.Float64("decode-power", 0, "power model: a decode step's dynamic power at batch 1 as a fraction of full, rising to full at batch 64 (0: every step draws full power)")
+	kvScale     = flag.Float64("kv-scale", 1, "multiply every worker's KV capacity (diagnostics: large = nearly infinite cache)")
+	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	parallel    = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
+	list        = flag.Bool("list", false, "print the trace library (traces with source and licence, generators with their knobs) and exit")
+	library     = flag.String("library", "", "run every library entry (\"all\") or a comma-separated list of them, each into -out/<name>/, then print the cross-validation table")
+)
+
 func run() error {
-	var (
-		trace       = flag.String("trace", "../shared/traces/mooncake-conversation.jsonl", "trace file in the Mooncake JSONL format")
-		synthetic   = flag.Bool("synthetic", false, "use the synthetic shared-prefix generator instead of -trace")
-		groups      = flag.Int("syn-groups", 32, "synthetic: prefix groups")
-		perGroup    = flag.Int("syn-prompts", 64, "synthetic: conversations per group")
-		sysBlocks   = flag.Int("syn-system-blocks", 4, "synthetic: system prompt length in 512-token blocks")
-		turns       = flag.Int("syn-turns", 3, "synthetic: turns per conversation")
-		zipf        = flag.Float64("syn-zipf", 1.2, "synthetic: Zipf exponent of group popularity (>1; 0 uniform)")
-		synRate     = flag.Float64("syn-rate", 4, "synthetic: conversation starts per second at scale 1")
-		workers     = flag.Int("workers", 16, "workers in the cluster")
-		homogeneous = flag.Bool("homogeneous", false, "all H100 instead of the heterogeneous H100/A100/L40S mix")
-		scales      = flag.String("scales", "0.5,1,2,3,4", "rate scales to sweep (arrival time / scale)")
-		policies    = flag.String("policies", strings.Join(append(slices.Clone(cluster.Policies), cluster.PeerPolicies...), ","), "policies to compare (peers: "+strings.Join(cluster.PeerPolicies, ",")+")")
-		bisect      = flag.Int("bisect", 4, "bisection steps per policy for the highest rate meeting the SLO (0: no bisection, no peer targets)")
-		maxScale    = flag.Float64("max-scale", 64, "bisection: highest rate scale tried")
-		sloTTFT     = flag.Duration("slo-ttft", 2*time.Second, "SLO: TTFT p90")
-		sloTPOT     = flag.Duration("slo-tpot", 100*time.Millisecond, "SLO: TPOT p90")
-		dynTemp     = flag.Float64("dynamo-temperature", 0, "dynamo peer: router_temperature (0, its default: lowest cost)")
-		learning    = flag.String("learning", cluster.LearnEvents, "cache learning of prefix policies: events or approx")
-		delay       = flag.Duration("event-delay", 0, "KV event delivery delay")
-		loss        = flag.Float64("event-loss", 0, "probability of losing one KV event batch")
-		replay      = flag.Bool("event-replay", true, "fill event sequence gaps from the engine's replay buffer instead of resynchronising")
-		variants    = flag.Bool("variants", true, "also run oasis at the reference rate with approximate learning, and with events delayed 100 ms and 1% lost (with and without replay)")
-		blockSize   = flag.Int("block-size", 16, "engine block size in tokens")
-		limit       = flag.Int("limit", 0, "use only the first N requests (0: all)")
-		outDir      = flag.String("out", "bench/out", "directory for routing.json and routing.png")
-		weights     = flag.String("weights", "", "oasis policy weights, e.g. prefix=2,load=1,power=0.2 (default cluster.DefaultOasisWeights)")
-		slack       = flag.Float64("load-slack", 0, "prefix term hot-spot guard ε for oasis (0: default)")
-		cpuGiB      = flag.Float64("cpu-gib", 0, "host memory per worker for a CPU KV offloading tier, GiB (0: none)")
-		diskGiB     = flag.Float64("disk-gib", 0, "SSD per worker for an oasis-kvcached disk KV tier below the CPU tier, GiB (0: none)")
-		decodePower = flag.Float64("decode-power", 0, "power model: a decode step's dynamic power at batch 1 as a fraction of full, rising to full at batch 64 (0: every step draws full power)")
-		kvScale     = flag.Float64("kv-scale", 1, "multiply every worker's KV capacity (diagnostics: large = nearly infinite cache)")
-		cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-		parallel    = flag.Int("parallel", runtime.NumCPU(), "simulations run at once")
-	)
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -79,38 +82,52 @@ func run() error {
 		defer pprof.StopCPUProfile()
 	}
 
+	if *list {
+		printLibrary()
+		return nil
+	}
+	if *library != "" {
+		return runLibrary(*library)
+	}
+	_, err := bench(*trace, *outDir)
+	return err
+}
+
+// bench runs every configured policy on one trace and writes its table,
+// routing.json and routing.png into outDir.
+func bench(spec, outDir string) (*cluster.Report, error) {
 	var reqs []*cluster.Request
-	name := *trace
+	name := spec
 	if *synthetic {
 		name = fmt.Sprintf("synthetic(groups=%d,prompts=%d,system=%d,turns=%d,zipf=%.2f,rate=%.1f)", *groups, *perGroup, *sysBlocks, *turns, *zipf, *synRate)
 		reqs = cluster.Synthetic(cluster.SyntheticConfig{Groups: *groups, PromptsPerGrp: *perGroup, SystemBlocks: *sysBlocks, UserBlocks: 1,
 			Turns: *turns, Zipf: *zipf, Rate: *synRate, ThinkSeconds: 30, OutputTokens: 256, SharedSysBlock: true, Seed: 1})
 	} else {
 		var err error
-		if reqs, err = cluster.LoadTrace(*trace); err != nil {
-			return err
+		if reqs, err = cluster.LoadSpec(spec); err != nil {
+			return nil, err
 		}
 	}
 	if *limit > 0 && *limit < len(reqs) {
 		reqs = reqs[:*limit]
 	}
 	if len(reqs) == 0 {
-		return fmt.Errorf("no requests")
+		return nil, fmt.Errorf("no requests")
 	}
 	gpus, clusterName := clusterGPUs(*workers, *homogeneous, *cpuGiB, *diskGiB, *kvScale, *blockSize)
 	w, err := parseWeights(*weights)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rates, err := cluster.ParseScales(*scales)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pols := strings.Split(*policies, ",")
 
 	t0 := time.Now()
 	if err := cluster.Keys(reqs, "mooncake", *blockSize); err != nil {
-		return err
+		return nil, err
 	}
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
@@ -126,7 +143,7 @@ func run() error {
 	}
 	runs, err := runAll(cfgs, reqs, *parallel)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i := range runs {
 		runs[i].OracleHitRatio = oracle
@@ -138,7 +155,7 @@ func run() error {
 	rep.SLO = cluster.RoutingSLO{TTFTP90: sloTTFT.Seconds(), TPOTP90: sloTPOT.Seconds()}
 	if *bisect > 0 {
 		if err := peerStage(rep, base, pols, reqs, *bisect, *parallel, *maxScale); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if *variants {
@@ -151,7 +168,7 @@ func run() error {
 		c.EventReplay = false
 		extra, err := runAll([]cluster.Config{a, b, c}, reqs, *parallel)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for i := range extra {
 			extra[i].OracleHitRatio = oracle
@@ -161,19 +178,19 @@ func run() error {
 
 	cluster.WriteTable(os.Stdout, rep)
 	writePeers(rep)
-	if err := os.MkdirAll(*outDir, 0o755); err != nil {
-		return err
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return nil, err
 	}
 	js, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(*outDir, "routing.json"), append(js, '\n'), 0o644); err != nil {
-		return err
+	if err := os.WriteFile(filepath.Join(outDir, "routing.json"), append(js, '\n'), 0o644); err != nil {
+		return nil, err
 	}
-	f, err := os.Create(filepath.Join(*outDir, "routing.png"))
+	f, err := os.Create(filepath.Join(outDir, "routing.png"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	title := fmt.Sprintf("TTFT p90 vs request rate, %d workers (%s)", *workers, filepath.Base(name))
 	plotted := slices.Clone(runs)
@@ -182,13 +199,13 @@ func run() error {
 	}
 	if err := cluster.PlotTTFT(f, title, plotted); err != nil {
 		f.Close()
-		return err
+		return nil, err
 	}
 	if err := f.Close(); err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Fprintf(os.Stderr, "wrote %s and %s in %.1fs\n", filepath.Join(*outDir, "routing.json"), filepath.Join(*outDir, "routing.png"), time.Since(t0).Seconds())
-	return nil
+	fmt.Fprintf(os.Stderr, "wrote %s and %s in %.1fs\n", filepath.Join(outDir, "routing.json"), filepath.Join(outDir, "routing.png"), time.Since(t0).Seconds())
+	return rep, nil
 }
 
 func runAll(cfgs []cluster.Config, reqs []*cluster.Request, parallel int) ([]cluster.Result, error) {
