@@ -55,7 +55,7 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 		}
 	}
 	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) {
-		pc, _, _ := d.pluginConfig()
+		pc, _ := d.pluginConfig()
 		bin, err := resolveBinary(tc.Engine, tc.Binary, pc)
 		if err != nil {
 			field := "binary"
@@ -109,15 +109,13 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	}
 	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")), nil)
 
-	_, nomadConfig, compute := d.pluginConfig()
-	if nomadConfig == nil || nomadConfig.Topology == nil {
-		// The executor dereferences the agent's CPU topology.
-		return nil, nil, errors.New("driver has no agent config (SetConfig without AgentConfig.Driver.Topology); cannot create an executor")
+	_, nomadConfig := d.pluginConfig()
+	if nomadConfig == nil {
+		return nil, nil, errors.New("driver has no agent config (SetConfig without AgentConfig.Driver); cannot create an executor")
 	}
 	execCfg := &executor.ExecutorConfig{
 		LogFile:  cfg.TaskDir().Dir + "/executor.out",
 		LogLevel: "debug",
-		Compute:  compute,
 	}
 	exec, pluginClient, err := executor.CreateExecutor(logger, nomadConfig, execCfg)
 	if err != nil {
@@ -193,8 +191,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if err != nil {
 		return fmt.Errorf("building reattach config of task %s: %w", handle.Config.ID, err)
 	}
-	_, _, compute := d.pluginConfig()
-	exec, pluginClient, err := executor.ReattachToExecutor(rc, logger, compute)
+	exec, pluginClient, err := executor.ReattachToExecutor(rc, logger)
 	if err != nil {
 		return fmt.Errorf("reattaching to the executor of task %s (pid %d): %w", handle.Config.ID, st.Pid, err)
 	}
