@@ -153,6 +153,23 @@ func readLicenses(dir string) (map[string]string, error) {
 	return files, nil
 }
 
+// mainLicenses reads the main module's licence files: at its root, or for
+// a module nested in a repository (bench/llmd) in the nearest directory
+// above that has any.
+func mainLicenses(dir string) (map[string]string, error) {
+	for {
+		files, err := readLicenses(dir)
+		if err != nil || len(files) > 0 {
+			return files, err
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return files, nil
+		}
+		dir = parent
+	}
+}
+
 // goModule is what `go list -m -json` and `go mod download -json` print.
 type goModule struct {
 	Path    string
@@ -181,17 +198,9 @@ func Graph(ctx context.Context, dir string) ([]Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	dirs := map[string]string{}
-	for len(missing) > 0 {
-		n := min(len(missing), 64)
-		got, err := goJSON(ctx, dir, append([]string{"mod", "download", "-json"}, missing[:n]...)...)
-		if err != nil {
-			return nil, err
-		}
-		for _, g := range got {
-			dirs[g.Path+"@"+g.Version] = g.Dir
-		}
-		missing = missing[n:]
+	dirs, err := download(ctx, dir, missing)
+	if err != nil {
+		return nil, err
 	}
 	mods := make([]Module, 0, len(listed))
 	for _, g := range listed {
@@ -201,15 +210,82 @@ func Graph(ctx context.Context, dir string) ([]Module, error) {
 			m.Dir = dirs[src.Path+"@"+src.Version]
 		}
 		if m.Dir == "" {
-			return nil, fmt.Errorf("module %s: no source directory after download", m.ID())
+			m.Dir = cachedDir(ctx, dir, src.Path, src.Version)
 		}
-		if m.Files, err = readLicenses(m.Dir); err != nil {
+		if m.Dir == "" {
+			if m.Linked {
+				return nil, fmt.Errorf("module %s: no source directory after download", m.ID())
+			}
+			// Only its go.mod is in the graph and its source cannot be had
+			// (e.g. the checksum database lacks it): nothing of it is built.
+			m.Problem = ""
+			mods = append(mods, m)
+			continue
+		}
+		if g.Main {
+			m.Files, err = mainLicenses(m.Dir)
+		} else {
+			m.Files, err = readLicenses(m.Dir)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("module %s: %w", m.ID(), err)
 		}
 		m.verdict()
 		mods = append(mods, m)
 	}
 	return mods, nil
+}
+
+// download fetches the given path@version modules and returns their
+// directories. A module the go command cannot download (e.g. a pseudo
+// version the checksum database has no entry for, when go.sum lacks it) is
+// looked up in the module cache, where a build of another module may have
+// put it verified; else it has no directory.
+func download(ctx context.Context, dir string, missing []string) (map[string]string, error) {
+	dirs := map[string]string{}
+	for len(missing) > 0 {
+		n := min(len(missing), 64)
+		out, runErr := goCmd(ctx, dir, append([]string{"mod", "download", "-json"}, missing[:n]...)...)
+		dec := json.NewDecoder(bytes.NewReader(out))
+		for dec.More() {
+			var g goModule
+			if err := dec.Decode(&g); err != nil {
+				return nil, fmt.Errorf("go mod download: decoding output: %w (%v)", err, runErr)
+			}
+			if g.Dir != "" {
+				dirs[g.Path+"@"+g.Version] = g.Dir
+			}
+		}
+		missing = missing[n:]
+	}
+	return dirs, nil
+}
+
+// cachedDir is where the module cache keeps path@version, if it is there.
+func cachedDir(ctx context.Context, dir, path, version string) string {
+	out, err := goCmd(ctx, dir, "env", "GOMODCACHE")
+	if err != nil {
+		return ""
+	}
+	d := filepath.Join(strings.TrimSpace(string(out)), escape(path)+"@"+escape(version))
+	if st, err := os.Stat(d); err == nil && st.IsDir() {
+		return d
+	}
+	return ""
+}
+
+// escape is the module cache's case encoding: an upper-case letter becomes
+// "!" and its lower case.
+func escape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			b.WriteByte('!')
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // source is the module whose files are used: the replacement, if any.
@@ -288,7 +364,7 @@ func goCmd(ctx context.Context, dir string, args ...string) ([]byte, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return out, fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }
