@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -43,8 +43,16 @@ hashistack:
 deps:
 	@scripts/deps.sh
 
-## test: everything CI runs — vet, staticcheck, the Terraform checks, unit tests, e2e against real Nomad + Consul
-test: deps hashistack lint terraform-check observability-check unit e2e
+## test: everything CI runs — vet, staticcheck, the licence check, the Terraform checks, unit tests, e2e against real Nomad + Consul
+test: deps hashistack lint licenses terraform-check observability-check unit e2e
+
+## licenses: every module in the Go module graphs of the root module and bench/llmd has a licence
+## Oasis may link (its own licence files, read and classified; BUSL, SSPL, AGPL, unknown = fail, named)
+licenses:
+	@mkdir -p bin
+	$(GO) build -o bin/licensecheck ./internal/licenses/cmd/licensecheck
+	bin/licensecheck
+	cd bench/llmd && ../../bin/licensecheck
 
 ## unit: fast tests, no Nomad/Consul agents
 unit:

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release tarballs dist/oasis_<version>_linux_<arch>.tar.gz and dist/SHA256SUMS.
+# Each tarball holds the binaries, Oasis's LICENSE and THIRD_PARTY_LICENSES (every Go module linked
+# into those binaries, its version, licence and licence text).
 #
 # Version: $OASIS_VERSION, else `git describe --tags --always --dirty` (a tag once the project tags
 # releases, the commit otherwise; "-dirty" marks uncommitted changes).
@@ -50,9 +52,16 @@ tarballs=()
 for arch in $arches; do
 	start=$SECONDS
 	mkdir -p "$stage/$arch"
+	pkgs=()
 	for cmd in $cmds; do
 		build_cmd "$cmd" "$arch" "$stage/$arch"
+		[ -e "$stage/$arch/$cmd" ] && pkgs+=("./cmd/$cmd")
 	done
+	# Oasis's own licence, and the licences of every module linked into these binaries
+	# (the check fails the build on a module Oasis may not link).
+	install -m 0644 LICENSE "$stage/$arch/LICENSE"
+	GOOS=linux GOARCH=$arch go run ./internal/licenses/cmd/licensecheck -notice "$stage/$arch/THIRD_PARTY_LICENSES" "${pkgs[@]}" >/dev/null
+	chmod 0644 "$stage/$arch/THIRD_PARTY_LICENSES"
 	name="oasis_${version}_linux_${arch}.tar.gz"
 	package "$stage/$arch" "$out/$name"
 	tarballs+=("$name")

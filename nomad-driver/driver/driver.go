@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/client/lib/cpustats"
 	"github.com/hashicorp/nomad/drivers/shared/eventer"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	"github.com/hashicorp/nomad/plugins/drivers/fsisolation"
 	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
@@ -42,7 +40,6 @@ type Driver struct {
 	config      config.PluginConfig
 	period      time.Duration
 	nomadConfig *base.ClientDriverConfig
-	compute     cpustats.Compute
 	// fingerprintNow wakes the fingerprint loop after SetConfig.
 	fingerprintNow chan struct{}
 	timing         healthTiming
@@ -82,8 +79,8 @@ func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return config.PluginSpe
 
 func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error) { return config.TaskSpec, nil }
 
-// SetConfig keeps the plugin config and the agent config: the executor
-// dereferences AgentConfig.Driver.Topology when it is created.
+// SetConfig keeps the plugin config and the agent config the executor is
+// created with.
 func (d *Driver) SetConfig(cfg *base.Config) error {
 	var pc config.PluginConfig
 	if len(cfg.PluginConfig) != 0 {
@@ -99,9 +96,6 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	d.config, d.period = pc, period
 	if cfg.AgentConfig != nil {
 		d.nomadConfig = cfg.AgentConfig.Driver
-		if d.nomadConfig != nil && d.nomadConfig.Topology != nil {
-			d.compute = cfg.AgentConfig.Compute()
-		}
 	}
 	d.mu.Unlock()
 	select {
@@ -111,17 +105,17 @@ func (d *Driver) SetConfig(cfg *base.Config) error {
 	return nil
 }
 
-func (d *Driver) pluginConfig() (config.PluginConfig, *base.ClientDriverConfig, cpustats.Compute) {
+func (d *Driver) pluginConfig() (config.PluginConfig, *base.ClientDriverConfig) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.config, d.nomadConfig, d.compute
+	return d.config, d.nomadConfig
 }
 
 func (d *Driver) Capabilities() (*drivers.Capabilities, error) {
 	return &drivers.Capabilities{
 		SendSignals: true,
 		Exec:        true,
-		FSIsolation: fsisolation.None,
+		FSIsolation: drivers.FSIsolationNone,
 		// In group isolation (bridge) the executor starts the engine inside
 		// the allocation's namespace and the renderer binds the mapped "to"
 		// ports there, as Nomad's exec and raw_exec drivers allow.

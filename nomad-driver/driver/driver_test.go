@@ -15,13 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/nomad/client/lib/numalib"
 	"github.com/hashicorp/nomad/helper/testlog"
 	"github.com/hashicorp/nomad/helper/uuid"
 	nstructs "github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	dtestutil "github.com/hashicorp/nomad/plugins/drivers/testutils"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
@@ -31,12 +29,12 @@ import (
 
 // newHarness starts the driver behind Nomad's plugin harness, configured
 // like the test bed: binaries = { sim = ... }.
-func newHarness(t testing.TB, binaries map[string]string) (*Driver, *dtestutil.DriverHarness) {
+func newHarness(t testing.TB, binaries map[string]string) (*Driver, *driverHarness) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	d := New(ctx, testlog.HCLogger(t))
-	h := dtestutil.NewDriverHarness(t.(*testing.T), d)
+	h := newDriverHarness(t.(*testing.T), d)
 	t.Cleanup(h.Kill)
 	if binaries == nil {
 		binaries = map[string]string{"sim": os.Getenv(simBinEnv)}
@@ -44,7 +42,7 @@ func newHarness(t testing.TB, binaries map[string]string) (*Driver, *dtestutil.D
 	var data []byte
 	must.NoError(t, base.MsgPackEncode(&data, &config.PluginConfig{Binaries: binaries, FingerprintPeriod: "30s"}))
 	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: data, AgentConfig: &base.AgentConfig{
-		Driver: &base.ClientDriverConfig{Topology: numalib.Scan(numalib.PlatformScanners(false))},
+		Driver: &base.ClientDriverConfig{},
 	}}))
 	return d, h
 }
@@ -59,7 +57,7 @@ type simTask struct {
 // newSimTask prepares a task and its alloc dir; logs starts logmon on the
 // task's stdout/stderr FIFOs (only for tasks that run a process: logmon
 // waits 4 s for a writer that never comes otherwise).
-func newSimTask(t testing.TB, h *dtestutil.DriverHarness, logs bool, mutate func(*config.TaskConfig)) *simTask {
+func newSimTask(t testing.TB, h *driverHarness, logs bool, mutate func(*config.TaskConfig)) *simTask {
 	t.Helper()
 	st := &simTask{httpPort: testutil.FreePort(t), kvPort: testutil.FreePort(t)}
 	allocID := uuid.Generate()
@@ -100,7 +98,7 @@ type eventLog struct {
 	seen []string
 }
 
-func watchEvents(t testing.TB, h *dtestutil.DriverHarness) *eventLog {
+func watchEvents(t testing.TB, h *driverHarness) *eventLog {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	ch, err := h.TaskEvents(ctx)
@@ -131,7 +129,7 @@ func (l *eventLog) waitFor(t testing.TB, taskID, substr string, timeout time.Dur
 	}
 }
 
-func pidOf(t testing.TB, h *dtestutil.DriverHarness, taskID string) int {
+func pidOf(t testing.TB, h *driverHarness, taskID string) int {
 	t.Helper()
 	st, err := h.InspectTask(taskID)
 	must.NoError(t, err)
@@ -374,7 +372,7 @@ func TestDriver_Fingerprint(t *testing.T) {
 	must.StrContains(t, fp.HealthDescription, "no inference engine found")
 }
 
-func firstFingerprint(t *testing.T, h *dtestutil.DriverHarness) *drivers.Fingerprint {
+func firstFingerprint(t *testing.T, h *driverHarness) *drivers.Fingerprint {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	ch, err := h.Fingerprint(ctx)

@@ -61,7 +61,7 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 }
 
 func (d *Driver) buildFingerprint(ctx context.Context) *drivers.Fingerprint {
-	pc, _, _ := d.pluginConfig()
+	pc, _ := d.pluginConfig()
 	attrs := map[string]*pstructs.Attribute{}
 	var found []string
 	var mu sync.Mutex

@@ -156,7 +156,7 @@ func (d *Driver) waitProcess(h *taskHandle) {
 		h.exited(&drivers.ExitResult{ExitCode: -1, Err: fmt.Errorf("executor: waiting on engine: %w", err)}, now)
 		return
 	}
-	h.exited(&drivers.ExitResult{ExitCode: ps.ExitCode, Signal: ps.Signal, OOMKilled: ps.OOMKilled}, ps.Time)
+	h.exited(&drivers.ExitResult{ExitCode: ps.ExitCode, Signal: ps.Signal}, ps.Time)
 	if h.stopping.Load() {
 		d.emit(h.taskConfig, fmt.Sprintf("Engine stopped (exit code %d, signal %d)", ps.ExitCode, ps.Signal), nil)
 		return

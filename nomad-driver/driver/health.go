@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/client/lib/nsutil"
 	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/oasis-llm/oasis/internal/ctxsleep"
@@ -91,15 +91,15 @@ func (d *Driver) newHealthClient() *http.Client {
 func (d *Driver) newNamespaceHealthClient(path string) *http.Client {
 	dialer := &net.Dialer{}
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		ns, err := nsutil.GetNS(path)
+		netns, err := ns.GetNS(path)
 		if err != nil {
 			return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
 		}
-		defer ns.Close()
+		defer netns.Close()
 		var conn net.Conn
 		// The socket belongs to the namespace it was created in; once
 		// connected it can be used from any thread.
-		err = ns.Do(func(nsutil.NetNS) error {
+		err = netns.Do(func(ns.NetNS) error {
 			var derr error
 			conn, derr = dialer.DialContext(ctx, network, addr)
 			return derr

@@ -5,22 +5,20 @@ import (
 	"os"
 	"testing"
 
-	"github.com/hashicorp/nomad/client/lib/numalib"
 	"github.com/hashicorp/nomad/helper/testlog"
 	"github.com/hashicorp/nomad/plugins/base"
 	"github.com/hashicorp/nomad/plugins/drivers"
-	dtestutil "github.com/hashicorp/nomad/plugins/drivers/testutils"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
 
 // newPolicyHarness is newHarness with a whole plugin config.
-func newPolicyHarness(t *testing.T, pc config.PluginConfig) *dtestutil.DriverHarness {
+func newPolicyHarness(t *testing.T, pc config.PluginConfig) *driverHarness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	h := dtestutil.NewDriverHarness(t, New(ctx, testlog.HCLogger(t)))
+	h := newDriverHarness(t, New(ctx, testlog.HCLogger(t)))
 	t.Cleanup(h.Kill)
 	if pc.Binaries == nil {
 		pc.Binaries = map[string]string{"sim": os.Getenv(simBinEnv)}
@@ -28,7 +26,7 @@ func newPolicyHarness(t *testing.T, pc config.PluginConfig) *dtestutil.DriverHar
 	var data []byte
 	must.NoError(t, base.MsgPackEncode(&data, &pc))
 	must.NoError(t, h.SetConfig(&base.Config{PluginConfig: data, AgentConfig: &base.AgentConfig{
-		Driver: &base.ClientDriverConfig{Topology: numalib.Scan(numalib.PlatformScanners(false))},
+		Driver: &base.ClientDriverConfig{},
 	}}))
 	return h
 }

@@ -56,7 +56,7 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 			in.Ports[p.Label] = render.Port{HostIP: p.HostIP, Value: p.Value, To: p.To}
 		}
 	}
-	pc, _, _ := d.pluginConfig()
+	pc, _ := d.pluginConfig()
 	in.Policy, in.User = pc.Policy(), cfg.User
 	// A task's own binary is resolved only where the policy allows it;
 	// otherwise Render refuses it, naming the field and the plugin option.
@@ -108,7 +108,7 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	if err != nil {
 		return nil, nil, err
 	}
-	pc, _, _ := d.pluginConfig()
+	pc, _ := d.pluginConfig()
 	runAs, err := taskUser(cfg, pc.Policy(), os.Geteuid())
 	if err != nil {
 		return nil, nil, err
@@ -140,15 +140,13 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")),
 		map[string]string{"user": displayUser(runAs)})
 
-	_, nomadConfig, compute := d.pluginConfig()
-	if nomadConfig == nil || nomadConfig.Topology == nil {
-		// The executor dereferences the agent's CPU topology.
-		return nil, nil, errors.New("driver has no agent config (SetConfig without AgentConfig.Driver.Topology); cannot create an executor")
+	_, nomadConfig := d.pluginConfig()
+	if nomadConfig == nil {
+		return nil, nil, errors.New("driver has no agent config (SetConfig without AgentConfig.Driver); cannot create an executor")
 	}
 	execCfg := &executor.ExecutorConfig{
 		LogFile:  cfg.TaskDir().Dir + "/executor.out",
 		LogLevel: "debug",
-		Compute:  compute,
 	}
 	exec, pluginClient, err := executor.CreateExecutor(logger, nomadConfig, execCfg)
 	if err != nil {
@@ -224,8 +222,7 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if err != nil {
 		return fmt.Errorf("building reattach config of task %s: %w", handle.Config.ID, err)
 	}
-	_, _, compute := d.pluginConfig()
-	exec, pluginClient, err := executor.ReattachToExecutor(rc, logger, compute)
+	exec, pluginClient, err := executor.ReattachToExecutor(rc, logger)
 	if err != nil {
 		return fmt.Errorf("reattaching to the executor of task %s (pid %d): %w", handle.Config.ID, st.Pid, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"testing"
 
@@ -29,7 +30,9 @@ func runDist(t *testing.T, dir string) {
 	must.NoError(t, err, must.Sprint(string(out)))
 }
 
-func tarNames(t *testing.T, path string) []string {
+// tarFiles returns the tarball's files by name; binaries must be executable,
+// the licence files not.
+func tarFiles(t *testing.T, path string) map[string]string {
 	t.Helper()
 	f, err := os.Open(path)
 	must.NoError(t, err)
@@ -37,15 +40,21 @@ func tarNames(t *testing.T, path string) []string {
 	gz, err := gzip.NewReader(f)
 	must.NoError(t, err)
 	tr := tar.NewReader(gz)
-	var names []string
+	files := map[string]string{}
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			return names
+			return files
 		}
 		must.NoError(t, err)
-		must.Eq(t, 0o755, h.Mode&0o777, must.Sprintf("%s is not executable", h.Name))
-		names = append(names, h.Name)
+		mode := int64(0o755)
+		if h.Name == "LICENSE" || h.Name == "THIRD_PARTY_LICENSES" {
+			mode = 0o644
+		}
+		must.Eq(t, mode, h.Mode&0o777, must.Sprintf("%s has mode %o", h.Name, h.Mode))
+		b, err := io.ReadAll(tr)
+		must.NoError(t, err)
+		files[h.Name] = string(b)
 	}
 }
 
@@ -57,7 +66,15 @@ func TestDistTarballAndChecksums(t *testing.T) {
 	runDist(t, dir)
 
 	name := "oasis_v0.0.0-test_linux_" + runtime.GOARCH + ".tar.gz"
-	must.Eq(t, []string{"oasis-sim"}, tarNames(t, filepath.Join(dir, name)))
+	files := tarFiles(t, filepath.Join(dir, name))
+	must.MapLen(t, 3, files)
+	must.MapContainsKeys(t, files, []string{"oasis-sim", "LICENSE", "THIRD_PARTY_LICENSES"})
+	must.StrContains(t, files["LICENSE"], "Apache License")
+	// The listing names what oasis-sim links, with its licence and text, and nothing it does not.
+	notice := files["THIRD_PARTY_LICENSES"]
+	must.RegexMatch(t, regexp.MustCompile(`(?m)^github.com/prometheus/client_golang +v\S+ +Apache-2.0$`), notice)
+	must.StrContains(t, notice, "github.com/prometheus/client_golang v")
+	must.StrNotContains(t, notice, "github.com/hashicorp/nomad ")
 
 	sums, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
 	must.NoError(t, err)
