@@ -79,6 +79,8 @@ var PluginSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 		hclspec.NewAttr("default_user", "string", false),
 		hclspec.NewLiteral(`"`+DefaultUser+`"`),
 	),
+	// The container runtime that runs tasks with an image (see image.go).
+	"container": ContainerSpec,
 })
 
 // PluginConfig is the decoded plugin block.
@@ -95,6 +97,8 @@ type PluginConfig struct {
 	// DefaultUser runs tasks that set no `user` (default "nobody") when
 	// the plugin runs as root.
 	DefaultUser string `codec:"default_user" json:"default_user,omitempty"`
+	// Container names the runtime that runs tasks with an `image`.
+	Container ContainerConfig `codec:"container" json:"container,omitempty"`
 }
 
 // Validate checks the plugin config and returns the fingerprint period.
@@ -110,6 +114,9 @@ func (p *PluginConfig) Validate() (time.Duration, error) {
 		errs = append(errs, err)
 	}
 	if err := validateUser(p.DefaultUser); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.Container.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	period := DefaultFingerprintEvery
@@ -154,6 +161,8 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"extra_args":             hclspec.NewAttr("extra_args", "list(string)", false),
 	"extra_env":              hclspec.NewAttr("extra_env", "map(string)", false),
 	"binary":                 hclspec.NewAttr("binary", "string", false),
+	"image":                  hclspec.NewAttr("image", "string", false),
+	"auth":                   AuthSpec,
 })
 
 // TaskConfig is a task's decoded config block. Zero values mean "not set";
@@ -191,6 +200,10 @@ type TaskConfig struct {
 	ExtraArgs           []string          `codec:"extra_args" json:"extra_args,omitempty"`
 	ExtraEnv            map[string]string `codec:"extra_env" json:"extra_env,omitempty"`
 	Binary              string            `codec:"binary" json:"binary,omitempty"`
+	// Image runs the engine from a container image instead of a host
+	// binary (see image.go); Auth holds the registry credentials.
+	Image string     `codec:"image" json:"image,omitempty"`
+	Auth  *ImageAuth `codec:"auth" json:"auth,omitempty"`
 	// OTLPTracesEndpoint is where the engine exports its request traces
 	// (vLLM's --otlp-traces-endpoint): http(s)://host:port[/path] for
 	// OTLP/HTTP (path default /v1/traces), grpc://host:port for OTLP/gRPC.
@@ -370,6 +383,7 @@ func (c TaskConfig) Validate() error {
 			{"extra_args", len(c.ExtraArgs) != 0},
 			{"extra_env", len(c.ExtraEnv) != 0},
 			{"binary", c.Binary != ""},
+			{"image", c.Image != ""},
 			{"otlp_traces_endpoint", c.OTLPTracesEndpoint != ""},
 		} {
 			if f.set {
@@ -383,6 +397,7 @@ func (c TaskConfig) Validate() error {
 	}
 
 	add(c.validateOTLP())
+	add(c.validateImage())
 	if c.Endpoint != "" {
 		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
 	}

@@ -132,8 +132,8 @@ type workerState struct {
 	refused   bool    // the last scrape's page was over the bound (warned once)
 }
 
-// Run scrapes until ctx ends.
-func (s *Scraper) Run(ctx context.Context) {
+// Run scrapes until ctx ends; it returns nil then.
+func (s *Scraper) Run(ctx context.Context) error {
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	var lastPower time.Time
@@ -145,7 +145,7 @@ func (s *Scraper) Run(ctx context.Context) {
 		s.scrapeAll(ctx, s.interval)
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}

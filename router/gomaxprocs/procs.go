@@ -99,9 +99,9 @@ func New(cfg Config) (*Controller, error) {
 }
 
 // Run samples the process's CPU time and the node's CPU stall time every
-// Interval and resizes until ctx ends. A failed sample (it cannot fail on
-// Linux) leaves the size as it is.
-func (c *Controller) Run(ctx context.Context) {
+// Interval and resizes until ctx ends; it returns nil then. A failed sample
+// (it cannot fail on Linux) leaves the size as it is.
+func (c *Controller) Run(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
 	last, err := c.cfg.cpuTime()
@@ -110,7 +110,7 @@ func (c *Controller) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case now := <-t.C:
 			cpu, cerr := c.cfg.cpuTime()
 			st, sok := c.cfg.stall()

@@ -78,10 +78,10 @@ func (w *Watcher) Current() *Document { return w.current.Load() }
 // AppliedIndex is the Consul ModifyIndex of the applied document (0 before any).
 func (w *Watcher) AppliedIndex() uint64 { return w.applied.Load() }
 
-// Run watches the key until ctx ends. A missing key is created with the
-// default document using check-and-set on index 0, so an operator's document
-// is never overwritten.
-func (w *Watcher) Run(ctx context.Context) {
+// Run watches the key until ctx ends; it returns nil then. A missing key is
+// created with the default document using check-and-set on index 0, so an
+// operator's document is never overwritten.
+func (w *Watcher) Run(ctx context.Context) error {
 	var index, seen uint64
 	backoff := 250 * time.Millisecond
 	for ctx.Err() == nil {
@@ -89,7 +89,7 @@ func (w *Watcher) Run(ctx context.Context) {
 		pair, meta, err := w.kv.Get(w.key, q)
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return nil
 			}
 			w.log.Warn("reading policy failed; keeping the last good one", "key", w.key, "error", err)
 			_ = ctxsleep.Sleep(ctx, backoff)
@@ -113,6 +113,7 @@ func (w *Watcher) Run(ctx context.Context) {
 		seen = pair.ModifyIndex
 		w.apply(pair)
 	}
+	return nil
 }
 
 func (w *Watcher) apply(pair *consulapi.KVPair) {
