@@ -36,6 +36,11 @@ type TaskState struct {
 	HealthNetNS   string
 	HealthTimeout time.Duration
 	Remote        bool
+	// ContainerID, ContainerSocket and Image are set for a task run from
+	// an image (container.go): RecoverTask re-attaches to the container.
+	ContainerID     string
+	ContainerSocket string
+	Image           string
 }
 
 // taskHandle tracks one running task.
@@ -47,6 +52,8 @@ type taskHandle struct {
 	// exec and pluginClient are nil for remote (openai_compat) tasks.
 	exec         executor.Executor
 	pluginClient *plugin.Client
+	// ctr is the container of a task run from an image (exec is nil).
+	ctr *containerTask
 
 	// ctx is cancelled when the task ends or is stopped; it bounds the
 	// health watcher (and, for remote tasks, is the task's lifetime).

@@ -60,7 +60,7 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 	in.Policy, in.User = pc.Policy(), cfg.User
 	// A task's own binary is resolved only where the policy allows it;
 	// otherwise Render refuses it, naming the field and the plugin option.
-	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) &&
+	if tc.Engine != config.EngineOpenAICompat && slices.Contains(config.Engines, tc.Engine) && tc.Image == "" &&
 		(tc.Binary == "" || in.Policy.AllowTaskBinary) {
 		bin, err := resolveBinary(tc.Engine, tc.Binary, pc)
 		if err != nil {
@@ -130,6 +130,9 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 
 	if plan.NoProcess {
 		return d.startRemote(cfg, handle, st, logger)
+	}
+	if plan.Config.Image != "" {
+		return d.startContainer(cfg, handle, st, plan, logger, called)
 	}
 
 	for _, f := range plan.Files {
@@ -218,6 +221,9 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		go d.watchRemote(h)
 		return nil
 	}
+	if st.ContainerID != "" {
+		return d.recoverContainer(h)
+	}
 	rc, err := pstructs.ReattachConfigToGoPlugin(st.ReattachConfig)
 	if err != nil {
 		return fmt.Errorf("building reattach config of task %s: %w", handle.Config.ID, err)
@@ -258,6 +264,9 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 		return drivers.ErrTaskNotFound
 	}
 	h.stopping.Store(true)
+	if h.ctr != nil {
+		return d.stopContainer(h, timeout, signal)
+	}
 	if h.exec == nil {
 		h.cancel()
 		<-h.doneCh
@@ -286,6 +295,9 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	}
 	h.stopping.Store(true)
 	h.cancel()
+	if h.ctr != nil {
+		d.destroyContainer(h)
+	}
 	if h.exec != nil && !h.pluginClient.Exited() {
 		if err := h.exec.Shutdown("", 0); err != nil {
 			h.logger.Error("destroying executor", "error", err)
@@ -310,6 +322,9 @@ func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Dur
 		return nil, drivers.ErrTaskNotFound
 	}
 	h.clientAttached()
+	if h.ctr != nil {
+		return d.containerStats(ctx, h, interval)
+	}
 	if h.exec != nil {
 		return h.exec.Stats(ctx, interval)
 	}
@@ -344,6 +359,9 @@ func (d *Driver) SignalTask(taskID string, signal string) error {
 	if !ok {
 		return drivers.ErrTaskNotFound
 	}
+	if h.ctr != nil {
+		return d.signalContainer(h, signal)
+	}
 	if h.exec == nil {
 		return ErrNoProcess
 	}
@@ -361,6 +379,9 @@ func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
+	}
+	if h.ctr != nil {
+		return nil, ErrContainerExec
 	}
 	if h.exec == nil {
 		return nil, ErrNoProcess
@@ -381,6 +402,9 @@ func (d *Driver) ExecTaskStreamingRaw(ctx context.Context, taskID string, comman
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
 		return drivers.ErrTaskNotFound
+	}
+	if h.ctr != nil {
+		return ErrContainerExec
 	}
 	if h.exec == nil {
 		return ErrNoProcess

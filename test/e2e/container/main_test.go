@@ -1,0 +1,128 @@
+// Package container tests the llm driver's image tasks (issue #40) on the
+// real Nomad test bed: an oasis-sim image built here from the project's own
+// binary, run by Podman through its REST API.
+package container
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+var (
+	stack *testbed.Stack
+	// podmanSocket is the API socket of the Podman service this package runs.
+	podmanSocket string
+)
+
+// containersConf is what Podman 4.3 needs on a cgroups v1 host whose
+// unified hierarchy holds a controller (hybrid mode, as this test machine):
+// crun 1.8 refuses hybrid mode, runc runs it; cgroupfs without systemd; and
+// container rlimits no higher than the service's own (Podman's defaults,
+// nofile 1048576 and nproc 4194304, fail with "setrlimit: operation not
+// permitted" where the service's hard limits are lower).
+const containersConf = `[containers]
+default_ulimits = ["nofile=%d:%d", "nproc=%d:%d"]
+
+[engine]
+runtime        = "runc"
+cgroup_manager = "cgroupfs"
+`
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	if _, err := exec.LookPath("podman"); err != nil {
+		fmt.Fprintln(os.Stderr, "container e2e: podman is not installed; `make deps` (scripts/deps.sh) installs it with runc")
+		return 1
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		fmt.Fprintln(os.Stderr, "container e2e: runc is not installed; `make deps` (scripts/deps.sh) installs it")
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "oasis-podman-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	svc, err := startPodman(dir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "container e2e: starting podman system service: %v\n", err)
+		return 1
+	}
+	defer svc.stop()
+	return testbed.Main(m, testbed.Options{
+		LLMPluginExtra: fmt.Sprintf("container {\n      runtime = \"podman\"\n      socket  = \"unix://%s\"\n    }", podmanSocket),
+	}, &stack)
+}
+
+type podmanService struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startPodman runs `podman system service` on a socket of this test's own.
+func startPodman(dir string) (*podmanService, error) {
+	var nofile, nproc syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err != nil {
+		return nil, err
+	}
+	if err := syscall.Getrlimit(unixRlimitNproc, &nproc); err != nil {
+		return nil, err
+	}
+	// Podman lowers its own nproc limit to 32768 where it cannot raise it.
+	np := min(nproc.Max, 32768)
+	conf := filepath.Join(dir, "containers.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(containersConf, nofile.Max, nofile.Max, np, np)), 0o644); err != nil {
+		return nil, err
+	}
+	podmanSocket = filepath.Join(dir, "podman.sock")
+	log, err := os.Create(filepath.Join(dir, "podman.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("podman", "system", "service", "--time=0", "unix://"+podmanSocket)
+	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &podmanService{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := newAPI().version(); err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			b, _ := os.ReadFile(log.Name())
+			return nil, fmt.Errorf("podman system service exited: %s", strings.TrimSpace(string(b)))
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("socket %s not answering after 30 s", podmanSocket)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (s *podmanService) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.done
+	}
+}
