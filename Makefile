@@ -60,7 +60,7 @@ unit:
 
 ## e2e: tests against the real Nomad + Consul test bed (one stack per package, run one at a time);
 ## the commands are built once into bin/ and every stack copies them
-e2e: hashistack build
+e2e: deps hashistack build
 	OASIS_TESTBED_PREBUILT=$(CURDIR)/bin $(GO) test -count=1 -p 1 -timeout 30m $(PKGS_E2E)
 
 vet:

@@ -9,6 +9,11 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v nginx >/dev/null 2>&1 || need+=(nginx)
 # /usr/sbin is not on every PATH; the CNI bridge, firewall and portmap plugins call iptables.
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
+# Podman (test/e2e/container: the llm driver's image tasks through Podman's REST API) and runc,
+# which runs its containers on cgroups v1 hosts whose unified hierarchy holds a controller
+# (crun 1.8 refuses that hybrid mode; see nomad-driver/README.md, "Engines from images").
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	echo "deps: missing ${need[*]}; install them with your package manager" >&2
