@@ -80,13 +80,18 @@ func UpFederation(ctx context.Context, root, home string, n int, out io.Writer) 
 const routerTokenDescription = "oasis-router, all datacenters (make up DCS=n)"
 
 // federate prepares every datacenter for federated routers, as jobs/README.md ("Router federation
-// across datacenters") tells operators to: certificates from a CA made now and kept under home,
+// across datacenters") tells operators to: certificates from a CA made now and kept under home
+// (each datacenter's names it),
 // one global Consul token with the oasis-router policy (the workload identity's token is local to
 // its datacenter and sees nothing in another), both in each region's Nomad variable the router
 // job reads, and federation enabled in each datacenter's routing policy (the default policy
 // otherwise).
 func federate(ctx context.Context, f *testbed.Federation, home string, out io.Writer) error {
-	certs, err := makeFederationTLS(home)
+	var dcs []string
+	for _, s := range f.DCs {
+		dcs = append(dcs, s.Datacenter)
+	}
+	certs, err := makeFederationTLS(home, dcs)
 	if err != nil {
 		return err
 	}
@@ -103,8 +108,8 @@ func federate(ctx context.Context, f *testbed.Federation, home string, out io.Wr
 	}
 	for _, s := range f.DCs {
 		items := nomadapi.VariableItems{
-			"federation_tls_cert": string(certs.Cert),
-			"federation_tls_key":  string(certs.Key),
+			"federation_tls_cert": string(certs.Cert[s.Datacenter]),
+			"federation_tls_key":  string(certs.Key[s.Datacenter]),
 			"federation_tls_ca":   string(certs.CA),
 		}
 		if token != "" {

@@ -30,7 +30,7 @@ import (
 func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
-	home := filepath.Join(t.TempDir(), "oasis-home")
+	home := filepath.Join(traversableTempDir(t), "oasis-home")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
@@ -96,6 +96,18 @@ func downLeavesNothing(t *testing.T, home, what string) {
 	}
 	_, err := os.Stat(home)
 	must.True(t, os.IsNotExist(err), must.Sprintf("the %s's home directory survived make down", what))
+}
+
+// traversableTempDir is a temporary directory other users may traverse, as the checkout's .oasis
+// is: the llm driver may run engines as another user, from the stack's directory under it
+// (t.TempDir and its parent are the test user's only).
+func traversableTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		must.NoError(t, os.Chmod(d, 0o755))
+	}
+	return dir
 }
 
 type testWriter struct{ t *testing.T }
@@ -218,7 +230,7 @@ func stackPIDs(t *testing.T, home string) []int {
 func TestUpFederationServesInEachDC(t *testing.T) {
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
-	home := filepath.Join(t.TempDir(), "oasis-home")
+	home := filepath.Join(traversableTempDir(t), "oasis-home")
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 
@@ -272,7 +284,7 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 		"curl -N " + routers["dc1"] + "/v1/chat/completions", "oasis_router_federation_forwarded_total"} {
 		must.StrContains(t, out.String(), want)
 	}
-	for _, name := range []string{"ca.pem", "ca-key.pem", "router.pem", "router-key.pem"} {
+	for _, name := range []string{"ca.pem", "ca-key.pem", "router-dc1.pem", "router-dc2-key.pem"} {
 		_, err := os.Stat(filepath.Join(FederationTLSDir(home), name))
 		must.NoError(t, err)
 	}
