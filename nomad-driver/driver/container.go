@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,8 +15,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/client/lib/fifo"
-	"github.com/hashicorp/nomad/helper/stats"
 	cstructs "github.com/hashicorp/nomad/client/structs"
+	"github.com/hashicorp/nomad/helper/stats"
 	"github.com/hashicorp/nomad/nomad/structs"
 	"github.com/hashicorp/nomad/plugins/drivers"
 	"golang.org/x/sys/unix"
@@ -129,6 +130,17 @@ func buildContainerSpec(cfg *drivers.TaskConfig, plan *render.Plan) *containerSp
 	return spec
 }
 
+// engineEntrypoint is the engine's command in the image: the image's own
+// entrypoint where it is the same program (llama.cpp's server images run
+// /app/llama-server, which is not on their PATH), else the rendered name
+// looked up on the image's PATH.
+func engineEntrypoint(rendered, image []string) []string {
+	if len(image) > 0 && len(rendered) == 1 && path.Base(image[0]) == path.Base(rendered[0]) {
+		return []string{image[0]}
+	}
+	return rendered
+}
+
 // ensureImage finds the task's image locally or pulls it, reporting the
 // pull as task events.
 func (d *Driver) ensureImage(ctx context.Context, api *podmanClient, cfg *drivers.TaskConfig, plan *render.Plan) error {
@@ -180,6 +192,9 @@ func (d *Driver) startContainer(cfg *drivers.TaskConfig, handle *drivers.TaskHan
 		}
 	}
 	spec := buildContainerSpec(cfg, plan)
+	if ep, err := api.ImageEntrypoint(ctx, plan.Config.Image); err == nil {
+		spec.Entrypoint = engineEntrypoint(spec.Entrypoint, ep)
+	}
 	user := cfg.User
 	if user == "" {
 		user = "the image's user"

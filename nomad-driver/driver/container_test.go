@@ -65,3 +65,12 @@ func TestDemux(t *testing.T) {
 	must.EqOp(t, "out 1\nout 2\n", out.String())
 	must.EqOp(t, "err 1\n", errOut.String())
 }
+
+// TestEngineEntrypoint: the image's entrypoint runs the engine where it is
+// the same program, wherever the image keeps it.
+func TestEngineEntrypoint(t *testing.T) {
+	must.Eq(t, []string{"/app/llama-server"}, engineEntrypoint([]string{"llama-server"}, []string{"/app/llama-server"}))
+	must.Eq(t, []string{"vllm"}, engineEntrypoint([]string{"vllm"}, []string{"vllm", "serve"}))
+	must.Eq(t, []string{"python3"}, engineEntrypoint([]string{"python3"}, []string{"/bin/sh", "-c"}))
+	must.Eq(t, []string{"oasis-sim"}, engineEntrypoint([]string{"oasis-sim"}, nil))
+}

@@ -138,6 +138,19 @@ func (c *podmanClient) ImageExists(ctx context.Context, ref string) (bool, error
 	return false, apiError("image exists", resp)
 }
 
+// ImageEntrypoint returns the entrypoint of a local image.
+func (c *podmanClient) ImageEntrypoint(ctx context.Context, ref string) ([]string, error) {
+	var out struct {
+		Config struct {
+			Entrypoint []string `json:"Entrypoint"`
+		} `json:"Config"`
+	}
+	if err := c.call(ctx, "image inspect", http.MethodGet, "/libpod/images/"+ref+"/json", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Config.Entrypoint, nil
+}
+
 // registryAuth is the X-Registry-Auth header value for credentials.
 func registryAuth(user, password string) string {
 	b, _ := json.Marshal(map[string]string{"username": user, "password": password})
