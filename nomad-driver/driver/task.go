@@ -264,6 +264,8 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 		return drivers.ErrTaskNotFound
 	}
 	h.stopping.Store(true)
+	// Requests on the engine finish first, within the stop timeout (drain.go).
+	timeout = d.drain(h, timeout)
 	if h.ctr != nil {
 		return d.stopContainer(h, timeout, signal)
 	}
