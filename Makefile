@@ -54,7 +54,7 @@ licenses:
 	bin/licensecheck
 	cd bench/llmd && ../../bin/licensecheck
 
-## unit: fast tests, no Nomad/Consul agents
+## unit: every package outside test/e2e; no Nomad agent, Consul dev agents (bin/consul) for the Consul-backed tests
 unit:
 	$(GO) test -count=1 -timeout 15m $(PKGS_UNIT)
 
