@@ -32,6 +32,12 @@ variable "max_model_len" {
   default     = 16384
 }
 
+variable "image" {
+  description = "Engine image to run instead of the client's vllm binary, e.g. \"vllm/vllm-openai:v0.11.2\" (the vLLM release whose flags this recipe renders); empty runs the binary the client's plugin config names. Needs the plugin's container block (nomad-driver/README.md, Engines from images)."
+  type        = string
+  default     = ""
+}
+
 job "llama3-70b-vllm-agg-tp4" {
   region      = var.region
   datacenters = var.datacenters
@@ -96,6 +102,7 @@ job "llama3-70b-vllm-agg-tp4" {
 
       config {
         engine                 = "vllm"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-70b"
         port                   = "http"

@@ -32,6 +32,12 @@ variable "max_model_len" {
   default     = 8192
 }
 
+variable "image" {
+  description = "Engine image to run instead of the client's llama-server binary, e.g. \"ghcr.io/ggml-org/llama.cpp:server\" (llama.cpp's CPU server image; the flags were checked against llama.cpp commit 80fb11a (2026-09): pin that build by tag or @sha256 digest); empty runs the binary the client's plugin config names. Needs the plugin's container block (nomad-driver/README.md, Engines from images). With an image the model must be inside the allocation (an artifact into local/), not a host path."
+  type        = string
+  default     = ""
+}
+
 job "llama3-8b-llama-cpp-cpu" {
   region      = var.region
   datacenters = var.datacenters
@@ -96,6 +102,7 @@ job "llama3-8b-llama-cpp-cpu" {
 
       config {
         engine            = "llama_cpp"
+        image             = var.image
         model             = var.model
         served_model_name = "llama3-8b"
         port              = "http"

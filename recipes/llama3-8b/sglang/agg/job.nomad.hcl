@@ -32,6 +32,12 @@ variable "max_model_len" {
   default     = 8192
 }
 
+variable "image" {
+  description = "Engine image to run instead of the client's sglang binary, e.g. \"lmsysorg/sglang:v0.5.5\" (the SGLang release whose flags this recipe renders); empty runs the binary the client's plugin config names. Needs the plugin's container block (nomad-driver/README.md, Engines from images)."
+  type        = string
+  default     = ""
+}
+
 job "llama3-8b-sglang-agg" {
   region      = var.region
   datacenters = var.datacenters
@@ -96,6 +102,7 @@ job "llama3-8b-sglang-agg" {
 
       config {
         engine                 = "sglang"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-8b"
         port                   = "http"

@@ -38,6 +38,12 @@ variable "max_model_len" {
   default     = 8192
 }
 
+variable "image" {
+  description = "Engine image to run instead of the client's sglang binary, e.g. \"lmsysorg/sglang:v0.5.5\" (the SGLang release whose flags this recipe renders); empty runs the binary the client's plugin config names. Needs the plugin's container block (nomad-driver/README.md, Engines from images)."
+  type        = string
+  default     = ""
+}
+
 job "llama3-8b-sglang-disagg" {
   region      = var.region
   datacenters = var.datacenters
@@ -105,6 +111,7 @@ job "llama3-8b-sglang-disagg" {
 
       config {
         engine                 = "sglang"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-8b"
         port                   = "http"
@@ -188,6 +195,7 @@ job "llama3-8b-sglang-disagg" {
 
       config {
         engine                 = "sglang"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-8b"
         port                   = "http"

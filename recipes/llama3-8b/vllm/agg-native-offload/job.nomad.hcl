@@ -38,6 +38,12 @@ variable "kv_offload_size_gb" {
   default     = 32
 }
 
+variable "image" {
+  description = "Engine image to run instead of the client's vllm binary, e.g. \"vllm/vllm-openai:v0.11.2\" (the vLLM release whose flags this recipe renders); empty runs the binary the client's plugin config names. Needs the plugin's container block (nomad-driver/README.md, Engines from images)."
+  type        = string
+  default     = ""
+}
+
 job "llama3-8b-vllm-agg-native-offload" {
   region      = var.region
   datacenters = var.datacenters
@@ -102,6 +108,7 @@ job "llama3-8b-vllm-agg-native-offload" {
 
       config {
         engine                 = "vllm"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-8b"
         port                   = "http"

@@ -38,6 +38,12 @@ variable "max_model_len" {
   default     = 8192
 }
 
+variable "image" {
+  description = "Engine image to run instead of the client's vllm binary, e.g. \"vllm/vllm-openai:v0.11.2\" (the vLLM release whose flags this recipe renders); empty runs the binary the client's plugin config names. Needs the plugin's container block (nomad-driver/README.md, Engines from images)."
+  type        = string
+  default     = ""
+}
+
 job "llama3-8b-vllm-disagg-nixl" {
   region      = var.region
   datacenters = var.datacenters
@@ -104,6 +110,7 @@ job "llama3-8b-vllm-disagg-nixl" {
 
       config {
         engine                 = "vllm"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-8b"
         port                   = "http"
@@ -188,6 +195,7 @@ job "llama3-8b-vllm-disagg-nixl" {
 
       config {
         engine                 = "vllm"
+        image                  = var.image
         model                  = var.model
         served_model_name      = "llama3-8b"
         port                   = "http"
