@@ -205,3 +205,57 @@ func TestMissingImage_FailsWithClearEvent(t *testing.T) {
 		return err == nil && a.ClientStatus == "failed"
 	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
 }
+
+// TestImageEngine_Bridge: in bridge networking the container joins the
+// allocation's network namespace; the engine binds the port's "to" there,
+// the driver's health check dials it from inside, and the mapped host port
+// reaches it.
+func TestImageEngine_Bridge(t *testing.T) {
+	buildSimImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const jobID = "oasis-container-bridge"
+	_, err := stack.RunJobHCL(ctx, fmt.Sprintf(`
+job %q {
+  datacenters = ["*"]
+  type        = "service"
+  group "engine" {
+    network {
+      mode = "bridge"
+      port "http" { to = 8000 }
+    }
+    restart {
+      attempts = 0
+      mode     = "fail"
+    }
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+    task "engine" {
+      driver = "llm"
+      config {
+        engine            = "sim"
+        model             = "m"
+        served_model_name = "llama"
+        port              = "http"
+        kv_events         = false
+        image             = %q
+      }
+      resources {
+        cpu    = 200
+        memory = 256
+      }
+    }
+  }
+}`, jobID, simImage))
+	must.NoError(t, err)
+	defer func() { _ = stack.StopJob(context.Background(), jobID) }()
+	alloc := runningAlloc(t, ctx, jobID)
+	ev := waitEvent(t, alloc.ID, "Starting sim engine from image ")
+	must.StrContains(t, ev.DisplayMessage+ev.DriverMessage, "--host 0.0.0.0 --port 8000")
+	waitEvent(t, alloc.ID, "Engine ready after")
+	addr := allocAddr(t, alloc, "http")
+	must.StrNotContains(t, addr, ":8000")
+	streamChat(t, "http://"+addr)
+}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -60,6 +62,8 @@ func run(m *testing.M) int {
 	}
 	defer svc.stop()
 	return testbed.Main(m, testbed.Options{
+		// Bridge: image tasks join the allocation's network namespace too.
+		Bridge:         true,
 		LLMPluginExtra: fmt.Sprintf("container {\n      runtime = \"podman\"\n      socket  = \"unix://%s\"\n    }", podmanSocket),
 	}, &stack)
 }
@@ -75,7 +79,7 @@ func startPodman(dir string) (*podmanService, error) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &nofile); err != nil {
 		return nil, err
 	}
-	if err := syscall.Getrlimit(unixRlimitNproc, &nproc); err != nil {
+	if err := syscall.Getrlimit(unix.RLIMIT_NPROC, &nproc); err != nil {
 		return nil, err
 	}
 	// Podman lowers its own nproc limit to 32768 where it cannot raise it.

@@ -19,8 +19,6 @@ import (
 	"github.com/shoenig/test/must"
 )
 
-const unixRlimitNproc = 6 // RLIMIT_NPROC on Linux
-
 // api is a small client of the test's Podman service, for what the tests
 // check behind the driver's back.
 type api struct{ c *http.Client }
@@ -116,4 +114,3 @@ func buildSimImage(t *testing.T) {
 	must.NoError(t, err)
 	must.EqOp(t, http.StatusNoContent, code, must.Sprint("image ", simImage, " was not built"))
 }
-
