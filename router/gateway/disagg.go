@@ -39,8 +39,8 @@ func (e *legAnswer) Error() string {
 // leaves it to a direct worker (pick).
 func (g *Gateway) routePair(c *call) plan {
 	x := c.x
-	if !x.pol.Disagg.Enabled || x.remote != nil || x.req.Path == "/v1/embeddings" {
-		return nil // an embedding has no decode
+	if !x.pol.Disagg.Enabled || x.remote != nil || !generates(x.req.Path) {
+		return nil // an embedding (a score, a tokenization...) has no decode
 	}
 	prefill, decode, direct := pd.Split(routable(g.cfg.Pool.Workers(x.req.Model), time.Now()))
 	if len(prefill) == 0 || len(decode) == 0 {

@@ -168,9 +168,10 @@ func New(c Config) (*Gateway, error) {
 func (g *Gateway) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	proxy := g.authenticated(http.HandlerFunc(g.proxy))
-	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+	for _, p := range modelPaths {
 		mux.Handle("POST "+p, proxy)
 	}
+	mux.Handle("GET /version", g.authenticated(http.HandlerFunc(g.version)))
 	mux.Handle("GET /v1/models", g.authenticated(http.HandlerFunc(g.models)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -180,10 +181,7 @@ func (g *Gateway) routes() *http.ServeMux {
 	if g.cfg.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
-			"", "Unknown request URL: "+r.Method+" "+r.URL.Path, 0)
-	})
+	mux.HandleFunc("/", g.unknownRoute)
 	return mux
 }
 
@@ -193,13 +191,10 @@ func (g *Gateway) routes() *http.ServeMux {
 // request entered. They are served here, never forwarded again.
 func (g *Gateway) ForwardedHandler() http.Handler {
 	mux := http.NewServeMux()
-	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+	for _, p := range modelPaths {
 		mux.HandleFunc("POST "+p, g.proxy)
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url",
-			"", "Unknown request URL: "+r.Method+" "+r.URL.Path, 0)
-	})
+	mux.HandleFunc("/", g.unknownRoute)
 	return mux
 }
 

@@ -98,7 +98,7 @@ func (g *Gateway) runOverflow(c *call, p *planOverflow) {
 // derive returns an exchange like x for another model (the pool it goes to)
 // and body (the client's, rewritten).
 func (g *Gateway) derive(r *http.Request, x *exchange, model string, body []byte) (*exchange, error) {
-	f, err := openai.ParseRequest(r.URL.Path, body)
+	f, err := parseBody(r, body)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// proxy serves POST /v1/{chat/completions,completions,embeddings}.
+// proxy serves the POST endpoints of modelPaths (compat.go).
 func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	rec := &outcome{g: g, start: time.Now(), status: http.StatusOK}
 	defer rec.done()
@@ -30,11 +30,11 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, ok := g.readBody(w, r, rec)
+	raw, ok := g.readBody(w, r, rec)
 	if !ok {
 		return
 	}
-	f, err := openai.ParseRequest(r.URL.Path, body)
+	f, body, err := g.parse(r, raw)
 	if err != nil {
 		param := ""
 		if fe := (*openai.FieldError)(nil); errors.As(err, &fe) && fe.Field == "model" {
@@ -83,6 +83,19 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	c := call{ctx: ctx, w: w, r: r, rec: rec, x: x}
 	g.execute(&c, g.route(&c, doc))
+}
+
+// singleModel returns the pool's only model when err is a request's
+// missing model and the pool (its healthy workers) serves exactly one.
+func (g *Gateway) singleModel(err error) (string, bool) {
+	var fe *openai.FieldError
+	if err == nil || !errors.As(err, &fe) || fe.Field != "model" || !fe.Missing {
+		return "", false
+	}
+	if ms := g.cfg.Pool.Models(); len(ms) == 1 {
+		return ms[0], true
+	}
+	return "", false
 }
 
 // exchange is what every attempt at one request shares.

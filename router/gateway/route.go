@@ -11,10 +11,10 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// route is a client request's first routing step: a cascade alias's plan,
-// else routeModel's.
+// route is a client request's first routing step: a cascade alias's plan
+// (for a generation endpoint), else routeModel's.
 func (g *Gateway) route(c *call, doc *policy.Document) plan {
-	if cs, ok := doc.CascadeFor(c.x.req.Model); ok {
+	if cs, ok := doc.CascadeFor(c.x.req.Model); ok && generates(c.x.req.Path) {
 		return &planCascade{c: cs}
 	}
 	return g.routeModel(c)

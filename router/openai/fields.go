@@ -25,3 +25,27 @@ func String(s string) json.RawMessage {
 	b, _ := json.Marshal(s)
 	return b
 }
+
+// AppendMember returns body, a valid JSON object, with the member key: val
+// added after its last member; every other byte is kept. A repeated key's
+// last value wins (as in ParseRequest and Python's json), so the member
+// appended overrides one already there.
+func AppendMember(body []byte, key string, val json.RawMessage) []byte {
+	end := len(body) - 1
+	for end >= 0 && body[end] != '}' {
+		end--
+	}
+	if end < 0 {
+		return body
+	}
+	empty := skipWS(body, skipWS(body, 0)+1) == end
+	out := make([]byte, 0, len(body)+len(key)+len(val)+4)
+	out = append(out, body[:end]...)
+	if !empty {
+		out = append(out, ',')
+	}
+	out = append(out, String(key)...)
+	out = append(out, ':')
+	out = append(out, val...)
+	return append(out, body[end:]...)
+}

@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// bodyEngine answers 200 {} and keeps the last body and headers it received.
+type bodyEngine struct {
+	*httptest.Server
+	mu   sync.Mutex
+	body []byte
+	hdr  http.Header
+	path string
+}
+
+func newBodyEngine(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *bodyEngine {
+	e := &bodyEngine{}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		e.mu.Lock()
+		e.body, e.hdr, e.path = b, r.Header.Clone(), r.URL.Path
+		e.mu.Unlock()
+		if answer != nil {
+			answer(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *bodyEngine) last() ([]byte, http.Header, string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.body, e.hdr, e.path
+}
+
+// TestSingleModelDefault: a request naming no model goes to the pool's one
+// model (vLLM's default), the model written into the body; with two models
+// it is refused 400 as before.
+func TestSingleModelDefault(t *testing.T) {
+	e := newBodyEngine(t, nil)
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e.Server)})
+	for _, body := range []string{`{"prompt":"x"}`, `{ }`, `{"Model":"m"}`, `{"model":null,"prompt":"y"}`} {
+		resp := h.post("/v1/completions", body)
+		resp.Body.Close()
+		must.Eq(t, 200, resp.StatusCode, must.Sprint(body))
+		got, _, _ := e.last()
+		var m struct{ Model string }
+		must.NoError(t, json.Unmarshal(got, &m))
+		must.Eq(t, "m", m.Model, must.Sprint(string(got)))
+	}
+
+	h.setEngines(map[string]string{"a": "m@" + addr(e.Server), "b": "n@" + addr(e.Server)})
+	resp := h.post("/v1/completions", `{"prompt":"x"}`)
+	must.Eq(t, 400, resp.StatusCode)
+	e2 := readErr(t, resp)
+	must.Eq(t, "model", *e2.Error.Param)
+	must.Eq(t, "invalid_request", *e2.Error.Code)
+}
+
+// TestVLLMEndpointsProxied: vLLM's other model endpoints reach an engine
+// serving the model the body names, at the same path, body unchanged;
+// transcriptions by their multipart model field; /version from the
+// engine first by id.
+func TestVLLMEndpointsProxied(t *testing.T) {
+	em := newBodyEngine(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"version":"0.9.9"}`))
+	})
+	en := newBodyEngine(t, nil)
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(em.Server), "b": "n@" + addr(en.Server)})
+	for _, p := range []string{"/tokenize", "/detokenize", "/v1/score", "/score", "/v1/rerank", "/rerank",
+		"/pooling", "/classify", "/v1/embeddings"} {
+		body := `{"model":"n","text_1":"a", "text_2":["b"]}`
+		resp := h.post(p, body)
+		resp.Body.Close()
+		must.Eq(t, 200, resp.StatusCode, must.Sprint(p))
+		got, _, path := en.last()
+		must.Eq(t, p, path)
+		must.Eq(t, body, string(got))
+	}
+
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	fw, _ := mw.CreateFormFile("file", "a.wav")
+	_, _ = fw.Write([]byte("RIFF....WAVEfmt "))
+	_ = mw.WriteField("model", "m")
+	_ = mw.Close()
+	resp := h.post(TranscriptionsPath, buf.String(), "Content-Type", mw.FormDataContentType())
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	got, hdr, path := em.last()
+	must.Eq(t, TranscriptionsPath, path)
+	must.Eq(t, buf.String(), string(got))
+	must.Eq(t, mw.FormDataContentType(), hdr.Get("Content-Type"))
+
+	resp = h.post(TranscriptionsPath, "x", "Content-Type", "text/plain")
+	must.Eq(t, 400, resp.StatusCode)
+	must.Eq(t, "invalid_request", *readErr(t, resp).Error.Code)
+
+	resp, err := http.Get(h.srv.URL + "/version")
+	must.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	must.Eq(t, `{"version":"0.9.9"}`, string(b))
+}
+
+// TestWrongMethod: a wrong method on a known path is 405 with Allow (as
+// vLLM); an unknown path stays 404.
+func TestWrongMethod(t *testing.T) {
+	e := newBodyEngine(t, nil)
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e.Server)})
+	for _, c := range []struct{ method, path, allow string }{
+		{"GET", "/v1/chat/completions", "POST"}, {"PUT", "/tokenize", "POST"},
+		{"POST", "/v1/models", "GET"}, {"DELETE", "/version", "GET"},
+	} {
+		req, _ := http.NewRequest(c.method, h.srv.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		must.NoError(t, err)
+		must.Eq(t, 405, resp.StatusCode, must.Sprint(c))
+		must.Eq(t, c.allow, resp.Header.Get("Allow"))
+		must.Eq(t, "method_not_allowed", *readErr(t, resp).Error.Code)
+	}
+	resp, err := http.Get(h.srv.URL + "/v1/nope")
+	must.NoError(t, err)
+	must.Eq(t, 404, resp.StatusCode)
+	must.Eq(t, "unknown_url", *readErr(t, resp).Error.Code)
+}
