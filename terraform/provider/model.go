@@ -91,7 +91,7 @@ func addProblems(d *diag.Diagnostics, ps []problem) {
 func modelKnown(m modelModel) bool {
 	for _, v := range []attr.Value{m.Name, m.Datacenters, m.NodePool, m.Engine, m.Model, m.Role,
 		m.Count, m.PrefillCount, m.DecodeCount, m.KVOffload, m.KVOffloadSizeGB, m.TensorParallelSize,
-		m.MaxModelLen, m.GPUMemoryUtilization, m.BlockSize, m.ExtraArgs, m.EngineBinary, m.Resources} {
+		m.MaxModelLen, m.GPUMemoryUtilization, m.BlockSize, m.ExtraArgs, m.EngineBinary, m.EngineImage, m.Resources} {
 		if v.IsUnknown() {
 			return false
 		}
@@ -127,6 +127,7 @@ func toSpec(ctx context.Context, m modelModel) (modelSpec, diag.Diagnostics) {
 		GPUMemoryUtilization: m.GPUMemoryUtilization.ValueFloat64(),
 		BlockSize:            int(m.BlockSize.ValueInt64()),
 		EngineBinary:         m.EngineBinary.ValueString(),
+		EngineImage:          m.EngineImage.ValueString(),
 		CPU:                  defaultModelCPU,
 		MemoryMB:             defaultModelMemory,
 		Datacenters:          []string{"*"},

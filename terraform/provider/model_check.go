@@ -36,6 +36,7 @@ var driverFieldAttr = map[string]string{
 	"block_size":             "block_size",
 	"extra_args":             "extra_args",
 	"binary":                 "engine_binary",
+	"image":                  "engine_image",
 }
 
 // modelNameRE is what a served model name may be: it is also part of a

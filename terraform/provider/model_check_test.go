@@ -46,6 +46,8 @@ func TestCheckModel(t *testing.T) {
 		{"no datacenters", func(s *modelSpec) { s.Datacenters = nil }, "datacenters", "at least one"},
 		// The llm driver's default policy: the clients' binaries map chooses the executable.
 		{"engine binary", func(s *modelSpec) { s.EngineBinary = "/bin/sh" }, "engine_binary", "allow_task_binary = true"},
+		{"engine image malformed", func(s *modelSpec) { s.EngineImage = "Not An Image" }, "engine_image", "not an image reference"},
+		{"engine binary and image", func(s *modelSpec) { s.EngineBinary, s.EngineImage = "/opt/vllm", "vllm/vllm-openai:v0.11.2" }, "engine_binary", "exclusive"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,6 +76,9 @@ func TestCheckModelValid(t *testing.T) {
 			Role: modelRoleBoth, Count: 1, KVOffload: "hicache", KVOffloadSizeGB: 32, CPU: 100, MemoryMB: 64},
 		"trtllm": {Name: "m", Datacenters: []string{"*"}, Engine: "trtllm", Model: "m",
 			Role: modelRoleBoth, Count: 0, CPU: 100, MemoryMB: 64, TensorParallelSize: 2},
+		"vllm from a pinned image": {Name: "m", Datacenters: []string{"*"}, Engine: "vllm", Model: "m",
+			Role: modelRoleBoth, Count: 1, CPU: 100, MemoryMB: 64,
+			EngineImage: "vllm/vllm-openai:v0.11.2@sha256:" + strings.Repeat("ab", 32)},
 	} {
 		t.Run(name, func(t *testing.T) { must.SliceEmpty(t, checkModel(s)) })
 	}

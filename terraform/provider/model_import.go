@@ -42,6 +42,9 @@ func fromJob(ctx context.Context, job *nomadapi.Job, m *modelModel) diag.Diagnos
 	if v := str(c["binary"]); v != "" {
 		m.EngineBinary = types.StringValue(v)
 	}
+	if v := str(c["image"]); v != "" {
+		m.EngineImage = types.StringValue(v)
+	}
 	if args, ok := c["extra_args"].([]interface{}); ok && len(args) > 0 {
 		vals := make([]attr.Value, len(args))
 		for i, a := range args {

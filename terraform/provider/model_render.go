@@ -55,6 +55,7 @@ type modelSpec struct {
 	BlockSize            int
 	ExtraArgs            []string
 	EngineBinary         string
+	EngineImage          string
 	CPU                  int
 	MemoryMB             int
 	// GPUs nil means "not set": one per tensor-parallel rank on GPU engines.
@@ -313,6 +314,9 @@ func renderTaskConfig(s modelSpec, role string) map[string]interface{} {
 	}
 	if s.EngineBinary != "" {
 		c["binary"] = s.EngineBinary
+	}
+	if s.EngineImage != "" {
+		c["image"] = s.EngineImage
 	}
 	return c
 }

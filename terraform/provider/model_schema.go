@@ -44,6 +44,7 @@ type modelModel struct {
 	BlockSize            types.Int64   `tfsdk:"block_size"`
 	ExtraArgs            types.List    `tfsdk:"extra_args"`
 	EngineBinary         types.String  `tfsdk:"engine_binary"`
+	EngineImage          types.String  `tfsdk:"engine_image"`
 	Resources            types.Object  `tfsdk:"resources"`
 	WaitHealthy          types.Bool    `tfsdk:"wait_healthy"`
 	Timeout              types.String  `tfsdk:"timeout"`
@@ -103,6 +104,7 @@ func (r *modelResource) Schema(_ context.Context, _ resource.SchemaRequest, resp
 			"extra_args": schema.ListAttribute{ElementType: types.StringType, Optional: true,
 				Description: "More engine arguments."},
 			"engine_binary": schema.StringAttribute{Optional: true, Description: "The driver's binary: the engine executable on the node."},
+			"engine_image":  schema.StringAttribute{Optional: true, Description: "Container image the engine runs from instead of a binary on the node ([registry/]name[:tag][@sha256:digest]); needs the llm plugin's container block."},
 			"resources": schema.SingleNestedAttribute{Optional: true,
 				Description: "Per-engine resources (default cpu 500 MHz, memory 1024 MiB, one GPU per tensor-parallel rank on GPU engines).",
 				Attributes: map[string]schema.Attribute{
