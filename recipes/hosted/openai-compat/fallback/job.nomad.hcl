@@ -44,6 +44,10 @@ job "hosted-openai-compat-fallback" {
   group "hosted" {
     count = 1
 
+    # The service leaves Consul (and the router) this long before the task stops. Nothing runs
+    # here to drain: streams go from the router to the provider (README: Draining).
+    shutdown_delay = "2s"
+
     network {
       port "http" {}
     }

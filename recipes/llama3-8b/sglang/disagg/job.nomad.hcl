@@ -61,6 +61,10 @@ job "llama3-8b-sglang-disagg" {
   group "prefill" {
     count = var.prefill_count
 
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "5s"
+
     network {
       port "http" {}
       port "kv_events" {}
@@ -124,9 +128,10 @@ job "llama3-8b-sglang-disagg" {
         bootstrap_port         = "bootstrap"
       }
 
-      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s) so the engine can free GPU memory.
       kill_signal  = "SIGTERM"
-      kill_timeout = "90s"
+      kill_timeout = "60s"
 
       resources {
         cpu    = 4000
@@ -146,6 +151,10 @@ job "llama3-8b-sglang-disagg" {
 
   group "decode" {
     count = var.decode_count
+
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "5s"
 
     network {
       port "http" {}
@@ -207,9 +216,10 @@ job "llama3-8b-sglang-disagg" {
         kv_offload             = "nixl"
       }
 
-      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s) so the engine can free GPU memory.
       kill_signal  = "SIGTERM"
-      kill_timeout = "90s"
+      kill_timeout = "120s"
 
       resources {
         cpu    = 4000

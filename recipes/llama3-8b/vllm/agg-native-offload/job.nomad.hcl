@@ -61,6 +61,10 @@ job "llama3-8b-vllm-agg-native-offload" {
   group "engine" {
     count = var.count
 
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "5s"
+
     network {
       port "http" {}
       port "kv_events" {}
@@ -120,9 +124,10 @@ job "llama3-8b-vllm-agg-native-offload" {
         kv_offload_size_gb     = var.kv_offload_size_gb
       }
 
-      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s) so the engine can free GPU memory.
       kill_signal  = "SIGTERM"
-      kill_timeout = "90s"
+      kill_timeout = "120s"
 
       resources {
         cpu    = 4000

@@ -76,6 +76,10 @@ job "tiny-sim-agg-mesh" {
   group "engine" {
     count = var.count
 
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "2s"
+
     network {
       mode = "bridge"
       port "http" {
@@ -174,7 +178,7 @@ job "tiny-sim-agg-mesh" {
       }
 
       kill_signal  = "SIGTERM"
-      kill_timeout = "10s"
+      kill_timeout = "30s"
 
       resources {
         cpu    = 200

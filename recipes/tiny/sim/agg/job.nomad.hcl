@@ -76,6 +76,10 @@ job "tiny-sim-agg" {
   group "engine" {
     count = var.count
 
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "2s"
+
     network {
       port "http" {}
       port "kv_events" {}
@@ -143,9 +147,10 @@ job "tiny-sim-agg" {
         extra_args            = ["--speed", var.speed]
       }
 
-      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s) so the engine can free GPU memory.
       kill_signal  = "SIGTERM"
-      kill_timeout = "10s"
+      kill_timeout = "30s"
 
       resources {
         cpu    = 200

@@ -61,6 +61,10 @@ job "tiny-sim-disagg" {
   group "prefill" {
     count = var.prefill_count
 
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "2s"
+
     network {
       port "http" {}
       port "kv_events" {}
@@ -146,9 +150,10 @@ job "tiny-sim-disagg" {
         extra_args             = ["--speed", var.speed]
       }
 
-      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s) so the engine can free GPU memory.
       kill_signal  = "SIGTERM"
-      kill_timeout = "10s"
+      kill_timeout = "30s"
 
       resources {
         cpu    = 200
@@ -159,6 +164,10 @@ job "tiny-sim-disagg" {
 
   group "decode" {
     count = var.decode_count
+
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "2s"
 
     network {
       port "http" {}
@@ -225,9 +234,10 @@ job "tiny-sim-disagg" {
         extra_args             = ["--speed", var.speed]
       }
 
-      # Let the engine finish in-flight requests and free GPU memory before SIGKILL.
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s) so the engine can free GPU memory.
       kill_signal  = "SIGTERM"
-      kill_timeout = "10s"
+      kill_timeout = "30s"
 
       resources {
         cpu    = 200

@@ -1,0 +1,205 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+// Graceful drain (issue #37): Nomad stopping an engine task (a rolling
+// update, `nomad alloc stop`) costs no client request. The service goes from
+// Consul first (the router drops the engine), the group's shutdown_delay
+// passes, then the llm driver's StopTask waits for the engine's own
+// running+waiting counts to reach zero before it signals it.
+
+// drainPolicy retries a request not yet streaming elsewhere, as in the other
+// fault tests.
+const drainPolicy = `{"policy":"round_robin","timeouts":{"response_header":"3s","stream_idle":"2s","first_token_hold":"1s"}}`
+
+// drainJob is a job of n oasis-sim engines as a recipe runs them: one group,
+// a rolling update one allocation at a time, shutdown_delay, and a
+// kill_timeout the drain may use. args are the engine's extra_args: changing
+// them is a destructive update.
+func drainJob(id, model string, n int, shutdownDelay, args string) string {
+	hcl := testbed.SimEngine{ID: id, Model: model, Config: `extra_args = [` + args + `]`}.HCL()
+	group := fmt.Sprintf(`group "engine" {
+    count          = %d
+    shutdown_delay = %q
+    update {
+      max_parallel     = 1
+      health_check     = "checks"
+      min_healthy_time = "2s"
+      healthy_deadline = "1m"
+    }`, n, shutdownDelay)
+	hcl = strings.Replace(hcl, `group "engine" {`, group, 1)
+	return strings.Replace(hcl, `kill_timeout = "5s"`, `kill_timeout = "30s"`, 1)
+}
+
+const drainArgs = `"--step-time-base", "40ms", "--step-time-per-prefill-token", "500us"`
+
+// startDrainJob runs the job, waits until n engines pass in Consul and a
+// router routes to them, and starts the load.
+func startDrainJob(t *testing.T, job, model, shutdownDelay string) (*routerProc, *load) {
+	t.Helper()
+	const n = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, err := stack.RunJobHCL(ctx, drainJob(job, model, n, shutdownDelay, drainArgs))
+	must.NoError(t, err)
+	t.Cleanup(func() { stopEngines(t, model, []*engine{{job: job}}) })
+	must.NoError(t, stack.WaitDeployment(ctx, job))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return len(viewConsul(t, model).passing) == n
+	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	r := startRouter(t, model, drainPolicy, n)
+	l := startLoad(t, loadConfig{url: r.url, model: model, clients: loadClients, deadline: requestDeadline})
+	waitResults(t, l, 2*loadClients)
+	return r, l
+}
+
+// waitDeployed waits until the deployment of the job's version succeeded.
+func waitDeployed(t *testing.T, ctx context.Context, job string, version uint64) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		d, _, err := stack.Nomad.Jobs().LatestDeployment(job, (&nomadapi.QueryOptions{}).WithContext(ctx))
+		switch {
+		case err != nil:
+			return err
+		case d == nil || d.JobVersion != version:
+			return fmt.Errorf("no deployment of version %d yet", version)
+		case d.Status == nomadapi.DeploymentStatusFailed || d.Status == nomadapi.DeploymentStatusCancelled:
+			t.Fatalf("deployment of %s version %d %s: %s", job, version, d.Status, d.StatusDescription)
+		case d.Status != nomadapi.DeploymentStatusSuccessful:
+			return fmt.Errorf("deployment %s", d.Status)
+		}
+		return nil
+	}), wait.Timeout(4*time.Minute), wait.Gap(500*time.Millisecond)))
+}
+
+// waitResults waits until the load has finished n requests, all of them ok.
+func waitResults(t *testing.T, l *load, n int) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return len(l.snapshot()) >= n
+	}), wait.Timeout(time.Minute), wait.Gap(100*time.Millisecond)))
+}
+
+// assertNoneFailed checks that every request of the load ended ok: no lost
+// request and no clean error either.
+func assertNoneFailed(t *testing.T, rs []result) tally {
+	t.Helper()
+	all := count(rs)
+	t.Logf("load: %s", all)
+	for _, r := range rs {
+		if r.outcome != outcomeOK {
+			t.Errorf("failed request: %s", r)
+		}
+	}
+	must.Zero(t, all.lost+all.clean, must.Sprint("failed client requests"))
+	return all
+}
+
+// drainEvents returns the llm driver's drain events of an allocation's
+// engine task.
+func drainEvents(t *testing.T, allocID string) []string {
+	t.Helper()
+	a, _, err := stack.Nomad.Allocations().Info(allocID, nil)
+	must.NoError(t, err)
+	var out []string
+	if ts := a.TaskStates["engine"]; ts != nil {
+		for _, ev := range ts.Events {
+			if strings.HasPrefix(ev.DisplayMessage, "Drain") {
+				out = append(out, ev.DisplayMessage)
+			}
+		}
+	}
+	return out
+}
+
+// TestRollingUpdateUnderLoad rolls a changed engine job (max_parallel 1,
+// shutdown_delay 1 s) over three engines while the router serves a steady
+// load of streamed and whole requests.
+//
+// Lost: nothing. Asserted: zero failed client requests (no lost request, no
+// error event), every old allocation stopped and three new ones passing.
+func TestRollingUpdateUnderLoad(t *testing.T) {
+	const job, model = "drain-roll", "drain-roll-llama"
+	_, l := startDrainJob(t, job, model, "1s")
+	old, _, err := stack.Nomad.Jobs().Allocations(job, false, nil)
+	must.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err = stack.RunJobHCL(ctx, drainJob(job, model, 3, "1s", `"--step-time-base", "41ms", "--step-time-per-prefill-token", "500us"`))
+	must.NoError(t, err)
+	info, _, err := stack.Nomad.Jobs().Info(job, nil)
+	must.NoError(t, err)
+	waitDeployed(t, ctx, job, *info.Version)
+	t.Logf("rolling update of 3 engines took %s", time.Since(start).Round(time.Millisecond))
+	before := len(l.snapshot())
+	waitResults(t, l, before+loadClients)
+	rs := l.Stop()
+
+	for _, a := range old {
+		info, _, err := stack.Nomad.Allocations().Info(a.ID, nil)
+		must.NoError(t, err)
+		must.EqOp(t, "complete", info.ClientStatus, must.Sprint("old allocation ", a.ID[:8]))
+		t.Logf("old allocation %s: %v", a.ID[:8], drainEvents(t, a.ID))
+	}
+	must.Len(t, 3, viewConsul(t, model).passing)
+	assertNoneFailed(t, rs)
+}
+
+// TestAllocStopUnderLoad stops (`nomad alloc stop`) one of three engines
+// with no shutdown_delay while streams run on it: only the driver's drain
+// keeps them. Nomad replaces the allocation.
+//
+// Lost: nothing. Asserted: zero failed client requests; the driver reported
+// the drain on the stopped task ("Draining: N requests in flight", then
+// "Drained"), so the requests on it ran to completion before the signal.
+func TestAllocStopUnderLoad(t *testing.T) {
+	const job, model = "drain-stop", "drain-stop-llama"
+	r, l := startDrainJob(t, job, model, "0s")
+	allocs, _, err := stack.Nomad.Jobs().Allocations(job, false, nil)
+	must.NoError(t, err)
+	victim := allocs[0].ID
+
+	// Stop it while the router has requests in flight on it.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		m, err := r.metrics()
+		return err == nil && m.sum("oasis_router_worker_in_flight", victim) >= 2
+	}), wait.Timeout(30*time.Second), wait.Gap(10*time.Millisecond)))
+	_, err = stack.Nomad.Allocations().Stop(&nomadapi.Allocation{ID: victim}, nil)
+	must.NoError(t, err)
+
+	var events []string
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		a, _, err := stack.Nomad.Allocations().Info(victim, nil)
+		if err != nil || a.ClientStatus != "complete" {
+			return false
+		}
+		events = drainEvents(t, victim)
+		return true
+	}), wait.Timeout(time.Minute), wait.Gap(200*time.Millisecond)))
+	t.Logf("stopped allocation %s: %v", victim[:8], events)
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return len(viewConsul(t, model).passing) == 3
+	}), wait.Timeout(time.Minute), wait.Gap(200*time.Millisecond)))
+	before := len(l.snapshot())
+	waitResults(t, l, before+loadClients)
+	rs := l.Stop()
+
+	assertNoneFailed(t, rs)
+	must.SliceNotEmpty(t, events, must.Sprint("no drain event on the stopped task"))
+	must.StrHasPrefix(t, "Draining: ", events[0])
+	must.StrHasPrefix(t, "Drained", events[len(events)-1])
+}
