@@ -7,6 +7,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 
@@ -138,4 +139,62 @@ func TestWrongMethod(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, 404, resp.StatusCode)
 	must.Eq(t, "unknown_url", *readErr(t, resp).Error.Code)
+}
+
+// TestEngineErrorsInOpenAIShape: an engine's error answer reaches the
+// client in OpenAI's shape, string code, its status and message kept.
+func TestEngineErrorsInOpenAIShape(t *testing.T) {
+	big := strings.Repeat("x", 100<<10)
+	cases := []struct {
+		name, ctype, body     string
+		status                int
+		msg, typ, code, param string
+	}{
+		{"llama.cpp", "application/json", `{"error":{"code":400,"message":"n_ctx exceeded","type":"invalid_request_error"}}`,
+			400, "n_ctx exceeded", "invalid_request_error", "bad_request", ""},
+		{"vLLM top level", "application/json", `{"object":"error","message":"no such model","type":"NotFoundError","param":"model","code":404}`,
+			404, "no such model", "NotFoundError", "not_found", "model"},
+		{"OpenAI", "application/json", `{"error":{"message":"slow down","type":"requests","param":null,"code":"rate_limit_exceeded"}}`,
+			429, "slow down", "requests", "rate_limit_exceeded", ""},
+		{"FastAPI detail", "application/json", `{"detail":"Not authenticated"}`,
+			422, "Not authenticated", "invalid_request_error", "unprocessable_entity", ""},
+		{"plain text 500", "text/plain", "Internal Server Error: boom\n",
+			500, "Internal Server Error: boom", "server_error", "internal_server_error", ""},
+		{"empty", "", "", 503, "the engine answered 503 Service Unavailable", "server_error", "service_unavailable", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			answer := func(w http.ResponseWriter, r *http.Request) {
+				if c.ctype != "" {
+					w.Header().Set("Content-Type", c.ctype)
+				}
+				w.WriteHeader(c.status)
+				_, _ = io.WriteString(w, c.body)
+			}
+			// Two engines: a 5xx is retried once, then passed on.
+			a, b := newBodyEngine(t, answer), newBodyEngine(t, answer)
+			h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(a.Server), "b": "m@" + addr(b.Server)})
+			resp := h.post("/v1/completions", `{"model":"m","prompt":"x"}`)
+			must.Eq(t, c.status, resp.StatusCode)
+			e := readErr(t, resp)
+			must.Eq(t, c.msg, e.Error.Message)
+			must.Eq(t, c.typ, e.Error.Type)
+			must.Eq(t, c.code, *e.Error.Code)
+			if c.param == "" {
+				must.Nil(t, e.Error.Param)
+			} else {
+				must.Eq(t, c.param, *e.Error.Param)
+			}
+		})
+	}
+	t.Run("bounded", func(t *testing.T) {
+		e := newBodyEngine(t, func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(400)
+			_, _ = io.WriteString(w, big)
+		})
+		h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e.Server)})
+		resp := h.post("/v1/completions", `{"model":"m","prompt":"x"}`)
+		must.Eq(t, 400, resp.StatusCode)
+		must.Less(t, 5<<10, len(readErr(t, resp).Error.Message))
+	})
 }

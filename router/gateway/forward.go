@@ -139,6 +139,10 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return &upstreamError{err: errors.New("engine answered " + resp.Status), loop: resp.StatusCode == http.StatusLoopDetected}
 	}
+	if resp.StatusCode >= 400 {
+		g.engineError(c, resp)
+		return nil
+	}
 	if resp.StatusCode/100 == 2 && x.remote == nil && g.cfg.OnAccept != nil {
 		g.cfg.OnAccept(ctx, x.pol.Scoring, x.req, wk)
 	}
