@@ -14,6 +14,8 @@ command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptab
 # (crun 1.8 refuses that hybrid mode; see nomad-driver/README.md, "Engines from images").
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+# A private registry (distribution 2.8) for test/e2e/container's authenticated pulls.
+command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	echo "deps: missing ${need[*]}; install them with your package manager" >&2
