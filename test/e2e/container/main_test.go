@@ -5,6 +5,7 @@ package container
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,9 @@ var (
 	stack *testbed.Stack
 	// podmanSocket is the API socket of the Podman service this package runs.
 	podmanSocket string
+	// registryAddr is where registry_test.go runs a private registry, which
+	// the Podman service treats as insecure (plain HTTP).
+	registryAddr string
 )
 
 // containersConf is what Podman 4.3 needs on a cgroups v1 host whose
@@ -43,6 +47,10 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 func run(m *testing.M) int {
 	if _, err := exec.LookPath("podman"); err != nil {
 		fmt.Fprintln(os.Stderr, "container e2e: podman is not installed; `make deps` (scripts/deps.sh) installs it with runc")
+		return 1
+	}
+	if _, err := exec.LookPath("docker-registry"); err != nil {
+		fmt.Fprintln(os.Stderr, "container e2e: docker-registry is not installed; `make deps` (scripts/deps.sh) installs it")
 		return 1
 	}
 	if _, err := exec.LookPath("runc"); err != nil {
@@ -88,13 +96,24 @@ func startPodman(dir string) (*podmanService, error) {
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(containersConf, nofile.Max, nofile.Max, np, np)), 0o644); err != nil {
 		return nil, err
 	}
+	// The test's private registry (registry_test.go) serves plain HTTP.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	registryAddr = l.Addr().String()
+	l.Close()
+	regConf := filepath.Join(dir, "registries.conf")
+	if err := os.WriteFile(regConf, []byte(fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", registryAddr)), 0o644); err != nil {
+		return nil, err
+	}
 	podmanSocket = filepath.Join(dir, "podman.sock")
 	log, err := os.Create(filepath.Join(dir, "podman.log"))
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command("podman", "system", "service", "--time=0", "unix://"+podmanSocket)
-	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
+	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+conf, "CONTAINERS_REGISTRIES_CONF="+regConf)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
