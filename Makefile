@@ -35,7 +35,8 @@ terraform-provider:
 	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
 ## hashistack: build (once) and link every tool tests run: bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger,
-## bin/prometheus, bin/promtool and the CNI plugins in bin/cni (scripts/hashistack.sh NAME... builds only those)
+## bin/prometheus, bin/promtool, the CNI plugins in bin/cni and llama.cpp's bin/llama-server with its source in
+## bin/llama.cpp (test/e2e/llamacpp) (scripts/hashistack.sh NAME... builds only those)
 hashistack:
 	@scripts/hashistack.sh
 

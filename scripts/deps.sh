@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests and benchmarks talk to (real Redis clients and server,
-# nginx as the router's peer, iptables for the CNI plugins behind Nomad's bridge networking), when
-# they are missing and this is a Debian machine we may change.
+# nginx as the router's peer, iptables for the CNI plugins behind Nomad's bridge networking) and
+# those that build llama-server (npm fetches its source, cmake and g++ compile it), when they are
+# missing and this is a Debian machine we may change.
 set -euo pipefail
 need=()
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
@@ -16,6 +17,10 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 # A private registry (distribution 2.8) for test/e2e/container's authenticated pulls.
 command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v make >/dev/null 2>&1 || need+=(make)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 	echo "deps: missing ${need[*]}; install them with your package manager" >&2

@@ -7,14 +7,16 @@
 #   scripts/hashistack.sh nomad consul prometheus  only the tools named (make up)
 #
 # Tools: nomad, consul, cni (the CNI plugins Nomad's bridge networking runs, linked as the
-# directory bin/cni, the client's cni_path), tofu, tflint, jaeger, prometheus, promtool.
+# directory bin/cni, the client's cni_path), tofu, tflint, jaeger, prometheus, promtool, llama-server
+# (llama.cpp's server on CPU, C++ built with cmake, linked with its source as bin/llama-server and
+# bin/llama.cpp).
 # A fresh clone on the same machine (how CI runs) reuses the cache; a cold build takes minutes,
 # and says every 15 s that it is still going.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OASIS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/oasis}
-all=(nomad consul cni tofu tflint jaeger prometheus promtool)
+all=(nomad consul cni tofu tflint jaeger prometheus promtool llama-server)
 
 tools=("$@")
 [ ${#tools[@]} -gt 0 ] || tools=("${all[@]}")
@@ -145,6 +147,59 @@ build_cni() {
 	ln -sfn "$dir" "$root/bin/cni"
 }
 
+# llama-server: llama.cpp's OpenAI-compatible server, the real engine test/e2e/llamacpp runs, built
+# for CPU from the llama.cpp source that the npm package node-llama-cpp ships as a git bundle (the
+# one copy of llama.cpp's source this machine can fetch). Pinned by the npm version, the bundle's
+# sha256 and the commit it holds. The cache keeps the binary and the source without its build
+# (gguf-py, models/ggml-vocab-*.gguf and models/templates/, which cmd/oasis-tinymodel reads to make
+# the test model), linked as bin/llama-server and bin/llama.cpp. OASIS_BUILD_JOBS: compile jobs
+# (default: every core); the compilers run at nice 15.
+llama_npm=node-llama-cpp@3.21.1
+llama_bundle_sha256=9336d8aab8f8e6a8919380f3641fe92e57b02fb55df1b6bd083b82491a6293b8
+llama_commit=80fb11ac73e66d89eae2c6a91d8a77428fa733ed
+build_llama_server() {
+	local version="${llama_npm#*@}-${llama_commit:0:7}"
+	local dir="$cache/llama-server-$version"
+	if [ -x "$dir/llama-server" ]; then
+		echo "hashistack: llama-server $version cached at $dir/llama-server"
+	else
+		lock "$dir.lock" llama-server
+		if [ ! -x "$dir/llama-server" ]; then
+			compile llama-server "$version" "$dir" llama_server_build "$dir.tmp"
+			rm -rf "$dir"
+			mv "$dir.tmp" "$dir"
+		fi
+		exec 9>&-
+	fi
+	ln -sfn "$dir/llama-server" "$root/bin/llama-server"
+	ln -sfn "$dir/src" "$root/bin/llama.cpp"
+}
+
+llama_server_build() {
+	local out=$1 t
+	for t in npm cmake g++ make; do
+		command -v "$t" >/dev/null 2>&1 || { echo "hashistack: llama-server needs $t (make deps installs it)" >&2; return 1; }
+	done
+	rm -rf "$out"
+	mkdir -p "$out"
+	(cd "$out" && npm pack --silent "$llama_npm" >/dev/null)
+	tar -xzf "$out"/*.tgz -C "$out" package/llama/gitRelease.bundle
+	echo "$llama_bundle_sha256  $out/package/llama/gitRelease.bundle" | sha256sum -c --quiet ||
+		{ echo "hashistack: $llama_npm's gitRelease.bundle is not the pinned one" >&2; return 1; }
+	git -c advice.detachedHead=false clone -q "$out/package/llama/gitRelease.bundle" "$out/src"
+	if [ "$(git -C "$out/src" rev-parse HEAD)" != "$llama_commit" ]; then
+		echo "hashistack: the bundle holds llama.cpp $(git -C "$out/src" rev-parse HEAD), not $llama_commit" >&2
+		return 1
+	fi
+	cmake -S "$out/src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$out/cmake.log" 2>&1 ||
+		{ cat "$out/cmake.log" >&2; return 1; }
+	nice -n 15 cmake --build "$out/build" --target llama-server -j "${OASIS_BUILD_JOBS:-$(nproc)}" >"$out/build.log" 2>&1 ||
+		{ tail -n 60 "$out/build.log" >&2; return 1; }
+	cp "$out/build/bin/llama-server" "$out/llama-server"
+	rm -rf "$out/build" "$out/src/.git" "$out/package" "$out"/*.tgz "$out/cmake.log" "$out/build.log"
+}
+
 # Prometheus 3 with only the service discovery Oasis uses (Consul, Nomad): a smaller, faster build.
 prom_tags=remove_all_sd,enable_consul_sd,enable_nomad_sd
 for t in "${tools[@]}"; do
@@ -152,6 +207,7 @@ for t in "${tools[@]}"; do
 	nomad) build nomad github.com/hashicorp/nomad ui ;;
 	consul) build consul github.com/hashicorp/consul "" ;;
 	cni) build_cni ;;
+	llama-server) build_llama_server ;;
 	# version.dev=no: without it a release build reports itself as a development build.
 	tofu) build tofu github.com/opentofu/opentofu "" github.com/opentofu/opentofu/cmd/tofu \
 		"-s -w -X github.com/opentofu/opentofu/version.dev=no" ;;
@@ -170,6 +226,11 @@ for t in "${tools[@]}"; do
 	# An empty CLI configuration: tofu warns on stderr when TF_CLI_CONFIG_FILE names a missing file.
 	tofu) v=$(TF_CLI_CONFIG_FILE=/dev/null "$root/bin/tofu" version) ;;
 	tflint) v=$("$root/bin/tflint" --version) ;;
+	# "version: 0.4.0-dev (build 1, commit 80fb11a)" and the compiler, on stderr.
+	llama-server)
+		v=$("$root/bin/llama-server" --version 2>&1 || true)
+		v="llama-server $(printf '%s\n' "$v" | sed -n 's/^version: //p') from $llama_npm"
+		;;
 	*) continue ;;
 	esac
 	echo "${v%%$'\n'*}"
