@@ -6,6 +6,8 @@ package container
 import (
 	"fmt"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,6 +71,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer svc.stop()
+	// The agents stop with the test bed, before Nomad's garbage collection
+	// would destroy the last tasks: remove what the driver left.
+	defer removeContainers()
 	return testbed.Main(m, testbed.Options{
 		// Bridge: image tasks join the allocation's network namespace too.
 		Bridge:         true,
@@ -147,5 +152,25 @@ func (s *podmanService) stop() {
 	case <-time.After(10 * time.Second):
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 		<-s.done
+	}
+}
+
+// removeContainers force-removes every container the llm driver created
+// through this package's Podman service (label io.oasis.alloc_id).
+func removeContainers() {
+	a := newAPI()
+	var list []struct {
+		ID string `json:"Id"`
+	}
+	filters := `{"label":["io.oasis.alloc_id"]}`
+	if _, err := a.get("/libpod/containers/json", url.Values{"all": {"true"}, "filters": {filters}}, &list); err != nil {
+		fmt.Fprintf(os.Stderr, "container e2e: listing containers: %v\n", err)
+		return
+	}
+	for _, c := range list {
+		req, _ := http.NewRequest(http.MethodDelete, "http://podman/v4.0.0/libpod/containers/"+c.ID+"?force=true", nil)
+		if resp, err := a.c.Do(req); err == nil {
+			resp.Body.Close()
+		}
 	}
 }
