@@ -90,6 +90,10 @@ func TestPrivateRegistry_PullsWithCredentialsFromVariable(t *testing.T) {
 	podman(t, "tag", simImage, private)
 	podman(t, "push", "--tls-verify=false", "--creds", registryUser+":"+registryPassword, private)
 	podman(t, "rmi", private) // only the registry has it under this name now
+	t.Cleanup(func() {
+		// The driver's pull tagged it again; the next run's registry port differs.
+		_ = exec.Command("podman", "--url", "unix://"+podmanSocket, "rmi", private).Run()
+	})
 
 	// Without credentials the registry refuses the pull.
 	const anonID = "oasis-container-anon"
