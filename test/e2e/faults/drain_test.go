@@ -3,6 +3,9 @@ package faults
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -202,4 +206,140 @@ func TestAllocStopUnderLoad(t *testing.T) {
 	must.SliceNotEmpty(t, events, must.Sprint("no drain event on the stopped task"))
 	must.StrHasPrefix(t, "Draining: ", events[0])
 	must.StrHasPrefix(t, "Drained", events[len(events)-1])
+}
+
+// startSecondClient runs a second Nomad client on this host, joined to the
+// stack's server with the stack's own agent configuration (Consul, ACLs,
+// plugins) but its own name, data dir, ports and dynamic port range. It is
+// stopped when the test ends, after the test's jobs (registered later).
+func startSecondClient(t *testing.T, ctx context.Context, name string) *nomadapi.Node {
+	t.Helper()
+	own, err := os.ReadFile(filepath.Join(stack.Dir, "nomad.hcl"))
+	must.NoError(t, err)
+	rpc, err := stack.NomadServerRPC()
+	must.NoError(t, err)
+	ports, err := testutil.FreePorts(3)
+	must.NoError(t, err)
+	// Short: Nomad puts unix sockets under the data dir.
+	dir, err := os.MkdirTemp("", "odrain")
+	must.NoError(t, err)
+	dataDir := filepath.Join(dir, "d")
+
+	cfg := string(own)
+	replaceBlock := func(start, with string) {
+		i := strings.Index(cfg, start)
+		must.Positive(t, i+1, must.Sprint("no ", start, " in the stack's nomad.hcl"))
+		j := strings.Index(cfg[i:], "\n}\n")
+		cfg = cfg[:i] + with + cfg[i+j+3:]
+	}
+	replaceBlock("ports {", fmt.Sprintf("ports {\n  http = %d\n  rpc  = %d\n  serf = %d\n}\n", ports[0], ports[1], ports[2]))
+	replaceBlock("advertise {", fmt.Sprintf("advertise {\n  http = \"127.0.0.1:%d\"\n  rpc  = \"127.0.0.1:%d\"\n  serf = \"127.0.0.1:%d\"\n}\n", ports[0], ports[1], ports[2]))
+	replaceBlock("server {", "server {\n  enabled = false\n}\n")
+	cfg = regexp.MustCompile(`(?m)^name\s*=.*$`).ReplaceAllString(cfg, fmt.Sprintf("name = %q", name))
+	cfg = regexp.MustCompile(`(?m)^data_dir\s*=.*$`).ReplaceAllString(cfg, fmt.Sprintf("data_dir = %q", dataDir))
+	cfg = regexp.MustCompile(`(?m)^  servers\s*=.*$`).ReplaceAllString(cfg,
+		fmt.Sprintf("  servers = [%q]\n  # The stack's client allocates 20000-32000 on the same address.\n  min_dynamic_port = 33000\n  max_dynamic_port = 33999", rpc))
+	// Engines run as an unprivileged user in task dirs under the data dir.
+	must.NoError(t, os.Chmod(dir, 0o755))
+	must.NoError(t, os.MkdirAll(dataDir, 0o755))
+	cfgPath := filepath.Join(dir, "nomad.hcl")
+	must.NoError(t, os.WriteFile(cfgPath, []byte(cfg), 0o600))
+
+	// The Nomad the stack runs (testbed: OASIS_NOMAD_BIN, else bin/nomad).
+	nomadBin := os.Getenv("OASIS_NOMAD_BIN")
+	if nomadBin == "" {
+		root, err := testbed.RepoRoot()
+		must.NoError(t, err)
+		nomadBin = filepath.Join(root, "bin", "nomad")
+	}
+	agent, err := testbed.StartExtraAgent(nomadBin, []string{"agent", "-config", cfgPath}, dir, filepath.Join(dir, "nomad.log"), dataDir)
+	must.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("second client log:\n%s", agent.Tail())
+		}
+		if err := agent.Stop(); err != nil {
+			t.Errorf("stopping the second nomad client: %v", err)
+		}
+		if nodes, _, err := stack.Nomad.Nodes().PrefixList(""); err == nil {
+			for _, nd := range nodes {
+				if nd.Name == name {
+					_, _, _ = stack.Nomad.Nodes().Purge(nd.ID, nil)
+				}
+			}
+		}
+		_ = os.RemoveAll(dir)
+	})
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	node, err := stack.WaitNomadNode(wctx, agent, name)
+	must.NoError(t, err)
+	return node
+}
+
+// TestNodeDrainUnderLoad drains (`nomad node drain -enable`) a second Nomad
+// client running engines of a job spread over two nodes, while the router
+// serves a steady load. Nomad migrates them (the group's migrate defaults:
+// one at a time) to the other node; each leaves Consul, waits its
+// shutdown_delay, and the driver drains it before the signal.
+//
+// Lost: nothing. Asserted: zero failed client requests; the drained node
+// runs no engine afterwards and four pass again, all on the other node.
+func TestNodeDrainUnderLoad(t *testing.T) {
+	const job, model, n = "drain-node", "drain-node-llama", 4
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	second := startSecondClient(t, ctx, "oasis-drain-e2e")
+
+	hcl := drainJob(job, model, n, "1s", drainArgs)
+	hcl = strings.Replace(hcl, `group "engine" {`, "group \"engine\" {\n    spread {\n      attribute = \"${node.unique.id}\"\n    }", 1)
+	_, err := stack.RunJobHCL(ctx, hcl)
+	must.NoError(t, err)
+	t.Cleanup(func() { stopEngines(t, model, []*engine{{job: job}}) })
+	must.NoError(t, stack.WaitDeployment(ctx, job))
+	onSecond := func() []string {
+		allocs, _, err := stack.Nomad.Jobs().Allocations(job, false, nil)
+		must.NoError(t, err)
+		var ids []string
+		for _, a := range allocs {
+			if a.NodeID == second.ID && a.ClientStatus == "running" {
+				ids = append(ids, a.ID)
+			}
+		}
+		return ids
+	}
+	drained := onSecond()
+	must.SliceNotEmpty(t, drained, must.Sprint("no engine placed on the second node"))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return len(viewConsul(t, model).passing) == n
+	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	r := startRouter(t, model, drainPolicy, n)
+	l := startLoad(t, loadConfig{url: r.url, model: model, clients: loadClients, deadline: requestDeadline})
+	waitResults(t, l, 2*loadClients)
+
+	start := time.Now()
+	_, err = stack.Nomad.Nodes().UpdateDrain(second.ID, &nomadapi.DrainSpec{Deadline: 2 * time.Minute}, false, nil)
+	must.NoError(t, err)
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		nd, _, err := stack.Nomad.Nodes().Info(second.ID, nil)
+		switch {
+		case err != nil:
+			return err
+		case nd.DrainStrategy != nil:
+			return fmt.Errorf("node %s still draining", second.ID[:8])
+		case len(onSecond()) > 0:
+			return fmt.Errorf("engines still on node %s", second.ID[:8])
+		case len(viewConsul(t, model).passing) != n:
+			return fmt.Errorf("not %d engines passing", n)
+		}
+		return nil
+	}), wait.Timeout(4*time.Minute), wait.Gap(250*time.Millisecond)))
+	t.Logf("drained %d engines off node %s in %s", len(drained), second.ID[:8], time.Since(start).Round(time.Millisecond))
+	for _, id := range drained {
+		t.Logf("drained allocation %s: %v", id[:8], drainEvents(t, id))
+	}
+	before := len(l.snapshot())
+	waitResults(t, l, before+loadClients)
+	rs := l.Stop()
+	assertNoneFailed(t, rs)
 }
