@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"io"
 	"mime/multipart"
@@ -10,8 +11,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // bodyEngine answers 200 {} and keeps the last body and headers it received.
@@ -197,4 +202,56 @@ func TestEngineErrorsInOpenAIShape(t *testing.T) {
 		must.Eq(t, 400, resp.StatusCode)
 		must.Less(t, 5<<10, len(readErr(t, resp).Error.Message))
 	})
+}
+
+// TestCompression: engines are asked for identity encoding (so usage is
+// counted), and a whole answer is gzipped toward a client that accepts it;
+// a stream is not.
+func TestCompression(t *testing.T) {
+	const answer = `{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}`
+	e := newBodyEngine(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			// What a compressing engine does when the client's field reaches it.
+			w.Header().Set("Content-Encoding", "gzip")
+			gz := gzip.NewWriter(w)
+			_, _ = io.WriteString(gz, answer)
+			_ = gz.Close()
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, answer)
+	})
+	h := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e.Server)})
+	raw := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	t.Cleanup(raw.CloseIdleConnections)
+	do := func(body, enc string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Accept-Encoding", enc)
+		resp, err := raw.Do(req)
+		must.NoError(t, err)
+		return resp
+	}
+
+	resp := do(`{"model":"m","prompt":"x"}`, "gzip, deflate")
+	must.Eq(t, 200, resp.StatusCode)
+	must.Eq(t, "gzip", resp.Header.Get("Content-Encoding"))
+	zr, err := gzip.NewReader(resp.Body)
+	must.NoError(t, err)
+	b, err := io.ReadAll(zr)
+	must.NoError(t, err)
+	resp.Body.Close()
+	must.Eq(t, answer, string(b))
+	_, hdr, _ := e.last()
+	must.Eq(t, "identity", hdr.Get("Accept-Encoding"))
+	testutil.Eventually(t, 5*time.Second, "usage to be counted", func() bool {
+		return promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "a", "completion")) == 7
+	})
+
+	for _, c := range [][2]string{{`{"model":"m","prompt":"x"}`, "gzip;q=0"}, {`{"model":"m","prompt":"x","stream":true}`, "gzip"}} {
+		resp = do(c[0], c[1])
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.Eq(t, "", resp.Header.Get("Content-Encoding"), must.Sprint(c))
+		must.Eq(t, answer, string(b))
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/cascade"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -147,6 +148,11 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 		g.cfg.OnAccept(ctx, x.pol.Scoring, x.req, wk)
 	}
 
+	if _, leg := w.(*cascade.Buffer); !leg && gzipFor(r, x.fields.Stream, resp) {
+		gw := newGzipWriter(w)
+		defer gw.close()
+		w = gw
+	}
 	rl := &relay{g: g, w: w, rec: rec, x: x, wk: wk, resp: resp, pre: pre, sent: sent, timer: timer,
 		stream: x.fields.Stream, sse: x.fields.Stream && resp.StatusCode == http.StatusOK && isEventStream(resp.Header)}
 	rl.usage.sse = rl.sse
@@ -211,6 +217,9 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(x.body)), nil }
 	up.Header = towardEngine(r.Header, len(r.Header)+2)
 	delete(up.Header, "Expect") // the body is already here; never wait for 100 Continue
+	// Identity: the router reads usage (and a cascade's small answer) from
+	// the answer, and compresses toward the client itself (compress.go).
+	up.Header["Accept-Encoding"] = identityEncoding
 	// A pooled connection can also be closed by the engine (its keep-alive
 	// timeout: 5 s in uvicorn and cpp-httplib) just as the request is written
 	// on it; the write succeeds and the read fails. net/http resends such a
