@@ -73,7 +73,7 @@ func (r *modelResource) ValidateConfig(ctx context.Context, req resource.Validat
 	if diags.HasError() {
 		return
 	}
-	addProblems(&resp.Diagnostics, checkModel(s))
+	addProblems(&resp.Diagnostics, checkModel(s, policyOf(r.c)))
 }
 
 // addProblems turns problems into error diagnostics.
@@ -197,6 +197,14 @@ func (r *modelResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanR
 		if h, err := specHash(renderModelJob(s)); err == nil {
 			plan.SpecHash = types.StringValue(h)
 		}
+		// ValidateConfig may run before the provider is configured; the
+		// clients' policy (driver_policy) is checked here.
+		if r.c != nil && !diags.HasError() {
+			if ps := checkModel(s, r.c.DriverPolicy); len(ps) > 0 {
+				addProblems(&resp.Diagnostics, ps)
+				return
+			}
+		}
 	}
 	if state != nil && plan.SpecHash.Equal(state.SpecHash) && plan.Count.Equal(state.Count) &&
 		plan.PrefillCount.Equal(state.PrefillCount) && plan.DecodeCount.Equal(state.DecodeCount) {
@@ -261,7 +269,7 @@ func (r *modelResource) apply(ctx context.Context, m modelModel, st stateSetter,
 	if d.HasError() {
 		return
 	}
-	if ps := checkModel(s); len(ps) > 0 {
+	if ps := checkModel(s, r.c.DriverPolicy); len(ps) > 0 {
 		addProblems(d, ps)
 		return
 	}

@@ -45,14 +45,15 @@ var modelNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
 
 // checkModel finds everything wrong with a spec: its own attributes first,
 // then the rendered job through the llm driver's own validation and
-// rendering (jobcheck), each driver field mapped back to its attribute.
-func checkModel(s modelSpec) []problem {
+// rendering (jobcheck) against the clients' plugin policy, each driver
+// field mapped back to its attribute.
+func checkModel(s modelSpec, policy config.Policy) []problem {
 	ps := checkSpecAttrs(s)
 	if len(ps) > 0 {
 		return ps
 	}
 	seen := map[string]bool{}
-	for _, r := range jobcheck.Check(renderModelJob(s)) {
+	for _, r := range jobcheck.CheckPolicy(renderModelJob(s), policy) {
 		for _, err := range flattenErrors(r.Err) {
 			p := driverProblem(err)
 			if !seen[p.Path.String()+p.Msg] {
@@ -62,6 +63,20 @@ func checkModel(s modelSpec) []problem {
 		}
 	}
 	return ps
+}
+
+// unconfiguredPolicy stands in for the clients' policy where the provider
+// is not configured yet (ValidateConfig, `tofu validate`): it allows what a
+// plugin config may allow, so that only ModifyPlan, which has the
+// provider's driver_policy, refuses what the policy refuses.
+var unconfiguredPolicy = config.Policy{AllowTaskBinary: true, DefaultUser: "root"}
+
+// policyOf is the policy oasis_model is checked against with clients c.
+func policyOf(c *Clients) config.Policy {
+	if c == nil {
+		return unconfiguredPolicy
+	}
+	return c.DriverPolicy
 }
 
 // checkSpecAttrs checks what the driver cannot see: names, role and counts,

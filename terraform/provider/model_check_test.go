@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
 
 func TestCheckModel(t *testing.T) {
@@ -53,7 +55,7 @@ func TestCheckModel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := base()
 			tc.edit(&s)
-			ps := checkModel(s)
+			ps := checkModel(s, config.DefaultPolicy())
 			must.SliceNotEmpty(t, ps)
 			var found bool
 			for _, p := range ps {
@@ -80,6 +82,25 @@ func TestCheckModelValid(t *testing.T) {
 			Role: modelRoleBoth, Count: 1, CPU: 100, MemoryMB: 64,
 			EngineImage: "vllm/vllm-openai:v0.11.2@sha256:" + strings.Repeat("ab", 32)},
 	} {
-		t.Run(name, func(t *testing.T) { must.SliceEmpty(t, checkModel(s)) })
+		t.Run(name, func(t *testing.T) { must.SliceEmpty(t, checkModel(s, config.DefaultPolicy())) })
 	}
+}
+
+// TestCheckModelDriverPolicy: engine_binary is refused at plan under the
+// llm plugin's default policy, naming the attribute, and accepted where the
+// provider's driver_policy says the clients allow task binaries.
+func TestCheckModelDriverPolicy(t *testing.T) {
+	s := modelSpec{Name: "m", Datacenters: []string{"*"}, Engine: "sim", Model: "m",
+		Role: modelRoleBoth, Count: 1, CPU: 100, MemoryMB: 64, EngineBinary: "/opt/oasis-sim"}
+
+	ps := checkModel(s, config.DefaultPolicy())
+	must.Len(t, 1, ps)
+	must.Eq(t, "engine_binary", ps[0].Path.String())
+	must.StrContains(t, ps[0].Msg, `"/opt/oasis-sim"`)
+	must.StrContains(t, ps[0].Msg, "allow_task_binary = true")
+
+	must.SliceEmpty(t, checkModel(s, config.Policy{AllowTaskBinary: true, DefaultUser: config.DefaultUser}))
+	// Before the provider is configured (tofu validate) the policy is not known: nothing is refused for it.
+	must.SliceEmpty(t, checkModel(s, policyOf(nil)))
+	must.Eq(t, config.DefaultPolicy(), policyOf(&Clients{DriverPolicy: config.DefaultPolicy()}))
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -59,7 +61,7 @@ func TestRenderModelJobGolden(t *testing.T) {
 			// engine_binary: plan checks against the driver's default policy,
 			// which refuses a task's own binary (TestCheckModel).
 			s.EngineBinary = ""
-			must.SliceEmpty(t, checkModel(s))
+			must.SliceEmpty(t, checkModel(s, config.DefaultPolicy()))
 		})
 	}
 }

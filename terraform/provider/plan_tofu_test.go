@@ -30,6 +30,11 @@ func TestPlanValidation(t *testing.T) {
 		must.Eq(t, []string{"create"}, c.Change.Actions)
 	}
 
+	// driver_policy stating that the clients allow task binaries lets engine_binary through.
+	p, err = tf.Plan(ctx, "-var", "engine_binary=/opt/vllm/bin/vllm", "-var", "allow_task_binary=true")
+	must.NoError(t, err)
+	must.Len(t, 2, p.Changed())
+
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -47,6 +52,9 @@ func TestPlanValidation(t *testing.T) {
 			[]string{`router_variables["htp_port"]`, `declares no variable "htp_port"`}},
 		{"mistyped router variable", []string{"-var", `router_variables={http_port="eighty"}`},
 			[]string{`router_variables["http_port"]`, "not a number"}},
+		// The provider's driver_policy defaults to the llm plugin's: no task binaries.
+		{"engine binary under the default policy", []string{"-var", "engine_binary=/opt/vllm/bin/vllm"},
+			[]string{`engine_binary: llm driver field binary: "/opt/vllm/bin/vllm"`, "allow_task_binary = true", "engine_binary = var.engine_binary"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tf.Plan(ctx, tc.args...)

@@ -19,6 +19,9 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/provider/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/types"
+	"github.com/hashicorp/terraform-plugin-framework/types/basetypes"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
 
 const (
@@ -48,6 +51,13 @@ type providerModel struct {
 	ConsulToken      types.String `tfsdk:"consul_token"`
 	ConsulDatacenter types.String `tfsdk:"consul_datacenter"`
 	KVPrefix         types.String `tfsdk:"kv_prefix"`
+	DriverPolicy     types.Object `tfsdk:"driver_policy"`
+}
+
+// driverPolicyModel is the provider's driver_policy: what the clients' llm
+// plugin config allows, which the provider cannot read from the cluster.
+type driverPolicyModel struct {
+	AllowTaskBinary types.Bool `tfsdk:"allow_task_binary"`
 }
 
 // Clients is what Configure hands resources and data sources.
@@ -58,6 +68,9 @@ type Clients struct {
 	Region string
 	// KVPrefix is the router's Consul KV prefix (policy and keys below it).
 	KVPrefix string
+	// DriverPolicy is the llm plugin policy oasis_model is checked against
+	// (the provider's driver_policy; unset: the plugin's defaults).
+	DriverPolicy config.Policy
 }
 
 func (p *oasisProvider) Metadata(_ context.Context, _ provider.MetadataRequest, resp *provider.MetadataResponse) {
@@ -85,6 +98,13 @@ func (p *oasisProvider) Schema(_ context.Context, _ provider.SchemaRequest, resp
 				Description: "Consul datacenter (default the agent's)."},
 			"kv_prefix": schema.StringAttribute{Optional: true,
 				Description: "The router's -kv-prefix: its policy is <kv_prefix>/policy, its keys <kv_prefix>/keys (default " + DefaultKVPrefix + ")."},
+			"driver_policy": schema.SingleNestedAttribute{Optional: true,
+				Description: "What the Nomad clients' llm plugin config allows, mirroring its options; oasis_model is checked " +
+					"against it at plan. Unset: the plugin's defaults (no task binaries).",
+				Attributes: map[string]schema.Attribute{
+					"allow_task_binary": schema.BoolAttribute{Optional: true,
+						Description: "The clients' plugin config sets allow_task_binary = true: oasis_model may set engine_binary (default false)."},
+				}},
 		},
 	}
 }
@@ -99,6 +119,14 @@ func (p *oasisProvider) Configure(ctx context.Context, req provider.ConfigureReq
 	if err != nil {
 		resp.Diagnostics.AddError("Configuring the Oasis provider", err.Error())
 		return
+	}
+	if !m.DriverPolicy.IsNull() && !m.DriverPolicy.IsUnknown() {
+		var dp driverPolicyModel
+		resp.Diagnostics.Append(m.DriverPolicy.As(ctx, &dp, basetypes.ObjectAsOptions{})...)
+		if resp.Diagnostics.HasError() {
+			return
+		}
+		c.DriverPolicy.AllowTaskBinary = dp.AllowTaskBinary.ValueBool()
 	}
 	resp.ResourceData = c
 	resp.DataSourceData = c
@@ -142,7 +170,7 @@ func newClients(m providerModel) (*Clients, error) {
 	if prefix == "" {
 		prefix = DefaultKVPrefix
 	}
-	return &Clients{Nomad: nomad, Consul: consul, Region: region, KVPrefix: prefix}, nil
+	return &Clients{Nomad: nomad, Consul: consul, Region: region, KVPrefix: prefix, DriverPolicy: config.DefaultPolicy()}, nil
 }
 
 func (p *oasisProvider) Resources(context.Context) []func() resource.Resource {

@@ -10,6 +10,19 @@ provider "oasis" {
   nomad_address  = "http://127.0.0.1:9"
   nomad_region   = "global"
   consul_address = "127.0.0.1:9"
+  driver_policy = {
+    allow_task_binary = var.allow_task_binary
+  }
+}
+
+variable "allow_task_binary" {
+  type    = bool
+  default = false
+}
+
+variable "engine_binary" {
+  type    = string
+  default = null
 }
 
 variable "engine" {
@@ -38,6 +51,8 @@ resource "oasis_model" "m" {
   model        = "meta-llama/Llama-3.1-8B-Instruct"
   engine_count = var.engine_count
   kv_offload   = var.kv_offload
+  # Refused unless driver_policy allows task binaries.
+  engine_binary = var.engine_binary
 }
 
 resource "oasis_system_jobs" "s" {

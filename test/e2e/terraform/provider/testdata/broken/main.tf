@@ -6,7 +6,13 @@ terraform {
   }
 }
 
-provider "oasis" {}
+# The test bed's clients set allow_task_binary = true in the llm plugin
+# config; the plan checks engine_binary against what this states.
+provider "oasis" {
+  driver_policy = {
+    allow_task_binary = true
+  }
+}
 
 resource "oasis_model" "broken" {
   name          = "tf-broken"
