@@ -104,7 +104,7 @@ bench-sim: build
 ## TPOT p90 100 ms) by bisection; table, bench/out/routing.json and .png
 ## (CPU_GIB / DISK_GIB: host-memory and kvcached SSD KV tiers per worker; 0 for GPU KV only; ROUTING_LIMIT=n: the
 ## first n requests, 0 all; ROUTING_BISECT: bisection steps per policy; ROUTING_FLAGS: more flags, e.g. -learning approx)
-TRACE    ?= ../shared/traces/mooncake-conversation.jsonl
+TRACE    ?= bench/cluster/traces/mooncake-conversation.jsonl.gz
 WORKERS  ?= 16
 CPU_GIB  ?= 256
 DISK_GIB ?= 2048

@@ -29,10 +29,9 @@ type TraceEntry struct {
 }
 
 // Traces are the published traces with prefix information (hash ids) the
-// library holds. ../shared/traces/ is the read-only shared folder; the
-// Mooncake synthetic trace is small enough to ship gzipped.
+// library holds, shipped gzipped under bench/cluster/traces/.
 var Traces = []TraceEntry{
-	{Name: "mooncake-conversation", Family: "conversation", Path: "../shared/traces/mooncake-conversation.jsonl",
+	{Name: "mooncake-conversation", Family: "conversation", Path: "bench/cluster/traces/mooncake-conversation.jsonl.gz",
 		Source:  "kvcache-ai/Mooncake FAST25-release/traces/conversation_trace.jsonl",
 		Licence: "Apache-2.0",
 		Doc:     "12,031 requests of one hour of Kimi chat traffic; mean input 12,035 tokens, output 343; every request starts with block 0"},

@@ -4,7 +4,7 @@
 // a table (stdout), disagg.json and plots of TPOT p90 and TTFT p90 versus rate
 // (disagg-tpot.png, disagg-ttft.png).
 //
-//	go run ./bench/cluster/cmd/bench-disagg -trace ../shared/traces/mooncake-conversation.jsonl -gpus 8 -splits 0,2,4,6
+//	go run ./bench/cluster/cmd/bench-disagg -trace bench/cluster/traces/mooncake-conversation.jsonl.gz -gpus 8 -splits 0,2,4,6
 package main
 
 import (
@@ -31,7 +31,7 @@ func main() {
 
 func run() error {
 	var (
-		trace    = flag.String("trace", "../shared/traces/mooncake-conversation.jsonl", "trace file in the Mooncake JSONL format")
+		trace    = flag.String("trace", "bench/cluster/traces/mooncake-conversation.jsonl.gz", "trace file in the Mooncake JSONL format")
 		gpus     = flag.Int("gpus", 8, "GPUs in the cluster (all H100, oasis-sim's Llama-3-8B model)")
 		splits   = flag.String("splits", "0,2,4,6", "prefill GPUs of each configuration (0: aggregated); the rest decode")
 		scales   = flag.String("scales", "1,2,3,4,5,6", "rate scales to sweep (arrival time / scale)")

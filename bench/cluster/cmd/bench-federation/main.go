@@ -58,7 +58,7 @@ type summary struct {
 
 func run() error {
 	var (
-		trace    = flag.String("trace", "../shared/traces/mooncake-conversation.jsonl", "trace file in the Mooncake JSONL format")
+		trace    = flag.String("trace", "bench/cluster/traces/mooncake-conversation.jsonl.gz", "trace file in the Mooncake JSONL format")
 		limit    = flag.Int("limit", 0, "use only the first N requests (0: all)")
 		dcs      = flag.Int("dcs", 2, "datacenters")
 		workers  = flag.Int("workers", 4, "workers per datacenter (H100/A100/H100/L40S repeating)")

@@ -3,7 +3,7 @@
 // routing policy and a sweep of request rates, and writes a table (stdout),
 // JSON (routing.json) and a plot of TTFT p90 versus rate (routing.png).
 //
-//	go run ./bench/cluster/cmd/bench-routing -trace ../shared/traces/mooncake-conversation.jsonl -workers 16
+//	go run ./bench/cluster/cmd/bench-routing -trace bench/cluster/traces/mooncake-conversation.jsonl.gz -workers 16
 package main
 
 import (
@@ -31,7 +31,7 @@ func main() {
 }
 
 var (
-	trace       = flag.String("trace", "../shared/traces/mooncake-conversation.jsonl", "trace: a library name ("+strings.Join(cluster.LibraryNames(), ", ")+"), a generator gen:NAME[:knob=v,...], or a file in the Mooncake JSONL format (.gz read gunzipped)")
+	trace       = flag.String("trace", "bench/cluster/traces/mooncake-conversation.jsonl.gz", "trace: a library name ("+strings.Join(cluster.LibraryNames(), ", ")+"), a generator gen:NAME[:knob=v,...], or a file in the Mooncake JSONL format (.gz read gunzipped)")
 	synthetic   = flag.Bool("synthetic", false, "use the synthetic shared-prefix generator instead of -trace")
 	groups      = flag.Int("syn-groups", 32, "synthetic: prefix groups")
 	perGroup    = flag.Int("syn-prompts", 64, "synthetic: conversations per group")
