@@ -136,6 +136,12 @@ func (p *PluginConfig) Validate() (time.Duration, error) {
 
 // TaskSpec is the schema of a task's config block; Nomad's client checks
 // types and unknown attributes against it before StartTask is called.
+//
+// extra_env is a block of attributes, as Nomad's own drivers declare maps
+// (docker's storage_opt), not a map(string) attribute: Nomad's HCL job
+// parser turns `extra_env = { ... }` into a list of one map, which a
+// map(string) attribute refuses; a block decodes from that list and from a
+// map (a job submitted as JSON or through the API) alike.
 var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"engine":                 hclspec.NewAttr("engine", "string", true),
 	"model":                  hclspec.NewAttr("model", "string", false),
@@ -159,7 +165,7 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"health_timeout":         hclspec.NewAttr("health_timeout", "string", false),
 	"otlp_traces_endpoint":   hclspec.NewAttr("otlp_traces_endpoint", "string", false),
 	"extra_args":             hclspec.NewAttr("extra_args", "list(string)", false),
-	"extra_env":              hclspec.NewAttr("extra_env", "map(string)", false),
+	"extra_env":              hclspec.NewBlockAttrs("extra_env", "string", false),
 	"binary":                 hclspec.NewAttr("binary", "string", false),
 	"image":                  hclspec.NewAttr("image", "string", false),
 	"auth":                   AuthSpec,

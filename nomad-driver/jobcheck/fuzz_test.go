@@ -84,6 +84,8 @@ func FuzzTaskConfig(f *testing.F) {
 		"engine = \"vllm\"\nmodel = \"m\"\nport = \"http\"\ngpu_memory_utilization = 0.9\nkv_offload = \"lmcache\"\nkv_offload_size_gb = 12.25\n",
 		"engine = \"sglang\"\nmodel = \"m\"\nport = \"http\"\nrole = \"prefill\"\nbootstrap_port = \"kv\"\nextra_args = [\"--x\", \"1\"]\n",
 		"engine = \"llamacpp\"\nmodel = \"/m.gguf\"\nport = \"http\"\nextra_env = { A = \"b\" }\n",
+		// Nomad's job parser hands `extra_env = { ... }` on as a list of one map.
+		"engine = \"sim\"\nmodel = \"m\"\nport = \"http\"\nkv_events = false\nextra_env = [{ A = \"b\" }]\n",
 		"engine = \"trtllm\"\nmodel = \"m\"\nport = \"http\"\nmax_model_len = 4096\nblock_size = 32\n",
 		"engine = \"openai_compat\"\nendpoint = \"https://api.example.com/v1\"\nhealth_timeout = \"2m\"\n",
 		"engine = \"sim\"\nmodel = \"m\"\nport = \"http\"\nkv_events = true\nkv_events_port = \"kv\"\nkv_events_replay_port = \"replay\"\n",

@@ -113,6 +113,10 @@ func decode(raw map[string]interface{}) (config.TaskConfig, error) {
 // decodeKnown is decode for a block whose keys are all fields.
 func decodeKnown(raw map[string]interface{}) (config.TaskConfig, error) {
 	var tc config.TaskConfig
+	raw, err := unwrapBlocks(raw)
+	if err != nil {
+		return tc, err
+	}
 	b, err := json.Marshal(raw)
 	if err != nil {
 		return tc, fmt.Errorf("encoding config block: %w", err)
@@ -125,6 +129,55 @@ func decodeKnown(raw map[string]interface{}) (config.TaskConfig, error) {
 		return tc, fmt.Errorf("decoding config block: %w", err)
 	}
 	return tc, nil
+}
+
+// blockFields are the task config's maps that the client's schema declares
+// as blocks of attributes (config.TaskSpec): Nomad's HCL job parser turns
+// `extra_env = { ... }` (or `extra_env { ... }`) into a list of one map, a
+// job submitted as JSON may carry the map itself, and the client decodes
+// both; more than one block is the client's "Duplicate extra_env block".
+var blockFields = []string{"extra_env"}
+
+// unwrapBlocks returns raw with each block field's list of one map replaced
+// by the map (raw itself is not modified).
+func unwrapBlocks(raw map[string]interface{}) (map[string]interface{}, error) {
+	var out map[string]interface{}
+	for _, f := range blockFields {
+		v, ok := raw[f]
+		if !ok {
+			continue
+		}
+		var blocks []interface{}
+		switch l := v.(type) {
+		case []interface{}:
+			blocks = l
+		case []map[string]interface{}:
+			for _, m := range l {
+				blocks = append(blocks, m)
+			}
+		case []map[string]string:
+			for _, m := range l {
+				blocks = append(blocks, m)
+			}
+		default:
+			continue // a map, or a wrong type the decoder names
+		}
+		if len(blocks) > 1 {
+			return nil, &config.FieldError{Field: f, Msg: fmt.Sprintf("one map expected, got %d (write %s = { NAME = \"value\", ... } once)", len(blocks), f)}
+		}
+		if out == nil {
+			out = maps.Clone(raw)
+		}
+		if len(blocks) == 0 {
+			delete(out, f)
+			continue
+		}
+		out[f] = blocks[0]
+	}
+	if out == nil {
+		return raw, nil
+	}
+	return out, nil
 }
 
 // taskFields holds the task config's JSON field names. Keys must match them
