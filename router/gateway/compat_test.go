@@ -255,3 +255,67 @@ func TestCompression(t *testing.T) {
 		must.Eq(t, answer, string(b))
 	}
 }
+
+// TestStreamUsageWithSim: a stream whose client asked no usage is counted
+// (the router asks oasis-sim for it) and the client's stream has no usage
+// event; a client that asked gets it.
+func TestStreamUsageWithSim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs oasis-sim")
+	}
+	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-sim")
+	s := testutil.StartSim(t, testutil.SimConfig{Bin: bin, Model: "m",
+		Args: []string{"--host", "127.0.0.1", "--speed", "0", "--log-level", "warn"}})
+	h := newHarnessWith(t, Config{MaxBodyBytes: 1 << 20}, nil, map[string]string{"a": "m@" + s.Addr})
+	counted := func() float64 { return promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "a", "completion")) }
+	for i, c := range []struct {
+		body      string
+		wantUsage bool
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}`, false},
+		{`{"model":"m","prompt":"hi","max_tokens":5,"stream":true,"stream_options":{"continuous_usage_stats":false}}`, false},
+		{`{"model":"m","prompt":"hi","max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`, true},
+	} {
+		path := "/v1/completions"
+		if strings.Contains(c.body, "messages") {
+			path = "/v1/chat/completions"
+		}
+		before := counted()
+		resp := h.post(path, c.body)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		must.NoError(t, err)
+		must.Eq(t, 200, resp.StatusCode)
+		must.StrContains(t, string(b), "data: [DONE]")
+		must.Eq(t, c.wantUsage, strings.Contains(string(b), `"choices":[]`), must.Sprint(i, string(b)))
+		testutil.Eventually(t, 5*time.Second, "the stream's tokens to be counted", func() bool { return counted() == before+5 })
+	}
+}
+
+// TestStripUsageSplit: a usage event split between two reads is still
+// taken out, the events around it kept.
+func TestStripUsageSplit(t *testing.T) {
+	stream := "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n" +
+		"data: [DONE]\n\n"
+	for cut := 1; cut < len(stream); cut++ {
+		rl := &relay{strip: true}
+		var out []byte
+		for _, part := range []string{stream[:cut], stream[cut:]} {
+			out = append(out, rl.stripUsage([]byte(part))...)
+		}
+		out = append(out, rl.partial...)
+		must.Eq(t, "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":null}\n\ndata: [DONE]\n\n", string(out), must.Sprint(cut))
+	}
+}
+
+// TestLargeAnswerUsage: an answer over 1 MiB is counted too.
+func TestLargeAnswerUsage(t *testing.T) {
+	var u usageScanner
+	u.feed([]byte(`{"choices":[{"text":"` + strings.Repeat("y", 3<<20) + `"}],`))
+	u.feed([]byte(`"usage" : {"prompt_tokens":4,"completion_tokens":9,"total_tokens":13}}`))
+	p, c, ok := u.result()
+	must.True(t, ok)
+	must.Eq(t, int64(4), p)
+	must.Eq(t, int64(9), c)
+}

@@ -156,6 +156,7 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	rl := &relay{g: g, w: w, rec: rec, x: x, wk: wk, resp: resp, pre: pre, sent: sent, timer: timer,
 		stream: x.fields.Stream, sse: x.fields.Stream && resp.StatusCode == http.StatusOK && isEventStream(resp.Header)}
 	rl.usage.sse = rl.sse
+	rl.strip = rl.sse && asksUsage(x)
 	if fl, ok := w.(http.Flusher); ok {
 		rl.fl = fl
 	}
@@ -208,13 +209,14 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 		target = strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
 		rt = g.cfg.HostedTransport
 	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(x.body))
+	body := forwardBody(x) // never reassigned: the closure below captures it by value
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err
 	}
 	// Lets the transport resend the body on a pooled connection the engine
 	// had closed before reading anything.
-	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(x.body)), nil }
+	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	up.Header = towardEngine(r.Header, len(r.Header)+2)
 	delete(up.Header, "Expect") // the body is already here; never wait for 100 Continue
 	// Identity: the router reads usage (and a cascade's small answer) from

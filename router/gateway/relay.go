@@ -33,6 +33,9 @@ type relay struct {
 	pending    error // a read's error not yet acted on (a read can return data and an error)
 	tail       [2]byte
 	usage      usageScanner
+	strip      bool   // the router asked for usage: its event is not the client's (streamusage.go)
+	partial    []byte // an unfinished line stripUsage kept back
+	dropBlank  bool   // stripUsage took out a usage line; its blank line is still to come
 }
 
 // commit sends the engine's status and end-to-end headers to the client.
@@ -51,6 +54,11 @@ func (rl *relay) emit(data []byte, firstToken bool) bool {
 		return true
 	}
 	rl.usage.feed(data)
+	if rl.strip {
+		if data = rl.stripUsage(data); len(data) == 0 {
+			return true
+		}
+	}
 	// A slow client is not a silent engine: stream_idle times the engine's
 	// reads only.
 	rl.timer.t.Stop()
@@ -163,6 +171,9 @@ func (rl *relay) run(ctx, uctx context.Context, r *http.Request) error {
 	case !rl.committed:
 		return rl.g.beforeFirstByte(rl.x, uctx, err)
 	case errors.Is(err, io.EOF):
+		if len(rl.partial) > 0 { // an unfinished last line: the engine's to end
+			_, _ = rl.w.Write(rl.partial)
+		}
 		if p, c, ok := rl.usage.result(); ok {
 			ws := rl.rec.ws
 			rl.rec.tr.usage(p, c)

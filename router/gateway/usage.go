@@ -7,7 +7,8 @@ import (
 
 // usageScanner picks the engine's usage object out of a response as it
 // streams by, with bounded memory: for SSE it looks at complete "data:" lines
-// that mention "usage"; for a JSON body it keeps up to 1 MiB and parses at the end.
+// that mention "usage"; for a JSON body it keeps up to 1 MiB and parses at the end,
+// and of a longer one its last 64 KiB, where its usage member is looked for.
 type usageScanner struct {
 	sse    bool
 	line   []byte
@@ -18,7 +19,10 @@ type usageScanner struct {
 	found  bool
 }
 
-const maxUsageBuf = 1 << 20
+const (
+	maxUsageBuf  = 1 << 20  // a JSON answer parsed whole
+	maxUsageTail = 64 << 10 // the tail of a longer one searched for its usage
+)
 
 type usageDoc struct {
 	Usage *struct {
@@ -29,10 +33,11 @@ type usageDoc struct {
 
 func (u *usageScanner) feed(p []byte) {
 	if !u.sse {
-		if !u.over && len(u.body)+len(p) <= maxUsageBuf {
-			u.body = append(u.body, p...)
-		} else {
-			u.over, u.body = true, nil
+		u.body = append(u.body, p...)
+		if len(u.body) > maxUsageBuf {
+			// Over 1 MiB: keep its tail, where usage follows the choices.
+			u.over = true
+			u.body = append(u.body[:0], u.body[len(u.body)-maxUsageTail:]...)
 		}
 		return
 	}
@@ -71,10 +76,30 @@ func (u *usageScanner) parse(b []byte) {
 }
 
 func (u *usageScanner) result() (prompt, completion int64, ok bool) {
-	if !u.sse && !u.over && len(u.body) > 0 {
+	switch {
+	case u.sse || len(u.body) == 0:
+	case !u.over:
 		u.parse(u.body)
+	default:
+		u.parseTail()
 	}
 	return u.prompt, u.compl, u.found
+}
+
+// parseTail reads the last "usage" member of a long JSON answer's tail.
+func (u *usageScanner) parseTail() {
+	i := bytes.LastIndex(u.body, []byte(`"usage"`))
+	if i < 0 {
+		return
+	}
+	rest := bytes.TrimLeft(u.body[i+len(`"usage"`):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return
+	}
+	var d usageDoc
+	if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&d.Usage) == nil && d.Usage != nil {
+		u.prompt, u.compl, u.found = d.Usage.PromptTokens, d.Usage.CompletionTokens, true
+	}
 }
 
 // mentionsUsage is bytes.Contains(p, []byte(`"usage"`)), about ten times

@@ -27,7 +27,8 @@ func String(s string) json.RawMessage {
 }
 
 // AppendMember returns body, a valid JSON object, with the member key: val
-// added after its last member; every other byte is kept. A repeated key's
+// added after its last member; every other byte is kept. key is written as
+// it is: a name that needs no escaping. A repeated key's
 // last value wins (as in ParseRequest and Python's json), so the member
 // appended overrides one already there.
 func AppendMember(body []byte, key string, val json.RawMessage) []byte {
@@ -44,7 +45,9 @@ func AppendMember(body []byte, key string, val json.RawMessage) []byte {
 	if !empty {
 		out = append(out, ',')
 	}
-	out = append(out, String(key)...)
+	out = append(out, '"')
+	out = append(out, key...)
+	out = append(out, '"')
 	out = append(out, ':')
 	out = append(out, val...)
 	return append(out, body[end:]...)
