@@ -28,6 +28,11 @@ const (
 	drainPoll = 250 * time.Millisecond
 	// drainMaxBody bounds one /metrics read; vLLM's page is tens of kB.
 	drainMaxBody = 4 << 20
+	// drainSettle is waited after the counts reach zero, when they were not
+	// zero at first: an engine counts a request done when it generates the
+	// last token, a moment before its HTTP layer has sent the final chunk
+	// and [DONE].
+	drainSettle = 500 * time.Millisecond
 	// drainMinExitGrace is the least time the engine gets between the
 	// signal and SIGKILL after a drain that used up the stop timeout.
 	drainMinExitGrace = 5 * time.Second
@@ -200,10 +205,10 @@ type drainResult struct {
 	Err error
 }
 
-// drainWait polls the engine's in-flight count until it is zero, ctx ends
-// (the bound), or a read fails. onDraining is called once, with the first
-// non-zero count.
-func drainWait(ctx context.Context, client *http.Client, url string, m drainMetrics, poll time.Duration, onDraining func(n int)) drainResult {
+// drainWait polls the engine's in-flight count until it is zero (then waits
+// settle more, unless it was zero at once), ctx ends (the bound), or a read
+// fails. onDraining is called once, with the first non-zero count.
+func drainWait(ctx context.Context, client *http.Client, url string, m drainMetrics, poll, settle time.Duration, onDraining func(n int)) drainResult {
 	announced := false
 	last := 0
 	for {
@@ -213,6 +218,14 @@ func drainWait(ctx context.Context, client *http.Client, url string, m drainMetr
 			return drainResult{Left: last}
 		case err != nil:
 			return drainResult{Left: last, Err: err}
+		case n == 0 && announced:
+			t := time.NewTimer(settle)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			return drainResult{Drained: true}
 		case n == 0:
 			return drainResult{Drained: true}
 		}
@@ -253,7 +266,7 @@ func (d *Driver) drain(h *taskHandle, timeout time.Duration) time.Duration {
 	ctx, cancel := context.WithTimeout(h.ctx, timeout)
 	defer cancel()
 	draining := false
-	res := drainWait(ctx, client, metricsURL(h.state.HealthURL), m, drainPoll, func(n int) {
+	res := drainWait(ctx, client, metricsURL(h.state.HealthURL), m, drainPoll, drainSettle, func(n int) {
 		draining = true
 		d.emit(h.taskConfig, fmt.Sprintf("Draining: %d requests in flight", n), nil)
 	})

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -223,9 +224,16 @@ func startSecondClient(t *testing.T, ctx context.Context, name string) *nomadapi
 	// Short: Nomad puts unix sockets under the data dir.
 	dir, err := os.MkdirTemp("", "odrain")
 	must.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	dataDir := filepath.Join(dir, "d")
 
+	// Its own Consul client agent: Nomad clients sharing one agent deregister each other's
+	// services (each removes the Nomad services it does not know).
+	consulAddr := startConsulClient(t, dir, name)
+
 	cfg := string(own)
+	cfg = regexp.MustCompile(`(?m)^(\s*address\s*=\s*)"`+regexp.QuoteMeta(stack.ConsulAddr)+`"`).ReplaceAllString(cfg, `${1}"`+consulAddr+`"`)
+	must.StrContains(t, cfg, consulAddr, must.Sprint("no consul address in the stack's nomad.hcl"))
 	replaceBlock := func(start, with string) {
 		i := strings.Index(cfg, start)
 		must.Positive(t, i+1, must.Sprint("no ", start, " in the stack's nomad.hcl"))
@@ -268,7 +276,6 @@ func startSecondClient(t *testing.T, ctx context.Context, name string) *nomadapi
 				}
 			}
 		}
-		_ = os.RemoveAll(dir)
 	})
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -342,4 +349,60 @@ func TestNodeDrainUnderLoad(t *testing.T) {
 	waitResults(t, l, before+loadClients)
 	rs := l.Stop()
 	assertNoneFailed(t, rs)
+}
+
+// startConsulClient runs a Consul client agent called name joined to the
+// stack's Consul, data under dir, and returns its HTTP address; it is stopped
+// when the test ends, after the Nomad client registered later.
+func startConsulClient(t *testing.T, dir, name string) string {
+	t.Helper()
+	join, err := stack.ConsulSerfLAN()
+	must.NoError(t, err)
+	agentToken, _, err := stack.ClientTokens()
+	must.NoError(t, err)
+	ports, err := testutil.FreePorts(2)
+	must.NoError(t, err)
+	cfg := map[string]any{
+		"node_name": name, "bind_addr": "127.0.0.1", "client_addr": "127.0.0.1", "log_level": "warn",
+		"data_dir": filepath.Join(dir, "consul"), "server": false, "retry_join": []string{join},
+		"ports": map[string]int{"http": ports[0], "serf_lan": ports[1], "serf_wan": -1, "dns": -1,
+			"grpc": -1, "grpc_tls": -1, "https": -1},
+	}
+	if agentToken != "" {
+		cfg["acl"] = map[string]any{"enabled": true, "default_policy": "deny", "tokens": map[string]string{"agent": agentToken}}
+	}
+	data, err := json.Marshal(cfg)
+	must.NoError(t, err)
+	path := filepath.Join(dir, "consul.json")
+	must.NoError(t, os.WriteFile(path, data, 0o600))
+	consulBin := os.Getenv("OASIS_CONSUL_BIN")
+	if consulBin == "" {
+		root, err := testbed.RepoRoot()
+		must.NoError(t, err)
+		consulBin = filepath.Join(root, "bin", "consul")
+	}
+	agent, err := testbed.StartExtraAgent(consulBin, []string{"agent", "-config-file", path}, dir, filepath.Join(dir, "consul.log"), "")
+	must.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("second consul agent log:\n%s", agent.Tail())
+		}
+		if err := agent.Stop(); err != nil {
+			t.Errorf("stopping the second consul agent: %v", err)
+		}
+	})
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if agent.Exited() {
+			return fmt.Errorf("consul agent exited:\n%s", agent.Tail())
+		}
+		node, _, err := stack.Consul.Catalog().Node(name, nil)
+		if err != nil {
+			return err
+		}
+		if node == nil {
+			return fmt.Errorf("no catalog node %s yet", name)
+		}
+		return nil
+	}), wait.Timeout(time.Minute), wait.Gap(250*time.Millisecond)))
+	return fmt.Sprintf("127.0.0.1:%d", ports[0])
 }
