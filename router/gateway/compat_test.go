@@ -319,3 +319,54 @@ func TestLargeAnswerUsage(t *testing.T) {
 	must.Eq(t, int64(4), p)
 	must.Eq(t, int64(9), c)
 }
+
+// TestModelsWithSim: /v1/models in vLLM's shape, the engine's created and
+// max_model_len, cascade aliases listed, byte for byte the same from two
+// router replicas; /v1/models/{id}, 404 for an unknown one.
+func TestModelsWithSim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs oasis-sim")
+	}
+	bin := testutil.BuildCommand(t, "github.com/oasis-llm/oasis/cmd/oasis-sim")
+	s := testutil.StartSim(t, testutil.SimConfig{Bin: bin, Model: "org/m",
+		Args: []string{"--host", "127.0.0.1", "--speed", "0", "--log-level", "warn"}})
+	doc := parseDoc(t, `{"policy":"round_robin","cascades":{"alias":{"small":"org/m","large":"org/big","gate":"logprob","threshold":-0.5}}}`)
+	engines := map[string]string{"a": "org/m@" + s.Addr}
+	get := func(h *harness, path string) (int, string) {
+		resp, err := http.Get(h.srv.URL + path)
+		must.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		must.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	h1 := newHarness(t, doc, nil, engines)
+	status, list := get(h1, "/v1/models")
+	must.Eq(t, 200, status)
+	var got struct {
+		Data []map[string]any `json:"data"`
+	}
+	must.NoError(t, json.Unmarshal([]byte(list), &got))
+	must.Len(t, 2, got.Data)
+	m, alias := got.Data[0], got.Data[1]
+	must.Eq(t, "org/m", m["id"])
+	must.Eq(t, "model", m["object"])
+	must.NotEq(t, 0.0, m["created"].(float64))
+	must.Positive(t, m["max_model_len"].(float64))
+	must.Eq(t, "org/m", m["root"])
+	must.Nil(t, m["parent"])
+	must.Eq(t, []any{}, m["permission"].([]any))
+	must.Eq(t, "alias", alias["id"])
+
+	h2 := newHarness(t, doc, nil, engines) // another replica
+	_, list2 := get(h2, "/v1/models")
+	must.Eq(t, list, list2)
+
+	status, one := get(h1, "/v1/models/org/m")
+	must.Eq(t, 200, status)
+	must.StrContains(t, one, `"max_model_len":`)
+	resp, err := http.Get(h1.srv.URL + "/v1/models/nope")
+	must.NoError(t, err)
+	must.Eq(t, 404, resp.StatusCode)
+	must.Eq(t, "model_not_found", *readErr(t, resp).Error.Code)
+}

@@ -7,7 +7,6 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -102,7 +101,6 @@ type Gateway struct {
 	log      hclog.Logger
 	m        *metrics.Metrics
 	draining atomic.Bool
-	started  int64
 	mux      *http.ServeMux
 	bufs     sync.Pool // *[]byte relay buffers
 	ids      *requestIDs
@@ -110,6 +108,7 @@ type Gateway struct {
 	service  serviceTimes
 	tr       *tracing // nil: tracing off
 	hop      hopMark  // this router's Via entry (hop.go)
+	cards    engineCards
 }
 
 // New validates c and returns a gateway.
@@ -158,7 +157,7 @@ func New(c Config) (*Gateway, error) {
 	if c.Admission.OnQueue == nil {
 		c.Admission.OnQueue = func(model string, n int) { m.Queued.WithLabelValues(model).Set(float64(n)) }
 	}
-	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, started: time.Now().Unix(), ids: newRequestIDs(),
+	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, ids: newRequestIDs(),
 		tr: newTracing(c.TracerProvider), hop: newHopMark()}
 	g.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	g.mux = g.routes()
@@ -173,6 +172,7 @@ func (g *Gateway) routes() *http.ServeMux {
 	}
 	mux.Handle("GET /version", g.authenticated(http.HandlerFunc(g.version)))
 	mux.Handle("GET /v1/models", g.authenticated(http.HandlerFunc(g.models)))
+	mux.Handle("GET /v1/models/{id...}", g.authenticated(http.HandlerFunc(g.model)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
@@ -312,22 +312,4 @@ func (g *Gateway) authenticated(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, k)))
 	})
-}
-
-func (g *Gateway) models(w http.ResponseWriter, _ *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, m := range g.cfg.Pool.Models() {
-		out.Data = append(out.Data, model{ID: m, Object: "model", Created: g.started, OwnedBy: "oasis"})
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(out)
 }
