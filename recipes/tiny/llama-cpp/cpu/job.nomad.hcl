@@ -52,6 +52,10 @@ job "tiny-llama-cpp-cpu" {
   group "engine" {
     count = var.count
 
+    # The service leaves Consul (and the router) this long before the engine is stopped;
+    # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
+    shutdown_delay = "2s"
+
     network {
       port "http" {}
     }
@@ -102,8 +106,10 @@ job "tiny-llama-cpp-cpu" {
         extra_args = ["-np", "${var.parallel}", "-t", "1", "-tb", "1"]
       }
 
+      # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after
+      # what is left of kill_timeout (at least 5 s).
       kill_signal  = "SIGTERM"
-      kill_timeout = "10s"
+      kill_timeout = "30s"
 
       resources {
         cpu    = 500
