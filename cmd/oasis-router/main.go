@@ -107,6 +107,9 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 	}
 	c.HostedUpstreams = discovery.SplitList(lists.hostedUpstreams)
 	c.HostedKeyEnvs = discovery.SplitList(lists.hostedKeyEnvs)
+	c.CORSOrigins = discovery.SplitList(lists.corsOrigins)
+	c.CORSMethods = discovery.SplitList(lists.corsMethods)
+	c.CORSHeaders = discovery.SplitList(lists.corsHeaders)
 	c.AdaptiveGOMAXPROCS = rt.gomaxprocs <= 0
 	return c, rt, nil
 }
@@ -115,6 +118,7 @@ func parseFlags(args []string) (app.Config, runtimeFlags, error) {
 // config files are read.
 type listFlags struct {
 	engines, hostedUpstreams, hostedKeyEnvs string
+	corsOrigins, corsMethods, corsHeaders   string
 }
 
 // newFlagSet defines every flag but -config on c, rt and lists, with its
@@ -163,6 +167,9 @@ func newFlagSet(c *app.Config, rt *runtimeFlags, lists *listFlags) *flag.FlagSet
 	fs.StringVar(&c.MeshListen, "mesh-listen", "", "serve the API Connect-native on this TCP host:port: callers present their mesh certificate and intentions decide who may call (needs -mesh-service)")
 	fs.BoolVar(&c.MeshEngines, "mesh-engines", false, "reach engines only through the mesh: their sidecar proxies (or Connect-native listeners) from Consul, dialled with the router's mesh certificate, each verified as the engine service (needs -mesh-service)")
 	fs.StringVar(hostedUpstreams, "hosted-upstreams", "", "hosted OpenAI-compatible base URLs engines may name in oasis_upstream, comma-separated: https://host[:port]/path, host may start with *. (one label); others are ignored")
+	fs.StringVar(&lists.corsOrigins, "cors-origins", "", "let browser pages of these origins call the API (CORS), comma-separated scheme://host[:port], or * for any (off by default)")
+	fs.StringVar(&lists.corsMethods, "cors-methods", "", "methods a CORS preflight allows, comma-separated (default GET, POST)")
+	fs.StringVar(&lists.corsHeaders, "cors-headers", "", "request headers a CORS preflight allows, comma-separated, or * for those asked (default Authorization, Content-Type, X-Request-Id)")
 	fs.StringVar(hostedKeyEnvs, "hosted-key-envs", "", "environment variables engines may name in oasis_upstream_key_env, comma-separated: NAME (any allowed upstream) or NAME=URL pattern (only those upstreams)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces of API requests over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318 (off by default; path default /v1/traces); engines get each attempt's traceparent")
 	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", app.DefaultTraceSampleRatio, "share of new traces sampled with -otlp-endpoint, 0 to 1 (1 samples every request); a client's traceparent decides for its own trace")

@@ -167,3 +167,14 @@ runtime { memory_limit = "1GiB" }
 		})
 	}
 }
+
+// CORS is off by default; its flags are comma-separated lists.
+func TestCORSFlags(t *testing.T) {
+	def, _, err := parseFlags(nil)
+	must.NoError(t, err)
+	must.Nil(t, def.CORSOrigins)
+	c, _, err := parseFlags([]string{"-cors-origins", "https://a.example, https://b.example", "-cors-headers", "*"})
+	must.NoError(t, err)
+	must.Eq(t, []string{"https://a.example", "https://b.example"}, c.CORSOrigins)
+	must.Eq(t, []string{"*"}, c.CORSHeaders)
+}

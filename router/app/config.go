@@ -120,6 +120,11 @@ type Config struct {
 	HostedUpstreams []string // -hosted-upstreams: allowed oasis_upstream base URLs (discovery.ParseHostedPolicy)
 	HostedKeyEnvs   []string // -hosted-key-envs: allowed oasis_upstream_key_env names
 
+	// CORS (router/gateway/cors.go), off unless CORSOrigins is set.
+	CORSOrigins []string // -cors-origins: origins browser pages may call from, or *
+	CORSMethods []string // -cors-methods (default gateway.DefaultCORSMethods)
+	CORSHeaders []string // -cors-headers (default gateway.DefaultCORSHeaders), or *
+
 	// OpenTelemetry traces (router/gateway/tracing.go), off by default.
 	OTLPEndpoint string // -otlp-endpoint: OTLP/HTTP receiver URL, e.g. http://127.0.0.1:4318 (path default /v1/traces)
 	// TraceSampleRatio is the share of new traces sampled, 0 to 1

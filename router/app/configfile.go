@@ -30,6 +30,10 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "discovery", Name: "hosted_upstreams", Flag: "hosted-upstreams", Kind: agentconfig.List},
 	{Block: "discovery", Name: "hosted_key_envs", Flag: "hosted-key-envs", Kind: agentconfig.List},
 
+	{Block: "cors", Name: "origins", Flag: "cors-origins", Kind: agentconfig.List},
+	{Block: "cors", Name: "methods", Flag: "cors-methods", Kind: agentconfig.List},
+	{Block: "cors", Name: "headers", Flag: "cors-headers", Kind: agentconfig.List},
+
 	{Block: "policy", Name: "kv_prefix", Flag: "kv-prefix", Kind: agentconfig.String},
 	{Block: "policy", Name: "file", Flag: "policy-file", Kind: agentconfig.String},
 	{Block: "policy", Name: "api_keys_file", Flag: "api-keys-file", Kind: agentconfig.String},

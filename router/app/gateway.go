@@ -31,7 +31,7 @@ func (a *App) initGateway() error {
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
 		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor,
 		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, OnAccept: a.record, Federation: a.fed,
-		TracerProvider: a.tracer,
+		TracerProvider: a.tracer, CORS: a.corsConfig(),
 	})
 	if err != nil {
 		return err
@@ -62,4 +62,13 @@ func (a *App) record(_ context.Context, _ scoring.Config, req *scoring.Request, 
 	if ok && len(keys) > 0 && !a.cache.EventDriven(w.ID) {
 		a.cache.Record(w.ID, keys)
 	}
+}
+
+// corsConfig is the gateway's CORS configuration: nil (off) unless
+// -cors-origins names origins.
+func (a *App) corsConfig() *gateway.CORS {
+	if len(a.cfg.CORSOrigins) == 0 {
+		return nil
+	}
+	return &gateway.CORS{Origins: a.cfg.CORSOrigins, Methods: a.cfg.CORSMethods, Headers: a.cfg.CORSHeaders}
 }

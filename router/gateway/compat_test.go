@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"mime/multipart"
@@ -17,6 +19,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/router/auth"
 )
 
 // bodyEngine answers 200 {} and keeps the last body and headers it received.
@@ -369,4 +372,50 @@ func TestModelsWithSim(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, 404, resp.StatusCode)
 	must.Eq(t, "model_not_found", *readErr(t, resp).Error.Code)
+}
+
+// TestCORS: with origins configured, a preflight is answered by the router
+// (before authentication) and answers carry Allow-Origin; other origins
+// get no CORS headers and a refused preflight; without the option, none.
+func TestCORS(t *testing.T) {
+	e := newBodyEngine(t, nil)
+	sum := sha256.Sum256([]byte("sk-test-1"))
+	specs, err := auth.Parse([]byte(`{"keys":[{"id":"k","sha256":"` + hex.EncodeToString(sum[:]) + `"}]}`))
+	must.NoError(t, err)
+	authn := auth.New()
+	authn.Set(specs)
+	h := newHarnessWith(t, Config{Auth: authn, CORS: &CORS{Origins: []string{"https://app.example"}}}, nil,
+		map[string]string{"a": "m@" + addr(e.Server)})
+	preflight := func(srv string, origin string) *http.Response {
+		req, _ := http.NewRequest(http.MethodOptions, srv+"/v1/chat/completions", nil)
+		req.Header.Set("Origin", origin)
+		req.Header.Set("Access-Control-Request-Method", "POST")
+		req.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+		resp, err := http.DefaultClient.Do(req)
+		must.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	resp := preflight(h.srv.URL, "https://app.example")
+	must.Eq(t, 204, resp.StatusCode)
+	must.Eq(t, "https://app.example", resp.Header.Get("Access-Control-Allow-Origin"))
+	must.Eq(t, "GET, POST", resp.Header.Get("Access-Control-Allow-Methods"))
+	must.StrContains(t, resp.Header.Get("Access-Control-Allow-Headers"), "Authorization")
+
+	resp = h.post("/v1/chat/completions", `{"model":"m","messages":[]}`, "Origin", "https://app.example",
+		"Authorization", "Bearer sk-test-1")
+	resp.Body.Close()
+	must.Eq(t, 200, resp.StatusCode)
+	must.Eq(t, "https://app.example", resp.Header.Get("Access-Control-Allow-Origin"))
+
+	must.Eq(t, 403, preflight(h.srv.URL, "https://evil.example").StatusCode)
+	resp = h.post("/v1/chat/completions", `{"model":"m","messages":[]}`, "Origin", "https://evil.example",
+		"Authorization", "Bearer sk-test-1")
+	resp.Body.Close()
+	must.Eq(t, "", resp.Header.Get("Access-Control-Allow-Origin"))
+
+	off := newHarness(t, nil, nil, map[string]string{"a": "m@" + addr(e.Server)})
+	resp = preflight(off.srv.URL, "https://app.example")
+	must.Eq(t, 405, resp.StatusCode)
+	must.Eq(t, "", resp.Header.Get("Access-Control-Allow-Origin"))
 }

@@ -79,6 +79,10 @@ type Config struct {
 	// learn prompts an engine refused. On the request path: keep it short.
 	OnAccept func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
 
+	// CORS, when set, lets browser pages of its origins call the API
+	// (cors.go); nil: no CORS headers, preflights get 405.
+	CORS *CORS
+
 	// Federation, when set, may send requests to other datacenters' routers
 	// (see federate.go). Requests it marks as forwarded are served here.
 	Federation *federation.Federation
@@ -272,7 +276,12 @@ func (e *HandshakeError) Error() string { return "TLS handshake with " + e.Addr 
 func (e *HandshakeError) Unwrap() error { return e.Err }
 
 // ServeHTTP implements http.Handler.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.cors(w, r) {
+		return // a preflight, answered before authentication (cors.go)
+	}
+	g.mux.ServeHTTP(w, r)
+}
 
 // Drain makes /ready fail so load balancers stop sending; in-flight requests
 // continue (http.Server.Shutdown waits for them).

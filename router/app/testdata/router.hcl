@@ -33,6 +33,12 @@ discovery {
   hosted_key_envs  = []
 }
 
+cors {
+  origins = [] # CORS off; e.g. ["https://app.example"] or ["*"]
+  methods = [] # default GET, POST
+  headers = [] # default Authorization, Content-Type, X-Request-Id; ["*"]: those asked
+}
+
 policy {
   kv_prefix     = "oasis/router"
   file          = ""
