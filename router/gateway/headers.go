@@ -6,15 +6,6 @@ import (
 	"strings"
 )
 
-// endToEnd returns a copy of h without its hop-by-hop fields, sized for
-// extra more. The value slices are shared: callers replace entries, never
-// append to them.
-func endToEnd(h http.Header, extra int) http.Header {
-	out := make(http.Header, len(h)+extra)
-	copyEndToEnd(out, h)
-	return out
-}
-
 // copyEndToEnd sets dst's fields from src's end-to-end ones.
 func copyEndToEnd(dst, src http.Header) {
 	named := src["Connection"]
