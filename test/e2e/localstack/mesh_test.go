@@ -29,6 +29,9 @@ func TestUpMeshServesMeshClients(t *testing.T) {
 	tmp, err := os.MkdirTemp("/tmp", "om")
 	must.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(tmp) })
+	// Traversable by other users: the llm driver runs engines as its default_user (nobody)
+	// from the stack's bin/ under it.
+	must.NoError(t, os.Chmod(tmp, 0o755))
 	home := filepath.Join(tmp, "h")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
