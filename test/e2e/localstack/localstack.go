@@ -10,8 +10,10 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/user"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -54,6 +56,57 @@ func StatePath(home string) string { return filepath.Join(home, "stack.json") }
 
 // Up starts the stack under home (unless one is already up there), runs the jobs and the demo
 // recipe, and prints where everything is to out.
+// engineUser is "" when home and every directory above it let other users through, so the llm
+// driver's default user (nobody) reaches the engines' binaries under home; otherwise the name of
+// home's owner (the checkout's user; root for a checkout under /root), whom the local stack's
+// driver then runs engines as.
+func engineUser(home string) (string, error) {
+	abs, err := filepath.Abs(home)
+	if err != nil {
+		return "", err
+	}
+	for d := abs; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if errors.Is(err, os.ErrNotExist) && d == abs {
+			continue // made by Up, traversable
+		}
+		if err != nil {
+			return "", fmt.Errorf("checking %s: %w", d, err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return ownerName(d)
+		}
+		if d == filepath.Dir(d) {
+			return "", nil
+		}
+	}
+}
+
+// ownerName is the user name owning path (its uid when it has no name).
+func ownerName(path string) (string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return "", fmt.Errorf("no owner for %s", path)
+	}
+	uid := strconv.FormatUint(uint64(sys.Uid), 10)
+	if u, err := user.LookupId(uid); err == nil {
+		return u.Username, nil
+	}
+	return uid, nil
+}
+
+// llmDefaultUser is the llm plugin option for engineUser ("" keeps the driver's default).
+func llmDefaultUser(name string) string {
+	if name == "" {
+		return ""
+	}
+	return fmt.Sprintf("default_user = %q", name)
+}
+
 func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*testbed.Stack, error) {
 	statePath := StatePath(home)
 	if s, err := testbed.Load(statePath); err == nil {
@@ -65,10 +118,18 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 		return nil, fmt.Errorf("a stack state exists at %s but its Nomad does not answer; run `make down` first", statePath)
 	}
 	fmt.Fprintln(out, "Starting Consul and Nomad with the Oasis plugins (the first run builds the Oasis binaries) ...")
+	runAs, err := engineUser(home)
+	if err != nil {
+		return nil, err
+	}
+	if runAs != "" {
+		fmt.Fprintf(out, "  engines run as %s, the owner of %s: the llm driver's default user (nobody) cannot reach the stack's binaries through its parent directories\n", runAs, home)
+	}
 	s, err := testbed.Start(ctx, testbed.Options{
-		Dir:    filepath.Join(home, "stack"),
-		Logf:   func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
-		Bridge: opts.Mesh,
+		Dir:            filepath.Join(home, "stack"),
+		Logf:           func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
+		Bridge:         opts.Mesh,
+		LLMPluginExtra: llmDefaultUser(runAs),
 	})
 	if err != nil {
 		return nil, err
