@@ -228,6 +228,12 @@ func TestNodeModuleProvisionsANomadClient(t *testing.T) {
 	must.NoError(t, err)
 	var nomadAgent *testbed.ExtraAgent
 	nomadDataDir := filepath.Join(dir, "nomad", "data")
+	// The llm driver runs engines as nobody: the installed binaries and the allocation
+	// directories under the data dir must be reachable (as a node's bootstrap makes them).
+	for _, d := range []string{nomadDataDir, filepath.Join(dir, "prefix"), filepath.Join(dir, "prefix", "bin")} {
+		must.NoError(t, os.MkdirAll(d, 0o755))
+		must.NoError(t, os.Chmod(d, 0o755))
+	}
 	t.Cleanup(func() {
 		// The job first, while its client runs, so Nomad itself ends the task.
 		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
