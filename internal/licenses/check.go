@@ -202,6 +202,10 @@ func Graph(ctx context.Context, dir string) ([]Module, error) {
 	if err != nil {
 		return nil, err
 	}
+	modCache := ""
+	if out, err := goCmd(ctx, dir, "env", "GOMODCACHE"); err == nil {
+		modCache = strings.TrimSpace(string(out))
+	}
 	mods := make([]Module, 0, len(listed))
 	for _, g := range listed {
 		src := source(g)
@@ -210,7 +214,7 @@ func Graph(ctx context.Context, dir string) ([]Module, error) {
 			m.Dir = dirs[src.Path+"@"+src.Version]
 		}
 		if m.Dir == "" {
-			m.Dir = cachedDir(ctx, dir, src.Path, src.Version)
+			m.Dir = cachedDir(modCache, src.Path, src.Version)
 		}
 		if m.Dir == "" {
 			if m.Linked {
@@ -261,13 +265,13 @@ func download(ctx context.Context, dir string, missing []string) (map[string]str
 	return dirs, nil
 }
 
-// cachedDir is where the module cache keeps path@version, if it is there.
-func cachedDir(ctx context.Context, dir, path, version string) string {
-	out, err := goCmd(ctx, dir, "env", "GOMODCACHE")
-	if err != nil {
+// cachedDir is where the module cache (modCache, "" when unknown) keeps
+// path@version, if it is there.
+func cachedDir(modCache, path, version string) string {
+	if modCache == "" {
 		return ""
 	}
-	d := filepath.Join(strings.TrimSpace(string(out)), escape(path)+"@"+escape(version))
+	d := filepath.Join(modCache, escape(path)+"@"+escape(version))
 	if st, err := os.Stat(d); err == nil && st.IsDir() {
 		return d
 	}
