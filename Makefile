@@ -8,7 +8,7 @@
 
 GO        ?= go
 GOFLAGS   ?=
-PKGS_UNIT  = $(shell $(GO) list ./... | grep -v '/test/e2e')
+PKGS_UNIT  = $(shell $(GO) list ./... | grep -v '/test/e2e') ./test/e2e/testbed
 PKGS_E2E   = $(shell $(GO) list ./test/e2e/... | grep -v '/testbed$$' | grep -v '/cmd/')
 STATICCHECK = bin/staticcheck
 
@@ -55,7 +55,7 @@ licenses:
 	bin/licensecheck
 	cd bench/llmd && ../../bin/licensecheck
 
-## unit: every package outside test/e2e; no Nomad agent, Consul dev agents (bin/consul) for the Consul-backed tests
+## unit: every package outside test/e2e, and the test bed's own unit tests; no Nomad agent, Consul dev agents (bin/consul) for the Consul-backed tests
 unit:
 	$(GO) test -count=1 -timeout 15m $(PKGS_UNIT)
 

@@ -74,15 +74,30 @@ func consulBin(t testing.TB) string {
 // (failed under CI).
 func StartConsul(t testing.TB) (*consulapi.Client, string) {
 	t.Helper()
-	ports, err := FreePorts(4)
-	must.NoError(t, err)
-	a := startConsulAgent(t, consulAgentConfig{name: "dev", http: ports[0], serfLAN: ports[1], server: ports[2],
-		extra: map[string]any{"ports": map[string]int{"serf_wan": ports[3]}}}, "-dev")
-	a.waitFor(t, 30*time.Second, "a leader", func() bool {
-		leader, err := a.Client.Status().Leader()
-		return err == nil && leader != ""
-	})
-	return a.Client, a.HTTPAddr
+	for attempt := 1; ; attempt++ {
+		ports, err := FreePorts(4)
+		must.NoError(t, err)
+		a := startConsulAgent(t, consulAgentConfig{name: "dev", http: ports[0], serfLAN: ports[1], server: ports[2],
+			extra: map[string]any{"ports": map[string]int{"serf_wan": ports[3]}}}, "-dev")
+		// A free port can be taken by another process between FreePorts and
+		// the agent's bind: start over on new ports, twice at most.
+		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return a.Exited() || a.hasLeader() }),
+			wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Sprint("consul dev: timed out waiting for a leader"))
+		if !a.Exited() {
+			return a.Client, a.HTTPAddr
+		}
+		err = a.Stop()
+		if attempt < 3 && strings.Contains(a.Output(), "address already in use") {
+			t.Logf("consul dev lost a port to another process at start; starting it again on new ports")
+			continue
+		}
+		t.Fatalf("consul dev exited at start: %v", err)
+	}
+}
+
+func (a *ConsulAgent) hasLeader() bool {
+	leader, err := a.Client.Status().Leader()
+	return err == nil && leader != ""
 }
 
 // ConsulAgent is a Consul agent process a test started: a server of a

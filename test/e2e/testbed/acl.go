@@ -2,7 +2,6 @@ package testbed
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -121,7 +120,7 @@ func (s *Stack) bootstrapNomadACL(ctx context.Context) error {
 	var mgmt *nomadapi.ACLToken
 	err := poll(ctx, 200*time.Millisecond, "nomad ACL bootstrap", func() (bool, error) {
 		if s.nomad.exited() {
-			return false, permanentError{errors.New("nomad exited")}
+			return false, s.exitedError("nomad", "nomad.log")
 		}
 		t, _, err := s.Nomad.ACLTokens().Bootstrap(nil)
 		mgmt = t

@@ -3,7 +3,6 @@ package testbed
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,7 +68,7 @@ func (s *Stack) startConsul(ctx context.Context) error {
 	defer cancel()
 	err = poll(ctx, 100*time.Millisecond, "consul leader", func() (bool, error) {
 		if s.consul.exited() {
-			return false, permanentError{errors.New("consul exited")}
+			return false, s.exitedError("consul", "consul.log")
 		}
 		leader, err := s.Consul.Status().Leader()
 		return err == nil && leader != "", err
@@ -234,7 +233,7 @@ func (s *Stack) launchNomad(ctx context.Context) error {
 	}
 	err = poll(ctx, 200*time.Millisecond, "nomad client node ready", func() (bool, error) {
 		if s.nomad.exited() {
-			return false, permanentError{errors.New("nomad exited")}
+			return false, s.exitedError("nomad", "nomad.log")
 		}
 		// "keyring has not been initialized" and similar errors are transient right after start.
 		nodes, _, err := s.Nomad.Nodes().List(nil)

@@ -170,10 +170,18 @@ func (s *Stack) run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	if err := s.startConsul(ctx); err != nil {
+	if err := s.onFreshPorts("consul", func() error { return s.startConsul(ctx) }, func() error {
+		return stopProcess(s.consul, 10*time.Second)
+	}); err != nil {
 		return err
 	}
-	if err := s.startNomad(ctx, opts); err != nil {
+	if err := s.onFreshPorts("nomad", func() error { return s.startNomad(ctx, opts) }, func() error {
+		if err := stopProcess(s.nomad, 10*time.Second); err != nil {
+			return err
+		}
+		// The next attempt bootstraps a new server on new ports: no raft peer of the old ones.
+		return os.RemoveAll(s.nomadDataDir())
+	}); err != nil {
 		return err
 	}
 	if s.acls {
@@ -382,6 +390,35 @@ func stopProcess(p *process, grace time.Duration) error {
 		return nil
 	case <-time.After(5 * time.Second):
 		return fmt.Errorf("process %d did not exit after SIGKILL", p.pid)
+	}
+}
+
+// errPortTaken is why an agent exited at start when another process bound one of the ports
+// FreePorts had just found free: another test binary's agent, or an outbound connection's
+// ephemeral port.
+var errPortTaken = errors.New("a port it was given was taken by another process before it bound it")
+
+// exitedError is the permanentError for an agent that exited while the stack waited for it:
+// errPortTaken when its log says a bind failed, so that the caller can start it again.
+func (s *Stack) exitedError(name, logName string) error {
+	if strings.Contains(s.tail(logName), "address already in use") {
+		return permanentError{fmt.Errorf("%s exited: %w", name, errPortTaken)}
+	}
+	return permanentError{fmt.Errorf("%s exited", name)}
+}
+
+// onFreshPorts runs start, which picks its ports with FreePorts, up to three times while the
+// agent exits because one of them was taken in between; stop ends the failed attempt.
+func (s *Stack) onFreshPorts(name string, start, stop func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := start()
+		if attempt == 3 || !errors.Is(err, errPortTaken) {
+			return err
+		}
+		if err := stop(); err != nil {
+			return fmt.Errorf("stopping %s after it lost a port: %w", name, err)
+		}
+		s.logf("testbed: %s lost a port to another process at start; starting it again on new ports", name)
 	}
 }
 
