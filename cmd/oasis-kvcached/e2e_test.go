@@ -85,6 +85,16 @@ func startEnv(t *testing.T, env []string, args ...string) *proc {
 
 func (p *proc) metric(t *testing.T, name string) float64 {
 	t.Helper()
+	v, ok := p.series(t, name)
+	if !ok {
+		t.Fatalf("metric %s not found", name)
+	}
+	return v
+}
+
+// series is name's value, and whether p exports it at all.
+func (p *proc) series(t *testing.T, name string) (float64, bool) {
+	t.Helper()
 	resp, err := http.Get("http://" + p.httpAddr + "/metrics")
 	must.NoError(t, err)
 	defer resp.Body.Close()
@@ -94,12 +104,26 @@ func (p *proc) metric(t *testing.T, name string) float64 {
 		if rest, ok := strings.CutPrefix(line, name+" "); ok {
 			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
 			must.NoError(t, err)
-			return v
+			return v, true
 		}
 	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	return 0, false
 }
+
+// waitMore waits until p's counter name has grown by n from now: the
+// evidence that what it counts (filters served, filter exchanges, discovery
+// queries) happened n more times. A series not exported yet counts 0.
+func (p *proc) waitMore(t *testing.T, name string, n float64, timeout time.Duration) {
+	t.Helper()
+	before, _ := p.series(t, name)
+	testutil.Eventually(t, timeout, fmt.Sprintf("%s to grow by %v", name, n), func() bool {
+		v, _ := p.series(t, name)
+		return v >= before+n
+	})
+}
+
+// filtersServed is the counter of membership filters a node sent its peers.
+const filtersServed = `oasis_kvcached_peer_requests_served_total{op="filter",result="ok"}`
 
 // blockValue is the deterministic content of block i.
 func blockValue(i int) []byte {
@@ -219,8 +243,10 @@ func TestPeersFetchOverQUICWithMutualTLS(t *testing.T) {
 	must.GreaterEq(t, 1.0, b.metric(t, `oasis_kvcached_hits_total{tier="peer"}`)+b.metric(t, `oasis_kvcached_peer_fetches_total{result="hit"}`))
 	must.Eq(t, 1.0, b.metric(t, "oasis_kvcached_peers_healthy"))
 
-	// The rogue never gets a block, and a never counts it healthy.
-	time.Sleep(600 * time.Millisecond)
+	// The rogue never gets a block, and a never counts it healthy: three
+	// exchanges each way failed meanwhile.
+	a.waitMore(t, `oasis_kvcached_peer_filter_exchanges_total{result="error"}`, 3, 10*time.Second)
+	r.waitMore(t, `oasis_kvcached_peer_filter_exchanges_total{result="error"}`, 3, 10*time.Second)
 	must.Eq(t, int64(0), r.client.Exists(ctx, blockKey(1)).Val())
 	must.ErrorIs(t, r.client.Get(ctx, blockKey(1)).Err(), redis.Nil)
 	must.Eq(t, 0.0, r.metric(t, "oasis_kvcached_peers_healthy"))
@@ -416,7 +442,9 @@ func TestPasswordFileReloadsOnSIGHUP(t *testing.T) {
 
 	must.NoError(t, os.WriteFile(pw, nil, 0o600))
 	must.NoError(t, syscall.Kill(p.Pid(), syscall.SIGHUP))
-	time.Sleep(200 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, "the empty file refused", func() bool {
+		return strings.Contains(p.Output(), "keeping the current password")
+	})
 	must.False(t, p.Exited())
 	must.NoError(t, fresh("new").Ping(ctx).Err())
 	must.ErrorContains(t, fresh("").Get(ctx, "k").Err(), "NOAUTH")

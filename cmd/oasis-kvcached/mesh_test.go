@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,21 +25,16 @@ import (
 func untilFetch(t *testing.T, p *proc, next *int, want bool, start time.Time, within time.Duration) time.Duration {
 	t.Helper()
 	ctx := context.Background()
-	for time.Since(start) < within {
+	testutil.Eventually(t, within-time.Since(start), fmt.Sprintf("fetches to become %t", want), func() bool {
 		i := *next
 		*next++
 		v, err := p.client.Get(ctx, blockKey(i)).Bytes()
-		got := err == nil && string(v) == string(blockValue(i))
 		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatalf("GET %s: %v", blockKey(i), err)
 		}
-		if got == want {
-			return time.Since(start)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("fetches did not become %t within %s", want, within)
-	return 0
+		return (err == nil && string(v) == string(blockValue(i))) == want
+	})
+	return time.Since(start)
 }
 
 // TestMeshPeersFollowIntentions runs two kvcached with --mesh against a real
@@ -99,7 +95,7 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 	caFile, cert, key := ca.WriteFiles(t, t.TempDir(), "c", peer.DefaultServerName)
 	c := start(t, "--quic-addr", freeUDP(t), "--peers", qa, "--peer-filter-interval", "200ms", "--peer-timeout", "1s",
 		"--tls-ca", caFile, "--tls-cert", cert, "--tls-key", key)
-	time.Sleep(time.Second) // several filter exchanges
+	c.waitMore(t, `oasis_kvcached_peer_filter_exchanges_total{result="error"}`, 3, 10*time.Second) // several failed exchanges
 	must.EqOp(t, 0.0, c.metric(t, "oasis_kvcached_peers_healthy"))
 	_, err := c.client.Get(ctx, blockKey(next)).Bytes()
 	must.ErrorIs(t, err, redis.Nil)

@@ -56,7 +56,8 @@ func TestPeersInAnotherDatacenter(t *testing.T) {
 	// a's peers: n locally, b in dc2, both exchanging filters.
 	waitFor(t, 30*time.Second, "a to see n and b", func() bool { return a.metric(t, "oasis_kvcached_peers_healthy") == 2 })
 	waitFor(t, 30*time.Second, "n to see a", func() bool { return n.metric(t, "oasis_kvcached_peers_healthy") == 1 })
-	time.Sleep(400 * time.Millisecond) // two filter intervals: b's filter with block 7 has reached a
+	// Two of b's filters, the second built after block 7 was written, have reached a.
+	b.waitMore(t, filtersServed, 2, 10*time.Second)
 
 	must.ErrorIs(t, n.client.Get(ctx, blockKey(7)).Err(), redis.Nil, must.Sprint("n fetched from dc2, which it does not list"))
 	got, err := a.client.Get(ctx, blockKey(7)).Bytes()
@@ -85,7 +86,9 @@ func wanBudget(t *testing.T, a, b *proc, rate int) {
 	for i := range blocks {
 		must.NoError(t, b.client.Set(ctx, blockKey(100+i), bytes.Repeat([]byte{byte(i)}, size), 0).Err())
 	}
-	time.Sleep(1500 * time.Millisecond) // b's filter reaches a; a's bucket refills to its one-second burst
+	// b's filter with the ten blocks reaches a. (a's bucket may not be full again: the bound
+	// below holds whatever it held, and one 100 KiB block fits a refill of well under a second.)
+	b.waitMore(t, filtersServed, 2, 10*time.Second)
 	before := a.metric(t, `oasis_kvcached_peer_wan_bytes_total{dc="dc2",kind="block"}`)
 	start := time.Now()
 	hits := 0
@@ -130,7 +133,7 @@ func frozenDC2(t *testing.T, dc1, dc2 *testutil.ConsulAgent, a, n *proc, nID str
 	// Local lookups: a block only n holds, written after the freeze.
 	local := []byte("held by n in dc1")
 	must.NoError(t, n.client.Set(ctx, blockKey(200), local, 0).Err())
-	time.Sleep(400 * time.Millisecond)
+	n.waitMore(t, filtersServed, 2, 10*time.Second)
 	start := time.Now()
 	got, err := a.client.Get(ctx, blockKey(200)).Bytes()
 	took := time.Since(start)
@@ -234,7 +237,8 @@ func TestRemoteDatacenterNeedsAGlobalToken(t *testing.T) {
 	waitFor(t, 10*time.Second, "the local token's node to see its dc1 neighbour", func() bool {
 		return withLocal.metric(t, "oasis_kvcached_peers_healthy") == 1
 	})
-	time.Sleep(time.Second) // several blocking queries to dc2 answered meanwhile
+	// Several queries to dc2 answered meanwhile.
+	withLocal.waitMore(t, `oasis_kvcached_peer_discovery_queries_total{dc="dc2",result="ok"}`, 3, 30*time.Second)
 	must.StrNotContains(t, withLocal.Output(), `kvcached peer set changed: dc=dc2`)
 	must.Eq(t, 1.0, withLocal.metric(t, "oasis_kvcached_peers_healthy"))
 	must.Eq(t, 0.0, withLocal.metric(t, `oasis_kvcached_peer_wan_fetches_total{dc="dc2",result="hit"}`))

@@ -104,8 +104,9 @@ func (a *App) startPeers() {
 	for _, dc := range c.PeerDatacenters {
 		a.watch(peer.ConsulConfig{Client: ps.consul, Service: c.ConsulService, Datacenter: dc,
 			QueryTimeout: c.PeerWANDiscoveryTimeout, IsSelf: ps.isSelf, Logger: log,
-			Set:   func(addrs []string) { _ = ps.node.SetRemotePeers(dc, addrs) }, // dc is one of the node's
-			Stale: func(stale bool) { ps.node.SetDatacenterStale(dc, stale) }})
+			Set:     func(addrs []string) { _ = ps.node.SetRemotePeers(dc, addrs) }, // dc is one of the node's
+			Stale:   func(stale bool) { ps.node.SetDatacenterStale(dc, stale) },
+			Queried: func(err error) { ps.node.CountDiscoveryQuery(dc, err) }})
 		log.Info("following kvcached peers in a remote datacenter", "dc", dc, "fetch_timeout", c.PeerWANTimeout,
 			"bytes_per_second", c.PeerWANBytesPerSecond)
 	}

@@ -45,6 +45,9 @@ type ConsulConfig struct {
 	// Stale, optional, is told when queries start failing (true) and
 	// answer again (false); the last peer set is kept meanwhile.
 	Stale func(stale bool)
+	// Queried, optional, is told the outcome of every query: nil when it
+	// was answered (a blocking query that saw no change included).
+	Queried func(err error)
 }
 
 // DefaultWANQueryTimeout bounds a discovery query to a remote datacenter.
@@ -64,10 +67,13 @@ func WatchConsul(ctx context.Context, cfg ConsulConfig) {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		entries, meta, err := w.query(ctx, index)
+		if ctx.Err() != nil {
+			return
+		}
+		if cfg.Queried != nil {
+			cfg.Queried(err)
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
 			w.failed(err)
 			select {
 			case <-ctx.Done():

@@ -194,6 +194,8 @@ type Node struct {
 	mServed   *prometheus.CounterVec
 	mFilterSz prometheus.Gauge
 	mDenied   prometheus.Counter
+	// mExchanges counts this node's filter fetches by result.
+	mExchanges *prometheus.CounterVec
 }
 
 // errCodeDenied closes a connection whose caller Config.Authorize refused.
@@ -274,7 +276,10 @@ func New(cfg Config) (*Node, error) {
 	n.mServed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_requests_served_total", Help: "Requests served to peers, by op (get, filter) and result."}, []string{"op", "result"})
 	n.mFilterSz = prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_kvcached_peer_filter_bytes", Help: "Size of this node's membership filter as sent to peers."})
 	n.mDenied = prometheus.NewCounter(prometheus.CounterOpts{Name: "oasis_kvcached_peer_connections_denied_total", Help: "Established peer connections closed because their caller is no longer authorized (Consul intentions)."})
-	cfg.Registerer.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz, n.mDenied)
+	n.mExchanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_filter_exchanges_total", Help: "This node's fetches of a peer's membership filter (its health check), by result (ok, error)."}, []string{"result"})
+	cfg.Registerer.MustRegister(n.mFetches, n.mLatency, n.mHealthy, n.mServed, n.mFilterSz, n.mDenied, n.mExchanges)
+	n.mExchanges.WithLabelValues("ok")
+	n.mExchanges.WithLabelValues("error")
 	for _, r := range []string{"hit", "miss", "error", "timeout"} {
 		n.mFetches.WithLabelValues(r)
 	}
@@ -690,6 +695,9 @@ func (n *Node) RefreshFilters(ctx context.Context) {
 			}
 			if p.dc != "" {
 				n.wan.bytes.WithLabelValues(p.dc, "filter").Add(float64(len(b)))
+			}
+			if ctx.Err() == nil {
+				n.mExchanges.WithLabelValues(map[bool]string{true: "ok", false: "error"}[err == nil]).Inc()
 			}
 			p.mu.Lock()
 			was := p.healthy

@@ -101,6 +101,7 @@ type wanMetrics struct {
 	bytes      *prometheus.CounterVec
 	stale      *prometheus.GaugeVec
 	staleTotal *prometheus.CounterVec
+	queries    *prometheus.CounterVec
 }
 
 func newWANMetrics(reg prometheus.Registerer, dcs []string) *wanMetrics {
@@ -113,8 +114,11 @@ func newWANMetrics(reg prometheus.Registerer, dcs []string) *wanMetrics {
 			Help: "1 while a remote datacenter's Consul does not answer discovery queries (its last known peers are kept)."}, []string{"dc"}),
 		staleTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_discovery_stale_total",
 			Help: "Times a remote datacenter's discovery went stale."}, []string{"dc"}),
+		queries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_kvcached_peer_discovery_queries_total",
+			Help: "Discovery queries to a remote datacenter's Consul, by datacenter and result (ok, error); a blocking query that saw no change counts as ok."},
+			[]string{"dc", "result"}),
 	}
-	reg.MustRegister(m.fetches, m.bytes, m.stale, m.staleTotal)
+	reg.MustRegister(m.fetches, m.bytes, m.stale, m.staleTotal, m.queries)
 	for _, dc := range dcs {
 		for _, r := range []string{"hit", "miss", "error", "timeout", "budget"} {
 			m.fetches.WithLabelValues(dc, r)
@@ -123,6 +127,8 @@ func newWANMetrics(reg prometheus.Registerer, dcs []string) *wanMetrics {
 		m.bytes.WithLabelValues(dc, "filter")
 		m.stale.WithLabelValues(dc)
 		m.staleTotal.WithLabelValues(dc)
+		m.queries.WithLabelValues(dc, "ok")
+		m.queries.WithLabelValues(dc, "error")
 	}
 	return m
 }
@@ -154,6 +160,18 @@ func (n *Node) SetDatacenterStale(dc string, stale bool) {
 		v = 1
 	}
 	n.wan.stale.WithLabelValues(dc).Set(v)
+}
+
+// CountDiscoveryQuery counts the outcome of a discovery query to dc's Consul.
+func (n *Node) CountDiscoveryQuery(dc string, err error) {
+	if n.dcs[dc] == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	n.wan.queries.WithLabelValues(dc, result).Inc()
 }
 
 // staleNow sets dc's staleness and reports whether it changed.

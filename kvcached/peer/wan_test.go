@@ -238,6 +238,7 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 	client := stubConsul(t, &frozen)
 	var logs syncBuffer
 	local, remote, staleCh := make(chan []string, 100), make(chan []string, 100), make(chan bool, 10)
+	var failures atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -249,7 +250,12 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 		defer wg.Done()
 		WatchConsul(ctx, ConsulConfig{Client: client, Service: "oasis-kvcached", Datacenter: "dc2", QueryTimeout: 400 * time.Millisecond,
 			Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info}),
-			Set:    func(a []string) { remote <- a }, Stale: func(s bool) { staleCh <- s }})
+			Set:    func(a []string) { remote <- a }, Stale: func(s bool) { staleCh <- s },
+			Queried: func(err error) {
+				if err != nil {
+					failures.Add(1)
+				}
+			}})
 	}()
 	defer func() { cancel(); wg.Wait() }()
 	recv := func(ch chan []string, what string) []string {
@@ -274,7 +280,10 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 		t.Fatal("the frozen datacenter was never marked stale")
 	}
 	must.Less(t, 1200*time.Millisecond, time.Since(start)) // a blocking query's wait plus one timeout at most
-	time.Sleep(1500 * time.Millisecond)                    // more failed queries: still one warning
+	// Two more failed queries: still one warning.
+	failed := failures.Load()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return failures.Load() >= failed+2 }),
+		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
 	must.Eq(t, 1, strings.Count(logs.String(), "is not answering"))
 	must.Eq(t, 0, len(remote), must.Sprint("a stale datacenter's peer set was changed"))
 
