@@ -441,6 +441,7 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 	rd := f.remoteLocked(s.DC)
 	rd.summary, rd.received = models, now
 	f.mu.Unlock()
+	f.m.summaries.WithLabelValues(s.DC).Inc()
 	w.WriteHeader(http.StatusNoContent)
 }
 

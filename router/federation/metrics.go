@@ -10,6 +10,7 @@ type fedMetrics struct {
 	rtt             *prometheus.HistogramVec // dc
 	breaker         *prometheus.GaugeVec     // dc
 	summaryAge      *prometheus.GaugeVec     // dc
+	summaries       *prometheus.CounterVec   // dc: summaries accepted
 	peersStale      *prometheus.GaugeVec     // dc
 	summaryBytes    prometheus.Gauge
 	badEntries      *prometheus.CounterVec // reason
@@ -34,6 +35,8 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 			Help: "A datacenter's circuit: 0 closed, 1 open, 2 half-open."}, []string{"dc"}),
 		summaryAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "summary_age_seconds",
 			Help: "Age of the last summary received from a datacenter."}, []string{"dc"}),
+		summaries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "summaries_received_total",
+			Help: "Summaries accepted from another datacenter's routers."}, []string{"dc"}),
 		peersStale: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "peers_stale",
 			Help: "1 while a datacenter's router list could not be refreshed from Consul."}, []string{"dc"}),
 		summaryBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "summary_bytes",
@@ -56,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.forwardFailures, m.rtt, m.breaker, m.summaryAge,
+	for _, c := range []prometheus.Collector{m.forwarded, m.forwardFailures, m.rtt, m.breaker, m.summaryAge, m.summaries,
 		m.peersStale, m.summaryBytes, m.badEntries, m.badSummaries, m.wrongDC, m.refused, m.connsRefused, m.expired} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -36,7 +36,7 @@ func TestFederationFailoverTime(t *testing.T) {
 	// dc2 receiving dc1's summaries is what shows that dc1 has found dc2's
 	// router (a router pushes to the peers it knows).
 	for _, d := range []*dc{dc1, dc2} {
-		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
+		testutil.Eventually(t, 30*time.Second, d.name+" to receive a summary", func() bool {
 			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -210,9 +211,21 @@ func checkStream(t *testing.T, body string) {
 	must.Eq(t, 1, usage, must.Sprint("one usage object passed through"))
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+// waitSummaries waits until d has accepted n more summaries from the
+// routers of datacenter from: the evidence that one built after what the
+// caller just did has arrived.
+func (d *dc) waitSummaries(t *testing.T, from string, n float64) {
 	t.Helper()
-	testutil.Eventually(t, timeout, what, cond)
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("%v more summaries from %s", n, from), d.summariesSince(t, from, n))
+}
+
+// summariesSince returns a condition: d has accepted n more summaries from
+// the routers of datacenter from than when it was made.
+func (d *dc) summariesSince(t *testing.T, from string, n float64) func() bool {
+	t.Helper()
+	const name = "oasis_router_federation_summaries_received_total"
+	before := d.metric(t, name, map[string]string{"dc": from})
+	return func() bool { return d.metric(t, name, map[string]string{"dc": from}) >= before+n }
 }
 
 func TestFederation(t *testing.T) {
@@ -221,7 +234,7 @@ func TestFederation(t *testing.T) {
 	dc1, dc2 := startDC(t, "dc1", c1, ca), startDC(t, "dc2", c2, ca)
 	// Each router finds the other through Consul and receives its summaries.
 	for _, d := range []*dc{dc1, dc2} {
-		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
+		testutil.Eventually(t, 30*time.Second, d.name+" to receive a summary", func() bool {
 			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
 		})
 	}
@@ -238,16 +251,18 @@ func TestFederation(t *testing.T) {
 	})
 
 	t.Run("both saturated: one hop at most", func(t *testing.T) {
-		// A long request fills each datacenter's single slot.
+		// A long request fills each datacenter's single slot, long enough to outlast two summaries.
 		long := make(chan int, 2)
 		for _, d := range []*dc{dc1, dc2} {
-			go func() { resp, _ := d.chat(t, 400); long <- resp.StatusCode }()
+			go func() { resp, _ := d.chat(t, 800); long <- resp.StatusCode }()
 		}
-		waitUntil(t, 10*time.Second, "both slots taken", func() bool {
+		testutil.Eventually(t, 10*time.Second, "both slots taken", func() bool {
 			return dc1.metric(t, "oasis_router_worker_in_flight", nil) >= 1 &&
 				dc2.metric(t, "oasis_router_worker_in_flight", nil) >= 1
 		})
-		time.Sleep(1500 * time.Millisecond) // summaries now say no free slot
+		// Summaries built since say no free slot.
+		from2, from1 := dc1.summariesSince(t, "dc2", 2), dc2.summariesSince(t, "dc1", 2)
+		testutil.Eventually(t, 30*time.Second, "two more summaries each way", func() bool { return from2() && from1() })
 		before1, before2 := fwd(dc1), fwd(dc2)
 		resp, _ := dc1.chat(t, 8)
 		must.Eq(t, http.StatusTooManyRequests, resp.StatusCode)
@@ -278,12 +293,12 @@ func TestFederation(t *testing.T) {
 		t.Logf("dc1 local p50 before %v, with dc2's Consul frozen %v", before, during)
 		must.Less(t, before*2+20*time.Millisecond, during)
 		// Blocking query wait (5 s) + the cross-DC timeout (2 s), and slack.
-		waitUntil(t, 12*time.Second, "dc2 marked stale", func() bool {
+		testutil.Eventually(t, 12*time.Second, "dc2 marked stale", func() bool {
 			return dc1.metric(t, "oasis_router_federation_peers_stale", map[string]string{"dc": "dc2"}) == 1
 		})
 		t.Logf("dc2 marked stale %v after the freeze", time.Since(frozen).Round(100*time.Millisecond))
 		must.NoError(t, syscall.Kill(dc2.consul.Pid(), syscall.SIGCONT))
-		waitUntil(t, 20*time.Second, "dc2 fresh again", func() bool {
+		testutil.Eventually(t, 20*time.Second, "dc2 fresh again", func() bool {
 			return dc1.metric(t, "oasis_router_federation_peers_stale", map[string]string{"dc": "dc2"}) == 0
 		})
 	})
@@ -292,7 +307,7 @@ func TestFederation(t *testing.T) {
 		for _, s := range dc1.sims {
 			_ = s.Stop()
 		}
-		waitUntil(t, 15*time.Second, "dc1's pool to empty", func() bool {
+		testutil.Eventually(t, 15*time.Second, "dc1's pool to empty", func() bool {
 			resp, err := http.Get(dc1.url + "/ready")
 			if err != nil {
 				return false

@@ -75,7 +75,7 @@ func TestFederationRemoteRouterFrozen(t *testing.T) {
 	r2 := startRouterProcess(t, "dc2", c2, ca)
 	dc2Label := map[string]string{"dc": "dc2"}
 	// dc2's first summaries may precede its engine's discovery.
-	waitUntil(t, 60*time.Second, "a request through dc1 served by dc2", func() bool {
+	testutil.Eventually(t, 60*time.Second, "a request through dc1 served by dc2", func() bool {
 		resp, _ := dc1.chat(t, 8)
 		return resp.StatusCode == http.StatusOK
 	})
@@ -84,7 +84,7 @@ func TestFederationRemoteRouterFrozen(t *testing.T) {
 	frozen := streamUntilFrozen(t, dc1, r2.Pid())
 
 	// Each forward now waits response_header for nothing, then fails.
-	waitUntil(t, 30*time.Second, "dc1's breaker for dc2 to open", func() bool {
+	testutil.Eventually(t, 30*time.Second, "dc1's breaker for dc2 to open", func() bool {
 		resp, _ := dc1.chat(t, 4)
 		return resp.StatusCode != http.StatusOK &&
 			dc1.metric(t, "oasis_router_federation_breaker_state", dc2Label) == 1
@@ -101,7 +101,7 @@ func TestFederationRemoteRouterFrozen(t *testing.T) {
 
 	must.NoError(t, syscall.Kill(r2.Pid(), syscall.SIGCONT))
 	thawed := time.Now()
-	waitUntil(t, 30*time.Second, "a request forwarded to dc2 again", func() bool {
+	testutil.Eventually(t, 30*time.Second, "a request forwarded to dc2 again", func() bool {
 		resp, body := dc1.chat(t, 8)
 		return resp.StatusCode == http.StatusOK && !strings.Contains(body, `"error"`)
 	})

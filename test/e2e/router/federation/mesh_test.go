@@ -32,7 +32,7 @@ func TestFederationInTheMesh(t *testing.T) {
 	dc1 := startDCWith(t, "dc1", c1, ca, dcOpts{engines: 0, mesh: true})
 	dc2 := startDCWith(t, "dc2", c2, ca, dcOpts{engines: 1, mesh: true})
 	for _, d := range []*dc{dc1, dc2} {
-		waitUntil(t, 30*time.Second, d.name+" to receive a summary over the mesh", func() bool {
+		testutil.Eventually(t, 30*time.Second, d.name+" to receive a summary over the mesh", func() bool {
 			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
 		})
 	}
@@ -49,7 +49,7 @@ func TestFederationInTheMesh(t *testing.T) {
 	must.NoError(t, c2.Client.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{ID: "impostor",
 		Name: federation.Service, Address: host, Port: p,
 		Meta: map[string]string{federation.MetaDC: "dc2", federation.MetaModels: model}}))
-	waitUntil(t, 20*time.Second, "dc1 to refuse the impostor dc2 peer", func() bool {
+	testutil.Eventually(t, 20*time.Second, "dc1 to refuse the impostor dc2 peer", func() bool {
 		return dc1.metric(t, "oasis_router_federation_wrong_dc_peers_total", map[string]string{"dc": "dc2"}) > 0
 	})
 	must.NoError(t, c2.Client.Agent().ServiceDeregister("impostor"))
@@ -73,7 +73,7 @@ func TestFederationInTheMesh(t *testing.T) {
 
 	testutil.SetIntentions(t, c1.Client, "oasis-router") // routers may no longer call each other
 	revoked := time.Now()
-	waitUntil(t, 20*time.Second, "dc2 to refuse dc1's forwarded request", func() bool {
+	testutil.Eventually(t, 20*time.Second, "dc2 to refuse dc1's forwarded request", func() bool {
 		resp, _ := dc1.chat(t, 8)
 		return resp.StatusCode == http.StatusNotFound &&
 			dc2.metric(t, "oasis_router_mesh_authorizations_total", map[string]string{"result": "denied"}) > 0
@@ -82,7 +82,7 @@ func TestFederationInTheMesh(t *testing.T) {
 
 	testutil.SetIntentions(t, c1.Client, "oasis-router", "oasis-router") // intentions are global under WAN federation
 	restored := time.Now()
-	waitUntil(t, 30*time.Second, "forwarding to resume", func() bool {
+	testutil.Eventually(t, 30*time.Second, "forwarding to resume", func() bool {
 		resp, _ := dc1.chat(t, 8)
 		return resp.StatusCode == http.StatusOK
 	})

@@ -78,7 +78,7 @@ func TestFederationPrefix(t *testing.T) {
 	o := dcOpts{policy: prefixPolicy, engines: 1, simArgs: []string{"--step-time-per-prefill-token", prefillStep}}
 	dc1, dc2 := startDCWith(t, "dc1", c1, ca, o), startDCWith(t, "dc2", c2, ca, o)
 	for _, d := range []*dc{dc1, dc2} {
-		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
+		testutil.Eventually(t, 30*time.Second, d.name+" to receive a summary", func() bool {
 			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
 		})
 	}
@@ -100,7 +100,7 @@ func TestFederationPrefix(t *testing.T) {
 	long, short := words("long", 1000), words("short", 25)
 	send(dc2, long)
 	send(dc2, short)
-	time.Sleep(2500 * time.Millisecond) // dc2's next summaries carry the two prefixes
+	dc1.waitSummaries(t, "dc2", 2) // dc2's summaries since carry the two prefixes
 
 	before := prefixFwd()
 	send(dc1, short)

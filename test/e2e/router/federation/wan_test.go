@@ -42,7 +42,7 @@ func startWANPair(t *testing.T, policy string, dc1NoEngine bool) *wanPair {
 	p.dc1 = startDCWith(t, "dc1", c1, ca, dcOpts{policy: policy, engines: dc1Engines, listen: l1, advertise: p.to1.Addr(), hosts: hosts})
 	p.dc2 = startDCWith(t, "dc2", c2, ca, dcOpts{policy: policy, engines: 1, listen: l2, advertise: p.to2.Addr(), hosts: hosts})
 	for _, d := range []*dc{p.dc1, p.dc2} {
-		waitUntil(t, 30*time.Second, d.name+" to receive a summary", func() bool {
+		testutil.Eventually(t, 30*time.Second, d.name+" to receive a summary", func() bool {
 			return d.metric(t, "oasis_router_federation_summary_age_seconds", nil) > 0
 		})
 	}
@@ -163,7 +163,7 @@ func TestWANCut(t *testing.T) {
 func (p *wanPair) waitUnusable(t *testing.T, cutAt time.Time) {
 	t.Helper()
 	// summary_stale (3 s), a push timeout (1 s) and slack.
-	waitUntil(t, 8*time.Second, "dc2's summary to go stale in dc1", func() bool {
+	testutil.Eventually(t, 8*time.Second, "dc2's summary to go stale in dc1", func() bool {
 		return p.dc1.metric(t, "oasis_router_federation_summary_age_seconds", map[string]string{"dc": "dc2"}) > 3
 	})
 	breaker := p.dc1.metric(t, "oasis_router_federation_breaker_state", map[string]string{"dc": "dc2"})
@@ -180,7 +180,7 @@ func (p *wanPair) restoreAndResume(t *testing.T) {
 	p.link.restore(t)
 	up := time.Now()
 	var body string
-	waitUntil(t, 20*time.Second, "forwarding to resume", func() bool {
+	testutil.Eventually(t, 20*time.Second, "forwarding to resume", func() bool {
 		var resp *http.Response
 		resp, body = p.dc1.chat(t, 8)
 		return resp.StatusCode == http.StatusOK
@@ -213,8 +213,8 @@ func TestWANLatencyFlipsDecision(t *testing.T) {
 	fwd := func() float64 {
 		return p.dc1.metric(t, "oasis_router_federation_forwarded_total", map[string]string{"dc": "dc2", "reason": "prefix"})
 	}
-	// dc2's next summaries carry the prompt's blocks in their filter.
-	time.Sleep(2500 * time.Millisecond)
+	// dc2's summaries since carry the prompt's blocks in their filter.
+	p.dc1.waitSummaries(t, "dc2", 2)
 
 	rtt := p.dc1.rttWindow(t, 3)
 	t.Logf("fast link: dc1's measured RTT to dc2 %v", rtt)
@@ -245,7 +245,7 @@ func (d *dc) rttWindow(t *testing.T, n int) time.Duration {
 	c0, s0 := d.histogram(t, "oasis_router_federation_rtt_seconds", "dc2")
 	var c1 uint64
 	var s1 float64
-	waitUntil(t, time.Duration(n+5)*2*time.Second, "RTT samples", func() bool {
+	testutil.Eventually(t, time.Duration(n+5)*2*time.Second, "RTT samples", func() bool {
 		c1, s1 = d.histogram(t, "oasis_router_federation_rtt_seconds", "dc2")
 		return c1 >= c0+uint64(n)
 	})
