@@ -273,13 +273,12 @@ func TestHash(t *testing.T) {
 // problem: a PUB drops messages until the subscription arrives).
 func publishUntil(t *testing.T, p *Publisher, b EventBatch, received func() bool) {
 	t.Helper()
-	testutil.Eventually(t, 10*time.Second, "the subscriber to receive a batch", func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 20*time.Millisecond, "the subscriber to receive a batch", func() bool {
 		if received() {
 			return true
 		}
 		_, err := p.Publish(b)
 		must.NoError(t, err)
-		time.Sleep(20 * time.Millisecond)
 		return false
 	})
 }
@@ -504,7 +503,7 @@ func TestSubscriberBeforePublisher(t *testing.T) {
 	must.NoError(t, err)
 	defer s.Close()
 	go s.Run(ctx)
-	time.Sleep(300 * time.Millisecond) // the subscriber is retrying its dial
+	testutil.Eventually(t, 10*time.Second, "the subscriber to retry its dial", func() bool { return s.tracker.refused.Load() >= 2 })
 	p, err := NewPublisher(PublisherConfig{Endpoint: ep, Topic: "t"})
 	must.NoError(t, err)
 	defer p.Close()

@@ -72,7 +72,9 @@ type recvd struct {
 }
 
 // connTracker counts the TCP connections a subscriber's socket has made.
-type connTracker struct{ epoch atomic.Int64 }
+// connTracker counts a subscriber's connections (epoch) and its dials that
+// failed (refused: the engine is not up yet).
+type connTracker struct{ epoch, refused atomic.Int64 }
 
 type trackerKey struct{}
 
@@ -85,9 +87,11 @@ type trackingTransport struct{ tcp transport.Transport }
 
 func (t trackingTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := t.tcp.Dial(ctx, d, addr)
-	if err == nil {
-		if tr, ok := ctx.Value(trackerKey{}).(*connTracker); ok {
+	if tr, ok := ctx.Value(trackerKey{}).(*connTracker); ok {
+		if err == nil {
 			tr.epoch.Add(1)
+		} else {
+			tr.refused.Add(1)
 		}
 	}
 	return c, err

@@ -102,15 +102,10 @@ func TestIntentionChangeDropsCachedAuthorizations(t *testing.T) {
 
 	oasistest.SetIntentions(t, c, "oasis-engine") // the router is denied now
 	// AuthorizeTTL is a minute: only the intention watch can make this fail sooner.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	oasistest.Eventually(t, 10*time.Second, "the router refused", func() bool {
 		_, err = get(client(router, "oasis-engine"), srv.URL)
-		if err != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	must.Error(t, err)
+		return err != nil
+	})
 	must.Positive(t, testutil.ToFloat64(engine.m.intentionChanges))
 }
 
@@ -129,13 +124,9 @@ func TestRotationKeepsConnections(t *testing.T) {
 	before := engine.consul.Load().serial
 
 	oasistest.RotateConnectCA(t, c)
-	deadline := time.Now().Add(30 * time.Second)
-	for engine.consul.Load().serial == before || router.consul.Load().serial == before {
-		if time.Now().After(deadline) {
-			t.Fatal("no new leaf within 30s of the CA change")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	oasistest.Eventually(t, 30*time.Second, "new leaves after the CA change", func() bool {
+		return engine.consul.Load().serial != before && router.consul.Load().serial != before
+	})
 	_, err = get(old, srv.URL) // the kept-alive connection, made with the old leaves
 	must.NoError(t, err)
 	var seen *x509.Certificate

@@ -56,10 +56,19 @@ func FreeAddr(t testing.TB) string {
 }
 
 // Eventually fails the test unless cond returns true within timeout. It
-// polls every 10 ms; what names the condition in the failure.
+// polls every 10 ms; what names the condition in the failure. It is how
+// Oasis's tests wait: for a condition, never for a length of time.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(timeout), wait.Gap(10*time.Millisecond)),
+	EventuallyEvery(t, timeout, 10*time.Millisecond, what, cond)
+}
+
+// EventuallyEvery is Eventually polling every gap: for a condition that
+// costs a request to an agent, or that acts (publishes, sends a request)
+// before it checks.
+func EventuallyEvery(t testing.TB, timeout, gap time.Duration, what string, cond func() bool) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(timeout), wait.Gap(gap)),
 		must.Sprintf("timed out waiting for %s", what))
 }
 

@@ -115,13 +115,12 @@ func TestReplayAcrossPartitionWithRealOasisSim(t *testing.T) {
 			// what it publishes before the subscription is up).
 			serveUntil := func(what string, cond func() bool) {
 				i := 0
-				testutil.Eventually(t, 20*time.Second, what, func() bool {
+				testutil.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, what, func() bool {
 					if cond() {
 						return true
 					}
 					i++
 					complete(t, sim, completionBody(fmt.Sprintf("%s %d %s", what, i, strings.Repeat("y ", 40))))
-					time.Sleep(100 * time.Millisecond)
 					return false
 				})
 			}
@@ -138,7 +137,8 @@ func TestReplayAcrossPartitionWithRealOasisSim(t *testing.T) {
 			during := completionBody("During the partition. " + strings.Repeat("Events published now never reach the router. ", 12))
 			kd := keysOf(during)
 			complete(t, sim, during)
-			time.Sleep(300 * time.Millisecond)
+			// cut closed the listener and every connection through it: nothing the
+			// engine published for this request can reach the router until open.
 			must.Eq(t, 0, matchBlocks(s, kd, "sim-1"), must.Sprint("events crossed the partition"))
 			must.NoError(t, proxy.open())
 

@@ -62,13 +62,12 @@ func TestEventsFromRealOasisSim(t *testing.T) {
 
 	// PUB drops messages until the subscription is up: warm up until a batch arrives.
 	i := 0
-	testutil.Eventually(t, 15*time.Second, "kv events", func() bool {
+	testutil.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "kv events", func() bool {
 		if st, _ := s.EngineStats("sim-1"); st.Batches > 0 {
 			return true
 		}
 		i++
 		complete(t, sim, completionBody(fmt.Sprintf("warm up %d %s", i, strings.Repeat("x ", 40))))
-		time.Sleep(100 * time.Millisecond)
 		return false
 	})
 
@@ -103,14 +102,17 @@ func TestEventsFromRealOasisSim(t *testing.T) {
 	sim = startSim(t, bin, apiPort, evPort, 0)
 	// The first batches of the new process may be lost while the subscriber
 	// redials, so each try uses a new prompt.
-	i = 0
-	testutil.Eventually(t, 15*time.Second, "events from the restarted engine", func() bool {
-		i++
-		body2 := completionBody(fmt.Sprintf("A different prompt %d after the restart. %s", i, strings.Repeat("Lorem ipsum dolor sit amet. ", 12)))
-		keys2 := keysOf(body2)
+	var sent [][]uint64
+	testutil.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "events from the restarted engine", func() bool {
+		for _, k := range sent {
+			if matchBlocks(s, k, "sim-1") == len(k) {
+				return true
+			}
+		}
+		body2 := completionBody(fmt.Sprintf("A different prompt %d after the restart. %s", len(sent), strings.Repeat("Lorem ipsum dolor sit amet. ", 12)))
+		sent = append(sent, keysOf(body2))
 		complete(t, sim, body2)
-		time.Sleep(100 * time.Millisecond)
-		return matchBlocks(s, keys2, "sim-1") == len(keys2)
+		return false
 	})
 	must.Eq(t, 0, matchBlocks(s, keys, "sim-1"), must.Sprint("entries from before the restart must be dropped"))
 	st, _ := s.EngineStats("sim-1")

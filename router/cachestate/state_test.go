@@ -50,13 +50,12 @@ func matchBlocks(s *State, keys []uint64, id string) int {
 // the subscriber's connection is up) until cond holds; what names cond.
 func publishUntil(t *testing.T, pub *kvevents.Publisher, batch kvevents.EventBatch, what string, cond func() bool) {
 	t.Helper()
-	testutil.Eventually(t, 10*time.Second, what, func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 20*time.Millisecond, what, func() bool {
 		if cond() {
 			return true
 		}
 		_, err := pub.Publish(batch)
 		must.NoError(t, err)
-		time.Sleep(20 * time.Millisecond)
 		return false
 	})
 }
@@ -85,14 +84,10 @@ func TestStateOverZMQ(t *testing.T) {
 	// Restart: a new publisher on the same port counts from seq 0 again.
 	must.NoError(t, pub.Close())
 	var pub2 *kvevents.Publisher
-	for i := 0; ; i++ {
+	testutil.EventuallyEvery(t, 10*time.Second, 100*time.Millisecond, fmt.Sprintf("port %d bound again", port), func() bool {
 		pub2, err = kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)})
-		if err == nil {
-			break
-		}
-		must.Less(t, 50, i, must.Sprintf("rebinding port %d: %v", port, err))
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil
+	})
 	defer pub2.Close()
 	fresh := toks(500, bs)
 	kf := keys(t, "model-a", fresh)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
@@ -210,14 +211,12 @@ func mustFail(t *testing.T, ctx context.Context, addr, when string) {
 
 // engineReady waits for the driver's "Engine ready" event on the engine task.
 func engineReady(ctx context.Context, allocID string) error {
-	var events []string
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+	return waitUntil(ctx, 30*time.Second, func() error {
 		alloc, _, err := stack.Nomad.Allocations().Info(allocID, nil)
 		if err != nil {
 			return err
 		}
-		events = events[:0]
+		var events []string
 		if st := alloc.TaskStates["engine"]; st != nil {
 			for _, ev := range st.Events {
 				if strings.HasPrefix(ev.DisplayMessage, "Engine ready after") {
@@ -226,44 +225,52 @@ func engineReady(ctx context.Context, allocID string) error {
 				events = append(events, ev.DisplayMessage)
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("no \"Engine ready\" event on task engine of %s; events: %q", allocID, events)
+		return fmt.Errorf("no \"Engine ready\" event on task engine of %s; events: %q", allocID, events)
+	})
+}
+
+// waitUntil polls cond every 200 ms until it returns nil or d passes (then
+// it returns cond's last error); ctx ending is an error of its own.
+func waitUntil(ctx context.Context, d time.Duration, cond func() error) error {
+	return wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return cond()
+	}), wait.Timeout(d), wait.Gap(200*time.Millisecond)).Run()
 }
 
 // answersWithin polls until a chat completion through addr succeeds: intentions reach the
 // sidecar's agent cache asynchronously.
 func answersWithin(ctx context.Context, addr string, d time.Duration) error {
-	var last string
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+	return waitUntil(ctx, d, func() error {
 		code, body, err := chat(addr)
 		if err == nil && code == http.StatusOK {
 			return nil
 		}
-		last = fmt.Sprintf("status %d, body %q, error %v", code, body, err)
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("no answer through %s within %s: last %s", addr, d, last)
+		return fmt.Errorf("no answer through %s within %s: last status %d, body %q, error %v", addr, d, code, body, err)
+	})
 }
 
 // failsWithin polls until a chat completion through addr fails, then checks that it keeps
 // failing for a second (a refused mTLS handshake closes the connection the client opened).
 func failsWithin(ctx context.Context, addr string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if code, _, err := chat(addr); err != nil || code != http.StatusOK {
-			for range 5 {
-				time.Sleep(200 * time.Millisecond)
-				if code, body, err := chat(addr); err == nil && code == http.StatusOK {
-					return fmt.Errorf("a call through %s failed, then answered again: %s", addr, body)
-				}
-			}
-			return nil
+	err := waitUntil(ctx, d, func() error {
+		if code, _, err := chat(addr); err == nil && code == http.StatusOK {
+			return fmt.Errorf("calls through %s still answered after %s", addr, d)
 		}
-		time.Sleep(200 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("calls through %s still answered after %s", addr, d)
+	// And the calls keep failing for a second, sampled every 200 ms.
+	return wait.ContinualSuccess(wait.ErrorFunc(func() error {
+		if code, body, err := chat(addr); err == nil && code == http.StatusOK {
+			return fmt.Errorf("a call through %s failed, then answered again: %s", addr, body)
+		}
+		return nil
+	}), wait.Timeout(time.Second), wait.Gap(200*time.Millisecond)).Run()
 }
 
 func stopAndWait(t *testing.T, ctx context.Context, jobID string) {
