@@ -305,13 +305,17 @@ func killPrefillUnderLoad(t *testing.T, ctx context.Context, url string, engines
 			}
 		}()
 	}
-	time.Sleep(3 * time.Second)
-	mu.Lock()
-	atKill := len(results)
-	mu.Unlock()
+	finished := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results)
+	}
+	testutil.Eventually(t, 60*time.Second, "the load's first 3 requests per client", func() bool { return finished() >= 3*clients })
+	atKill := finished()
 	must.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 	killed := time.Now()
-	time.Sleep(6 * time.Second)
+	// Requests that started after the kill, 6 per client, have finished.
+	testutil.Eventually(t, 90*time.Second, "6 more requests per client after the kill", func() bool { return finished() >= atKill+7*clients })
 	stop()
 	wg.Wait()
 

@@ -335,9 +335,12 @@ func TestRouterOnTestbed(t *testing.T) {
 				}
 			}()
 		}
-		time.Sleep(2 * time.Second)
+		finished := func() int64 { return okN.Load() + brokenAfterStart.Load() + lostBeforeStart.Load() }
+		testutil.Eventually(t, 60*time.Second, "the load's first 3 requests per client", func() bool { return finished() >= 3*6 })
 		must.NoError(t, stack.StopJob(ctx, "sim-b"))
-		time.Sleep(3 * time.Second)
+		// Requests that started after the stop, 3 per client, have finished.
+		atStop := finished()
+		testutil.Eventually(t, 60*time.Second, "3 more requests per client after the stop", func() bool { return finished() >= atStop+4*6 })
 		stop.Store(true)
 		wg.Wait()
 		t.Logf("ok=%d broken-after-first-byte=%d lost-before-first-byte=%d retries=%v", okN.Load(), brokenAfterStart.Load(),

@@ -48,7 +48,7 @@ func TestConsulLeaderLost(t *testing.T) {
 	})
 
 	l := startLoad(url, "alpha", 4)
-	time.Sleep(1500 * time.Millisecond)
+	l.waitMore(t, 20) // load running before the kill
 	old := cluster.Leader()
 	must.NotNil(t, old)
 	killed := time.Now()
@@ -68,7 +68,7 @@ func TestConsulLeaderLost(t *testing.T) {
 	testutil.Eventually(t, 15*time.Second, "the router to drop beta", func() bool { return !listed(t, url, "beta") })
 	gone := time.Since(deregistered)
 	t.Logf("after the election: a registration served after %v, a deregistration seen after %v", seen, gone)
-	time.Sleep(time.Second)
+	l.waitMore(t, 20) // and still running after it
 	results := l.finish()
 
 	sum := summarize(results)
@@ -245,6 +245,20 @@ func startLoad(url, model string, clients int) *load {
 		}()
 	}
 	return l
+}
+
+// waitMore waits until the clients have finished n more requests, whatever
+// their results.
+func (l *load) waitMore(t *testing.T, n int) {
+	t.Helper()
+	before := l.done()
+	testutil.Eventually(t, 60*time.Second, fmt.Sprintf("%d more requests of the load", n), func() bool { return l.done() >= before+n })
+}
+
+func (l *load) done() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.results)
 }
 
 // finish stops the clients, waits for their last requests, and returns
