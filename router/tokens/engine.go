@@ -41,7 +41,7 @@ func tokenizePath(engine string) string {
 
 func servesTokenize(engine string) bool {
 	switch engine {
-	case "vllm", "sglang", "trtllm", "sim":
+	case "vllm", "sglang", "trtllm", "sim", llamaCpp:
 		return true
 	}
 	return false
@@ -188,7 +188,7 @@ func (e *Engine) Tokenize(ctx context.Context, model string, p openai.Prompt) ([
 	e.mu.Unlock()
 	e.misses.Add(1)
 
-	c.tokens, c.err = e.roundTrip(ctx, model, payload)
+	c.tokens, c.err = e.roundTrip(ctx, model, p, payload)
 	e.mu.Lock()
 	delete(e.inflight, key)
 	if c.err == nil {
@@ -262,7 +262,7 @@ func (e *Engine) add(key [32]byte, toks []uint32) {
 
 // roundTrip asks replicas in rotation, moving on after a failure; at most
 // three tries. Replicas whose answers were refused lately are left out.
-func (e *Engine) roundTrip(ctx context.Context, model string, payload []byte) ([]uint32, error) {
+func (e *Engine) roundTrip(ctx context.Context, model string, p openai.Prompt, payload []byte) ([]uint32, error) {
 	var reps []Replica
 	refused := 0
 	now := time.Now()
@@ -285,7 +285,13 @@ func (e *Engine) roundTrip(ctx context.Context, model string, payload []byte) ([
 	var lastErr error
 	for i := 0; i < min(3, len(reps)); i++ {
 		r := reps[(int(start)+i)%len(reps)]
-		toks, err := e.ask(ctx, r, payload)
+		var toks []uint32
+		var err error
+		if r.Engine == llamaCpp {
+			toks, err = e.askLlamaCpp(ctx, r, p, payload)
+		} else {
+			toks, err = e.ask(ctx, r, payload)
+		}
 		if err == nil {
 			return toks, nil
 		}
@@ -333,8 +339,13 @@ func (e *Engine) refuse(r Replica) {
 func (e *Engine) ask(ctx context.Context, r Replica, payload []byte) ([]uint32, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
-	url := "http://" + r.Address + tokenizePath(r.Engine)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	return e.tokenize(ctx, "http://"+r.Address+tokenizePath(r.Engine), payload, payload)
+}
+
+// post sends body to url and returns the answer's body, refused unread
+// (an *AnswerError) past maxBytes.
+func (e *Engine) post(ctx context.Context, url string, body []byte, maxBytes int64) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -344,25 +355,36 @@ func (e *Engine) ask(ctx context.Context, r Replica, payload []byte) ([]uint32, 
 		return nil, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
-	maxTokens, maxBytes := e.answerLimit(payload)
 	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
-		return nil, fmt.Errorf("POST %s: status %d: %.200s", url, resp.StatusCode, body)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+		return nil, fmt.Errorf("POST %s: status %d: %.200s", url, resp.StatusCode, b)
 	}
 	if resp.ContentLength > maxBytes {
 		return nil, &AnswerError{URL: url, Reason: "too_large", Limit: maxBytes}
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", url, err)
 	}
-	if int64(len(body)) > maxBytes {
+	if int64(len(b)) > maxBytes {
 		return nil, &AnswerError{URL: url, Reason: "too_large", Limit: maxBytes}
+	}
+	return b, nil
+}
+
+// tokenize posts body to an engine's tokenize endpoint and reads the token
+// ids of its answer, bounded by what prompt (the client's request, as the
+// cache keys it) can tokenize to.
+func (e *Engine) tokenize(ctx context.Context, url string, body, prompt []byte) ([]uint32, error) {
+	maxTokens, maxBytes := e.answerLimit(prompt)
+	answer, err := e.post(ctx, url, body, maxBytes)
+	if err != nil {
+		return nil, err
 	}
 	var out struct {
 		Tokens []int64 `json:"tokens"`
 	}
-	if err := json.Unmarshal(body, &out); err != nil {
+	if err := json.Unmarshal(answer, &out); err != nil {
 		return nil, fmt.Errorf("decoding %s response: %w", url, err)
 	}
 	if len(out.Tokens) > maxTokens {

@@ -189,7 +189,7 @@ func TestAutoModes(t *testing.T) {
 	a := NewAuto(func(m string) []Replica { return reps[m] }, nil)
 	must.Eq(t, "sim", a.Mode("sim"))
 	must.Eq(t, "engine", a.Mode("mixed"))
-	must.Eq(t, "bytes", a.Mode("llama"))
+	must.Eq(t, "engine", a.Mode("llama")) // /tokenize and /apply-template (llamacpp.go)
 	must.Eq(t, "bytes", a.Mode("unknown"))
 
 	p := promptOf(t, bodies[0].path, bodies[0].body)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,9 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/app"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/tokens"
 )
 
 // startRouter runs the router (router/app, as cmd/oasis-router assembles it) with
@@ -265,4 +268,44 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// The router's tokenizer for llama_cpp engines (router/tokens: /apply-template, then
+// /tokenize) gives the ids llama-server caches: the same count as the engine's
+// prompt_tokens, and a completion sent as those ids finds every one of them but the last
+// (which llama-server always evaluates again) in the slot the request left behind.
+func TestRouterTokensMatchLlamaServer(t *testing.T) {
+	port := freePort(t)
+	addr := hostPort("127.0.0.1", port)
+	e := startDirect(t, []string{"llama-server", "-m", modelPath, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"-t", "1", "-tb", "1", "-np", "1", "-c", "4096"}, addr)
+	waitHealthy(t, e, 60*time.Second)
+	eng := tokens.NewEngine(tokens.EngineConfig{Timeout: 30 * time.Second, Replicas: func(string) []tokens.Replica {
+		return []tokens.Replica{{Address: addr, Engine: "llama_cpp"}}
+	}})
+	system := sharedSystem("tokenizer")
+	cases := []struct{ name, path, body string }{
+		{"chat", "/v1/chat/completions", fmt.Sprintf(`{"model":"tiny","max_tokens":1,"messages":[{"role":"system","content":%s},{"role":"user","content":"Which rule comes first?"}]}`,
+			strconv.Quote(system))},
+		{"completion", "/v1/completions", fmt.Sprintf(`{"model":"tiny","max_tokens":1,"prompt":%s}`, strconv.Quote(system))},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var direct chatAnswer
+			code, b := post(t, "http://"+addr+tc.path, tc.body, &direct)
+			must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
+			req, err := openai.ParseRequest(tc.path, []byte(tc.body))
+			must.NoError(t, err)
+			ids, err := eng.Tokenize(context.Background(), "tiny", req.Prompt)
+			must.NoError(t, err)
+			must.Eq(t, direct.Usage.PromptTokens, len(ids), must.Sprint("the router's token count is the engine's"))
+
+			idsJSON, err := json.Marshal(ids)
+			must.NoError(t, err)
+			var again chatAnswer
+			code, b = post(t, "http://"+addr+"/completion", `{"prompt":`+string(idsJSON)+`,"n_predict":1,"cache_prompt":true}`, &again)
+			must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
+			must.Eq(t, len(ids)-1, again.Timings.CacheN, must.Sprint("the slot holds the router's ids"))
+		})
+	}
 }
