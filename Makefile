@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -133,6 +133,11 @@ bench-federation:
 bench-disagg:
 	$(GO) run ./bench/cluster/cmd/bench-disagg -trace $(TRACE) -gpus 8 -splits 0,2,4,5,6,7 -scales 1,2,3,3.5,4,4.5,5,5.5,6 -out bench/out
 
+## bench-llamacpp: four real llama-server engines (the llm driver, the real test bed), four tenants sharing a
+## long system prompt each, at once: TTFT p50/p90 and cache reuse, default policy vs round_robin in one run
+bench-llamacpp: build hashistack
+	OASIS_TESTBED_PREBUILT=$(CURDIR)/bin $(GO) test -count=1 -run '^$$' -bench SharedPrefixTTFT -benchtime 1x -v ./test/e2e/llamacpp
+
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps
 	BOTH=1 bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 5 -concurrency 64 -max-tokens 4
@@ -199,12 +204,14 @@ gpu-check:
 ##  by the other datacenter;
 ##  MESH=1: in the Consul service mesh: bridge networking, intentions from jobs/mesh, the router
 ##  Connect-native, engines behind sidecars;
-##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one).
+##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one;
+##  ENGINE=llama-cpp: the demo on real llama-server engines (recipes/tiny/llama-cpp/cpu) serving a tiny
+##  random-weight model made at up, model tiny-llama).
 ## It builds (once, cached like hashistack) only the tools it runs: nomad, consul, prometheus; the CNI
-## plugins with MESH=1, jaeger with TRACING=1.
-up: $(if $(MESH),deps)
-	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger)
-	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing)
+## plugins with MESH=1, jaeger with TRACING=1, llama-server with ENGINE=llama-cpp.
+up: $(if $(MESH)$(ENGINE),deps)
+	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger) $(if $(filter llama-cpp,$(ENGINE)),llama-server)
+	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing) $(if $(ENGINE),-engine $(ENGINE))
 
 ## down: stop everything `make up` started
 down:

@@ -137,7 +137,7 @@ const (
 
 func printFederation(out io.Writer, f *testbed.Federation, home string) {
 	for _, s := range f.DCs {
-		printURLs(out, s, DCEnvPath(home, s.Datacenter))
+		printURLs(out, s, DCEnvPath(home, s.Datacenter), demoModel)
 	}
 	printFederationTry(out, f, home)
 }
@@ -171,7 +171,7 @@ func printFederationTry(out io.Writer, f *testbed.Federation, home string) {
 		dc1.Datacenter, strings.Join(others, " or "), dc1.Datacenter, dc1.Datacenter)
 	fmt.Fprintf(out, "            . %s; bin/nomad job stop %s\n", DCEnvPath(home, dc1.Datacenter), job)
 	fmt.Fprintf(out, "            curl -N %s/chat/completions -H 'Content-Type: application/json' \\\n", router)
-	fmt.Fprintln(out, chatBody("Hello from "+dc1.Datacenter+"!"))
+	fmt.Fprintln(out, chatBody(demoModel, "Hello from "+dc1.Datacenter+"!"))
 	fmt.Fprintf(out, "            curl -s %s/metrics | grep ^oasis_router_federation_forwarded_total   (reason=\"no_local_worker\")\n",
 		strings.TrimSuffix(router, "/v1"))
 	fmt.Fprintf(out, "            bin/nomad job start %s   (%s's engines again)\n", job, dc1.Datacenter)

@@ -24,14 +24,25 @@ import (
 )
 
 // demoRecipe is run by `make up` after the system jobs: three simulated engines (meshRecipe
-// with MESH=1: the same in bridge networking behind Connect sidecars).
+// with MESH=1: the same in bridge networking behind Connect sidecars; llamaRecipe with
+// ENGINE=llama-cpp: real llama-server engines on CPU).
 const (
-	demoRecipe = "recipes/tiny/sim/agg"
-	meshRecipe = "recipes/tiny/sim/agg-mesh"
+	demoRecipe  = "recipes/tiny/sim/agg"
+	meshRecipe  = "recipes/tiny/sim/agg-mesh"
+	llamaRecipe = "recipes/tiny/llama-cpp/cpu"
 )
 
-// demoModel is the model the demo recipes serve.
-const demoModel = "tiny-sim"
+// demoModel is the model the sim demo recipes serve; llamaModel the llama.cpp one's.
+const (
+	demoModel  = "tiny-sim"
+	llamaModel = "tiny-llama"
+)
+
+// Engines `make up ENGINE=...` runs the demo on.
+const (
+	EngineSim      = "sim"
+	EngineLlamaCpp = "llama-cpp"
+)
 
 // meshClientService is the client identity `make up MESH=1` tells the user to call the router
 // as: jobs/mesh/oasis-router.hcl allows it.
@@ -45,6 +56,11 @@ type Options struct {
 	// Tracing runs a Jaeger all-in-one as the trace backend (TRACING=1) and the router with
 	// otlp_endpoint set to it.
 	Tracing bool
+	// Engine is the demo's engine (ENGINE=): EngineSim ("" too) or EngineLlamaCpp, real
+	// llama-server engines serving a tiny random-weight model made at start.
+	Engine string
+
+	llamaModelPath string // the GGUF the llama.cpp recipe serves, once made
 
 	otlpEndpoint string // the Jaeger's OTLP/HTTP receiver, once it runs
 	// federated runs the router with its federation listener (make up DCS=n; see federate).
@@ -112,10 +128,19 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 	if s, err := testbed.Load(statePath); err == nil {
 		if _, err := s.Nomad.Agent().Self(); err == nil {
 			fmt.Fprintln(out, "The local stack is already up.")
-			printURLs(out, s, EnvPath(home))
+			printURLs(out, s, EnvPath(home), opts.model())
 			return s, nil
 		}
 		return nil, fmt.Errorf("a stack state exists at %s but its Nomad does not answer; run `make down` first", statePath)
+	}
+	switch opts.Engine {
+	case "", EngineSim:
+	case EngineLlamaCpp:
+		if opts.Mesh {
+			return nil, errors.New("ENGINE=llama-cpp runs without MESH: there is no mesh llama.cpp recipe")
+		}
+	default:
+		return nil, fmt.Errorf("unknown engine %q: %s or %s", opts.Engine, EngineSim, EngineLlamaCpp)
 	}
 	fmt.Fprintln(out, "Starting Consul and Nomad with the Oasis plugins (the first run builds the Oasis binaries) ...")
 	runAs, err := engineUser(home)
@@ -125,11 +150,20 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 	if runAs != "" {
 		fmt.Fprintf(out, "  engines run as %s, the owner of %s: the llm driver's default user (nobody) cannot reach the stack's binaries through its parent directories\n", runAs, home)
 	}
+	llmConfig := ""
+	if opts.Engine == EngineLlamaCpp {
+		var server string
+		if server, opts.llamaModelPath, err = prepareLlama(root, home, out); err != nil {
+			return nil, err
+		}
+		llmConfig = fmt.Sprintf("binaries = { llama_cpp = %q }", server)
+	}
 	s, err := testbed.Start(ctx, testbed.Options{
-		Dir:            filepath.Join(home, "stack"),
-		Logf:           func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
-		Bridge:         opts.Mesh,
-		LLMPluginExtra: llmDefaultUser(runAs),
+		Dir:             filepath.Join(home, "stack"),
+		Logf:            func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) },
+		Bridge:          opts.Mesh,
+		LLMPluginConfig: llmConfig,
+		LLMPluginExtra:  llmDefaultUser(runAs),
 	})
 	if err != nil {
 		return nil, err
@@ -167,11 +201,19 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 	if err := startPrometheus(ctx, s, home, out); err != nil {
 		return s, err
 	}
-	printURLs(out, s, EnvPath(home))
+	printURLs(out, s, EnvPath(home), opts.model())
 	if jaeger != nil {
-		printTracing(out, s, jaeger)
+		printTracing(out, s, jaeger, opts.model())
 	}
 	return s, nil
+}
+
+// model is the model the demo recipe serves.
+func (o Options) model() string {
+	if o.Engine == EngineLlamaCpp {
+		return llamaModel
+	}
+	return demoModel
 }
 
 // runJobs runs the system jobs and the demo recipe on one stack (one region of a federation).
@@ -190,6 +232,9 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 	if opts.Mesh {
 		vars["router.nomad.hcl"]["mesh_enabled"] = "true"
 		maps.Copy(vars["job.nomad.hcl"], s.MeshVariables())
+	}
+	if opts.llamaModelPath != "" {
+		vars["job.nomad.hcl"]["model"] = opts.llamaModelPath
 	}
 	if opts.federated {
 		port, err := testutil.FreePorts(1)
@@ -222,8 +267,11 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 // jobFiles lists the system jobs and the demo recipe, saying which ones do not exist yet.
 func jobFiles(root string, out io.Writer, opts Options) ([]string, error) {
 	demoRecipe := demoRecipe
-	if opts.Mesh {
+	switch {
+	case opts.Mesh:
 		demoRecipe = meshRecipe
+	case opts.Engine == EngineLlamaCpp:
+		demoRecipe = llamaRecipe
 	}
 	jobs, err := filepath.Glob(filepath.Join(root, "jobs", "*.nomad.hcl"))
 	if err != nil {
@@ -296,7 +344,7 @@ func writeEnv(path string, s *testbed.Stack) error {
 	return nil
 }
 
-func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
+func printURLs(out io.Writer, s *testbed.Stack, envPath, model string) {
 	fmt.Fprintln(out)
 	if s.Region != "global" {
 		fmt.Fprintf(out, "Datacenter %s (Nomad region %s):\n", s.Datacenter, s.Region)
@@ -318,7 +366,7 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath string) {
 		fmt.Fprintln(out, "OpenAI API: no oasis-router registered yet (jobs/router.nomad.hcl not run)")
 		return
 	}
-	body := chatBody("Hello, Oasis!")
+	body := chatBody(model, "Hello, Oasis!")
 	if plain != nil {
 		base := fmt.Sprintf("http://%s:%d/v1", plain.Address, plain.Port)
 		fmt.Fprintf(out, "OpenAI API: %s\n", base)
@@ -351,15 +399,15 @@ func plainRouter(s *testbed.Stack) (string, bool) {
 
 // chatBody is the curl argument printed after a Try line: a streamed chat completion of the demo
 // model.
-func chatBody(content string) string {
-	return fmt.Sprintf(`              -d '{"model":%q,"stream":true,"messages":[{"role":"user","content":%q}]}'`, demoModel, content)
+func chatBody(model, content string) string {
+	return fmt.Sprintf(`              -d '{"model":%q,"stream":true,"messages":[{"role":"user","content":%q}]}'`, model, content)
 }
 
 // exampleTrace is the trace id printTracing suggests sending.
 const exampleTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 // printTracing says where the traces are and how to look at one.
-func printTracing(out io.Writer, s *testbed.Stack, j *testbed.Jaeger) {
+func printTracing(out io.Writer, s *testbed.Stack, j *testbed.Jaeger, model string) {
 	fmt.Fprintf(out, "Traces:     Jaeger at %s (OTLP/HTTP in at %s; query API only, no UI in this build)\n", j.Query, j.OTLP)
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
 	if err != nil || len(routers) == 0 {
@@ -368,7 +416,7 @@ func printTracing(out io.Writer, s *testbed.Stack, j *testbed.Jaeger) {
 	r := routers[0].Service
 	fmt.Fprintf(out, "Trace one:  curl -N http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n", r.Address, r.Port)
 	fmt.Fprintf(out, "              -H 'traceparent: 00-%s-00f067aa0ba902b7-01' \\\n", exampleTrace)
-	fmt.Fprintln(out, chatBody("Hello, Oasis!"))
+	fmt.Fprintln(out, chatBody(model, "Hello, Oasis!"))
 	fmt.Fprintf(out, "            curl -s %s/api/traces/%s   (the router's spans, a few seconds later)\n", j.Query, exampleTrace)
 }
 

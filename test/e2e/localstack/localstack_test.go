@@ -84,6 +84,70 @@ func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 	downed = true
 }
 
+// TestUpWithLlamaCpp is `make up ENGINE=llama-cpp`: the demo recipe on real llama-server
+// engines the driver launches, a streamed chat of real tokens through the router, and a
+// teardown that leaves nothing.
+func TestUpWithLlamaCpp(t *testing.T) {
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	home := filepath.Join(traversableTempDir(t), "oasis-home")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	var out bytes.Buffer
+	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}), Options{Engine: EngineLlamaCpp})
+	downed := false
+	defer func() {
+		if !downed {
+			if err := Down(home, io.Discard); err != nil {
+				t.Errorf("down after failure: %v", err)
+			}
+		}
+	}()
+	if err != nil && s != nil {
+		t.Logf("nomad log:\n%s", s.NomadLog())
+	}
+	must.NoError(t, err)
+	for _, want := range []string{"made the tiny llama.cpp model", "ran recipes/tiny/llama-cpp/cpu/job.nomad.hcl", `"model":"tiny-llama"`} {
+		must.StrContains(t, out.String(), want)
+	}
+	engines, err := s.WaitServicePassing(ctx, "oasis-engine", 3)
+	must.NoError(t, err)
+	for _, e := range engines {
+		must.Eq(t, "llama_cpp", e.Service.Meta["oasis_engine"])
+	}
+	routers, err := s.WaitServicePassing(ctx, "oasis-router", 1)
+	must.NoError(t, err)
+	router := fmt.Sprintf("http://%s:%d", routers[0].Service.Address, routers[0].Service.Port)
+	waitReady(t, ctx, router)
+
+	events := streamChatWith(t, ctx, http.DefaultClient, router, llamaModel, "You are a helpful assistant.", "Hello, Oasis!")
+	must.Eq(t, "[DONE]", events[len(events)-1])
+	var text strings.Builder
+	for _, ev := range events[:len(events)-1] {
+		var chunk struct {
+			Model   string `json:"model"`
+			Choices []struct {
+				Delta struct {
+					Content *string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		must.NoError(t, json.Unmarshal([]byte(ev), &chunk), must.Sprint(ev))
+		must.Eq(t, llamaModel, chunk.Model)
+		for _, c := range chunk.Choices {
+			if c.Delta.Content != nil {
+				text.WriteString(*c.Delta.Content)
+			}
+		}
+	}
+	must.NotEq(t, "", text.String(), must.Sprint("llama-server streamed no text"))
+	t.Logf("tiny-llama through the router: %q", text.String())
+
+	downLeavesNothing(t, home, "stack")
+	downed = true
+}
+
 // downLeavesNothing runs Down on home and asserts that no process found
 // under it while it was up survives, nor the directory itself.
 func downLeavesNothing(t *testing.T, home, what string) {
@@ -138,13 +202,13 @@ func waitReady(t *testing.T, ctx context.Context, router string) {
 // streamChat sends a streaming chat completion and returns the SSE data payloads in order.
 func streamChat(t *testing.T, ctx context.Context, router, system, user string) []string {
 	t.Helper()
-	return streamChatWith(t, ctx, http.DefaultClient, router, system, user)
+	return streamChatWith(t, ctx, http.DefaultClient, router, demoModel, system, user)
 }
 
-func streamChatWith(t *testing.T, ctx context.Context, c *http.Client, router, system, user string) []string {
+func streamChatWith(t *testing.T, ctx context.Context, c *http.Client, router, model, system, user string) []string {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{
-		"model":      demoModel,
+		"model":      model,
 		"stream":     true,
 		"max_tokens": 8,
 		"messages": []map[string]string{

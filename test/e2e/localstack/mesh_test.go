@@ -81,7 +81,7 @@ func TestUpMeshServesMeshClients(t *testing.T) {
 		must.True(t, time.Now().Before(deadline), must.Sprintf("the mesh router never became ready: %v", err))
 		time.Sleep(200 * time.Millisecond)
 	}
-	events = streamChatWith(t, ctx, client, router, "You are a helpful assistant.", "Hello, mesh!")
+	events = streamChatWith(t, ctx, client, router, demoModel, "You are a helpful assistant.", "Hello, mesh!")
 	must.Greater(t, 1, len(events))
 	must.Eq(t, "[DONE]", events[len(events)-1])
 
