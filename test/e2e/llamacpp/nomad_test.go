@@ -90,7 +90,7 @@ job %[1]q {
 
 // runEngines runs n engine jobs and waits until Consul passes every one; the cleanup
 // stops them.
-func runEngines(t *testing.T, ctx context.Context, prefix, model string, n int) []string {
+func runEngines(t testing.TB, ctx context.Context, prefix, model string, n int) []string {
 	t.Helper()
 	var ids []string
 	for i := 1; i <= n; i++ {

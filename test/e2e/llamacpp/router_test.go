@@ -30,7 +30,7 @@ import (
 // Consul discovery of this package's engines and a fixed policy document; it returns
 // the router's base URL once it serves model. Start it after the engines pass their
 // checks: its first look at Consul then finds them all.
-func startRouter(t *testing.T, doc *policy.Document, model string) string {
+func startRouter(t testing.TB, doc *policy.Document, model string) string {
 	t.Helper()
 	data, err := json.Marshal(doc)
 	must.NoError(t, err)
@@ -56,7 +56,7 @@ func startRouter(t *testing.T, doc *policy.Document, model string) string {
 }
 
 // testWriter sends router logs to the test's log.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
