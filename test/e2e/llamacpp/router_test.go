@@ -119,7 +119,7 @@ func sse(t *testing.T, resp *http.Response) []string {
 // Chat and completions through the router to real llama-server engines, streaming and
 // not: OpenAI shapes, usage that adds up, max_tokens honoured, the model's own name, and
 // llama-server's error for a prompt over its context reaching the client as an OpenAI
-// error with the engine's status.
+// error with the engine's status; stop strings and logprobs as llama-server gives them.
 func TestRouterServesLlamaServer(t *testing.T) {
 	ctx := ctxT(t, 3*time.Minute)
 	const model = "tiny-router"
@@ -198,6 +198,59 @@ func TestRouterServesLlamaServer(t *testing.T) {
 	must.NotEq(t, "", e.Error.Message)
 	must.NotEq(t, "", e.Error.Type)
 	t.Logf("over-context error through the router: %d %s", code, b)
+
+	t.Run("stop", func(t *testing.T) { stopThroughRouter(t, url) })
+	t.Run("logprobs", func(t *testing.T) { logprobsThroughRouter(t, url) })
+}
+
+// stopThroughRouter: a stop string ends the answer before it, with finish_reason "stop". The
+// answer is greedy (temperature 0), so a first request tells which text follows.
+func stopThroughRouter(t *testing.T, url string) {
+	const body = `{"model":"tiny-router","max_tokens":12,"temperature":0,"prompt":"Nomad and Consul"%s}`
+	var free chatAnswer
+	code, b := post(t, url+"/v1/completions", fmt.Sprintf(body, ""), &free)
+	must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
+	text := free.Choices[0].Text
+	// A stop string from the middle of the greedy answer, not at its start.
+	fields := strings.Fields(text)
+	must.Greater(t, 2, len(fields), must.Sprintf("answer %q", text))
+	stop := fields[len(fields)/2]
+	want, _, _ := strings.Cut(text, stop)
+	var stopped chatAnswer
+	code, b = post(t, url+"/v1/completions", fmt.Sprintf(body, `,"stop":[`+strconv.Quote(stop)+`]`), &stopped)
+	must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
+	must.Eq(t, want, stopped.Choices[0].Text, must.Sprintf("stop %q in %q", stop, text))
+	must.Eq(t, "stop", stopped.Choices[0].FinishReason)
+	must.Less(t, free.Usage.CompletionTokens, stopped.Usage.CompletionTokens)
+}
+
+// logprobsThroughRouter: a chat asking for logprobs gets llama-server's, in OpenAI's shape,
+// one entry per generated token with the top alternatives asked for.
+func logprobsThroughRouter(t *testing.T, url string) {
+	var out struct {
+		Choices []struct {
+			Logprobs *struct {
+				Content []struct {
+					Token       string  `json:"token"`
+					Logprob     float64 `json:"logprob"`
+					TopLogprobs []struct {
+						Token   string  `json:"token"`
+						Logprob float64 `json:"logprob"`
+					} `json:"top_logprobs"`
+				} `json:"content"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	code, b := post(t, url+"/v1/chat/completions",
+		`{"model":"tiny-router","max_tokens":4,"logprobs":true,"top_logprobs":2,"messages":[{"role":"user","content":"Log the odds."}]}`, &out)
+	must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
+	must.Len(t, 1, out.Choices)
+	must.NotNil(t, out.Choices[0].Logprobs, must.Sprintf("%s", b))
+	must.Len(t, 4, out.Choices[0].Logprobs.Content)
+	for _, c := range out.Choices[0].Logprobs.Content {
+		must.LessEq(t, 0.0, c.Logprob)
+		must.Len(t, 2, c.TopLogprobs)
+	}
 }
 
 // A client that goes away mid-stream frees its llama-server slot: the router cancels
