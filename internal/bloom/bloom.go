@@ -113,7 +113,9 @@ type Limits struct {
 
 // DefaultLimits accept what New makes, for up to 2^16 keys, and refuse a
 // filter whose fill implies more than 5% false positives.
-var DefaultLimits = Limits{MinBits: 64 * bitsPerKey, MaxBits: 1 << 16 * bitsPerKey, MinK: 1, MaxK: 16, MaxFalsePositive: 0.05}
+func DefaultLimits() Limits {
+	return Limits{MinBits: 64 * bitsPerKey, MaxBits: 1 << 16 * bitsPerKey, MinK: 1, MaxK: 16, MaxFalsePositive: 0.05}
+}
 
 // LimitError is a filter outside Limits; Field names what (bits, k, fill).
 type LimitError struct {

@@ -71,7 +71,7 @@ func TestCheckRefusesFullAndOddFilters(t *testing.T) {
 		for i := 0; i < n; i++ {
 			f.Add(fmt.Sprint("key", i))
 		}
-		must.NoError(t, f.Check(DefaultLimits), must.Sprintf("New(%d) holding %d keys", n, n))
+		must.NoError(t, f.Check(DefaultLimits()), must.Sprintf("New(%d) holding %d keys", n, n))
 	}
 	ones := func(k uint8, m uint32) *Filter {
 		b := append([]byte{k, 0, 0, 0, 0}, bytes.Repeat([]byte{0xff}, int(m/8))...)
@@ -96,7 +96,7 @@ func TestCheckRefusesFullAndOddFilters(t *testing.T) {
 		"larger than any New's": {&Filter{k: 7, m: 1 << 24, bits: make([]byte, 1<<21)}, "bits"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := tc.f.Check(DefaultLimits)
+			err := tc.f.Check(DefaultLimits())
 			var le *LimitError
 			must.True(t, errors.As(err, &le), must.Sprint(err))
 			must.EqOp(t, tc.field, le.Field)

@@ -146,13 +146,15 @@ func New(ctx context.Context, cfg Config) (*Identity, error) {
 	return id, nil
 }
 
-// Close stops following Consul. Configurations already handed out keep the
-// last certificate and roots.
-func (id *Identity) Close() {
+// Close stops following Consul and returns when the watches have ended.
+// Configurations already handed out keep the last certificate and roots.
+// It returns nil: ending a watch has no error to report.
+func (id *Identity) Close() error {
 	if id.cancel != nil {
 		id.cancel()
 	}
 	id.wg.Wait()
+	return nil
 }
 
 // Mesh reports whether the identity is Consul's (SPIFFE names and

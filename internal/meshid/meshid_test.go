@@ -28,7 +28,7 @@ func newIdentity(t *testing.T, c *consulapi.Client, service string, reg promethe
 	defer cancel()
 	id, err := New(ctx, Config{Consul: c, Service: service, Registerer: reg})
 	must.NoError(t, err)
-	t.Cleanup(id.Close)
+	t.Cleanup(func() { must.NoError(t, id.Close()) })
 	return id
 }
 

@@ -107,19 +107,19 @@ func New(cfg Config) (*App, error) {
 func (a *App) Close() error {
 	a.bgCancel()
 	a.bgWG.Wait()
+	var errs []error
 	if a.fed != nil {
-		a.fed.Close()
+		errs = append(errs, a.fed.Close())
 	}
 	if a.cache != nil {
-		a.cache.Close()
+		errs = append(errs, a.cache.Close())
 	}
 	if a.engines != nil {
 		a.engines.CloseIdleConnections()
 	}
 	if a.mesh != nil {
-		a.mesh.Close()
+		errs = append(errs, a.mesh.Close())
 	}
-	var errs []error
 	if err := a.closeTracing(); err != nil {
 		errs = append(errs, err)
 	}

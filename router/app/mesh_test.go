@@ -65,7 +65,7 @@ func (b *meshBed) client(t *testing.T, svc string) *http.Client {
 	defer cancel()
 	id, err := meshid.New(ctx, meshid.Config{Consul: b.consul, Service: svc})
 	must.NoError(t, err)
-	t.Cleanup(id.Close)
+	t.Cleanup(func() { must.NoError(t, id.Close()) })
 	tr := &http.Transport{TLSClientConfig: id.ClientConfig("oasis-router", "h2", "http/1.1"), ForceAttemptHTTP2: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 20 * time.Second}

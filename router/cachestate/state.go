@@ -396,14 +396,16 @@ func followEvents(ctx context.Context, log hclog.Logger, endpoint, replay string
 	}
 }
 
-// Close stops every subscriber.
-func (s *State) Close() {
+// Close stops every subscriber. It returns nil: a subscriber's socket
+// closes without an error worth acting on.
+func (s *State) Close() error {
 	s.SyncKVCaches(context.Background(), nil)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, es := range s.engines {
 		s.stopLocked(es)
 	}
+	return nil
 }
 
 // EventDriven reports whether the engine's state comes from its events.

@@ -120,6 +120,7 @@ type Federation struct {
 	hot       map[string]*HotKeys  // by model
 	spill     SpillBudget
 	closeOnce sync.Once
+	closeErr  error // the first Close's
 	ln        net.PacketConn
 	qln       *quic.EarlyListener
 	srv       *http3.Server
@@ -291,22 +292,28 @@ func (f *Federation) Run(ctx context.Context) {
 }
 
 // Close releases the listener and the client's connections; Run calls it
-// as it returns. For a Federation that will not Run.
-func (f *Federation) Close() {
+// as it returns. For a Federation that will not Run. It may be called more
+// than once; the first call's error is every later one's.
+func (f *Federation) Close() error {
 	f.closeOnce.Do(func() {
+		var errs []error
 		if f.srv != nil {
-			_ = f.srv.Close()
+			errs = append(errs, f.srv.Close())
 		}
 		if f.qln != nil {
-			_ = f.qln.Close()
+			errs = append(errs, f.qln.Close())
 		}
 		if f.ln != nil {
-			_ = f.ln.Close()
+			if err := f.ln.Close(); !errors.Is(err, net.ErrClosed) {
+				errs = append(errs, err) // srv.Close closes it too
+			}
 		}
 		if f.cl != nil {
-			_ = f.cl.Close()
+			errs = append(errs, f.cl.Close())
 		}
+		f.closeErr = errors.Join(errs...)
 	})
+	return f.closeErr
 }
 
 // Handler is what the federation listener serves, for serving it on
@@ -449,7 +456,7 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 // maxFilterBytes, and no fuller than a 5% false-positive rate (an all-ones
 // filter would pull every request across).
 var filterLimits = func() bloom.Limits {
-	l := bloom.DefaultLimits
+	l := bloom.DefaultLimits()
 	l.MaxBits = maxFilterBytes * 8
 	return l
 }()

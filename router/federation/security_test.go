@@ -331,7 +331,7 @@ func TestHTTP2ClientAndLimitedListener(t *testing.T) {
 	b, err := New(Config{DC: "dc2", Identity: idB, Policy: enabled, Local: func() []ModelSummary { return nil },
 		MaxConnsPerPeer: 1})
 	must.NoError(t, err)
-	t.Cleanup(b.Close)
+	t.Cleanup(func() { must.NoError(t, b.Close()) })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must.NoError(t, err)
 	tc := idB.Server()

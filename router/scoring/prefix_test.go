@@ -29,7 +29,7 @@ func tokReq(tokens []uint32) *Request {
 // workers (no events), so the tests can put blocks where they want.
 func newPrefixState(t testing.TB, ids ...string) *cachestate.State {
 	s := cachestate.New(cachestate.Config{})
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { must.NoError(t, s.Close()) })
 	var engs []cachestate.Engine
 	for _, id := range ids {
 		engs = append(engs, cachestate.Engine{ID: id, Model: "m", Address: "127.0.0.1:1", BlockSize: testBS})

@@ -75,7 +75,7 @@ func startRouter(t *testing.T, ctx context.Context, doc *policy.Document) *route
 	log := hclog.New(&hclog.LoggerOptions{Name: "kvrouting-e2e", Level: hclog.Warn})
 	m := metrics.New(prometheus.NewRegistry())
 	cache := cachestate.New(cachestate.Config{Logger: log.Named("cachestate")})
-	t.Cleanup(cache.Close)
+	t.Cleanup(func() { must.NoError(t, cache.Close()) })
 	pool := discovery.New(discovery.Config{})
 	pool.OnChange(func(ws []*scoring.Worker) { cache.Sync(ctx, enginesOf(ws)) })
 	src := &discovery.Consul{Client: stack.Consul, Service: discovery.EngineService, Tag: "kvrouting-e2e", Logger: log, Metrics: m, WaitTime: 5 * time.Second}

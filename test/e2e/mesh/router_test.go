@@ -25,7 +25,7 @@ func meshIdentity(t *testing.T, ctx context.Context, svc string) *meshid.Identit
 	t.Helper()
 	id, err := stack.MeshIdentity(ctx, svc)
 	must.NoError(t, err)
-	t.Cleanup(id.Close)
+	t.Cleanup(func() { must.NoError(t, id.Close()) })
 	return id
 }
 
