@@ -74,6 +74,13 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 		in.Binary = bin
 	}
 	p, err := render.Render(in)
+	if err == nil {
+		// Nomad hands drivers no service blocks: the meta the driver sees is
+		// the job, group and task meta (NOMAD_META_*), which services
+		// reference as ${NOMAD_META_<key>}. Literal service meta is checked
+		// by `nomad-driver-llm validate` and the Terraform plan.
+		err = p.Config.CheckServiceMeta("job/group/task", config.EnvMeta(cfg.Env))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("invalid llm task config: %w", err)
 	}

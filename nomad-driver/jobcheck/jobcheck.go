@@ -80,10 +80,47 @@ func CheckPolicy(job *nomadapi.Job, policy config.Policy) []Result {
 				Config: tc, Ports: ports, GPUs: gpus(t.Resources), Namespaced: namespaced,
 				LocalDir: "${NOMAD_TASK_DIR}", Policy: policy, User: t.User,
 			})
+			if r.Err == nil {
+				r.Err = checkMeta(job, g, t, r.Plan.Config)
+			}
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// checkMeta compares the oasis_* meta the router reads with the task's
+// rendered config: the job, group and task meta (the task's NOMAD_META_*,
+// which the driver checks again at start), and the meta of every service
+// of the group that is not bound to another task and of the task's own
+// services. A service value "${NOMAD_META_<key>}" is resolved from the
+// job, group and task meta, as Nomad does; other interpolations are left
+// to the client.
+func checkMeta(job *nomadapi.Job, g *nomadapi.TaskGroup, t *nomadapi.Task, c config.TaskConfig) error {
+	merged := map[string]string{}
+	maps.Copy(merged, job.Meta)
+	maps.Copy(merged, g.Meta)
+	maps.Copy(merged, t.Meta)
+	errs := []error{c.CheckServiceMeta("job/group/task", merged)}
+	services := slices.Clone(t.Services)
+	for _, s := range g.Services {
+		if s.TaskName == "" || s.TaskName == t.Name {
+			services = append(services, s)
+		}
+	}
+	for _, s := range services {
+		meta := make(map[string]string, len(s.Meta))
+		for k, v := range s.Meta {
+			if ref, ok := strings.CutPrefix(v, "${NOMAD_META_"); ok && strings.HasSuffix(ref, "}") {
+				if mv, ok := merged[strings.TrimSuffix(ref, "}")]; ok {
+					v = mv
+				}
+			}
+			meta[k] = v
+		}
+		errs = append(errs, c.CheckServiceMeta(fmt.Sprintf("service %q", s.Name), meta))
+	}
+	return errors.Join(errs...)
 }
 
 // decode maps a parsed config block onto the task config; unknown fields

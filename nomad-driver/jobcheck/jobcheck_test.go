@@ -1,6 +1,7 @@
 package jobcheck
 
 import (
+	"maps"
 	"testing"
 
 	nomadapi "github.com/hashicorp/nomad/api"
@@ -86,6 +87,78 @@ func TestCheckBridge(t *testing.T) {
 			res := Check(j)
 			must.Len(t, 1, res)
 			must.StrContains(t, res[0].String(), tc.want)
+		})
+	}
+}
+
+// TestCheckMeta: the oasis_* meta the router reads must agree with the task
+// config, in the group's and the task's services and in job/group/task meta.
+func TestCheckMeta(t *testing.T) {
+	cfg := map[string]interface{}{"engine": "sim", "model": "m", "served_model_name": "llama", "port": "http", "kv_events_port": "kv"}
+	ok := map[string]string{"oasis_model": "llama", "oasis_engine": "sim", "oasis_role": "both", "oasis_block_size": "16", "oasis_node": "${node.unique.id}"}
+	with := func(k, v string) map[string]string {
+		m := maps.Clone(ok)
+		m[k] = v
+		return m
+	}
+	cases := []struct {
+		name              string
+		config            map[string]interface{}
+		groupSvc, taskSvc map[string]string
+		groupMeta         map[string]string
+		svcTask           string // the group service's task
+		want              string // "" = ok
+	}{
+		{name: "agrees", groupSvc: ok},
+		{name: "block size", groupSvc: with("oasis_block_size", "32"),
+			want: `service "oasis-engine" meta oasis_block_size: "32" contradicts the task's block_size ("16")`},
+		{name: "model", groupSvc: with("oasis_model", "m"),
+			want: `service "oasis-engine" meta oasis_model: "m" contradicts the task's served_model_name ("llama")`},
+		{name: "engine", taskSvc: with("oasis_engine", "vllm"),
+			want: `service "task-svc" meta oasis_engine: "vllm" contradicts the task's engine ("sim")`},
+		{name: "role", groupSvc: with("oasis_role", "prefill"),
+			want: `meta oasis_role: "prefill" contradicts the task's role ("both")`},
+		{name: "empty block size is the router's 16", groupSvc: with("oasis_block_size", "")},
+		{name: "empty block size with 32", config: map[string]interface{}{"block_size": float64(32)}, groupSvc: with("oasis_block_size", ""),
+			want: `oasis_block_size: "" contradicts the task's block_size ("32")`},
+		{name: "interpolated from group meta", groupSvc: with("oasis_block_size", "${NOMAD_META_oasis_block_size}"),
+			groupMeta: map[string]string{"oasis_block_size": "64"},
+			want:      `job/group/task meta oasis_block_size: "64" contradicts`},
+		{name: "other interpolation left to the client", groupSvc: with("oasis_model", "${NOMAD_META_unknown}")},
+		{name: "service of another task", groupSvc: with("oasis_role", "decode"), svcTask: "sidecar"},
+		{name: "llama_cpp has no block size", config: map[string]interface{}{"engine": "llama_cpp", "kv_events_port": nil},
+			groupSvc: map[string]string{"oasis_engine": "llama_cpp", "oasis_block_size": "16"},
+			want:     `oasis_block_size: "16" contradicts the task's block_size ("")`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := maps.Clone(cfg)
+			for k, v := range tc.config {
+				if v == nil {
+					delete(c, k)
+					continue
+				}
+				c[k] = v
+			}
+			if c["engine"] == "llama_cpp" {
+				c["kv_events"] = false
+			}
+			j := job(c, 0)
+			g := j.TaskGroups[0]
+			g.Meta = tc.groupMeta
+			if tc.groupSvc != nil {
+				g.Services = []*nomadapi.Service{{Name: "oasis-engine", TaskName: tc.svcTask, Meta: tc.groupSvc}}
+			}
+			if tc.taskSvc != nil {
+				g.Tasks[0].Services = []*nomadapi.Service{{Name: "task-svc", Meta: tc.taskSvc}}
+			}
+			res := Check(j)
+			must.Len(t, 1, res)
+			if tc.want == "" {
+				must.NoError(t, res[0].Err)
+				return
+			}
+			must.ErrorContains(t, res[0].Err, tc.want)
 		})
 	}
 }
