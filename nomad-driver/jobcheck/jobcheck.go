@@ -173,7 +173,7 @@ func decodeKnown(raw map[string]interface{}) (config.TaskConfig, error) {
 // `extra_env = { ... }` (or `extra_env { ... }`) into a list of one map, a
 // job submitted as JSON may carry the map itself, and the client decodes
 // both; more than one block is the client's "Duplicate extra_env block".
-var blockFields = []string{"extra_env"}
+var blockFields = []string{"extra_env", "llm_api_options"}
 
 // unwrapBlocks returns raw with each block field's list of one map replaced
 // by the map (raw itself is not modified).

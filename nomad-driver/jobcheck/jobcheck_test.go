@@ -162,3 +162,19 @@ func TestCheckMeta(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckLLMAPIOptions: llm_api_options arrives from Nomad's HCL parser as a
+// list of one map (a block of attributes), as extra_env does.
+func TestCheckLLMAPIOptions(t *testing.T) {
+	cfg := map[string]interface{}{"engine": "trtllm", "model": "m", "port": "http",
+		"llm_api_options": []interface{}{map[string]interface{}{"print_iter_log": "true"}}}
+	res := Check(job(cfg, 1))
+	must.Len(t, 1, res)
+	must.NoError(t, res[0].Err)
+	must.StrContains(t, res[0].String(), "--extra_llm_api_options ${NOMAD_TASK_DIR}/extra_llm_api_options.yaml")
+	must.StrContains(t, string(res[0].Plan.Files[0].Content), "enable_iter_perf_stats: true\nprint_iter_log: true\n")
+
+	cfg["llm_api_options"] = []interface{}{map[string]interface{}{"max_seq_len": "4096"}}
+	res = Check(job(cfg, 1))
+	must.ErrorContains(t, res[0].Err, `llm_api_options: unknown option "max_seq_len"`)
+}

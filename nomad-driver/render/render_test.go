@@ -268,6 +268,44 @@ func TestRenderCases(t *testing.T) {
 			c.OTLPTracesEndpoint = "grpc://10.0.0.9:4317"
 			return testInput(c)
 		}},
+		{"trtllm-llm-api-options", func() Input {
+			c := baseConfig("trtllm", "none", "both")
+			c.LLMAPIOptions = map[string]string{"enable_iter_perf_stats": "false", "print_iter_log": "true",
+				"kv_cache_config.dtype": "fp8", "kv_cache_config.event_buffer_max_size": "1024",
+				"cuda_graph_config.enable_padding": "true", "cuda_graph_config.max_batch_size": "256",
+				"guided_decoding_backend": "xgrammar: {a: 1}"}
+			return testInput(c)
+		}},
+		{"trtllm-native-llm-api-options", func() Input {
+			c := baseConfig("trtllm", "native", "both")
+			c.LLMAPIOptions = map[string]string{"kv_cache_config.enable_block_reuse": "false", "kv_cache_config.dtype": "fp8"}
+			return testInput(c)
+		}},
+		{"sglang-prefill-mooncake", func() Input {
+			c := baseConfig("sglang", "none", "prefill")
+			c.DisaggTransferBackend = "mooncake"
+			return testInput(c)
+		}},
+		{"sglang-decode-mooncake", func() Input {
+			c := baseConfig("sglang", "none", "decode")
+			c.DisaggTransferBackend = "mooncake"
+			return testInput(c)
+		}},
+		{"sim-sglang-prefill-mooncake", func() Input {
+			c := baseConfig("sim", "none", "prefill")
+			c.NIXLSideChannelPort, c.BootstrapPort, c.DisaggTransferBackend = "", "bootstrap", "mooncake"
+			return testInput(c)
+		}},
+		{"sglang-hicache-storage-file", func() Input {
+			c := baseConfig("sglang", "hicache", "both")
+			c.HiCacheStorageBackend = "file"
+			return testInput(c)
+		}},
+		{"sglang-prefill-hicache-storage-mooncake", func() Input {
+			c := baseConfig("sglang", "hicache", "prefill")
+			c.HiCacheStorageBackend, c.DisaggTransferBackend = "mooncake", "mooncake"
+			return testInput(c)
+		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))
 			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}}
@@ -331,7 +369,59 @@ func TestRenderBadInput(t *testing.T) {
 		{"size without offload", func(in *Input) { in.Config.KVOffloadSizeGB = 3 }, "kv_offload_size_gb", "allowed with: native, lmcache, kvcached, hicache, kvbm"},
 		{"gpu util out of range", func(in *Input) { in.Config.GPUMemoryUtilization = 1.5 }, "gpu_memory_utilization", "must be in (0, 1]"},
 		{"block size not power of two", func(in *Input) { in.Config.BlockSize = 24 }, "block_size", "powers of two"},
-		{"extra arg owned", func(in *Input) { in.Config.ExtraArgs = []string{"--port=9000"} }, "extra_args", `"--port" is rendered by the driver`},
+		{"extra arg owned", func(in *Input) { in.Config.ExtraArgs = []string{"--port=9000"} }, "extra_args", `"--port" is rendered by the driver from the task config; set port instead`},
+		{"trtllm options flag points to llm_api_options", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.ExtraArgs = []string{"--extra_llm_api_options", "/tmp/x.yaml"}
+		}, "extra_args", `"--extra_llm_api_options" is rendered by the driver from the task config; set llm_api_options (and kv_offload = "native") instead`},
+		{"trtllm tp alias owned", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.ExtraArgs = []string{"--tp", "2"}
+		}, "extra_args", `set tensor_parallel_size instead`},
+		{"llm_api_options on vllm", func(in *Input) { in.Config.LLMAPIOptions = map[string]string{"print_iter_log": "true"} }, "llm_api_options", "allowed for: trtllm"},
+		{"llm_api_options unknown", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"tensor_parallel_size": "2"}
+		}, "llm_api_options", `unknown option "tensor_parallel_size"; allowed: attn_backend`},
+		{"llm_api_options owned", func(in *Input) {
+			in.Config = baseConfig("trtllm", "native", "both")
+			in.Config.LLMAPIOptions = map[string]string{"kv_cache_config.host_cache_size": "1"}
+		}, "llm_api_options", `"kv_cache_config.host_cache_size" is rendered by the driver from kv_offload_size_gb`},
+		{"llm_api_options bad key", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"kv_cache_config..dtype": "fp8"}
+		}, "llm_api_options", "is not an option path"},
+		{"llm_api_options multi-line value", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"sampler_type": "auto\nbackend: tensorrt"}
+		}, "llm_api_options", "must be one line"},
+		{"llm_api_options value and parent", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"kv_cache_config": "x", "kv_cache_config.dtype": "fp8"}
+		}, "llm_api_options", `"kv_cache_config" is a value and "kv_cache_config.dtype" one of its settings`},
+		{"transfer backend unknown", func(in *Input) {
+			in.Config = baseConfig("sglang", "none", "prefill")
+			in.Config.DisaggTransferBackend = "ascend"
+		}, "disaggregation_transfer_backend", "allowed: nixl, mooncake"},
+		{"transfer backend on aggregated sglang", func(in *Input) {
+			in.Config = baseConfig("sglang", "none", "both")
+			in.Config.DisaggTransferBackend = "mooncake"
+		}, "disaggregation_transfer_backend", "with role prefill or decode"},
+		{"transfer backend on vllm", func(in *Input) {
+			in.Config.Role, in.Config.NIXLSideChannelPort, in.Config.DisaggTransferBackend = "prefill", "nixl", "mooncake"
+		}, "disaggregation_transfer_backend", "only used by sglang"},
+		{"hicache storage without hicache", func(in *Input) {
+			in.Config = baseConfig("sglang", "none", "both")
+			in.Config.HiCacheStorageBackend = "file"
+		}, "hicache_storage_backend", `set kv_offload = "hicache"`},
+		{"hicache storage dynamic", func(in *Input) {
+			in.Config = baseConfig("sglang", "hicache", "both")
+			in.Config.HiCacheStorageBackend = "dynamic"
+		}, "hicache_storage_backend", "allowed: file, mooncake, nixl, hf3fs, aibrix, eic"},
+		{"hicache storage flag owned", func(in *Input) {
+			in.Config = baseConfig("sglang", "hicache", "both")
+			in.Config.ExtraArgs = []string{"--hicache_storage_backend=file"}
+		}, "extra_args", "set hicache_storage_backend instead"},
 		{"disagg without nixl port", func(in *Input) { in.Config.Role = "prefill" }, "nixl_side_channel_port", "needs a port label"},
 		{"openai_compat without endpoint", func(in *Input) {
 			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o"}
