@@ -170,6 +170,7 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"llm_api_options":                 hclspec.NewBlockAttrs("llm_api_options", "string", false),
 	"disaggregation_transfer_backend": hclspec.NewAttr("disaggregation_transfer_backend", "string", false),
 	"hicache_storage_backend":         hclspec.NewAttr("hicache_storage_backend", "string", false),
+	"kv_offload_tier":                 hclspec.NewAttr("kv_offload_tier", "string", false),
 	"binary":                          hclspec.NewAttr("binary", "string", false),
 	"image":                           hclspec.NewAttr("image", "string", false),
 	"auth":                            AuthSpec,
@@ -230,6 +231,9 @@ type TaskConfig struct {
 	// HiCacheStorageBackend is SGLang's --hicache-storage-backend: HiCache's
 	// third tier behind host memory (kv_offload = "hicache").
 	HiCacheStorageBackend string `codec:"hicache_storage_backend" json:"hicache_storage_backend,omitempty"`
+	// KVOffloadTier names a tier declared in Nomad variables (tier.go): the
+	// driver renders kv_offload, its address, size and secret from it.
+	KVOffloadTier string `codec:"kv_offload_tier" json:"kv_offload_tier,omitempty"`
 }
 
 // FieldError is a validation error about one task config field.
@@ -408,6 +412,7 @@ func (c TaskConfig) Validate() error {
 			{"llm_api_options", len(c.LLMAPIOptions) != 0},
 			{"disaggregation_transfer_backend", c.DisaggTransferBackend != ""},
 			{"hicache_storage_backend", c.HiCacheStorageBackend != ""},
+			{"kv_offload_tier", c.KVOffloadTier != ""},
 		} {
 			if f.set {
 				add(fieldErr(f.name, "not used by engine openai_compat, which runs no process (it only checks endpoint)"))
@@ -422,6 +427,7 @@ func (c TaskConfig) Validate() error {
 	add(c.validateOTLP())
 	add(c.validateImage())
 	add(c.validateEngineOptions())
+	add(c.validateTierField())
 	if c.Endpoint != "" {
 		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
 	}

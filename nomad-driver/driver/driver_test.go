@@ -346,6 +346,9 @@ func TestDriver_BadConfigFailsBeforeStart(t *testing.T) {
 		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim", nil, nil},
 		{"meta block size contradicts", nil, `job/group/task meta oasis_block_size: "32" contradicts the task's block_size ("16")`, nil,
 			map[string]string{"NOMAD_META_oasis_block_size": "32", "NOMAD_META_OASIS_BLOCK_SIZE": "32"}},
+		{"tier without the task's identity", func(c *config.TaskConfig) { c.KVOffloadTier = "node-kv" },
+			"kv_offload_tier: the driver reads the tier with the task's workload identity, which the task does not expose", nil, nil},
+		{"tier name", func(c *config.TaskConfig) { c.KVOffloadTier = "Node KV" }, `kv_offload_tier: "Node KV" is not a tier name`, nil, nil},
 		{"meta model contradicts", nil, `meta oasis_model: "llama-70b" contradicts the task's served_model_name ("llama")`, nil,
 			map[string]string{"NOMAD_META_OASIS_MODEL": "llama-70b"}},
 	}

@@ -1,11 +1,15 @@
 package jobcheck
 
 import (
+	"context"
 	"maps"
 	"testing"
 
 	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/nomad-driver/config"
+	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
 
 func job(config map[string]interface{}, gpus uint64) *nomadapi.Job {
@@ -177,4 +181,60 @@ func TestCheckLLMAPIOptions(t *testing.T) {
 	cfg["llm_api_options"] = []interface{}{map[string]interface{}{"max_seq_len": "4096"}}
 	res = Check(job(cfg, 1))
 	must.ErrorContains(t, res[0].Err, `llm_api_options: unknown option "max_seq_len"`)
+}
+
+// fakeTiers is a tier source over fixed declarations.
+type fakeTiers map[string]map[string]string
+
+func (f fakeTiers) Tier(_ context.Context, name string) (*config.Tier, error) {
+	items, ok := f[name]
+	if !ok {
+		return nil, &config.FieldError{Field: "kv_offload_tier", Msg: "tier " + name + ": " + config.ErrTierNotDeclared.Error()}
+	}
+	t, err := config.ParseTier(name, items)
+	if err == nil && t.SecretPath != "" {
+		t.Secret = "<" + t.SecretPath + ">"
+	}
+	return t, err
+}
+
+// TestCheckTier: a task's kv_offload_tier is read from the tier source,
+// rendered, and checked for the identity the driver reads it with.
+func TestCheckTier(t *testing.T) {
+	src := fakeTiers{
+		"node-kv": {"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"},
+		"bad":     {"kind": "kvcached", "address": "${node.ip}:6380"},
+		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv"},
+	}
+	cases := []struct {
+		name     string
+		tier     string
+		identity *nomadapi.WorkloadIdentity
+		src      tiers.Source
+		want     string // substring of the result line
+	}{
+		{"kvcached", "node-kv", &nomadapi.WorkloadIdentity{File: true}, src,
+			"ok: oasis-sim serve m --host 127.0.0.1"},
+		{"no identity", "node-kv", nil, src, "kv_offload_tier: the driver reads the tier at start with the task's workload identity"},
+		{"identity not exposed", "node-kv", &nomadapi.WorkloadIdentity{}, src, "add identity { file = true }"},
+		{"not declared", "other", &nomadapi.WorkloadIdentity{Env: true}, src, "kv_offload_tier: tier other: tier is not declared"},
+		{"bad declaration", "bad", &nomadapi.WorkloadIdentity{File: true}, src, `tier "bad" (Nomad variable oasis/tiers/bad) item secret_path`},
+		{"kind not for the engine", "nfs", &nomadapi.WorkloadIdentity{File: true}, src, `tier "nfs" (kind shared-fs) renders kv_offload = "hicache"`},
+		{"no source", "node-kv", &nomadapi.WorkloadIdentity{File: true}, nil, "no tier source"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			j := job(map[string]interface{}{"engine": "sim", "model": "m", "port": "http", "kv_events_port": "kv", "kv_offload_tier": tc.tier}, 0)
+			j.TaskGroups[0].Tasks[0].Identity = tc.identity
+			res := CheckWith(context.Background(), j, Options{Policy: config.DefaultPolicy(), Tiers: tc.src})
+			must.Len(t, 1, res)
+			must.StrContains(t, res[0].String(), tc.want)
+			if tc.name == "kvcached" {
+				f := res[0].Plan.Files[0]
+				must.True(t, f.Secret)
+				must.EqOp(t, "${NOMAD_SECRETS_DIR}/lmcache.yaml", f.Path)
+				must.StrContains(t, string(f.Content), `remote_url: "redis://:%3Cnomad%2Fjobs%2Foasis-kvcached%3E@127.0.0.1:6380"`)
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -180,6 +181,9 @@ func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 		if c.HiCacheStorageBackend != "" {
 			a = append(a, "--hicache-storage-backend", c.HiCacheStorageBackend)
 		}
+		if p.Tier != "" && in.Tier.Kind == config.TierSharedFS {
+			p.Env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = in.Tier.Path
+		}
 	case config.OffloadLMCache, config.OffloadKVCached:
 		a = append(a, "--enable-lmcache")
 		// SGLang's page hashes are not LMCache's chunk hashes: keep LMCache's
@@ -279,22 +283,39 @@ const lmcacheHashAlgo = "sha256_cbor"
 
 // writeLMCacheConfig writes LMCache's YAML into the task dir. kvcached is
 // LMCache with its remote tier on the node-local oasis-kvcached (Redis
-// protocol). Partial chunks are not saved: the engine never caches a partial
-// block either, and their hashes would match nothing.
+// protocol); a kv_offload_tier adds its remote (with the tier's password,
+// in the URL redis-py reads it from, the file then written 0600 into the
+// secrets directory). Partial chunks are not saved: the engine never caches
+// a partial block either, and their hashes would match nothing.
 func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input, chunk int) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload = %q).\n", c.KVOffload)
+	if p.Tier != "" {
+		fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload_tier = %q, kind %s).\n", p.Tier, in.Tier.Kind)
+	} else {
+		fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload = %q).\n", c.KVOffload)
+	}
 	fmt.Fprintf(&b, "chunk_size: %d\nsave_unfull_chunk: false\n", chunk)
 	if c.KVOffloadSizeGB > 0 {
 		fmt.Fprintf(&b, "local_cpu: true\nmax_local_cpu_size: %s\n", ftoa(c.KVOffloadSizeGB))
 	} else {
 		b.WriteString("local_cpu: false\n")
 	}
-	if c.KVOffload == config.OffloadKVCached {
-		fmt.Fprintf(&b, "remote_url: \"redis://%s\"\nremote_serde: naive\n", c.KVCachedAddress)
+	secret := false
+	switch {
+	case c.KVOffload == config.OffloadKVCached:
+		u := url.URL{Scheme: "redis", Host: c.KVCachedAddress}
+		if p.Tier != "" && in.Tier.Secret != "" {
+			u.User, secret = url.UserPassword("", in.Tier.Secret), true
+		}
+		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON(u.String()))
+	case p.Tier != "" && in.Tier.Kind == config.TierLMCacheServer:
+		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON("lm://"+in.Tier.NodeAddress(connectHost(in.Ports[c.Port].HostIP))))
 	}
 	fmt.Fprintf(&b, "pre_caching_hash_algorithm: %s\n", lmcacheHashAlgo)
 	f := localFile(in, LMCacheConfigName, b.String())
+	if secret {
+		f = File{Path: filepath.Join(in.SecretsDir, LMCacheConfigName), Content: []byte(b.String()), Secret: true}
+	}
 	p.Files = append(p.Files, f)
 	p.Env["LMCACHE_CONFIG_FILE"] = f.Path
 }

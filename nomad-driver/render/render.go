@@ -66,18 +66,30 @@ type Input struct {
 	Policy config.Policy
 	// User is the task's own `user` ("" when unset).
 	User string
+	// SecretsDir is the task's secrets directory, where files holding a
+	// secret are written.
+	SecretsDir string
+	// Tier is the declaration of the task's kv_offload_tier, with its
+	// secret, as read when the task starts (nil without kv_offload_tier).
+	Tier *config.Tier
 }
 
 // File is a file written into the task's local directory before start.
 type File struct {
-	Path    string // absolute path (LocalDir joined with the name)
+	Path    string // absolute path (LocalDir or SecretsDir joined with the name)
 	Content []byte
+	// Secret files hold a password: written 0600, owned by the engine's
+	// account, into the secrets directory.
+	Secret bool
 }
 
 // Plan is what the driver launches.
 type Plan struct {
-	// Config is the normalized config the plan was rendered from.
+	// Config is the normalized config the plan was rendered from (with
+	// kv_offload_tier's fields rendered and the field itself cleared).
 	Config config.TaskConfig
+	// Tier is the kv_offload_tier the plan was rendered from ("" for none).
+	Tier string
 	// NoProcess is true for openai_compat: nothing is launched, HealthURL is watched.
 	NoProcess bool
 	Argv      []string
@@ -159,8 +171,15 @@ func Render(in Input) (*Plan, error) {
 	if err := checkExtraArgs(c); err != nil {
 		return nil, err
 	}
+	tier := c.KVOffloadTier
+	if tier != "" {
+		var err error
+		if c, err = applyTier(c, in); err != nil {
+			return nil, err
+		}
+	}
 
-	p := &Plan{Config: c, Env: map[string]string{}, MetricsPath: "/metrics"}
+	p := &Plan{Config: c, Tier: tier, Env: map[string]string{}, MetricsPath: "/metrics"}
 	if c.Engine == config.EngineOpenAICompat {
 		p.NoProcess = true
 		p.HealthURL = strings.TrimRight(c.Endpoint, "/") + "/models"
@@ -207,6 +226,27 @@ func Render(in Input) (*Plan, error) {
 	}
 	p.Argv = append(p.Argv, c.ExtraArgs...)
 	return p, nil
+}
+
+// applyTier renders kv_offload_tier's fields from the tier's declaration
+// (for the node whose address the API port's allocation carries) and
+// validates the result as a task config of its own.
+func applyTier(c config.TaskConfig, in Input) (config.TaskConfig, error) {
+	nodeIP := connectHost(in.Ports[c.Port].HostIP)
+	c, err := c.WithTier(in.Tier, nodeIP)
+	if err != nil {
+		return c, err
+	}
+	c = c.Normalize()
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("kv_offload_tier: tier %q renders an invalid config: %w", in.Tier.Name, err)
+	}
+	if in.Namespaced {
+		if errs := checkNamespaced(c); len(errs) > 0 {
+			return c, fmt.Errorf("kv_offload_tier: tier %q: %w", in.Tier.Name, errors.Join(errs...))
+		}
+	}
+	return c, nil
 }
 
 // bindPorts returns the address:port each label is bound at by the engine.
