@@ -19,6 +19,7 @@
 # Nomad injects for a Connect-native task (CONSUL_HTTP_ADDR, CONSUL_HTTP_SSL*, CONSUL_HTTP_TOKEN).
 #
 # Redis password: put it in the same variable (item redis_password) and set auth_enabled = true;
+# engines get it through a kvcached KV offload tier that references this item (jobs/README.md);
 # a template writes it into the task's secrets dir and kvcached reads it from there
 # (--password-file), so it never appears in the job, its arguments or its environment.
 #

@@ -42,8 +42,10 @@ func (n Nomad) Tier(ctx context.Context, name string) (*config.Tier, error) {
 	v, _, err := n.Client.Variables().Read(config.TierVariablePath(name), q)
 	if err != nil {
 		if errors.Is(err, nomadapi.ErrVariablePathNotFound) {
+			// Nomad answers "not found" also where the token may not read the
+			// variable: name both causes.
 			return nil, &config.FieldError{Field: "kv_offload_tier", Msg: fmt.Sprintf(
-				"tier %q: %v: no Nomad variable %s (declare it there, see nomad-driver/README.md \"KV offload tiers\")",
+				"tier %q: %v: no Nomad variable %s that this token may read (declare the tier there, see nomad-driver/README.md \"KV offload tiers\"; a task reads it with its workload identity, which needs a policy reading oasis/tiers/*: jobs/acl/setup.sh OASIS_TIER_JOBS)",
 				name, config.ErrTierNotDeclared, config.TierVariablePath(name))}
 		}
 		return nil, &config.FieldError{Field: "kv_offload_tier", Msg: fmt.Sprintf(
