@@ -123,9 +123,17 @@ func readTier(ctx context.Context, src tiers.Source, t *nomadapi.Task, name stri
 		return nil, &config.FieldError{Field: "kv_offload_tier", Msg: "the driver reads the tier at start with the task's workload identity, which the task does not expose: add identity { file = true } to the task"}
 	}
 	if src == nil {
-		return nil, &config.FieldError{Field: "kv_offload_tier", Msg: fmt.Sprintf("tier %q cannot be checked here: no tier source (nomad-driver-llm validate reads tiers from Nomad variables)", name)}
+		return nil, &TierUncheckedError{Tier: name}
 	}
 	return src.Tier(ctx, name)
+}
+
+// TierUncheckedError is the result of a task whose kv_offload_tier could
+// not be read: CheckWith was given no tier source.
+type TierUncheckedError struct{ Tier string }
+
+func (e *TierUncheckedError) Error() string {
+	return fmt.Sprintf("kv_offload_tier: tier %q cannot be checked here: no tier source (nomad-driver-llm validate reads tiers from Nomad variables)", e.Tier)
 }
 
 // exposesIdentity reports whether the task's default workload identity
