@@ -18,7 +18,8 @@
 # service:write on oasis-kvcached. Consul's address, and its TLS settings if any, come from what
 # Nomad injects for a Connect-native task (CONSUL_HTTP_ADDR, CONSUL_HTTP_SSL*, CONSUL_HTTP_TOKEN).
 #
-# Redis password: put it in the same variable (item redis_password) and set auth_enabled = true;
+# Redis password (auth_enabled, on by default): put it in the same variable (item redis_password);
+# engines get it through a kvcached KV offload tier that references this item (jobs/README.md);
 # a template writes it into the task's secrets dir and kvcached reads it from there
 # (--password-file), so it never appears in the job, its arguments or its environment.
 #
@@ -129,9 +130,9 @@ variable "mesh" {
 }
 
 variable "auth_enabled" {
-  description = "Require the Redis password in Nomad variable nomad/jobs/oasis-kvcached, item redis_password (the task waits for it). Engines must then send it."
+  description = "Require the Redis password in Nomad variable nomad/jobs/oasis-kvcached, item redis_password (the task waits for it). On by default: engines get the password through a kvcached KV offload tier (jobs/README.md). false leaves the Redis port open to every process that reaches it."
   type        = bool
-  default     = false
+  default     = true
 }
 
 variable "kv_events_address" {

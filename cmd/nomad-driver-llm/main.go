@@ -25,7 +25,15 @@ import (
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/driver"
 	"github.com/oasis-llm/oasis/nomad-driver/jobcheck"
+	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "validate" {
@@ -85,7 +93,10 @@ func validate(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: parsing job: %v\n", path, err)
 			return 2
 		}
-		results := jobcheck.CheckPolicy(job, policy.Policy())
+		// Tiers are read with this command's token (NOMAD_TOKEN); their
+		// secrets are not: the driver reads those with the task's identity.
+		tierSrc := tiers.Nomad{Client: client, Namespace: deref(job.Namespace)}
+		results := jobcheck.CheckWith(context.Background(), job, jobcheck.Options{Policy: policy.Policy(), Tiers: tierSrc})
 		if len(results) == 0 {
 			fmt.Fprintf(stdout, "%s: no llm tasks\n", path)
 		}

@@ -12,6 +12,10 @@
 # Environment:
 #   OASIS_CONSUL_AUTH_METHOD  the auth method's name (default nomad-workloads)
 #   OASIS_NOMAD_NAMESPACE     the Nomad namespace the jobs run in (default default)
+#   OASIS_TIER_JOBS           engine job ids (space-separated) whose tasks name a kv_offload_tier: each
+#                             gets policy oasis-tiers-<job> (nomad-oasis-tiers.hcl), which lets the llm
+#                             driver read tier declarations and the kvcached password with the task's
+#                             workload identity
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,3 +50,10 @@ nomad acl policy apply -namespace "$namespace" -job oasis-router \
 	-description "Oasis router: node statistics for power-aware routing" \
 	oasis-router "$here/nomad-oasis-router.hcl" >/dev/null
 echo "nomad: policy oasis-router attached to job $namespace/oasis-router"
+
+for job in ${OASIS_TIER_JOBS:-}; do
+	sed "s/namespace \"default\"/namespace \"$namespace\"/" "$here/nomad-oasis-tiers.hcl" |
+		nomad acl policy apply -namespace "$namespace" -job "$job" \
+			-description "Oasis KV offload tiers for $job" "oasis-tiers-$job" - >/dev/null
+	echo "nomad: policy oasis-tiers-$job attached to job $namespace/$job"
+done

@@ -166,9 +166,14 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"otlp_traces_endpoint":   hclspec.NewAttr("otlp_traces_endpoint", "string", false),
 	"extra_args":             hclspec.NewAttr("extra_args", "list(string)", false),
 	"extra_env":              hclspec.NewBlockAttrs("extra_env", "string", false),
-	"binary":                 hclspec.NewAttr("binary", "string", false),
-	"image":                  hclspec.NewAttr("image", "string", false),
-	"auth":                   AuthSpec,
+	// llm_api_options is a block of attributes for the same reason as extra_env.
+	"llm_api_options":                 hclspec.NewBlockAttrs("llm_api_options", "string", false),
+	"disaggregation_transfer_backend": hclspec.NewAttr("disaggregation_transfer_backend", "string", false),
+	"hicache_storage_backend":         hclspec.NewAttr("hicache_storage_backend", "string", false),
+	"kv_offload_tier":                 hclspec.NewAttr("kv_offload_tier", "string", false),
+	"binary":                          hclspec.NewAttr("binary", "string", false),
+	"image":                           hclspec.NewAttr("image", "string", false),
+	"auth":                            AuthSpec,
 })
 
 // TaskConfig is a task's decoded config block. Zero values mean "not set";
@@ -216,6 +221,19 @@ type TaskConfig struct {
 	// The router's traceparent makes the engine's spans children of its
 	// upstream attempt.
 	OTLPTracesEndpoint string `codec:"otlp_traces_endpoint" json:"otlp_traces_endpoint,omitempty"`
+	// LLMAPIOptions are TensorRT-LLM LLM API options (its
+	// --extra_llm_api_options YAML): dotted keys ("kv_cache_config.dtype")
+	// to scalar values; see engineopts.go.
+	LLMAPIOptions map[string]string `codec:"llm_api_options" json:"llm_api_options,omitempty"`
+	// DisaggTransferBackend is SGLang's --disaggregation-transfer-backend
+	// (nixl, mooncake) for role prefill/decode.
+	DisaggTransferBackend string `codec:"disaggregation_transfer_backend" json:"disaggregation_transfer_backend,omitempty"`
+	// HiCacheStorageBackend is SGLang's --hicache-storage-backend: HiCache's
+	// third tier behind host memory (kv_offload = "hicache").
+	HiCacheStorageBackend string `codec:"hicache_storage_backend" json:"hicache_storage_backend,omitempty"`
+	// KVOffloadTier names a tier declared in Nomad variables (tier.go): the
+	// driver renders kv_offload, its address, size and secret from it.
+	KVOffloadTier string `codec:"kv_offload_tier" json:"kv_offload_tier,omitempty"`
 }
 
 // FieldError is a validation error about one task config field.
@@ -256,7 +274,7 @@ func (c TaskConfig) Normalize() TaskConfig {
 		on := SupportsKVEvents(c.Engine)
 		c.KVEvents = &on
 	}
-	return c
+	return c.normalizeEngineOptions()
 }
 
 // EventsOn reports whether KV events are enabled (after Normalize).
@@ -391,6 +409,10 @@ func (c TaskConfig) Validate() error {
 			{"binary", c.Binary != ""},
 			{"image", c.Image != ""},
 			{"otlp_traces_endpoint", c.OTLPTracesEndpoint != ""},
+			{"llm_api_options", len(c.LLMAPIOptions) != 0},
+			{"disaggregation_transfer_backend", c.DisaggTransferBackend != ""},
+			{"hicache_storage_backend", c.HiCacheStorageBackend != ""},
+			{"kv_offload_tier", c.KVOffloadTier != ""},
 		} {
 			if f.set {
 				add(fieldErr(f.name, "not used by engine openai_compat, which runs no process (it only checks endpoint)"))
@@ -404,6 +426,8 @@ func (c TaskConfig) Validate() error {
 
 	add(c.validateOTLP())
 	add(c.validateImage())
+	add(c.validateEngineOptions())
+	add(c.validateTierField())
 	if c.Endpoint != "" {
 		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
 	}

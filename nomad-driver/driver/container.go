@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"path"
 	"runtime"
 	"strconv"
@@ -186,10 +185,8 @@ func (d *Driver) startContainer(cfg *drivers.TaskConfig, handle *drivers.TaskHan
 		d.emit(cfg, msg, map[string]string{"image": plan.Config.Image})
 		return nil, nil, structs.NewRecoverableError(errors.New("image: "+msg), true)
 	}
-	for _, f := range plan.Files {
-		if err := os.WriteFile(f.Path, f.Content, 0o644); err != nil {
-			return nil, nil, structs.NewRecoverableError(fmt.Errorf("writing %s: %w", f.Path, err), true)
-		}
+	if err := writePlanFiles(plan.Files, cfg.User, true); err != nil {
+		return nil, nil, structs.NewRecoverableError(err, true)
 	}
 	spec := buildContainerSpec(cfg, plan)
 	if ep, err := api.ImageEntrypoint(ctx, plan.Config.Image); err == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -332,21 +333,30 @@ func TestDriver_BadConfigFailsBeforeStart(t *testing.T) {
 		mutate   func(*config.TaskConfig)
 		want     string
 		binaries map[string]string
+		env      map[string]string // added to the task env (job/group/task meta)
 	}{
-		{"port label missing", func(c *config.TaskConfig) { c.Port = "api" }, `port: port label "api" is not in the group's network block`, nil},
-		{"unknown engine", func(c *config.TaskConfig) { c.Engine = "tgi" }, "engine: unknown engine", nil},
-		{"missing model", func(c *config.TaskConfig) { c.Model = "" }, "model: is required", nil},
+		{"port label missing", func(c *config.TaskConfig) { c.Port = "api" }, `port: port label "api" is not in the group's network block`, nil, nil},
+		{"unknown engine", func(c *config.TaskConfig) { c.Engine = "tgi" }, "engine: unknown engine", nil, nil},
+		{"missing model", func(c *config.TaskConfig) { c.Model = "" }, "model: is required", nil, nil},
 		{"tp larger than gpus", func(c *config.TaskConfig) {
 			c.Engine = "vllm"
 			c.TensorParallelSize = 4
-		}, "tensor_parallel_size: 4 is larger than the 2 GPU(s)", map[string]string{"vllm": os.Getenv(simBinEnv)}},
-		{"engine binary missing", func(c *config.TaskConfig) { c.Engine = "llama_cpp"; c.KVEventsPort = "" }, "engine: engine llama_cpp: binary \"llama-server\" not found", nil},
-		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim", nil},
+		}, "tensor_parallel_size: 4 is larger than the 2 GPU(s)", map[string]string{"vllm": os.Getenv(simBinEnv)}, nil},
+		{"engine binary missing", func(c *config.TaskConfig) { c.Engine = "llama_cpp"; c.KVEventsPort = "" }, "engine: engine llama_cpp: binary \"llama-server\" not found", nil, nil},
+		{"incompatible combination", func(c *config.TaskConfig) { c.KVOffload = "hicache" }, "kv_offload: \"hicache\" is not supported by engine sim", nil, nil},
+		{"meta block size contradicts", nil, `job/group/task meta oasis_block_size: "32" contradicts the task's block_size ("16")`, nil,
+			map[string]string{"NOMAD_META_oasis_block_size": "32", "NOMAD_META_OASIS_BLOCK_SIZE": "32"}},
+		{"tier without the task's identity", func(c *config.TaskConfig) { c.KVOffloadTier = "node-kv" },
+			"kv_offload_tier: the driver reads the tier with the task's workload identity, which the task does not expose", nil, nil},
+		{"tier name", func(c *config.TaskConfig) { c.KVOffloadTier = "Node KV" }, `kv_offload_tier: "Node KV" is not a tier name`, nil, nil},
+		{"meta model contradicts", nil, `meta oasis_model: "llama-70b" contradicts the task's served_model_name ("llama")`, nil,
+			map[string]string{"NOMAD_META_OASIS_MODEL": "llama-70b"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, h := newHarness(t, tc.binaries)
 			task := newSimTask(t, h, false, tc.mutate)
+			maps.Copy(task.cfg.Env, tc.env)
 			_, _, err := h.StartTask(task.cfg)
 			must.ErrorContains(t, err, tc.want)
 			_, err = h.InspectTask(task.cfg.ID)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
+	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
 
 // netNSPath is the allocation's own network namespace when the group asked
@@ -44,10 +45,11 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 		return nil, fmt.Errorf("decoding llm task config: %w", err)
 	}
 	in := render.Input{
-		Config:   tc,
-		Ports:    map[string]render.Port{},
-		GPUs:     render.GPUsFromEnv(cfg.Env),
-		LocalDir: cfg.TaskDir().LocalDir,
+		Config:     tc,
+		Ports:      map[string]render.Port{},
+		GPUs:       render.GPUsFromEnv(cfg.Env),
+		LocalDir:   cfg.TaskDir().LocalDir,
+		SecretsDir: cfg.TaskDir().SecretsDir,
 		// The executor starts the engine in this namespace (see Launch).
 		Namespaced: netNSPath(cfg) != "",
 	}
@@ -73,11 +75,42 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 		}
 		in.Binary = bin
 	}
+	if tc.KVOffloadTier != "" && tc.Normalize().Validate() == nil {
+		t, err := readTier(cfg, tc.KVOffloadTier)
+		if err != nil {
+			return nil, fmt.Errorf("invalid llm task config: %w", err)
+		}
+		in.Tier = t
+	}
 	p, err := render.Render(in)
+	if err == nil {
+		// Nomad hands drivers no service blocks: the meta the driver sees is
+		// the job, group and task meta (NOMAD_META_*), which services
+		// reference as ${NOMAD_META_<key>}. Literal service meta is checked
+		// by `nomad-driver-llm validate` and the Terraform plan.
+		err = p.Config.CheckServiceMeta("job/group/task", config.EnvMeta(cfg.Env))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("invalid llm task config: %w", err)
 	}
 	return p, nil
+}
+
+// tierReadTimeout bounds reading a tier's declaration and secret at start.
+const tierReadTimeout = 10 * time.Second
+
+// readTier reads the task's kv_offload_tier with the task's own workload
+// identity through its Task API socket: a declaration changed later reaches
+// new allocations only, and the ACL policies bound to the job decide which
+// tiers (and secrets) it may read.
+func readTier(cfg *drivers.TaskConfig, name string) (*config.Tier, error) {
+	client, err := tiers.TaskAPI(cfg.TaskDir().SecretsDir, cfg.Env)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tierReadTimeout)
+	defer cancel()
+	return tiers.Nomad{Client: client, Secrets: true, Namespace: cfg.Namespace}.Tier(ctx, name)
 }
 
 // taskUser is the account the engine runs as: the task's `user`, else the
@@ -135,10 +168,8 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 		return d.startContainer(cfg, handle, st, plan, logger, called)
 	}
 
-	for _, f := range plan.Files {
-		if err := os.WriteFile(f.Path, f.Content, 0o644); err != nil {
-			return nil, nil, structs.NewRecoverableError(fmt.Errorf("writing %s: %w", f.Path, err), true)
-		}
+	if err := writePlanFiles(plan.Files, runAs, false); err != nil {
+		return nil, nil, structs.NewRecoverableError(err, true)
 	}
 	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")),
 		map[string]string{"user": displayUser(runAs)})

@@ -7,6 +7,7 @@
 package jobcheck
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
+	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
 
 // Result is the outcome for one llm task.
@@ -46,7 +48,23 @@ func (r Result) String() string {
 func Check(job *nomadapi.Job) []Result { return CheckPolicy(job, config.DefaultPolicy()) }
 
 // CheckPolicy is Check against the policy of the clients the job runs on.
+// Tasks with a kv_offload_tier fail: use CheckWith and a tier source.
 func CheckPolicy(job *nomadapi.Job, policy config.Policy) []Result {
+	return CheckWith(context.Background(), job, Options{Policy: policy})
+}
+
+// Options are what CheckWith checks a job against.
+type Options struct {
+	// Policy is the clients' plugin policy.
+	Policy config.Policy
+	// Tiers reads the declarations of the tiers tasks name in
+	// kv_offload_tier (nil: such tasks fail, naming the field).
+	Tiers tiers.Source
+}
+
+// CheckWith is Check against the clients' policy and the cluster's tiers.
+func CheckWith(ctx context.Context, job *nomadapi.Job, opts Options) []Result {
+	policy := opts.Policy
 	var out []Result
 	for _, g := range job.TaskGroups {
 		ports := map[string]render.Port{}
@@ -76,14 +94,92 @@ func CheckPolicy(job *nomadapi.Job, policy config.Policy) []Result {
 				out = append(out, r)
 				continue
 			}
-			r.Plan, r.Err = render.Render(render.Input{
+			in := render.Input{
 				Config: tc, Ports: ports, GPUs: gpus(t.Resources), Namespaced: namespaced,
-				LocalDir: "${NOMAD_TASK_DIR}", Policy: policy, User: t.User,
-			})
+				LocalDir: "${NOMAD_TASK_DIR}", SecretsDir: "${NOMAD_SECRETS_DIR}", Policy: policy, User: t.User,
+			}
+			if in.Tier, r.Err = readTier(ctx, opts.Tiers, t, tc.KVOffloadTier); r.Err != nil {
+				out = append(out, r)
+				continue
+			}
+			r.Plan, r.Err = render.Render(in)
+			if r.Err == nil {
+				r.Err = checkMeta(job, g, t, r.Plan.Config)
+			}
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// readTier reads the task's kv_offload_tier ("" reads nothing) and checks
+// that the task lets the driver read it at start: with its workload
+// identity's token in its environment or secrets directory.
+func readTier(ctx context.Context, src tiers.Source, t *nomadapi.Task, name string) (*config.Tier, error) {
+	if name == "" {
+		return nil, nil
+	}
+	if !exposesIdentity(t) {
+		return nil, &config.FieldError{Field: "kv_offload_tier", Msg: "the driver reads the tier at start with the task's workload identity, which the task does not expose: add identity { file = true } to the task"}
+	}
+	if src == nil {
+		return nil, &TierUncheckedError{Tier: name}
+	}
+	return src.Tier(ctx, name)
+}
+
+// TierUncheckedError is the result of a task whose kv_offload_tier could
+// not be read: CheckWith was given no tier source.
+type TierUncheckedError struct{ Tier string }
+
+func (e *TierUncheckedError) Error() string {
+	return fmt.Sprintf("kv_offload_tier: tier %q cannot be checked here: no tier source (nomad-driver-llm validate reads tiers from Nomad variables)", e.Tier)
+}
+
+// exposesIdentity reports whether the task's default workload identity
+// reaches the driver: identity { env = true } or { file = true }.
+func exposesIdentity(t *nomadapi.Task) bool {
+	ids := append([]*nomadapi.WorkloadIdentity{t.Identity}, t.Identities...)
+	for _, id := range ids {
+		if id != nil && (id.Name == "" || id.Name == "default") && (id.Env || id.File) && id.Filepath == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// checkMeta compares the oasis_* meta the router reads with the task's
+// rendered config: the job, group and task meta (the task's NOMAD_META_*,
+// which the driver checks again at start), and the meta of every service
+// of the group that is not bound to another task and of the task's own
+// services. A service value "${NOMAD_META_<key>}" is resolved from the
+// job, group and task meta, as Nomad does; other interpolations are left
+// to the client.
+func checkMeta(job *nomadapi.Job, g *nomadapi.TaskGroup, t *nomadapi.Task, c config.TaskConfig) error {
+	merged := map[string]string{}
+	maps.Copy(merged, job.Meta)
+	maps.Copy(merged, g.Meta)
+	maps.Copy(merged, t.Meta)
+	errs := []error{c.CheckServiceMeta("job/group/task", merged)}
+	services := slices.Clone(t.Services)
+	for _, s := range g.Services {
+		if s.TaskName == "" || s.TaskName == t.Name {
+			services = append(services, s)
+		}
+	}
+	for _, s := range services {
+		meta := make(map[string]string, len(s.Meta))
+		for k, v := range s.Meta {
+			if ref, ok := strings.CutPrefix(v, "${NOMAD_META_"); ok && strings.HasSuffix(ref, "}") {
+				if mv, ok := merged[strings.TrimSuffix(ref, "}")]; ok {
+					v = mv
+				}
+			}
+			meta[k] = v
+		}
+		errs = append(errs, c.CheckServiceMeta(fmt.Sprintf("service %q", s.Name), meta))
+	}
+	return errors.Join(errs...)
 }
 
 // decode maps a parsed config block onto the task config; unknown fields
@@ -136,7 +232,7 @@ func decodeKnown(raw map[string]interface{}) (config.TaskConfig, error) {
 // `extra_env = { ... }` (or `extra_env { ... }`) into a list of one map, a
 // job submitted as JSON may carry the map itself, and the client decodes
 // both; more than one block is the client's "Duplicate extra_env block".
-var blockFields = []string{"extra_env"}
+var blockFields = []string{"extra_env", "llm_api_options"}
 
 // unwrapBlocks returns raw with each block field's list of one map replaced
 // by the map (raw itself is not modified).

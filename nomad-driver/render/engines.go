@@ -2,7 +2,12 @@ package render
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
@@ -75,7 +80,7 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 	if c.SGLangStyleSim() {
 		// oasis-sim speaks SGLang's protocol with SGLang's flags (bootstrap rooms
 		// instead of kv_transfer_params); a decode sim accepts and ignores the port.
-		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", "nixl",
+		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", c.DisaggTransferBackend,
 			"--disaggregation-bootstrap-port", itoa(in.Ports[c.BootstrapPort].Value))
 	} else if c.Disaggregated() {
 		// Both halves of a P/D pair run NIXL as kv_both; the proxy's
@@ -173,6 +178,12 @@ func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 		if c.KVOffloadSizeGB > 0 {
 			a = append(a, "--hicache-size", ftoa(c.KVOffloadSizeGB))
 		}
+		if c.HiCacheStorageBackend != "" {
+			a = append(a, "--hicache-storage-backend", c.HiCacheStorageBackend)
+		}
+		if p.Tier != "" && in.Tier.Kind == config.TierSharedFS {
+			p.Env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = in.Tier.Path
+		}
 	case config.OffloadLMCache, config.OffloadKVCached:
 		a = append(a, "--enable-lmcache")
 		// SGLang's page hashes are not LMCache's chunk hashes: keep LMCache's
@@ -180,7 +191,7 @@ func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 		writeLMCacheConfig(p, c, in, lmcacheChunkSize)
 	}
 	if c.Disaggregated() {
-		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", "nixl")
+		a = append(a, "--disaggregation-mode", c.Role, "--disaggregation-transfer-backend", c.DisaggTransferBackend)
 		if c.Role == config.RolePrefill {
 			a = append(a, "--disaggregation-bootstrap-port", itoa(in.Ports[c.BootstrapPort].Value))
 		}
@@ -221,14 +232,48 @@ func renderTRTLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 	if c.GPUMemoryUtilization > 0 {
 		a = append(a, "--kv_cache_free_gpu_memory_fraction", ftoa(c.GPUMemoryUtilization))
 	}
+	opts := maps.Clone(c.LLMAPIOptions) // Normalize sets enable_iter_perf_stats
 	if c.KVOffload == config.OffloadNative {
-		f := localFile(in, TRTLLMOptionsName, fmt.Sprintf(
-			"# Written by the Oasis llm driver (kv_offload = \"native\").\nkv_cache_config:\n  enable_block_reuse: true\n  host_cache_size: %d\n",
-			int64(c.KVOffloadSizeGB*gib)))
-		p.Files = append(p.Files, f)
-		a = append(a, "--extra_llm_api_options", f.Path)
+		opts["kv_cache_config.host_cache_size"] = strconv.FormatInt(int64(c.KVOffloadSizeGB*gib), 10)
+		if _, set := opts["kv_cache_config.enable_block_reuse"]; !set {
+			opts["kv_cache_config.enable_block_reuse"] = "true"
+		}
 	}
-	p.Argv = a
+	f := localFile(in, TRTLLMOptionsName, fmt.Sprintf("# Written by the Oasis llm driver (llm_api_options, kv_offload = %q).\n%s",
+		c.KVOffload, optionsYAML(opts)))
+	p.Files = append(p.Files, f)
+	p.Argv = append(a, "--extra_llm_api_options", f.Path)
+}
+
+// optionsYAML writes dotted keys ("a.b") with scalar values as nested YAML
+// mappings, keys sorted. Values "true"/"false" and decimal numbers are
+// written as such; anything else as a quoted string (a JSON string is a
+// YAML string), so a value cannot open a mapping or a document.
+func optionsYAML(opts map[string]string) string {
+	var b strings.Builder
+	var prev []string
+	for _, k := range slices.Sorted(maps.Keys(opts)) {
+		parts := strings.Split(k, ".")
+		common := 0
+		for common < len(prev)-1 && common < len(parts)-1 && prev[common] == parts[common] {
+			common++
+		}
+		for i := common; i < len(parts)-1; i++ {
+			fmt.Fprintf(&b, "%s%s:\n", strings.Repeat("  ", i), parts[i])
+		}
+		fmt.Fprintf(&b, "%s%s: %s\n", strings.Repeat("  ", len(parts)-1), parts[len(parts)-1], yamlScalar(opts[k]))
+		prev = parts
+	}
+	return b.String()
+}
+
+var yamlNumberRE = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
+
+func yamlScalar(v string) string {
+	if v == "true" || v == "false" || yamlNumberRE.MatchString(v) {
+		return v
+	}
+	return mustJSON(v)
 }
 
 // lmcacheHashAlgo is the prefix hash both vLLM (--prefix-caching-hash-algo)
@@ -238,22 +283,39 @@ const lmcacheHashAlgo = "sha256_cbor"
 
 // writeLMCacheConfig writes LMCache's YAML into the task dir. kvcached is
 // LMCache with its remote tier on the node-local oasis-kvcached (Redis
-// protocol). Partial chunks are not saved: the engine never caches a partial
-// block either, and their hashes would match nothing.
+// protocol); a kv_offload_tier adds its remote (with the tier's password,
+// in the URL redis-py reads it from, the file then written 0600 into the
+// secrets directory). Partial chunks are not saved: the engine never caches
+// a partial block either, and their hashes would match nothing.
 func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input, chunk int) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload = %q).\n", c.KVOffload)
+	if p.Tier != "" {
+		fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload_tier = %q, kind %s).\n", p.Tier, in.Tier.Kind)
+	} else {
+		fmt.Fprintf(&b, "# Written by the Oasis llm driver (kv_offload = %q).\n", c.KVOffload)
+	}
 	fmt.Fprintf(&b, "chunk_size: %d\nsave_unfull_chunk: false\n", chunk)
 	if c.KVOffloadSizeGB > 0 {
 		fmt.Fprintf(&b, "local_cpu: true\nmax_local_cpu_size: %s\n", ftoa(c.KVOffloadSizeGB))
 	} else {
 		b.WriteString("local_cpu: false\n")
 	}
-	if c.KVOffload == config.OffloadKVCached {
-		fmt.Fprintf(&b, "remote_url: \"redis://%s\"\nremote_serde: naive\n", c.KVCachedAddress)
+	secret := false
+	switch {
+	case c.KVOffload == config.OffloadKVCached:
+		u := url.URL{Scheme: "redis", Host: c.KVCachedAddress}
+		if p.Tier != "" && in.Tier.Secret != "" {
+			u.User, secret = url.UserPassword("", in.Tier.Secret), true
+		}
+		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON(u.String()))
+	case p.Tier != "" && in.Tier.Kind == config.TierLMCacheServer:
+		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON("lm://"+in.Tier.NodeAddress(connectHost(in.Ports[c.Port].HostIP))))
 	}
 	fmt.Fprintf(&b, "pre_caching_hash_algorithm: %s\n", lmcacheHashAlgo)
 	f := localFile(in, LMCacheConfigName, b.String())
+	if secret {
+		f = File{Path: filepath.Join(in.SecretsDir, LMCacheConfigName), Content: []byte(b.String()), Secret: true}
+	}
 	p.Files = append(p.Files, f)
 	p.Env["LMCACHE_CONFIG_FILE"] = f.Path
 }

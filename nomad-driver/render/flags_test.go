@@ -52,7 +52,8 @@ func TestOwnedFlagSpellings(t *testing.T) {
 		{config.EngineLlamaCpp, "--ctx_size", ""},
 		{config.EngineLlamaCpp, "--threads", ""},
 		{config.EngineTRTLLM, "--tp_size", "--tp_size"},
-		{config.EngineTRTLLM, "--tp", ""},
+		{config.EngineTRTLLM, "--tp", "--tp"}, // Click alias of --tp_size
+		{config.EngineTRTLLM, "--t", ""},
 		{config.EngineTRTLLM, "--max_batch_size", ""},
 	}
 	for _, tc := range cases {

@@ -66,18 +66,30 @@ type Input struct {
 	Policy config.Policy
 	// User is the task's own `user` ("" when unset).
 	User string
+	// SecretsDir is the task's secrets directory, where files holding a
+	// secret are written.
+	SecretsDir string
+	// Tier is the declaration of the task's kv_offload_tier, with its
+	// secret, as read when the task starts (nil without kv_offload_tier).
+	Tier *config.Tier
 }
 
 // File is a file written into the task's local directory before start.
 type File struct {
-	Path    string // absolute path (LocalDir joined with the name)
+	Path    string // absolute path (LocalDir or SecretsDir joined with the name)
 	Content []byte
+	// Secret files hold a password: written 0600, owned by the engine's
+	// account, into the secrets directory.
+	Secret bool
 }
 
 // Plan is what the driver launches.
 type Plan struct {
-	// Config is the normalized config the plan was rendered from.
+	// Config is the normalized config the plan was rendered from (with
+	// kv_offload_tier's fields rendered and the field itself cleared).
 	Config config.TaskConfig
+	// Tier is the kv_offload_tier the plan was rendered from ("" for none).
+	Tier string
 	// NoProcess is true for openai_compat: nothing is launched, HealthURL is watched.
 	NoProcess bool
 	Argv      []string
@@ -159,8 +171,15 @@ func Render(in Input) (*Plan, error) {
 	if err := checkExtraArgs(c); err != nil {
 		return nil, err
 	}
+	tier := c.KVOffloadTier
+	if tier != "" {
+		var err error
+		if c, err = applyTier(c, in); err != nil {
+			return nil, err
+		}
+	}
 
-	p := &Plan{Config: c, Env: map[string]string{}, MetricsPath: "/metrics"}
+	p := &Plan{Config: c, Tier: tier, Env: map[string]string{}, MetricsPath: "/metrics"}
 	if c.Engine == config.EngineOpenAICompat {
 		p.NoProcess = true
 		p.HealthURL = strings.TrimRight(c.Endpoint, "/") + "/models"
@@ -207,6 +226,27 @@ func Render(in Input) (*Plan, error) {
 	}
 	p.Argv = append(p.Argv, c.ExtraArgs...)
 	return p, nil
+}
+
+// applyTier renders kv_offload_tier's fields from the tier's declaration
+// (for the node whose address the API port's allocation carries) and
+// validates the result as a task config of its own.
+func applyTier(c config.TaskConfig, in Input) (config.TaskConfig, error) {
+	nodeIP := connectHost(in.Ports[c.Port].HostIP)
+	c, err := c.WithTier(in.Tier, nodeIP)
+	if err != nil {
+		return c, err
+	}
+	c = c.Normalize()
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("kv_offload_tier: tier %q renders an invalid config: %w", in.Tier.Name, err)
+	}
+	if in.Namespaced {
+		if errs := checkNamespaced(c); len(errs) > 0 {
+			return c, fmt.Errorf("kv_offload_tier: tier %q: %w", in.Tier.Name, errors.Join(errs...))
+		}
+	}
+	return c, nil
 }
 
 // bindPorts returns the address:port each label is bound at by the engine.
@@ -311,9 +351,37 @@ var renderedFlags = map[string][]string{
 		"--context-length", "--mem-fraction-static", "--page-size", "--kv-events-config",
 		"--enable-hierarchical-cache", "--hicache-size", "--hicache-write-policy", "--enable-lmcache",
 		"--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
-		"--config"},
+		"--hicache-storage-backend", "--config"},
 	config.EngineLlamaCpp: {"-m", "--model", "--host", "--port", "-a", "--alias", "-c", "--ctx-size", "-ngl", "--n-gpu-layers", "--gpu-layers"},
-	config.EngineTRTLLM:   {"--host", "--port", "--tp_size", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options"},
+	config.EngineTRTLLM: {"--host", "--port", "--tp_size", "--tp", "--max_seq_len", "--kv_cache_free_gpu_memory_fraction",
+		"--kv_cache_free_gpu_mem_fraction", "--backend", "--extra_llm_api_options"},
+}
+
+// flagFields names the task field each owned flag is rendered from, so that
+// a refusal of an extra_args flag points to a field that exists.
+var flagFields = map[string]string{
+	"--host": "port / bind_address", "--port": "port", "--served-model-name": "served_model_name",
+	"-a": "served_model_name", "--alias": "served_model_name",
+	"--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size", "--tp-size": "tensor_parallel_size",
+	"--tp": "tensor_parallel_size", "--tp_size": "tensor_parallel_size",
+	"--max-model-len": "max_model_len", "--context-length": "max_model_len", "-c": "max_model_len",
+	"--ctx-size": "max_model_len", "--max_seq_len": "max_model_len",
+	"--gpu-memory-utilization": "gpu_memory_utilization", "--mem-fraction-static": "gpu_memory_utilization",
+	"--kv_cache_free_gpu_memory_fraction": "gpu_memory_utilization", "--kv_cache_free_gpu_mem_fraction": "gpu_memory_utilization",
+	"--block-size": "block_size", "--page-size": "block_size",
+	"--kv-transfer-config": "kv_offload and role", "--kv-events-config": "kv_events, kv_events_port and kv_events_replay_port",
+	"--kv-offloading-backend": "kv_offload", "--kv-offloading-size": "kv_offload_size_gb",
+	"--prefix-caching-hash-algo": "kv_offload (lmcache, kvcached)", "--otlp-traces-endpoint": "otlp_traces_endpoint",
+	"--model-path": "model", "--model": "model", "-m": "model",
+	"--enable-hierarchical-cache": "kv_offload = \"hicache\"", "--hicache-size": "kv_offload_size_gb",
+	"--hicache-write-policy": "kv_offload = \"hicache\"", "--hicache-storage-backend": "hicache_storage_backend",
+	"--enable-lmcache": "kv_offload (lmcache, kvcached)", "--disaggregation-mode": "role",
+	"--disaggregation-transfer-backend": "disaggregation_transfer_backend", "--disaggregation-bootstrap-port": "bootstrap_port",
+	"-ngl": "the GPUs reserved by the task's device block", "--n-gpu-layers": "the GPUs reserved by the task's device block",
+	"--gpu-layers":            "the GPUs reserved by the task's device block",
+	"--backend":               "nothing: the driver runs the pytorch backend",
+	"--extra_llm_api_options": "llm_api_options (and kv_offload = \"native\")",
+	"--config":                "the task's fields: a config file would set the flags the driver renders",
 }
 
 // argparseEngines parse their command line with Python's argparse, which
@@ -378,8 +446,8 @@ func checkExtraArgs(c config.TaskConfig) error {
 			what = fmt.Sprintf("%q (the engine reads it as %s)", name, f)
 		}
 		return &config.FieldError{Field: "extra_args", Msg: fmt.Sprintf(
-			"%s is rendered by the driver from the task config; set the matching field instead (owned flags for %s: %s)",
-			what, c.Engine, strings.Join(owned, " "))}
+			"%s is rendered by the driver from the task config; set %s instead (owned flags for %s: %s)",
+			what, flagFields[f], c.Engine, strings.Join(owned, " "))}
 	}
 	return nil
 }

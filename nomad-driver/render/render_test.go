@@ -32,7 +32,10 @@ var bridgePorts = map[string]Port{
 	"replay": {HostIP: "10.0.0.5", Value: 20005, To: -1},
 }
 
-const testLocalDir = "/alloc/task/local"
+const (
+	testLocalDir   = "/alloc/task/local"
+	testSecretsDir = "/alloc/task/secrets"
+)
 
 // baseConfig is a config that is complete for the combination, so that a
 // golden error shows only what the combination itself is refused for.
@@ -63,9 +66,18 @@ func baseConfig(engine, offload, role string) config.TaskConfig {
 	return c
 }
 
+// testTier parses a declaration that must be valid.
+func testTier(name string, items map[string]string) *config.Tier {
+	t, err := config.ParseTier(name, items)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
 func testInput(c config.TaskConfig) Input {
 	return Input{Config: c, Binary: "/opt/engines/" + DefaultBinary(c.Engine), Ports: testPorts,
-		GPUs: []string{"GPU-5e0d6d1c-0000-0000-0000-000000000001"}, LocalDir: testLocalDir}
+		GPUs: []string{"GPU-5e0d6d1c-0000-0000-0000-000000000001"}, LocalDir: testLocalDir, SecretsDir: testSecretsDir}
 }
 
 // format renders a plan (or its error) as the golden text.
@@ -92,7 +104,11 @@ func format(p *Plan, err error) string {
 	}
 	b.WriteString("files:\n")
 	for _, f := range p.Files {
-		fmt.Fprintf(&b, "  --- %s\n%s", f.Path, indent(string(f.Content)))
+		secret := ""
+		if f.Secret {
+			secret = " (secret: 0600, the engine's account)"
+		}
+		fmt.Fprintf(&b, "  --- %s%s\n%s", f.Path, secret, indent(string(f.Content)))
 	}
 	fmt.Fprintf(&b, "health: %s\nmetrics: %s\nkv_events: %s\n", p.HealthURL, p.MetricsPath, p.KVEventsEndpoint)
 	if p.KVEventsReplayEndpoint != "" {
@@ -268,6 +284,90 @@ func TestRenderCases(t *testing.T) {
 			c.OTLPTracesEndpoint = "grpc://10.0.0.9:4317"
 			return testInput(c)
 		}},
+		{"trtllm-llm-api-options", func() Input {
+			c := baseConfig("trtllm", "none", "both")
+			c.LLMAPIOptions = map[string]string{"enable_iter_perf_stats": "false", "print_iter_log": "true",
+				"kv_cache_config.dtype": "fp8", "kv_cache_config.event_buffer_max_size": "1024",
+				"cuda_graph_config.enable_padding": "true", "cuda_graph_config.max_batch_size": "256",
+				"guided_decoding_backend": "xgrammar: {a: 1}"}
+			return testInput(c)
+		}},
+		{"trtllm-native-llm-api-options", func() Input {
+			c := baseConfig("trtllm", "native", "both")
+			c.LLMAPIOptions = map[string]string{"kv_cache_config.enable_block_reuse": "false", "kv_cache_config.dtype": "fp8"}
+			return testInput(c)
+		}},
+		{"sglang-prefill-mooncake", func() Input {
+			c := baseConfig("sglang", "none", "prefill")
+			c.DisaggTransferBackend = "mooncake"
+			return testInput(c)
+		}},
+		{"sglang-decode-mooncake", func() Input {
+			c := baseConfig("sglang", "none", "decode")
+			c.DisaggTransferBackend = "mooncake"
+			return testInput(c)
+		}},
+		{"sim-sglang-prefill-mooncake", func() Input {
+			c := baseConfig("sim", "none", "prefill")
+			c.NIXLSideChannelPort, c.BootstrapPort, c.DisaggTransferBackend = "", "bootstrap", "mooncake"
+			return testInput(c)
+		}},
+		{"sglang-hicache-storage-file", func() Input {
+			c := baseConfig("sglang", "hicache", "both")
+			c.HiCacheStorageBackend = "file"
+			return testInput(c)
+		}},
+		{"sglang-prefill-hicache-storage-mooncake", func() Input {
+			c := baseConfig("sglang", "hicache", "prefill")
+			c.HiCacheStorageBackend, c.DisaggTransferBackend = "mooncake", "mooncake"
+			return testInput(c)
+		}},
+		{"vllm-tier-kvcached", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.KVOffloadTier = "node-kv"
+			in := testInput(c)
+			in.Tier = testTier("node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "size_gb": "4",
+				"secret_path": "oasis/secrets/kvcached"})
+			in.Tier.Secret = "p@ss:w/rd %"
+			return in
+		}},
+		{"sim-tier-kvcached-no-auth", func() Input {
+			c := baseConfig("sim", "none", "both")
+			c.KVOffloadTier = "open-kv"
+			in := testInput(c)
+			in.Tier = testTier("open-kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"})
+			return in
+		}},
+		{"sglang-tier-kvcached", func() Input {
+			c := baseConfig("sglang", "none", "both")
+			c.KVOffloadTier = "node-kv"
+			in := testInput(c)
+			in.Tier = testTier("node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380",
+				"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+			in.Tier.Secret = "s3cret"
+			return in
+		}},
+		{"vllm-tier-lmcache-server", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.KVOffloadTier = "lmcache"
+			in := testInput(c)
+			in.Tier = testTier("lmcache", map[string]string{"kind": "lmcache-server", "address": "lmcache.service.consul:65432", "size_gb": "8"})
+			return in
+		}},
+		{"sglang-tier-shared-fs", func() Input {
+			c := baseConfig("sglang", "none", "both")
+			c.KVOffloadTier = "nfs"
+			in := testInput(c)
+			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "16"})
+			return in
+		}},
+		{"sglang-prefill-tier-hicache-mooncake", func() Input {
+			c := baseConfig("sglang", "none", "prefill")
+			c.KVOffloadTier = "mooncake-l3"
+			in := testInput(c)
+			in.Tier = testTier("mooncake-l3", map[string]string{"kind": "hicache-storage", "backend": "mooncake"})
+			return in
+		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))
 			in.Ports = map[string]Port{"http": {Value: 8000}, "kv": {Value: 5557}}
@@ -331,7 +431,59 @@ func TestRenderBadInput(t *testing.T) {
 		{"size without offload", func(in *Input) { in.Config.KVOffloadSizeGB = 3 }, "kv_offload_size_gb", "allowed with: native, lmcache, kvcached, hicache, kvbm"},
 		{"gpu util out of range", func(in *Input) { in.Config.GPUMemoryUtilization = 1.5 }, "gpu_memory_utilization", "must be in (0, 1]"},
 		{"block size not power of two", func(in *Input) { in.Config.BlockSize = 24 }, "block_size", "powers of two"},
-		{"extra arg owned", func(in *Input) { in.Config.ExtraArgs = []string{"--port=9000"} }, "extra_args", `"--port" is rendered by the driver`},
+		{"extra arg owned", func(in *Input) { in.Config.ExtraArgs = []string{"--port=9000"} }, "extra_args", `"--port" is rendered by the driver from the task config; set port instead`},
+		{"trtllm options flag points to llm_api_options", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.ExtraArgs = []string{"--extra_llm_api_options", "/tmp/x.yaml"}
+		}, "extra_args", `"--extra_llm_api_options" is rendered by the driver from the task config; set llm_api_options (and kv_offload = "native") instead`},
+		{"trtllm tp alias owned", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.ExtraArgs = []string{"--tp", "2"}
+		}, "extra_args", `set tensor_parallel_size instead`},
+		{"llm_api_options on vllm", func(in *Input) { in.Config.LLMAPIOptions = map[string]string{"print_iter_log": "true"} }, "llm_api_options", "allowed for: trtllm"},
+		{"llm_api_options unknown", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"tensor_parallel_size": "2"}
+		}, "llm_api_options", `unknown option "tensor_parallel_size"; allowed: attn_backend`},
+		{"llm_api_options owned", func(in *Input) {
+			in.Config = baseConfig("trtllm", "native", "both")
+			in.Config.LLMAPIOptions = map[string]string{"kv_cache_config.host_cache_size": "1"}
+		}, "llm_api_options", `"kv_cache_config.host_cache_size" is rendered by the driver from kv_offload_size_gb`},
+		{"llm_api_options bad key", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"kv_cache_config..dtype": "fp8"}
+		}, "llm_api_options", "is not an option path"},
+		{"llm_api_options multi-line value", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"sampler_type": "auto\nbackend: tensorrt"}
+		}, "llm_api_options", "must be one line"},
+		{"llm_api_options value and parent", func(in *Input) {
+			in.Config = baseConfig("trtllm", "none", "both")
+			in.Config.LLMAPIOptions = map[string]string{"kv_cache_config": "x", "kv_cache_config.dtype": "fp8"}
+		}, "llm_api_options", `"kv_cache_config" is a value and "kv_cache_config.dtype" one of its settings`},
+		{"transfer backend unknown", func(in *Input) {
+			in.Config = baseConfig("sglang", "none", "prefill")
+			in.Config.DisaggTransferBackend = "ascend"
+		}, "disaggregation_transfer_backend", "allowed: nixl, mooncake"},
+		{"transfer backend on aggregated sglang", func(in *Input) {
+			in.Config = baseConfig("sglang", "none", "both")
+			in.Config.DisaggTransferBackend = "mooncake"
+		}, "disaggregation_transfer_backend", "with role prefill or decode"},
+		{"transfer backend on vllm", func(in *Input) {
+			in.Config.Role, in.Config.NIXLSideChannelPort, in.Config.DisaggTransferBackend = "prefill", "nixl", "mooncake"
+		}, "disaggregation_transfer_backend", "only used by sglang"},
+		{"hicache storage without hicache", func(in *Input) {
+			in.Config = baseConfig("sglang", "none", "both")
+			in.Config.HiCacheStorageBackend = "file"
+		}, "hicache_storage_backend", `set kv_offload = "hicache"`},
+		{"hicache storage dynamic", func(in *Input) {
+			in.Config = baseConfig("sglang", "hicache", "both")
+			in.Config.HiCacheStorageBackend = "dynamic"
+		}, "hicache_storage_backend", "allowed: file, mooncake, nixl, hf3fs, aibrix, eic"},
+		{"hicache storage flag owned", func(in *Input) {
+			in.Config = baseConfig("sglang", "hicache", "both")
+			in.Config.ExtraArgs = []string{"--hicache_storage_backend=file"}
+		}, "extra_args", "set hicache_storage_backend instead"},
 		{"disagg without nixl port", func(in *Input) { in.Config.Role = "prefill" }, "nixl_side_channel_port", "needs a port label"},
 		{"openai_compat without endpoint", func(in *Input) {
 			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o"}
@@ -355,6 +507,28 @@ func TestRenderBadInput(t *testing.T) {
 		{"bind address on openai_compat", func(in *Input) {
 			in.Config = config.TaskConfig{Engine: "openai_compat", Model: "gpt-4o", Endpoint: "http://h:1/v1", BindAddress: "127.0.0.1"}
 		}, "bind_address", "runs no process"},
+		{"tier beside kv_offload", func(in *Input) {
+			in.Config.KVOffloadTier, in.Config.KVOffload, in.Config.KVOffloadSizeGB = "node-kv", "lmcache", 4
+			in.Tier = testTier("node-kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"})
+		}, "kv_offload", `set beside kv_offload_tier = "node-kv"`},
+		{"tier not read", func(in *Input) { in.Config.KVOffloadTier = "node-kv" }, "kv_offload_tier", `the declaration of tier "node-kv" was not read`},
+		{"tier name", func(in *Input) { in.Config.KVOffloadTier = "Node KV" }, "kv_offload_tier", "is not a tier name"},
+		{"tier kind not rendered", func(in *Input) {
+			in.Config.KVOffloadTier = "mc"
+			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "10.0.0.9:50051"})
+		}, "kv_offload_tier", `tier "mc" (Nomad variable oasis/tiers/mc) item kind: kind mooncake is declared but not rendered by this driver yet`},
+		{"tier kind not for engine", func(in *Input) {
+			in.Config.KVOffloadTier = "nfs"
+			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv"})
+		}, "kv_offload_tier", `tier "nfs" (kind shared-fs) renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine vllm`},
+		{"tier lmcache-server without size", func(in *Input) {
+			in.Config.KVOffloadTier = "lm"
+			in.Tier = testTier("lm", map[string]string{"kind": "lmcache-server", "address": "10.0.0.9:65432"})
+		}, "kv_offload_tier", "item size_gb: kind lmcache-server needs the CPU tier"},
+		{"tier loopback in bridge", func(in *Input) {
+			in.Config.KVOffloadTier, in.Namespaced = "kv", true
+			in.Tier = testTier("kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"})
+		}, "kvcached_address", "not the node's kvcached"},
 		{"disaggregated in bridge", func(in *Input) {
 			in.Config.Role, in.Config.NIXLSideChannelPort, in.Namespaced = "prefill", "nixl", true
 		}, "role", `run disaggregated engines with network mode "host"`},

@@ -90,7 +90,7 @@ func addProblems(d *diag.Diagnostics, ps []problem) {
 // modelKnown reports whether every value the renderer reads is known.
 func modelKnown(m modelModel) bool {
 	for _, v := range []attr.Value{m.Name, m.Datacenters, m.NodePool, m.Engine, m.Model, m.Role,
-		m.Count, m.PrefillCount, m.DecodeCount, m.KVOffload, m.KVOffloadSizeGB, m.TensorParallelSize,
+		m.Count, m.PrefillCount, m.DecodeCount, m.KVOffload, m.KVOffloadSizeGB, m.KVOffloadTier, m.TensorParallelSize,
 		m.MaxModelLen, m.GPUMemoryUtilization, m.BlockSize, m.ExtraArgs, m.EngineBinary, m.EngineImage, m.Resources} {
 		if v.IsUnknown() {
 			return false
@@ -122,6 +122,7 @@ func toSpec(ctx context.Context, m modelModel) (modelSpec, diag.Diagnostics) {
 		DecodeCount:          int(intOr(m.DecodeCount, 1)),
 		KVOffload:            m.KVOffload.ValueString(),
 		KVOffloadSizeGB:      m.KVOffloadSizeGB.ValueFloat64(),
+		KVOffloadTier:        m.KVOffloadTier.ValueString(),
 		TensorParallelSize:   int(m.TensorParallelSize.ValueInt64()),
 		MaxModelLen:          int(m.MaxModelLen.ValueInt64()),
 		GPUMemoryUtilization: m.GPUMemoryUtilization.ValueFloat64(),
@@ -200,7 +201,7 @@ func (r *modelResource) ModifyPlan(ctx context.Context, req resource.ModifyPlanR
 		// ValidateConfig may run before the provider is configured; the
 		// clients' policy (driver_policy) is checked here.
 		if r.c != nil && !diags.HasError() {
-			if ps := checkModel(s, r.c.DriverPolicy); len(ps) > 0 {
+			if ps := checkModelTiers(ctx, s, r.c.DriverPolicy, r.c.tiers(s)); len(ps) > 0 {
 				addProblems(&resp.Diagnostics, ps)
 				return
 			}
@@ -269,7 +270,7 @@ func (r *modelResource) apply(ctx context.Context, m modelModel, st stateSetter,
 	if d.HasError() {
 		return
 	}
-	if ps := checkModel(s, r.c.DriverPolicy); len(ps) > 0 {
+	if ps := checkModelTiers(ctx, s, r.c.DriverPolicy, r.c.tiers(s)); len(ps) > 0 {
 		addProblems(d, ps)
 		return
 	}

@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/jobcheck"
+	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
 
 // problem is one plan-time finding about an oasis_model, on the attribute
@@ -30,6 +32,7 @@ var driverFieldAttr = map[string]string{
 	"role":                   "role",
 	"kv_offload":             "kv_offload",
 	"kv_offload_size_gb":     "kv_offload_size_gb",
+	"kv_offload_tier":        "kv_offload_tier",
 	"tensor_parallel_size":   "tensor_parallel_size",
 	"max_model_len":          "max_model_len",
 	"gpu_memory_utilization": "gpu_memory_utilization",
@@ -47,13 +50,24 @@ var modelNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
 // then the rendered job through the llm driver's own validation and
 // rendering (jobcheck) against the clients' plugin policy, each driver
 // field mapped back to its attribute.
+// A kv_offload_tier is read only where the provider has clients (ModifyPlan,
+// checkModelTiers); elsewhere the rest is checked and the tier is not.
 func checkModel(s modelSpec, policy config.Policy) []problem {
+	return checkModelTiers(context.Background(), s, policy, nil)
+}
+
+// checkModelTiers is checkModel reading kv_offload_tier from src.
+func checkModelTiers(ctx context.Context, s modelSpec, policy config.Policy, src tiers.Source) []problem {
 	ps := checkSpecAttrs(s)
 	if len(ps) > 0 {
 		return ps
 	}
 	seen := map[string]bool{}
-	for _, r := range jobcheck.CheckPolicy(renderModelJob(s), policy) {
+	for _, r := range jobcheck.CheckWith(ctx, renderModelJob(s), jobcheck.Options{Policy: policy, Tiers: src}) {
+		var unchecked *jobcheck.TierUncheckedError
+		if errors.As(r.Err, &unchecked) {
+			continue
+		}
 		for _, err := range flattenErrors(r.Err) {
 			p := driverProblem(err)
 			if !seen[p.Path.String()+p.Msg] {
@@ -63,6 +77,15 @@ func checkModel(s modelSpec, policy config.Policy) []problem {
 		}
 	}
 	return ps
+}
+
+// tiers is where oasis_model s's kv_offload_tier is read at plan time: the
+// Nomad variables of the provider's cluster, with its token (nil: unchecked).
+func (c *Clients) tiers(s modelSpec) tiers.Source {
+	if c == nil || c.Nomad == nil || s.KVOffloadTier == "" {
+		return nil
+	}
+	return tiers.Nomad{Client: c.Nomad, Namespace: s.Namespace}
 }
 
 // unconfiguredPolicy stands in for the clients' policy where the provider

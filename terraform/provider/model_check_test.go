@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -103,4 +104,64 @@ func TestCheckModelDriverPolicy(t *testing.T) {
 	// Before the provider is configured (tofu validate) the policy is not known: nothing is refused for it.
 	must.SliceEmpty(t, checkModel(s, policyOf(nil)))
 	must.Eq(t, config.DefaultPolicy(), policyOf(&Clients{DriverPolicy: config.DefaultPolicy()}))
+}
+
+// planTiers is a tier source over fixed declarations, standing in for the
+// Nomad variables the provider reads at plan time.
+type planTiers map[string]map[string]string
+
+func (p planTiers) Tier(_ context.Context, name string) (*config.Tier, error) {
+	items, ok := p[name]
+	if !ok {
+		return nil, &config.FieldError{Field: "kv_offload_tier", Msg: "tier " + name + ": " + config.ErrTierNotDeclared.Error()}
+	}
+	return config.ParseTier(name, items)
+}
+
+// TestCheckModelTier: kv_offload_tier is read at plan time and refused on the
+// attribute at fault; without clients (ValidateConfig) it is left unchecked.
+func TestCheckModelTier(t *testing.T) {
+	src := planTiers{
+		"node-kv": {"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"},
+		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv"},
+	}
+	base := func() modelSpec {
+		return modelSpec{Name: "m", Datacenters: []string{"*"}, Engine: "vllm", Model: "org/m",
+			Role: modelRoleBoth, Count: 1, CPU: 500, MemoryMB: 1024, GPUs: ptr(1), KVOffloadTier: "node-kv"}
+	}
+	cases := []struct {
+		name     string
+		edit     func(*modelSpec)
+		attr     string // "" = no problem
+		contains string
+	}{
+		{"kvcached tier", func(*modelSpec) {}, "", ""},
+		{"disaggregated vllm with a tier", func(s *modelSpec) { s.Role = modelRoleDisaggregated }, "", ""},
+		{"not declared", func(s *modelSpec) { s.KVOffloadTier = "other" }, "kv_offload_tier", "tier is not declared"},
+		{"kind the engine cannot use", func(s *modelSpec) { s.KVOffloadTier = "nfs" }, "kv_offload_tier", `renders kv_offload = "hicache"`},
+		{"beside kv_offload", func(s *modelSpec) { s.KVOffload = "lmcache"; s.KVOffloadSizeGB = 4 }, "kv_offload", "set beside kv_offload_tier"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base()
+			tc.edit(&s)
+			ps := checkModelTiers(context.Background(), s, config.DefaultPolicy(), src)
+			if tc.attr == "" {
+				must.SliceEmpty(t, ps)
+				return
+			}
+			var found bool
+			for _, p := range ps {
+				found = found || (p.Path.String() == tc.attr && strings.Contains(p.Msg, tc.contains))
+			}
+			must.True(t, found, must.Sprintf("no problem on %s containing %q in %v", tc.attr, tc.contains, ps))
+		})
+	}
+	s := base()
+	s.KVOffloadTier = "other"
+	must.SliceEmpty(t, checkModel(s, config.DefaultPolicy()), must.Sprint("without clients the tier is not read"))
+	job := renderModelJob(base())
+	task := job.TaskGroups[0].Tasks[0]
+	must.EqOp(t, "node-kv", task.Config["kv_offload_tier"].(string))
+	must.True(t, task.Identity != nil && task.Identity.File, must.Sprint("the task exposes its identity to the driver"))
 }

@@ -39,6 +39,9 @@ func fromJob(ctx context.Context, job *nomadapi.Job, m *modelModel) diag.Diagnos
 	m.BlockSize = optInt(c["block_size"])
 	m.GPUMemoryUtilization = optFloat(c["gpu_memory_utilization"])
 	m.KVOffloadSizeGB = optFloat(c["kv_offload_size_gb"])
+	if v := str(c["kv_offload_tier"]); v != "" {
+		m.KVOffloadTier = types.StringValue(v)
+	}
 	if v := str(c["binary"]); v != "" {
 		m.EngineBinary = types.StringValue(v)
 	}

@@ -49,6 +49,7 @@ type modelSpec struct {
 	DecodeCount          int
 	KVOffload            string
 	KVOffloadSizeGB      float64
+	KVOffloadTier        string
 	TensorParallelSize   int
 	MaxModelLen          int
 	GPUMemoryUtilization float64
@@ -269,7 +270,7 @@ func renderTask(s modelSpec, role string) *nomadapi.Task {
 	if n := s.gpuCount(); n > 0 {
 		res.Devices = []*nomadapi.RequestedDevice{{Name: "nvidia/gpu", Count: ptr(uint64(n))}}
 	}
-	return &nomadapi.Task{
+	t := &nomadapi.Task{
 		Name:        strings.ReplaceAll(s.Engine, "_", "-"),
 		Driver:      "llm",
 		Config:      renderTaskConfig(s, role),
@@ -277,6 +278,11 @@ func renderTask(s modelSpec, role string) *nomadapi.Task {
 		KillTimeout: ptr[time.Duration](kill),
 		Resources:   res,
 	}
+	if s.KVOffloadTier != "" {
+		// The driver reads the tier with the task's workload identity.
+		t.Identity = &nomadapi.WorkloadIdentity{File: true}
+	}
+	return t
 }
 
 // renderTaskConfig is the llm driver's config block: only what is set, so
@@ -295,7 +301,13 @@ func renderTaskConfig(s modelSpec, role string) map[string]interface{} {
 	if role != config.RoleBoth {
 		c["role"] = role
 	}
-	if off := s.kvOffload(); off != config.OffloadNone {
+	if s.KVOffloadTier != "" {
+		c["kv_offload_tier"] = s.KVOffloadTier
+	}
+	// A tier renders kv_offload and its size (a disaggregated vLLM renders
+	// its NIXL connector from the role alone); one set beside it is passed
+	// on for the driver to refuse.
+	if off := s.kvOffload(); off != config.OffloadNone && (s.KVOffloadTier == "" || s.KVOffload != "") {
 		c["kv_offload"] = off
 	}
 	if usesNIXLPort(s.Engine, role) {

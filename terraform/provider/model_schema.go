@@ -38,6 +38,7 @@ type modelModel struct {
 	DecodeCount          types.Int64   `tfsdk:"decode_count"`
 	KVOffload            types.String  `tfsdk:"kv_offload"`
 	KVOffloadSizeGB      types.Float64 `tfsdk:"kv_offload_size_gb"`
+	KVOffloadTier        types.String  `tfsdk:"kv_offload_tier"`
 	TensorParallelSize   types.Int64   `tfsdk:"tensor_parallel_size"`
 	MaxModelLen          types.Int64   `tfsdk:"max_model_len"`
 	GPUMemoryUtilization types.Float64 `tfsdk:"gpu_memory_utilization"`
@@ -96,7 +97,9 @@ func (r *modelResource) Schema(_ context.Context, _ resource.SchemaRequest, resp
 				Description: "Decode engines with role disaggregated."},
 			"kv_offload": schema.StringAttribute{Optional: true,
 				Description: "llm driver kv_offload (none, native, lmcache, kvcached, nixl, hicache, kvbm); unset: none, or nixl when disaggregated."},
-			"kv_offload_size_gb":     schema.Float64Attribute{Optional: true, Description: "CPU KV cache size in GiB."},
+			"kv_offload_size_gb": schema.Float64Attribute{Optional: true, Description: "CPU KV cache size in GiB."},
+			"kv_offload_tier": schema.StringAttribute{Optional: true,
+				Description: "llm driver kv_offload_tier: a KV offload tier declared in Nomad variable oasis/tiers/<name>, read at plan time with the provider's Nomad token; exclusive with kv_offload and kv_offload_size_gb. The engines read it with their workload identity (the job's tasks get identity { file = true }); attach jobs/acl/nomad-oasis-tiers.hcl to the job."},
 			"tensor_parallel_size":   schema.Int64Attribute{Optional: true, Description: "GPUs per engine (tensor-parallel ranks)."},
 			"max_model_len":          schema.Int64Attribute{Optional: true, Description: "Longest context served."},
 			"gpu_memory_utilization": schema.Float64Attribute{Optional: true, Description: "Fraction of GPU memory the engine may use."},

@@ -217,6 +217,9 @@ func runKvcachedVars(t *testing.T, ctx context.Context, extra map[string]string)
 		"ram_bytes":  "64MiB",
 		"disk_bytes": "2GiB",
 		"memory_mb":  "256",
+		// The load's LMCache-shaped client sends no password; test/e2e/tiers covers the
+		// password (the job's default).
+		"auth_enabled": "false",
 	}
 	maps.Copy(vars, extra)
 	const jobID = "oasis-kvcached"

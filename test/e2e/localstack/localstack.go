@@ -5,6 +5,8 @@ package localstack
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"syscall"
 
 	consulapi "github.com/hashicorp/consul/api"
+	nomadapi "github.com/hashicorp/nomad/api"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -248,6 +251,9 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 			"federation_models":  fmt.Sprintf("[%q]", demoModel),
 		})
 	}
+	if err := kvcachedSecretAndTier(s, vars["kvcached.nomad.hcl"]["resp_port"]); err != nil {
+		return err
+	}
 	for _, f := range files {
 		rel, _ := filepath.Rel(root, f)
 		fileVars := maps.Clone(vars[""])
@@ -260,6 +266,37 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 		} else {
 			fmt.Fprintf(out, "  ran %s in region %s\n", rel, s.Region)
 		}
+	}
+	return nil
+}
+
+// kvcachedSecretAndTier gives the stack's kvcached the password its job requires by default (a
+// random one in nomad/jobs/oasis-kvcached, kept when the variable exists) and declares it as the
+// KV offload tier "node-kv", so engine jobs can name it (nomad-driver/README.md).
+func kvcachedSecretAndTier(s *testbed.Stack, respPort string) error {
+	const secretPath = "nomad/jobs/oasis-kvcached"
+	v, _, err := s.Nomad.Variables().Peek(secretPath, nil)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", secretPath, err)
+	}
+	if v == nil || v.Items["redis_password"] == "" {
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		if v == nil {
+			v = &nomadapi.Variable{Path: secretPath, Items: nomadapi.VariableItems{}}
+		}
+		v.Items["redis_password"] = hex.EncodeToString(b)
+		if _, _, err := s.Nomad.Variables().Update(v, nil); err != nil {
+			return fmt.Errorf("writing %s: %w", secretPath, err)
+		}
+	}
+	tier := &nomadapi.Variable{Path: "oasis/tiers/node-kv", Items: nomadapi.VariableItems{
+		"kind": "kvcached", "address": "127.0.0.1:" + respPort,
+		"secret_path": secretPath, "secret_item": "redis_password"}}
+	if _, _, err := s.Nomad.Variables().Update(tier, nil); err != nil {
+		return fmt.Errorf("declaring tier node-kv: %w", err)
 	}
 	return nil
 }

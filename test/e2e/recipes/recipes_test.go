@@ -68,7 +68,7 @@ func jobFiles(t *testing.T) []jobFile {
 var requiredRecipes = []string{
 	"llama3-8b/vllm/agg", "llama3-8b/vllm/agg-lmcache", "llama3-8b/vllm/agg-kvcached",
 	"llama3-8b/vllm/agg-native-offload", "llama3-8b/vllm/disagg-nixl",
-	"llama3-8b/sglang/agg", "llama3-8b/sglang/agg-hicache", "llama3-8b/sglang/disagg",
+	"llama3-8b/sglang/agg", "llama3-8b/sglang/agg-hicache", "llama3-8b/sglang/agg-shared-fs", "llama3-8b/sglang/disagg",
 	"llama3-70b/vllm/agg-tp4", "qwen3-8b/vllm/agg", "llama3-8b/llama-cpp/cpu",
 	"hosted/openai-compat/fallback", "tiny/sim/agg", "tiny/sim/disagg", "tiny/sim/agg-mesh", "llama3-8b/vllm/agg-mesh",
 }
@@ -170,6 +170,15 @@ func checkJob(t *testing.T, root string, spec hcldec.Spec, f jobFile, v variant)
 	checkGolden(t, filepath.Join("testdata", strings.ReplaceAll(strings.TrimSuffix(f.rel, "/job.nomad.hcl"), "/", "_")+v.suffix+".golden"), golden.String())
 }
 
+// exampleTiers are the KV offload tier declarations the recipes' READMEs put into Nomad
+// variables (oasis/tiers/<name>); the recipes reference them by name.
+var exampleTiers = map[string]map[string]string{
+	"node-kv": {"kind": "kvcached", "address": "127.0.0.1:6380", "size_gb": "8",
+		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"},
+	"lmcache-server": {"kind": "lmcache-server", "address": "lmcache.service.consul:65432", "size_gb": "32"},
+	"shared-fs":      {"kind": "shared-fs", "path": "/mnt/oasis-kv", "size_gb": "64"},
+}
+
 // renderTask decodes a task's config as Nomad's client does (hclspec → cty → msgpack → struct)
 // and renders it with deterministic ports and GPUs.
 func renderTask(t *testing.T, spec hcldec.Spec, tg *nomadapi.TaskGroup, task *nomadapi.Task) string {
@@ -207,7 +216,20 @@ func renderTask(t *testing.T, spec hcldec.Spec, tg *nomadapi.TaskGroup, task *no
 			}
 		}
 	}
-	plan, err := render.Render(render.Input{Config: cfg, Ports: ports, GPUs: gpus, LocalDir: "/alloc/task/local", Namespaced: namespaced})
+	in := render.Input{Config: cfg, Ports: ports, GPUs: gpus, LocalDir: "/alloc/task/local", SecretsDir: "/alloc/task/secrets", Namespaced: namespaced}
+	if cfg.KVOffloadTier != "" {
+		items, ok := exampleTiers[cfg.KVOffloadTier]
+		if !ok {
+			t.Fatalf("task %s names tier %q, which no recipe README declares (exampleTiers)", task.Name, cfg.KVOffloadTier)
+		}
+		tier, err := config.ParseTier(cfg.KVOffloadTier, items)
+		must.NoError(t, err)
+		if tier.SecretPath != "" {
+			tier.Secret = "example-password"
+		}
+		in.Tier = tier
+	}
+	plan, err := render.Render(in)
 	if err != nil {
 		t.Fatalf("task %s renders no engine command: %v", task.Name, err)
 	}

@@ -136,7 +136,8 @@ func TestKvcachedJobFromArtifact(t *testing.T) {
 	must.NoError(t, stack.RunJobFile(ctx, filepath.Join(root, "jobs", "kvcached.nomad.hcl"), map[string]string{
 		"resp_port": strconv.Itoa(ports[0]), "http_port": strconv.Itoa(ports[1]), "quic_port": strconv.Itoa(ports[2]),
 		"data_dir": t.TempDir(), "ram_bytes": "64MiB", "disk_bytes": "128MiB", "memory_mb": "256",
-		"consul_addr": stack.ConsulAddr, "artifact_url": url, "artifact_checksum": checksum}))
+		"consul_addr": stack.ConsulAddr, "artifact_url": url, "artifact_checksum": checksum,
+		"auth_enabled": "false"})) // the binary's origin is under test; test/e2e/tiers covers the password
 	allocs, _, err := stack.Nomad.Jobs().Allocations("oasis-kvcached", false, nil)
 	must.NoError(t, err)
 	must.SliceNotEmpty(t, allocs)

@@ -32,10 +32,10 @@ variable "max_model_len" {
   default     = 8192
 }
 
-variable "kv_offload_size_gb" {
-  description = "CPU KV tier size in GiB."
-  type        = number
-  default     = 8
+variable "kv_offload_tier" {
+  description = "The KV offload tier (kind kvcached) the platform team declared in Nomad variable oasis/tiers/<name>: the driver renders LMCache's CPU tier size, kvcached's address and its password from it (nomad-driver/README.md, KV offload tiers)."
+  type        = string
+  default     = "node-kv"
 }
 
 variable "image" {
@@ -110,6 +110,11 @@ job "llama3-8b-vllm-agg-kvcached" {
     task "vllm" {
       driver = "llm"
 
+      # The driver reads the tier (and kvcached's password) with this identity at start.
+      identity {
+        file = true
+      }
+
       config {
         engine                 = "vllm"
         image                  = var.image
@@ -120,8 +125,7 @@ job "llama3-8b-vllm-agg-kvcached" {
         kv_events_replay_port  = "kv_events_replay"
         max_model_len          = var.max_model_len
         gpu_memory_utilization = 0.90
-        kv_offload             = "kvcached"
-        kv_offload_size_gb     = var.kv_offload_size_gb
+        kv_offload_tier        = var.kv_offload_tier
       }
 
       # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after

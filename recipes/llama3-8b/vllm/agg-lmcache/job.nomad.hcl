@@ -1,4 +1,5 @@
-# Llama 3.1 8B Instruct on vLLM: vLLM with LMCache CPU offload.
+# Llama 3.1 8B Instruct on vLLM: vLLM with LMCache, a CPU tier in front of the cluster's LMCache
+# server, both from the KV offload tier the platform team declared (kind lmcache-server).
 #
 #   nomad job run recipes/llama3-8b/vllm/agg-lmcache/job.nomad.hcl
 
@@ -32,10 +33,10 @@ variable "max_model_len" {
   default     = 8192
 }
 
-variable "kv_offload_size_gb" {
-  description = "CPU KV tier size in GiB."
-  type        = number
-  default     = 32
+variable "kv_offload_tier" {
+  description = "The KV offload tier (kind lmcache-server) declared in Nomad variable oasis/tiers/<name>: the driver renders LMCache's CPU tier size (size_gb) and remote_url lm://<address> from it (nomad-driver/README.md, KV offload tiers)."
+  type        = string
+  default     = "lmcache-server"
 }
 
 variable "image" {
@@ -110,6 +111,11 @@ job "llama3-8b-vllm-agg-lmcache" {
     task "vllm" {
       driver = "llm"
 
+      # The driver reads the tier with this identity at start.
+      identity {
+        file = true
+      }
+
       config {
         engine                 = "vllm"
         image                  = var.image
@@ -120,8 +126,7 @@ job "llama3-8b-vllm-agg-lmcache" {
         kv_events_replay_port  = "kv_events_replay"
         max_model_len          = var.max_model_len
         gpu_memory_utilization = 0.90
-        kv_offload             = "lmcache"
-        kv_offload_size_gb     = var.kv_offload_size_gb
+        kv_offload_tier        = var.kv_offload_tier
       }
 
       # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after

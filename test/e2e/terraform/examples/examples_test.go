@@ -60,6 +60,7 @@ func newSingleDC(t *testing.T) *singleDC {
 			"oasis_bin_dir": stack.BinDir, "consul_addr": stack.ConsulAddr,
 			"resp_port": strconv.Itoa(ports[1]), "http_port": strconv.Itoa(ports[2]), "quic_port": strconv.Itoa(ports[3]),
 			"data_dir": t.TempDir(), "ram_bytes": "64MiB", "disk_bytes": "128MiB", "memory_mb": "256",
+			"auth_enabled": "false", // no password variable on the test bed (test/e2e/tiers covers it)
 		},
 		"model_name":  model,
 		"model_count": 2,

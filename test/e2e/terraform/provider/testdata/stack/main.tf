@@ -63,6 +63,7 @@ resource "oasis_system_jobs" "this" {
     ram_bytes         = "32MiB"
     disk_bytes        = "256MiB"
     memory_mb         = "128"
+    auth_enabled      = "false" # the test's clients send no password (test/e2e/tiers covers it)
   }
 }
 

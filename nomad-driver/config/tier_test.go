@@ -1,0 +1,63 @@
+package config
+
+import (
+	"testing"
+
+	"github.com/shoenig/test/must"
+)
+
+// TestParseTier: every problem of a declaration names the tier, its Nomad
+// variable and the item.
+func TestParseTier(t *testing.T) {
+	cases := []struct {
+		name  string
+		tier  string
+		items map[string]string
+		want  string // "" = valid
+	}{
+		{"kvcached", "node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"}, ""},
+		{"kvcached without auth", "open", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"}, ""},
+		{"kvcached needs a password", "kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380"},
+			`tier "kv" (Nomad variable oasis/tiers/kv) item secret_path: a kvcached tier needs its password by reference`},
+		{"auth none and secret", "kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none", "secret_path": "a/b"}, `item auth: "none" while secret_path`},
+		{"auth other", "kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "off"}, `item auth: "off": the only value is "none"`},
+		{"unknown kind", "kv", map[string]string{"kind": "redis"}, `item kind: "redis" is not a tier kind; allowed: kvcached, lmcache-server, mooncake, nixl, hicache-storage, shared-fs`},
+		{"unknown item", "kv", map[string]string{"kind": "kvcached", "adress": "x"}, "item adress: unknown item"},
+		{"multi-line item", "kv", map[string]string{"kind": "kvcached\nx"}, "item kind: must be one line"},
+		{"bad name", "KV", map[string]string{"kind": "shared-fs", "path": "/mnt/kv"}, "the name must be"},
+		{"address missing", "lm", map[string]string{"kind": "lmcache-server"}, "item address: is required for kind lmcache-server"},
+		{"address not host:port", "lm", map[string]string{"kind": "lmcache-server", "address": "lm://h:1"}, `item address: "lm://h:1" is not host:port`},
+		{"address port range", "lm", map[string]string{"kind": "lmcache-server", "address": "h:70000"}, "is not host:port"},
+		{"address on shared-fs", "fs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "address": "h:1"}, "item address: not used by kind shared-fs"},
+		{"shared-fs relative path", "fs", map[string]string{"kind": "shared-fs", "path": "mnt/kv"}, "item path: kind shared-fs needs the shared directory as a clean absolute path"},
+		{"shared-fs unclean path", "fs", map[string]string{"kind": "shared-fs", "path": "/mnt/../etc"}, "clean absolute path"},
+		{"hicache backend", "l3", map[string]string{"kind": "hicache-storage", "backend": "dynamic"}, "item backend: kind hicache-storage needs SGLang's storage backend"},
+		{"size", "fs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "-1"}, `item size_gb: "-1" is not a size`},
+		{"secret on lmcache-server", "lm", map[string]string{"kind": "lmcache-server", "address": "h:1", "secret_path": "a/b"}, "item secret_path: kind lmcache-server takes no password"},
+		{"secret path traversal", "kv", map[string]string{"kind": "kvcached", "address": "h:1", "secret_path": "a/../b"}, `item secret_path: "a/../b" is not a Nomad variable path`},
+		{"secret item without path", "kv", map[string]string{"kind": "kvcached", "address": "h:1", "auth": "none", "secret_item": "x"}, "item secret_item: set without secret_path"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tier, err := ParseTier(tc.tier, tc.items)
+			if tc.want == "" {
+				must.NoError(t, err)
+				must.EqOp(t, tc.tier, tier.Name)
+				return
+			}
+			must.ErrorContains(t, err, "kv_offload_tier: ")
+			must.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestTierNodeAddressAndSecret(t *testing.T) {
+	tier, err := ParseTier("kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "s/kv"})
+	must.NoError(t, err)
+	must.EqOp(t, "10.0.0.7:6380", tier.NodeAddress("10.0.0.7"))
+	must.EqOp(t, "[fd00::7]:6380", tier.NodeAddress("fd00::7"))
+	must.EqOp(t, DefaultSecretItem, tier.SecretItem)
+	must.ErrorContains(t, tier.CheckSecret("", true), `Nomad variable s/kv has no item "password"`)
+	must.ErrorContains(t, tier.CheckSecret("a\nb", true), "must be one line")
+	must.NoError(t, tier.CheckSecret("pw", true))
+}

@@ -1,0 +1,257 @@
+// Package tiers_test runs engines against a password-protected oasis-kvcached through a KV
+// offload tier declared in Nomad variables, on the test bed (real Consul and Nomad with ACLs on,
+// the llm driver, jobs/kvcached.nomad.hcl, jobs/acl/nomad-oasis-tiers.hcl): the driver reads the
+// tier and the password with each task's workload identity, and the LMCache configuration it
+// writes authenticates to kvcached.
+package tiers_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	nomadapi "github.com/hashicorp/nomad/api"
+	"github.com/redis/go-redis/v9"
+	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/test/e2e/testbed"
+)
+
+var stack *testbed.Stack
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(testbed.Main(m, testbed.Options{}, &stack))
+}
+
+const tierName = "e2e-kv"
+
+// TestEnginesUseAPasswordProtectedKvcachedThroughATier: two sim engines name the tier; each
+// gets an LMCache configuration whose remote_url carries kvcached's password, in its secrets
+// directory and readable by the engine's account alone; kvcached accepts that URL and refuses a
+// client without the password. A changed declaration reaches a new allocation, not the running
+// ones, and a job whose identity may not read the tier fails naming kv_offload_tier.
+func TestEnginesUseAPasswordProtectedKvcachedThroughATier(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	password := randomPassword(t)
+	kvAddr := runKvcached(t, ctx, password)
+	declareTier(t, map[string]string{"kind": "kvcached", "address": kvAddr, "size_gb": "1",
+		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+
+	const jobID = "tier-sims"
+	allowTiers(t, jobID)
+	allocs := runEngines(t, ctx, jobID, 2)
+
+	for _, a := range allocs {
+		url := checkLMCacheConfig(t, a.ID, password, "max_local_cpu_size: 1\n")
+		opts, err := redis.ParseURL(url)
+		must.NoError(t, err)
+		must.EqOp(t, password, opts.Password)
+		rdb := redis.NewClient(opts)
+		must.NoError(t, rdb.Set(ctx, "tier-e2e-"+a.ID, "v", 0).Err())
+		must.EqOp(t, "v", rdb.Get(ctx, "tier-e2e-"+a.ID).Val())
+		must.NoError(t, rdb.Close())
+		checkStartEventHidesPassword(t, ctx, a.ID, password)
+	}
+	open := redis.NewClient(&redis.Options{Addr: kvAddr})
+	defer open.Close()
+	err := open.Set(ctx, "tier-e2e-open", "v", 0).Err()
+	must.ErrorContains(t, err, "NOAUTH", must.Sprint("kvcached must refuse a client without the password"))
+
+	// A changed declaration: running engines keep theirs, a new allocation gets the new one.
+	declareTier(t, map[string]string{"kind": "kvcached", "address": kvAddr, "size_gb": "2",
+		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+	_, err = stack.Nomad.Allocations().Stop(&nomadapi.Allocation{ID: allocs[0].ID}, nil)
+	must.NoError(t, err)
+	var fresh string
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		running, err := stack.WaitAllocsRunning(ctx, jobID)
+		if err != nil {
+			return err
+		}
+		for _, a := range running {
+			if a.ID != allocs[0].ID && a.ID != allocs[1].ID {
+				fresh = a.ID
+				return nil
+			}
+		}
+		return errors.New("no replacement allocation running yet")
+	}), wait.Timeout(2*time.Minute), wait.Gap(500*time.Millisecond)))
+	checkLMCacheConfig(t, fresh, password, "max_local_cpu_size: 2\n")
+	checkLMCacheConfig(t, allocs[1].ID, password, "max_local_cpu_size: 1\n")
+
+	// Without the policy the task's identity may not read the tier (Nomad answers as if it did
+	// not exist): the start fails, naming the field.
+	const deniedID = "tier-sims-denied"
+	failed := startEnginesExpectingFailure(t, ctx, deniedID)
+	must.StrContains(t, failed, `kv_offload_tier: tier "`+tierName+`": tier is not declared: no Nomad variable oasis/tiers/`+tierName+` that this token may read`)
+}
+
+func randomPassword(t *testing.T) string {
+	b := make([]byte, 12)
+	_, err := rand.Read(b)
+	must.NoError(t, err)
+	return "p@ss:" + hex.EncodeToString(b) + "/%" // characters the URL must escape
+}
+
+// runKvcached runs jobs/kvcached.nomad.hcl with auth_enabled and its password in the job's
+// variable, and returns its Redis-protocol address.
+func runKvcached(t *testing.T, ctx context.Context, password string) string {
+	t.Helper()
+	_, _, err := stack.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/oasis-kvcached",
+		Items: nomadapi.VariableItems{"redis_password": password}}, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete("nomad/jobs/oasis-kvcached", nil) })
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	ports, err := testutil.FreePorts(3)
+	must.NoError(t, err)
+	vars := map[string]string{
+		"oasis_bin_dir": stack.BinDir, "consul_addr": stack.ConsulAddr,
+		"resp_port": strconv.Itoa(ports[0]), "http_port": strconv.Itoa(ports[1]), "quic_port": strconv.Itoa(ports[2]),
+		"kv_events_address": "127.0.0.1", "data_dir": filepath.Join(t.TempDir(), "kvcached"),
+		"ram_bytes": "64MiB", "disk_bytes": "0", "memory_mb": "256", "auth_enabled": "true",
+	}
+	t.Cleanup(func() { stopJob(t, "oasis-kvcached") })
+	must.NoError(t, stack.RunJobFile(ctx, filepath.Join(root, "jobs", "kvcached.nomad.hcl"), vars))
+	return "127.0.0.1:" + strconv.Itoa(ports[0])
+}
+
+// declareTier writes the tier's declaration, as the platform team does with `nomad var put`.
+func declareTier(t *testing.T, items map[string]string) {
+	t.Helper()
+	_, _, err := stack.Nomad.Variables().Update(&nomadapi.Variable{Path: "oasis/tiers/" + tierName, Items: items}, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete("oasis/tiers/"+tierName, nil) })
+}
+
+// allowTiers attaches jobs/acl/nomad-oasis-tiers.hcl to the job, as jobs/acl/setup.sh does for
+// OASIS_TIER_JOBS.
+func allowTiers(t *testing.T, jobID string) {
+	t.Helper()
+	root, err := testbed.RepoRoot()
+	must.NoError(t, err)
+	rules, err := os.ReadFile(filepath.Join(root, "jobs", "acl", "nomad-oasis-tiers.hcl"))
+	must.NoError(t, err)
+	name := "oasis-tiers-" + jobID
+	_, err = stack.Nomad.ACLPolicies().Upsert(&nomadapi.ACLPolicy{Name: name, Rules: string(rules),
+		JobACL: &nomadapi.JobACL{Namespace: "default", JobID: jobID}}, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _, _ = stack.Nomad.ACLPolicies().Delete(name, nil) })
+}
+
+// engineJob is count sim engines naming the tier. A sim with a KV connector listens on vLLM's
+// NIXL side channel (default port 5600): each engine gets a port of its own for it.
+func engineJob(jobID string, count int) string {
+	hcl := testbed.SimEngine{ID: jobID, Model: jobID,
+		Config: `kv_offload_tier = "` + tierName + `"
+        extra_env = { VLLM_NIXL_SIDE_CHANNEL_PORT = "${NOMAD_PORT_side}" }`,
+		Task: "identity {\n        file = true\n      }"}.HCL()
+	hcl = strings.Replace(hcl, `port "http" {}`, `port "http" {}
+      port "side" {}`, 1)
+	return strings.Replace(hcl, `group "engine" {`, `group "engine" {
+    count = `+strconv.Itoa(count), 1)
+}
+
+func runEngines(t *testing.T, ctx context.Context, jobID string, count int) []*nomadapi.AllocationListStub {
+	t.Helper()
+	t.Cleanup(func() { stopJob(t, jobID) })
+	_, err := stack.RunJobHCL(ctx, engineJob(jobID, count))
+	must.NoError(t, err)
+	allocs, err := stack.WaitAllocsRunning(ctx, jobID)
+	must.NoError(t, err)
+	must.Len(t, count, allocs)
+	return allocs
+}
+
+// startEnginesExpectingFailure registers the engine job and returns its task's Driver Failure
+// message.
+func startEnginesExpectingFailure(t *testing.T, ctx context.Context, jobID string) string {
+	t.Helper()
+	t.Cleanup(func() { stopJob(t, jobID) })
+	job, err := stack.ParseJobHCL(engineJob(jobID, 1))
+	must.NoError(t, err)
+	_, _, err = stack.Nomad.Jobs().Register(job, nil)
+	must.NoError(t, err)
+	var msg string
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		allocs, _, err := stack.Nomad.Jobs().Allocations(jobID, false, nil)
+		if err != nil {
+			return err
+		}
+		for _, a := range allocs {
+			for _, ts := range a.TaskStates {
+				for _, ev := range ts.Events {
+					if ev.Type == nomadapi.TaskDriverFailure {
+						msg = ev.DisplayMessage + " " + ev.DriverError
+						return nil
+					}
+				}
+			}
+		}
+		return errors.New("no Driver Failure event yet")
+	}), wait.Timeout(2*time.Minute), wait.Gap(500*time.Millisecond)))
+	_ = ctx
+	return msg
+}
+
+var remoteURL = regexp.MustCompile(`(?m)^remote_url: "([^"]+)"$`)
+
+// checkLMCacheConfig checks the LMCache configuration the driver wrote for an allocation: in the
+// task's secrets directory, 0600 and owned by the engine's account (nobody), the password in its
+// URL, and want in it; it returns the URL.
+func checkLMCacheConfig(t *testing.T, allocID, password, want string) string {
+	t.Helper()
+	path := filepath.Join(stack.AllocDir(allocID), "engine", "secrets", "lmcache.yaml")
+	fi, err := os.Stat(path)
+	must.NoError(t, err)
+	must.EqOp(t, os.FileMode(0o600), fi.Mode().Perm())
+	if os.Geteuid() == 0 {
+		must.EqOp(t, uint32(65534), fi.Sys().(*syscall.Stat_t).Uid, must.Sprint("owned by the engine's account, nobody"))
+	}
+	b, err := os.ReadFile(path)
+	must.NoError(t, err)
+	must.StrContains(t, string(b), want)
+	m := remoteURL.FindStringSubmatch(string(b))
+	must.Len(t, 2, m, must.Sprintf("no remote_url in %s", b))
+	opts, err := redis.ParseURL(m[1])
+	must.NoError(t, err)
+	must.EqOp(t, password, opts.Password)
+	return m[1]
+}
+
+// checkStartEventHidesPassword: the password is in no task event (the argv the driver reports).
+func checkStartEventHidesPassword(t *testing.T, ctx context.Context, allocID, password string) {
+	t.Helper()
+	a, _, err := stack.Nomad.Allocations().Info(allocID, (&nomadapi.QueryOptions{}).WithContext(ctx))
+	must.NoError(t, err)
+	for _, ts := range a.TaskStates {
+		for _, ev := range ts.Events {
+			must.StrNotContains(t, ev.DisplayMessage, password)
+			for _, v := range ev.Details {
+				must.StrNotContains(t, v, password)
+			}
+		}
+	}
+}
+
+func stopJob(t *testing.T, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := stack.StopJob(ctx, id); err != nil {
+		t.Errorf("stopping %s: %v", id, err)
+	}
+}
