@@ -27,11 +27,24 @@ type Controller struct {
 	// OnQueue, when set, is called with a model's queue length whenever it
 	// changes (under the controller's lock: keep it cheap, e.g. a gauge Set).
 	OnQueue func(model string, queued int)
+
+	// Share, when set, turns a model's max_in_flight (the datacenter's cap)
+	// into this router's part of it, given the model's in-flight and
+	// queued requests here (peers.Peers.ModelShare). Called under the
+	// controller's lock: it must not call back into the controller. Set it
+	// before the first Acquire.
+	Share func(model string, max, inFlight, queued int) int
 }
 
 type gate struct {
 	inFlight int
 	waiters  []chan struct{} // FIFO; a closed channel means "you have a slot"
+	lim      policy.Limits   // the limits of the latest Acquire, for Refill
+}
+
+// Load is one model's admitted and waiting requests.
+type Load struct {
+	InFlight, Queued int
 }
 
 // New returns an empty controller.
@@ -80,8 +93,10 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 		g = &gate{}
 		c.models[model] = g
 	}
+	g.lim = lim
 	c.fill(model, g, lim)
-	if lim.MaxInFlight <= 0 || (g.inFlight < lim.MaxInFlight && len(g.waiters) == 0) {
+	// The arriving request counts in the demand its share is computed from.
+	if lim.MaxInFlight <= 0 || (len(g.waiters) == 0 && g.inFlight < c.capOf(model, g, lim, 1)) {
 		g.inFlight++
 		c.mu.Unlock()
 		return g, nil
@@ -165,7 +180,7 @@ func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 // queued). Caller holds c.mu.
 func (c *Controller) fill(model string, g *gate, lim policy.Limits) {
 	n := len(g.waiters)
-	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < lim.MaxInFlight) {
+	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < c.capOf(model, g, lim, 0)) {
 		g.inFlight++
 		close(g.waiters[0])
 		g.waiters = g.waiters[1:]
@@ -179,4 +194,40 @@ func (c *Controller) queued(model string, g *gate) {
 	if c.OnQueue != nil {
 		c.OnQueue(model, len(g.waiters))
 	}
+}
+
+// capOf is the in-flight cap this router applies to model: lim's, or its
+// share of it (Share), arriving requests not yet queued counted as
+// waiting. Caller holds c.mu.
+func (c *Controller) capOf(model string, g *gate, lim policy.Limits, arriving int) int {
+	if lim.MaxInFlight <= 0 || c.Share == nil {
+		return lim.MaxInFlight
+	}
+	return c.Share(model, lim.MaxInFlight, g.inFlight, len(g.waiters)+arriving)
+}
+
+// Refill admits waiters of every model whose share has grown since they
+// queued (call it when the peers' loads change).
+func (c *Controller) Refill() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for model, g := range c.models {
+		if len(g.waiters) > 0 {
+			c.fill(model, g, g.lim)
+		}
+	}
+}
+
+// Loads are the in-flight and queued requests of every model with a cap
+// (the load told to the datacenter's other routers).
+func (c *Controller) Loads() map[string]Load {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]Load, len(c.models))
+	for model, g := range c.models {
+		if g.lim.MaxInFlight > 0 {
+			out[model] = Load{InFlight: g.inFlight, Queued: len(g.waiters)}
+		}
+	}
+	return out
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -31,6 +32,7 @@ import (
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/gomaxprocs"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/peers"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -57,6 +59,8 @@ type App struct {
 	// starts before the transport exists.
 	enginesReady atomic.Pointer[http.Transport]
 	gw           *gateway.Gateway
+	admission    *admission.Controller
+	peers        *peers.Peers           // nil without -peers-listen
 	fed          *federation.Federation // nil without -federation-listen
 	// forwarded serves what other datacenters' routers forward (the
 	// gateway's ForwardedHandler, once built).
@@ -93,7 +97,7 @@ func New(cfg Config) (*App, error) {
 	a := &App{cfg: cfg, log: cfg.Logger}
 	a.bg, a.bgCancel = context.WithCancel(context.Background())
 	steps := []func() error{a.initMetrics, a.initClients, a.initMesh, a.initPool, a.initPolicy, a.initAuth,
-		a.initFederation, a.initTracing, a.initGateway, a.initTLS, a.initServer}
+		a.initFederation, a.initTracing, a.initAdmission, a.initGateway, a.initTLS, a.initServer, a.initPeers}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			a.Close()
@@ -109,6 +113,9 @@ func (a *App) Close() error {
 	a.bgWG.Wait()
 	if a.fed != nil {
 		a.fed.Close()
+	}
+	if a.peers != nil {
+		a.peers.Close()
 	}
 	if a.cache != nil {
 		a.cache.Close()

@@ -41,8 +41,14 @@ type KeySpec struct {
 
 // Key is an authenticated caller.
 type Key struct {
-	ID  string
-	lim *rate.Limiter // nil: unlimited
+	ID   string
+	spec KeySpec
+	lim  *rate.Limiter // nil: unlimited; at the key's share of its limits
+
+	attempts atomic.Int64  // Allow calls since the last Demand
+	rate     atomic.Uint64 // requests a second (float64 bits), Demand's estimate
+	mu       sync.Mutex    // serialises the limiter's resizing
+	frac     float64       // the share lim is sized for (0: the whole limit)
 }
 
 // Errors.
@@ -98,6 +104,14 @@ type Authenticator struct {
 	keys atomic.Pointer[map[[32]byte]*Key]
 	mu   sync.Mutex // serialises Set
 	now  func() time.Time
+
+	// Share, when set, is this router's part (0 to 1] of key id's limits,
+	// given the rate it sees the key at (peers.Peers.KeyFraction): a
+	// key's rate and burst hold for the datacenter. Set it before the
+	// first Allow.
+	Share func(id string, rate float64) float64
+	// demandAt is when Demand last ran.
+	demandAt time.Time
 }
 
 // New returns an authenticator with no keys.
@@ -116,11 +130,11 @@ func (a *Authenticator) Set(specs map[[32]byte]KeySpec) {
 	old := *a.keys.Load()
 	next := make(map[[32]byte]*Key, len(specs))
 	for d, s := range specs {
-		if k, ok := old[d]; ok && k.ID == s.ID && sameLimit(k.lim, newLimiter(s)) {
+		if k, ok := old[d]; ok && k.spec == s {
 			next[d] = k
 			continue
 		}
-		next[d] = &Key{ID: s.ID, lim: newLimiter(s)}
+		next[d] = &Key{ID: s.ID, spec: s, lim: newLimiter(s)}
 	}
 	a.keys.Store(&next)
 }
@@ -149,7 +163,9 @@ func (a *Authenticator) Allow(k *Key) (bool, time.Duration) {
 	if k.lim == nil {
 		return true, 0
 	}
+	k.attempts.Add(1)
 	now := a.now()
+	a.resize(k, now)
 	r := k.lim.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
 		r.CancelAt(now) // refused: the token stays for the next caller
@@ -172,9 +188,55 @@ func newLimiter(s KeySpec) *rate.Limiter {
 	return rate.NewLimiter(rate.Limit(s.RatePerSecond), int(math.Min(burst, math.MaxInt32)))
 }
 
-func sameLimit(a, b *rate.Limiter) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
+// resize sets k's bucket to this router's share of the key's limits: rate ×
+// share, burst × share (at least 1, so that a key is never refused outright
+// here: the rounding is the overshoot of a burst, one request per router).
+// The bucket is resized only when the share moved by more than 1%.
+func (a *Authenticator) resize(k *Key, now time.Time) {
+	if a.Share == nil {
+		return
 	}
-	return a.Limit() == b.Limit() && a.Burst() == b.Burst()
+	f := a.Share(k.ID, math.Float64frombits(k.rate.Load()))
+	if f <= 0 || f > 1 || math.IsNaN(f) {
+		f = 1
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.frac != 0 && math.Abs(f-k.frac) <= 0.01*k.frac {
+		return
+	}
+	k.frac = f
+	full := newLimiter(k.spec)
+	k.lim.SetLimitAt(now, full.Limit()*rate.Limit(f))
+	k.lim.SetBurstAt(now, max(1, int(float64(full.Burst())*f)))
+}
+
+// Demand is the rate each rate-limited key is asked at here, requests a
+// second since the previous call (smoothed by half), for the datacenter's
+// other routers; keys not asked lately are left out. Call it from one
+// goroutine (the peers' loop).
+func (a *Authenticator) Demand() map[string]float64 {
+	now := a.now()
+	elapsed := now.Sub(a.demandAt).Seconds()
+	first := a.demandAt.IsZero()
+	a.demandAt = now
+	out := map[string]float64{}
+	for _, k := range *a.keys.Load() {
+		if k.lim == nil {
+			continue
+		}
+		n := float64(k.attempts.Swap(0))
+		r := math.Float64frombits(k.rate.Load())
+		if !first && elapsed > 0 {
+			r = (r + n/elapsed) / 2
+		}
+		if r < 0.01 {
+			r = 0
+		}
+		k.rate.Store(math.Float64bits(r))
+		if r > 0 {
+			out[k.ID] = r
+		}
+	}
+	return out
 }

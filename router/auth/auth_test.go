@@ -115,3 +115,57 @@ func TestLoadFile(t *testing.T) {
 	must.NoError(t, err)
 	must.Eq(t, "a", k.ID)
 }
+
+// With Share, a key's bucket is this router's part of its limits, and
+// Demand reports the rate the key is asked at here.
+func TestShareSplitsBucket(t *testing.T) {
+	specs, err := Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"rate_per_second":30,"burst":30}]}`, digest("key-a"))))
+	must.NoError(t, err)
+	a := New()
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	frac := 1.0 / 3
+	a.Share = func(id string, _ float64) float64 { must.Eq(t, "a", id); return frac }
+	a.Set(specs)
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer key-a")
+	k, err := a.Authenticate(r)
+	must.NoError(t, err)
+	admitted := 0
+	for range 30 {
+		if ok, _ := a.Allow(k); ok {
+			admitted++
+		}
+	}
+	must.Eq(t, 10, admitted, must.Sprint("a third of the burst"))
+	now = now.Add(time.Second)
+	admitted = 0
+	for range 30 {
+		if ok, _ := a.Allow(k); ok {
+			admitted++
+		}
+	}
+	must.Eq(t, 10, admitted, must.Sprint("a third of the rate"))
+
+	a.Demand() // the first call starts the window
+	now = now.Add(time.Second)
+	for range 8 {
+		a.Allow(k)
+	}
+	must.Eq(t, map[string]float64{"a": 4}, a.Demand(), must.Sprint("8/s, smoothed by half from 0"))
+
+	// The whole limit back: the bucket grows, without a gift of tokens
+	// (10 saved at the old size), and fills at the whole rate.
+	frac = 1
+	now = now.Add(time.Second)
+	for _, want := range []int{10, 30} {
+		admitted = 0
+		for range 40 {
+			if ok, _ := a.Allow(k); ok {
+				admitted++
+			}
+		}
+		must.Eq(t, want, admitted)
+		now = now.Add(time.Second)
+	}
+}

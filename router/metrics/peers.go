@@ -1,0 +1,34 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Peers are the instruments of the state a datacenter's routers share
+// (router/peers).
+type Peers struct {
+	// PeersLive is the number of routers budgets are split over, this one
+	// included: the union of the gossip members alive and the passing
+	// Consul registrations.
+	PeersLive prometheus.Gauge
+	// PeersGossip is the number of routers this one exchanges load with
+	// (gossip members alive, this one included).
+	PeersGossip prometheus.Gauge
+	// PeerMessages counts load messages from peers, by result (ok|rejected).
+	PeerMessages *prometheus.CounterVec // result
+	// AdmissionShare is this router's share of a model's max_in_flight.
+	AdmissionShare *prometheus.GaugeVec // model
+}
+
+func newPeers(reg prometheus.Registerer, ns string) Peers {
+	p := Peers{
+		PeersLive: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_live",
+			Help: "Routers of the datacenter budgets are split over, this one included (gossip members alive ∪ passing Consul registrations)."}),
+		PeersGossip: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_gossip",
+			Help: "Routers this one exchanges load with over gossip, this one included."}),
+		PeerMessages: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "peer_messages_total",
+			Help: "Load messages received from peer routers, by result (ok|rejected)."}, []string{"result"}),
+		AdmissionShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "admission_share",
+			Help: "This router's share of a model's max_in_flight, split over the datacenter's live routers."}, []string{"model"}),
+	}
+	reg.MustRegister(p.PeersLive, p.PeersGossip, p.PeerMessages, p.AdmissionShare)
+	return p
+}

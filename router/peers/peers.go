@@ -1,0 +1,316 @@
+// Package peers shares load among the routers of one datacenter (the Nomad
+// system job runs one per node), so that a model's max_in_flight and a key's
+// rate limit hold for the datacenter, not for each router.
+//
+// Routers find each other through their own Consul registrations (service
+// oasis-router, the gossip address in meta MetaAddr) and join a memberlist
+// cluster: membership and failure detection are memberlist's (SWIM), and
+// every Interval each router sends its Load to every member it knows. The
+// routers budgets are split over are the union of the gossip members alive
+// and the passing Consul registrations: a router cut off from gossip but
+// still registered keeps counting, so its peers never hand out its part, and
+// it keeps its own share (never the whole budget). ARCHITECTURE.md ("What
+// the routers share") states the staleness and the resulting overshoot.
+package peers
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/oasis-llm/oasis/router/metrics"
+)
+
+// Defaults.
+const (
+	DefaultService    = "oasis-router"
+	DefaultBind       = "127.0.0.1:0"
+	DefaultInterval   = 200 * time.Millisecond
+	DefaultStaleAfter = 2 * time.Second
+	// MetaAddr is the Consul service meta key of a router's gossip address.
+	MetaAddr = "oasis_peers"
+)
+
+// Errors of New.
+var (
+	ErrConfig = errors.New("invalid peers configuration")
+	// ErrInsecure is a gossip listener off loopback without a key.
+	ErrInsecure = errors.New("peers: a gossip key is required when binding beyond loopback")
+)
+
+// Config configures Peers.
+type Config struct {
+	// Name is this router among its peers: its Consul service id
+	// (required).
+	Name string
+	// Bind is the gossip listener, TCP and UDP on one port (default
+	// DefaultBind: loopback, any free port).
+	Bind string
+	// Advertise is the address peers reach Bind at (default: Bind's
+	// address once bound).
+	Advertise string
+	// Key encrypts gossip (AES-GCM, 16, 24 or 32 bytes); unencrypted
+	// messages are then refused. Required unless Bind is loopback.
+	Key []byte
+	// Consul finds the peers (required).
+	Consul *consulapi.Client
+	// Service is the routers' Consul service (default DefaultService).
+	Service string
+	// Local is this router's load, asked every Interval (required; called
+	// without locks held).
+	Local func() Load
+	// OnChange is called after a peer's load or the set of live routers
+	// changed (from Run's goroutine).
+	OnChange func()
+	// Interval between load messages (default DefaultInterval).
+	Interval time.Duration
+	// StaleAfter: a peer's load older than this is unknown (default
+	// DefaultStaleAfter).
+	StaleAfter time.Duration
+
+	Logger  hclog.Logger     // nil: no logs
+	Metrics *metrics.Metrics // nil: instruments registered nowhere
+	// Registerer, when Metrics is nil, gets the instruments.
+	Registerer prometheus.Registerer
+}
+
+// Peers is this router's view of its datacenter's routers.
+type Peers struct {
+	cfg     Config
+	log     hclog.Logger
+	m       *metrics.Metrics
+	ml      *memberlist.Memberlist
+	changed chan struct{}
+	closed  atomic.Bool
+
+	mu         sync.Mutex
+	gossip     map[string]string   // alive gossip members but this one: name → address
+	registered map[string]string   // passing Consul registrations: service id → gossip address ("" without)
+	loads      map[string]received // by name
+}
+
+type received struct {
+	seq  uint64
+	at   time.Time
+	load Load
+}
+
+// New validates cfg and binds the gossip listener; Run joins the peers.
+func New(cfg Config) (*Peers, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &Peers{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, changed: make(chan struct{}, 1),
+		gossip: map[string]string{}, registered: map[string]string{}, loads: map[string]received{}}
+	mc, err := p.memberlistConfig()
+	if err != nil {
+		return nil, err
+	}
+	if p.ml, err = memberlist.Create(mc); err != nil {
+		return nil, fmt.Errorf("peers: starting gossip on %s: %w", cfg.Bind, err)
+	}
+	p.m.PeersLive.Set(1)
+	p.m.PeersGossip.Set(1)
+	return p, nil
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Metrics == nil {
+		reg := c.Registerer
+		if reg == nil {
+			reg = prometheus.NewRegistry()
+		}
+		c.Metrics = metrics.New(reg)
+	}
+	if c.Bind == "" {
+		c.Bind = DefaultBind
+	}
+	if c.Service == "" {
+		c.Service = DefaultService
+	}
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = DefaultStaleAfter
+	}
+	switch {
+	case c.Name == "" || len(c.Name) > maxNameBytes:
+		return c, fmt.Errorf("%w: Name: want 1 to %d bytes", ErrConfig, maxNameBytes)
+	case c.Consul == nil:
+		return c, fmt.Errorf("%w: Consul is required", ErrConfig)
+	case c.Local == nil:
+		return c, fmt.Errorf("%w: Local is required", ErrConfig)
+	case c.Key != nil && len(c.Key) != 16 && len(c.Key) != 24 && len(c.Key) != 32:
+		return c, fmt.Errorf("%w: Key: want 16, 24 or 32 bytes, got %d", ErrConfig, len(c.Key))
+	}
+	host, _, err := net.SplitHostPort(c.Bind)
+	if err != nil {
+		return c, fmt.Errorf("%w: Bind: %w", ErrConfig, err)
+	}
+	if ip := net.ParseIP(host); c.Key == nil && (ip == nil || !ip.IsLoopback()) {
+		return c, ErrInsecure
+	}
+	return c, nil
+}
+
+// memberlistConfig is memberlist's LAN-local profile (probes every second,
+// a dead member declared within a few seconds) on Bind.
+func (p *Peers) memberlistConfig() (*memberlist.Config, error) {
+	mc := memberlist.DefaultLocalConfig()
+	mc.Name = p.cfg.Name
+	host, port, err := splitPort(p.cfg.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Bind: %w", ErrConfig, err)
+	}
+	mc.BindAddr, mc.BindPort = host, port
+	if p.cfg.Advertise != "" {
+		if mc.AdvertiseAddr, mc.AdvertisePort, err = splitPort(p.cfg.Advertise); err != nil {
+			return nil, fmt.Errorf("%w: Advertise: %w", ErrConfig, err)
+		}
+	}
+	if p.cfg.Key != nil {
+		mc.SecretKey = p.cfg.Key
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
+	mc.Delegate = delegate{p}
+	mc.Events = events{p}
+	mc.Logger = p.log.Named("memberlist").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
+	return mc, nil
+}
+
+func splitPort(hostport string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q: want 0 to 65535", ps)
+	}
+	return host, port, nil
+}
+
+// Addr is the gossip address peers reach this router at (register it as
+// meta MetaAddr).
+func (p *Peers) Addr() string {
+	n := p.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Close leaves the gossip cluster and stops its listener.
+func (p *Peers) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	err := p.ml.Leave(time.Second)
+	return errors.Join(err, p.ml.Shutdown())
+}
+
+// notify asks Run to call OnChange.
+func (p *Peers) notify() {
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// live is every router budgets are split over, sorted, with this one's
+// index: this router, the gossip members alive and the passing Consul
+// registrations. Caller holds p.mu.
+func (p *Peers) live() ([]string, int) {
+	set := map[string]bool{p.cfg.Name: true}
+	for n := range p.gossip {
+		set[n] = true
+	}
+	for n := range p.registered {
+		set[n] = true
+	}
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, sort.SearchStrings(names, p.cfg.Name)
+}
+
+// Live is the number of routers budgets are split over, this one included.
+func (p *Peers) Live() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names, _ := p.live()
+	return len(names)
+}
+
+// fresh is name's load when it is recent. Caller holds p.mu.
+func (p *Peers) fresh(name string, now time.Time) (Load, bool) {
+	r, ok := p.loads[name]
+	if !ok || now.Sub(r.at) > p.cfg.StaleAfter {
+		return Load{}, false
+	}
+	return r.load, true
+}
+
+// ModelShare is how many of model's max in-flight requests this router may
+// run, given its own inFlight and queued: its part of the split of max over
+// the live routers in proportion to demand (allocate), and never more than
+// max less what the others are known to run. max ≤ 0 (no cap) is returned
+// as is.
+func (p *Peers) ModelShare(model string, max, inFlight, queued int) int {
+	if max <= 0 {
+		return max
+	}
+	now := time.Now()
+	p.mu.Lock()
+	names, self := p.live()
+	cs := make([]claim, len(names))
+	for i, n := range names {
+		cs[i].name = n
+		if i == self {
+			cs[i] = claim{name: n, demand: float64(inFlight + queued), known: true, used: inFlight}
+			continue
+		}
+		if l, ok := p.fresh(n, now); ok {
+			ml := l.Models[model]
+			cs[i] = claim{name: n, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight}
+		}
+	}
+	p.mu.Unlock()
+	share := shareOf(max, self, cs)
+	p.m.AdmissionShare.WithLabelValues(model).Set(float64(share))
+	return share
+}
+
+// KeyFraction is this router's part of key id's rate limit, given the rate
+// it sees the key at: (1 + its rate) over the sum of (1 + rate) of every
+// live router (an unknown router's rate taken as 0).
+func (p *Peers) KeyFraction(id string, rate float64) float64 {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names, self := p.live()
+	cs := make([]claim, len(names))
+	for i, n := range names {
+		switch l, ok := p.fresh(n, now); {
+		case i == self:
+			cs[i].demand = rate
+		case ok:
+			cs[i].demand = l.Keys[id]
+		}
+	}
+	return fractionOf(self, cs)
+}
