@@ -29,11 +29,11 @@ type Controller struct {
 	OnQueue func(model string, queued int)
 
 	// Share, when set, turns a model's max_in_flight (the datacenter's cap)
-	// into this router's part of it, given the model's in-flight and
-	// queued requests here (peers.Peers.ModelShare). Called under the
-	// controller's lock: it must not call back into the controller. Set it
-	// before the first Acquire.
-	Share func(model string, max, inFlight, queued int) int
+	// into this router's part of it (peers.Peers.ModelShare, which learns
+	// this router's demand from Loads). Called under the controller's lock:
+	// it must not call back into the controller. Set it before the first
+	// Acquire.
+	Share func(model string, max int) int
 }
 
 type gate struct {
@@ -95,8 +95,7 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	g.lim = lim
 	c.fill(model, g, lim)
-	// The arriving request counts in the demand its share is computed from.
-	if lim.MaxInFlight <= 0 || (len(g.waiters) == 0 && g.inFlight < c.capOf(model, g, lim, 1)) {
+	if lim.MaxInFlight <= 0 || (len(g.waiters) == 0 && g.inFlight < c.capOf(model, lim)) {
 		g.inFlight++
 		c.mu.Unlock()
 		return g, nil
@@ -180,7 +179,7 @@ func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 // queued). Caller holds c.mu.
 func (c *Controller) fill(model string, g *gate, lim policy.Limits) {
 	n := len(g.waiters)
-	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < c.capOf(model, g, lim, 0)) {
+	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < c.capOf(model, lim)) {
 		g.inFlight++
 		close(g.waiters[0])
 		g.waiters = g.waiters[1:]
@@ -197,13 +196,12 @@ func (c *Controller) queued(model string, g *gate) {
 }
 
 // capOf is the in-flight cap this router applies to model: lim's, or its
-// share of it (Share), arriving requests not yet queued counted as
-// waiting. Caller holds c.mu.
-func (c *Controller) capOf(model string, g *gate, lim policy.Limits, arriving int) int {
+// share of it (Share). Caller holds c.mu.
+func (c *Controller) capOf(model string, lim policy.Limits) int {
 	if lim.MaxInFlight <= 0 || c.Share == nil {
 		return lim.MaxInFlight
 	}
-	return c.Share(model, lim.MaxInFlight, g.inFlight, len(g.waiters)+arriving)
+	return c.Share(model, lim.MaxInFlight)
 }
 
 // Refill admits waiters of every model whose share has grown since they

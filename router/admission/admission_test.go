@@ -152,7 +152,7 @@ func TestShareAndRefill(t *testing.T) {
 	c := New()
 	var mu sync.Mutex
 	share := 1
-	c.Share = func(model string, max, inFlight, queued int) int {
+	c.Share = func(model string, max int) int {
 		mu.Lock()
 		defer mu.Unlock()
 		must.Eq(t, 6, max)

@@ -105,11 +105,11 @@ type Authenticator struct {
 	mu   sync.Mutex // serialises Set
 	now  func() time.Time
 
-	// Share, when set, is this router's part (0 to 1] of key id's limits,
-	// given the rate it sees the key at (peers.Peers.KeyFraction): a
-	// key's rate and burst hold for the datacenter. Set it before the
-	// first Allow.
-	Share func(id string, rate float64) float64
+	// Share, when set, is this router's part (0 to 1] of key id's limits
+	// (peers.Peers.KeyFraction, which learns the rate this router sees the
+	// key at from Demand): a key's rate and burst hold for the
+	// datacenter. Set it before the first Allow.
+	Share func(id string) float64
 	// demandAt is when Demand last ran.
 	demandAt time.Time
 }
@@ -196,7 +196,7 @@ func (a *Authenticator) resize(k *Key, now time.Time) {
 	if a.Share == nil {
 		return
 	}
-	f := a.Share(k.ID, math.Float64frombits(k.rate.Load()))
+	f := a.Share(k.ID)
 	if f <= 0 || f > 1 || math.IsNaN(f) {
 		f = 1
 	}

@@ -125,7 +125,7 @@ func TestShareSplitsBucket(t *testing.T) {
 	now := time.Unix(1000, 0)
 	a.now = func() time.Time { return now }
 	frac := 1.0 / 3
-	a.Share = func(id string, _ float64) float64 { must.Eq(t, "a", id); return frac }
+	a.Share = func(id string) float64 { must.Eq(t, "a", id); return frac }
 	a.Set(specs)
 	r, _ := http.NewRequest("GET", "/", nil)
 	r.Header.Set("Authorization", "Bearer key-a")

@@ -97,6 +97,13 @@ type Peers struct {
 	gossip     map[string]string   // alive gossip members but this one: name → address
 	registered map[string]string   // passing Consul registrations: service id → gossip address ("" without)
 	loads      map[string]received // by name
+	sent       Load                // this router's load as last broadcast
+	prevSent   Load                // and the time before
+	caps       map[string]int      // each model's max_in_flight, as ModelShare was last asked
+	// granted is, per model, the largest part ModelShare returned since
+	// the last broadcast: admission may have filled it after Local's
+	// snapshot, so the next message reports at least that much.
+	granted map[string]int
 }
 
 type received struct {
@@ -112,7 +119,8 @@ func New(cfg Config) (*Peers, error) {
 		return nil, err
 	}
 	p := &Peers{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, changed: make(chan struct{}, 1),
-		gossip: map[string]string{}, registered: map[string]string{}, loads: map[string]received{}}
+		gossip: map[string]string{}, registered: map[string]string{}, loads: map[string]received{}, caps: map[string]int{},
+		granted: map[string]int{}}
 	mc, err := p.memberlistConfig()
 	if err != nil {
 		return nil, err
@@ -265,50 +273,69 @@ func (p *Peers) fresh(name string, now time.Time) (Load, bool) {
 	return r.load, true
 }
 
-// ModelShare is how many of model's max in-flight requests this router may
-// run, given its own inFlight and queued: its part of the split of max over
-// the live routers in proportion to demand (allocate), and never more than
-// max less what the others are known to run. max ≤ 0 (no cap) is returned
-// as is.
-func (p *Peers) ModelShare(model string, max, inFlight, queued int) int {
-	if max <= 0 {
-		return max
+// ModelShare is how many of model's limit in-flight requests
+// (max_in_flight) this router may run: its part of the split of limit over the live routers in proportion to
+// demand (allocate), and never more than limit less, for each other router,
+// the largest of its reported in-flight, its reported part and its part now
+// (shareOf). Every router computes the split from the loads last broadcast,
+// its own included, so routers that received the same messages agree and
+// the parts sum to limit. limit ≤ 0 (no cap) is returned as is.
+func (p *Peers) ModelShare(model string, limit int) int {
+	if limit <= 0 {
+		return limit
 	}
-	now := time.Now()
 	p.mu.Lock()
-	names, self := p.live()
-	cs := make([]claim, len(names))
-	for i, n := range names {
-		cs[i].name = n
-		if i == self {
-			cs[i] = claim{name: n, demand: float64(inFlight + queued), known: true, used: inFlight}
-			continue
-		}
-		if l, ok := p.fresh(n, now); ok {
-			ml := l.Models[model]
-			cs[i] = claim{name: n, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight}
-		}
+	if len(p.caps) < maxEntries || p.caps[model] != 0 {
+		p.caps[model] = limit
+	}
+	share := p.shareLocked(model, limit, time.Now())
+	if _, ok := p.caps[model]; ok {
+		p.granted[model] = max(p.granted[model], share)
 	}
 	p.mu.Unlock()
-	share := shareOf(max, self, cs)
 	p.m.AdmissionShare.WithLabelValues(model).Set(float64(share))
 	return share
 }
 
-// KeyFraction is this router's part of key id's rate limit, given the rate
-// it sees the key at: (1 + its rate) over the sum of (1 + rate) of every
-// live router (an unknown router's rate taken as 0).
-func (p *Peers) KeyFraction(id string, rate float64) float64 {
+// shareLocked is ModelShare's split, computed with this router's demand
+// as it broadcast it last and the time before, the smaller part kept: a
+// router's part grows only once the demand that grows it has been out for
+// an interval (its peers have it), while it shrinks at once. Caller holds
+// p.mu.
+func (p *Peers) shareLocked(model string, limit int, now time.Time) int {
+	names, self := p.live()
+	cs := make([]claim, len(names))
+	for i, n := range names {
+		cs[i].name = n
+		if l, ok := p.fresh(n, now); ok && i != self {
+			ml := l.Models[model]
+			cs[i] = claim{name: n, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight, share: ml.Share}
+		}
+	}
+	share := limit
+	for _, own := range []Load{p.sent, p.prevSent} {
+		ml := own.Models[model]
+		cs[self] = claim{name: p.cfg.Name, demand: float64(ml.InFlight + ml.Queued), known: true}
+		share = min(share, shareOf(limit, self, cs))
+	}
+	return share
+}
+
+// KeyFraction is this router's part of key id's rate limit: (1 + the rate
+// it saw the key at) over the sum of (1 + rate) of every live router, from
+// the loads last broadcast (an unknown router's rate taken as 0).
+func (p *Peers) KeyFraction(id string) float64 {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	names, self := p.live()
 	cs := make([]claim, len(names))
 	for i, n := range names {
-		switch l, ok := p.fresh(n, now); {
-		case i == self:
-			cs[i].demand = rate
-		case ok:
+		l, ok := p.fresh(n, now)
+		if i == self {
+			l, ok = p.sent, true
+		}
+		if ok {
 			cs[i].demand = l.Keys[id]
 		}
 	}

@@ -78,18 +78,27 @@ func TestThreeRoutersSplitAndResplit(t *testing.T) {
 	})
 	// Idle: an even split of 9.
 	for _, n := range ns {
-		must.Eq(t, 3, n.ModelShare("m", 9, 0, 0))
+		must.Eq(t, 3, n.ModelShare("m", 9))
 	}
-	// r1 and r2 run 4 each: r0 may run what is left, 1.
+	// r1 and r2 run 4 each and queue 6: r0, idle, gets nothing now (one
+	// slot to each router with work, the rest by 1 + demand: 0, 5, 4).
 	ns[1].setLoad(Load{Models: map[string]ModelLoad{"m": {InFlight: 4, Queued: 6}}})
 	ns[2].setLoad(Load{Models: map[string]ModelLoad{"m": {InFlight: 4, Queued: 6}}})
 	testutil.Eventually(t, 5*time.Second, "r0 sees the others' loads", func() bool {
-		return ns[0].ModelShare("m", 9, 0, 1) == 1
+		return ns[0].ModelShare("m", 9) == 0
+	})
+	// A key asked at 10/s on r1 only: r1 gets most of its rate.
+	// Once r0 has work too, it gets a slot.
+	ns[0].setLoad(Load{Models: map[string]ModelLoad{"m": {Queued: 1}}})
+	testutil.Eventually(t, 5*time.Second, "r1 and r2 make room for r0", func() bool {
+		ns[1].setLoad(Load{Models: map[string]ModelLoad{"m": {InFlight: min(4, ns[1].ModelShare("m", 9)), Queued: 6}}})
+		ns[2].setLoad(Load{Models: map[string]ModelLoad{"m": {InFlight: min(4, ns[2].ModelShare("m", 9)), Queued: 6}}})
+		return ns[0].ModelShare("m", 9) == 1
 	})
 	// A key asked at 10/s on r1 only: r1 gets most of its rate.
 	ns[1].setLoad(Load{Keys: map[string]float64{"team": 10}})
 	testutil.Eventually(t, 5*time.Second, "r0 sees r1's key rate", func() bool {
-		return ns[0].KeyFraction("team", 0) < 0.1
+		return ns[0].KeyFraction("team") < 0.1
 	})
 
 	// r2 stops and leaves Consul: the others re-split over two.
@@ -102,7 +111,8 @@ func TestThreeRoutersSplitAndResplit(t *testing.T) {
 	t.Logf("re-split over 2 routers %v after r2 left", time.Since(start).Round(time.Millisecond))
 	ns[1].setLoad(Load{})
 	testutil.Eventually(t, 5*time.Second, "an even split of 9 over 2", func() bool {
-		return ns[0].ModelShare("m", 9, 0, 0) == 5 && ns[1].ModelShare("m", 9, 0, 0) == 4
+		ns[0].setLoad(Load{})
+		return ns[0].ModelShare("m", 9) == 5 && ns[1].ModelShare("m", 9) == 4
 	})
 }
 
@@ -124,7 +134,7 @@ func TestPartitionedRouterKeepsItsShare(t *testing.T) {
 	})
 	for _, n := range ns[:2] {
 		must.Eq(t, 3, n.Live(), must.Sprint("a registered router still counts"))
-		must.Eq(t, 3, n.ModelShare("m", 9, 0, 0), must.Sprint("never more than cap ÷ registered routers"))
+		must.Eq(t, 3, n.ModelShare("m", 9), must.Sprint("never more than cap ÷ registered routers"))
 	}
 }
 

@@ -53,7 +53,7 @@ func (p *Peers) changedNow() {
 // broadcast sends this router's load to every gossip member: one UDP packet
 // when it fits, else over TCP.
 func (p *Peers) broadcast() {
-	msg, err := json.Marshal(message{Name: p.cfg.Name, Seq: uint64(time.Now().UnixNano()), Load: p.cfg.Local()})
+	msg, err := json.Marshal(message{Name: p.cfg.Name, Seq: uint64(time.Now().UnixNano()), Load: p.nextLoad()})
 	if err != nil || len(msg) > maxMessageBytes {
 		p.log.Error("this router's load does not fit a message; not sent", "bytes", len(msg), "error", err)
 		return
@@ -70,6 +70,25 @@ func (p *Peers) broadcast() {
 			p.log.Debug("sending load failed", "peer", n.Name, "error", err)
 		}
 	}
+}
+
+// nextLoad is the load to broadcast, each capped model with this router's
+// part under it (the part it keeps to until its next message); it becomes
+// this router's own claim in the split.
+func (p *Peers) nextLoad() Load {
+	load := p.cfg.Local()
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.prevSent, p.sent = p.sent, load
+	for model, ml := range load.Models {
+		if c := p.caps[model]; c > 0 {
+			ml.Share = max(p.shareLocked(model, c, now), p.granted[model])
+			load.Models[model] = ml
+		}
+	}
+	clear(p.granted)
+	return load
 }
 
 // join asks memberlist to join the registered routers it does not gossip

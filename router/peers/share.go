@@ -8,7 +8,8 @@ type claim struct {
 	name   string
 	demand float64 // in flight + queued (a model), requests/s (a key)
 	known  bool    // a fresh load from the router itself
-	used   int     // in flight now, when known
+	used   int     // in flight, when known
+	share  int     // its part as it last said, when known
 }
 
 // allocate splits total slots over claims (sorted by name): first one slot
@@ -58,8 +59,10 @@ func allocate(total int, cs []claim) []int {
 }
 
 // shareOf is the slots of total the router at self may fill: its part of
-// allocate's split, and never more than total less what the others are
-// known to use (an unknown router is taken to use its whole part).
+// allocate's split, and never more than total less, for each other router,
+// the largest of what it said it runs, what it said its part was, and its
+// part now (an unknown router is taken to use its part now). A slot moves
+// from one router to another only once its holder has said it gave it up.
 func shareOf(total int, self int, cs []claim) int {
 	if total <= 0 {
 		return total
@@ -71,7 +74,7 @@ func shareOf(total int, self int, cs []claim) int {
 			continue
 		}
 		if c.known {
-			others += c.used
+			others += max(c.used, c.share, alloc[i])
 		} else {
 			others += alloc[i]
 		}

@@ -27,6 +27,10 @@ var ErrMessage = errors.New("invalid peer message")
 type ModelLoad struct {
 	InFlight int `json:"i,omitempty"`
 	Queued   int `json:"q,omitempty"`
+	// Share is the router's part of the model's cap when it sent this
+	// (filled by Peers, not by Config.Local): another router takes none
+	// of it until a later message gives it back.
+	Share int `json:"s,omitempty"`
 }
 
 // Load is what one router tells the others of itself.
@@ -67,7 +71,7 @@ func decode(b []byte) (message, error) {
 		return m, fmt.Errorf("%w: l: over %d entries", ErrMessage, maxEntries)
 	}
 	for name, ml := range m.Load.Models {
-		if name == "" || len(name) > maxNameBytes || ml.InFlight < 0 || ml.Queued < 0 {
+		if name == "" || len(name) > maxNameBytes || ml.InFlight < 0 || ml.Queued < 0 || ml.Share < 0 {
 			return m, fmt.Errorf("%w: l.m[%.64q]: empty or long name, or a negative count", ErrMessage, name)
 		}
 	}
