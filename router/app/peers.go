@@ -55,7 +55,7 @@ func (a *App) initPeers() error {
 		}
 	}
 	p, err := peers.New(peers.Config{Name: a.serviceID(), Bind: a.cfg.PeersListen, Advertise: a.cfg.PeersAdvertise, Key: key,
-		Consul: a.consul, Local: a.peerLoad, OnChange: a.admission.Refill, Logger: a.log.Named("peers"), Metrics: a.m})
+		Consul: a.consul, Local: a.peerLoad, OnChange: a.peersChanged, Logger: a.log.Named("peers"), Metrics: a.m})
 	if err != nil {
 		return flagErr("-peers-listen", "%w", err)
 	}
@@ -67,17 +67,42 @@ func (a *App) initPeers() error {
 	return nil
 }
 
-// peerLoad is what this router tells its peers: admission's counts and the
-// rate each limited key is asked at.
+// peerLoad is what this router tells its peers: admission's counts, its
+// requests on each engine, and the rate each limited key is asked at.
 func (a *App) peerLoad() peers.Load {
-	l := peers.Load{Models: map[string]peers.ModelLoad{}}
+	l := peers.Load{Models: map[string]peers.ModelLoad{}, Engines: map[string]peers.EngineLoad{}}
 	for model, ml := range a.admission.Loads() {
 		l.Models[model] = peers.ModelLoad{InFlight: ml.InFlight, Queued: ml.Queued}
+	}
+	for _, w := range a.pool.All() {
+		if w.Live == nil {
+			continue
+		}
+		s := w.Live.Snapshot()
+		if s.InFlight > 0 || s.PendingPrefillTokens > 0 {
+			l.Engines[w.ID] = peers.EngineLoad{InFlight: s.InFlight, PendingPrefill: s.PendingPrefillTokens}
+		}
 	}
 	if a.auth != nil {
 		l.Keys = a.auth.Demand()
 	}
 	return l
+}
+
+// peersChanged follows the peers' loads: admission's shares may have grown,
+// and each worker's load and prefill queue include the peers' requests.
+func (a *App) peersChanged() {
+	a.admission.Refill()
+	loads := a.peers.EngineLoads()
+	var total int64
+	for _, w := range a.pool.All() {
+		if w.Live != nil {
+			e := loads[w.ID]
+			w.Live.SetPeers(e.InFlight, e.PendingPrefill)
+			total += e.InFlight
+		}
+	}
+	a.m.PeersInFlight.Set(float64(total))
 }
 
 // readGossipKey reads -peers-key-file: 16, 24 or 32 bytes, base64 (as

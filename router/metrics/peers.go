@@ -16,6 +16,10 @@ type Peers struct {
 	PeerMessages *prometheus.CounterVec // result
 	// AdmissionShare is this router's share of a model's max_in_flight.
 	AdmissionShare *prometheus.GaugeVec // model
+	// PeersInFlight is the requests the other routers said they have in
+	// flight to engines, all engines together (what the load and ttft
+	// terms add to this router's own).
+	PeersInFlight prometheus.Gauge
 }
 
 func newPeers(reg prometheus.Registerer, ns string) Peers {
@@ -28,7 +32,9 @@ func newPeers(reg prometheus.Registerer, ns string) Peers {
 			Help: "Load messages received from peer routers, by result (ok|rejected)."}, []string{"result"}),
 		AdmissionShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "admission_share",
 			Help: "This router's share of a model's max_in_flight, split over the datacenter's live routers."}, []string{"model"}),
+		PeersInFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_in_flight",
+			Help: "Requests the datacenter's other routers said they have in flight to engines, all engines together."}),
 	}
-	reg.MustRegister(p.PeersLive, p.PeersGossip, p.PeerMessages, p.AdmissionShare)
+	reg.MustRegister(p.PeersLive, p.PeersGossip, p.PeerMessages, p.AdmissionShare, p.PeersInFlight)
 	return p
 }

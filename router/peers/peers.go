@@ -321,6 +321,28 @@ func (p *Peers) shareLocked(model string, limit int, now time.Time) int {
 	return share
 }
 
+// EngineLoads are the other live routers' requests per engine instance,
+// summed, from their fresh loads.
+func (p *Peers) EngineLoads() map[string]EngineLoad {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]EngineLoad{}
+	for name := range p.gossip {
+		l, ok := p.fresh(name, now)
+		if !ok {
+			continue
+		}
+		for id, e := range l.Engines {
+			sum := out[id]
+			sum.InFlight += e.InFlight
+			sum.PendingPrefill += e.PendingPrefill
+			out[id] = sum
+		}
+	}
+	return out
+}
+
 // KeyFraction is this router's part of key id's rate limit: (1 + the rate
 // it saw the key at) over the sum of (1 + rate) of every live router, from
 // the loads last broadcast (an unknown router's rate taken as 0).

@@ -87,6 +87,13 @@ func TestThreeRoutersSplitAndResplit(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, "r0 sees the others' loads", func() bool {
 		return ns[0].ModelShare("m", 9) == 0
 	})
+	// Engine loads are summed over the other routers.
+	ns[1].setLoad(Load{Engines: map[string]EngineLoad{"e1": {InFlight: 2, PendingPrefill: 100}}})
+	ns[2].setLoad(Load{Engines: map[string]EngineLoad{"e1": {InFlight: 1, PendingPrefill: 50}, "e2": {InFlight: 4}}})
+	testutil.Eventually(t, 5*time.Second, "r0 sums r1's and r2's engine loads", func() bool {
+		l := ns[0].EngineLoads()
+		return l["e1"] == EngineLoad{InFlight: 3, PendingPrefill: 150} && l["e2"] == EngineLoad{InFlight: 4}
+	})
 	// A key asked at 10/s on r1 only: r1 gets most of its rate.
 	// Once r0 has work too, it gets a slot.
 	ns[0].setLoad(Load{Models: map[string]ModelLoad{"m": {Queued: 1}}})
@@ -94,6 +101,13 @@ func TestThreeRoutersSplitAndResplit(t *testing.T) {
 		ns[1].setLoad(Load{Models: map[string]ModelLoad{"m": {InFlight: min(4, ns[1].ModelShare("m", 9)), Queued: 6}}})
 		ns[2].setLoad(Load{Models: map[string]ModelLoad{"m": {InFlight: min(4, ns[2].ModelShare("m", 9)), Queued: 6}}})
 		return ns[0].ModelShare("m", 9) == 1
+	})
+	// Engine loads are summed over the other routers.
+	ns[1].setLoad(Load{Engines: map[string]EngineLoad{"e1": {InFlight: 2, PendingPrefill: 100}}})
+	ns[2].setLoad(Load{Engines: map[string]EngineLoad{"e1": {InFlight: 1, PendingPrefill: 50}, "e2": {InFlight: 4}}})
+	testutil.Eventually(t, 5*time.Second, "r0 sums r1's and r2's engine loads", func() bool {
+		l := ns[0].EngineLoads()
+		return l["e1"] == EngineLoad{InFlight: 3, PendingPrefill: 150} && l["e2"] == EngineLoad{InFlight: 4}
 	})
 	// A key asked at 10/s on r1 only: r1 gets most of its rate.
 	ns[1].setLoad(Load{Keys: map[string]float64{"team": 10}})

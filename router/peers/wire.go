@@ -33,8 +33,17 @@ type ModelLoad struct {
 	Share int `json:"s,omitempty"`
 }
 
+// EngineLoad is one router's requests on one engine instance.
+type EngineLoad struct {
+	InFlight       int64 `json:"i,omitempty"`
+	PendingPrefill int64 `json:"p,omitempty"` // uncached prompt tokens without a first token yet
+}
+
 // Load is what one router tells the others of itself.
 type Load struct {
+	// Engines are per worker id (its Consul instance id) the requests this
+	// router has on it (workers with none left out).
+	Engines map[string]EngineLoad `json:"e,omitempty"`
 	// Models are admission's per-model counts (models with a cap only).
 	Models map[string]ModelLoad `json:"m,omitempty"`
 	// Keys are requests a second per API key id, as the router saw them.
@@ -67,12 +76,17 @@ func decode(b []byte) (message, error) {
 	if m.Name == "" || len(m.Name) > maxNameBytes {
 		return m, fmt.Errorf("%w: n: want 1 to %d bytes", ErrMessage, maxNameBytes)
 	}
-	if len(m.Load.Models)+len(m.Load.Keys) > maxEntries {
+	if len(m.Load.Models)+len(m.Load.Keys)+len(m.Load.Engines) > maxEntries {
 		return m, fmt.Errorf("%w: l: over %d entries", ErrMessage, maxEntries)
 	}
 	for name, ml := range m.Load.Models {
 		if name == "" || len(name) > maxNameBytes || ml.InFlight < 0 || ml.Queued < 0 || ml.Share < 0 {
 			return m, fmt.Errorf("%w: l.m[%.64q]: empty or long name, or a negative count", ErrMessage, name)
+		}
+	}
+	for id, e := range m.Load.Engines {
+		if id == "" || len(id) > maxNameBytes || e.InFlight < 0 || e.PendingPrefill < 0 {
+			return m, fmt.Errorf("%w: l.e[%.64q]: empty or long id, or a negative count", ErrMessage, id)
 		}
 	}
 	for id, r := range m.Load.Keys {

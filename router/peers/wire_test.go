@@ -22,6 +22,7 @@ func TestDecode(t *testing.T) {
 		{"long name", `{"n":"` + long + `"}`, "n:"},
 		{"negative in flight", `{"n":"r1","l":{"m":{"m":{"i":-1}}}}`, "l.m["},
 		{"empty model", `{"n":"r1","l":{"m":{"":{"i":1}}}}`, "l.m["},
+		{"negative engine count", `{"n":"r1","l":{"e":{"w":{"p":-1}}}}`, "l.e["},
 		{"negative rate", `{"n":"r1","l":{"k":{"team":-1}}}`, "l.k["},
 		{"too large", `{"n":"` + strings.Repeat("x", maxMessageBytes) + `"}`, "bytes, over"},
 	}

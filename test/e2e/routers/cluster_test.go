@@ -78,9 +78,20 @@ type cluster struct {
 
 const apiKey = "sk-routers-test"
 
-// startCluster runs n routers with the policy doc (and, with keys, the API
-// key document) and waits until each gossips with all the others.
+// startCluster runs n routers in front of e with the policy doc (and, with
+// keys, the API key document) and waits until each gossips with all the
+// others.
 func startCluster(t *testing.T, n int, e *engine, policy, keys string) *cluster {
+	t.Helper()
+	engines := make([]string, n)
+	for i := range engines {
+		engines[i] = "m=" + strings.TrimPrefix(e.URL, "http://")
+	}
+	return startRouters(t, policy, keys, engines...)
+}
+
+// startRouters runs one router per -engines value, as startCluster.
+func startRouters(t *testing.T, policy, keys string, engines ...string) *cluster {
 	t.Helper()
 	_, consulAddr := testutil.StartConsul(t)
 	dir := t.TempDir()
@@ -88,7 +99,7 @@ func startCluster(t *testing.T, n int, e *engine, policy, keys string) *cluster 
 	must.NoError(t, os.WriteFile(pol, []byte(policy), 0o600))
 	keyFile := filepath.Join(dir, "gossip.key")
 	must.NoError(t, os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))+"\n"), 0o600))
-	c := &cluster{t: t, consul: consulAddr, args: []string{"-discovery", "static", "-engines", "m=" + strings.TrimPrefix(e.URL, "http://"),
+	c := &cluster{t: t, consul: consulAddr, args: []string{"-discovery", "static",
 		"-policy-file", pol, "-consul-addr", consulAddr, "-register", "-scrape-interval", "0", "-log-level", "warn",
 		"-peers-listen", "127.0.0.1:0", "-peers-key-file", keyFile, "-shutdown-timeout", "5s"}}
 	if keys != "" {
@@ -96,16 +107,16 @@ func startCluster(t *testing.T, n int, e *engine, policy, keys string) *cluster 
 		must.NoError(t, os.WriteFile(kf, []byte(keys), 0o600))
 		c.args = append(c.args, "-api-keys-file", kf)
 	}
-	for range n {
-		c.start()
+	for _, e := range engines {
+		c.start(e)
 	}
-	c.waitGossip(n)
+	c.waitGossip(len(engines))
 	return c
 }
 
-func (c *cluster) start() {
+func (c *cluster) start(engines string) {
 	listen := testutil.FreeAddr(c.t)
-	p := testutil.Start(c.t, exec.Command(routerBin, append([]string{"-listen", listen}, c.args...)...))
+	p := testutil.Start(c.t, exec.Command(routerBin, append([]string{"-listen", listen, "-engines", engines}, c.args...)...))
 	c.routers = append(c.routers, &router{Process: p, url: "http://" + listen})
 }
 

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // maxInFlightOvershoot is the overshoot of max_in_flight ARCHITECTURE.md
@@ -104,4 +107,35 @@ func TestRoutersResplitAfterKillAndFreeze(t *testing.T) {
 	counts = burst(survivors, per)
 	must.Eq(t, map[int]int{http.StatusOK: 2 * per}, counts)
 	must.Eq(t, int64(k), e.peak.Load(), must.Sprint("the two left share the whole cap"))
+}
+
+// The load term sees the other routers' requests: router A, which knows
+// only engine E1, has 3 requests running there; router B (E1 and E2,
+// least_load) sends its next 3 to E2. Alone, B would split them 2/1 or 1/2
+// between the engines it sees idle.
+func TestLoadTermSeesPeersRequests(t *testing.T) {
+	e1, e2 := newEngine(t, 3*time.Second), newEngine(t, 3*time.Second)
+	a1, a2 := strings.TrimPrefix(e1.URL, "http://"), strings.TrimPrefix(e2.URL, "http://")
+	// Static instance ids are by position: E1 is static-0-<addr> on both.
+	c := startRouters(t, `{"policy":"least_load"}`, "", "m="+a1, "m="+a1+",m="+a2)
+	a, b := c.routers[0], c.routers[1]
+	var wg sync.WaitGroup
+	send := func(r *router) {
+		wg.Add(1)
+		go func() { defer wg.Done(); must.Eq(t, http.StatusOK, complete(context.Background(), r, "")) }()
+	}
+	for range 3 {
+		send(a)
+	}
+	testutil.Eventually(t, 10*time.Second, "B hears of A's 3 requests on E1", func() bool {
+		return e1.inFlight.Load() == 3 && b.metric("oasis_router_peers_in_flight", nil) == 3
+	})
+	for range 3 {
+		send(b)
+	}
+	testutil.Eventually(t, 10*time.Second, "B's requests on an engine", func() bool {
+		return e1.inFlight.Load()+e2.inFlight.Load() == 6
+	})
+	must.Eq(t, int64(3), e2.inFlight.Load(), must.Sprint("B sent its requests to the engine A's do not load"))
+	wg.Wait()
 }
