@@ -1,5 +1,6 @@
 // Package admission caps concurrent requests per model, with a bounded queue
-// in front of the cap.
+// in front of the cap: higher priority bands first, tenants of a band in
+// turn (Class).
 package admission
 
 import (
@@ -38,8 +39,8 @@ type Controller struct {
 
 type gate struct {
 	inFlight int
-	waiters  []chan struct{} // FIFO; a closed channel means "you have a slot"
-	lim      policy.Limits   // the limits of the latest Acquire, for Refill
+	waiters  queue         // by priority band, tenants in turn within a band
+	lim      policy.Limits // the limits of the latest Acquire, for Refill
 }
 
 // Load is one model's admitted and waiting requests.
@@ -95,17 +96,18 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	g.lim = lim
 	c.fill(model, g, lim)
-	if lim.MaxInFlight <= 0 || (len(g.waiters) == 0 && g.inFlight < c.capOf(model, lim)) {
+	if lim.MaxInFlight <= 0 || (g.waiters.len() == 0 && g.inFlight < c.capOf(model, lim)) {
 		g.inFlight++
 		c.mu.Unlock()
 		return g, nil
 	}
-	if len(g.waiters) >= lim.MaxQueue {
+	if g.waiters.len() >= lim.MaxQueue {
 		c.mu.Unlock()
 		return nil, ErrQueueFull
 	}
 	ch := make(chan struct{})
-	g.waiters = append(g.waiters, ch)
+	me := &waiter{ch: ch, class: classOf(ctx)}
+	g.waiters.push(me)
 	c.queued(model, g)
 	c.mu.Unlock()
 
@@ -125,12 +127,9 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, w := range g.waiters {
-		if w == ch {
-			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
-			c.queued(model, g)
-			return nil, err
-		}
+	if g.waiters.remove(me) {
+		c.queued(model, g)
+		return nil, err
 	}
 	// Handed a slot while giving up: pass it on.
 	c.handOff(model, g, lim)
@@ -142,7 +141,7 @@ func (c *Controller) Queued(model string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if g := c.models[model]; g != nil {
-		return len(g.waiters)
+		return g.waiters.len()
 	}
 	return 0
 }
@@ -168,7 +167,7 @@ func (c *Controller) releaser(model string, lim policy.Limits) func() {
 	}
 }
 
-// handOff frees one slot and passes free slots to the oldest waiters.
+// handOff frees one slot and passes free slots to the next waiters.
 // Caller holds c.mu.
 func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 	g.inFlight--
@@ -178,20 +177,19 @@ func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 // fill admits waiters while there is room (limits may have grown since they
 // queued). Caller holds c.mu.
 func (c *Controller) fill(model string, g *gate, lim policy.Limits) {
-	n := len(g.waiters)
-	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < c.capOf(model, lim)) {
+	n := g.waiters.len()
+	for g.waiters.len() > 0 && (lim.MaxInFlight <= 0 || g.inFlight < c.capOf(model, lim)) {
 		g.inFlight++
-		close(g.waiters[0])
-		g.waiters = g.waiters[1:]
+		close(g.waiters.pop().ch)
 	}
-	if len(g.waiters) != n {
+	if g.waiters.len() != n {
 		c.queued(model, g)
 	}
 }
 
 func (c *Controller) queued(model string, g *gate) {
 	if c.OnQueue != nil {
-		c.OnQueue(model, len(g.waiters))
+		c.OnQueue(model, g.waiters.len())
 	}
 }
 
@@ -210,7 +208,7 @@ func (c *Controller) Refill() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for model, g := range c.models {
-		if len(g.waiters) > 0 {
+		if g.waiters.len() > 0 {
 			c.fill(model, g, g.lim)
 		}
 	}
@@ -224,7 +222,7 @@ func (c *Controller) Loads() map[string]Load {
 	out := make(map[string]Load, len(c.models))
 	for model, g := range c.models {
 		if g.lim.MaxInFlight > 0 {
-			out[model] = Load{InFlight: g.inFlight, Queued: len(g.waiters)}
+			out[model] = Load{InFlight: g.inFlight, Queued: g.waiters.len()}
 		}
 	}
 	return out

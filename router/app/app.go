@@ -268,11 +268,13 @@ func (a *App) initAuth() error {
 	switch {
 	case a.cfg.APIKeysFile != "":
 		a.auth = auth.New()
+		a.auth.Tokens = a.m.KeyTokens
 		if err := a.auth.LoadFile(a.cfg.APIKeysFile); err != nil {
 			return flagErr("-api-keys-file", "loading API keys: %w", err)
 		}
 	case a.cfg.APIKeysKV:
 		a.auth = auth.New()
+		a.auth.Tokens = a.m.KeyTokens
 	}
 	return nil
 }

@@ -18,14 +18,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 )
 
 // File is the key set document, from a file or Consul KV:
 //
-//	{"keys": [{"id": "team-a", "sha256": "<64 hex>", "rate_per_second": 10, "burst": 20}]}
+//	{"keys": [{"id": "team-a", "sha256": "<64 hex>", "rate_per_second": 10, "burst": 20,
+//	           "tokens_per_minute": 100000, "priority": 1}]}
 //
-// rate_per_second 0 means unlimited. Create a digest with
+// rate_per_second and tokens_per_minute 0 mean unlimited; priority 0–9,
+// higher served first from a full admission queue. Create a digest with
 // `printf %s "$KEY" | sha256sum`.
 type File struct {
 	Keys []KeySpec `json:"keys"`
@@ -37,7 +40,15 @@ type KeySpec struct {
 	SHA256        string  `json:"sha256"`
 	RatePerSecond float64 `json:"rate_per_second,omitempty"`
 	Burst         float64 `json:"burst,omitempty"`
+	// TokensPerMinute bounds prompt + completion tokens (from the engines'
+	// usage) a minute; a request is refused while the key is in debt.
+	TokensPerMinute float64 `json:"tokens_per_minute,omitempty"`
+	// Priority is the key's admission band, 0 (default) to MaxPriority.
+	Priority int `json:"priority,omitempty"`
 }
+
+// MaxPriority is the highest priority band a key may have.
+const MaxPriority = 9
 
 // Key is an authenticated caller.
 type Key struct {
@@ -47,9 +58,13 @@ type Key struct {
 
 	attempts atomic.Int64  // Allow calls since the last Demand
 	rate     atomic.Uint64 // requests a second (float64 bits), Demand's estimate
-	mu       sync.Mutex    // serialises the limiter's resizing
+	mu       sync.Mutex    // serialises the limiter's resizing and the quota
 	frac     float64       // the share lim is sized for (0: the whole limit)
+	quota    tokenQuota    // tokens_per_minute, under mu
 }
+
+// Priority is the key's admission band (KeySpec.Priority).
+func (k *Key) Priority() int { return k.spec.Priority }
 
 // Errors.
 var (
@@ -88,6 +103,12 @@ func Parse(data []byte) (map[[32]byte]KeySpec, error) {
 		if k.Burst < 0 || math.IsNaN(k.Burst) || math.IsInf(k.Burst, 0) {
 			return nil, fmt.Errorf("keys[%d].burst: must be ≥ 0", i)
 		}
+		if k.TokensPerMinute < 0 || math.IsNaN(k.TokensPerMinute) || math.IsInf(k.TokensPerMinute, 0) {
+			return nil, fmt.Errorf("keys[%d].tokens_per_minute: must be ≥ 0", i)
+		}
+		if k.Priority < 0 || k.Priority > MaxPriority {
+			return nil, fmt.Errorf("keys[%d].priority: want 0 to %d, got %d", i, MaxPriority, k.Priority)
+		}
 		var d [32]byte
 		copy(d[:], raw)
 		if _, dup := out[d]; dup {
@@ -110,6 +131,10 @@ type Authenticator struct {
 	// key at from Demand): a key's rate and burst hold for the
 	// datacenter. Set it before the first Allow.
 	Share func(id string) float64
+	// Tokens, when set, counts each key's tokens by key and kind (prompt,
+	// completion); a key's series go when it leaves the key set, so the
+	// key document bounds them. Set it before the first Set.
+	Tokens *prometheus.CounterVec
 	// demandAt is when Demand last ran.
 	demandAt time.Time
 }
@@ -128,6 +153,7 @@ func (a *Authenticator) Set(specs map[[32]byte]KeySpec) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	old := *a.keys.Load()
+	a.forgetSeries(old, specs)
 	next := make(map[[32]byte]*Key, len(specs))
 	for d, s := range specs {
 		if k, ok := old[d]; ok && k.spec == s {
@@ -157,21 +183,80 @@ func (a *Authenticator) Authenticate(r *http.Request) (*Key, error) {
 	return k, nil
 }
 
-// Allow takes one token from the key's bucket. When empty it returns false
-// and how long until a token is available.
+// Allow admits one request of k: while the key's tokens_per_minute quota is
+// not in debt, it takes one token from its request bucket. When refused it
+// returns false and how long until the request would be admitted.
 func (a *Authenticator) Allow(k *Key) (bool, time.Duration) {
-	if k.lim == nil {
+	if k.lim == nil && k.spec.TokensPerMinute == 0 {
 		return true, 0
 	}
 	k.attempts.Add(1)
 	now := a.now()
-	a.resize(k, now)
+	f := a.share(k)
+	if k.spec.TokensPerMinute > 0 {
+		k.mu.Lock()
+		ok, wait := k.quota.allow(now, k.spec.TokensPerMinute*f)
+		k.mu.Unlock()
+		if !ok {
+			return false, wait
+		}
+	}
+	if k.lim == nil {
+		return true, 0
+	}
+	a.resize(k, now, f)
 	r := k.lim.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
 		r.CancelAt(now) // refused: the token stays for the next caller
 		return false, d
 	}
 	return true, 0
+}
+
+// AddUsage counts a request's tokens, from the engine's usage, against k's
+// quota and in Tokens.
+func (a *Authenticator) AddUsage(k *Key, prompt, completion int64) {
+	prompt, completion = max(prompt, 0), max(completion, 0)
+	if a.Tokens != nil {
+		a.Tokens.WithLabelValues(k.ID, "prompt").Add(float64(prompt))
+		a.Tokens.WithLabelValues(k.ID, "completion").Add(float64(completion))
+	}
+	if k.spec.TokensPerMinute > 0 {
+		now := a.now()
+		f := a.share(k)
+		k.mu.Lock()
+		k.quota.use(now, k.spec.TokensPerMinute*f, float64(prompt+completion))
+		k.mu.Unlock()
+	}
+}
+
+// share is this router's part of k's limits (1 without Share).
+func (a *Authenticator) share(k *Key) float64 {
+	if a.Share == nil {
+		return 1
+	}
+	f := a.Share(k.ID)
+	if f <= 0 || f > 1 || math.IsNaN(f) {
+		return 1
+	}
+	return f
+}
+
+// forgetSeries removes the Tokens series of keys not in next. Caller holds
+// a.mu.
+func (a *Authenticator) forgetSeries(old map[[32]byte]*Key, next map[[32]byte]KeySpec) {
+	if a.Tokens == nil {
+		return
+	}
+	stay := make(map[string]bool, len(next))
+	for _, s := range next {
+		stay[s.ID] = true
+	}
+	for _, k := range old {
+		if !stay[k.ID] {
+			a.Tokens.DeletePartialMatch(prometheus.Labels{"key": k.ID})
+		}
+	}
 }
 
 // newLimiter is s's token bucket (golang.org/x/time/rate): rate_per_second
@@ -188,18 +273,11 @@ func newLimiter(s KeySpec) *rate.Limiter {
 	return rate.NewLimiter(rate.Limit(s.RatePerSecond), int(math.Min(burst, math.MaxInt32)))
 }
 
-// resize sets k's bucket to this router's share of the key's limits: rate ×
-// share, burst × share (at least 1, so that a key is never refused outright
+// resize sets k's bucket to this router's share f of the key's limits:
+// rate × f, burst × f (at least 1, so that a key is never refused outright
 // here: the rounding is the overshoot of a burst, one request per router).
 // The bucket is resized only when the share moved by more than 1%.
-func (a *Authenticator) resize(k *Key, now time.Time) {
-	if a.Share == nil {
-		return
-	}
-	f := a.Share(k.ID)
-	if f <= 0 || f > 1 || math.IsNaN(f) {
-		f = 1
-	}
+func (a *Authenticator) resize(k *Key, now time.Time, f float64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.frac != 0 && math.Abs(f-k.frac) <= 0.01*k.frac {
@@ -222,7 +300,7 @@ func (a *Authenticator) Demand() map[string]float64 {
 	a.demandAt = now
 	out := map[string]float64{}
 	for _, k := range *a.keys.Load() {
-		if k.lim == nil {
+		if k.lim == nil && k.spec.TokensPerMinute == 0 {
 			continue
 		}
 		n := float64(k.attempts.Swap(0))
@@ -239,4 +317,41 @@ func (a *Authenticator) Demand() map[string]float64 {
 		}
 	}
 	return out
+}
+
+// tokenQuota is a key's tokens_per_minute: a bucket of perMin tokens that
+// refills at perMin a minute, charged after the fact from usage (it may go
+// into debt: a request's size is known only at its end). Callers hold the
+// key's mu.
+type tokenQuota struct {
+	tokens float64
+	at     time.Time
+}
+
+func (q *tokenQuota) refill(now time.Time, perMin float64) {
+	if q.at.IsZero() {
+		q.tokens, q.at = perMin, now
+		return
+	}
+	if d := now.Sub(q.at).Seconds(); d > 0 {
+		q.tokens += perMin / 60 * d
+		q.at = now
+	}
+	q.tokens = min(q.tokens, perMin)
+}
+
+// allow reports whether the quota is not in debt, else how long until it
+// is not.
+func (q *tokenQuota) allow(now time.Time, perMin float64) (bool, time.Duration) {
+	q.refill(now, perMin)
+	if q.tokens > 0 {
+		return true, 0
+	}
+	sec := (1 - q.tokens) / (perMin / 60)
+	return false, time.Duration(sec * float64(time.Second))
+}
+
+func (q *tokenQuota) use(now time.Time, perMin, n float64) {
+	q.refill(now, perMin)
+	q.tokens -= n
 }

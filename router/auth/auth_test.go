@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/router/metrics"
 )
 
 func digest(key string) string {
@@ -167,5 +171,58 @@ func TestShareSplitsBucket(t *testing.T) {
 		}
 		must.Eq(t, want, admitted)
 		now = now.Add(time.Second)
+	}
+}
+
+// tokens_per_minute: a key in debt from its usage is refused until the
+// quota has refilled past zero; its tokens are counted per key, and a key
+// that leaves the document takes its series along.
+func TestTokensPerMinute(t *testing.T) {
+	specs, err := Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"tokens_per_minute":600,"priority":3},{"id":"b","sha256":%q}]}`,
+		digest("key-a"), digest("key-b"))))
+	must.NoError(t, err)
+	a := New()
+	reg := prometheus.NewRegistry()
+	a.Tokens = metrics.New(reg).KeyTokens
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	a.Set(specs)
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer key-a")
+	k, err := a.Authenticate(r)
+	must.NoError(t, err)
+	must.Eq(t, 3, k.Priority())
+	ok, _ := a.Allow(k)
+	must.True(t, ok)
+	a.AddUsage(k, 500, 150) // 50 tokens of debt
+	ok, wait := a.Allow(k)
+	must.False(t, ok)
+	must.Eq(t, 5100*time.Millisecond, wait, must.Sprint("51 tokens at 10 a second"))
+	now = now.Add(wait)
+	ok, _ = a.Allow(k)
+	must.True(t, ok)
+	must.Eq(t, 500.0, promtest.ToFloat64(a.Tokens.WithLabelValues("a", "prompt")))
+	must.Eq(t, 150.0, promtest.ToFloat64(a.Tokens.WithLabelValues("a", "completion")))
+
+	// Shared over 3 routers, the quota is a third.
+	a.Share = func(string) float64 { return 1.0 / 3 }
+	now = now.Add(time.Minute)
+	a.AddUsage(k, 200, 0)
+	ok, _ = a.Allow(k)
+	must.False(t, ok, must.Sprint("200 tokens of a 200-token share: no credit left"))
+
+	a.Set(map[[32]byte]KeySpec{})
+	must.Eq(t, 0, promtest.CollectAndCount(a.Tokens), must.Sprint("a's series went with a"))
+}
+
+func TestParseTenantFields(t *testing.T) {
+	good := digest("k")
+	for _, tc := range []struct{ doc, err string }{
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"priority":10}]}`, good), "keys[0].priority"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"priority":-1}]}`, good), "keys[0].priority"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"tokens_per_minute":-5}]}`, good), "keys[0].tokens_per_minute"},
+	} {
+		_, err := Parse([]byte(tc.doc))
+		must.ErrorContains(t, err, tc.err)
 	}
 }

@@ -3,7 +3,7 @@ package metrics
 import "github.com/prometheus/client_golang/prometheus"
 
 // Peers are the instruments of the state a datacenter's routers share
-// (router/peers).
+// (router/peers), and of the tenants (API keys) whose limits they share.
 type Peers struct {
 	// PeersLive is the number of routers budgets are split over, this one
 	// included: the union of the gossip members alive and the passing
@@ -20,6 +20,10 @@ type Peers struct {
 	// flight to engines, all engines together (what the load and ttft
 	// terms add to this router's own).
 	PeersInFlight prometheus.Gauge
+	// KeyTokens counts tokens from the engines' usage per API key id and
+	// kind (prompt|completion), for chargeback; a key's series go when it
+	// leaves the key document (auth.Authenticator.Tokens).
+	KeyTokens *prometheus.CounterVec // key, kind
 }
 
 func newPeers(reg prometheus.Registerer, ns string) Peers {
@@ -34,7 +38,9 @@ func newPeers(reg prometheus.Registerer, ns string) Peers {
 			Help: "This router's share of a model's max_in_flight, split over the datacenter's live routers."}, []string{"model"}),
 		PeersInFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_in_flight",
 			Help: "Requests the datacenter's other routers said they have in flight to engines, all engines together."}),
+		KeyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "key_tokens_total",
+			Help: "Tokens reported in the engines' usage objects, by API key id (from the key document) and kind (prompt|completion)."}, []string{"key", "kind"}),
 	}
-	reg.MustRegister(p.PeersLive, p.PeersGossip, p.PeerMessages, p.AdmissionShare, p.PeersInFlight)
+	reg.MustRegister(p.PeersLive, p.PeersGossip, p.PeerMessages, p.AdmissionShare, p.PeersInFlight, p.KeyTokens)
 	return p
 }

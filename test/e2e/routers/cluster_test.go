@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -27,10 +29,12 @@ import (
 // counts how many it runs at once.
 type engine struct {
 	*httptest.Server
-	hold     time.Duration
+	hold     time.Duration // under mu
 	inFlight atomic.Int64
 	peak     atomic.Int64 // since the last resetPeak
 	served   atomic.Int64
+	mu       sync.Mutex
+	prompts  []string // in order of arrival
 }
 
 func newEngine(t *testing.T, hold time.Duration) *engine {
@@ -45,11 +49,19 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
+	var body struct {
+		Prompt string `json:"prompt"`
+	}
+	_ = json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&body)
+	e.mu.Lock()
+	e.prompts = append(e.prompts, body.Prompt)
+	hold := e.hold
+	e.mu.Unlock()
 	n := e.inFlight.Add(1)
 	defer e.inFlight.Add(-1)
 	for p := e.peak.Load(); n > p && !e.peak.CompareAndSwap(p, n); p = e.peak.Load() {
 	}
-	t := time.NewTimer(e.hold) // the engine's work
+	t := time.NewTimer(hold) // the engine's work
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -156,7 +168,13 @@ func (c *cluster) live() []*router {
 
 // complete posts one completion to r and returns the status.
 func complete(ctx context.Context, r *router, key string) int {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":1}`))
+	return completePrompt(ctx, r, key, "hi")
+}
+
+// completePrompt posts one completion of prompt (a plain word) to r.
+func completePrompt(ctx context.Context, r *router, key, prompt string) int {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.url+"/v1/completions",
+		strings.NewReader(`{"model":"m","prompt":"`+prompt+`","max_tokens":1}`))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -212,4 +230,37 @@ func (c *cluster) waitLive(rs []*router, n int) {
 func freeze(t *testing.T, r *router) {
 	must.NoError(t, syscall.Kill(r.Pid(), syscall.SIGSTOP))
 	t.Cleanup(func() { _ = syscall.Kill(r.Pid(), syscall.SIGCONT) })
+}
+
+// paced sends requests with key to each router at 50 a second (one at a
+// time per router) for window; it returns the statuses' counts (0: cut at
+// the window's end) and the time it took.
+func paced(rs []*router, key string, window time.Duration) (map[int]int, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), window)
+	defer cancel()
+	start := time.Now()
+	var mu sync.Mutex
+	counts := map[int]int{}
+	var wg sync.WaitGroup
+	for _, rt := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				s := complete(ctx, rt, key)
+				mu.Lock()
+				counts[s]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return counts, time.Since(start)
 }

@@ -49,34 +49,7 @@ func TestKeyRateHoldsAcrossRouters(t *testing.T) {
 	e := newEngine(t, time.Millisecond)
 	keys := fmt.Sprintf(`{"keys":[{"id":"team","sha256":%q,"rate_per_second":%d,"burst":%d}]}`, digest(apiKey), r, b)
 	c := startCluster(t, 3, e, `{"policy":"round_robin"}`, keys)
-	const window = 3 * time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), window)
-	defer cancel()
-	start := time.Now()
-	var mu sync.Mutex
-	counts := map[int]int{}
-	var wg sync.WaitGroup
-	for _, rt := range c.routers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(20 * time.Millisecond) // 50 requests a second to each router
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-				s := complete(ctx, rt, apiKey)
-				mu.Lock()
-				counts[s]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
+	counts, elapsed := paced(c.routers, apiKey, 3*time.Second)
 	limit := b + r*elapsed.Seconds() + 3
 	t.Logf("key at %d/s (burst %d) through 3 routers for %v: %d admitted (limit %.1f); statuses %v (0: cut at the window's end)",
 		r, b, elapsed.Round(time.Millisecond), counts[http.StatusOK], limit, counts)
@@ -138,4 +111,76 @@ func TestLoadTermSeesPeersRequests(t *testing.T) {
 	})
 	must.Eq(t, int64(3), e2.inFlight.Load(), must.Sprint("B sent its requests to the engine A's do not load"))
 	wg.Wait()
+}
+
+// A key limited to t tokens a minute across 3 routers (usage from the
+// engine: 4 tokens a request): the tokens admitted stay within t + the
+// window's refill + one request in flight per router (charged at its end).
+func TestKeyTokensPerMinuteHoldAcrossRouters(t *testing.T) {
+	const tpm, perRequest = 120, 4
+	e := newEngine(t, time.Millisecond)
+	keys := fmt.Sprintf(`{"keys":[{"id":"team","sha256":%q,"tokens_per_minute":%d}]}`, digest(apiKey), tpm)
+	c := startCluster(t, 3, e, `{"policy":"round_robin"}`, keys)
+	counts, elapsed := paced(c.routers, apiKey, 3*time.Second)
+	limit := (tpm+tpm/60*elapsed.Seconds())/perRequest + 3
+	t.Logf("key at %d tokens/min through 3 routers for %v: %d requests admitted (%d tokens; limit %.1f requests); statuses %v",
+		tpm, elapsed.Round(time.Millisecond), counts[http.StatusOK], counts[http.StatusOK]*perRequest, limit, counts)
+	must.Positive(t, counts[http.StatusTooManyRequests])
+	must.LessEq(t, limit, float64(counts[http.StatusOK]))
+	m := c.routers[0].metric("oasis_router_key_tokens_total", map[string]string{"key": "team"})
+	must.Positive(t, m, must.Sprint("per-key tokens counted"))
+}
+
+// At saturation (max_in_flight 1) the admission queue serves the higher
+// priority band first, and two keys of one band in turn, whatever their
+// arrival order: asserted from the order the engine saw them in.
+func TestPriorityBandsAndFairShares(t *testing.T) {
+	e := newEngine(t, 20*time.Millisecond)
+	var specs []string
+	for _, k := range []struct {
+		id   string
+		prio int
+	}{{"low", 0}, {"high", 5}, {"a", 2}, {"b", 2}, {"blocker", 9}} {
+		specs = append(specs, fmt.Sprintf(`{"id":%q,"sha256":%q,"priority":%d}`, k.id, digest("sk-"+k.id), k.prio))
+	}
+	c := startCluster(t, 1, e, `{"policy":"round_robin","admission":{"max_in_flight":1,"max_queue":100,"queue_timeout":"60s"}}`,
+		`{"keys":[`+strings.Join(specs, ",")+`]}`)
+	r := c.routers[0]
+	var wg sync.WaitGroup
+	send := func(key string, n int) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				must.Eq(t, http.StatusOK, completePrompt(context.Background(), r, "sk-"+key, key))
+			}()
+		}
+	}
+	queued := func(n int) func() bool {
+		return func() bool { return r.metric("oasis_router_queued", map[string]string{"model": "m"}) == float64(n) }
+	}
+	// A long request holds the one slot while the others queue.
+	e.mu.Lock()
+	e.hold = 2 * time.Second
+	e.mu.Unlock()
+	send("blocker", 1)
+	testutil.Eventually(t, 10*time.Second, "the blocker on the engine", func() bool { return e.inFlight.Load() == 1 })
+	e.mu.Lock()
+	e.hold = 20 * time.Millisecond
+	e.mu.Unlock()
+	send("low", 4)
+	testutil.Eventually(t, 10*time.Second, "low queued", queued(4))
+	send("a", 6)
+	testutil.Eventually(t, 10*time.Second, "a queued", queued(10))
+	send("b", 3)
+	send("high", 2)
+	testutil.Eventually(t, 10*time.Second, "all queued", queued(15))
+	wg.Wait()
+	e.mu.Lock()
+	got := e.prompts[1:]
+	e.mu.Unlock()
+	t.Logf("engine order after the blocker: %v", got)
+	must.Eq(t, []string{"high", "high"}, got[:2], must.Sprint("band 5 first"))
+	must.Eq(t, []string{"a", "b", "a", "b", "a", "b", "a", "a", "a"}, got[2:11], must.Sprint("band 2: a and b in turn"))
+	must.Eq(t, []string{"low", "low", "low", "low"}, got[11:], must.Sprint("band 0 last"))
 }
