@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
@@ -15,7 +16,12 @@ import (
 // the cluster (Close).
 func (p *Peers) Run(ctx context.Context) error {
 	defer p.Close()
-	go p.watchConsul(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(1)
+	go func() { defer wg.Done(); p.watchConsul(ctx) }()
 	tick := time.NewTicker(p.cfg.Interval)
 	defer tick.Stop()
 	lastJoin := time.Time{}
