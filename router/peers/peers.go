@@ -345,7 +345,7 @@ func (p *Peers) EngineLoads() map[string]EngineLoad {
 
 // KeyFraction is this router's part of key id's rate limit: (1 + the rate
 // it saw the key at) over the sum of (1 + rate) of every live router, from
-// the loads last broadcast (an unknown router's rate taken as 0).
+// the loads last broadcast (an unknown router's rate taken as this one's).
 func (p *Peers) KeyFraction(id string) float64 {
 	now := time.Now()
 	p.mu.Lock()
@@ -358,7 +358,14 @@ func (p *Peers) KeyFraction(id string) float64 {
 			l, ok = p.sent, true
 		}
 		if ok {
-			cs[i].demand = l.Keys[id]
+			cs[i].demand, cs[i].known = l.Keys[id], true
+		}
+	}
+	// A router whose load is unknown is taken to see the key as this one
+	// does: cut off from its peers, a router keeps 1 ÷ routers of the rate.
+	for i := range cs {
+		if !cs[i].known {
+			cs[i].demand = cs[self].demand
 		}
 	}
 	return fractionOf(self, cs)

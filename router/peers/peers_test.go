@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -150,6 +151,14 @@ func TestPartitionedRouterKeepsItsShare(t *testing.T) {
 		must.Eq(t, 3, n.Live(), must.Sprint("a registered router still counts"))
 		must.Eq(t, 3, n.ModelShare("m", 9), must.Sprint("never more than cap ÷ registered routers"))
 	}
+	// Busy with a key, p0 and p1 still leave p2 its third of the rate.
+	for _, n := range ns[:2] {
+		n.setLoad(Load{Keys: map[string]float64{"team": 10}})
+	}
+	testutil.Eventually(t, 5*time.Second, "a third of the key's rate each", func() bool {
+		f0, f1 := ns[0].KeyFraction("team"), ns[1].KeyFraction("team")
+		return math.Abs(f0-1.0/3) < 1e-9 && math.Abs(f1-1.0/3) < 1e-9
+	})
 }
 
 func TestNewRefusesInsecureOrInvalid(t *testing.T) {

@@ -61,13 +61,17 @@ func allocate(total int, cs []claim) []int {
 // shareOf is the slots of total the router at self may fill: its part of
 // allocate's split, and never more than total less, for each other router,
 // the largest of what it said it runs, what it said its part was, and its
-// part now (an unknown router is taken to use its part now). A slot moves
-// from one router to another only once its holder has said it gave it up.
+// part now. A router whose load is unknown (cut off, or silent for
+// StaleAfter) is taken to hold at least its even part (total ÷ routers): a
+// router cut off from its peers falls back to that share, never more. A
+// slot moves from one router to another only once its holder has said it
+// gave it up.
 func shareOf(total int, self int, cs []claim) int {
 	if total <= 0 {
 		return total
 	}
 	alloc := allocate(total, cs)
+	even := allocate(total, make([]claim, len(cs)))
 	others := 0
 	for i, c := range cs {
 		if i == self {
@@ -76,7 +80,7 @@ func shareOf(total int, self int, cs []claim) int {
 		if c.known {
 			others += max(c.used, c.share, alloc[i])
 		} else {
-			others += alloc[i]
+			others += max(alloc[i], even[i])
 		}
 	}
 	return max(0, min(alloc[self], total-others))

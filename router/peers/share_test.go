@@ -52,6 +52,8 @@ func TestShareOf(t *testing.T) {
 			[]claim{{demand: 9, known: true}, {demand: 1, known: true, used: 5}, {known: true}}, 1},
 		{"an unknown router is taken to use its whole part",
 			[]claim{{demand: 0, known: true}, {}, {}}, 2},
+		{"an unknown router holds at least its even part, whatever this one's demand",
+			[]claim{{demand: 50, known: true}, {}, {}}, 2},
 		{"never negative",
 			[]claim{{known: true}, {known: true, used: 9}, {known: true, used: 9}}, 0},
 	}

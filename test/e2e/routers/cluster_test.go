@@ -126,9 +126,12 @@ func startRouters(t *testing.T, policy, keys string, engines ...string) *cluster
 	return c
 }
 
-func (c *cluster) start(engines string) {
+// start runs one more router on engines; extra flags follow the cluster's
+// (a flag given twice: the last wins).
+func (c *cluster) start(engines string, extra ...string) {
 	listen := testutil.FreeAddr(c.t)
-	p := testutil.Start(c.t, exec.Command(routerBin, append([]string{"-listen", listen, "-engines", engines}, c.args...)...))
+	args := append(append([]string{"-listen", listen, "-engines", engines}, c.args...), extra...)
+	p := testutil.Start(c.t, exec.Command(routerBin, args...))
 	c.routers = append(c.routers, &router{Process: p, url: "http://" + listen})
 }
 

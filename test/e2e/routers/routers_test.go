@@ -2,8 +2,11 @@ package routers
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -183,4 +186,31 @@ func TestPriorityBandsAndFairShares(t *testing.T) {
 	must.Eq(t, []string{"high", "high"}, got[:2], must.Sprint("band 5 first"))
 	must.Eq(t, []string{"a", "b", "a", "b", "a", "b", "a", "a", "a"}, got[2:11], must.Sprint("band 2: a and b in turn"))
 	must.Eq(t, []string{"low", "low", "low", "low"}, got[11:], must.Sprint("band 0 last"))
+}
+
+// A router partitioned from the others' gossip (here: another gossip key,
+// so no message passes either way) while Consul still lists it: it keeps
+// its share of max_in_flight (cap ÷ 3), never the whole cap, and the
+// others keep theirs: the engine never runs more than k.
+func TestPartitionedRouterFallsBackToItsShare(t *testing.T) {
+	const k, per = 6, 6
+	e := newEngine(t, 200*time.Millisecond)
+	c := startCluster(t, 2, e, fmt.Sprintf(`{"policy":"round_robin","admission":{"max_in_flight":%d,"max_queue":100,"queue_timeout":"30s"}}`, k), "")
+	other := filepath.Join(t.TempDir(), "other.key")
+	must.NoError(t, os.WriteFile(other, []byte(base64.StdEncoding.EncodeToString([]byte("another key, 32 bytes long......"))), 0o600))
+	c.start("m="+strings.TrimPrefix(e.URL, "http://"), "-peers-key-file", other)
+	lone := c.routers[2]
+	c.waitLive(c.routers, 3)
+	must.Eq(t, 1.0, lone.metric("oasis_router_peers_gossip", nil), must.Sprint("the lone router gossips with nobody"))
+	must.Eq(t, 2.0, c.routers[0].metric("oasis_router_peers_gossip", nil))
+
+	e.peak.Store(0)
+	counts := burst([]*router{lone}, per)
+	must.Eq(t, map[int]int{http.StatusOK: per}, counts)
+	must.Eq(t, int64(k/3), e.peak.Load(), must.Sprint("alone, the partitioned router runs its share"))
+
+	e.peak.Store(0)
+	counts = burst(c.routers, per)
+	must.Eq(t, map[int]int{http.StatusOK: 3 * per}, counts)
+	must.LessEq(t, int64(k), e.peak.Load(), must.Sprint("all three: never more than the cap"))
 }
