@@ -179,7 +179,7 @@ func (a *App) initMetrics() error {
 func (a *App) initClients() error {
 	c := a.cfg
 	var err error
-	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register || c.MeshService != "" ||
+	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register || c.MeshService != "" || c.PeersListen != "" ||
 		(c.FederationListen != "" && c.Discovery != DiscoveryStatic) {
 		cc := consulapi.DefaultConfig()
 		if c.ConsulAddr != "" {

@@ -114,7 +114,7 @@ type Config struct {
 	// The datacenter's other routers (router/peers): admission's
 	// max_in_flight and the keys' rate limits split with them; off
 	// without PeersListen.
-	PeersListen    string // -peers-listen: TCP and UDP host:port of the gossip listener (needs -register)
+	PeersListen    string // -peers-listen: TCP and UDP host:port of the gossip listener
 	PeersAdvertise string // -peers-advertise: host:port registered for peers (default: the bound address)
 	PeersKeyFile   string // -peers-key-file: base64 gossip key, 16, 24 or 32 bytes (required off loopback)
 

@@ -19,9 +19,6 @@ func (c Config) validatePeers() error {
 		}
 		return nil
 	}
-	if !c.Register {
-		return flagErr("-register", "required with -peers-listen: routers find each other through their registrations")
-	}
 	for _, a := range []struct{ flag, v string }{{"-peers-listen", c.PeersListen}, {"-peers-advertise", c.PeersAdvertise}} {
 		if a.v == "" {
 			continue
@@ -60,6 +57,10 @@ func (a *App) initPeers() error {
 		return flagErr("-peers-listen", "%w", err)
 	}
 	a.peers = p
+	if !a.cfg.Register {
+		a.log.Info("peers find this router only through a registration of service oasis-router with meta oasis_peers (e.g. the Nomad job's service block)",
+			"oasis_peers", p.Addr())
+	}
 	a.admission.Share = p.ModelShare
 	if a.auth != nil {
 		a.auth.Share = p.KeyFraction

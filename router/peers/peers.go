@@ -2,9 +2,11 @@
 // system job runs one per node), so that a model's max_in_flight and a key's
 // rate limit hold for the datacenter, not for each router.
 //
-// Routers find each other through their own Consul registrations (service
-// oasis-router, the gossip address in meta MetaAddr) and join a memberlist
-// cluster: membership and failure detection are memberlist's (SWIM), and
+// Routers find each other through their Consul registrations (service
+// oasis-router, the gossip address in meta MetaAddr, which the router writes
+// with -register or the Nomad job's service block does) and join a
+// memberlist cluster; a router is known by its gossip address, so a
+// registration and a gossip member with the same address are one router: membership and failure detection are memberlist's (SWIM), and
 // every Interval each router sends its Load to every member it knows. The
 // routers budgets are split over are the union of the gossip members alive
 // and the passing Consul registrations: a router cut off from gossip but
@@ -50,8 +52,8 @@ var (
 
 // Config configures Peers.
 type Config struct {
-	// Name is this router among its peers: its Consul service id
-	// (required).
+	// Name is this router's gossip node name, unique in the datacenter
+	// (required; the router passes its Consul service id).
 	Name string
 	// Bind is the gossip listener, TCP and UDP on one port (default
 	// DefaultBind: loopback, any free port).
@@ -94,6 +96,7 @@ type Peers struct {
 	closed  atomic.Bool
 
 	mu         sync.Mutex
+	self       string              // this router's gossip address (Addr)
 	gossip     map[string]string   // alive gossip members but this one: name → address
 	registered map[string]string   // passing Consul registrations: service id → gossip address ("" without)
 	loads      map[string]received // by name
@@ -128,6 +131,7 @@ func New(cfg Config) (*Peers, error) {
 	if p.ml, err = memberlist.Create(mc); err != nil {
 		return nil, fmt.Errorf("peers: starting gossip on %s: %w", cfg.Bind, err)
 	}
+	p.self = p.Addr()
 	p.m.PeersLive.Set(1)
 	p.m.PeersGossip.Set(1)
 	return p, nil
@@ -237,35 +241,51 @@ func (p *Peers) notify() {
 	}
 }
 
-// live is every router budgets are split over, sorted, with this one's
-// index: this router, the gossip members alive and the passing Consul
-// registrations. Caller holds p.mu.
-func (p *Peers) live() ([]string, int) {
-	set := map[string]bool{p.cfg.Name: true}
-	for n := range p.gossip {
-		set[n] = true
+// member is one router of the split: key orders the split and tells
+// routers apart (its gossip address, or "consul:<service id>" for a
+// registration without one); name is its gossip name ("" when it does not
+// gossip with this one).
+type member struct{ key, name string }
+
+// live is every router budgets are split over, sorted by key, with this
+// one's index: this router, the gossip members alive and the passing
+// Consul registrations (one router when its registration's gossip address
+// is a member's). Caller holds p.mu.
+func (p *Peers) live() ([]member, int) {
+	set := map[string]string{p.self: p.cfg.Name}
+	for name, addr := range p.gossip {
+		set[addr] = name
 	}
-	for n := range p.registered {
-		set[n] = true
+	for id, addr := range p.registered {
+		key := addr
+		if key == "" {
+			key = "consul:" + id
+		}
+		if _, ok := set[key]; !ok {
+			set[key] = ""
+		}
 	}
-	names := make([]string, 0, len(set))
-	for n := range set {
-		names = append(names, n)
+	ms := make([]member, 0, len(set))
+	for key, name := range set {
+		ms = append(ms, member{key: key, name: name})
 	}
-	sort.Strings(names)
-	return names, sort.SearchStrings(names, p.cfg.Name)
+	sort.Slice(ms, func(i, j int) bool { return ms[i].key < ms[j].key })
+	return ms, sort.Search(len(ms), func(i int) bool { return ms[i].key >= p.self })
 }
 
 // Live is the number of routers budgets are split over, this one included.
 func (p *Peers) Live() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	names, _ := p.live()
-	return len(names)
+	ms, _ := p.live()
+	return len(ms)
 }
 
 // fresh is name's load when it is recent. Caller holds p.mu.
 func (p *Peers) fresh(name string, now time.Time) (Load, bool) {
+	if name == "" {
+		return Load{}, false
+	}
 	r, ok := p.loads[name]
 	if !ok || now.Sub(r.at) > p.cfg.StaleAfter {
 		return Load{}, false
@@ -303,19 +323,19 @@ func (p *Peers) ModelShare(model string, limit int) int {
 // an interval (its peers have it), while it shrinks at once. Caller holds
 // p.mu.
 func (p *Peers) shareLocked(model string, limit int, now time.Time) int {
-	names, self := p.live()
-	cs := make([]claim, len(names))
-	for i, n := range names {
-		cs[i].name = n
-		if l, ok := p.fresh(n, now); ok && i != self {
+	ms, self := p.live()
+	cs := make([]claim, len(ms))
+	for i, m := range ms {
+		cs[i].name = m.key
+		if l, ok := p.fresh(m.name, now); ok && i != self {
 			ml := l.Models[model]
-			cs[i] = claim{name: n, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight, share: ml.Share}
+			cs[i] = claim{name: m.key, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight, share: ml.Share}
 		}
 	}
 	share := limit
 	for _, own := range []Load{p.sent, p.prevSent} {
 		ml := own.Models[model]
-		cs[self] = claim{name: p.cfg.Name, demand: float64(ml.InFlight + ml.Queued), known: true}
+		cs[self] = claim{name: p.self, demand: float64(ml.InFlight + ml.Queued), known: true}
 		share = min(share, shareOf(limit, self, cs))
 	}
 	return share
@@ -350,10 +370,10 @@ func (p *Peers) KeyFraction(id string) float64 {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	names, self := p.live()
-	cs := make([]claim, len(names))
-	for i, n := range names {
-		l, ok := p.fresh(n, now)
+	ms, self := p.live()
+	cs := make([]claim, len(ms))
+	for i, m := range ms {
+		l, ok := p.fresh(m.name, now)
 		if i == self {
 			l, ok = p.sent, true
 		}

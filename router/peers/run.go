@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"sync"
 	"time"
 
@@ -46,10 +47,10 @@ func (p *Peers) Run(ctx context.Context) error {
 // changedNow updates the gauges and calls OnChange.
 func (p *Peers) changedNow() {
 	p.mu.Lock()
-	names, _ := p.live()
+	ms, _ := p.live()
 	g := len(p.gossip) + 1
 	p.mu.Unlock()
-	p.m.PeersLive.Set(float64(len(names)))
+	p.m.PeersLive.Set(float64(len(ms)))
 	p.m.PeersGossip.Set(float64(g))
 	if p.cfg.OnChange != nil {
 		p.cfg.OnChange()
@@ -101,9 +102,13 @@ func (p *Peers) nextLoad() Load {
 // with yet.
 func (p *Peers) join() {
 	p.mu.Lock()
+	known := map[string]bool{p.self: true}
+	for _, addr := range p.gossip {
+		known[addr] = true
+	}
 	var addrs []string
-	for name, addr := range p.registered {
-		if _, ok := p.gossip[name]; !ok && addr != "" && name != p.cfg.Name {
+	for _, addr := range p.registered {
+		if addr != "" && !known[addr] {
 			addrs = append(addrs, addr)
 		}
 	}
@@ -117,7 +122,8 @@ func (p *Peers) join() {
 }
 
 // watchConsul keeps registered equal to the passing registrations of the
-// routers' service, with blocking queries. On errors the last view stays:
+// routers' service, with blocking queries (a gossip address longer than a
+// host:port is ignored: the registration counts by its id). On errors the last view stays:
 // a router that cannot reach Consul keeps counting the peers it knew.
 func (p *Peers) watchConsul(ctx context.Context) {
 	var index uint64
@@ -138,7 +144,11 @@ func (p *Peers) watchConsul(ctx context.Context) {
 		reg := make(map[string]string, len(entries))
 		for _, e := range entries {
 			if e.Service != nil && e.Service.ID != "" && len(e.Service.ID) <= maxNameBytes {
-				reg[e.Service.ID] = e.Service.Meta[MetaAddr]
+				addr := e.Service.Meta[MetaAddr]
+				if _, _, err := net.SplitHostPort(addr); err != nil || len(addr) > maxNameBytes {
+					addr = ""
+				}
+				reg[e.Service.ID] = addr
 			}
 		}
 		p.mu.Lock()
