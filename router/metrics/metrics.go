@@ -238,6 +238,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
 	m.Bounds = newBounds(reg, ns)
-	m.Peers = newPeers(reg, ns)
+	m.Peers = newPeers(reg)
 	return m
 }

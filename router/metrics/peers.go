@@ -26,19 +26,20 @@ type Peers struct {
 	KeyTokens *prometheus.CounterVec // key, kind
 }
 
-func newPeers(reg prometheus.Registerer, ns string) Peers {
+// newPeers registers them under their full names (the alerts read them).
+func newPeers(reg prometheus.Registerer) Peers {
 	p := Peers{
-		PeersLive: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_live",
+		PeersLive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_router_peers_live",
 			Help: "Routers of the datacenter budgets are split over, this one included (gossip members alive ∪ passing Consul registrations)."}),
-		PeersGossip: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_gossip",
+		PeersGossip: prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_router_peers_gossip",
 			Help: "Routers this one exchanges load with over gossip, this one included."}),
-		PeerMessages: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "peer_messages_total",
+		PeerMessages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_router_peer_messages_total",
 			Help: "Load messages received from peer routers, by result (ok|rejected)."}, []string{"result"}),
-		AdmissionShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "admission_share",
+		AdmissionShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "oasis_router_admission_share",
 			Help: "This router's share of a model's max_in_flight, split over the datacenter's live routers."}, []string{"model"}),
-		PeersInFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "peers_in_flight",
+		PeersInFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_router_peers_in_flight",
 			Help: "Requests the datacenter's other routers said they have in flight to engines, all engines together."}),
-		KeyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "key_tokens_total",
+		KeyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_router_key_tokens_total",
 			Help: "Tokens reported in the engines' usage objects, by API key id (from the key document) and kind (prompt|completion)."}, []string{"key", "kind"}),
 	}
 	reg.MustRegister(p.PeersLive, p.PeersGossip, p.PeerMessages, p.AdmissionShare, p.PeersInFlight, p.KeyTokens)
