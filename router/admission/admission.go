@@ -1,5 +1,6 @@
 // Package admission caps concurrent requests per model, with a bounded queue
-// in front of the cap.
+// in front of the cap: higher priority bands first, tenants of a band in
+// turn (Class).
 package admission
 
 import (
@@ -27,11 +28,24 @@ type Controller struct {
 	// OnQueue, when set, is called with a model's queue length whenever it
 	// changes (under the controller's lock: keep it cheap, e.g. a gauge Set).
 	OnQueue func(model string, queued int)
+
+	// Share, when set, turns a model's max_in_flight (the datacenter's cap)
+	// into this router's part of it (peers.Peers.ModelShare, which learns
+	// this router's demand from Loads). Called under the controller's lock:
+	// it must not call back into the controller. Set it before the first
+	// Acquire.
+	Share func(model string, max int) int
 }
 
 type gate struct {
 	inFlight int
-	waiters  []chan struct{} // FIFO; a closed channel means "you have a slot"
+	waiters  queue         // by priority band, tenants in turn within a band
+	lim      policy.Limits // the limits of the latest Acquire, for Refill
+}
+
+// Load is one model's admitted and waiting requests.
+type Load struct {
+	InFlight, Queued int
 }
 
 // New returns an empty controller.
@@ -80,18 +94,20 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 		g = &gate{}
 		c.models[model] = g
 	}
+	g.lim = lim
 	c.fill(model, g, lim)
-	if lim.MaxInFlight <= 0 || (g.inFlight < lim.MaxInFlight && len(g.waiters) == 0) {
+	if lim.MaxInFlight <= 0 || (g.waiters.len() == 0 && g.inFlight < c.capOf(model, lim)) {
 		g.inFlight++
 		c.mu.Unlock()
 		return g, nil
 	}
-	if len(g.waiters) >= lim.MaxQueue {
+	if g.waiters.len() >= lim.MaxQueue {
 		c.mu.Unlock()
 		return nil, ErrQueueFull
 	}
 	ch := make(chan struct{})
-	g.waiters = append(g.waiters, ch)
+	me := &waiter{ch: ch, class: classOf(ctx)}
+	g.waiters.push(me)
 	c.queued(model, g)
 	c.mu.Unlock()
 
@@ -111,12 +127,9 @@ func (c *Controller) acquire(ctx context.Context, model string, lim policy.Limit
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, w := range g.waiters {
-		if w == ch {
-			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
-			c.queued(model, g)
-			return nil, err
-		}
+	if g.waiters.remove(me) {
+		c.queued(model, g)
+		return nil, err
 	}
 	// Handed a slot while giving up: pass it on.
 	c.handOff(model, g, lim)
@@ -128,7 +141,7 @@ func (c *Controller) Queued(model string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if g := c.models[model]; g != nil {
-		return len(g.waiters)
+		return g.waiters.len()
 	}
 	return 0
 }
@@ -154,7 +167,7 @@ func (c *Controller) releaser(model string, lim policy.Limits) func() {
 	}
 }
 
-// handOff frees one slot and passes free slots to the oldest waiters.
+// handOff frees one slot and passes free slots to the next waiters.
 // Caller holds c.mu.
 func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 	g.inFlight--
@@ -164,19 +177,53 @@ func (c *Controller) handOff(model string, g *gate, lim policy.Limits) {
 // fill admits waiters while there is room (limits may have grown since they
 // queued). Caller holds c.mu.
 func (c *Controller) fill(model string, g *gate, lim policy.Limits) {
-	n := len(g.waiters)
-	for len(g.waiters) > 0 && (lim.MaxInFlight <= 0 || g.inFlight < lim.MaxInFlight) {
+	n := g.waiters.len()
+	for g.waiters.len() > 0 && (lim.MaxInFlight <= 0 || g.inFlight < c.capOf(model, lim)) {
 		g.inFlight++
-		close(g.waiters[0])
-		g.waiters = g.waiters[1:]
+		close(g.waiters.pop().ch)
 	}
-	if len(g.waiters) != n {
+	if g.waiters.len() != n {
 		c.queued(model, g)
 	}
 }
 
 func (c *Controller) queued(model string, g *gate) {
 	if c.OnQueue != nil {
-		c.OnQueue(model, len(g.waiters))
+		c.OnQueue(model, g.waiters.len())
 	}
+}
+
+// capOf is the in-flight cap this router applies to model: lim's, or its
+// share of it (Share). Caller holds c.mu.
+func (c *Controller) capOf(model string, lim policy.Limits) int {
+	if lim.MaxInFlight <= 0 || c.Share == nil {
+		return lim.MaxInFlight
+	}
+	return c.Share(model, lim.MaxInFlight)
+}
+
+// Refill admits waiters of every model whose share has grown since they
+// queued (call it when the peers' loads change).
+func (c *Controller) Refill() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for model, g := range c.models {
+		if g.waiters.len() > 0 {
+			c.fill(model, g, g.lim)
+		}
+	}
+}
+
+// Loads are the in-flight and queued requests of every model with a cap
+// (the load told to the datacenter's other routers).
+func (c *Controller) Loads() map[string]Load {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]Load, len(c.models))
+	for model, g := range c.models {
+		if g.lim.MaxInFlight > 0 {
+			out[model] = Load{InFlight: g.inFlight, Queued: g.waiters.len()}
+		}
+	}
+	return out
 }

@@ -3,11 +3,13 @@ package admission
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/policy"
 )
 
@@ -142,4 +144,34 @@ func TestAcquireSlotHandsOffOnRelease(t *testing.T) {
 	s.Release()
 	must.NoError(t, <-got)
 	must.Eq(t, 0, c.InFlight("m"))
+}
+
+// With Share, the cap is this router's part of max_in_flight; Refill admits
+// waiters when the part grows.
+func TestShareAndRefill(t *testing.T) {
+	c := New()
+	var mu sync.Mutex
+	share := 1
+	c.Share = func(model string, max int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		must.Eq(t, 6, max)
+		return share
+	}
+	lim := policy.Limits{MaxInFlight: 6, MaxQueue: 4, QueueTimeout: time.Minute}
+	_, err := c.Acquire(context.Background(), "m", lim)
+	must.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(context.Background(), "m", lim)
+		got <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, "the second request queued", func() bool { return c.Queued("m") == 1 })
+	must.Eq(t, map[string]Load{"m": {InFlight: 1, Queued: 1}}, c.Loads())
+	mu.Lock()
+	share = 2
+	mu.Unlock()
+	c.Refill()
+	must.NoError(t, <-got)
+	must.Eq(t, 2, c.InFlight("m"))
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/meshid"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
+	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -31,6 +32,7 @@ import (
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/gomaxprocs"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/peers"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -57,6 +59,8 @@ type App struct {
 	// starts before the transport exists.
 	enginesReady atomic.Pointer[http.Transport]
 	gw           *gateway.Gateway
+	admission    *admission.Controller
+	peers        *peers.Peers           // nil without -peers-listen
 	fed          *federation.Federation // nil without -federation-listen
 	// forwarded serves what other datacenters' routers forward (the
 	// gateway's ForwardedHandler, once built).
@@ -93,7 +97,7 @@ func New(cfg Config) (*App, error) {
 	a := &App{cfg: cfg, log: cfg.Logger}
 	a.bg, a.bgCancel = context.WithCancel(context.Background())
 	steps := []func() error{a.initMetrics, a.initClients, a.initMesh, a.initPool, a.initPolicy, a.initAuth,
-		a.initFederation, a.initTracing, a.initGateway, a.initTLS, a.initServer}
+		a.initFederation, a.initTracing, a.initAdmission, a.initGateway, a.initTLS, a.initServer, a.initPeers}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			a.Close()
@@ -110,6 +114,9 @@ func (a *App) Close() error {
 	var errs []error
 	if a.fed != nil {
 		errs = append(errs, a.fed.Close())
+	}
+	if a.peers != nil {
+		a.peers.Close()
 	}
 	if a.cache != nil {
 		errs = append(errs, a.cache.Close())
@@ -172,7 +179,7 @@ func (a *App) initMetrics() error {
 func (a *App) initClients() error {
 	c := a.cfg
 	var err error
-	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register || c.MeshService != "" ||
+	if c.Discovery == DiscoveryConsul || c.PolicyFile == "" || c.APIKeysKV || c.Register || c.MeshService != "" || c.PeersListen != "" ||
 		(c.FederationListen != "" && c.Discovery != DiscoveryStatic) {
 		cc := consulapi.DefaultConfig()
 		if c.ConsulAddr != "" {
@@ -261,11 +268,13 @@ func (a *App) initAuth() error {
 	switch {
 	case a.cfg.APIKeysFile != "":
 		a.auth = auth.New()
+		a.auth.Tokens = a.m.KeyTokens
 		if err := a.auth.LoadFile(a.cfg.APIKeysFile); err != nil {
 			return flagErr("-api-keys-file", "loading API keys: %w", err)
 		}
 	case a.cfg.APIKeysKV:
 		a.auth = auth.New()
+		a.auth.Tokens = a.m.KeyTokens
 	}
 	return nil
 }

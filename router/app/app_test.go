@@ -318,6 +318,13 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"federation files in the mesh", func(c *Config) {
 			c.MeshService, c.FederationListen, c.FederationTLSCert = "oasis-router", "127.0.0.1:0", pki.serverCert
 		}, "-federation-tls-cert"},
+		{"peers key without listener", func(c *Config) { c.PeersKeyFile = junk }, "-peers-listen"},
+		{"peers listener without port", func(c *Config) { c.PeersListen = "127.0.0.1" }, "-peers-listen"},
+		{"peers beyond loopback without key", func(c *Config) { c.PeersListen = "0.0.0.0:0" }, "-peers-listen"},
+		{"peers key not base64", func(c *Config) { c.PeersListen, c.PeersKeyFile = "127.0.0.1:0", junk }, "-peers-key-file"},
+		{"peers key of 5 bytes", func(c *Config) {
+			c.PeersListen, c.PeersKeyFile = "127.0.0.1:0", write("short.key", "c2hvcnQ=")
+		}, "-peers-key-file"},
 		{"mesh identity without Connect", func(c *Config) {
 			c.MeshService, c.ConsulAddr = "oasis-router", "127.0.0.1:1" // no Consul there: no leaf
 		}, "-mesh-service"},

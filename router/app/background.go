@@ -4,7 +4,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 
 	consulapi "github.com/hashicorp/consul/api"
 
@@ -25,6 +24,9 @@ func (a *App) startBackground() {
 		a.goBackground(func() { a.procs.Run(a.bg) })
 	}
 	a.startDiscovery()
+	if a.peers != nil {
+		a.goBackground(func() { _ = a.peers.Run(a.bg) })
+	}
 	if a.fed != nil {
 		a.goBackground(func() { a.fed.Run(a.bg) })
 	}
@@ -109,9 +111,9 @@ func (a *App) register() (string, error) {
 	default:
 		check.HTTP = "http://" + adv + "/health"
 	}
-	id := "oasis-router-" + strings.NewReplacer(":", "-", ".", "-").Replace(adv)
+	id := a.serviceID()
 	err = a.consul.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
-		ID: id, Name: "oasis-router", Address: host, Port: port, Tags: []string{"oasis"}, Check: check})
+		ID: id, Name: "oasis-router", Address: host, Port: port, Tags: []string{"oasis"}, Check: check, Meta: a.peersMeta()})
 	if err != nil {
 		return "", flagErr("-register", "registering in Consul: %w", err)
 	}

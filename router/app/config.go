@@ -111,6 +111,13 @@ type Config struct {
 	FederationTLSKey    string // -federation-tls-key
 	FederationTLSCA     string // -federation-tls-ca: PEM bundle peers' certificates must chain to
 
+	// The datacenter's other routers (router/peers): admission's
+	// max_in_flight and the keys' rate limits split with them; off
+	// without PeersListen.
+	PeersListen    string // -peers-listen: TCP and UDP host:port of the gossip listener
+	PeersAdvertise string // -peers-advertise: host:port registered for peers (default: the bound address)
+	PeersKeyFile   string // -peers-key-file: base64 gossip key, 16, 24 or 32 bytes (required off loopback)
+
 	// The Consul service mesh (Connect): MeshService is the router's
 	// identity, from the local agent's leaf certificate for that service.
 	MeshService string // -mesh-service (empty: not in the mesh)
@@ -314,6 +321,9 @@ func (c Config) validate() error {
 		return err
 	}
 	if err := c.validateTracing(); err != nil {
+		return err
+	}
+	if err := c.validatePeers(); err != nil {
 		return err
 	}
 	return c.validateFederation()

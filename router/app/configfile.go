@@ -46,6 +46,10 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "federation", Name: "tls_key", Flag: "federation-tls-key", Kind: agentconfig.String},
 	{Block: "federation", Name: "tls_ca", Flag: "federation-tls-ca", Kind: agentconfig.String},
 
+	{Block: "peers", Name: "listen", Flag: "peers-listen", Kind: agentconfig.String},
+	{Block: "peers", Name: "advertise", Flag: "peers-advertise", Kind: agentconfig.String},
+	{Block: "peers", Name: "key_file", Flag: "peers-key-file", Kind: agentconfig.String},
+
 	{Block: "mesh", Name: "service", Flag: "mesh-service", Kind: agentconfig.String},
 	{Block: "mesh", Name: "listen", Flag: "mesh-listen", Kind: agentconfig.String},
 	{Block: "mesh", Name: "engines", Flag: "mesh-engines", Kind: agentconfig.Bool},

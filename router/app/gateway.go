@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/gateway"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/router/tokens"
@@ -26,7 +25,7 @@ func (a *App) initGateway() error {
 		return out
 	}, Client: &http.Client{Transport: a.engines, Timeout: 2 * time.Second}, Metrics: a.m})
 	gw, err := gateway.New(gateway.Config{
-		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: admission.New(),
+		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: a.admission,
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
 		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor,

@@ -18,14 +18,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 )
 
 // File is the key set document, from a file or Consul KV:
 //
-//	{"keys": [{"id": "team-a", "sha256": "<64 hex>", "rate_per_second": 10, "burst": 20}]}
+//	{"keys": [{"id": "team-a", "sha256": "<64 hex>", "rate_per_second": 10, "burst": 20,
+//	           "tokens_per_minute": 100000, "priority": 1}]}
 //
-// rate_per_second 0 means unlimited. Create a digest with
+// rate_per_second and tokens_per_minute 0 mean unlimited; priority 0–9,
+// higher served first from a full admission queue. Create a digest with
 // `printf %s "$KEY" | sha256sum`.
 type File struct {
 	Keys []KeySpec `json:"keys"`
@@ -37,13 +40,31 @@ type KeySpec struct {
 	SHA256        string  `json:"sha256"`
 	RatePerSecond float64 `json:"rate_per_second,omitempty"`
 	Burst         float64 `json:"burst,omitempty"`
+	// TokensPerMinute bounds prompt + completion tokens (from the engines'
+	// usage) a minute; a request is refused while the key is in debt.
+	TokensPerMinute float64 `json:"tokens_per_minute,omitempty"`
+	// Priority is the key's admission band, 0 (default) to MaxPriority.
+	Priority int `json:"priority,omitempty"`
 }
+
+// MaxPriority is the highest priority band a key may have.
+const MaxPriority = 9
 
 // Key is an authenticated caller.
 type Key struct {
-	ID  string
-	lim *rate.Limiter // nil: unlimited
+	ID   string
+	spec KeySpec
+	lim  *rate.Limiter // nil: unlimited; at the key's share of its limits
+
+	attempts atomic.Int64  // Allow calls since the last Demand
+	rate     atomic.Uint64 // requests a second (float64 bits), Demand's estimate
+	mu       sync.Mutex    // serialises the limiter's resizing and the quota
+	frac     float64       // the share lim is sized for (0: the whole limit)
+	quota    tokenQuota    // tokens_per_minute, under mu
 }
+
+// Priority is the key's admission band (KeySpec.Priority).
+func (k *Key) Priority() int { return k.spec.Priority }
 
 // Errors.
 var (
@@ -82,6 +103,12 @@ func Parse(data []byte) (map[[32]byte]KeySpec, error) {
 		if k.Burst < 0 || math.IsNaN(k.Burst) || math.IsInf(k.Burst, 0) {
 			return nil, fmt.Errorf("keys[%d].burst: must be ≥ 0", i)
 		}
+		if k.TokensPerMinute < 0 || math.IsNaN(k.TokensPerMinute) || math.IsInf(k.TokensPerMinute, 0) {
+			return nil, fmt.Errorf("keys[%d].tokens_per_minute: must be ≥ 0", i)
+		}
+		if k.Priority < 0 || k.Priority > MaxPriority {
+			return nil, fmt.Errorf("keys[%d].priority: want 0 to %d, got %d", i, MaxPriority, k.Priority)
+		}
 		var d [32]byte
 		copy(d[:], raw)
 		if _, dup := out[d]; dup {
@@ -98,6 +125,18 @@ type Authenticator struct {
 	keys atomic.Pointer[map[[32]byte]*Key]
 	mu   sync.Mutex // serialises Set
 	now  func() time.Time
+
+	// Share, when set, is this router's part (0 to 1] of key id's limits
+	// (peers.Peers.KeyFraction, which learns the rate this router sees the
+	// key at from Demand): a key's rate and burst hold for the
+	// datacenter. Set it before the first Allow.
+	Share func(id string) float64
+	// Tokens, when set, counts each key's tokens by key and kind (prompt,
+	// completion); a key's series go when it leaves the key set, so the
+	// key document bounds them. Set it before the first Set.
+	Tokens *prometheus.CounterVec
+	// demandAt is when Demand last ran.
+	demandAt time.Time
 }
 
 // New returns an authenticator with no keys.
@@ -114,13 +153,14 @@ func (a *Authenticator) Set(specs map[[32]byte]KeySpec) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	old := *a.keys.Load()
+	a.forgetSeries(old, specs)
 	next := make(map[[32]byte]*Key, len(specs))
 	for d, s := range specs {
-		if k, ok := old[d]; ok && k.ID == s.ID && sameLimit(k.lim, newLimiter(s)) {
+		if k, ok := old[d]; ok && k.spec == s {
 			next[d] = k
 			continue
 		}
-		next[d] = &Key{ID: s.ID, lim: newLimiter(s)}
+		next[d] = &Key{ID: s.ID, spec: s, lim: newLimiter(s)}
 	}
 	a.keys.Store(&next)
 }
@@ -143,19 +183,80 @@ func (a *Authenticator) Authenticate(r *http.Request) (*Key, error) {
 	return k, nil
 }
 
-// Allow takes one token from the key's bucket. When empty it returns false
-// and how long until a token is available.
+// Allow admits one request of k: while the key's tokens_per_minute quota is
+// not in debt, it takes one token from its request bucket. When refused it
+// returns false and how long until the request would be admitted.
 func (a *Authenticator) Allow(k *Key) (bool, time.Duration) {
+	if k.lim == nil && k.spec.TokensPerMinute == 0 {
+		return true, 0
+	}
+	k.attempts.Add(1)
+	now := a.now()
+	f := a.share(k)
+	if k.spec.TokensPerMinute > 0 {
+		k.mu.Lock()
+		ok, wait := k.quota.allow(now, k.spec.TokensPerMinute*f)
+		k.mu.Unlock()
+		if !ok {
+			return false, wait
+		}
+	}
 	if k.lim == nil {
 		return true, 0
 	}
-	now := a.now()
+	a.resize(k, now, f)
 	r := k.lim.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
 		r.CancelAt(now) // refused: the token stays for the next caller
 		return false, d
 	}
 	return true, 0
+}
+
+// AddUsage counts a request's tokens, from the engine's usage, against k's
+// quota and in Tokens.
+func (a *Authenticator) AddUsage(k *Key, prompt, completion int64) {
+	prompt, completion = max(prompt, 0), max(completion, 0)
+	if a.Tokens != nil {
+		a.Tokens.WithLabelValues(k.ID, "prompt").Add(float64(prompt))
+		a.Tokens.WithLabelValues(k.ID, "completion").Add(float64(completion))
+	}
+	if k.spec.TokensPerMinute > 0 {
+		now := a.now()
+		f := a.share(k)
+		k.mu.Lock()
+		k.quota.use(now, k.spec.TokensPerMinute*f, float64(prompt+completion))
+		k.mu.Unlock()
+	}
+}
+
+// share is this router's part of k's limits (1 without Share).
+func (a *Authenticator) share(k *Key) float64 {
+	if a.Share == nil {
+		return 1
+	}
+	f := a.Share(k.ID)
+	if f <= 0 || f > 1 || math.IsNaN(f) {
+		return 1
+	}
+	return f
+}
+
+// forgetSeries removes the Tokens series of keys not in next. Caller holds
+// a.mu.
+func (a *Authenticator) forgetSeries(old map[[32]byte]*Key, next map[[32]byte]KeySpec) {
+	if a.Tokens == nil {
+		return
+	}
+	stay := make(map[string]bool, len(next))
+	for _, s := range next {
+		stay[s.ID] = true
+	}
+	for _, k := range old {
+		if !stay[k.ID] {
+			a.Tokens.DeletePartialMatch(prometheus.Labels{"key": k.ID})
+		}
+	}
 }
 
 // newLimiter is s's token bucket (golang.org/x/time/rate): rate_per_second
@@ -172,9 +273,85 @@ func newLimiter(s KeySpec) *rate.Limiter {
 	return rate.NewLimiter(rate.Limit(s.RatePerSecond), int(math.Min(burst, math.MaxInt32)))
 }
 
-func sameLimit(a, b *rate.Limiter) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
+// resize sets k's bucket to this router's share f of the key's limits:
+// rate × f, burst × f (at least 1, so that a key is never refused outright
+// here: the rounding is the overshoot of a burst, one request per router).
+// The bucket is resized only when the share moved by more than 1%.
+func (a *Authenticator) resize(k *Key, now time.Time, f float64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.frac != 0 && math.Abs(f-k.frac) <= 0.01*k.frac {
+		return
 	}
-	return a.Limit() == b.Limit() && a.Burst() == b.Burst()
+	k.frac = f
+	full := newLimiter(k.spec)
+	k.lim.SetLimitAt(now, full.Limit()*rate.Limit(f))
+	k.lim.SetBurstAt(now, max(1, int(float64(full.Burst())*f)))
+}
+
+// Demand is the rate each rate-limited key is asked at here, requests a
+// second since the previous call (smoothed by half), for the datacenter's
+// other routers; keys not asked lately are left out. Call it from one
+// goroutine (the peers' loop).
+func (a *Authenticator) Demand() map[string]float64 {
+	now := a.now()
+	elapsed := now.Sub(a.demandAt).Seconds()
+	first := a.demandAt.IsZero()
+	a.demandAt = now
+	out := map[string]float64{}
+	for _, k := range *a.keys.Load() {
+		if k.lim == nil && k.spec.TokensPerMinute == 0 {
+			continue
+		}
+		n := float64(k.attempts.Swap(0))
+		r := math.Float64frombits(k.rate.Load())
+		if !first && elapsed > 0 {
+			r = (r + n/elapsed) / 2
+		}
+		if r < 0.01 {
+			r = 0
+		}
+		k.rate.Store(math.Float64bits(r))
+		if r > 0 {
+			out[k.ID] = r
+		}
+	}
+	return out
+}
+
+// tokenQuota is a key's tokens_per_minute: a bucket of perMin tokens that
+// refills at perMin a minute, charged after the fact from usage (it may go
+// into debt: a request's size is known only at its end). Callers hold the
+// key's mu.
+type tokenQuota struct {
+	tokens float64
+	at     time.Time
+}
+
+func (q *tokenQuota) refill(now time.Time, perMin float64) {
+	if q.at.IsZero() {
+		q.tokens, q.at = perMin, now
+		return
+	}
+	if d := now.Sub(q.at).Seconds(); d > 0 {
+		q.tokens += perMin / 60 * d
+		q.at = now
+	}
+	q.tokens = min(q.tokens, perMin)
+}
+
+// allow reports whether the quota is not in debt, else how long until it
+// is not.
+func (q *tokenQuota) allow(now time.Time, perMin float64) (bool, time.Duration) {
+	q.refill(now, perMin)
+	if q.tokens > 0 {
+		return true, 0
+	}
+	sec := (1 - q.tokens) / (perMin / 60)
+	return false, time.Duration(sec * float64(time.Second))
+}
+
+func (q *tokenQuota) use(now time.Time, perMin, n float64) {
+	q.refill(now, perMin)
+	q.tokens -= n
 }

@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/router/metrics"
 )
 
 func digest(key string) string {
@@ -114,4 +118,111 @@ func TestLoadFile(t *testing.T) {
 	k, err := a.Authenticate(r)
 	must.NoError(t, err)
 	must.Eq(t, "a", k.ID)
+}
+
+// With Share, a key's bucket is this router's part of its limits, and
+// Demand reports the rate the key is asked at here.
+func TestShareSplitsBucket(t *testing.T) {
+	specs, err := Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"rate_per_second":30,"burst":30}]}`, digest("key-a"))))
+	must.NoError(t, err)
+	a := New()
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	frac := 1.0 / 3
+	a.Share = func(id string) float64 { must.Eq(t, "a", id); return frac }
+	a.Set(specs)
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer key-a")
+	k, err := a.Authenticate(r)
+	must.NoError(t, err)
+	admitted := 0
+	for range 30 {
+		if ok, _ := a.Allow(k); ok {
+			admitted++
+		}
+	}
+	must.Eq(t, 10, admitted, must.Sprint("a third of the burst"))
+	now = now.Add(time.Second)
+	admitted = 0
+	for range 30 {
+		if ok, _ := a.Allow(k); ok {
+			admitted++
+		}
+	}
+	must.Eq(t, 10, admitted, must.Sprint("a third of the rate"))
+
+	a.Demand() // the first call starts the window
+	now = now.Add(time.Second)
+	for range 8 {
+		a.Allow(k)
+	}
+	must.Eq(t, map[string]float64{"a": 4}, a.Demand(), must.Sprint("8/s, smoothed by half from 0"))
+
+	// The whole limit back: the bucket grows, without a gift of tokens
+	// (10 saved at the old size), and fills at the whole rate.
+	frac = 1
+	now = now.Add(time.Second)
+	for _, want := range []int{10, 30} {
+		admitted = 0
+		for range 40 {
+			if ok, _ := a.Allow(k); ok {
+				admitted++
+			}
+		}
+		must.Eq(t, want, admitted)
+		now = now.Add(time.Second)
+	}
+}
+
+// tokens_per_minute: a key in debt from its usage is refused until the
+// quota has refilled past zero; its tokens are counted per key, and a key
+// that leaves the document takes its series along.
+func TestTokensPerMinute(t *testing.T) {
+	specs, err := Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"tokens_per_minute":600,"priority":3},{"id":"b","sha256":%q}]}`,
+		digest("key-a"), digest("key-b"))))
+	must.NoError(t, err)
+	a := New()
+	reg := prometheus.NewRegistry()
+	a.Tokens = metrics.New(reg).KeyTokens
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	a.Set(specs)
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Header.Set("Authorization", "Bearer key-a")
+	k, err := a.Authenticate(r)
+	must.NoError(t, err)
+	must.Eq(t, 3, k.Priority())
+	ok, _ := a.Allow(k)
+	must.True(t, ok)
+	a.AddUsage(k, 500, 150) // 50 tokens of debt
+	ok, wait := a.Allow(k)
+	must.False(t, ok)
+	must.Eq(t, 5100*time.Millisecond, wait, must.Sprint("51 tokens at 10 a second"))
+	now = now.Add(wait)
+	ok, _ = a.Allow(k)
+	must.True(t, ok)
+	must.Eq(t, 500.0, promtest.ToFloat64(a.Tokens.WithLabelValues("a", "prompt")))
+	must.Eq(t, 150.0, promtest.ToFloat64(a.Tokens.WithLabelValues("a", "completion")))
+
+	// Shared over 3 routers, the quota is a third.
+	a.Share = func(string) float64 { return 1.0 / 3 }
+	now = now.Add(time.Minute)
+	a.AddUsage(k, 200, 0)
+	ok, _ = a.Allow(k)
+	must.False(t, ok, must.Sprint("200 tokens of a 200-token share: no credit left"))
+
+	a.Set(map[[32]byte]KeySpec{})
+	must.Eq(t, 0, promtest.CollectAndCount(a.Tokens), must.Sprint("a's series went with a"))
+}
+
+func TestParseTenantFields(t *testing.T) {
+	good := digest("k")
+	for _, tc := range []struct{ doc, err string }{
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"priority":10}]}`, good), "keys[0].priority"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"priority":-1}]}`, good), "keys[0].priority"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"tokens_per_minute":-5}]}`, good), "keys[0].tokens_per_minute"},
+	} {
+		_, err := Parse([]byte(tc.doc))
+		must.ErrorContains(t, err, tc.err)
+	}
 }

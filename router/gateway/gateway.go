@@ -319,6 +319,8 @@ func (g *Gateway) authenticated(next http.Handler) http.Handler {
 				"rate limit reached for API key "+strconv.Quote(k.ID), wait)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, k)))
+		// The key's tenant and band order the admission queue (router/admission Class).
+		ctx := admission.WithClass(context.WithValue(r.Context(), ctxKey{}, k), admission.Class{Tenant: k.ID, Priority: k.Priority()})
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

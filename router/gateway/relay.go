@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -180,6 +181,9 @@ func (rl *relay) run(ctx, uctx context.Context, r *http.Request) error {
 			ws.PromptTokens.Add(float64(p))
 			ws.CompletionTokens.Add(float64(c))
 			rl.wk.Live.AddGenerated(c)
+			if k, ok := r.Context().Value(ctxKey{}).(*auth.Key); ok { // the key's quota and tokens
+				rl.g.cfg.Auth.AddUsage(k, p, c)
+			}
 		}
 		return nil
 	}

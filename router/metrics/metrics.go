@@ -76,6 +76,8 @@ type Metrics struct {
 	Bounds
 	// Routing loops and client connections (protection.go).
 	Protection
+	// State shared with the datacenter's other routers (peers.go).
+	Peers
 
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
@@ -236,5 +238,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
 	m.Bounds = newBounds(reg, ns)
+	m.Peers = newPeers(reg)
 	return m
 }

@@ -3,7 +3,8 @@ package scoring
 import "context"
 
 // LoadTerm ("load") prefers the least occupied worker. With L the worker's
-// Signals.Load() (router in-flight, or engine running+waiting if larger):
+// Signals.Load() (in-flight of this router and its peers, or engine
+// running+waiting if larger):
 //
 //	load_i = (1 + min_j L_j) / (1 + L_i)
 //

@@ -100,12 +100,12 @@ func (p *Prefill) Cancel() {
 
 // EstimatedTTFT is the time the worker needs before it can return the first
 // token of a request with uncached prompt tokens: its pending prefill tokens
-// plus these, at its learned prefill rate.
+// (this router's and its peers') plus these, at its learned prefill rate.
 func (s Signals) EstimatedTTFT(uncached int64) time.Duration {
 	rate := s.PrefillRate
 	if rate <= 0 || math.IsNaN(rate) {
 		rate = DefaultPrefillRate
 	}
-	sec := float64(max(s.PendingPrefillTokens, 0)+max(uncached, 0)) / rate
+	sec := float64(max(s.PendingPrefillTokens, 0)+max(s.PeerPendingPrefillTokens, 0)+max(uncached, 0)) / rate
 	return time.Duration(sec * float64(time.Second))
 }

@@ -65,6 +65,13 @@ type Signals struct {
 	InFlight       int64 // requests this router has sent and not finished
 	InFlightTokens int64 // estimated prompt+max output tokens of those requests
 
+	// The datacenter's other routers (router/peers), as they last said
+	// (at most one gossip interval old): their requests in flight to the
+	// worker and their pending prefill tokens on it. Load and
+	// EstimatedTTFT add them.
+	PeerInFlight             int64
+	PeerPendingPrefillTokens int64
+
 	// The router's prefill model (StartPrefill): uncached prompt tokens sent
 	// and not yet answered with a first token, and the learned rate at which
 	// the worker gets through them (DefaultPrefillRate until measured).
@@ -89,11 +96,11 @@ type Signals struct {
 	GenTokensPerSec   float64 // recent generation throughput
 }
 
-// Load is the number of requests occupying the worker: the router's own
-// in-flight count, or what the engine reports running+waiting when that is
-// larger (other routers or clients share the engine).
+// Load is the number of requests occupying the worker: the in-flight count
+// of this router and its peers, or what the engine reports running+waiting
+// when that is larger (other clients share the engine).
 func (s Signals) Load() float64 {
-	l := float64(s.InFlight)
+	l := float64(s.InFlight + max(s.PeerInFlight, 0))
 	if s.EngineMetrics {
 		l = math.Max(l, s.Running+s.Waiting)
 	}
@@ -110,6 +117,8 @@ type Live struct {
 	prefill        prefillState
 	attached       atomic.Value // Attach's value
 	unreachable    atomic.Int32 // connect failures in a row (eject.go)
+	peerInFlight   atomic.Int64 // SetPeers
+	peerPending    atomic.Int64
 	ejectedUntil   atomic.Int64 // unix ns; the worker is out of routing before it
 
 	mu sync.RWMutex
@@ -127,6 +136,13 @@ func (l *Live) Attached() any { return l.attached.Load() }
 
 // NewLive returns empty live signals.
 func NewLive() *Live { return &Live{} }
+
+// SetPeers sets what the datacenter's other routers have in flight to the
+// worker and their pending prefill tokens on it (router/peers).
+func (l *Live) SetPeers(inFlight, pendingPrefill int64) {
+	l.peerInFlight.Store(max(inFlight, 0))
+	l.peerPending.Store(max(pendingPrefill, 0))
+}
 
 // Begin records a request sent to the worker; call the returned func when it ends.
 func (l *Live) Begin(tokens int64) (end func()) {
@@ -190,6 +206,8 @@ func (l *Live) Snapshot() Signals {
 	s.InFlight = l.inFlight.Load()
 	s.InFlightTokens = l.inFlightTokens.Load()
 	s.PendingPrefillTokens = l.prefill.pending.Load()
+	s.PeerInFlight = l.peerInFlight.Load()
+	s.PeerPendingPrefillTokens = l.peerPending.Load()
 	s.PrefillRate = l.prefill.rate()
 	return s
 }

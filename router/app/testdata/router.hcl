@@ -55,6 +55,12 @@ federation {
   tls_ca     = ""
 }
 
+peers {
+  listen    = "" # set (with listeners.register) to share admission and key limits with the datacenter's routers
+  advertise = ""
+  key_file  = "" # base64 gossip key; required unless listen is loopback
+}
+
 mesh {
   service = ""
   listen  = ""

@@ -1,0 +1,229 @@
+package peers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/memberlist"
+)
+
+// Run watches the routers' Consul registrations, joins their gossip, and
+// sends this router's load every Interval until ctx ends; then it leaves
+// the cluster (Close).
+func (p *Peers) Run(ctx context.Context) error {
+	defer p.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(1)
+	go func() { defer wg.Done(); p.watchConsul(ctx) }()
+	tick := time.NewTicker(p.cfg.Interval)
+	defer tick.Stop()
+	lastJoin := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.changed:
+			p.changedNow()
+		case now := <-tick.C:
+			p.broadcast()
+			if now.Sub(lastJoin) >= time.Second {
+				lastJoin = now
+				p.join()
+			}
+			// A peer's load going stale changes the split too.
+			p.changedNow()
+		}
+	}
+}
+
+// changedNow updates the gauges and calls OnChange.
+func (p *Peers) changedNow() {
+	p.mu.Lock()
+	ms, _ := p.live()
+	g := len(p.gossip) + 1
+	p.mu.Unlock()
+	p.m.PeersLive.Set(float64(len(ms)))
+	p.m.PeersGossip.Set(float64(g))
+	if p.cfg.OnChange != nil {
+		p.cfg.OnChange()
+	}
+}
+
+// broadcast sends this router's load to every gossip member: one UDP packet
+// when it fits, else over TCP.
+func (p *Peers) broadcast() {
+	msg, err := json.Marshal(message{Name: p.cfg.Name, Seq: uint64(time.Now().UnixNano()), Load: p.nextLoad()})
+	if err != nil || len(msg) > maxMessageBytes {
+		p.log.Error("this router's load does not fit a message; not sent", "bytes", len(msg), "error", err)
+		return
+	}
+	for _, n := range p.ml.Members() {
+		if n.Name == p.cfg.Name {
+			continue
+		}
+		send := p.ml.SendBestEffort
+		if len(msg) > bestEffortBytes {
+			send = p.ml.SendReliable
+		}
+		if err := send(n, msg); err != nil {
+			p.log.Debug("sending load failed", "peer", n.Name, "error", err)
+		}
+	}
+}
+
+// nextLoad is the load to broadcast, each capped model with this router's
+// part under it (the part it keeps to until its next message); it becomes
+// this router's own claim in the split.
+func (p *Peers) nextLoad() Load {
+	load := p.cfg.Local()
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.prevSent, p.sent = p.sent, load
+	for model, ml := range load.Models {
+		if c := p.caps[model]; c > 0 {
+			ml.Share = max(p.shareLocked(model, c, now), p.granted[model])
+			load.Models[model] = ml
+		}
+	}
+	clear(p.granted)
+	return load
+}
+
+// join asks memberlist to join the registered routers it does not gossip
+// with yet.
+func (p *Peers) join() {
+	p.mu.Lock()
+	known := map[string]bool{p.self: true}
+	for _, addr := range p.gossip {
+		known[addr] = true
+	}
+	var addrs []string
+	for _, addr := range p.registered {
+		if addr != "" && !known[addr] {
+			addrs = append(addrs, addr)
+		}
+	}
+	p.mu.Unlock()
+	if len(addrs) == 0 {
+		return
+	}
+	if n, err := p.ml.Join(addrs); err != nil {
+		p.log.Debug("joining peers", "joined", n, "asked", len(addrs), "error", err)
+	}
+}
+
+// watchConsul keeps registered equal to the passing registrations of the
+// routers' service, with blocking queries (a gossip address longer than a
+// host:port is ignored: the registration counts by its id). On errors the last view stays:
+// a router that cannot reach Consul keeps counting the peers it knew.
+func (p *Peers) watchConsul(ctx context.Context) {
+	var index uint64
+	for ctx.Err() == nil {
+		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: time.Minute}).WithContext(ctx)
+		entries, meta, err := p.cfg.Consul.Health().Service(p.cfg.Service, "", true, q)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.log.Warn("reading the routers' registrations from Consul failed; keeping the last view", "error", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		index = meta.LastIndex
+		if index < 1 {
+			index = 1
+		}
+		reg := make(map[string]string, len(entries))
+		for _, e := range entries {
+			if e.Service != nil && e.Service.ID != "" && len(e.Service.ID) <= maxNameBytes {
+				addr := e.Service.Meta[MetaAddr]
+				if _, _, err := net.SplitHostPort(addr); err != nil || len(addr) > maxNameBytes {
+					addr = ""
+				}
+				reg[e.Service.ID] = addr
+			}
+		}
+		p.mu.Lock()
+		p.registered = reg
+		p.mu.Unlock()
+		p.notify()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// receive applies a peer's message.
+func (p *Peers) receive(b []byte) {
+	m, err := decode(b)
+	if err == nil && m.Name == p.cfg.Name {
+		err = errors.New("a message under this router's own name")
+	}
+	if err != nil {
+		p.m.PeerMessages.WithLabelValues("rejected").Inc()
+		p.log.Warn("refused a peer's load message", "error", err)
+		return
+	}
+	p.mu.Lock()
+	_, member := p.gossip[m.Name]
+	old, seen := p.loads[m.Name]
+	if member && (!seen || m.Seq > old.seq) {
+		p.loads[m.Name] = received{seq: m.Seq, at: time.Now(), load: m.Load}
+	}
+	p.mu.Unlock()
+	if !member {
+		p.m.PeerMessages.WithLabelValues("rejected").Inc()
+		return
+	}
+	p.m.PeerMessages.WithLabelValues("ok").Inc()
+	p.notify()
+}
+
+// delegate is memberlist's hook for user messages: the loads.
+type delegate struct{ p *Peers }
+
+func (delegate) NodeMeta(int) []byte                    { return nil }
+func (d delegate) NotifyMsg(b []byte)                   { d.p.receive(b) }
+func (delegate) GetBroadcasts(int, int) [][]byte        { return nil }
+func (delegate) LocalState(bool) []byte                 { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool) {}
+
+// events follows membership (called under memberlist's locks: no calls
+// back into memberlist here).
+type events struct{ p *Peers }
+
+func (e events) NotifyJoin(n *memberlist.Node) {
+	if n.Name == e.p.cfg.Name {
+		return
+	}
+	e.p.mu.Lock()
+	e.p.gossip[n.Name] = n.Address()
+	e.p.mu.Unlock()
+	e.p.log.Info("peer joined", "peer", n.Name, "address", n.Address())
+	e.p.notify()
+}
+
+func (e events) NotifyLeave(n *memberlist.Node) {
+	e.p.mu.Lock()
+	delete(e.p.gossip, n.Name)
+	delete(e.p.loads, n.Name)
+	e.p.mu.Unlock()
+	e.p.log.Info("peer left or failed", "peer", n.Name)
+	e.p.notify()
+}
+
+func (events) NotifyUpdate(*memberlist.Node) {}

@@ -1,0 +1,100 @@
+package peers
+
+import "sort"
+
+// claim is one live router's part in a split: its demand and, when its
+// load is known (fresh), what it uses now.
+type claim struct {
+	name   string
+	demand float64 // in flight + queued (a model), requests/s (a key)
+	known  bool    // a fresh load from the router itself
+	used   int     // in flight, when known
+	share  int     // its part as it last said, when known
+}
+
+// allocate splits total slots over claims (sorted by name): first one slot
+// to each claim with demand, in name order, while slots remain, so that no
+// router with work waits for ever behind a busier one; then the rest in
+// proportion to 1 + demand, by largest remainder (ties to the earlier
+// name). Routers that see the same claims compute the same split, which
+// sums to total.
+func allocate(total int, cs []claim) []int {
+	out := make([]int, len(cs))
+	left := total
+	for i, c := range cs {
+		if left == 0 {
+			break
+		}
+		if c.demand > 0 {
+			out[i]++
+			left--
+		}
+	}
+	if left == 0 || len(cs) == 0 {
+		return out
+	}
+	var sum float64
+	for _, c := range cs {
+		sum += 1 + c.demand
+	}
+	type rem struct {
+		i int
+		r float64
+	}
+	rems := make([]rem, len(cs))
+	given := 0
+	for i, c := range cs {
+		exact := float64(left) * (1 + c.demand) / sum
+		n := int(exact)
+		out[i] += n
+		given += n
+		rems[i] = rem{i, exact - float64(n)}
+	}
+	sort.SliceStable(rems, func(a, b int) bool { return rems[a].r > rems[b].r })
+	for k := 0; given < left; k++ {
+		out[rems[k%len(rems)].i]++
+		given++
+	}
+	return out
+}
+
+// shareOf is the slots of total the router at self may fill: its part of
+// allocate's split, and never more than total less, for each other router,
+// the largest of what it said it runs, what it said its part was, and its
+// part now. A router whose load is unknown (cut off, or silent for
+// StaleAfter) is taken to hold at least its even part (total ÷ routers): a
+// router cut off from its peers falls back to that share, never more. A
+// slot moves from one router to another only once its holder has said it
+// gave it up.
+func shareOf(total int, self int, cs []claim) int {
+	if total <= 0 {
+		return total
+	}
+	alloc := allocate(total, cs)
+	even := allocate(total, make([]claim, len(cs)))
+	others := 0
+	for i, c := range cs {
+		if i == self {
+			continue
+		}
+		if c.known {
+			others += max(c.used, c.share, alloc[i])
+		} else {
+			others += max(alloc[i], even[i])
+		}
+	}
+	return max(0, min(alloc[self], total-others))
+}
+
+// fractionOf is self's part of a rate: (1 + demand) over the sum of
+// everyone's.
+func fractionOf(self int, cs []claim) float64 {
+	var sum float64
+	for _, c := range cs {
+		sum += 1 + c.demand
+	}
+	if sum == 0 || self < 0 || self >= len(cs) {
+		return 1
+	}
+	return (1 + cs[self].demand) / sum
+}

@@ -1,0 +1,216 @@
+package routers
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+)
+
+// maxInFlightOvershoot is the overshoot of max_in_flight ARCHITECTURE.md
+// states for a datacenter's routers ("What the routers of a datacenter
+// share").
+const maxInFlightOvershoot = 1
+
+// Three routers, max_in_flight k, bursts through all three at once: the
+// engine never runs more than k + the stated overshoot (each router alone
+// would let k through: 3k).
+func TestMaxInFlightHoldsAcrossRouters(t *testing.T) {
+	const k, per, bursts = 4, 6, 20
+	e := newEngine(t, 50*time.Millisecond)
+	c := startCluster(t, 3, e, fmt.Sprintf(`{"policy":"round_robin","admission":{"max_in_flight":%d,"max_queue":100,"queue_timeout":"30s"}}`, k), "")
+	worst := int64(0)
+	var peaks []int64
+	for range bursts {
+		e.peak.Store(0)
+		counts := burst(c.routers, per)
+		must.Eq(t, map[int]int{http.StatusOK: 3 * per}, counts)
+		peaks = append(peaks, e.peak.Load())
+		worst = max(worst, e.peak.Load())
+	}
+	t.Logf("max_in_flight %d, 3 routers, %d bursts of %d requests: engine peaks %v (worst %d, overshoot %d)",
+		k, bursts, 3*per, peaks, worst, worst-k)
+	must.LessEq(t, int64(k+maxInFlightOvershoot), worst)
+	must.Eq(t, int64(bursts*3*per), e.served.Load())
+}
+
+// A key limited to r requests a second (burst b) across 3 routers: the
+// requests admitted stay within b + r·T (+1 per router: a router's bucket
+// holds at least one token).
+func TestKeyRateHoldsAcrossRouters(t *testing.T) {
+	const r, b = 10, 10
+	e := newEngine(t, time.Millisecond)
+	keys := fmt.Sprintf(`{"keys":[{"id":"team","sha256":%q,"rate_per_second":%d,"burst":%d}]}`, digest(apiKey), r, b)
+	c := startCluster(t, 3, e, `{"policy":"round_robin"}`, keys)
+	counts, elapsed := paced(c.routers, apiKey, 3*time.Second)
+	limit := b + r*elapsed.Seconds() + 3
+	t.Logf("key at %d/s (burst %d) through 3 routers for %v: %d admitted (limit %.1f); statuses %v (0: cut at the window's end)",
+		r, b, elapsed.Round(time.Millisecond), counts[http.StatusOK], limit, counts)
+	must.Positive(t, counts[http.StatusTooManyRequests])
+	must.LessEq(t, limit, float64(counts[http.StatusOK]))
+	must.Greater(t, float64(r)*elapsed.Seconds()/2, float64(counts[http.StatusOK]), must.Sprint("the limit is shared, not starved"))
+}
+
+// A router killed (SIGKILL) and one frozen (SIGSTOP): the others keep
+// serving, and once Consul and the gossip have let them go the budget is
+// split over those left: the engine runs the whole k again.
+func TestRoutersResplitAfterKillAndFreeze(t *testing.T) {
+	const k, per = 6, 6
+	e := newEngine(t, 200*time.Millisecond)
+	c := startCluster(t, 4, e, fmt.Sprintf(`{"policy":"round_robin","admission":{"max_in_flight":%d,"max_queue":100,"queue_timeout":"30s"}}`, k), "")
+
+	must.NoError(t, c.routers[3].Kill())
+	freeze(t, c.routers[2])
+	start := time.Now()
+	survivors := c.routers[:2]
+	// While the lost routers still count, the survivors hold their shares.
+	counts := burst(survivors, per)
+	must.Eq(t, map[int]int{http.StatusOK: 2 * per}, counts)
+	must.LessEq(t, int64(k), e.peak.Load())
+	c.waitLive(survivors, 2)
+	t.Logf("killed and frozen routers let go, budget re-split over 2 routers, %v after the kill", time.Since(start).Round(100*time.Millisecond))
+	e.peak.Store(0)
+	counts = burst(survivors, per)
+	must.Eq(t, map[int]int{http.StatusOK: 2 * per}, counts)
+	must.Eq(t, int64(k), e.peak.Load(), must.Sprint("the two left share the whole cap"))
+}
+
+// The load term sees the other routers' requests: router A, which knows
+// only engine E1, has 3 requests running there; router B (E1 and E2,
+// least_load) sends its next 3 to E2. Alone, B would split them 2/1 or 1/2
+// between the engines it sees idle.
+func TestLoadTermSeesPeersRequests(t *testing.T) {
+	e1, e2 := newEngine(t, 3*time.Second), newEngine(t, 3*time.Second)
+	a1, a2 := strings.TrimPrefix(e1.URL, "http://"), strings.TrimPrefix(e2.URL, "http://")
+	// Static instance ids are by position: E1 is static-0-<addr> on both.
+	c := startRouters(t, `{"policy":"least_load"}`, "", "m="+a1, "m="+a1+",m="+a2)
+	a, b := c.routers[0], c.routers[1]
+	var wg sync.WaitGroup
+	send := func(r *router) {
+		wg.Add(1)
+		go func() { defer wg.Done(); must.Eq(t, http.StatusOK, complete(context.Background(), r, "")) }()
+	}
+	for range 3 {
+		send(a)
+	}
+	testutil.Eventually(t, 10*time.Second, "B hears of A's 3 requests on E1", func() bool {
+		return e1.inFlight.Load() == 3 && b.metric("oasis_router_peers_in_flight", nil) == 3
+	})
+	for range 3 {
+		send(b)
+	}
+	testutil.Eventually(t, 10*time.Second, "B's requests on an engine", func() bool {
+		return e1.inFlight.Load()+e2.inFlight.Load() == 6
+	})
+	must.Eq(t, int64(3), e2.inFlight.Load(), must.Sprint("B sent its requests to the engine A's do not load"))
+	wg.Wait()
+}
+
+// A key limited to t tokens a minute across 3 routers (usage from the
+// engine: 4 tokens a request): the tokens admitted stay within t + the
+// window's refill + one request in flight per router (charged at its end).
+func TestKeyTokensPerMinuteHoldAcrossRouters(t *testing.T) {
+	const tpm, perRequest = 120, 4
+	e := newEngine(t, time.Millisecond)
+	keys := fmt.Sprintf(`{"keys":[{"id":"team","sha256":%q,"tokens_per_minute":%d}]}`, digest(apiKey), tpm)
+	c := startCluster(t, 3, e, `{"policy":"round_robin"}`, keys)
+	counts, elapsed := paced(c.routers, apiKey, 3*time.Second)
+	limit := (tpm+tpm/60*elapsed.Seconds())/perRequest + 3
+	t.Logf("key at %d tokens/min through 3 routers for %v: %d requests admitted (%d tokens; limit %.1f requests); statuses %v",
+		tpm, elapsed.Round(time.Millisecond), counts[http.StatusOK], counts[http.StatusOK]*perRequest, limit, counts)
+	must.Positive(t, counts[http.StatusTooManyRequests])
+	must.LessEq(t, limit, float64(counts[http.StatusOK]))
+	m := c.routers[0].metric("oasis_router_key_tokens_total", map[string]string{"key": "team"})
+	must.Positive(t, m, must.Sprint("per-key tokens counted"))
+}
+
+// At saturation (max_in_flight 1) the admission queue serves the higher
+// priority band first, and two keys of one band in turn, whatever their
+// arrival order: asserted from the order the engine saw them in.
+func TestPriorityBandsAndFairShares(t *testing.T) {
+	e := newEngine(t, 20*time.Millisecond)
+	var specs []string
+	for _, k := range []struct {
+		id   string
+		prio int
+	}{{"low", 0}, {"high", 5}, {"a", 2}, {"b", 2}, {"blocker", 9}} {
+		specs = append(specs, fmt.Sprintf(`{"id":%q,"sha256":%q,"priority":%d}`, k.id, digest("sk-"+k.id), k.prio))
+	}
+	c := startCluster(t, 1, e, `{"policy":"round_robin","admission":{"max_in_flight":1,"max_queue":100,"queue_timeout":"60s"}}`,
+		`{"keys":[`+strings.Join(specs, ",")+`]}`)
+	r := c.routers[0]
+	var wg sync.WaitGroup
+	send := func(key string, n int) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				must.Eq(t, http.StatusOK, completePrompt(context.Background(), r, "sk-"+key, key))
+			}()
+		}
+	}
+	queued := func(n int) func() bool {
+		return func() bool { return r.metric("oasis_router_queued", map[string]string{"model": "m"}) == float64(n) }
+	}
+	// A long request holds the one slot while the others queue.
+	e.mu.Lock()
+	e.hold = 2 * time.Second
+	e.mu.Unlock()
+	send("blocker", 1)
+	testutil.Eventually(t, 10*time.Second, "the blocker on the engine", func() bool { return e.inFlight.Load() == 1 })
+	e.mu.Lock()
+	e.hold = 20 * time.Millisecond
+	e.mu.Unlock()
+	send("low", 4)
+	testutil.Eventually(t, 10*time.Second, "low queued", queued(4))
+	send("a", 6)
+	testutil.Eventually(t, 10*time.Second, "a queued", queued(10))
+	send("b", 3)
+	send("high", 2)
+	testutil.Eventually(t, 10*time.Second, "all queued", queued(15))
+	wg.Wait()
+	e.mu.Lock()
+	got := e.prompts[1:]
+	e.mu.Unlock()
+	t.Logf("engine order after the blocker: %v", got)
+	must.Eq(t, []string{"high", "high"}, got[:2], must.Sprint("band 5 first"))
+	must.Eq(t, []string{"a", "b", "a", "b", "a", "b", "a", "a", "a"}, got[2:11], must.Sprint("band 2: a and b in turn"))
+	must.Eq(t, []string{"low", "low", "low", "low"}, got[11:], must.Sprint("band 0 last"))
+}
+
+// A router partitioned from the others' gossip (here: another gossip key,
+// so no message passes either way) while Consul still lists it: it keeps
+// its share of max_in_flight (cap ÷ 3), never the whole cap, and the
+// others keep theirs: the engine never runs more than k.
+func TestPartitionedRouterFallsBackToItsShare(t *testing.T) {
+	const k, per = 6, 6
+	e := newEngine(t, 200*time.Millisecond)
+	c := startCluster(t, 2, e, fmt.Sprintf(`{"policy":"round_robin","admission":{"max_in_flight":%d,"max_queue":100,"queue_timeout":"30s"}}`, k), "")
+	other := filepath.Join(t.TempDir(), "other.key")
+	must.NoError(t, os.WriteFile(other, []byte(base64.StdEncoding.EncodeToString([]byte("another key, 32 bytes long......"))), 0o600))
+	c.start("m="+strings.TrimPrefix(e.URL, "http://"), "-peers-key-file", other)
+	lone := c.routers[2]
+	c.waitLive(c.routers, 3)
+	must.Eq(t, 1.0, lone.metric("oasis_router_peers_gossip", nil), must.Sprint("the lone router gossips with nobody"))
+	must.Eq(t, 2.0, c.routers[0].metric("oasis_router_peers_gossip", nil))
+
+	e.peak.Store(0)
+	counts := burst([]*router{lone}, per)
+	must.Eq(t, map[int]int{http.StatusOK: per}, counts)
+	must.Eq(t, int64(k/3), e.peak.Load(), must.Sprint("alone, the partitioned router runs its share"))
+
+	e.peak.Store(0)
+	counts = burst(c.routers, per)
+	must.Eq(t, map[int]int{http.StatusOK: 3 * per}, counts)
+	must.LessEq(t, int64(k), e.peak.Load(), must.Sprint("all three: never more than the cap"))
+}
