@@ -76,6 +76,8 @@ type Metrics struct {
 	Bounds
 	// Routing loops and client connections (protection.go).
 	Protection
+	// In-flight stream migration (migration.go).
+	Migration
 
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
@@ -235,6 +237,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
+	m.Migration = newMigration(reg, ns)
 	m.Bounds = newBounds(reg, ns)
 	return m
 }
