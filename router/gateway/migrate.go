@@ -143,6 +143,9 @@ type streamChunk struct {
 // router's token-id members taken out, a continuation's events rewritten.
 // The result is valid until the next call.
 func (t *streamTrack) filter(data []byte) []byte {
+	if !t.ok && t.leg == 0 && len(t.pending) == 0 && !bytes.Contains(data, []byte("token_ids")) {
+		return data // never to be migrated, nothing to take out: as it came
+	}
 	t.out = t.out[:0]
 	buf := data
 	if len(t.pending) > 0 {
@@ -170,6 +173,10 @@ func (t *streamTrack) event(out, ev []byte) []byte {
 	if !ok || len(data) == 0 || data[0] != '{' {
 		return append(out, ev...) // [DONE], comments, other fields
 	}
+	if t.leg == 0 && !bytes.Contains(data, []byte("token_ids")) {
+		t.skim(data) // no ids: nothing to keep or take out, no need to parse
+		return append(out, ev...)
+	}
 	var c streamChunk
 	if json.Unmarshal(data, &c) != nil {
 		t.ok = false
@@ -193,6 +200,20 @@ func (t *streamTrack) event(out, ev []byte) []byte {
 		ev = removeMember(ev, "token_ids")
 	}
 	return append(out, ev...)
+}
+
+// skim reads what matters of a first-leg event without token ids: output
+// in it (text or content not empty) means the engine does not return ids
+// and the stream cannot be continued; a finish reason ends it.
+func (t *streamTrack) skim(data []byte) {
+	for _, k := range [][]byte{[]byte(`"text":"`), []byte(`"content":"`)} {
+		if i := bytes.Index(data, k); i >= 0 && i+len(k) < len(data) && data[i+len(k)] != '"' {
+			t.ok = false
+		}
+	}
+	if bytes.Contains(data, []byte(`"finish_reason":"`)) {
+		t.finished = true
+	}
 }
 
 // roleOnly reports whether c is a chat stream's role chunk.

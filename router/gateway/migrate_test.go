@@ -54,7 +54,7 @@ type faultyEngine struct {
 	last atomic.Value // string
 }
 
-func newFaultyEngine(t *testing.T, target string, after int, fail func(http.ResponseWriter, *http.Request)) *faultyEngine {
+func newFaultyEngine(t testing.TB, target string, after int, fail func(http.ResponseWriter, *http.Request)) *faultyEngine {
 	t.Helper()
 	f := &faultyEngine{}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
