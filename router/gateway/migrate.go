@@ -86,8 +86,9 @@ type streamTrack struct {
 	legID   []byte
 	legCrt  []byte
 
-	pending []byte // the start of an event not complete yet
-	out     []byte // filter's result
+	pending []byte      // the start of an event not complete yet
+	out     []byte      // filter's result
+	scan    streamChunk // scanChunk's result, reused
 }
 
 func newStreamTrack(x *exchange) *streamTrack {
@@ -122,20 +123,24 @@ type streamChunk struct {
 	ID             json.RawMessage `json:"id"`
 	Created        json.RawMessage `json:"created"`
 	PromptTokenIDs []int32         `json:"prompt_token_ids"` // chat: top level
-	Choices        []struct {
-		Index          int     `json:"index"`
-		Text           string  `json:"text"`
-		TokenIDs       []int32 `json:"token_ids"`
-		PromptTokenIDs []int32 `json:"prompt_token_ids"` // completions
-		FinishReason   *string `json:"finish_reason"`
-		Delta          struct {
-			Role      string          `json:"role"`
-			Content   string          `json:"content"`
-			ToolCalls json.RawMessage `json:"tool_calls"`
-			Reasoning json.RawMessage `json:"reasoning_content"`
-		} `json:"delta"`
-	} `json:"choices"`
-	Usage json.RawMessage `json:"usage"`
+	Choices        []streamChoice  `json:"choices"`
+	Usage          json.RawMessage `json:"usage"`
+}
+
+// streamChoice is one choice of a streamed event.
+type streamChoice struct {
+	Index          int     `json:"index"`
+	Output         []byte  `json:"-"` // scanChunk: text or content, undecoded (it has no escapes)
+	Text           string  `json:"text"`
+	TokenIDs       []int32 `json:"token_ids"`
+	PromptTokenIDs []int32 `json:"prompt_token_ids"` // completions
+	FinishReason   *string `json:"finish_reason"`
+	Delta          struct {
+		Role      string          `json:"role"`
+		Content   string          `json:"content"`
+		ToolCalls json.RawMessage `json:"tool_calls"`
+		Reasoning json.RawMessage `json:"reasoning_content"`
+	} `json:"delta"`
 }
 
 // filter takes the engine's bytes and returns what the client gets now:
@@ -177,18 +182,21 @@ func (t *streamTrack) event(out, ev []byte) []byte {
 		t.skim(data) // no ids: nothing to keep or take out, no need to parse
 		return append(out, ev...)
 	}
-	var c streamChunk
-	if json.Unmarshal(data, &c) != nil {
-		t.ok = false
-		return append(out, ev...)
+	c := &t.scan
+	if !scanChunk(data, c) {
+		c = &streamChunk{}
+		if json.Unmarshal(data, c) != nil {
+			t.ok = false
+			return append(out, ev...)
+		}
 	}
-	if t.leg > 0 && t.roleOnly(&c) {
+	if t.leg > 0 && t.roleOnly(c) {
 		return out // the client had its role chunk from the first engine
 	}
-	t.read(&c)
+	t.read(c)
 	switch {
 	case t.leg > 0 && len(c.Usage) > 0 && string(c.Usage) != "null":
-		return t.rewriteWhole(out, data, &c)
+		return t.rewriteWhole(out, data, c)
 	case t.leg > 0:
 		ev = bytes.Replace(ev, append(append([]byte(`"id":`), t.legID...), ','), append(append([]byte(`"id":`), t.id...), ','), 1)
 		ev = bytes.Replace(ev, append([]byte(`"created":`), t.legCrt...), append([]byte(`"created":`), t.created...), 1)
@@ -216,9 +224,20 @@ func (t *streamTrack) skim(data []byte) {
 	}
 }
 
+// output is a choice's text or content.
+func (ch *streamChoice) output() []byte {
+	if ch.Output != nil {
+		return ch.Output
+	}
+	if ch.Text != "" {
+		return []byte(ch.Text)
+	}
+	return []byte(ch.Delta.Content)
+}
+
 // roleOnly reports whether c is a chat stream's role chunk.
 func (t *streamTrack) roleOnly(c *streamChunk) bool {
-	return t.chat && len(c.Choices) == 1 && c.Choices[0].Delta.Role != "" && c.Choices[0].Delta.Content == "" &&
+	return t.chat && len(c.Choices) == 1 && c.Choices[0].Delta.Role != "" && len(c.Choices[0].output()) == 0 &&
 		len(c.Choices[0].TokenIDs) == 0 && c.Choices[0].FinishReason == nil
 }
 
@@ -237,14 +256,14 @@ func (t *streamTrack) read(c *streamChunk) {
 		if t.leg == 0 {
 			t.prompt = append(t.prompt, ch.PromptTokenIDs...)
 		}
-		out := ch.Text + ch.Delta.Content
+		out := ch.output()
 		if ch.Index != 0 || len(ch.Delta.ToolCalls) > 0 && string(ch.Delta.ToolCalls) != "null" ||
-			len(ch.Delta.Reasoning) > 0 && string(ch.Delta.Reasoning) != "null" || out != "" && len(ch.TokenIDs) == 0 {
+			len(ch.Delta.Reasoning) > 0 && string(ch.Delta.Reasoning) != "null" || len(out) > 0 && len(ch.TokenIDs) == 0 {
 			t.ok = false // n > 1, tool calls, reasoning, or no ids: not continuable from text and ids
 		}
 		t.gen = append(t.gen, ch.TokenIDs...)
 		if t.chat {
-			t.text = append(t.text, ch.Delta.Content...)
+			t.text = append(t.text, out...)
 		}
 		if ch.FinishReason != nil {
 			t.finished = true

@@ -340,3 +340,62 @@ func TestRemoveMember(t *testing.T) {
 		must.EqOp(t, tc.want, string(removeMember([]byte(tc.in), tc.key)))
 	}
 }
+
+// scanChunk reads what encoding/json reads from the events it accepts, and
+// declines the ones it cannot read exactly.
+func TestScanChunk(t *testing.T) {
+	for _, tc := range []struct {
+		ev     string
+		scans  bool
+		prompt []int32
+		ids    []int32
+		out    string
+		role   bool
+		finish bool
+		usage  string
+	}{
+		{`{"id":"cmpl-1","object":"text_completion","created":5,"model":"m","choices":[{"index":0,"text":" th","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[1,2,3],"token_ids":[77]}]}`,
+			true, []int32{1, 2, 3}, []int32{77}, " th", false, false, ""},
+		{`{"id":"c","object":"chat.completion.chunk","created":5,"model":"m","prompt_token_ids":[9, 8],"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+			true, []int32{9, 8}, nil, "", true, false, ""},
+		{`{"id":"c","created":5,"choices":[{"index":0,"delta":{"content":" e"},"logprobs":{"content":[{"token":"e","logprob":-0.1,"bytes":[101],"top_logprobs":[]}]},"finish_reason":"length","token_ids":[-1,2147483647]}]}`,
+			true, nil, []int32{-1, 2147483647}, " e", false, true, ""},
+		{`{"id":"c","created":5,"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`,
+			true, nil, nil, "", false, false, `{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}`},
+		{`{"id":"c","choices":[{"index":0,"delta":{"content":"a \"quote\""},"token_ids":[1]}]}`, false, nil, nil, "", false, false, ""},
+		{`{"id":"c","choices":[{"index":0,"text":"a","token_ids":[1]},{"index":1,"text":"b","token_ids":[2]}]}`, false, nil, nil, "", false, false, ""},
+		{`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"id":"x"}]},"token_ids":[1]}]}`, false, nil, nil, "", false, false, ""},
+		{`{"id":"c","choices":[{"index":0,"text":"a","token_ids":["x"]}]}`, false, nil, nil, "", false, false, ""},
+	} {
+		var c streamChunk
+		got := scanChunk([]byte(tc.ev), &c)
+		must.EqOp(t, tc.scans, got, must.Sprint(tc.ev))
+		if !got {
+			continue
+		}
+		var want streamChunk
+		must.NoError(t, json.Unmarshal([]byte(tc.ev), &want))
+		must.Eq(t, tc.prompt, append(c.PromptTokenIDs, firstChoicePrompt(&c)...))
+		must.EqOp(t, string(want.ID), string(c.ID))
+		must.EqOp(t, string(want.Created), string(c.Created))
+		must.EqOp(t, tc.usage, string(c.Usage))
+		if len(want.Choices) == 0 {
+			must.SliceEmpty(t, c.Choices)
+			continue
+		}
+		ch := &c.Choices[0]
+		must.Eq(t, tc.ids, ch.TokenIDs)
+		must.Eq(t, want.Choices[0].TokenIDs, ch.TokenIDs)
+		must.EqOp(t, tc.out, string(ch.output()))
+		must.EqOp(t, string(want.Choices[0].output()), string(ch.output()))
+		must.EqOp(t, tc.role, ch.Delta.Role != "")
+		must.EqOp(t, tc.finish, ch.FinishReason != nil)
+	}
+}
+
+func firstChoicePrompt(c *streamChunk) []int32 {
+	if len(c.Choices) == 0 {
+		return nil
+	}
+	return c.Choices[0].PromptTokenIDs
+}
