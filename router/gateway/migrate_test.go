@@ -16,7 +16,9 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/tokenizer"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/sim/engine"
 	simserver "github.com/oasis-llm/oasis/sim/server"
 )
@@ -398,4 +400,26 @@ func firstChoicePrompt(c *streamChunk) []int32 {
 		return nil
 	}
 	return c.Choices[0].PromptTokenIDs
+}
+
+// The continuation is scored with its whole context: the prefix term (and
+// the ttft term's uncached count) see the prompt's ids then the ids
+// streamed, so an engine holding them is preferred.
+func TestContinuationScoredWithItsTokens(t *testing.T) {
+	body := `{"model":"m","prompt":"hi","max_tokens":10,"stream":true}`
+	f, err := openai.ParseRequest(pathCompletions, []byte(body))
+	must.NoError(t, err)
+	x := &exchange{req: &scoring.Request{Model: "m", Path: pathCompletions, Body: []byte(body)}, fields: f, body: []byte(body),
+		pol: policy.Resolved{MigrationLimit: 2}}
+	tr := newStreamTrack(x)
+	_ = tr.filter([]byte(`data: {"id":"a","created":1,"choices":[{"index":0,"text":" a","prompt_token_ids":[5,6],"token_ids":[7]}]}` + "\n\n" +
+		`data: {"id":"a","created":1,"choices":[{"index":0,"text":"b","token_ids":[8]}]}` + "\n\n"))
+	must.True(t, tr.continuable())
+	next, err := tr.continuation(x)
+	must.NoError(t, err)
+	ids, err := next.req.PromptTokens(context.Background())
+	must.NoError(t, err)
+	must.Eq(t, []uint32{5, 6, 7, 8}, ids)
+	must.EqOp(t, 8, next.fields.MaxTokens)
+	must.StrContains(t, string(next.body), `"prompt":[5,6,7,8]`)
 }
