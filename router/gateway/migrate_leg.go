@@ -19,17 +19,24 @@ func (g *Gateway) migrate(c *call, rl *relay, ms *migrateSignal) error {
 	x := c.x
 	model := x.req.Model
 	failed := []*scoring.Worker{rl.wk}
-	for {
-		if rl.mig.leg >= x.pol.MigrationLimit {
+	for n := 0; ; n++ { // n: continuations tried, answered or not
+		if c.ctx.Err() != nil {
+			rl.broken(c.ctx, c.ctx, c.r, c.ctx.Err()) // the client left (499) or the deadline passed
+			return nil
+		}
+		if n >= x.pol.MigrationLimit {
 			return g.migrationFailed(c, rl, ms, metrics.MigrationLimit)
 		}
 		next, err := rl.mig.continuation(x)
 		if err != nil {
-			return g.migrationFailed(c, rl, ms, "not_continuable")
+			return g.migrationFailed(c, rl, ms, metrics.MigrationNotContinuable)
 		}
 		wk := g.pickContinuation(c, next, failed)
 		if wk == nil {
 			return g.migrationFailed(c, rl, ms, metrics.MigrationNoWorker)
+		}
+		if ms.reason == metrics.MigrationStreamIdle {
+			g.m.UpstreamTimeouts.WithLabelValues(model, "stream_idle").Inc() // broken counts it when not migrated
 		}
 		g.m.Migrations.WithLabelValues(model, ms.reason).Inc()
 		g.m.MigrationResentTokens.WithLabelValues(model).Add(float64(len(rl.mig.prompt) + len(rl.mig.gen)))

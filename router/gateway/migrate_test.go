@@ -13,6 +13,9 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/oasis-llm/oasis/internal/tokenizer"
 	"github.com/oasis-llm/oasis/router/metrics"
@@ -422,4 +425,62 @@ func TestContinuationScoredWithItsTokens(t *testing.T) {
 	must.Eq(t, []uint32{5, 6, 7, 8}, ids)
 	must.EqOp(t, 8, next.fields.MaxTokens)
 	must.StrContains(t, string(next.body), `"prompt":[5,6,7,8]`)
+}
+
+// A migrated stream's trace: the first engine's oasis.upstream span ends
+// with its failure, the continuation is an oasis.migrate span (leg 1, the
+// tokens it resent) under the same request span, on the new worker.
+func TestMigrationSpans(t *testing.T) {
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	simA, simB := startSim(t), startSim(t)
+	bad := newFaultyEngine(t, simA, 3, crashFault)
+	good := newFaultyEngine(t, simB, -1, crashFault)
+	h := newHarnessWith(t, Config{TracerProvider: tp}, migrationPolicy("5s", 2),
+		map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+	got := readStream(t, h.post("/v1/completions", migrationRequests[0].body))
+	must.EqOp(t, "", got.errorCode)
+	var upstream, migrate sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		switch s.Name() {
+		case SpanUpstream:
+			upstream = s
+		case SpanMigrate:
+			migrate = s
+		}
+	}
+	must.NotNil(t, upstream)
+	must.NotNil(t, migrate)
+	must.EqOp(t, codes.Error, upstream.Status().Code)
+	must.EqOp(t, codes.Unset, migrate.Status().Code)
+	must.EqOp(t, upstream.Parent().SpanID(), migrate.Parent().SpanID())
+	a := attrMap(migrate.Attributes())
+	must.EqOp(t, "b", a[AttrWorker].AsString())
+	must.EqOp(t, int64(1), a[AttrMigrationLeg].AsInt64())
+	must.EqOp(t, int64(len(tokenizer.EncodePrompt("once upon a time"))+3), a[AttrResentTokens].AsInt64())
+}
+
+// Continuations that find no engine end the stream with the error event at
+// once: the only engine failed (no_worker), or the others refuse
+// connections (each refusal counts against migration_limit).
+func TestMigrationWithoutAnEngineLeft(t *testing.T) {
+	sim := startSim(t)
+	for _, tc := range []struct {
+		name, why string
+		dead      int
+	}{{"only engine", metrics.MigrationNoWorker, 0}, {"others dead", metrics.MigrationLimit, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := newFaultyEngine(t, sim, 2, crashFault)
+			engines := map[string]string{"a": "m@" + addr(bad.srv)}
+			for i := range tc.dead {
+				engines[string(rune('b'+i))] = "m@" + deadAddr(t)
+			}
+			h := newHarness(t, migrationPolicy("5s", 2), nil, engines)
+			got := readStream(t, h.post("/v1/completions", migrationRequests[0].body))
+			must.EqOp(t, "upstream_error", got.errorCode)
+			must.True(t, got.done)
+			must.EqOp(t, 1.0, promtest.ToFloat64(h.m.MigrationsFailed.WithLabelValues("m", tc.why)))
+			must.EqOp(t, float64(min(tc.dead, 2)), promtest.ToFloat64(h.m.Migrations.WithLabelValues("m", metrics.MigrationEngineFailed)))
+		})
+	}
 }

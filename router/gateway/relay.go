@@ -206,8 +206,7 @@ func (rl *relay) migration(ctx, uctx context.Context, r *http.Request, err error
 		return nil
 	}
 	if errors.Is(context.Cause(uctx), errStreamIdle) {
-		rl.g.m.UpstreamTimeouts.WithLabelValues(rl.x.req.Model, "stream_idle").Inc()
-		return &migrateSignal{reason: metrics.MigrationStreamIdle, err: errStreamIdle}
+		return &migrateSignal{reason: metrics.MigrationStreamIdle, err: errStreamIdle} // counted by migrate
 	}
 	return &migrateSignal{reason: metrics.MigrationEngineFailed, err: err}
 }

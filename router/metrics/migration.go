@@ -25,6 +25,9 @@ const (
 	MigrationStreamIdle   = "stream_idle"
 	MigrationLimit        = "limit"
 	MigrationNoWorker     = "no_worker"
+	// MigrationNotContinuable: the continuation could not be built (no
+	// max_tokens left, messages not an array).
+	MigrationNotContinuable = "not_continuable"
 )
 
 func newMigration(reg prometheus.Registerer, ns string) Migration {
@@ -33,7 +36,7 @@ func newMigration(reg prometheus.Registerer, ns string) Migration {
 			Help: "Streams continued on another engine after their engine failed past the first token, by the reason (engine_failed|stream_idle)."},
 			[]string{"model", "reason"}),
 		MigrationsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "migrations_failed_total",
-			Help: "Streams that could not be continued and ended with the SSE error event, by reason (limit|no_worker|upstream: the continuation's engine refused it)."},
+			Help: "Streams that could not be continued and ended with the SSE error event, by reason (limit|no_worker|not_continuable)."},
 			[]string{"model", "reason"}),
 		MigrationResentTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "migration_resent_tokens_total",
 			Help: "Tokens the stream continuations sent to their new engines: the prompt plus the tokens already generated (re-prefilled unless cached there)."},
