@@ -140,6 +140,8 @@ func TestFailureBeforeFirstTokenIsRetried(t *testing.T) {
 	}
 }
 
+// The engines here send no token ids, so their streams cannot be migrated
+// (migrate.go): they end as before in-flight migration.
 func TestFailureAfterFirstTokenEndsWithErrorEvent(t *testing.T) {
 	cases := []struct {
 		name, code, reason string

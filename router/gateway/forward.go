@@ -157,6 +157,9 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 		stream: x.fields.Stream, sse: x.fields.Stream && resp.StatusCode == http.StatusOK && isEventStream(resp.Header)}
 	rl.usage.sse = rl.sse
 	rl.strip = rl.sse && asksUsage(x)
+	if _, leg := w.(*cascade.Buffer); rl.sse && !leg && migratable(x, wk) {
+		rl.mig = newStreamTrack(x)
+	}
 	if fl, ok := w.(http.Flusher); ok {
 		rl.fl = fl
 	}
@@ -170,7 +173,17 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 			}
 		}
 	}
-	return rl.run(ctx, uctx, r)
+	err = rl.run(ctx, uctx, r)
+	var ms *migrateSignal
+	if !errors.As(err, &ms) {
+		return err
+	}
+	// This leg is over: its span ends with the engine's failure, and the
+	// stream goes on on another engine.
+	timer.t.Stop()
+	endSpan(sp, ms)
+	sp = noSpan()
+	return g.migrate(c, rl, ms)
 }
 
 // isConnectError reports whether err is the failure to set up a connection:
@@ -209,7 +222,7 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 		target = strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
 		rt = g.cfg.HostedTransport
 	}
-	body := forwardBody(x) // never reassigned: the closure below captures it by value
+	body := forwardBody(x, wk) // never reassigned: the closure below captures it by value
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/router/auth"
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -34,9 +35,10 @@ type relay struct {
 	pending    error // a read's error not yet acted on (a read can return data and an error)
 	tail       [2]byte
 	usage      usageScanner
-	strip      bool   // the router asked for usage: its event is not the client's (streamusage.go)
-	partial    []byte // an unfinished line stripUsage kept back
-	dropBlank  bool   // stripUsage took out a usage line; its blank line is still to come
+	strip      bool         // the router asked for usage: its event is not the client's (streamusage.go)
+	partial    []byte       // an unfinished line stripUsage kept back
+	dropBlank  bool         // stripUsage took out a usage line; its blank line is still to come
+	mig        *streamTrack // set when the stream can be migrated (migrate.go)
 }
 
 // commit sends the engine's status and end-to-end headers to the client.
@@ -51,6 +53,9 @@ func (rl *relay) commit() {
 
 // emit sends data to the client; false when the client is gone.
 func (rl *relay) emit(data []byte, firstToken bool) bool {
+	if rl.mig != nil {
+		data = rl.mig.filter(data)
+	}
 	if len(data) == 0 {
 		return true
 	}
@@ -172,6 +177,9 @@ func (rl *relay) run(ctx, uctx context.Context, r *http.Request) error {
 	case !rl.committed:
 		return rl.g.beforeFirstByte(rl.x, uctx, err)
 	case errors.Is(err, io.EOF):
+		if rl.mig != nil && len(rl.mig.pending) > 0 { // an unfinished last event: the engine's to end
+			_, _ = rl.w.Write(rl.mig.pending)
+		}
 		if len(rl.partial) > 0 { // an unfinished last line: the engine's to end
 			_, _ = rl.w.Write(rl.partial)
 		}
@@ -187,8 +195,24 @@ func (rl *relay) run(ctx, uctx context.Context, r *http.Request) error {
 		}
 		return nil
 	}
+	if ms := rl.migration(ctx, uctx, r, err); ms != nil {
+		return ms
+	}
 	rl.broken(ctx, uctx, r, err)
 	return nil
+}
+
+// migration is the signal to continue the stream elsewhere after its
+// engine failed with err (migrate.go), nil when it cannot be: the client
+// left, the deadline passed, or the stream is not continuable.
+func (rl *relay) migration(ctx, uctx context.Context, r *http.Request, err error) *migrateSignal {
+	if rl.mig == nil || r.Context().Err() != nil || ctx.Err() != nil || !rl.mig.continuable() {
+		return nil
+	}
+	if errors.Is(context.Cause(uctx), errStreamIdle) {
+		return &migrateSignal{reason: metrics.MigrationStreamIdle, err: errStreamIdle} // counted by migrate
+	}
+	return &migrateSignal{reason: metrics.MigrationEngineFailed, err: err}
 }
 
 // broken ends a response whose engine failed after the first byte.

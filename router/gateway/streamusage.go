@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 
 	"github.com/oasis-llm/oasis/router/openai"
+	"github.com/oasis-llm/oasis/router/scoring"
 )
 
 // includeUsage is the stream_options member appended to a body without one.
@@ -21,13 +22,18 @@ func asksUsage(x *exchange) bool {
 	return x.fields.Stream && !x.fields.IncludeUsage && generates(x.req.Path)
 }
 
-// forwardBody is the body x's attempts send: the client's, asking for
-// usage when asksUsage.
-func forwardBody(x *exchange) []byte {
+// forwardBody is the body x's attempts to wk send: the client's, asking
+// for usage when asksUsage, and for token ids when the stream can be
+// migrated (migrate.go).
+func forwardBody(x *exchange, wk *scoring.Worker) []byte {
+	body := x.body
 	if asksUsage(x) {
-		return withUsage(x.body)
+		body = withUsage(body)
 	}
-	return x.body
+	if migratable(x, wk) && !asksTokenIDsItself(x.body) {
+		body = openai.AppendMember(body, "return_token_ids", jsonTrue) // the last of a repeated key wins
+	}
+	return body
 }
 
 // withUsage returns body asking for usage: stream_options appended when the

@@ -33,6 +33,9 @@ const (
 	SpanUpstream  = "oasis.upstream"
 	SpanPrefill   = "oasis.pd.prefill"
 	SpanDecode    = "oasis.pd.decode"
+	// SpanMigrate is a stream's continuation on another engine after its
+	// engine failed mid-stream (migrate.go): one per leg.
+	SpanMigrate = "oasis.migrate"
 )
 
 // Attribute keys of the router's spans (README: Tracing).
@@ -57,6 +60,8 @@ const (
 	AttrStatus        = attribute.Key("http.response.status_code")
 	AttrPrefill       = attribute.Key("oasis.pd.prefill_worker")
 	AttrDecode        = attribute.Key("oasis.pd.decode_worker")
+	AttrMigrationLeg  = attribute.Key("oasis.migration.leg")           // 1 for the first continuation
+	AttrResentTokens  = attribute.Key("oasis.migration.resent_tokens") // prompt + tokens already generated
 )
 
 // tracing is the gateway's tracer and propagator; nil when off.

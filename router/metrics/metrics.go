@@ -78,6 +78,8 @@ type Metrics struct {
 	Protection
 	// State shared with the datacenter's other routers (peers.go).
 	Peers
+	// In-flight stream migration (migration.go).
+	Migration
 
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
@@ -237,6 +239,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
+	m.Migration = newMigration(reg, ns)
 	m.Bounds = newBounds(reg, ns)
 	m.Peers = newPeers(reg)
 	return m

@@ -20,6 +20,7 @@ import (
 //	  "weights": {"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3},
 //	  "admission": {"max_in_flight": 256, "max_queue": 512, "queue_timeout": "10s"},
 //	  "timeouts": {"response_header": "5m", "stream_idle": "60s", "first_token_hold": "auto"},
+//	  "migration_limit": 2,
 //	  "models": {
 //	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
 //	  }
@@ -42,6 +43,10 @@ type Document struct {
 	// local ones; by default they serve a model only when no local worker
 	// does, or as an overflow pool. A model's hosted_peers overrides it.
 	HostedPeers *bool `json:"hosted_peers,omitempty"`
+	// MigrationLimit bounds how many times one stream whose engine fails
+	// after its first token is continued on another engine (gateway
+	// migrate.go); 0 turns migration off. Default DefaultMigrationLimit.
+	MigrationLimit *int `json:"migration_limit,omitempty"`
 }
 
 // Model overrides the document's defaults for one model.
@@ -53,8 +58,9 @@ type Model struct {
 	Disagg
 	// Overflow sends requests the local pool cannot take in time to
 	// another pool (cascade.go).
-	Overflow    *Overflow `json:"overflow,omitempty"`
-	HostedPeers *bool     `json:"hosted_peers,omitempty"`
+	Overflow       *Overflow `json:"overflow,omitempty"`
+	HostedPeers    *bool     `json:"hosted_peers,omitempty"`
+	MigrationLimit *int      `json:"migration_limit,omitempty"`
 }
 
 // Timeouts bound the router's wait for an engine. In a per-model override an
@@ -113,7 +119,19 @@ type Resolved struct {
 	Limits   Limits
 	Timeouts UpstreamTimeouts
 	Disagg   DisaggPolicy
+	// MigrationLimit: continuations of one stream on another engine.
+	MigrationLimit int
 }
+
+// DefaultMigrationLimit continues a stream up to twice: one engine failure
+// is the common case (a crash, a node drained past its deadline), a second
+// covers a rolling update that replaces the engine the stream moved to.
+// Each continuation re-prefills the prompt and what was generated where
+// the new engine does not hold them, so more is rarely worth it.
+const DefaultMigrationLimit = 2
+
+// maxMigrationLimit bounds migration_limit.
+const maxMigrationLimit = 16
 
 // DefaultWeights are the weighted policy's terms when no document says otherwise. Estimated
 // time to first token weighs most: a long uncached prompt goes to a fast worker with no prompts
@@ -187,6 +205,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 	if err := d.validateCascades(); err != nil {
 		return err
 	}
+	if err := validateMigrationLimit("migration_limit", d.MigrationLimit); err != nil {
+		return err
+	}
 	for name, m := range d.Models {
 		if name == "" {
 			return errors.New("models: empty model name")
@@ -206,6 +227,16 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 		if err := m.Disagg.validate("models." + name + "."); err != nil {
 			return err
 		}
+		if err := validateMigrationLimit("models."+name+".migration_limit", m.MigrationLimit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateMigrationLimit(where string, n *int) error {
+	if n != nil && (*n < 0 || *n > maxMigrationLimit) {
+		return fmt.Errorf("%s: want 0 (off) to %d, got %d", where, maxMigrationLimit, *n)
 	}
 	return nil
 }
@@ -281,7 +312,14 @@ func (d *Document) For(model string) Resolved {
 	r.Timeouts = d.Timeouts.apply(UpstreamTimeouts{ResponseHeader: DefaultResponseHeaderTimeout,
 		StreamIdle: DefaultStreamIdleTimeout, HoldAuto: true})
 	r.Disagg = d.Disagg.apply(DisaggPolicy{Enabled: true, MinUncachedTokens: DefaultDisaggMinUncachedTokens, Fallback: true})
+	r.MigrationLimit = DefaultMigrationLimit
+	if d.MigrationLimit != nil {
+		r.MigrationLimit = *d.MigrationLimit
+	}
 	if m, ok := d.Models[model]; ok {
+		if m.MigrationLimit != nil {
+			r.MigrationLimit = *m.MigrationLimit
+		}
 		r.Timeouts = m.Timeouts.apply(r.Timeouts)
 		r.Disagg = m.Disagg.apply(r.Disagg)
 		if m.Policy != "" {

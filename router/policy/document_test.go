@@ -47,6 +47,9 @@ func TestParse(t *testing.T) {
 		{"bad header timeout", `{"policy":"round_robin","timeouts":{"response_header":"later"}}`, "timeouts.response_header"},
 		{"bad hold", `{"policy":"round_robin","models":{"x":{"timeouts":{"first_token_hold":"-1s"}}}}`, "models.x.timeouts.first_token_hold"},
 		{"unknown timeout", `{"policy":"round_robin","timeouts":{"idle":"1s"}}`, `unknown field "idle"`},
+		{"migration limit", `{"policy":"round_robin","migration_limit":0,"models":{"x":{"migration_limit":5}}}`, ""},
+		{"negative migration limit", `{"policy":"round_robin","migration_limit":-1}`, "migration_limit: want 0 (off) to 16, got -1"},
+		{"model migration limit too high", `{"policy":"round_robin","models":{"x":{"migration_limit":17}}}`, "models.x.migration_limit: want 0 (off) to 16"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -85,12 +88,31 @@ func TestFor(t *testing.T) {
 		model string
 		want  Resolved
 	}{
-		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg}},
-		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}, defaults, defaultDisagg}},
-		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg}},
+		{"other", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"load": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg, DefaultMigrationLimit}},
+		{"a", Resolved{scoring.Config{Policy: "least_load", Weights: map[string]float64{"load": 1}}, Limits{2, 4, 2 * time.Second}, defaults, defaultDisagg, DefaultMigrationLimit}},
+		{"b", Resolved{scoring.Config{Policy: "weighted", Weights: map[string]float64{"power": 1}}, Limits{8, 4, 2 * time.Second}, defaults, defaultDisagg, DefaultMigrationLimit}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.model, func(t *testing.T) { must.Eq(t, tc.want, doc.For(tc.model)) })
+	}
+}
+
+func TestMigrationLimitFor(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		want      map[string]int
+	}{
+		{"default", `{"policy":"round_robin","models":{"a":{}}}`, map[string]int{"a": DefaultMigrationLimit, "b": DefaultMigrationLimit}},
+		{"document off", `{"policy":"round_robin","migration_limit":0,"models":{"a":{"migration_limit":3}}}`, map[string]int{"a": 3, "b": 0}},
+		{"hcl", "policy = \"round_robin\"\nmigration_limit = 1\nmodel \"a\" {\n  migration_limit = 0\n}\n", map[string]int{"a": 0, "b": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			doc, err := Parse([]byte(tc.doc), registry(t))
+			must.NoError(t, err)
+			for model, n := range tc.want {
+				must.EqOp(t, n, doc.For(model).MigrationLimit, must.Sprint(model))
+			}
+		})
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 //	  }
 //	}
 //	hosted_peers = false
+//	migration_limit = 2
 //	cascade "assistant" {
 //	  small            = "llama-3-8b"
 //	  large            = "llama-3-70b"
@@ -52,6 +53,8 @@ type hclDocument struct {
 	Federation  *hclFederation     `hcl:"federation,block"`
 	Cascades    []hclCascade       `hcl:"cascade,block"`
 	HostedPeers *bool              `hcl:"hosted_peers,optional"`
+	// MigrationLimit: see Document.MigrationLimit.
+	MigrationLimit *int `hcl:"migration_limit,optional"`
 
 	Disaggregation                  *string `hcl:"disaggregation,optional"`
 	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
@@ -105,6 +108,8 @@ type hclModel struct {
 	Timeouts    *hclTimeouts       `hcl:"timeouts,block"`
 	Overflow    *hclOverflow       `hcl:"overflow,block"`
 	HostedPeers *bool              `hcl:"hosted_peers,optional"`
+	// MigrationLimit: see Document.MigrationLimit.
+	MigrationLimit *int `hcl:"migration_limit,optional"`
 
 	Disaggregation                  *string `hcl:"disaggregation,optional"`
 	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
@@ -123,7 +128,7 @@ func decodeHCL(data []byte) (*Document, error) {
 		return nil, fmt.Errorf("decoding policy HCL: %s", diags.Error())
 	}
 	d := &Document{Policy: h.Policy, Weights: h.Weights, Disagg: Disagg{h.Disaggregation,
-		h.DisaggregationMinUncachedTokens, h.DisaggregationFallback}, HostedPeers: h.HostedPeers}
+		h.DisaggregationMinUncachedTokens, h.DisaggregationFallback}, HostedPeers: h.HostedPeers, MigrationLimit: h.MigrationLimit}
 	if err := decodeHCLCascades(d, h.Cascades); err != nil {
 		return nil, err
 	}
@@ -146,7 +151,7 @@ func decodeHCL(data []byte) (*Document, error) {
 			return nil, fmt.Errorf("decoding policy HCL: model %q defined twice", m.Name)
 		}
 		mm := Model{Policy: m.Policy, Weights: m.Weights, Disagg: Disagg{m.Disaggregation,
-			m.DisaggregationMinUncachedTokens, m.DisaggregationFallback}, HostedPeers: m.HostedPeers}
+			m.DisaggregationMinUncachedTokens, m.DisaggregationFallback}, HostedPeers: m.HostedPeers, MigrationLimit: m.MigrationLimit}
 		if m.Overflow != nil {
 			o := Overflow(*m.Overflow)
 			mm.Overflow = &o
@@ -162,7 +167,8 @@ func decodeHCL(data []byte) (*Document, error) {
 		d.Models[m.Name] = mm
 	}
 	if d.Policy == "" && d.Weights == nil && h.Admission == nil && h.Timeouts == nil && len(h.Models) == 0 &&
-		h.Federation == nil && d.Disagg.empty() && len(h.Cascades) == 0 && h.HostedPeers == nil {
+		h.Federation == nil && d.Disagg.empty() && len(h.Cascades) == 0 && h.HostedPeers == nil &&
+		h.MigrationLimit == nil {
 		return nil, errors.New("decoding policy HCL: empty document")
 	}
 	return d, nil

@@ -42,6 +42,12 @@ type genParams struct {
 	wantLogprobs bool
 	fixedLogprob *float64 // every sampled token's log probability, when set
 	rng          *rand.Rand
+	// greedy, when set, makes each token a function of the context so far
+	// (prompt + tokens generated) and of *greedy, the request's seed (0 at
+	// temperature 0): a continuation on another server, sent the prompt and
+	// the tokens already generated, yields the rest of the same answer.
+	greedy *uint64
+	prompt []int32 // the context greedy generation starts from
 }
 
 // generation is a request's complete, precomputed output. The engine emits tokens
@@ -72,11 +78,18 @@ func (v *vocab) generate(p genParams) *generation {
 	if !p.explicitMax {
 		n = 16 + p.rng.IntN(256)
 		natural = true
+		if p.greedy != nil {
+			n = p.limit // the end of turn comes from the context (continueContext)
+		}
 	}
 	if n > p.limit {
 		n, natural = p.limit, false
 	}
 	g := &generation{tokens: make([]int32, 0, n), finishReason: "length"}
+	if p.greedy != nil {
+		v.continueContext(g, p, n, natural)
+		n, natural = len(g.tokens), false
+	}
 	for len(g.tokens) < n {
 		w := v.words[p.rng.IntN(len(v.words))]
 		g.tokens = append(g.tokens, w[:min(len(w), n-len(g.tokens))]...)

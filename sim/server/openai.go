@@ -95,6 +95,8 @@ type apiRequest struct {
 	Echo                   bool            `json:"echo"`
 	SkipSpecialTokens      *bool           `json:"skip_special_tokens"`
 	AddGenerationPrompt    *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage   bool            `json:"continue_final_message"`
+	ReturnTokenIDs         bool            `json:"return_token_ids"`
 	AddSpecialTokens       *bool           `json:"add_special_tokens"`
 	KVTransferParams       json.RawMessage `json:"kv_transfer_params"`
 	BootstrapHost          json.RawMessage `json:"bootstrap_host"`
@@ -321,6 +323,7 @@ type prepared struct {
 	includeUsage bool
 	continuous   bool
 	echo         bool
+	tokenIDs     bool             // return_token_ids: prompt_token_ids and token_ids in the answer
 	vllm         *vllmKV          // kv_transfer_params
 	sglang       *sglangBootstrap // bootstrap_* fields
 	holdKey      string           // a prefill leg's KV is held under this key
@@ -351,8 +354,9 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 		if err != nil {
 			return nil, err
 		}
-		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		p.prompt = tokenizer.EncodeChat(msgs, addGen)
+		if p.prompt, err = chatPrompt(msgs, &req); err != nil {
+			return nil, err
+		}
 		// Chat logprobs: bool + top_logprobs (0..20).
 		if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {
 			if err := json.Unmarshal(req.Logprobs, &p.logprobs); err != nil {
@@ -431,7 +435,10 @@ func (s *Server) prepare(r *http.Request, chat bool) (*prepared, error) {
 		topLogprobs:  p.topLogprobs,
 		fixedLogprob: confidence(&req),
 		rng:          s.requestRNG(p.prompt, req.Seed, req.Temperature),
+		greedy:       greedySeed(req.Seed, req.Temperature),
+		prompt:       p.prompt,
 	}
+	p.tokenIDs = req.ReturnTokenIDs
 	if maxTokens != nil {
 		gp.maxTokens, gp.explicitMax = *maxTokens, true
 	}
@@ -536,7 +543,11 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		}
 	}
 	s.finishPrefill(p, st)
-	writeJSON(w, s.fullResponse(p, rid, cached))
+	resp := s.fullResponse(p, rid, cached)
+	if p.tokenIDs {
+		addTokenIDs(resp, p)
+	}
+	writeJSON(w, resp)
 }
 
 func requestID(r *http.Request, chat bool) string {
@@ -715,7 +726,12 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 		bw.WriteString("}\n\n")
 	}
 	if p.chat {
+		plain := head
+		if p.tokenIDs { // the first chunk carries the prompt's ids, at its top level
+			head = promptIDsHead(head, p.prompt)
+		}
 		writeChunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
+		head = plain
 	}
 	var buf []engine.Output
 	var scratch []byte
@@ -754,6 +770,10 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 			if !p.logprobs {
 				// Hot path: hand-encoded choice, same JSON as the map below.
 				scratch = appendChoice(scratch[:0], p.chat, text, o.Finished, g)
+				if p.tokenIDs {
+					writeChunk(chunkIDs(json.RawMessage(scratch), p, i), u)
+					continue
+				}
 				writeChunk(json.RawMessage(scratch), u)
 				continue
 			}
@@ -769,6 +789,9 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, p *prepa
 			if o.Finished {
 				choice["finish_reason"] = g.finishReason
 				choice["stop_reason"] = g.stopReason
+			}
+			if p.tokenIDs {
+				chunkIDs(choice, p, i)
 			}
 			writeChunk(choice, u)
 		}

@@ -162,6 +162,9 @@ func renderGroup(s modelSpec, role string, count int) *nomadapi.TaskGroup {
 		Count:    ptr(count),
 		Networks: []*nomadapi.NetworkResource{net},
 		Services: []*nomadapi.Service{renderService(s, role)},
+		// The service leaves Consul (and the router) first; requests on
+		// their way get shutdown_delay, then the driver drains (killTimeout).
+		ShutdownDelay: ptr(shutdownDelay(s)),
 		RestartPolicy: &nomadapi.RestartPolicy{
 			Attempts: ptr(3),
 			Interval: ptr[time.Duration](30 * time.Minute),
@@ -259,13 +262,46 @@ func metricsPath(engine string) string {
 	return "/metrics"
 }
 
+// Drain bounds, as the recipes set them (nomad-driver/README, Draining):
+// Nomad deregisters an engine's service, waits shutdown_delay for requests
+// already on their way to it, and the llm driver then waits for the
+// engine's requests in flight, up to kill_timeout, before it signals.
+const (
+	shutdownDelaySim    = 2 * time.Second   // oasis-sim answers within seconds
+	shutdownDelayEngine = 5 * time.Second   // real engines: a request routed just before the deregistration
+	killTimeoutSim      = 30 * time.Second  // the longest sim answer at speed 1
+	killTimeoutPrefill  = 60 * time.Second  // a prefill leg is one long prompt's prefill
+	killTimeoutEngine   = 120 * time.Second // a few thousand tokens at tens of tokens per second
+	killTimeoutLarge    = 180 * time.Second // tensor parallel ≥ 4 (70B class): slower decode
+)
+
+// shutdownDelay is an engine group's shutdown_delay.
+func shutdownDelay(s modelSpec) time.Duration {
+	if s.Engine == config.EngineSim {
+		return shutdownDelaySim
+	}
+	return shutdownDelayEngine
+}
+
+// killTimeout is an engine task's kill_timeout: how long the driver lets
+// its requests in flight finish. Nomad clients cap it at max_kill_timeout
+// (30 s unless raised).
+func killTimeout(s modelSpec, role string) time.Duration {
+	switch {
+	case s.Engine == config.EngineSim:
+		return killTimeoutSim
+	case role == config.RolePrefill:
+		return killTimeoutPrefill
+	case s.TensorParallelSize >= 4:
+		return killTimeoutLarge
+	}
+	return killTimeoutEngine
+}
+
 // renderTask is the llm driver task of one engine role.
 func renderTask(s modelSpec, role string) *nomadapi.Task {
-	kill := 90 * time.Second
+	kill := killTimeout(s, role)
 	cpu, mem := s.CPU, s.MemoryMB
-	if s.Engine == config.EngineSim {
-		kill = 10 * time.Second
-	}
 	res := &nomadapi.Resources{CPU: ptr(cpu), MemoryMB: ptr(mem)}
 	if n := s.gpuCount(); n > 0 {
 		res.Devices = []*nomadapi.RequestedDevice{{Name: "nvidia/gpu", Count: ptr(uint64(n))}}

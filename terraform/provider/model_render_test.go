@@ -5,7 +5,9 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/shoenig/test/must"
 
@@ -88,3 +90,45 @@ func TestSpecHashIgnoresCountsAndPlacement(t *testing.T) {
 	must.NoError(t, err)
 	must.NotEqOp(t, h1, h3)
 }
+
+// TestRenderDrainBounds: every group gets the recipes' shutdown_delay and
+// its task their kill_timeout, so a rolling update or node drain of a
+// provider-rendered model drains its requests as the recipe's does.
+func TestRenderDrainBounds(t *testing.T) {
+	tp4 := renderCases["vllm-agg-native-offload"]
+	tp4.TensorParallelSize = 4
+	cases := []struct {
+		name   string
+		spec   modelSpec
+		recipe string
+		want   map[string][2]string // group → shutdown_delay, kill_timeout
+	}{
+		{"sim", renderCases["sim-agg"], "recipes/tiny/sim/agg", map[string][2]string{"engine": {"2s", "30s"}}},
+		{"vllm", renderCases["vllm-agg-native-offload"], "recipes/llama3-8b/vllm/agg", map[string][2]string{"engine": {"5s", "120s"}}},
+		{"vllm tp4", tp4, "recipes/llama3-70b/vllm/agg-tp4", map[string][2]string{"engine": {"5s", "180s"}}},
+		{"vllm disagg", renderCases["vllm-disagg"], "recipes/llama3-8b/vllm/disagg-nixl",
+			map[string][2]string{"prefill": {"5s", "60s"}, "decode": {"5s", "120s"}}},
+		{"llama.cpp", renderCases["llama-cpp-cpu"], "recipes/llama3-8b/llama-cpp/cpu", map[string][2]string{"engine": {"5s", "120s"}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			recipe, err := os.ReadFile(filepath.Join("..", "..", tc.recipe, "job.nomad.hcl"))
+			must.NoError(t, err)
+			job := renderModelJob(tc.spec)
+			must.Len(t, len(tc.want), job.TaskGroups)
+			for _, g := range job.TaskGroups {
+				want, ok := tc.want[*g.Name]
+				must.True(t, ok, must.Sprint("group ", *g.Name))
+				must.NotNil(t, g.ShutdownDelay)
+				must.EqOp(t, want[0], secs(*g.ShutdownDelay))
+				must.EqOp(t, want[1], secs(*g.Tasks[0].KillTimeout))
+				// The recipe sets the same values.
+				must.StrContains(t, string(recipe), `shutdown_delay = "`+want[0]+`"`)
+				must.StrContains(t, string(recipe), `kill_timeout = "`+want[1]+`"`)
+			}
+		})
+	}
+}
+
+// secs writes d as the recipes do: "120s".
+func secs(d time.Duration) string { return strconv.Itoa(int(d.Seconds())) + "s" }

@@ -41,6 +41,8 @@ type result struct {
 	status     int
 	code       string // the error code of a clean error
 	tokens     int    // content chunks a stream delivered
+	text       string // a stream's content
+	body       string // the request sent
 	detail     string // why it was lost
 }
 
@@ -118,18 +120,28 @@ func (l *load) snapshot() []result {
 
 // do sends one request. Its context is not the load's: a request is never
 // abandoned by the generator, only by its own deadline.
-func (l *load) do(name string, stream bool) (r result) {
-	r = result{stream: stream, start: time.Now()}
-	defer func() { r.end = time.Now() }()
+func (l *load) do(name string, stream bool) result {
 	maxTokens := wholeTokens
 	if stream {
 		maxTokens = streamTokens
 	}
 	// The name first, so that no two prompts share a cached prefix: every
-	// request prefills.
+	// request prefills. A seed makes oasis-sim's answer a function of the
+	// context (greedy), so a stream migrated to another engine can be
+	// compared with the uninterrupted answer (replay).
 	prompt := name + ": " + strings.Repeat("tell me a long story about the sea ", 6)
-	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%t}`,
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"seed":7,"stream":%t}`,
 		l.cfg.model, prompt, maxTokens, stream)
+	return l.send(body, stream)
+}
+
+// replay sends r's request again.
+func (l *load) replay(r result) result { return l.send(r.body, r.stream) }
+
+// send sends one request body and judges its answer.
+func (l *load) send(body string, stream bool) (r result) {
+	r = result{stream: stream, start: time.Now(), body: body}
+	defer func() { r.end = time.Now() }()
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.deadline+hangGrace)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.cfg.url+"/v1/chat/completions", strings.NewReader(body))
@@ -263,6 +275,7 @@ func (r result) judgeStream(ctx context.Context, resp *http.Response, model stri
 			default:
 				if len(c.Choices) == 1 && c.Choices[0].Delta.Content != "" {
 					r.tokens++
+					r.text += c.Choices[0].Delta.Content
 				}
 				finished = finished || c.finished()
 			}
