@@ -136,6 +136,7 @@ func newFlagSet(c *app.Config, rt *runtimeFlags, lists *listFlags) *flag.FlagSet
 	fs.StringVar(engines, "engines", "", "static engines for -discovery=static: model=host:port[@engine][,...]; @engine sets oasis_engine (e.g. @sim: oasis-sim's tokenizer, no /tokenize round trip)")
 	fs.StringVar(&c.PolicyFile, "policy-file", "", "read the policy from this file (JSON or HCL) instead of Consul KV (no live reload)")
 	fs.StringVar(&c.APIKeysFile, "api-keys-file", "", "enable API keys from this JSON file of sha256 digests (reloaded on SIGHUP)")
+	fs.StringVar(&c.ResponseIDKeyFile, "response-id-key-file", "", "key (≥32 bytes) authenticating Responses API ids; the same on every router replica (default: random per process)")
 	fs.BoolVar(&c.APIKeysKV, "api-keys-kv", false, "enable API keys from Consul KV <prefix>/keys (watched)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", app.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
 	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", app.DefaultBodyReadTimeout, "time a client has to send its request body once its headers arrived (408 after)")

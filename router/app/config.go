@@ -57,6 +57,11 @@ type Config struct {
 	PolicyFile  string // -policy-file: a fixed policy instead of Consul KV
 	APIKeysFile string // -api-keys-file (reloaded by App.ReloadAPIKeys)
 	APIKeysKV   bool   // -api-keys-kv
+	// ResponseIDKeyFile holds the key (at least gateway.MinResponseIDKey
+	// bytes, surrounding white space trimmed) that authenticates Responses
+	// API ids; every replica of a datacenter reads the same one. Empty: a
+	// random key per process (gateway.Config.ResponseIDKey).
+	ResponseIDKeyFile string // -response-id-key-file
 
 	MaxBodyBytes    int64         // -max-body-bytes (default DefaultMaxBodyBytes)
 	BodyReadTimeout time.Duration // -body-read-timeout (default DefaultBodyReadTimeout)

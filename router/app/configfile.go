@@ -38,6 +38,7 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "policy", Name: "file", Flag: "policy-file", Kind: agentconfig.String},
 	{Block: "policy", Name: "api_keys_file", Flag: "api-keys-file", Kind: agentconfig.String},
 	{Block: "policy", Name: "api_keys_kv", Flag: "api-keys-kv", Kind: agentconfig.Bool},
+	{Block: "policy", Name: "response_id_key_file", Flag: "response-id-key-file", Kind: agentconfig.String},
 
 	{Block: "federation", Name: "listen", Flag: "federation-listen", Kind: agentconfig.String},
 	{Block: "federation", Name: "advertise", Flag: "federation-advertise", Kind: agentconfig.String},

@@ -209,7 +209,10 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 		target = strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
 		rt = g.cfg.HostedTransport
 	}
-	body := forwardBody(x) // never reassigned: the closure below captures it by value
+	body, err := g.attemptBody(x, wk) // never reassigned: the closure below captures it by value
+	if err != nil {
+		return nil, nil, err
+	}
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err

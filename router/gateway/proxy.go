@@ -82,6 +82,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		g.cfg.Federation.Arrived()
 	}
 	c := call{ctx: ctx, w: w, r: r, rec: rec, x: x}
+	if !g.pinResponse(&c) {
+		return
+	}
 	g.execute(&c, g.route(&c, doc))
 }
 

@@ -73,8 +73,9 @@ type Server struct {
 	busy      engine.BusyTracker
 	wake      chan struct{}
 
-	kv     *kvStore     // prefill legs' KV held for decode legs
-	client *http.Client // decode legs' side-channel pulls
+	kv        *kvStore       // prefill legs' KV held for decode legs
+	client    *http.Client   // decode legs' side-channel pulls
+	responses *responseStore // stored Responses API responses (responses.go)
 }
 
 // stream is one in-flight request as the driver sees it.
@@ -158,6 +159,7 @@ func New(cfg Config) (*Server, error) {
 		wake:      make(chan struct{}, 1),
 		kv:        newKVStore(),
 		client:    &http.Client{},
+		responses: newResponseStore(),
 	}
 	for _, n := range cfg.ServedModelNames {
 		s.served[n] = true
@@ -378,6 +380,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", s.handleResponseGet)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleResponseCancel)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)

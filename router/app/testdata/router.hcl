@@ -40,10 +40,11 @@ cors {
 }
 
 policy {
-  kv_prefix     = "oasis/router"
-  file          = ""
-  api_keys_file = ""
-  api_keys_kv   = false
+  kv_prefix            = "oasis/router"
+  file                 = ""
+  api_keys_file        = ""
+  api_keys_kv          = false
+  response_id_key_file = ""
 }
 
 federation {
