@@ -46,8 +46,38 @@ type Worker struct {
 	// UpstreamKey is the hosted API's key, read from the router's environment variable named in
 	// oasis_upstream_key_env. Secret: never log a Worker's fields wholesale.
 	UpstreamKey string
+	// Names are the further names the engine serves Model under
+	// (oasis_served_names: vLLM's other --served-model-name values); the
+	// router routes each like Model, in the same KV cache domain.
+	Names []string
+	// Adapters are the LoRA adapters the engine serves (oasis_lora_adapters:
+	// vLLM's --lora-modules names), each routable by its name; an adapter's
+	// KV blocks are a domain of their own.
+	Adapters []string
 
 	Live *Live
+}
+
+// Served returns every name w is routable by: Model, Names, Adapters.
+func (w *Worker) Served() []string {
+	if len(w.Names) == 0 && len(w.Adapters) == 0 {
+		return []string{w.Model}
+	}
+	out := make([]string, 0, 1+len(w.Names)+len(w.Adapters))
+	out = append(out, w.Model)
+	out = append(out, w.Names...)
+	return append(out, w.Adapters...)
+}
+
+// Adapter returns name when it is one of w's LoRA adapters, else "": the
+// LoRA part of the KV cache domain of a request naming name.
+func (w *Worker) Adapter(name string) string {
+	for _, a := range w.Adapters {
+		if a == name {
+			return name
+		}
+	}
+	return ""
 }
 
 // Signals returns the worker's current live signals. A Worker without Live
