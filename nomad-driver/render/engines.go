@@ -60,9 +60,13 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 	if host != "" {
 		a = append(a, "--host", host)
 	}
-	a = append(a, "--port", itoa(port),
-		"--served-model-name", c.ServedModelName,
-		"--tensor-parallel-size", itoa(c.TensorParallelSize))
+	a = append(a, "--port", itoa(port), "--served-model-name", c.ServedModelName)
+	a = append(a, c.ServedModelNames...)
+	if len(c.LoRAModules) > 0 {
+		a = append(a, "--enable-lora", "--lora-modules")
+		a = append(a, c.LoRAModules...)
+	}
+	a = append(a, "--tensor-parallel-size", itoa(c.TensorParallelSize))
 	if c.MaxModelLen > 0 {
 		a = append(a, "--max-model-len", itoa(c.MaxModelLen))
 	}

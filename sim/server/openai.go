@@ -796,6 +796,12 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 				"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false}},
 		})
 	}
+	for _, m := range s.cfg.LoRAModules {
+		data = append(data, map[string]any{
+			"id": m.Name, "object": "model", "created": s.created, "owned_by": "vllm", "root": m.Path,
+			"parent": s.modelName, "max_model_len": nil, "permission": []any{},
+		})
+	}
 	writeJSON(w, map[string]any{"object": "list", "data": data})
 }
 

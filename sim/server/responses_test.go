@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -91,4 +92,31 @@ func TestResponsesStream(t *testing.T) {
 	done := decode[struct{ Response responseJSON }](t, []byte(strings.TrimPrefix(last[strings.Index(last, "\n")+1:], "data: ")))
 	must.Eq(t, done.Response.Output[0].Content[0].Text, deltas.String())
 	must.NotEq(t, "", deltas.String())
+}
+
+// TestLoRAAdapters: an adapter is served by name and listed with its base
+// model as parent; another name is 404.
+func TestLoRAAdapters(t *testing.T) {
+	_, url := startServer(t, func(c *Config) { c.LoRAModules = []LoRAModule{{Name: "sql", Path: "/a/sql"}} })
+	code, b := post(t, url+"/v1/completions", `{"model":"sql","prompt":"select","max_tokens":2}`)
+	must.Eq(t, http.StatusOK, code, must.Sprint(string(b)))
+	must.Eq(t, "sql", decode[struct{ Model string }](t, b).Model)
+	code, _ = post(t, url+"/v1/completions", `{"model":"nope","prompt":"x"}`)
+	must.Eq(t, http.StatusNotFound, code)
+	resp, err := http.Get(url + "/v1/models")
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID     string
+			Root   string
+			Parent *string
+		}
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
+	must.Eq(t, 2, len(list.Data))
+	must.Eq(t, "sql", list.Data[1].ID)
+	must.Eq(t, "/a/sql", list.Data[1].Root)
+	must.Eq(t, "m", *list.Data[1].Parent)
+	must.Nil(t, list.Data[0].Parent)
 }

@@ -26,6 +26,10 @@ type Config struct {
 	// Model is the positional MODEL argument; ServedModelNames default to it.
 	Model            string
 	ServedModelNames []string
+	// LoRAModules are LoRA adapters served by name (vLLM's --lora-modules):
+	// requests may name them, /v1/models lists them with parent. The sim
+	// generates for an adapter as for the base model, in the same prefix cache.
+	LoRAModules []LoRAModule
 	// MaxModelLen bounds prompt + completion tokens (default 8192... see cli).
 	MaxModelLen int
 	// Speed scales simulated time: 1 real time, 2 twice as fast, 0 no waiting at all.
@@ -77,6 +81,10 @@ type Server struct {
 	client    *http.Client   // decode legs' side-channel pulls
 	responses *responseStore // stored Responses API responses (responses.go)
 }
+
+// LoRAModule is a LoRA adapter the sim serves: its name and the path vLLM
+// would load it from (reported as its root in /v1/models).
+type LoRAModule struct{ Name, Path string }
 
 // stream is one in-flight request as the driver sees it.
 type stream struct {
@@ -163,6 +171,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, n := range cfg.ServedModelNames {
 		s.served[n] = true
+	}
+	for _, m := range cfg.LoRAModules {
+		s.served[m.Name] = true
 	}
 	s.metrics = newMetrics(s)
 	if cfg.KVEvents != nil {
