@@ -170,7 +170,7 @@ func newFlagSet(c *app.Config, rt *runtimeFlags, lists *listFlags) *flag.FlagSet
 	fs.StringVar(hostedUpstreams, "hosted-upstreams", "", "hosted OpenAI-compatible base URLs engines may name in oasis_upstream, comma-separated: https://host[:port]/path, host may start with *. (one label); others are ignored")
 	fs.StringVar(&lists.corsOrigins, "cors-origins", "", "let browser pages of these origins call the API (CORS), comma-separated scheme://host[:port], or * for any (off by default)")
 	fs.StringVar(&lists.corsMethods, "cors-methods", "", "methods a CORS preflight allows, comma-separated (default GET, POST)")
-	fs.StringVar(&lists.corsHeaders, "cors-headers", "", "request headers a CORS preflight allows, comma-separated, or * for those asked (default Authorization, Content-Type, X-Request-Id)")
+	fs.StringVar(&lists.corsHeaders, "cors-headers", "", "request headers a CORS preflight allows, comma-separated, or * for those asked (default Authorization, Content-Type, X-Request-Id and the OpenAI SDKs' OpenAI-*, X-Stainless-* headers)")
 	fs.StringVar(hostedKeyEnvs, "hosted-key-envs", "", "environment variables engines may name in oasis_upstream_key_env, comma-separated: NAME (any allowed upstream) or NAME=URL pattern (only those upstreams)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces of API requests over OTLP/HTTP to this URL, e.g. http://127.0.0.1:4318 (off by default; path default /v1/traces); engines get each attempt's traceparent")
 	fs.Float64Var(&c.TraceSampleRatio, "trace-sample-ratio", app.DefaultTraceSampleRatio, "share of new traces sampled with -otlp-endpoint, 0 to 1 (1 samples every request); a client's traceparent decides for its own trace")

@@ -76,6 +76,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if reqID == "" {
 		reqID = g.ids.next()
 	}
+	w.Header().Set("X-Request-Id", reqID) // on the router's own refusals too (an SDK's error.requestID)
 	x := &exchange{req: req, fields: f, body: body, reqID: reqID, pol: pol}
 	tr.identify(f.Model, reqID)
 	if g.federating(ctx) {
