@@ -10,8 +10,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // respEngine stores responses in memory under the request_id it is sent,
@@ -82,11 +86,13 @@ func (e *respEngine) create(w http.ResponseWriter, r *http.Request) {
 	if req.Stream {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":%q}}\n\n", req.RequestID)
-		fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":%q,\"engine\":%q}}\n\n", req.RequestID, e.name)
+		fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":%q,\"engine\":%q,"+
+			"\"usage\":{\"input_tokens\":5,\"output_tokens\":3,\"total_tokens\":8}}}\n\n", req.RequestID, e.name)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"id":%q,"object":"response","engine":%q}`, req.RequestID, e.name)
+	fmt.Fprintf(w, `{"id":%q,"object":"response","engine":%q,"usage":{"input_tokens":4,"output_tokens":2,"total_tokens":6}}`,
+		req.RequestID, e.name)
 }
 
 func (e *respEngine) lastBody() []byte {
@@ -212,6 +218,39 @@ func TestResponsesStream(t *testing.T) {
 	must.StrContains(t, string(b), "event: response.completed")
 	must.StrContains(t, string(b), `"id":"`+sent.RequestID+`"`)
 	must.Eq(t, "a", decodeResp(t, h.do(http.MethodGet, ResponsesPath+"/"+sent.RequestID)).Engine)
+
+	// Usage of both answers (input_tokens/output_tokens) is counted.
+	decodeResp(t, h.post(ResponsesPath, `{"model":"m","input":"hi"}`))
+	testutil.Eventually(t, 5*time.Second, "the responses' tokens counted", func() bool {
+		return promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "inst-a", "prompt")) == 9 &&
+			promtest.ToFloat64(h.m.Tokens.WithLabelValues("m", "inst-a", "completion")) == 5
+	})
+}
+
+func TestUsageScannerResponses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		sse    bool
+		chunks []string
+		p, c   int64
+		ok     bool
+	}{
+		{"json", false, []string{`{"id":"resp_1","usage":{"input_tokens":7,"output_tokens":9,"total_tokens":16}}`}, 7, 9, true},
+		{"events", true, []string{"event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n",
+			"event: response.completed\ndata: {\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":3,", "\"output_tokens\":4}}}\n\n"}, 3, 4, true},
+		{"created only", true, []string{"event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n"}, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := usageScanner{sse: tc.sse}
+			for _, ch := range tc.chunks {
+				u.feed([]byte(ch))
+			}
+			p, c, ok := u.result()
+			must.Eq(t, tc.ok, ok)
+			must.Eq(t, tc.p, p)
+			must.Eq(t, tc.c, c)
+		})
+	}
 }
 
 // TestWrongMethodOnItemPaths: a wrong method on /v1/models/{id} and the
