@@ -506,7 +506,8 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		// Unique even when clients reuse X-Request-Id, as vLLM's internal ids are.
 		p.holdKey = reqKey(fmt.Sprintf("%s-%08x", rid, rand.Uint32()))
 	}
-	st, err := s.submit(p.prompt, p.gen, submitOpts{remote: remote, hold: p.holdKey != "", arrival: arrival})
+	st, err := s.submit(p.prompt, p.gen, submitOpts{remote: remote, hold: p.holdKey != "", arrival: arrival,
+		lora: s.adapterOf(p.model)})
 	if err != nil {
 		writeAPIError(w, badRequest(nil, "%v", err))
 		return

@@ -160,7 +160,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, err)
 		return
 	}
-	st, err := s.submit(p.prompt, p.gen, submitOpts{arrival: s.simTime()})
+	st, err := s.submit(p.prompt, p.gen, submitOpts{arrival: s.simTime(), lora: s.adapterOf(p.model)})
 	if err != nil {
 		writeAPIError(w, badRequest(nil, "%v", err))
 		return

@@ -228,6 +228,17 @@ type submitOpts struct {
 	remote  bool          // the prompt's KV arrived from a prefill engine
 	hold    bool          // keep the KV for a decode engine (a prefill leg)
 	arrival time.Duration // simulated arrival, before any KV transfer
+	lora    string        // the LoRA adapter the request names ("" for the base model)
+}
+
+// adapterOf returns model when it names one of the sim's LoRA adapters, else "".
+func (s *Server) adapterOf(model string) string {
+	for _, m := range s.cfg.LoRAModules {
+		if m.Name == model {
+			return model
+		}
+	}
+	return ""
 }
 
 // submit registers a request with the engine and returns its stream.
@@ -236,7 +247,7 @@ func (s *Server) submit(prompt []int32, gen *generation, o submitOpts) (*stream,
 	s.nextID++
 	id := strconv.FormatUint(s.nextID, 36)
 	st := &stream{id: id, gen: gen, prompt: len(prompt), remote: o.remote, signal: make(chan struct{}, 1)}
-	err := s.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: gen.tokens, RemotePrefill: o.remote, HoldKV: o.hold})
+	err := s.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: gen.tokens, RemotePrefill: o.remote, HoldKV: o.hold, LoRA: o.lora})
 	if err == nil {
 		st.arrival = min(o.arrival, s.simNow())
 		st.last = s.simNow()
