@@ -227,32 +227,6 @@ func TestResponsesStream(t *testing.T) {
 	})
 }
 
-func TestUsageScannerResponses(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		sse    bool
-		chunks []string
-		p, c   int64
-		ok     bool
-	}{
-		{"json", false, []string{`{"id":"resp_1","usage":{"input_tokens":7,"output_tokens":9,"total_tokens":16}}`}, 7, 9, true},
-		{"events", true, []string{"event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n",
-			"event: response.completed\ndata: {\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":3,", "\"output_tokens\":4}}}\n\n"}, 3, 4, true},
-		{"created only", true, []string{"event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n"}, 0, 0, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			u := usageScanner{sse: tc.sse}
-			for _, ch := range tc.chunks {
-				u.feed([]byte(ch))
-			}
-			p, c, ok := u.result()
-			must.Eq(t, tc.ok, ok)
-			must.Eq(t, tc.p, p)
-			must.Eq(t, tc.c, c)
-		})
-	}
-}
-
 // TestWrongMethodOnItemPaths: a wrong method on /v1/models/{id} and the
 // Responses API's item paths is 405 with Allow, as vLLM answers.
 func TestWrongMethodOnItemPaths(t *testing.T) {
