@@ -221,12 +221,14 @@ func (g *Gateway) storedResponse(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := g.relayStored(r.Context(), w, r, rec, wk, reqID); err != nil {
 		code, status := "upstream_unavailable", http.StatusBadGateway
-		if isConnectError(err) {
-			code, status = "no_reachable_worker", http.StatusServiceUnavailable
-		}
-		if r.Context().Err() != nil {
+		switch {
+		case r.Context().Err() != nil:
 			rec.status = 499
 			return
+		case errors.Is(err, errResponseHeaderTimeout):
+			code, status = "upstream_timeout", http.StatusGatewayTimeout
+		case isConnectError(err):
+			code, status = "no_reachable_worker", http.StatusServiceUnavailable
 		}
 		rec.fail(w, status, "server_error", code, "", "the engine holding the response failed: "+err.Error(), 0)
 	}
@@ -244,11 +246,17 @@ func (g *Gateway) instance(id string) *scoring.Worker {
 }
 
 // relayStored sends r as it came (method, path, query; no body) to wk and
-// relays the answer, flushing each read (a resumed event stream). It
-// returns an error only when nothing reached the client.
+// relays the answer, flushing each read (a resumed event stream), within
+// the model's response_header and stream_idle timeouts. It returns an error
+// only when nothing reached the client.
 func (g *Gateway) relayStored(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *outcome,
 	wk *scoring.Worker, reqID string) error {
-	up, err := http.NewRequestWithContext(ctx, r.Method, "http://"+wk.Address+r.URL.RequestURI(), http.NoBody)
+	to := g.cfg.Policy.Current().For(wk.Model).Timeouts
+	uctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	timer := newUpstreamTimer(cancel, to.ResponseHeader)
+	defer timer.t.Stop()
+	up, err := http.NewRequestWithContext(uctx, r.Method, "http://"+wk.Address+r.URL.RequestURI(), http.NoBody)
 	if err != nil {
 		return err
 	}
@@ -259,9 +267,13 @@ func (g *Gateway) relayStored(ctx context.Context, w http.ResponseWriter, r *htt
 	g.markHop(up, r)
 	resp, err := g.cfg.Transport.RoundTrip(up)
 	if err != nil {
+		if c := context.Cause(uctx); errors.Is(c, errResponseHeaderTimeout) {
+			return c
+		}
 		return err
 	}
 	defer resp.Body.Close()
+	timer.streaming(to.StreamIdle)
 	if resp.StatusCode >= 400 {
 		g.engineError(&call{ctx: ctx, w: w, r: r, rec: rec, x: &exchange{reqID: reqID}}, resp)
 		return nil
@@ -276,6 +288,7 @@ func (g *Gateway) relayStored(ctx context.Context, w http.ResponseWriter, r *htt
 	defer g.bufs.Put(bp)
 	for {
 		n, rerr := resp.Body.Read(*bp)
+		timer.streaming(to.StreamIdle)
 		if n > 0 {
 			if _, werr := w.Write((*bp)[:n]); werr != nil {
 				return nil // the client left
@@ -288,7 +301,8 @@ func (g *Gateway) relayStored(ctx context.Context, w http.ResponseWriter, r *htt
 			return nil
 		}
 		if rerr != nil {
-			g.log.Warn("stored response relay broke", "worker", wk.ID, "request_id", reqID, "error", rerr)
+			g.log.Warn("stored response relay broke", "worker", wk.ID, "request_id", reqID, "error", rerr,
+				"cause", context.Cause(uctx))
 			return nil
 		}
 	}

@@ -270,3 +270,40 @@ func TestResponseIDs(t *testing.T) {
 		must.ErrorIs(t, err, ErrResponseID, must.Sprint(bad))
 	}
 }
+
+// TestStoredResponseTimeouts: GET of a stored response is bounded by the
+// model's response_header timeout (504 upstream_timeout) and, once the
+// answer streams, by stream_idle (the relay ends).
+func TestStoredResponseTimeouts(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("stream") == "true" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = w.Write([]byte("event: response.created\ndata: {}\n\n"))
+			w.(http.Flusher).Flush()
+		}
+		select { // silent until the test ends or the router gives up
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(e.Close)
+	h := newHarnessWith(t, Config{ResponseIDKey: testRespKey}, timeouts("300ms", "300ms", "auto"),
+		map[string]string{"inst-a": "m@" + addr(e)})
+	id, err := h.gw.respIDs.mint("inst-a")
+	must.NoError(t, err)
+
+	t0 := time.Now()
+	resp := h.do(http.MethodGet, ResponsesPath+"/"+id)
+	must.Eq(t, http.StatusGatewayTimeout, resp.StatusCode)
+	must.Eq(t, "upstream_timeout", *readErr(t, resp).Error.Code)
+	must.Less(t, 5*time.Second, time.Since(t0))
+
+	resp = h.do(http.MethodGet, ResponsesPath+"/"+id+"?stream=true")
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	b, _ := io.ReadAll(resp.Body) // ends when the router drops the silent stream
+	resp.Body.Close()
+	must.StrContains(t, string(b), "response.created")
+	must.Less(t, 10*time.Second, time.Since(t0))
+}
