@@ -140,6 +140,7 @@ func newFlagSet(c *app.Config, rt *runtimeFlags, lists *listFlags) *flag.FlagSet
 	fs.BoolVar(&c.APIKeysKV, "api-keys-kv", false, "enable API keys from Consul KV <prefix>/keys (watched)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", app.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
 	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", app.DefaultBodyReadTimeout, "time a client has to send its request body once its headers arrived (408 after)")
+	fs.IntVar(&c.MaxLoadedAdapters, "max-loaded-adapters", gateway.DefaultMaxLoadedAdapters, "LoRA adapters the router loads on demand on one engine (oasis_lora_loadable) at most; the least recently used unused one is unloaded to make room")
 	fs.IntVar(&c.EjectAfter, "eject-after", gateway.DefaultEjectAfter, "connection failures in a row that take a worker out of routing for -eject-for (0: never)")
 	fs.DurationVar(&c.EjectFor, "eject-for", gateway.DefaultEjectFor, "how long an ejected worker is left out of routing before one request probes it")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", app.DefaultMaxHeaderBytes, "largest request header block accepted (431 above)")

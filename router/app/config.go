@@ -72,6 +72,9 @@ type Config struct {
 	// too).
 	EjectAfter     int
 	EjectFor       time.Duration
+	// MaxLoadedAdapters bounds the LoRA adapters the router loads on one
+	// engine on demand (-max-loaded-adapters; 0: gateway.DefaultMaxLoadedAdapters).
+	MaxLoadedAdapters int
 	MaxHeaderBytes int // -max-header-bytes (default DefaultMaxHeaderBytes)
 	// MaxConnections caps concurrent client connections (-max-connections;
 	// 0: unlimited); idle ones are closed to make room (connlimit.go).
@@ -291,6 +294,9 @@ func (c Config) validate() error {
 	}
 	if c.APIKeysFile != "" && c.APIKeysKV {
 		return flagErr("-api-keys-kv", "-api-keys-file and -api-keys-kv are exclusive")
+	}
+	if c.MaxLoadedAdapters < 0 {
+		return flagErr("-max-loaded-adapters", "must be ≥ 0, got %d", c.MaxLoadedAdapters)
 	}
 	for _, n := range []struct {
 		flag string

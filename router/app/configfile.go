@@ -57,6 +57,7 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "limits", Name: "max_connections", Flag: "max-connections", Kind: agentconfig.Int},
 	{Block: "limits", Name: "max_connections_per_source", Flag: "max-connections-per-source", Kind: agentconfig.Int},
 	{Block: "limits", Name: "eject_after", Flag: "eject-after", Kind: agentconfig.Int},
+	{Block: "limits", Name: "max_loaded_adapters", Flag: "max-loaded-adapters", Kind: agentconfig.Int},
 	{Block: "limits", Name: "eject_for", Flag: "eject-for", Kind: agentconfig.Duration},
 	{Block: "limits", Name: "index_max_blocks", Flag: "index-max-blocks", Kind: agentconfig.Int},
 	{Block: "limits", Name: "index_worker_max_blocks", Flag: "index-worker-max-blocks", Kind: agentconfig.Int},

@@ -35,7 +35,7 @@ func (a *App) initGateway() error {
 		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: admission.New(),
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
-		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor,
+		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor, MaxLoadedAdapters: a.cfg.MaxLoadedAdapters,
 		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, OnAccept: a.record, Federation: a.fed,
 		TracerProvider: a.tracer, CORS: a.corsConfig(), ResponseIDKey: respKey,
 	})

@@ -3,6 +3,8 @@ package discovery
 import (
 	"strconv"
 	"strings"
+
+	"github.com/oasis-llm/oasis/router/worker"
 )
 
 // Bounds on the names one instance may announce (service meta is written by
@@ -12,19 +14,42 @@ const (
 	maxNameBytes   = 256
 )
 
-// namesOf reads an instance's further served names (MetaServedNames) and
-// LoRA adapters (MetaLoRAAdapters) for its model: each list comma-separated,
-// at most maxServedNames names of at most maxNameBytes printable bytes
-// without white space, no name twice across model, names and adapters.
-func namesOf(model string, get func(string) string) (names, adapters []string, err error) {
+// namesOf reads an instance's further served names (MetaServedNames), LoRA
+// adapters (MetaLoRAAdapters) and adapters it can load (MetaLoRALoadable,
+// name=path) for its model: each list comma-separated, at most
+// maxServedNames names of at most maxNameBytes printable bytes without
+// white space, no name twice across model and the lists, a path likewise.
+func namesOf(model string, get func(string) string) (names, adapters []string, loadable []worker.LoRA, err error) {
 	seen := map[string]bool{model: true}
 	if names, err = nameList(MetaServedNames, get(MetaServedNames), seen); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if adapters, err = nameList(MetaLoRAAdapters, get(MetaLoRAAdapters), seen); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return names, adapters, nil
+	v := get(MetaLoRALoadable)
+	if v == "" {
+		return names, adapters, nil, nil
+	}
+	var paths []string
+	var pairs []string
+	for _, e := range strings.Split(v, ",") {
+		name, path, ok := strings.Cut(strings.TrimSpace(e), "=")
+		if !ok || path == "" {
+			return nil, nil, nil, &MetaError{Key: MetaLoRALoadable, Value: v, Reason: "an entry without name=path"}
+		}
+		pairs, paths = append(pairs, name), append(paths, path)
+	}
+	if _, err = nameList(MetaLoRALoadable, strings.Join(pairs, ","), seen); err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err = nameList(MetaLoRALoadable, strings.Join(paths, ","), map[string]bool{}); err != nil {
+		return nil, nil, nil, err
+	}
+	for i := range pairs {
+		loadable = append(loadable, worker.LoRA{Name: pairs[i], Path: paths[i]})
+	}
+	return names, adapters, loadable, nil
 }
 
 func nameList(key, v string, seen map[string]bool) ([]string, error) {

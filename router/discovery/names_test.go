@@ -30,6 +30,15 @@ func TestPoolServedNamesAndAdapters(t *testing.T) {
 	must.Eq(t, []string{"m3-alias"}, p.Workers("m3-alias")[0].Names)
 	must.True(t, p.Known("chat-lora"))
 
+	p.Set([]Instance{{ID: "c", Address: "10.0.0.3:8000", Meta: map[string]string{MetaModel: "m3",
+		MetaLoRALoadable: "l1=/adapters/l1, l2=org/l2"}}})
+	c := p.Workers("l2")
+	must.Eq(t, 1, len(c))
+	path, ok := c[0].LoadablePath("l2")
+	must.True(t, ok)
+	must.Eq(t, "org/l2", path)
+	must.Eq(t, "l1", c[0].Adapter("l1"))
+
 	for _, tc := range []struct {
 		name, key, value string
 	}{
@@ -39,11 +48,15 @@ func TestPoolServedNamesAndAdapters(t *testing.T) {
 		{"white space inside", MetaLoRAAdapters, "a b"},
 		{"too long", MetaServedNames, strings.Repeat("x", maxNameBytes+1)},
 		{"too many", MetaLoRAAdapters, strings.Repeat("x,", maxServedNames) + "y"},
+		{"loadable without path", MetaLoRALoadable, "l1"},
+		{"loadable empty path", MetaLoRALoadable, "l1="},
+		{"loadable name taken", MetaLoRALoadable, "m3-alias=/a"},
+		{"loadable path with space", MetaLoRALoadable, "l1=/a b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			meta := map[string]string{MetaModel: "m3", MetaServedNames: "m3-alias"}
 			meta[tc.key] = tc.value
-			_, _, err := namesOf("m3", func(k string) string { return meta[k] })
+			_, _, _, err := namesOf("m3", func(k string) string { return meta[k] })
 			var me *MetaError
 			must.ErrorAs(t, err, &me)
 			must.Eq(t, tc.key, me.Key)

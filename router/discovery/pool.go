@@ -46,6 +46,11 @@ const (
 	// MetaLoRAAdapters lists, comma-separated, the LoRA adapters an engine
 	// serves (vLLM's --lora-modules names).
 	MetaLoRAAdapters = "oasis_lora_adapters"
+	// MetaLoRALoadable lists, comma-separated, name=path of the LoRA
+	// adapters an engine can load on demand (vLLM with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING): the router loads one before the
+	// first request naming it.
+	MetaLoRALoadable = "oasis_lora_loadable"
 )
 
 // EngineService is the service name engines register as.
@@ -203,7 +208,7 @@ func (p *Pool) Set(instances []Instance) {
 			p.refuse(in.ID, err)
 			continue
 		}
-		if w.Names, w.Adapters, err = namesOf(w.Model, get); err != nil {
+		if w.Names, w.Adapters, w.Loadable, err = namesOf(w.Model, get); err != nil {
 			p.refuse(in.ID, err)
 			continue
 		}

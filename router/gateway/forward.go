@@ -107,6 +107,11 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	}
 	defer pre.Cancel()
 
+	release, err := g.useAdapter(ctx, x, wk) // a LoRA adapter loaded on demand (adapters.go)
+	if err != nil {
+		return err
+	}
+	defer release()
 	uctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	up, rt, err := g.upstreamRequest(uctx, r, x, wk)

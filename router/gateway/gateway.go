@@ -104,6 +104,10 @@ type Config struct {
 	// so ids name their engine only until this router restarts, and only
 	// on this replica.
 	ResponseIDKey []byte
+
+	// MaxLoadedAdapters bounds the LoRA adapters this router loads on one
+	// engine on demand (adapters.go); default DefaultMaxLoadedAdapters.
+	MaxLoadedAdapters int
 }
 
 // Gateway serves the router's HTTP API.
@@ -121,6 +125,7 @@ type Gateway struct {
 	hop      hopMark  // this router's Via entry (hop.go)
 	cards    engineCards
 	respIDs  *responseIDs
+	adapters adapterLoads
 }
 
 // New validates c and returns a gateway.
@@ -142,6 +147,11 @@ func New(c Config) (*Gateway, error) {
 		return nil, errors.New("gateway: Config.BodyReadTimeout must be ≥ 0")
 	case c.EjectFor < 0:
 		return nil, errors.New("gateway: Config.EjectFor must be ≥ 0")
+	case c.MaxLoadedAdapters < 0:
+		return nil, errors.New("gateway: Config.MaxLoadedAdapters must be ≥ 0")
+	}
+	if c.MaxLoadedAdapters == 0 {
+		c.MaxLoadedAdapters = DefaultMaxLoadedAdapters
 	}
 	if c.EjectAfter == 0 {
 		c.EjectAfter = DefaultEjectAfter

@@ -54,19 +54,44 @@ type Worker struct {
 	// vLLM's --lora-modules names), each routable by its name; an adapter's
 	// KV blocks are a domain of their own.
 	Adapters []string
+	// Loadable are the LoRA adapters the engine can load on demand
+	// (oasis_lora_loadable: vLLM with runtime LoRA updating): the router
+	// loads one (POST /v1/load_lora_adapter) before the first request it
+	// sends there naming it (router/gateway/adapters.go).
+	Loadable []LoRA
 
 	Live *Live
 }
 
-// Served returns every name w is routable by: Model, Names, Adapters.
+// LoRA is an adapter an engine can load: its name and where from (a
+// directory on the engine's host or a Hugging Face repository id).
+type LoRA struct{ Name, Path string }
+
+// LoadablePath returns the path of name when it is one of w's loadable
+// adapters.
+func (w *Worker) LoadablePath(name string) (string, bool) {
+	for _, l := range w.Loadable {
+		if l.Name == name {
+			return l.Path, true
+		}
+	}
+	return "", false
+}
+
+// Served returns every name w is routable by: Model, Names, Adapters and
+// Loadable's.
 func (w *Worker) Served() []string {
-	if len(w.Names) == 0 && len(w.Adapters) == 0 {
+	if len(w.Names) == 0 && len(w.Adapters) == 0 && len(w.Loadable) == 0 {
 		return []string{w.Model}
 	}
-	out := make([]string, 0, 1+len(w.Names)+len(w.Adapters))
+	out := make([]string, 0, 1+len(w.Names)+len(w.Adapters)+len(w.Loadable))
 	out = append(out, w.Model)
 	out = append(out, w.Names...)
-	return append(out, w.Adapters...)
+	out = append(out, w.Adapters...)
+	for _, l := range w.Loadable {
+		out = append(out, l.Name)
+	}
+	return out
 }
 
 // Adapter returns name when it is one of w's LoRA adapters, else "": the
@@ -76,6 +101,9 @@ func (w *Worker) Adapter(name string) string {
 		if a == name {
 			return name
 		}
+	}
+	if _, ok := w.LoadablePath(name); ok {
+		return name
 	}
 	return ""
 }

@@ -73,6 +73,7 @@ limits {
   index_max_blocks           = 4194304
   index_worker_max_blocks    = 2097152
   kvcached_max_blocks        = 65536
+  max_loaded_adapters        = 4
 }
 
 telemetry {
