@@ -70,12 +70,12 @@ type Config struct {
 	// gateway.DefaultEjectAfter; -eject-for, default gateway.DefaultEjectFor
 	// when zero). EjectAfter 0 means never, as the flag's 0 does (negative
 	// too).
-	EjectAfter     int
-	EjectFor       time.Duration
+	EjectAfter int
+	EjectFor   time.Duration
 	// MaxLoadedAdapters bounds the LoRA adapters the router loads on one
 	// engine on demand (-max-loaded-adapters; 0: gateway.DefaultMaxLoadedAdapters).
 	MaxLoadedAdapters int
-	MaxHeaderBytes int // -max-header-bytes (default DefaultMaxHeaderBytes)
+	MaxHeaderBytes    int // -max-header-bytes (default DefaultMaxHeaderBytes)
 	// MaxConnections caps concurrent client connections (-max-connections;
 	// 0: unlimited); idle ones are closed to make room (connlimit.go).
 	MaxConnections int
