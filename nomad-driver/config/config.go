@@ -148,6 +148,7 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"served_model_name":      hclspec.NewAttr("served_model_name", "string", false),
 	"served_model_names":     hclspec.NewAttr("served_model_names", "list(string)", false),
 	"lora_modules":           hclspec.NewAttr("lora_modules", "list(string)", false),
+	"lora_loadable":          hclspec.NewAttr("lora_loadable", "list(string)", false),
 	"port":                   hclspec.NewAttr("port", "string", false),
 	"bind_address":           hclspec.NewAttr("bind_address", "string", false),
 	"tensor_parallel_size":   hclspec.NewAttr("tensor_parallel_size", "number", false),
@@ -186,7 +187,12 @@ type TaskConfig struct {
 	// same names for the router.
 	ServedModelNames []string `codec:"served_model_names" json:"served_model_names,omitempty"`
 	LoRAModules      []string `codec:"lora_modules" json:"lora_modules,omitempty"`
-	Port             string   `codec:"port" json:"port,omitempty"`
+	// LoRALoadable are adapters ("name=path") the router may load at run
+	// time: the engine runs with --enable-lora and
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING; the service meta
+	// oasis_lora_loadable lists the same entries.
+	LoRALoadable []string `codec:"lora_loadable" json:"lora_loadable,omitempty"`
+	Port         string   `codec:"port" json:"port,omitempty"`
 	// BindAddress is the address the engine listens on. Unset: the port's
 	// allocated host address in host networking, every interface inside a
 	// bridge network namespace. "127.0.0.1" in bridge networking leaves the

@@ -31,12 +31,17 @@ func namesEngine(engine string) bool { return engine == EngineVLLM || engine == 
 // paths non-empty without white space.
 func (c TaskConfig) validateNames() []error {
 	var errs []error
-	if (len(c.ServedModelNames) > 0 || len(c.LoRAModules) > 0) && !namesEngine(c.Engine) {
-		field := "served_model_names"
-		if len(c.ServedModelNames) == 0 {
-			field = "lora_modules"
+	if !namesEngine(c.Engine) {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"served_model_names", len(c.ServedModelNames) > 0}, {"lora_modules", len(c.LoRAModules) > 0},
+			{"lora_loadable", len(c.LoRALoadable) > 0}} {
+			if f.set {
+				errs = append(errs, fieldErr(f.name, "not rendered for engine %s; allowed for: vllm, sim", c.Engine))
+			}
 		}
-		return []error{fieldErr(field, "not rendered for engine %s; allowed for: vllm, sim", c.Engine)}
+		return errs
 	}
 	seen := map[string]bool{c.ServedModelName: true}
 	check := func(field, name string) {
@@ -52,8 +57,8 @@ func (c TaskConfig) validateNames() []error {
 		}
 		seen[name] = true
 	}
-	for i, lists := range [][]string{c.ServedModelNames, c.LoRAModules} {
-		field := []string{"served_model_names", "lora_modules"}[i]
+	for i, lists := range [][]string{c.ServedModelNames, c.LoRAModules, c.LoRALoadable} {
+		field := []string{"served_model_names", "lora_modules", "lora_loadable"}[i]
 		if len(lists) > MaxServedNames {
 			errs = append(errs, fieldErr(field, "at most %d entries, got %d", MaxServedNames, len(lists)))
 			continue

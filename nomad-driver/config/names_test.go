@@ -39,3 +39,17 @@ func TestValidateNames(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateLoRALoadable: lora_loadable follows lora_modules' rules, its
+// names distinct from theirs, and only for vLLM and the sim.
+func TestValidateLoRALoadable(t *testing.T) {
+	c := TaskConfig{Engine: EngineVLLM, Model: "m", Port: "http", KVEvents: new(bool),
+		LoRAModules: []string{"x=/a"}, LoRALoadable: []string{"y=/b", "z=org/z"}}
+	must.NoError(t, c.Normalize().Validate())
+	c.LoRALoadable = []string{"x=/c"}
+	must.ErrorContains(t, c.Normalize().Validate(), "lora_loadable: name \"x\" is served twice")
+	c.LoRALoadable = []string{"y"}
+	must.ErrorContains(t, c.Normalize().Validate(), "lora_loadable: entry \"y\": want name=path")
+	c.Engine, c.LoRAModules, c.LoRALoadable = EngineSGLang, nil, []string{"y=/b"}
+	must.ErrorContains(t, c.Normalize().Validate(), "lora_loadable: not rendered for engine sglang")
+}

@@ -179,6 +179,11 @@ func TestRenderCases(t *testing.T) {
 			c.LoRAModules = []string{"sql-lora=/models/adapters/sql"}
 			return testInput(c)
 		}},
+		{"vllm-lora-loadable", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.LoRALoadable = []string{"sql-lora=/models/adapters/sql"}
+			return testInput(c)
+		}},
 		{"vllm-kvcached-remote-only", func() Input {
 			c := baseConfig("vllm", "kvcached", "both")
 			c.KVOffloadSizeGB, c.KVCachedAddress = 0, "10.0.0.5:16380"
