@@ -41,6 +41,9 @@ type Options struct {
 	ServedModelNames []string
 	// LoRAModules are vLLM's --lora-modules: adapters served by name.
 	LoRAModules []server.LoRAModule
+	// RuntimeLoRA is VLLM_ALLOW_RUNTIME_LORA_UPDATING: adapters may be
+	// loaded and unloaded at run time.
+	RuntimeLoRA bool
 	MaxModelLen int // 0: derived
 	Speed       float64
 	Seed        uint64
@@ -561,10 +564,13 @@ func Parse(args []string) (*Options, error) {
 	return o, nil
 }
 
-// FromEnv reads vLLM's NIXL side-channel settings, VLLM_NIXL_SIDE_CHANNEL_HOST
+// FromEnv reads VLLM_ALLOW_RUNTIME_LORA_UPDATING and vLLM's NIXL side-channel settings, VLLM_NIXL_SIDE_CHANNEL_HOST
 // (default: --host) and VLLM_NIXL_SIDE_CHANNEL_PORT (default 5600, as vLLM's
 // vllm/envs.py): with a --kv-transfer-config the sim serves its side channel there.
 func (o *Options) FromEnv(getenv func(string) string) error {
+	// vLLM's envs.py: "1" or "true", any case.
+	rt := strings.ToLower(getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+	o.RuntimeLoRA = rt == "1" || rt == "true"
 	o.PD.SideChannelHost = getenv("VLLM_NIXL_SIDE_CHANNEL_HOST")
 	o.PD.SideChannelPort = 5600
 	if v := getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); v != "" {
@@ -678,7 +684,7 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 		defer sideLn.Close()
 	}
 	cfg := server.Config{
-		Model: o.Model, ServedModelNames: o.ServedModelNames, LoRAModules: o.LoRAModules, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
+		Model: o.Model, ServedModelNames: o.ServedModelNames, LoRAModules: o.LoRAModules, RuntimeLoRA: o.RuntimeLoRA, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
 		Engine: o.Engine, Power: o.Power, KVEvents: o.KVEvents, KVTransfer: len(o.KVTransfer) > 0,
 		Host: o.Host, Version: Version, Logger: log, APIKey: o.APIKey, PD: o.PD,
 	}

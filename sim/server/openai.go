@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/oasis-llm/oasis/internal/tokenizer"
@@ -138,7 +139,7 @@ func (m chatMessage) text() (string, error) {
 }
 
 func (s *Server) checkModel(name string) error {
-	if name == "" || s.served[name] {
+	if name == "" || s.served[name] || s.adapterOf(name) != "" {
 		return nil
 	}
 	return &apiError{status: http.StatusNotFound, typ: "NotFoundError", msg: fmt.Sprintf("The model `%s` does not exist.", name), param: "model"}
@@ -797,7 +798,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 				"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false}},
 		})
 	}
-	for _, m := range s.cfg.LoRAModules {
+	for _, m := range append(slices.Clone(s.cfg.LoRAModules), s.loras.list()...) {
 		data = append(data, map[string]any{
 			"id": m.Name, "object": "model", "created": s.created, "owned_by": "vllm", "root": m.Path,
 			"parent": s.modelName, "max_model_len": nil, "permission": []any{},

@@ -120,3 +120,51 @@ func TestLoRAAdapters(t *testing.T) {
 	must.Eq(t, "m", *list.Data[1].Parent)
 	must.Nil(t, list.Data[0].Parent)
 }
+
+// TestRuntimeLoRA: with RuntimeLoRA the sim loads and unloads adapters as
+// vLLM does with VLLM_ALLOW_RUNTIME_LORA_UPDATING, with vLLM's answers; a
+// loaded adapter is served by name and listed with its base model as parent.
+func TestRuntimeLoRA(t *testing.T) {
+	_, url := startServer(t, func(c *Config) {
+		c.RuntimeLoRA = true
+		c.LoRAModules = []LoRAModule{{Name: "static", Path: "/a/static"}}
+	})
+	for _, tc := range []struct {
+		path, body string
+		want       int
+	}{
+		{"/v1/completions", `{"model":"dyn","prompt":"x","max_tokens":1}`, http.StatusNotFound},
+		{"/v1/load_lora_adapter", `{"lora_name":"dyn"}`, http.StatusBadRequest},
+		{"/v1/load_lora_adapter", `{"lora_name":"dyn","lora_path":"/a/dyn"}`, http.StatusOK},
+		{"/v1/load_lora_adapter", `{"lora_name":"dyn","lora_path":"/a/dyn"}`, http.StatusBadRequest},
+		{"/v1/load_lora_adapter", `{"lora_name":"static","lora_path":"/a/x"}`, http.StatusBadRequest},
+		{"/v1/completions", `{"model":"dyn","prompt":"x","max_tokens":1}`, http.StatusOK},
+		{"/v1/unload_lora_adapter", `{"lora_name":"dyn"}`, http.StatusOK},
+		{"/v1/unload_lora_adapter", `{"lora_name":"dyn"}`, http.StatusNotFound},
+		{"/v1/completions", `{"model":"dyn","prompt":"x","max_tokens":1}`, http.StatusNotFound},
+	} {
+		code, b := post(t, url+tc.path, tc.body)
+		must.Eq(t, tc.want, code, must.Sprint(tc, string(b)))
+	}
+	code, _ := post(t, url+"/v1/load_lora_adapter", `{"lora_name":"dyn","lora_path":"/a/dyn"}`)
+	must.Eq(t, http.StatusOK, code)
+	resp, err := http.Get(url + "/v1/models")
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID, Root string
+			Parent   *string
+		}
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
+	must.Eq(t, 3, len(list.Data))
+	must.Eq(t, "dyn", list.Data[2].ID)
+	must.Eq(t, "/a/dyn", list.Data[2].Root)
+	must.Eq(t, "m", *list.Data[2].Parent)
+
+	// Without it the endpoints do not exist, as in vLLM.
+	_, url2 := startServer(t, nil)
+	code, _ = post(t, url2+"/v1/load_lora_adapter", `{"lora_name":"dyn","lora_path":"/a/dyn"}`)
+	must.Eq(t, http.StatusNotFound, code)
+}

@@ -30,6 +30,9 @@ type Config struct {
 	// requests may name them, /v1/models lists them with parent. The sim
 	// generates for an adapter as for the base model, in the same prefix cache.
 	LoRAModules []LoRAModule
+	// RuntimeLoRA serves POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+	RuntimeLoRA bool
 	// MaxModelLen bounds prompt + completion tokens (default 8192... see cli).
 	MaxModelLen int
 	// Speed scales simulated time: 1 real time, 2 twice as fast, 0 no waiting at all.
@@ -80,6 +83,7 @@ type Server struct {
 	kv        *kvStore       // prefill legs' KV held for decode legs
 	client    *http.Client   // decode legs' side-channel pulls
 	responses *responseStore // stored Responses API responses (responses.go)
+	loras     runtimeLoRAs   // adapters loaded at run time (lora.go)
 }
 
 // LoRAModule is a LoRA adapter the sim serves: its name and the path vLLM
@@ -231,12 +235,16 @@ type submitOpts struct {
 	lora    string        // the LoRA adapter the request names ("" for the base model)
 }
 
-// adapterOf returns model when it names one of the sim's LoRA adapters, else "".
+// adapterOf returns model when it names one of the sim's LoRA adapters
+// (from --lora-modules or loaded at run time), else "".
 func (s *Server) adapterOf(model string) string {
 	for _, m := range s.cfg.LoRAModules {
 		if m.Name == model {
 			return model
 		}
+	}
+	if _, ok := s.loras.path(model); ok {
+		return model
 	}
 	return ""
 }
@@ -402,6 +410,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	if s.cfg.RuntimeLoRA {
+		mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+		mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	}
 	mux.HandleFunc("POST /v1/responses", s.handleResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", s.handleResponseGet)
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleResponseCancel)

@@ -7,6 +7,7 @@ const OpenAI = require('openai');
 const base = process.env.OASIS_ROUTER_URL + '/v1';
 const model = process.env.OASIS_MODEL;
 const adapter = process.env.OASIS_ADAPTER;
+const loadable = process.env.OASIS_LOADABLE;
 const origin = process.env.OASIS_CORS_ORIGIN;
 
 function report(name, ok, detail) {
@@ -190,6 +191,14 @@ async function main() {
   await check('adapter by name', async () => {
     const r = await client.chat.completions.create({ model: adapter, messages: [{ role: 'user', content: 'select' }], max_tokens: 4 });
     assert(r.model === adapter && r.choices[0].message.content.length > 0, JSON.stringify(r));
+  });
+
+  await check('adapter loaded on demand', async () => {
+    const rs = await Promise.all([1, 2, 3].map(() =>
+      client.chat.completions.create({ model: loadable, messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 })));
+    for (const r of rs) assert(r.model === loadable && r.choices[0].message.content.length > 0, JSON.stringify(r));
+    const m = await client.models.retrieve(loadable);
+    assert(m.parent === model, 'listed with parent: ' + JSON.stringify(m));
   });
 
   await check('CORS preflight', async () => {

@@ -33,6 +33,7 @@ const SDKVersion = "7.59.0"
 const (
 	model     = "m"
 	adapter   = "sql-lora"
+	loadable  = "dyn-lora" // sim b loads it when the router first sends it a request naming it
 	downModel = "down-model" // named by the policy, served by no engine: 503
 	origin    = "http://app.example"
 )
@@ -155,16 +156,17 @@ func TestOpenAINodeSDK(t *testing.T) {
 	cc, consulAddr := testutil.StartConsul(t)
 	a := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--block-size", "16",
 		"--enable-lora", "--lora-modules", adapter + "=/adapters/sql"}})
-	b := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--block-size", "16"}})
+	b := testutil.StartSim(t, testutil.SimConfig{Bin: simBin, Model: model, Args: []string{"--block-size", "16", "--enable-lora"},
+		Env: []string{"VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"}})
 	register(t, cc, "sim-a", a, map[string]string{"oasis_lora_adapters": adapter})
-	register(t, cc, "sim-b", b, map[string]string{})
+	register(t, cc, "sim-b", b, map[string]string{"oasis_lora_loadable": loadable + "=/adapters/dyn"})
 	url := startRouter(t, consulAddr)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	node := exec.CommandContext(ctx, "node", "sdk.cjs")
 	node.Env = append(os.Environ(), "NODE_PATH="+mods, "OASIS_ROUTER_URL="+url, "OASIS_MODEL="+model,
-		"OASIS_ADAPTER="+adapter, "OASIS_DOWN_MODEL="+downModel, "OASIS_CORS_ORIGIN="+origin,
+		"OASIS_ADAPTER="+adapter, "OASIS_LOADABLE="+loadable, "OASIS_DOWN_MODEL="+downModel, "OASIS_CORS_ORIGIN="+origin,
 		"OASIS_ENGINES="+a.Addr+","+b.Addr)
 	var stderr bytes.Buffer
 	node.Stderr = &stderr
@@ -179,7 +181,7 @@ func TestOpenAINodeSDK(t *testing.T) {
 		must.NoError(t, json.Unmarshal(sc.Bytes(), &r), must.Sprintf("node printed %q", sc.Text()))
 		results = append(results, r)
 	}
-	must.Eq(t, 15, len(results), must.Sprintf("every check reported (node: %v)", err))
+	must.Eq(t, 16, len(results), must.Sprintf("every check reported (node: %v)", err))
 	for _, r := range results {
 		t.Run(r.Name, func(t *testing.T) {
 			if !r.OK {
