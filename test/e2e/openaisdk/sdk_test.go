@@ -33,7 +33,7 @@ const SDKVersion = "7.59.0"
 const (
 	model     = "m"
 	adapter   = "sql-lora"
-	loadable  = "dyn-lora" // sim b loads it when the router first sends it a request naming it
+	loadable  = "dyn-lora"   // sim b loads it when the router first sends it a request naming it
 	downModel = "down-model" // named by the policy, served by no engine: 503
 	origin    = "http://app.example"
 )
