@@ -80,6 +80,12 @@ variable "api_keys_kv" {
   default     = false
 }
 
+variable "response_id_key" {
+  description = "Authenticate Responses API ids with the key in the Nomad variable secrets_variable (item response_id_key, at least 32 bytes), the same for every replica: an id then leads to its engine from any router, after restarts too. Off, each router process has a random key (one replica only)."
+  type        = bool
+  default     = false
+}
+
 variable "tls_enabled" {
   description = "Serve the API over TLS (HTTP/1.1 and HTTP/2) with the certificate and key in the Nomad variable secrets_variable (items tls_cert, tls_key). Off, the job needs no variable."
   type        = bool
@@ -236,6 +242,9 @@ discovery {
 policy {
   kv_prefix   = ${jsonencode(var.kv_prefix)}
   api_keys_kv = ${var.api_keys_kv}
+%{~if var.response_id_key}
+  response_id_key_file = "{{ env "NOMAD_SECRETS_DIR" }}/response-id-key"
+%{~endif}
 }
 %{~if var.mesh_enabled}
 
@@ -450,6 +459,16 @@ job "oasis-router" {
           destination = "secrets/tls/${template.value.file}"
           perms       = "0600"
           change_mode = "noop"
+        }
+      }
+
+      dynamic "template" {
+        for_each = var.response_id_key ? ["response_id_key"] : []
+        content {
+          data        = "{{ with nomadVar \"${var.secrets_variable}\" }}{{ .response_id_key }}{{ end }}"
+          destination = "secrets/response-id-key"
+          perms       = "0600"
+          change_mode = "restart"
         }
       }
 

@@ -146,6 +146,9 @@ var TaskSpec = hclspec.NewObject(map[string]*hclspec.Spec{
 	"engine":                 hclspec.NewAttr("engine", "string", true),
 	"model":                  hclspec.NewAttr("model", "string", false),
 	"served_model_name":      hclspec.NewAttr("served_model_name", "string", false),
+	"served_model_names":     hclspec.NewAttr("served_model_names", "list(string)", false),
+	"lora_modules":           hclspec.NewAttr("lora_modules", "list(string)", false),
+	"lora_loadable":          hclspec.NewAttr("lora_loadable", "list(string)", false),
 	"port":                   hclspec.NewAttr("port", "string", false),
 	"bind_address":           hclspec.NewAttr("bind_address", "string", false),
 	"tensor_parallel_size":   hclspec.NewAttr("tensor_parallel_size", "number", false),
@@ -182,7 +185,19 @@ type TaskConfig struct {
 	Engine          string `codec:"engine" json:"engine,omitempty"`
 	Model           string `codec:"model" json:"model,omitempty"`
 	ServedModelName string `codec:"served_model_name" json:"served_model_name,omitempty"`
-	Port            string `codec:"port" json:"port,omitempty"`
+	// ServedModelNames are further names the engine serves the model under
+	// (vLLM's --served-model-name after the first); LoRAModules the LoRA
+	// adapters it serves, "name=path" (--enable-lora --lora-modules). The
+	// job's service meta oasis_served_names / oasis_lora_adapters lists the
+	// same names for the router.
+	ServedModelNames []string `codec:"served_model_names" json:"served_model_names,omitempty"`
+	LoRAModules      []string `codec:"lora_modules" json:"lora_modules,omitempty"`
+	// LoRALoadable are adapters ("name=path") the router may load at run
+	// time: the engine runs with --enable-lora and
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING; the service meta
+	// oasis_lora_loadable lists the same entries.
+	LoRALoadable []string `codec:"lora_loadable" json:"lora_loadable,omitempty"`
+	Port         string   `codec:"port" json:"port,omitempty"`
 	// BindAddress is the address the engine listens on. Unset: the port's
 	// allocated host address in host networking, every interface inside a
 	// bridge network namespace. "127.0.0.1" in bridge networking leaves the
@@ -428,6 +443,7 @@ func (c TaskConfig) Validate() error {
 	add(c.validateImage())
 	add(c.validateEngineOptions())
 	add(c.validateTierField())
+	errs = append(errs, c.validateNames()...)
 	if c.Endpoint != "" {
 		add(fieldErr("endpoint", "only used by engine openai_compat; engine %s serves on the port label in \"port\"", c.Engine))
 	}

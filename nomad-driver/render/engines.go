@@ -65,9 +65,21 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 	if host != "" {
 		a = append(a, "--host", host)
 	}
-	a = append(a, "--port", itoa(port),
-		"--served-model-name", c.ServedModelName,
-		"--tensor-parallel-size", itoa(c.TensorParallelSize))
+	a = append(a, "--port", itoa(port), "--served-model-name", c.ServedModelName)
+	a = append(a, c.ServedModelNames...)
+	if len(c.LoRAModules) > 0 || len(c.LoRALoadable) > 0 {
+		a = append(a, "--enable-lora")
+	}
+	if len(c.LoRAModules) > 0 {
+		a = append(a, "--lora-modules")
+		a = append(a, c.LoRAModules...)
+	}
+	if len(c.LoRALoadable) > 0 {
+		// The router loads them through /v1/load_lora_adapter, which vLLM
+		// serves only with this set.
+		p.Env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+	}
+	a = append(a, "--tensor-parallel-size", itoa(c.TensorParallelSize))
 	if c.MaxModelLen > 0 {
 		a = append(a, "--max-model-len", itoa(c.MaxModelLen))
 	}

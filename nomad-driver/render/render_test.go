@@ -183,6 +183,23 @@ func TestRenderCases(t *testing.T) {
 			c.ExtraEnv = map[string]string{"HF_HOME": "/data/hf"}
 			return testInput(c)
 		}},
+		{"vllm-served-names-lora", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.ServedModelName = "m3"
+			c.ServedModelNames = []string{"m3-alias"}
+			c.LoRAModules = []string{"sql-lora=/models/adapters/sql", "chat-lora=org/chat-lora"}
+			return testInput(c)
+		}},
+		{"sim-lora", func() Input {
+			c := baseConfig("sim", "none", "both")
+			c.LoRAModules = []string{"sql-lora=/models/adapters/sql"}
+			return testInput(c)
+		}},
+		{"vllm-lora-loadable", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.LoRALoadable = []string{"sql-lora=/models/adapters/sql"}
+			return testInput(c)
+		}},
 		{"vllm-kvcached-remote-only", func() Input {
 			c := baseConfig("vllm", "kvcached", "both")
 			c.KVOffloadSizeGB, c.KVCachedAddress = 0, "10.0.0.5:16380"

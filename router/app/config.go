@@ -57,6 +57,11 @@ type Config struct {
 	PolicyFile  string // -policy-file: a fixed policy instead of Consul KV
 	APIKeysFile string // -api-keys-file (reloaded by App.ReloadAPIKeys)
 	APIKeysKV   bool   // -api-keys-kv
+	// ResponseIDKeyFile holds the key (at least gateway.MinResponseIDKey
+	// bytes, surrounding white space trimmed) that authenticates Responses
+	// API ids; every replica of a datacenter reads the same one. Empty: a
+	// random key per process (gateway.Config.ResponseIDKey).
+	ResponseIDKeyFile string // -response-id-key-file
 
 	MaxBodyBytes    int64         // -max-body-bytes (default DefaultMaxBodyBytes)
 	BodyReadTimeout time.Duration // -body-read-timeout (default DefaultBodyReadTimeout)
@@ -65,9 +70,12 @@ type Config struct {
 	// gateway.DefaultEjectAfter; -eject-for, default gateway.DefaultEjectFor
 	// when zero). EjectAfter 0 means never, as the flag's 0 does (negative
 	// too).
-	EjectAfter     int
-	EjectFor       time.Duration
-	MaxHeaderBytes int // -max-header-bytes (default DefaultMaxHeaderBytes)
+	EjectAfter int
+	EjectFor   time.Duration
+	// MaxLoadedAdapters bounds the LoRA adapters the router loads on one
+	// engine on demand (-max-loaded-adapters; 0: gateway.DefaultMaxLoadedAdapters).
+	MaxLoadedAdapters int
+	MaxHeaderBytes    int // -max-header-bytes (default DefaultMaxHeaderBytes)
 	// MaxConnections caps concurrent client connections (-max-connections;
 	// 0: unlimited); idle ones are closed to make room (connlimit.go).
 	MaxConnections int
@@ -293,6 +301,9 @@ func (c Config) validate() error {
 	}
 	if c.APIKeysFile != "" && c.APIKeysKV {
 		return flagErr("-api-keys-kv", "-api-keys-file and -api-keys-kv are exclusive")
+	}
+	if c.MaxLoadedAdapters < 0 {
+		return flagErr("-max-loaded-adapters", "must be ≥ 0, got %d", c.MaxLoadedAdapters)
 	}
 	for _, n := range []struct {
 		flag string

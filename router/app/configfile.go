@@ -38,6 +38,7 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "policy", Name: "file", Flag: "policy-file", Kind: agentconfig.String},
 	{Block: "policy", Name: "api_keys_file", Flag: "api-keys-file", Kind: agentconfig.String},
 	{Block: "policy", Name: "api_keys_kv", Flag: "api-keys-kv", Kind: agentconfig.Bool},
+	{Block: "policy", Name: "response_id_key_file", Flag: "response-id-key-file", Kind: agentconfig.String},
 
 	{Block: "federation", Name: "listen", Flag: "federation-listen", Kind: agentconfig.String},
 	{Block: "federation", Name: "advertise", Flag: "federation-advertise", Kind: agentconfig.String},
@@ -60,6 +61,7 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "limits", Name: "max_connections", Flag: "max-connections", Kind: agentconfig.Int},
 	{Block: "limits", Name: "max_connections_per_source", Flag: "max-connections-per-source", Kind: agentconfig.Int},
 	{Block: "limits", Name: "eject_after", Flag: "eject-after", Kind: agentconfig.Int},
+	{Block: "limits", Name: "max_loaded_adapters", Flag: "max-loaded-adapters", Kind: agentconfig.Int},
 	{Block: "limits", Name: "eject_for", Flag: "eject-for", Kind: agentconfig.Duration},
 	{Block: "limits", Name: "index_max_blocks", Flag: "index-max-blocks", Kind: agentconfig.Int},
 	{Block: "limits", Name: "index_worker_max_blocks", Flag: "index-worker-max-blocks", Kind: agentconfig.Int},

@@ -1,8 +1,10 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/oasis-llm/oasis/router/gateway"
@@ -24,13 +26,17 @@ func (a *App) initGateway() error {
 		}
 		return out
 	}, Client: &http.Client{Transport: a.engines, Timeout: 2 * time.Second}, Metrics: a.m})
+	respKey, err := a.responseIDKey()
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{
 		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: a.admission,
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
-		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor,
+		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor, MaxLoadedAdapters: a.cfg.MaxLoadedAdapters,
 		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, OnAccept: a.record, Federation: a.fed,
-		TracerProvider: a.tracer, CORS: a.corsConfig(),
+		TracerProvider: a.tracer, CORS: a.corsConfig(), ResponseIDKey: respKey,
 	})
 	if err != nil {
 		return err
@@ -61,6 +67,22 @@ func (a *App) record(_ context.Context, _ scoring.Config, req *scoring.Request, 
 	if ok && len(keys) > 0 && !a.cache.EventDriven(w.ID) {
 		a.cache.Record(w.ID, keys)
 	}
+}
+
+// responseIDKey reads -response-id-key-file: nil when it is not set.
+func (a *App) responseIDKey() ([]byte, error) {
+	if a.cfg.ResponseIDKeyFile == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(a.cfg.ResponseIDKeyFile)
+	if err != nil {
+		return nil, flagErr("-response-id-key-file", "%w", err)
+	}
+	if b = bytes.TrimSpace(b); len(b) < gateway.MinResponseIDKey {
+		return nil, flagErr("-response-id-key-file", "%s: the key must be at least %d bytes, got %d",
+			a.cfg.ResponseIDKeyFile, gateway.MinResponseIDKey, len(b))
+	}
+	return b, nil
 }
 
 // corsConfig is the gateway's CORS configuration: nil (off) unless

@@ -458,6 +458,12 @@ func (s *State) Keys(dst []uint64, model string, blockSize int, tokens []uint32)
 	return s.dig.AppendKeys(dst, blockdigest.Domain{Model: model}, blockSize, tokens)
 }
 
+// AdapterKeys computes a request's index keys for a LoRA adapter of a
+// model: the domain vLLM's KV events name by lora_name.
+func (s *State) AdapterKeys(dst []uint64, model, adapter string, blockSize int, tokens []uint32) ([]uint64, error) {
+	return s.dig.AppendKeys(dst, blockdigest.Domain{Model: model, LoRA: adapter}, blockSize, tokens)
+}
+
 // Engines lists the engines followed, sorted by id.
 func (s *State) Engines() []string {
 	s.mu.Lock()

@@ -40,6 +40,17 @@ const (
 	// environment variable holding its API key (the key never enters Consul).
 	MetaUpstream       = "oasis_upstream"
 	MetaUpstreamKeyEnv = "oasis_upstream_key_env"
+	// MetaServedNames lists, comma-separated, the further names an engine
+	// serves its model under (vLLM's other --served-model-name values).
+	MetaServedNames = "oasis_served_names"
+	// MetaLoRAAdapters lists, comma-separated, the LoRA adapters an engine
+	// serves (vLLM's --lora-modules names).
+	MetaLoRAAdapters = "oasis_lora_adapters"
+	// MetaLoRALoadable lists, comma-separated, name=path of the LoRA
+	// adapters an engine can load on demand (vLLM with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING): the router loads one before the
+	// first request naming it.
+	MetaLoRALoadable = "oasis_lora_loadable"
 )
 
 // EngineService is the service name engines register as.
@@ -197,6 +208,10 @@ func (p *Pool) Set(instances []Instance) {
 			p.refuse(in.ID, err)
 			continue
 		}
+		if w.Names, w.Adapters, w.Loadable, err = namesOf(w.Model, get); err != nil {
+			p.refuse(in.ID, err)
+			continue
+		}
 		if _, dup := seen[w.ID]; dup {
 			continue
 		}
@@ -207,11 +222,13 @@ func (p *Pool) Set(instances []Instance) {
 			p.live[w.ID] = l
 		}
 		w.Live = l
-		v.byModel[w.Model] = append(v.byModel[w.Model], w)
 		v.all = append(v.all, w)
-		if _, ok := p.known[w.Model]; !ok {
-			p.known[w.Model] = struct{}{}
-			newKnown = true
+		for _, name := range w.Served() {
+			v.byModel[name] = append(v.byModel[name], w)
+			if _, ok := p.known[name]; !ok {
+				p.known[name] = struct{}{}
+				newKnown = true
+			}
 		}
 	}
 	for id := range p.live {

@@ -21,7 +21,7 @@ import (
 // their body names: generation's, then vLLM's others.
 var modelPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
 	"/tokenize", "/detokenize", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank",
-	"/pooling", "/classify", TranscriptionsPath}
+	"/pooling", "/classify", TranscriptionsPath, ResponsesPath}
 
 // TranscriptionsPath takes a multipart form; its model is a form field.
 const TranscriptionsPath = "/v1/audio/transcriptions"
@@ -42,6 +42,14 @@ func (g *Gateway) allowed(path string) []string {
 		if p == path {
 			return []string{http.MethodPost}
 		}
+	}
+	switch {
+	case strings.HasPrefix(path, "/v1/models/") && len(path) > len("/v1/models/"):
+		return []string{http.MethodGet}
+	case strings.HasPrefix(path, ResponsesPath+"/") && strings.HasSuffix(path, "/cancel"):
+		return []string{http.MethodPost}
+	case strings.HasPrefix(path, ResponsesPath+"/") && !strings.Contains(path[len(ResponsesPath)+1:], "/"):
+		return []string{http.MethodGet}
 	}
 	switch path {
 	case "/v1/models", "/health", "/ready", "/version":

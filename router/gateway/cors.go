@@ -11,13 +11,19 @@ import (
 type CORS struct {
 	Origins []string // allowed origins (scheme://host[:port]), or "*" for any
 	Methods []string // allowed methods (default GET, POST)
-	Headers []string // allowed request headers, or "*" for those asked (default Authorization, Content-Type, X-Request-Id)
+	Headers []string // allowed request headers, or "*" for those asked (default DefaultCORSHeaders)
 }
 
-// Default CORS methods and headers.
+// Default CORS methods and headers. The headers are the API's, and those
+// the official OpenAI SDKs send on every request (OpenAI-*, X-Stainless-*):
+// without them a browser refuses the SDK's preflight.
 var (
 	DefaultCORSMethods = []string{http.MethodGet, http.MethodPost}
-	DefaultCORSHeaders = []string{"Authorization", "Content-Type", "X-Request-Id"}
+	DefaultCORSHeaders = []string{"Authorization", "Content-Type", "X-Request-Id",
+		"OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta",
+		"X-Stainless-Arch", "X-Stainless-Lang", "X-Stainless-OS", "X-Stainless-Package-Version",
+		"X-Stainless-Retry-Count", "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Timeout",
+		"X-Stainless-Helper-Method", "X-Stainless-Poll-Helper", "X-Stainless-Custom-Poll-Interval"}
 )
 
 // allowOrigin returns the Access-Control-Allow-Origin value for origin, ""

@@ -107,6 +107,11 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	}
 	defer pre.Cancel()
 
+	release, err := g.useAdapter(ctx, x, wk) // a LoRA adapter loaded on demand (adapters.go)
+	if err != nil {
+		return err
+	}
+	defer release()
 	uctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	up, rt, err := g.upstreamRequest(uctx, r, x, wk)
@@ -222,7 +227,10 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, x *excha
 		target = strings.TrimSuffix(wk.Upstream, "/") + strings.TrimPrefix(r.URL.RequestURI(), "/v1")
 		rt = g.cfg.HostedTransport
 	}
-	body := forwardBody(x, wk) // never reassigned: the closure below captures it by value
+	body, err := g.attemptBody(x, wk) // never reassigned: the closure below captures it by value
+	if err != nil {
+		return nil, nil, err
+	}
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err

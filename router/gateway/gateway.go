@@ -97,6 +97,17 @@ type Config struct {
 	// DefaultEjectFor; EjectAfter < 0 turns ejection off.
 	EjectAfter int
 	EjectFor   time.Duration
+
+	// ResponseIDKey authenticates the Responses API ids the router mints
+	// (responses.go); every router replica of a datacenter needs the same
+	// key (at least MinResponseIDKey bytes). nil: a random key per process,
+	// so ids name their engine only until this router restarts, and only
+	// on this replica.
+	ResponseIDKey []byte
+
+	// MaxLoadedAdapters bounds the LoRA adapters this router loads on one
+	// engine on demand (adapters.go); default DefaultMaxLoadedAdapters.
+	MaxLoadedAdapters int
 }
 
 // Gateway serves the router's HTTP API.
@@ -113,6 +124,8 @@ type Gateway struct {
 	tr       *tracing // nil: tracing off
 	hop      hopMark  // this router's Via entry (hop.go)
 	cards    engineCards
+	respIDs  *responseIDs
+	adapters adapterLoads
 }
 
 // New validates c and returns a gateway.
@@ -134,6 +147,11 @@ func New(c Config) (*Gateway, error) {
 		return nil, errors.New("gateway: Config.BodyReadTimeout must be ≥ 0")
 	case c.EjectFor < 0:
 		return nil, errors.New("gateway: Config.EjectFor must be ≥ 0")
+	case c.MaxLoadedAdapters < 0:
+		return nil, errors.New("gateway: Config.MaxLoadedAdapters must be ≥ 0")
+	}
+	if c.MaxLoadedAdapters == 0 {
+		c.MaxLoadedAdapters = DefaultMaxLoadedAdapters
 	}
 	if c.EjectAfter == 0 {
 		c.EjectAfter = DefaultEjectAfter
@@ -157,12 +175,16 @@ func New(c Config) (*Gateway, error) {
 		c.HostedTransport = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true,
 			TLSHandshakeTimeout: 10 * time.Second, IdleConnTimeout: 90 * time.Second, MaxIdleConnsPerHost: 64}
 	}
+	respIDs, err := newResponseIDs(c.ResponseIDKey)
+	if err != nil {
+		return nil, err
+	}
 	m := c.Metrics
 	if c.Admission.OnQueue == nil {
 		c.Admission.OnQueue = func(model string, n int) { m.Queued.WithLabelValues(model).Set(float64(n)) }
 	}
 	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, ids: newRequestIDs(),
-		tr: newTracing(c.TracerProvider), hop: newHopMark()}
+		tr: newTracing(c.TracerProvider), hop: newHopMark(), respIDs: respIDs}
 	g.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	g.mux = g.routes()
 	return g, nil
@@ -177,6 +199,9 @@ func (g *Gateway) routes() *http.ServeMux {
 	mux.Handle("GET /version", g.authenticated(http.HandlerFunc(g.version)))
 	mux.Handle("GET /v1/models", g.authenticated(http.HandlerFunc(g.models)))
 	mux.Handle("GET /v1/models/{id...}", g.authenticated(http.HandlerFunc(g.model)))
+	stored := g.authenticated(http.HandlerFunc(g.storedResponse))
+	mux.Handle("GET /v1/responses/{id}", stored)
+	mux.Handle("POST /v1/responses/{id}/cancel", stored)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))

@@ -550,6 +550,11 @@ func TestUsageScanner(t *testing.T) {
 		{"sse split across reads", true, []string{"data: {\"choices\":[]}\n\nda", "ta: {\"usage\":{\"prompt_tokens\":1,\"compl", "etion_tokens\":2}}\n\ndata: [DONE]\n\n"}, 1, 2, true},
 		{"sse without usage", true, []string{"data: {\"x\":1}\n\ndata: [DONE]\n\n"}, 0, 0, false},
 		{"usage null", false, []string{`{"usage":null}`}, 0, 0, false},
+		// The Responses API's names, and its stream's response.completed event.
+		{"responses json", false, []string{`{"id":"resp_1","usage":{"input_tokens":7,"output_tokens":9,"total_tokens":16}}`}, 7, 9, true},
+		{"responses events", true, []string{"event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n",
+			"event: response.completed\ndata: {\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":3,", "\"output_tokens\":4}}}\n\n"}, 3, 4, true},
+		{"responses created only", true, []string{"event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n"}, 0, 0, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

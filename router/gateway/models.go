@@ -72,6 +72,9 @@ func (g *Gateway) modelCards(ctx context.Context) []modelCard {
 	for i, m := range models {
 		cards[i] = modelCard{ID: m, Object: "model", OwnedBy: "oasis", Root: m, Permission: []json.RawMessage{}}
 		if wk := firstEngine(g.cfg.Pool.Workers(m)); wk != nil {
+			if wk.Adapter(m) != "" {
+				cards[i].Parent = &wk.Model // a LoRA adapter's base model, as vLLM lists it
+			}
 			wg.Add(1)
 			go func() { defer wg.Done(); g.engineCard(ctx, wk, &cards[i]) }()
 		}
@@ -101,32 +104,37 @@ func firstEngine(ws []*scoring.Worker) *scoring.Worker {
 	return first
 }
 
-// engineCard fills c's created, owned_by, root and max_model_len from what
-// wk's /v1/models reports of c's model (cached by instance id); c is left
-// as it is when the engine does not answer in time.
+// engineCard fills c's created, owned_by, root, parent and max_model_len
+// from what wk's /v1/models reports of c's model (one of the names wk
+// serves; cached by instance id and name); c is left as it is when the
+// engine does not answer in time.
 func (g *Gateway) engineCard(ctx context.Context, wk *scoring.Worker, c *modelCard) {
+	key := wk.ID + "\x00" + c.ID
 	g.cards.mu.Lock()
-	got, ok := g.cards.m[wk.ID]
+	got, ok := g.cards.m[key]
 	g.cards.mu.Unlock()
 	if !ok {
-		if got, ok = g.fetchCard(ctx, wk); !ok {
+		if got, ok = g.fetchCard(ctx, wk, c.ID); !ok {
 			return
 		}
 		g.cards.mu.Lock()
-		if g.cards.m == nil || len(g.cards.m) > 4*len(g.cfg.Pool.All())+16 {
+		if g.cards.m == nil || len(g.cards.m) > 4*len(g.cfg.Pool.Models())+16 {
 			g.cards.m = map[string]modelCard{} // bounded: engines gone are forgotten
 		}
-		g.cards.m[wk.ID] = got
+		g.cards.m[key] = got
 		g.cards.mu.Unlock()
 	}
 	c.Created, c.MaxModelLen = got.Created, got.MaxModelLen
 	if got.Root != "" {
 		c.Root = got.Root
 	}
+	if got.Parent != nil && *got.Parent != "" {
+		c.Parent = got.Parent
+	}
 }
 
-// fetchCard asks wk's /v1/models for its model's card (1 MiB at most).
-func (g *Gateway) fetchCard(ctx context.Context, wk *scoring.Worker) (modelCard, bool) {
+// fetchCard asks wk's /v1/models for the card of name (1 MiB at most).
+func (g *Gateway) fetchCard(ctx context.Context, wk *scoring.Worker, name string) (modelCard, bool) {
 	ctx, cancel := context.WithTimeout(ctx, modelsTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+wk.Address+"/v1/models", nil)
@@ -144,7 +152,7 @@ func (g *Gateway) fetchCard(ctx context.Context, wk *scoring.Worker) (modelCard,
 		return modelCard{}, false
 	}
 	for _, c := range list.Data {
-		if c.ID == wk.Model {
+		if c.ID == name {
 			return c, true
 		}
 	}

@@ -66,10 +66,11 @@ func (g *Gateway) estimatedTTFT(x *exchange) time.Duration {
 // the model name that pool's API uses, or otherwise when the model has no
 // overflow or the pool no worker: the local answer (429, 503) stands. Only
 // ever chosen before a request reached a worker, so no answer has started.
+// A Responses API request never overflows (call.localOnly).
 func (g *Gateway) overflowOr(c *call, reason string, otherwise plan) plan {
 	x := c.x
 	o, ok := g.cfg.Policy.Current().OverflowFor(x.req.Model)
-	if !ok || o.Pool == x.req.Model || len(g.cfg.Pool.Workers(o.Pool)) == 0 {
+	if !ok || c.localOnly() || o.Pool == x.req.Model || len(g.cfg.Pool.Workers(o.Pool)) == 0 {
 		return otherwise
 	}
 	body, err := openai.WithFields(x.body, map[string]json.RawMessage{"model": openai.String(o.Model)})

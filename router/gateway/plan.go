@@ -36,6 +36,7 @@ type call struct {
 	r   *http.Request
 	rec *outcome
 	x   *exchange
+	pin string // the only engine instance the request may go to (responses.go); "" any
 }
 
 // with returns a copy of c that asks x instead (an overflow pool's or a

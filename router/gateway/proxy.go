@@ -76,12 +76,16 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	if reqID == "" {
 		reqID = g.ids.next()
 	}
+	w.Header().Set("X-Request-Id", reqID) // on the router's own refusals too (an SDK's error.requestID)
 	x := &exchange{req: req, fields: f, body: body, reqID: reqID, pol: pol}
 	tr.identify(f.Model, reqID)
 	if g.federating(ctx) {
 		g.cfg.Federation.Arrived()
 	}
 	c := call{ctx: ctx, w: w, r: r, rec: rec, x: x}
+	if !g.pinResponse(&c) {
+		return
+	}
 	g.execute(&c, g.route(&c, doc))
 }
 

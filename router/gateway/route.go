@@ -26,6 +26,9 @@ func (g *Gateway) route(c *call, doc *policy.Document) plan {
 // (choose, pick, and the failures execute reports) return the plans that
 // follow.
 func (g *Gateway) routeModel(c *call) plan {
+	if c.localOnly() {
+		return planAdmit{}
+	}
 	if len(g.candidates(c.x.req.Model)) == 0 {
 		// No local worker: another datacenter, else the overflow pool,
 		// else no worker.
@@ -76,6 +79,9 @@ func (g *Gateway) choose(c *call, st *attempts) plan {
 // pick chooses a worker not tried yet for the request's next attempt, or,
 // when none is left, the plan for a request every local attempt failed.
 func (g *Gateway) pick(c *call, st *attempts) plan {
+	if c.pin != "" {
+		return g.pickPinned(c, st)
+	}
 	x := c.x
 	cands := pd.Without(g.candidates(x.req.Model), st.tried)
 	if len(cands) == 0 {
@@ -100,7 +106,7 @@ func (g *Gateway) pick(c *call, st *attempts) plan {
 	}
 	st.tried = append(st.tried, p.wk)
 	g.notePick(c, p.wk)
-	if st.n == 0 {
+	if st.n == 0 && !c.localOnly() {
 		if r := g.federateChosen(c, p); r != nil {
 			return r
 		}
@@ -112,6 +118,9 @@ func (g *Gateway) pick(c *call, st *attempts) plan {
 // before its first byte: another datacenter, else last's error.
 func (g *Gateway) localFailed(c *call, last *upstreamError, why string) plan {
 	ref := upstreamRefusal(last, why)
+	if c.localOnly() {
+		return ref
+	}
 	if d, ok := g.federateFailed(c); ok {
 		return &planRemote{d: d, then: ref}
 	}

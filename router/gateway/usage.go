@@ -25,10 +25,26 @@ const (
 )
 
 type usageDoc struct {
-	Usage *struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-	} `json:"usage"`
+	Usage *usageCounts `json:"usage"`
+	// Response is a Responses API stream event's response object, whose
+	// usage the response.completed event carries.
+	Response *struct {
+		Usage *usageCounts `json:"usage"`
+	} `json:"response"`
+}
+
+// usageCounts is a usage object: chat/completions name its counts
+// prompt_tokens and completion_tokens, the Responses API input_tokens and
+// output_tokens.
+type usageCounts struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
+}
+
+func (c *usageCounts) counts() (prompt, completion int64) {
+	return c.PromptTokens + c.InputTokens, c.CompletionTokens + c.OutputTokens
 }
 
 func (u *usageScanner) feed(p []byte) {
@@ -70,8 +86,15 @@ func (u *usageScanner) sseLine(l []byte) {
 
 func (u *usageScanner) parse(b []byte) {
 	var d usageDoc
-	if json.Unmarshal(b, &d) == nil && d.Usage != nil {
-		u.prompt, u.compl, u.found = d.Usage.PromptTokens, d.Usage.CompletionTokens, true
+	if json.Unmarshal(b, &d) != nil {
+		return
+	}
+	if d.Usage == nil && d.Response != nil {
+		d.Usage = d.Response.Usage
+	}
+	if d.Usage != nil {
+		u.prompt, u.compl = d.Usage.counts()
+		u.found = true
 	}
 }
 
@@ -98,7 +121,8 @@ func (u *usageScanner) parseTail() {
 	}
 	var d usageDoc
 	if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&d.Usage) == nil && d.Usage != nil {
-		u.prompt, u.compl, u.found = d.Usage.PromptTokens, d.Usage.CompletionTokens, true
+		u.prompt, u.compl = d.Usage.counts()
+		u.found = true
 	}
 }
 

@@ -17,6 +17,25 @@ type PrefixSource interface {
 	Match(keys []uint64, w prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match
 }
 
+// AdapterKeySource is a PrefixSource that also computes keys in a LoRA
+// adapter's domain (cachestate.State does): a request naming an adapter is
+// matched against the blocks engines cached for that adapter only.
+type AdapterKeySource interface {
+	AdapterKeys(dst []uint64, model, adapter string, blockSize int, tokens []uint32) ([]uint64, error)
+}
+
+// keys computes the request's keys for w: in the domain of the LoRA
+// adapter the request names, when it names one of w's.
+func (t *PrefixTerm) keys(dst []uint64, req *Request, w *Worker, bs int, tokens []uint32) ([]uint64, error) {
+	if a := w.Adapter(req.Model); a != "" {
+		if as, ok := t.Source.(AdapterKeySource); ok {
+			return as.AdapterKeys(dst, w.Model, a, bs, tokens)
+		}
+		return nil, nil // no adapter domain to match in
+	}
+	return t.Source.Keys(dst, w.Model, bs, tokens)
+}
+
 // DefaultBlockSize is assumed for workers that do not advertise oasis_block_size.
 const DefaultBlockSize = rworker.DefaultBlockSize
 
@@ -141,7 +160,7 @@ func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker)
 			continue
 		}
 		bs := BlockSizeOf(w)
-		keys, err := t.Source.Keys(sc.keys[:0], w.Model, bs, tokens)
+		keys, err := t.keys(sc.keys[:0], req, w, bs, tokens)
 		sc.keys = keys
 		if err != nil {
 			keys = nil
@@ -152,7 +171,7 @@ func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker)
 		}
 		for j := i; j < len(workers); j++ {
 			wj := workers[j]
-			if done[j] || wj.Model != w.Model || BlockSizeOf(wj) != bs {
+			if done[j] || wj.Model != w.Model || BlockSizeOf(wj) != bs || wj.Adapter(req.Model) != w.Adapter(req.Model) {
 				continue
 			}
 			done[j] = true

@@ -46,8 +46,66 @@ type Worker struct {
 	// UpstreamKey is the hosted API's key, read from the router's environment variable named in
 	// oasis_upstream_key_env. Secret: never log a Worker's fields wholesale.
 	UpstreamKey string
+	// Names are the further names the engine serves Model under
+	// (oasis_served_names: vLLM's other --served-model-name values); the
+	// router routes each like Model, in the same KV cache domain.
+	Names []string
+	// Adapters are the LoRA adapters the engine serves (oasis_lora_adapters:
+	// vLLM's --lora-modules names), each routable by its name; an adapter's
+	// KV blocks are a domain of their own.
+	Adapters []string
+	// Loadable are the LoRA adapters the engine can load on demand
+	// (oasis_lora_loadable: vLLM with runtime LoRA updating): the router
+	// loads one (POST /v1/load_lora_adapter) before the first request it
+	// sends there naming it (router/gateway/adapters.go).
+	Loadable []LoRA
 
 	Live *Live
+}
+
+// LoRA is an adapter an engine can load: its name and where from (a
+// directory on the engine's host or a Hugging Face repository id).
+type LoRA struct{ Name, Path string }
+
+// LoadablePath returns the path of name when it is one of w's loadable
+// adapters.
+func (w *Worker) LoadablePath(name string) (string, bool) {
+	for _, l := range w.Loadable {
+		if l.Name == name {
+			return l.Path, true
+		}
+	}
+	return "", false
+}
+
+// Served returns every name w is routable by: Model, Names, Adapters and
+// Loadable's.
+func (w *Worker) Served() []string {
+	if len(w.Names) == 0 && len(w.Adapters) == 0 && len(w.Loadable) == 0 {
+		return []string{w.Model}
+	}
+	out := make([]string, 0, 1+len(w.Names)+len(w.Adapters)+len(w.Loadable))
+	out = append(out, w.Model)
+	out = append(out, w.Names...)
+	out = append(out, w.Adapters...)
+	for _, l := range w.Loadable {
+		out = append(out, l.Name)
+	}
+	return out
+}
+
+// Adapter returns name when it is one of w's LoRA adapters, else "": the
+// LoRA part of the KV cache domain of a request naming name.
+func (w *Worker) Adapter(name string) string {
+	for _, a := range w.Adapters {
+		if a == name {
+			return name
+		}
+	}
+	if _, ok := w.LoadablePath(name); ok {
+		return name
+	}
+	return ""
 }
 
 // Signals returns the worker's current live signals. A Worker without Live

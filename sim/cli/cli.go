@@ -39,13 +39,18 @@ type Options struct {
 	Host             string
 	Port             int
 	ServedModelNames []string
-	MaxModelLen      int // 0: derived
-	Speed            float64
-	Seed             uint64
-	Engine           engine.Config
-	Power            engine.PowerModel
-	KVEvents         *kvevents.PublisherConfig
-	KVTransfer       json.RawMessage
+	// LoRAModules are vLLM's --lora-modules: adapters served by name.
+	LoRAModules []server.LoRAModule
+	// RuntimeLoRA is VLLM_ALLOW_RUNTIME_LORA_UPDATING: adapters may be
+	// loaded and unloaded at run time.
+	RuntimeLoRA bool
+	MaxModelLen int // 0: derived
+	Speed       float64
+	Seed        uint64
+	Engine      engine.Config
+	Power       engine.PowerModel
+	KVEvents    *kvevents.PublisherConfig
+	KVTransfer  json.RawMessage
 	// PD is the disaggregated prefill/decode setup: --kv-transfer-config's engine_id
 	// and kv_load_failure_policy, SGLang's --disaggregation-mode, the KV link flags
 	// and, from the environment (FromEnv), vLLM's NIXL side channel.
@@ -105,6 +110,7 @@ func specs() map[string]flagSpec {
 			return err
 		}},
 		"served-model-name": {kList, nil}, // handled by the parser (one or more values)
+		"lora-modules":      {kList, nil}, // name=path or vLLM's JSON form, one or more
 		"max-model-len": {kString, func(o *Options, v string) error {
 			n, err := parseHumanInt(v)
 			if err == nil && n < 1 {
@@ -497,6 +503,12 @@ func Parse(args []string) (*Options, error) {
 			if len(vals) == 0 {
 				return nil, fmt.Errorf("flag --%s needs at least one value", name)
 			}
+			if name == "lora-modules" {
+				if err := o.addLoRAModules(vals); err != nil {
+					return nil, fmt.Errorf("invalid value for --lora-modules: %v", err)
+				}
+				continue
+			}
 			o.ServedModelNames = vals
 		default:
 			v, ok := next()
@@ -552,10 +564,13 @@ func Parse(args []string) (*Options, error) {
 	return o, nil
 }
 
-// FromEnv reads vLLM's NIXL side-channel settings, VLLM_NIXL_SIDE_CHANNEL_HOST
+// FromEnv reads VLLM_ALLOW_RUNTIME_LORA_UPDATING and vLLM's NIXL side-channel settings, VLLM_NIXL_SIDE_CHANNEL_HOST
 // (default: --host) and VLLM_NIXL_SIDE_CHANNEL_PORT (default 5600, as vLLM's
 // vllm/envs.py): with a --kv-transfer-config the sim serves its side channel there.
 func (o *Options) FromEnv(getenv func(string) string) error {
+	// vLLM's envs.py: "1" or "true", any case.
+	rt := strings.ToLower(getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+	o.RuntimeLoRA = rt == "1" || rt == "true"
 	o.PD.SideChannelHost = getenv("VLLM_NIXL_SIDE_CHANNEL_HOST")
 	o.PD.SideChannelPort = 5600
 	if v := getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); v != "" {
@@ -669,7 +684,7 @@ func Serve(ctx context.Context, o *Options, log hclog.Logger, ready chan<- net.A
 		defer sideLn.Close()
 	}
 	cfg := server.Config{
-		Model: o.Model, ServedModelNames: o.ServedModelNames, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
+		Model: o.Model, ServedModelNames: o.ServedModelNames, LoRAModules: o.LoRAModules, RuntimeLoRA: o.RuntimeLoRA, MaxModelLen: maxLen, Speed: o.Speed, Seed: o.Seed,
 		Engine: o.Engine, Power: o.Power, KVEvents: o.KVEvents, KVTransfer: len(o.KVTransfer) > 0,
 		Host: o.Host, Version: Version, Logger: log, APIKey: o.APIKey, PD: o.PD,
 	}
@@ -739,3 +754,26 @@ func listenSideChannel(o *Options) (net.Listener, error) {
 
 const usage = `usage: oasis-sim serve MODEL [flags]     (flags as vllm serve; see sim/README.md)
        oasis-sim --version`
+
+// addLoRAModules reads --lora-modules values: name=path, or vLLM's JSON
+// form {"name": ..., "path": ..., "base_model_name": ...}.
+func (o *Options) addLoRAModules(vals []string) error {
+	for _, v := range vals {
+		var m server.LoRAModule
+		if strings.HasPrefix(v, "{") {
+			var j struct{ Name, Path string }
+			if err := json.Unmarshal([]byte(v), &j); err != nil {
+				return fmt.Errorf("%q: %v", v, err)
+			}
+			m = server.LoRAModule{Name: j.Name, Path: j.Path}
+		} else {
+			name, path, _ := strings.Cut(v, "=")
+			m = server.LoRAModule{Name: name, Path: path}
+		}
+		if m.Name == "" || m.Path == "" {
+			return fmt.Errorf("%q: want name=path", v)
+		}
+		o.LoRAModules = append(o.LoRAModules, m)
+	}
+	return nil
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/internal/kvevents"
 	"github.com/oasis-llm/oasis/sim/engine"
+	"github.com/oasis-llm/oasis/sim/server"
 	"github.com/shoenig/test/must"
 )
 
@@ -128,6 +129,8 @@ func TestParseErrorsNameTheFlag(t *testing.T) {
 		{[]string{"m", "--max-logprobs", "many"}, "--max-logprobs"},
 		{[]string{"m", "--port"}, "--port"},
 		{[]string{"m", "--served-model-name"}, "--served-model-name"},
+		{[]string{"m", "--lora-modules", "noPath"}, "--lora-modules"},
+		{[]string{"m", "--lora-modules", `{"name":"x"}`}, "--lora-modules"},
 		{[]string{"m", "--no-enable-prefix-caching=maybe"}, "--no-enable-prefix-caching"},
 		{[]string{"m", "--kv-link-gbps", "0"}, "--kv-link-gbps"},
 		{[]string{"m", "--kv-bytes-per-token", "big"}, "--kv-bytes-per-token"},
@@ -292,4 +295,15 @@ func TestServeSideChannels(t *testing.T) {
 	must.Eq(t, 200, code)
 	code, out = postJSON(t, sdurl+"/v1/completions", leg)
 	must.Eq(t, 200, code, must.Sprintf("%v", out))
+}
+
+// TestParseLoRAModules: vLLM's --lora-modules in both of its forms, several
+// values, next to --enable-lora.
+func TestParseLoRAModules(t *testing.T) {
+	o, err := Parse([]string{"m", "--served-model-name", "m3", "m3-alias", "--enable-lora", "--lora-modules",
+		"sql=/a/sql", `{"name":"chat","path":"org/chat","base_model_name":"m3"}`, "--port", "9"})
+	must.NoError(t, err)
+	must.Eq(t, []string{"m3", "m3-alias"}, o.ServedModelNames)
+	must.Eq(t, []server.LoRAModule{{Name: "sql", Path: "/a/sql"}, {Name: "chat", Path: "org/chat"}}, o.LoRAModules)
+	must.Eq(t, 9, o.Port)
 }

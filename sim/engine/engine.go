@@ -169,6 +169,10 @@ type Request struct {
 	// engine to read (vLLM NixlConnector's delay_free_blocks on a prefill leg): they
 	// stay until ReleaseHeld. HeldBlocks returns their ids.
 	HoldKV bool
+	// LoRA is the adapter the request runs under ("" for the base model): its
+	// blocks are a cache domain of their own, as vLLM mixes the adapter into
+	// its block hashes, and its KV events name it (lora_name).
+	LoRA string
 }
 
 // Output is one token produced by a step.
@@ -434,6 +438,16 @@ func BlockHash(parent uint64, hasParent bool, tokens []int32) uint64 {
 	return h
 }
 
+// loraSeed is the parent of an adapter's first block: the adapter's name
+// hashed, so no block of one adapter (or of the base model) matches another's.
+func loraSeed(name string) uint64 {
+	h := uint64(hashSeed) ^ 0x4c6f5241 // "LoRA"
+	for i := 0; i < len(name); i++ {
+		h = mix(h ^ uint64(name[i]))
+	}
+	return h
+}
+
 // mix is splitmix64's finalizer.
 func mix(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
@@ -448,8 +462,11 @@ func (e *Engine) hashOf(s *sequence, i int) uint64 {
 	for len(s.hashes) <= i {
 		k := len(s.hashes)
 		var parent uint64
+		hasParent := k > 0
 		if k > 0 {
 			parent = s.hashes[k-1]
+		} else if s.req.LoRA != "" {
+			parent, hasParent = loraSeed(s.req.LoRA), true
 		}
 		var toks []int32
 		if end := (k + 1) * bs; end <= len(s.req.Prompt) {
@@ -460,7 +477,7 @@ func (e *Engine) hashOf(s *sequence, i int) uint64 {
 				toks[j] = s.token(k*bs + j)
 			}
 		}
-		s.hashes = append(s.hashes, BlockHash(parent, k > 0, toks))
+		s.hashes = append(s.hashes, BlockHash(parent, hasParent, toks))
 	}
 	return s.hashes[i]
 }
@@ -692,7 +709,7 @@ func (e *Engine) allocate(s *sequence, hits []int32, n int) bool {
 		}
 		if e.cfg.KVEvents {
 			if ev == nil {
-				ev = &kvevents.BlockStored{BlockSize: bs, Medium: kvevents.MediumGPU}
+				ev = &kvevents.BlockStored{BlockSize: bs, Medium: kvevents.MediumGPU, LoraName: s.req.LoRA}
 				if k > 0 {
 					p := kvevents.HashUint64(e.hashOf(s, k-1))
 					ev.ParentBlockHash = &p
@@ -730,7 +747,7 @@ func (e *Engine) writeThrough(t *lruTier, medium string, s *sequence, k int, h u
 	}
 	bs := e.cfg.BlockSize
 	if ev == nil {
-		ev = &kvevents.BlockStored{BlockSize: bs, Medium: medium}
+		ev = &kvevents.BlockStored{BlockSize: bs, Medium: medium, LoraName: s.req.LoRA}
 		if k > 0 {
 			p := kvevents.HashUint64(e.hashOf(s, k-1))
 			ev.ParentBlockHash = &p

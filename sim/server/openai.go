@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/oasis-llm/oasis/internal/tokenizer"
@@ -140,7 +141,7 @@ func (m chatMessage) text() (string, error) {
 }
 
 func (s *Server) checkModel(name string) error {
-	if name == "" || s.served[name] {
+	if name == "" || s.served[name] || s.adapterOf(name) != "" {
 		return nil
 	}
 	return &apiError{status: http.StatusNotFound, typ: "NotFoundError", msg: fmt.Sprintf("The model `%s` does not exist.", name), param: "model"}
@@ -513,7 +514,8 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		// Unique even when clients reuse X-Request-Id, as vLLM's internal ids are.
 		p.holdKey = reqKey(fmt.Sprintf("%s-%08x", rid, rand.Uint32()))
 	}
-	st, err := s.submit(p.prompt, p.gen, submitOpts{remote: remote, hold: p.holdKey != "", arrival: arrival})
+	st, err := s.submit(p.prompt, p.gen, submitOpts{remote: remote, hold: p.holdKey != "", arrival: arrival,
+		lora: s.adapterOf(p.model)})
 	if err != nil {
 		writeAPIError(w, badRequest(nil, "%v", err))
 		return
@@ -817,6 +819,12 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 			"permission": []any{map[string]any{"id": "modelperm-oasis-sim", "object": "model_permission", "created": s.created,
 				"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
 				"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false}},
+		})
+	}
+	for _, m := range append(slices.Clone(s.cfg.LoRAModules), s.loras.list()...) {
+		data = append(data, map[string]any{
+			"id": m.Name, "object": "model", "created": s.created, "owned_by": "vllm", "root": m.Path,
+			"parent": s.modelName, "max_model_len": nil, "permission": []any{},
 		})
 	}
 	writeJSON(w, map[string]any{"object": "list", "data": data})

@@ -26,6 +26,13 @@ type Config struct {
 	// Model is the positional MODEL argument; ServedModelNames default to it.
 	Model            string
 	ServedModelNames []string
+	// LoRAModules are LoRA adapters served by name (vLLM's --lora-modules):
+	// requests may name them, /v1/models lists them with parent. The sim
+	// generates for an adapter as for the base model, in the same prefix cache.
+	LoRAModules []LoRAModule
+	// RuntimeLoRA serves POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+	RuntimeLoRA bool
 	// MaxModelLen bounds prompt + completion tokens (default 8192... see cli).
 	MaxModelLen int
 	// Speed scales simulated time: 1 real time, 2 twice as fast, 0 no waiting at all.
@@ -73,9 +80,15 @@ type Server struct {
 	busy      engine.BusyTracker
 	wake      chan struct{}
 
-	kv     *kvStore     // prefill legs' KV held for decode legs
-	client *http.Client // decode legs' side-channel pulls
+	kv        *kvStore       // prefill legs' KV held for decode legs
+	client    *http.Client   // decode legs' side-channel pulls
+	responses *responseStore // stored Responses API responses (responses.go)
+	loras     runtimeLoRAs   // adapters loaded at run time (lora.go)
 }
+
+// LoRAModule is a LoRA adapter the sim serves: its name and the path vLLM
+// would load it from (reported as its root in /v1/models).
+type LoRAModule struct{ Name, Path string }
 
 // stream is one in-flight request as the driver sees it.
 type stream struct {
@@ -158,9 +171,13 @@ func New(cfg Config) (*Server, error) {
 		wake:      make(chan struct{}, 1),
 		kv:        newKVStore(),
 		client:    &http.Client{},
+		responses: newResponseStore(),
 	}
 	for _, n := range cfg.ServedModelNames {
 		s.served[n] = true
+	}
+	for _, m := range cfg.LoRAModules {
+		s.served[m.Name] = true
 	}
 	s.metrics = newMetrics(s)
 	if cfg.KVEvents != nil {
@@ -215,6 +232,21 @@ type submitOpts struct {
 	remote  bool          // the prompt's KV arrived from a prefill engine
 	hold    bool          // keep the KV for a decode engine (a prefill leg)
 	arrival time.Duration // simulated arrival, before any KV transfer
+	lora    string        // the LoRA adapter the request names ("" for the base model)
+}
+
+// adapterOf returns model when it names one of the sim's LoRA adapters
+// (from --lora-modules or loaded at run time), else "".
+func (s *Server) adapterOf(model string) string {
+	for _, m := range s.cfg.LoRAModules {
+		if m.Name == model {
+			return model
+		}
+	}
+	if _, ok := s.loras.path(model); ok {
+		return model
+	}
+	return ""
 }
 
 // submit registers a request with the engine and returns its stream.
@@ -223,7 +255,7 @@ func (s *Server) submit(prompt []int32, gen *generation, o submitOpts) (*stream,
 	s.nextID++
 	id := strconv.FormatUint(s.nextID, 36)
 	st := &stream{id: id, gen: gen, prompt: len(prompt), remote: o.remote, signal: make(chan struct{}, 1)}
-	err := s.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: gen.tokens, RemotePrefill: o.remote, HoldKV: o.hold})
+	err := s.eng.Submit(&engine.Request{ID: id, Prompt: prompt, Output: gen.tokens, RemotePrefill: o.remote, HoldKV: o.hold, LoRA: o.lora})
 	if err == nil {
 		st.arrival = min(o.arrival, s.simNow())
 		st.last = s.simNow()
@@ -378,6 +410,13 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	if s.cfg.RuntimeLoRA {
+		mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+		mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	}
+	mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", s.handleResponseGet)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleResponseCancel)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)

@@ -40,10 +40,11 @@ cors {
 }
 
 policy {
-  kv_prefix     = "oasis/router"
-  file          = ""
-  api_keys_file = ""
-  api_keys_kv   = false
+  kv_prefix            = "oasis/router"
+  file                 = ""
+  api_keys_file        = ""
+  api_keys_kv          = false
+  response_id_key_file = ""
 }
 
 federation {
@@ -78,6 +79,7 @@ limits {
   index_max_blocks           = 4194304
   index_worker_max_blocks    = 2097152
   kvcached_max_blocks        = 65536
+  max_loaded_adapters        = 4
 }
 
 telemetry {
