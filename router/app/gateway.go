@@ -7,6 +7,7 @@ import (
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/router/tokens"
 )
@@ -37,7 +38,8 @@ func (a *App) initGateway() error {
 		return err
 	}
 	a.gw, a.forwarded = gw, gw.ForwardedHandler()
-	return nil
+	// Per model and role, for autoscalers (observability/README.md "Scaling signals").
+	return a.reg.Register(metrics.NewScalingCollector(gw.ScalingSignals))
 }
 
 // learn is told every routing decision. Where the prefix term scored the
