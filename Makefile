@@ -35,7 +35,7 @@ terraform-provider:
 	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
 ## hashistack: build (once) and link every tool tests run: bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger,
-## bin/prometheus, bin/promtool, the CNI plugins in bin/cni and llama.cpp's bin/llama-server with its source in
+## bin/prometheus, bin/promtool, bin/nomad-autoscaler (test/e2e/autoscale), the CNI plugins in bin/cni and llama.cpp's bin/llama-server with its source in
 ## bin/llama.cpp (test/e2e/llamacpp) (scripts/hashistack.sh NAME... builds only those)
 hashistack:
 	@scripts/hashistack.sh
@@ -199,12 +199,13 @@ gpu-check:
 ##  by the other datacenter;
 ##  MESH=1: in the Consul service mesh: bridge networking, intentions from jobs/mesh, the router
 ##  Connect-native, engines behind sidecars;
-##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one).
+##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one;
+##  AUTOSCALE=1: the Nomad Autoscaler (bin/nomad-autoscaler) acting on the demo recipe's scaling policy).
 ## It builds (once, cached like hashistack) only the tools it runs: nomad, consul, prometheus; the CNI
-## plugins with MESH=1, jaeger with TRACING=1.
+## plugins with MESH=1, jaeger with TRACING=1, nomad-autoscaler with AUTOSCALE=1.
 up: $(if $(MESH),deps)
-	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger)
-	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing)
+	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger) $(if $(AUTOSCALE),nomad-autoscaler)
+	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing) $(if $(AUTOSCALE),-autoscale)
 
 ## down: stop everything `make up` started
 down:

@@ -46,3 +46,10 @@ nomad acl policy apply -namespace "$namespace" -job oasis-router \
 	-description "Oasis router: node statistics for power-aware routing" \
 	oasis-router "$here/nomad-oasis-router.hcl" >/dev/null
 echo "nomad: policy oasis-router attached to job $namespace/oasis-router"
+
+# The Nomad Autoscaler is not one of these jobs' tasks: the policy is applied unattached, and its
+# token is made from it (jobs/README.md "Autoscaling").
+nomad acl policy apply -namespace "$namespace" \
+	-description "Nomad Autoscaler: read and scale jobs' task groups" \
+	nomad-autoscaler "$here/nomad-autoscaler.hcl" >/dev/null
+echo "nomad: policy nomad-autoscaler (nomad acl token create -name nomad-autoscaler -policy nomad-autoscaler)"
