@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-federation bench-disagg bench-autoscale bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -132,6 +132,11 @@ bench-federation:
 ## bench-disagg: cluster simulator, 8 H100s aggregated vs xPyD prefill/decode pools on the trace: TTFT/TPOT p50/p90, goodput at SLO; bench/out/disagg.json, disagg-tpot.png, disagg-ttft.png
 bench-disagg:
 	$(GO) run ./bench/cluster/cmd/bench-disagg -trace $(TRACE) -gpus 8 -splits 0,2,4,5,6,7 -scales 1,2,3,3.5,4,4.5,5,5.5,6 -out bench/out
+
+## bench-autoscale: cluster simulator, one day of the Mooncake trace (day-shaped rate): GPU-hours and SLO attainment of a static
+## fleet sized for the peak, the recipes' shipped scaling policy and a Dynamo-Planner-like one; bench/out/autoscale.json
+bench-autoscale:
+	$(GO) run ./bench/cluster/cmd/bench-autoscale -trace mooncake-conversation -day 30m -out bench/out
 
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps
