@@ -50,15 +50,18 @@ func TestThresholdScalerOutFastInSlowly(t *testing.T) {
 		h    *History
 		want int
 	}{
-		{"TTFT estimate past half the SLO", history(400, func(i int) Sample {
-			return Sample{Engines: 4, Serving: 4, InFlight: 8, TTFTP90: 1.2}
+		{"median TTFT estimate past half the SLO", history(400, func(i int) Sample {
+			return Sample{Engines: 4, Serving: 4, InFlight: 8, TTFTP50: 1.2, TTFTP90: 3}
 		}), 6},
+		{"one engine's long prompt: only the p90 is high", history(400, func(i int) Sample {
+			return Sample{Engines: 4, Serving: 4, InFlight: 100, TTFTP50: 0.1, TTFTP90: 3}
+		}), 4},
 		{"busy engines", history(400, func(i int) Sample {
 			return Sample{Engines: 3, Serving: 3, InFlight: 3 * 48}
 		}), 5},
 		{"a short spike: 4 hot samples of 30", history(400, func(i int) Sample {
 			if i >= 390 && i < 394 {
-				return Sample{Engines: 4, Serving: 4, TTFTP90: 5}
+				return Sample{Engines: 4, Serving: 4, TTFTP50: 5}
 			}
 			return Sample{Engines: 4, Serving: 4, InFlight: 100}
 		}), 4},
@@ -72,7 +75,7 @@ func TestThresholdScalerOutFastInSlowly(t *testing.T) {
 			return Sample{Engines: 4, Serving: 4, InFlight: 10}
 		}), 4},
 		{"an engine still starting", history(400, func(i int) Sample {
-			return Sample{Engines: 4, Serving: 3, InFlight: 400, TTFTP90: 5}
+			return Sample{Engines: 4, Serving: 3, InFlight: 400, TTFTP50: 5}
 		}), 4},
 	}
 	for _, tc := range cases {
@@ -86,7 +89,7 @@ func TestThresholdScalerOutFastInSlowly(t *testing.T) {
 
 func TestThresholdScalerCoolsDown(t *testing.T) {
 	s := ShippedScaler(2, 48)
-	hot := func(i int) Sample { return Sample{Engines: 2, Serving: 2, TTFTP90: 3} }
+	hot := func(i int) Sample { return Sample{Engines: 2, Serving: 2, TTFTP50: 3} }
 	h := history(60, hot)
 	if got := s.Decide(h); got != 3 {
 		t.Fatalf("first decision %d, want 3", got)

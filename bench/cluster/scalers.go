@@ -22,7 +22,7 @@ func (s StaticScaler) Decide(*History) int { return s.N }
 type ThresholdScaler struct {
 	SLO            float64 // TTFT SLO, s: out when the estimated TTFT reaches TTFTFactor of it
 	TTFTFactor     float64
-	TTFTMedian     bool    // the check reads the median over engines instead of the p90
+	TTFTP90        bool    // the check reads the p90 over engines instead of the median
 	TargetInFlight float64 // in-flight per engine: out at it, in when one fewer would stay under half
 	EvalInterval   time.Duration
 	Window         time.Duration // the scale-out checks' query_window
@@ -51,9 +51,9 @@ func (t *ThresholdScaler) Decide(h *History) int {
 	t.lastEval = now.At
 	hot := 0
 	for _, s := range h.Window(t.Window) {
-		ttft := s.TTFTP90
-		if t.TTFTMedian {
-			ttft = s.TTFTP50
+		ttft := s.TTFTP50
+		if t.TTFTP90 {
+			ttft = s.TTFTP90
 		}
 		if ttft >= t.SLO*t.TTFTFactor || perEngine(s.InFlight, s.Serving) >= t.TargetInFlight {
 			hot++

@@ -13,7 +13,7 @@ import (
 // ScalingSignals are the per-model, per-role figures an autoscaler scales
 // engines on (metrics.ScalingCollector, observability/README.md "Scaling
 // signals"): routable workers, this router's in-flight requests to them, the
-// 90th percentile of their estimated TTFT, their mean KV usage, and the
+// 90th percentile and the median of their estimated TTFT, their mean KV usage, and the
 // model's estimated admission wait. Hosted workers (oasis_upstream) are left
 // out: nothing scales them.
 func (g *Gateway) ScalingSignals() []metrics.ScalingSample {
@@ -57,7 +57,7 @@ func roleSignals(ws []*scoring.Worker) metrics.ScalingSample {
 			scraped++
 		}
 	}
-	s.TTFTP90 = percentile(ttfts, 0.9)
+	s.TTFTP90, s.TTFTP50 = percentile(ttfts, 0.9), percentile(ttfts, 0.5)
 	if scraped > 0 {
 		s.KVUsage, s.HasKV = kv/float64(scraped), true
 	}

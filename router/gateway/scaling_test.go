@@ -53,10 +53,11 @@ func TestScalingSignalsPerModelAndRole(t *testing.T) {
 		workers  int
 		inFlight int64
 		ttft     float64
+		median   float64
 		kv       float64
 		hasKV    bool
 	}{
-		{key: "agg/both", workers: 2, inFlight: 3, ttft: 1},
+		{key: "agg/both", workers: 2, inFlight: 3, ttft: 1, median: 0}, // nearest rank: the lower of two
 		{key: "pd/prefill", workers: 1},
 		{key: "pd/decode", workers: 2, kv: 0.4, hasKV: true},
 	}
@@ -67,6 +68,7 @@ func TestScalingSignalsPerModelAndRole(t *testing.T) {
 			must.Eq(t, tc.workers, s.Workers)
 			must.Eq(t, tc.inFlight, s.InFlight)
 			must.InDelta(t, tc.ttft, s.TTFTP90, 1e-6)
+			must.InDelta(t, tc.median, s.TTFTP50, 1e-6)
 			must.Eq(t, tc.hasKV, s.HasKV)
 			must.InDelta(t, tc.kv, s.KVUsage, 1e-9)
 			must.Eq(t, 0, s.QueueWait) // uncapped admission never waits
@@ -88,4 +90,5 @@ func TestPercentileNearestRank(t *testing.T) {
 	for _, tc := range cases {
 		must.Eq(t, tc.want, percentile(tc.xs, 0.9))
 	}
+	must.Eq(t, 2, percentile([]float64{3, 1, 2}, 0.5))
 }

@@ -18,6 +18,9 @@ type ScalingSample struct {
 	// estimated time to first token of a new request: its pending uncached
 	// prompt tokens over its learned prefill rate.
 	TTFTP90 float64
+	// TTFTP50 is the median of the same estimates: what most new requests
+	// wait for (the router sends each to a worker with a short estimate).
+	TTFTP50 float64
 	// QueueWait is the estimated wait for an admission slot, in seconds
 	// (0 with no in-flight cap or a free slot).
 	QueueWait float64
@@ -30,8 +33,8 @@ type ScalingSample struct {
 // ScalingCollector exports ScalingSamples computed at scrape time, so the
 // figures are as fresh as the scrape: nothing is kept between scrapes.
 type ScalingCollector struct {
-	source                                 func() []ScalingSample
-	workers, inFlight, ttft, wait, kvUsage *prometheus.Desc
+	source                                             func() []ScalingSample
+	workers, inFlight, ttft, ttftMedian, wait, kvUsage *prometheus.Desc
 }
 
 // NewScalingCollector returns a collector that calls source on every scrape.
@@ -47,6 +50,8 @@ func NewScalingCollector(source func() []ScalingSample) *ScalingCollector {
 			"Requests this router has in flight per model and role (sum over routers, divide by workers: in-flight per engine).", mr, nil),
 		ttft: prometheus.NewDesc(ns+"estimated_ttft_p90_seconds",
 			"90th percentile over the role's workers of the estimated time to first token of a new request (pending uncached prompt tokens over the learned prefill rate): compare with the model's TTFT SLO.", mr, nil),
+		ttftMedian: prometheus.NewDesc(ns+"estimated_ttft_p50_seconds",
+			"Median over the role's workers of the same estimate: what most new requests wait, as the router sends each to a worker with a short one.", mr, nil),
 		wait: prometheus.NewDesc(ns+"queue_wait_seconds",
 			"Estimated wait for an admission slot of the model (requests ahead times the mean request time over max_in_flight; 0 when uncapped or a slot is free).", []string{"model"}, nil),
 		kvUsage: prometheus.NewDesc(ns+"kv_usage",
@@ -56,7 +61,7 @@ func NewScalingCollector(source func() []ScalingSample) *ScalingCollector {
 
 // Describe implements prometheus.Collector.
 func (c *ScalingCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.workers, c.inFlight, c.ttft, c.wait, c.kvUsage} {
+	for _, d := range []*prometheus.Desc{c.workers, c.inFlight, c.ttft, c.ttftMedian, c.wait, c.kvUsage} {
 		ch <- d
 	}
 }
@@ -68,6 +73,7 @@ func (c *ScalingCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.workers, prometheus.GaugeValue, float64(s.Workers), s.Model, s.Role)
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), s.Model, s.Role)
 		ch <- prometheus.MustNewConstMetric(c.ttft, prometheus.GaugeValue, s.TTFTP90, s.Model, s.Role)
+		ch <- prometheus.MustNewConstMetric(c.ttftMedian, prometheus.GaugeValue, s.TTFTP50, s.Model, s.Role)
 		if s.HasKV {
 			ch <- prometheus.MustNewConstMetric(c.kvUsage, prometheus.GaugeValue, s.KVUsage, s.Model, s.Role)
 		}

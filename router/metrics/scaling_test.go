@@ -52,8 +52,10 @@ oasis_router_scaling_workers{model="m",role="prefill"} 1
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n := testutil.CollectAndCount(c, "oasis_router_scaling_estimated_ttft_p90_seconds"); n != len(tc.samples) {
-				t.Fatalf("estimated_ttft_p90_seconds: %d series, want %d", n, len(tc.samples))
+			for _, name := range []string{"oasis_router_scaling_estimated_ttft_p90_seconds", "oasis_router_scaling_estimated_ttft_p50_seconds"} {
+				if n := testutil.CollectAndCount(c, name); n != len(tc.samples) {
+					t.Fatalf("%s: %d series, want %d", name, n, len(tc.samples))
+				}
 			}
 		})
 	}

@@ -35,7 +35,7 @@ type options struct {
 	outDir              string
 	adjust              time.Duration
 	ttftFactor          float64
-	median              bool
+	p90                 bool
 	static              int
 	repeat              int
 }
@@ -55,7 +55,7 @@ func parse() options {
 	flag.Float64Var(&o.attain, "static-attainment", 0.995, "the static fleet is the smallest whose attainment reaches this share of the attainment of -slots engines (some requests miss the SLO on any fleet: prompts too long for the TTFT SLO)")
 	flag.DurationVar(&o.adjust, "planner-interval", time.Minute, "planner: adjustment interval")
 	flag.Float64Var(&o.ttftFactor, "ttft-factor", 0.5, "shipped policy: scale out when the TTFT estimate reaches this share of the SLO")
-	flag.BoolVar(&o.median, "ttft-median", false, "shipped policy: read the median TTFT estimate over engines instead of the p90")
+	flag.BoolVar(&o.p90, "ttft-p90", false, "shipped policy: read the p90 of the TTFT estimates over engines instead of the median (what the recipes read)")
 	flag.IntVar(&o.static, "static-engines", 0, "the static fleet's size (0: the smallest meeting -static-attainment, found by bisection)")
 	flag.StringVar(&o.outDir, "out", "bench/out", "directory for autoscale.json")
 	flag.Parse()
@@ -117,12 +117,15 @@ func run() error {
 	}
 	static.Scaler = fmt.Sprintf("static, sized for the peak (%d engines)", static.MaxEngine)
 	sc := cluster.ShippedScaler(o.sloTTFT, o.target)
-	sc.TTFTFactor, sc.TTFTMedian = o.ttftFactor, o.median
+	sc.TTFTFactor, sc.TTFTP90 = o.ttftFactor, o.p90
 	shipped, err := fleet(sc, 1)
 	if err != nil {
 		return err
 	}
-	shipped.Scaler = "shipped policy (threshold: TTFT estimate, in-flight; idle 5 min)"
+	shipped.Scaler = "shipped policy (threshold: median TTFT estimate, in-flight; idle 5 min)"
+	if o.p90 {
+		shipped.Scaler = "shipped policy on the p90 TTFT estimate"
+	}
 	capacity := rep.PeakRate / float64(static.MaxEngine)
 	planner, err := fleet(&cluster.PlannerScaler{Capacity: capacity, AdjustInterval: o.adjust}, 1)
 	if err != nil {

@@ -65,7 +65,7 @@ variable "scaling_max" {
 }
 
 variable "ttft_slo_seconds" {
-  description = "The model's TTFT SLO: engines are added once the router's estimated TTFT p90 passes half of it, or its admission wait a quarter of it."
+  description = "The model's TTFT SLO: engines are added once the router's median estimated TTFT (over the engines) passes half of it, or its admission wait a quarter of it."
   type        = number
   default     = 2
 }
@@ -109,7 +109,7 @@ job "llama3-8b-sglang-agg-hicache" {
         check "ttft_slo" {
           source       = "prometheus"
           group        = "slo"
-          query        = "max(oasis_router_scaling_estimated_ttft_p90_seconds{model=\"llama3-8b\",role=\"both\"})"
+          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"llama3-8b\",role=\"both\"})"
           query_window = "30s"
           strategy "threshold" {
             lower_bound           = var.ttft_slo_seconds * 0.5

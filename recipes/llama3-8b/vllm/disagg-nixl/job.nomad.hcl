@@ -66,7 +66,7 @@ variable "decode_scaling_max" {
 }
 
 variable "ttft_slo_seconds" {
-  description = "The model's TTFT SLO: prefill engines are added once the router's estimated prefill TTFT p90 passes half of it, or its admission wait a quarter of it."
+  description = "The model's TTFT SLO: prefill engines are added once the router's median estimated TTFT of the prefill engines passes half of it, or its admission wait a quarter of it."
   type        = number
   default     = 2
 }
@@ -116,7 +116,7 @@ job "llama3-8b-vllm-disagg-nixl" {
         check "ttft_slo" {
           source       = "prometheus"
           group        = "slo"
-          query        = "max(oasis_router_scaling_estimated_ttft_p90_seconds{model=\"llama3-8b\",role=\"prefill\"})"
+          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"llama3-8b\",role=\"prefill\"})"
           query_window = "30s"
           strategy "threshold" {
             lower_bound           = var.ttft_slo_seconds * 0.5
