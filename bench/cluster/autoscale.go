@@ -284,19 +284,8 @@ func RunAutoscaled(cfg Config, reqs []*Request) (Result, AutoscaleResult, error)
 	if s.peer != nil {
 		return Result{}, AutoscaleResult{}, fmt.Errorf("autoscale: peer policy %s reads every worker; use an Oasis policy", cfg.Policy)
 	}
-	for i, r := range reqs {
-		s.push(event{t: s.arrivalTime(r), kind: evArrival, idx: int32(i)})
-	}
-	s.startScrapes()
-	s.fleet.start()
-	for s.q.h.Len() > 0 {
-		if e := s.q.pop(); e.kind == evArrival {
-			if err := s.arrive(int(e.idx), e.t); err != nil {
-				return Result{}, AutoscaleResult{}, err
-			}
-		} else if err := s.handle(e); err != nil {
-			return Result{}, AutoscaleResult{}, err
-		}
+	if err := s.run(); err != nil {
+		return Result{}, AutoscaleResult{}, err
 	}
 	r := s.result(time.Since(start))
 	return r, s.fleet.result(r), nil

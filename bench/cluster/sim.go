@@ -450,7 +450,15 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	for i, r := range reqs {
+	if err := s.run(); err != nil {
+		return Result{}, err
+	}
+	return s.result(time.Since(start)), nil
+}
+
+// run schedules every arrival and simulates until nothing is left.
+func (s *sim) run() error {
+	for i, r := range s.reqs {
 		s.push(event{t: s.arrivalTime(r), kind: evArrival, idx: int32(i)})
 	}
 	s.startScrapes()
@@ -460,13 +468,13 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	for s.q.h.Len() > 0 {
 		if e := s.q.pop(); e.kind == evArrival {
 			if err := s.arrive(int(e.idx), e.t); err != nil {
-				return Result{}, err
+				return err
 			}
 		} else if err := s.handle(e); err != nil {
-			return Result{}, err
+			return err
 		}
 	}
-	return s.result(time.Since(start)), nil
+	return nil
 }
 
 // arrivalTime is when r arrives under the configured rate scale, ns.
