@@ -38,6 +38,9 @@ type options struct {
 	p90                 bool
 	static              int
 	repeat              int
+	trigger             int
+	outPercent          float64
+	shippedOnly         bool
 }
 
 func parse() options {
@@ -57,6 +60,9 @@ func parse() options {
 	flag.Float64Var(&o.ttftFactor, "ttft-factor", 0.5, "shipped policy: scale out when the TTFT estimate reaches this share of the SLO")
 	flag.BoolVar(&o.p90, "ttft-p90", false, "shipped policy: read the p90 of the TTFT estimates over engines instead of the median (what the recipes read)")
 	flag.IntVar(&o.static, "static-engines", 0, "the static fleet's size (0: the smallest meeting -static-attainment, found by bisection)")
+	flag.IntVar(&o.trigger, "out-trigger", 5, "shipped policy: samples of the 30 s window a scale-out check needs in bounds (within_bounds_trigger)")
+	flag.Float64Var(&o.outPercent, "out-percent", 50, "shipped policy: growth of a scale-out, %")
+	flag.BoolVar(&o.shippedOnly, "shipped-only", false, "run only the shipped policy (tuning; compare with an earlier run's static fleet)")
 	flag.StringVar(&o.outDir, "out", "bench/out", "directory for autoscale.json")
 	flag.Parse()
 	return o
@@ -105,6 +111,17 @@ func run() error {
 		_, res, err := cluster.RunAutoscaled(cfg, reqs)
 		return res, err
 	}
+	sc := cluster.ShippedScaler(o.sloTTFT, o.target)
+	sc.TTFTFactor, sc.TTFTP90, sc.Trigger, sc.OutPercent = o.ttftFactor, o.p90, o.trigger, o.outPercent
+	if o.shippedOnly {
+		shipped, err := fleet(sc, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("shipped: %.2f GPU-hours, attainment %.4f, TTFT p90 %.2f s, engines %d–%d, %d / %d\n", shipped.GPUHours,
+			shipped.Attain, shipped.TTFTP90, shipped.MinEngine, shipped.MaxEngine, shipped.ScaleOuts, shipped.ScaleIns)
+		return nil
+	}
 	staticRun := func(n int) (cluster.AutoscaleResult, error) { return fleet(cluster.StaticScaler{N: n}, n) }
 	var static cluster.AutoscaleResult
 	if o.static > 0 {
@@ -116,8 +133,6 @@ func run() error {
 		return err
 	}
 	static.Scaler = fmt.Sprintf("static, sized for the peak (%d engines)", static.MaxEngine)
-	sc := cluster.ShippedScaler(o.sloTTFT, o.target)
-	sc.TTFTFactor, sc.TTFTP90 = o.ttftFactor, o.p90
 	shipped, err := fleet(sc, 1)
 	if err != nil {
 		return err
