@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-disagg bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-disagg bench-autoscale bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -35,7 +35,7 @@ terraform-provider:
 	$(GO) build -trimpath -o $(PROVIDER_DIR)/terraform-provider-oasis_v$(PROVIDER_VERSION) ./cmd/terraform-provider-oasis
 
 ## hashistack: build (once) and link every tool tests run: bin/nomad, bin/consul, bin/tofu, bin/tflint, bin/jaeger,
-## bin/prometheus, bin/promtool, the CNI plugins in bin/cni and llama.cpp's bin/llama-server with its source in
+## bin/prometheus, bin/promtool, bin/nomad-autoscaler (test/e2e/autoscale), the CNI plugins in bin/cni and llama.cpp's bin/llama-server with its source in
 ## bin/llama.cpp (test/e2e/llamacpp) (scripts/hashistack.sh NAME... builds only those)
 hashistack:
 	@scripts/hashistack.sh
@@ -138,6 +138,11 @@ bench-disagg:
 bench-llamacpp: build hashistack
 	OASIS_TESTBED_PREBUILT=$(CURDIR)/bin $(GO) test -count=1 -run '^$$' -bench SharedPrefixTTFT -benchtime 1x -v ./test/e2e/llamacpp
 
+## bench-autoscale: cluster simulator, one day of the Mooncake trace (day-shaped rate): GPU-hours and SLO attainment of a static
+## fleet sized for the peak, the recipes' shipped scaling policy and a Dynamo-Planner-like one; bench/out/autoscale.json
+bench-autoscale:
+	$(GO) run ./bench/cluster/cmd/bench-autoscale -trace mooncake-conversation -day 30m -out bench/out
+
 ## bench-router: router (default policy) vs nginx in front of the same real-time engines, with TLS then without in one run: added latency at 1,000 streaming req/s, throughput, CPU per request (ROUTER_BASE_BIN=old build adds it)
 bench-router: build deps
 	BOTH=1 bench/router-vs-nginx.sh -rate 1000 -round 2s -rounds 5 -concurrency 64 -max-tokens 4
@@ -206,12 +211,14 @@ gpu-check:
 ##  Connect-native, engines behind sidecars;
 ##  TRACING=1: a Jaeger all-in-one (bin/jaeger) the router exports its traces to; prints how to see one;
 ##  ENGINE=llama-cpp: the demo on real llama-server engines (recipes/tiny/llama-cpp/cpu) serving a tiny
-##  random-weight model made at up, model tiny-llama).
+##  random-weight model made at up, model tiny-llama;
+##  AUTOSCALE=1: the Nomad Autoscaler (bin/nomad-autoscaler) acting on the demo recipe's scaling policy).
 ## It builds (once, cached like hashistack) only the tools it runs: nomad, consul, prometheus; the CNI
-## plugins with MESH=1, jaeger with TRACING=1, llama-server with ENGINE=llama-cpp.
+## plugins with MESH=1, jaeger with TRACING=1, llama-server with ENGINE=llama-cpp, nomad-autoscaler
+## with AUTOSCALE=1.
 up: $(if $(MESH)$(ENGINE),deps)
-	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger) $(if $(filter llama-cpp,$(ENGINE)),llama-server)
-	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing) $(if $(ENGINE),-engine $(ENGINE))
+	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger) $(if $(filter llama-cpp,$(ENGINE)),llama-server) $(if $(AUTOSCALE),nomad-autoscaler)
+	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing) $(if $(ENGINE),-engine $(ENGINE)) $(if $(AUTOSCALE),-autoscale)
 
 ## down: stop everything `make up` started
 down:

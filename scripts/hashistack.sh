@@ -9,14 +9,15 @@
 # Tools: nomad, consul, cni (the CNI plugins Nomad's bridge networking runs, linked as the
 # directory bin/cni, the client's cni_path), tofu, tflint, jaeger, prometheus, promtool, llama-server
 # (llama.cpp's server on CPU, C++ built with cmake, linked with its source as bin/llama-server and
-# bin/llama.cpp).
+# bin/llama.cpp), nomad-autoscaler (the Nomad Autoscaler with its built-in Prometheus APM, Nomad
+# target and target-value/threshold strategies: `make up AUTOSCALE=1`, test/e2e/autoscale).
 # A fresh clone on the same machine (how CI runs) reuses the cache; a cold build takes minutes,
 # and says every 15 s that it is still going.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OASIS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/oasis}
-all=(nomad consul cni tofu tflint jaeger prometheus promtool llama-server)
+all=(nomad consul cni tofu tflint jaeger prometheus promtool nomad-autoscaler llama-server)
 
 tools=("$@")
 [ ${#tools[@]} -gt 0 ] || tools=("${all[@]}")
@@ -215,6 +216,10 @@ for t in "${tools[@]}"; do
 	# The trace backend (`make up TRACING=1`, test/e2e/tracing): all-in-one, OTLP in, memory storage.
 	jaeger) build jaeger github.com/jaegertracing/jaeger "" github.com/jaegertracing/jaeger/cmd/jaeger "-s -w" ;;
 	prometheus) build prometheus github.com/prometheus/prometheus "$prom_tags" github.com/prometheus/prometheus/cmd/prometheus "-s -w" ;;
+	# An external program beside Oasis (MPL-2.0), never linked into it: its own tools module.
+	# GitDescribe: without it the release reports itself as v0.4.7-dev.
+	nomad-autoscaler) build nomad-autoscaler github.com/hashicorp/nomad-autoscaler "" github.com/hashicorp/nomad-autoscaler \
+		"-s -w -X github.com/hashicorp/nomad-autoscaler/version.GitDescribe=v$(awk '$1 == "github.com/hashicorp/nomad-autoscaler" { sub(/^v/, "", $2); print $2; exit }' "$root/tools/nomad-autoscaler/go.mod")" ;;
 	promtool) build promtool github.com/prometheus/prometheus "$prom_tags" github.com/prometheus/prometheus/cmd/promtool "-s -w" prometheus ;;
 	esac
 done
@@ -226,6 +231,7 @@ for t in "${tools[@]}"; do
 	# An empty CLI configuration: tofu warns on stderr when TF_CLI_CONFIG_FILE names a missing file.
 	tofu) v=$(TF_CLI_CONFIG_FILE=/dev/null "$root/bin/tofu" version) ;;
 	tflint) v=$("$root/bin/tflint" --version) ;;
+	nomad-autoscaler) v=$("$root/bin/nomad-autoscaler" version) ;;
 	# "version: 0.4.0-dev (build 1, commit 80fb11a)" and the compiler, on stderr.
 	llama-server)
 		v=$("$root/bin/llama-server" --version 2>&1 || true)

@@ -112,6 +112,9 @@ type Config struct {
 	// DynamoTemperature is the dynamo peer policy's router_temperature (0,
 	// its default: the lowest cost).
 	DynamoTemperature float64
+	// Autoscale, when set, runs an autoscaled fleet over the GPUs (one
+	// slot each; autoscale.go) instead of every GPU serving throughout.
+	Autoscale *AutoscaleConfig
 }
 
 // DecodePowerBatch is the decode batch at which a step draws full power in the
@@ -329,6 +332,10 @@ const (
 	// Prefill/decode disaggregation (pd.go): a prompt's KV has reached its
 	// decode worker.
 	evTransfer
+	// Autoscaling (autoscale.go): the fleet's periodic signal sample and
+	// decision, and a started worker becoming routable.
+	evScale
+	evReady
 )
 
 type event struct {
@@ -345,7 +352,7 @@ type event struct {
 // periodic reports whether e recurs for as long as anything else is left to
 // simulate (it must not keep the simulation alive by itself).
 func (e event) periodic() bool {
-	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive
+	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive || e.kind == evScale
 }
 
 // queue is the event queue and virtual clock shared by the datacenters of
@@ -398,14 +405,20 @@ type sim struct {
 	cfg     Config
 	reqs    []*Request
 	workers []*worker
-	ws      []*scoring.Worker
-	sel     *scoring.Selector
-	scfg    scoring.Config
-	src     *source
-	rng     *rand.Rand
-	q       *queue
-	dc      int8 // this simulation's datacenter in a federation
-	prefix  bool // the policy reads the prefix index
+	// active are the routable workers, ws their scoring workers (same
+	// order): every worker, unless an autoscaled fleet (fleet) starts and
+	// drains them.
+	active []*worker
+	ws     []*scoring.Worker
+	fleet  *fleet
+	dig    *cachestate.Digester
+	sel    *scoring.Selector
+	scfg   scoring.Config
+	src    *source
+	rng    *rand.Rand
+	q      *queue
+	dc     int8 // this simulation's datacenter in a federation
+	prefix bool // the policy reads the prefix index
 	// onFinish, when set, is told of every completed request (the
 	// federation's admission slots).
 	onFinish func(f *flight, now int64)
@@ -437,20 +450,31 @@ func Run(cfg Config, reqs []*Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	for i, r := range reqs {
+	if err := s.run(); err != nil {
+		return Result{}, err
+	}
+	return s.result(time.Since(start)), nil
+}
+
+// run schedules every arrival and simulates until nothing is left.
+func (s *sim) run() error {
+	for i, r := range s.reqs {
 		s.push(event{t: s.arrivalTime(r), kind: evArrival, idx: int32(i)})
 	}
 	s.startScrapes()
+	if s.fleet != nil {
+		s.fleet.start()
+	}
 	for s.q.h.Len() > 0 {
 		if e := s.q.pop(); e.kind == evArrival {
 			if err := s.arrive(int(e.idx), e.t); err != nil {
-				return Result{}, err
+				return err
 			}
 		} else if err := s.handle(e); err != nil {
-			return Result{}, err
+			return err
 		}
 	}
-	return s.result(time.Since(start)), nil
+	return nil
 }
 
 // arrivalTime is when r arrives under the configured rate scale, ns.
@@ -528,27 +552,20 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	// Ties break on a draw of the run's seed, so that one command repeats exactly.
 	s.sel = scoring.NewSelector(reg, scoring.WithTieBreak(rand.New(rand.NewPCG(cfg.Seed, 11)).IntN))
 
+	s.dig = dig
 	for i, g := range cfg.GPUs {
-		eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, DiskBlocks: g.DiskBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
+		w, err := s.newWorker(i, g)
 		if err != nil {
 			return nil, err
 		}
-		id := fmt.Sprintf("w%03d", i)
-		w := &worker{idx: int32(i), id: id, eng: eng, gpu: g, flights: map[string]*flight{}, lastDelivered: -1}
-		w.sw = &scoring.Worker{ID: id, Model: cfg.Model, Engine: "sim", BlockSize: cfg.BlockSize, Live: scoring.NewLive()}
-		if cfg.Learning == LearnEvents {
-			_ = evIdx.AddWorker(id, 0)
-			w.ew = cachestate.NewEventWorker(id, cfg.Model, evIdx, dig)
-		} else {
-			// The engine's tiers as configured: Oasis's approximate record
-			// models its write-through offloading as the router does for an
-			// engine advertising oasis_kv_capacity.
-			if err := apIdx.AddTieredWorker(id, prefixindex.Capacity{GPU: g.Blocks, CPU: g.CPUBlocks, Disk: g.DiskBlocks}); err != nil {
-				return nil, fmt.Errorf("worker %s: %w", id, err)
-			}
-		}
 		s.workers = append(s.workers, w)
-		s.ws = append(s.ws, w.sw)
+	}
+	if cfg.Autoscale == nil {
+		for _, w := range s.workers {
+			s.active, s.ws = append(s.active, w), append(s.ws, w.sw)
+		}
+	} else if s.fleet, err = newFleet(s, *cfg.Autoscale); err != nil {
+		return nil, err
 	}
 	longest := 0
 	for _, r := range reqs {
@@ -561,6 +578,34 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 		}
 	}
 	return s, nil
+}
+
+// newWorker builds worker i on GPU g: a fresh engine, router signals and
+// learner, registered in the prefix index (again, for a restarted slot of an
+// autoscaled fleet).
+func (s *sim) newWorker(i int, g GPU) (*worker, error) {
+	cfg := s.cfg
+	eng, err := engine.New(engine.Config{BlockSize: cfg.BlockSize, NumGPUBlocks: g.Blocks, CPUBlocks: g.CPUBlocks, DiskBlocks: g.DiskBlocks, KVEvents: s.prefix && cfg.Learning == LearnEvents, Timing: g.Timing})
+	if err != nil {
+		return nil, err
+	}
+	id := fmt.Sprintf("w%03d", i)
+	w := &worker{idx: int32(i), id: id, eng: eng, gpu: g, flights: map[string]*flight{}, lastDelivered: -1}
+	w.sw = &scoring.Worker{ID: id, Model: cfg.Model, Engine: "sim", BlockSize: cfg.BlockSize, Live: scoring.NewLive()}
+	if cfg.Learning == LearnEvents {
+		s.src.events.RemoveWorker(id)
+		_ = s.src.events.AddWorker(id, 0)
+		w.ew = cachestate.NewEventWorker(id, cfg.Model, s.src.events, s.dig)
+		return w, nil
+	}
+	// The engine's tiers as configured: Oasis's approximate record
+	// models its write-through offloading as the router does for an
+	// engine advertising oasis_kv_capacity.
+	s.src.approx.RemoveWorker(id)
+	if err := s.src.approx.AddTieredWorker(id, prefixindex.Capacity{GPU: g.Blocks, CPU: g.CPUBlocks, Disk: g.DiskBlocks}); err != nil {
+		return nil, fmt.Errorf("worker %s: %w", id, err)
+	}
+	return w, nil
 }
 
 // startScrapes schedules the first scrape, after the arrivals (so an arrival
@@ -577,6 +622,10 @@ func (s *sim) handle(e event) error {
 		if s.q.more() { // more to simulate: keep scraping
 			s.push(event{t: e.t + int64(ScrapeInterval), kind: evScrape})
 		}
+	case evScale:
+		s.fleet.tick(e.t)
+	case evReady:
+		s.fleet.ready(int(e.w), e.t)
 	case evDeliver:
 		w := s.workers[e.w]
 		m := *e.msg
@@ -633,7 +682,7 @@ func (s *sim) sampleImbalance() {
 func (s *sim) pick(idx int) (*worker, *scoring.Request, error) {
 	r := s.reqs[idx]
 	if s.cfg.Policy == PolicyRandom {
-		return s.workers[s.rng.IntN(len(s.workers))], nil, nil
+		return s.active[s.rng.IntN(len(s.active))], nil, nil
 	}
 	if s.peer != nil {
 		return s.pickPeer(idx)
@@ -647,7 +696,7 @@ func (s *sim) pick(idx int) (*worker, *scoring.Request, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return s.workers[slices.Index(s.ws, d.Worker)], req, nil
+	return s.active[slices.Index(s.ws, d.Worker)], req, nil
 }
 
 // submit sends request idx to w at now; origin and extra as in flight. It
@@ -724,6 +773,9 @@ func (s *sim) stepDone(w *worker, now int64) {
 			s.lastDone = now
 			if s.onFinish != nil {
 				s.onFinish(f, now)
+			}
+			if s.fleet != nil {
+				s.fleet.finished(w, f, now)
 			}
 		}
 	}

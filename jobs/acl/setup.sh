@@ -57,3 +57,9 @@ for job in ${OASIS_TIER_JOBS:-}; do
 			-description "Oasis KV offload tiers for $job" "oasis-tiers-$job" - >/dev/null
 	echo "nomad: policy oasis-tiers-$job attached to job $namespace/$job"
 done
+# The Nomad Autoscaler is not one of these jobs' tasks: the policy is applied unattached, and its
+# token is made from it (jobs/README.md "Autoscaling").
+nomad acl policy apply -namespace "$namespace" \
+	-description "Nomad Autoscaler: read and scale jobs' task groups" \
+	nomad-autoscaler "$here/nomad-autoscaler.hcl" >/dev/null
+echo "nomad: policy nomad-autoscaler (nomad acl token create -name nomad-autoscaler -policy nomad-autoscaler)"

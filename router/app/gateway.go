@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/scoring"
 	"github.com/oasis-llm/oasis/router/tokens"
 )
@@ -42,7 +43,8 @@ func (a *App) initGateway() error {
 		return err
 	}
 	a.gw, a.forwarded = gw, gw.ForwardedHandler()
-	return nil
+	// Per model and role, for autoscalers (observability/README.md "Scaling signals").
+	return a.reg.Register(metrics.NewScalingCollector(gw.ScalingSignals))
 }
 
 // learn is told every routing decision. Where the prefix term scored the

@@ -64,6 +64,12 @@ type Options struct {
 	Engine string
 
 	llamaModelPath string // the GGUF the llama.cpp recipe serves, once made
+	// Autoscale runs the Nomad Autoscaler (AUTOSCALE=1; bin/nomad-autoscaler) against the stack's
+	// Prometheus, so the demo recipe's `scaling` policy adds and removes engines.
+	Autoscale bool
+	// DemoVariables are extra variables for the demo recipe (tests: a smaller fleet, shorter
+	// scaling windows); they win over Up's own.
+	DemoVariables map[string]string
 
 	otlpEndpoint string // the Jaeger's OTLP/HTTP receiver, once it runs
 	// federated runs the router with its federation listener (make up DCS=n; see federate).
@@ -204,6 +210,11 @@ func Up(ctx context.Context, root, home string, out io.Writer, opts Options) (*t
 	if err := startPrometheus(ctx, s, home, out); err != nil {
 		return s, err
 	}
+	if opts.Autoscale {
+		if err := startAutoscaler(ctx, s, home, out); err != nil {
+			return s, err
+		}
+	}
 	printURLs(out, s, EnvPath(home), opts.model())
 	if jaeger != nil {
 		printTracing(out, s, jaeger, opts.model())
@@ -232,6 +243,7 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 	if opts.otlpEndpoint != "" {
 		vars["router.nomad.hcl"]["otlp_endpoint"] = opts.otlpEndpoint
 	}
+	maps.Copy(vars["job.nomad.hcl"], opts.DemoVariables)
 	if opts.Mesh {
 		vars["router.nomad.hcl"]["mesh_enabled"] = "true"
 		maps.Copy(vars["job.nomad.hcl"], s.MeshVariables())
@@ -390,6 +402,7 @@ func printURLs(out io.Writer, s *testbed.Stack, envPath, model string) {
 	fmt.Fprintf(out, "Consul UI:  http://%s/ui\n", s.ConsulAddr)
 	fmt.Fprintf(out, "Env:        . %s   (addresses and management tokens for the nomad and consul CLIs and UIs)\n", envPath)
 	printPrometheus(out, filepath.Dir(envPath), s.Datacenter)
+	printAutoscaler(out, filepath.Dir(envPath))
 	routers, _, err := s.Consul.Health().Service("oasis-router", "", true, nil)
 	var plain, mesh *consulapi.AgentService
 	for _, r := range routers {

@@ -38,6 +38,38 @@ variable "image" {
   default     = ""
 }
 
+# Autoscaling (README.md "Autoscaling"): the Nomad Autoscaler runs the engine group's `scaling`
+# policy on the router's scaling signals in Prometheus (observability/README.md "Scaling signals").
+variable "scaling_enabled" {
+  description = "Whether the Nomad Autoscaler acts on the scaling policy (a policy is registered either way)."
+  type        = bool
+  default     = true
+}
+
+variable "scaling_min" {
+  description = "Fewest engines the autoscaler leaves running."
+  type        = number
+  default     = 1
+}
+
+variable "scaling_max" {
+  description = "Most engines the autoscaler starts (GPUs: count × the engine's GPUs)."
+  type        = number
+  default     = 8
+}
+
+variable "ttft_slo_seconds" {
+  description = "The model's TTFT SLO: engines are added once the router's median estimated TTFT (over the engines) passes half of it, or its admission wait a quarter of it."
+  type        = number
+  default     = 2
+}
+
+variable "target_in_flight" {
+  description = "In-flight requests per engine the fleet is sized for: engines are added above it, one is removed when the rest would stay under half of it for 5 minutes."
+  type        = number
+  default     = 48
+}
+
 job "qwen3-8b-vllm-agg" {
   region      = var.region
   datacenters = var.datacenters
@@ -54,6 +86,70 @@ job "qwen3-8b-vllm-agg" {
 
   group "engine" {
     count = var.count
+
+    # SLO autoscaling (README.md "Autoscaling"): out fast before the TTFT SLO is missed, in one
+    # engine at a time after 5 idle minutes; a removed engine drains (shutdown_delay, kill_timeout).
+    scaling {
+      enabled = var.scaling_enabled
+      min     = var.scaling_min
+      max     = var.scaling_max
+
+      policy {
+        evaluation_interval  = "10s"
+        cooldown             = "1m"
+        cooldown_on_scale_up = "2m"
+
+        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
+        check "ttft_slo" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"qwen3-8b\",role=\"both\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.ttft_slo_seconds * 0.5
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        check "queue_wait" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_queue_wait_seconds{model=\"qwen3-8b\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.ttft_slo_seconds * 0.25
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        check "busy" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"qwen3-8b\",role=\"both\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"qwen3-8b\",role=\"both\"}), 1)"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.target_in_flight
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        # In-flight per engine were one engine fewer: under half the target for the whole window.
+        check "idle" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"qwen3-8b\",role=\"both\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"qwen3-8b\",role=\"both\"}) - 1, 1)"
+          query_window = "300s"
+          strategy "threshold" {
+            upper_bound           = var.target_in_flight * 0.5
+            delta                 = -1
+            within_bounds_trigger = 300
+          }
+        }
+      }
+    }
 
     # The service leaves Consul (and the router) this long before the engine is stopped;
     # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).

@@ -26,6 +26,68 @@ variable "count" {
   default     = 3
 }
 
+variable "max_num_seqs" {
+  description = "Running batch bound per engine (vLLM --max-num-seqs); 0 keeps oasis-sim's default (1024). A small one makes requests queue in the engine, and TTFT grow, at a load the demo can reach."
+  type        = number
+  default     = 0
+}
+
+# Autoscaling (README.md "Autoscaling"): the Nomad Autoscaler runs the group's `scaling` policy
+# on the router's scaling signals in Prometheus (observability/README.md "Scaling signals").
+variable "scaling_enabled" {
+  description = "Whether the Nomad Autoscaler acts on the scaling policy (a policy is registered either way)."
+  type        = bool
+  default     = true
+}
+
+variable "scaling_min" {
+  description = "Fewest engines the autoscaler leaves running."
+  type        = number
+  default     = 1
+}
+
+variable "scaling_max" {
+  description = "Most engines the autoscaler starts."
+  type        = number
+  default     = 8
+}
+
+variable "ttft_slo_seconds" {
+  description = "The model's TTFT SLO: engines are added once the router's median estimated TTFT (over the engines) passes half of it, or its admission wait a quarter of it."
+  type        = number
+  default     = 1
+}
+
+variable "target_in_flight" {
+  description = "In-flight requests per engine the fleet is sized for: engines are added above it, one is removed when the rest would stay under half of it."
+  type        = number
+  default     = 16
+}
+
+variable "scaling_evaluation_interval" {
+  description = "How often the autoscaler evaluates the policy."
+  type        = string
+  default     = "10s"
+}
+
+variable "scale_out_cooldown" {
+  description = "Pause after adding engines (covers an engine's start and its first scrapes)."
+  type        = string
+  default     = "30s"
+}
+
+variable "scale_in_cooldown" {
+  description = "Pause after removing an engine."
+  type        = string
+  default     = "1m"
+}
+
+variable "scale_in_idle_seconds" {
+  description = "An engine is removed only when the fleet stayed idle enough (see target_in_flight) for this many seconds in a row."
+  type        = number
+  default     = 300
+}
+
 variable "speed" {
   description = "Simulated time scale: 1 = real time, 0 = no waiting."
   type        = string
@@ -75,6 +137,70 @@ job "tiny-sim-agg" {
 
   group "engine" {
     count = var.count
+
+    # SLO autoscaling (README.md "Autoscaling"): out fast before the TTFT SLO is missed, in one
+    # engine at a time after a long idle window; scale-in drains like any stop (below).
+    scaling {
+      enabled = var.scaling_enabled
+      min     = var.scaling_min
+      max     = var.scaling_max
+
+      policy {
+        evaluation_interval  = var.scaling_evaluation_interval
+        cooldown             = var.scale_in_cooldown
+        cooldown_on_scale_up = var.scale_out_cooldown
+
+        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
+        check "ttft_slo" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"tiny-sim\",role=\"both\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.ttft_slo_seconds * 0.5
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        check "queue_wait" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_queue_wait_seconds{model=\"tiny-sim\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.ttft_slo_seconds * 0.25
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        check "busy" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"tiny-sim\",role=\"both\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"tiny-sim\",role=\"both\"}), 1)"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.target_in_flight
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        # In-flight per engine were one engine fewer: below half the target for the whole window.
+        check "idle" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"tiny-sim\",role=\"both\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"tiny-sim\",role=\"both\"}) - 1, 1)"
+          query_window = "${var.scale_in_idle_seconds}s"
+          strategy "threshold" {
+            upper_bound           = var.target_in_flight * 0.5
+            delta                 = -1
+            within_bounds_trigger = var.scale_in_idle_seconds
+          }
+        }
+      }
+    }
 
     # The service leaves Consul (and the router) this long before the engine is stopped;
     # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
@@ -144,7 +270,7 @@ job "tiny-sim-agg" {
         port                  = "http"
         kv_events_port        = "kv_events"
         kv_events_replay_port = "kv_events_replay"
-        extra_args            = ["--speed", var.speed]
+        extra_args            = concat(["--speed", var.speed], var.max_num_seqs > 0 ? ["--max-num-seqs", format("%d", var.max_num_seqs)] : [])
       }
 
       # The driver drains in-flight requests (up to kill_timeout), then SIGTERM; SIGKILL after

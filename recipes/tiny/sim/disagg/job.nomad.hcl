@@ -44,6 +44,45 @@ variable "speed" {
   default     = "1"
 }
 
+# Autoscaling (README.md "Autoscaling"): the Nomad Autoscaler runs each group's `scaling` policy
+# on the router's scaling signals in Prometheus (observability/README.md "Scaling signals"):
+# prefill on the TTFT estimate and admission wait, decode on in-flight and KV usage.
+variable "scaling_enabled" {
+  description = "Whether the Nomad Autoscaler acts on the scaling policies (they are registered either way)."
+  type        = bool
+  default     = true
+}
+
+variable "prefill_scaling_max" {
+  description = "Most prefill engines the autoscaler starts."
+  type        = number
+  default     = 4
+}
+
+variable "decode_scaling_max" {
+  description = "Most decode engines the autoscaler starts."
+  type        = number
+  default     = 4
+}
+
+variable "ttft_slo_seconds" {
+  description = "The model's TTFT SLO: prefill engines are added once the router's median estimated TTFT of the prefill engines passes half of it, or its admission wait a quarter of it."
+  type        = number
+  default     = 2
+}
+
+variable "target_in_flight" {
+  description = "In-flight requests per engine each group is sized for: decode engines are added above it; an engine of either group is removed when the rest would stay under half of it for 5 minutes."
+  type        = number
+  default     = 16
+}
+
+variable "decode_kv_usage_high" {
+  description = "Mean KV cache usage (0..1) of the decode engines above which decode engines are added."
+  type        = number
+  default     = 0.85
+}
+
 job "tiny-sim-disagg" {
   region      = var.region
   datacenters = var.datacenters
@@ -60,6 +99,58 @@ job "tiny-sim-disagg" {
 
   group "prefill" {
     count = var.prefill_count
+
+    # Prefill engines scale on what they decide: the TTFT estimate and the admission wait
+    # (README.md "Autoscaling"); in one at a time after 5 idle minutes, drained.
+    scaling {
+      enabled = var.scaling_enabled
+      min     = 1
+      max     = var.prefill_scaling_max
+
+      policy {
+        evaluation_interval  = "10s"
+        cooldown             = "1m"
+        cooldown_on_scale_up = "2m"
+
+        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
+        check "ttft_slo" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"tiny-sim\",role=\"prefill\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.ttft_slo_seconds * 0.5
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        check "queue_wait" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_queue_wait_seconds{model=\"tiny-sim\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.ttft_slo_seconds * 0.25
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        # In-flight per engine were one engine fewer: under half the target for the whole window.
+        check "idle" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"tiny-sim\",role=\"prefill\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"tiny-sim\",role=\"prefill\"}) - 1, 1)"
+          query_window = "300s"
+          strategy "threshold" {
+            upper_bound           = var.target_in_flight * 0.5
+            delta                 = -1
+            within_bounds_trigger = 300
+          }
+        }
+      }
+    }
 
     # The service leaves Consul (and the router) this long before the engine is stopped;
     # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).
@@ -164,6 +255,58 @@ job "tiny-sim-disagg" {
 
   group "decode" {
     count = var.decode_count
+
+    # Decode engines scale on what they hold: in-flight per engine and KV usage (README.md
+    # "Autoscaling"); in one at a time after 5 idle minutes, drained.
+    scaling {
+      enabled = var.scaling_enabled
+      min     = 1
+      max     = var.decode_scaling_max
+
+      policy {
+        evaluation_interval  = "10s"
+        cooldown             = "1m"
+        cooldown_on_scale_up = "2m"
+
+        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
+        check "busy" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"tiny-sim\",role=\"decode\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"tiny-sim\",role=\"decode\"}), 1)"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.target_in_flight
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        check "kv_full" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "max(oasis_router_scaling_kv_usage{model=\"tiny-sim\",role=\"decode\"})"
+          query_window = "30s"
+          strategy "threshold" {
+            lower_bound           = var.decode_kv_usage_high
+            percentage            = 50
+            within_bounds_trigger = 5
+          }
+        }
+
+        # In-flight per engine were one engine fewer: under half the target for the whole window.
+        check "idle" {
+          source       = "prometheus"
+          group        = "slo"
+          query        = "sum(oasis_router_scaling_in_flight{model=\"tiny-sim\",role=\"decode\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"tiny-sim\",role=\"decode\"}) - 1, 1)"
+          query_window = "300s"
+          strategy "threshold" {
+            upper_bound           = var.target_in_flight * 0.5
+            delta                 = -1
+            within_bounds_trigger = 300
+          }
+        }
+      }
+    }
 
     # The service leaves Consul (and the router) this long before the engine is stopped;
     # the llm driver then waits for in-flight requests, up to kill_timeout (README: Draining).

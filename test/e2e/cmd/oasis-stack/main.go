@@ -6,6 +6,8 @@
 //	                                             # -mesh: in the Consul service mesh (make up MESH=1);
 //	                                             # -tracing: a Jaeger and the router's traces (make up TRACING=1);
 //	                                             # -engine llama-cpp: real llama-server engines (make up ENGINE=llama-cpp)
+//	               [-autoscale]                  # -autoscale: the Nomad Autoscaler on the recipes' scaling
+//	                                             # policies (make up AUTOSCALE=1)
 //	oasis-stack down
 package main
 
@@ -23,7 +25,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
-		fmt.Fprintln(os.Stderr, "usage: oasis-stack up [-dcs N] [-mesh] [-tracing] [-engine sim|llama-cpp] | down")
+		fmt.Fprintln(os.Stderr, "usage: oasis-stack up [-dcs N] [-mesh] [-tracing] [-engine sim|llama-cpp] [-autoscale] | down")
 		os.Exit(2)
 	}
 	flags := flag.NewFlagSet("oasis-stack "+os.Args[1], flag.ExitOnError)
@@ -31,6 +33,7 @@ func main() {
 	mesh := flags.Bool("mesh", false, "run the stack in the Consul service mesh (up only; one datacenter)")
 	tracing := flags.Bool("tracing", false, "run a Jaeger all-in-one and export the router's traces to it (up only; one datacenter)")
 	engine := flags.String("engine", localstack.EngineSim, "the demo recipe's engine: sim (oasis-sim) or llama-cpp (real llama-server engines on CPU; up only; one datacenter)")
+	autoscale := flags.Bool("autoscale", false, "run the Nomad Autoscaler on the demo recipe's scaling policy (up only; one datacenter)")
 	flags.Parse(os.Args[2:])
 	root, err := testbed.RepoRoot()
 	if err == nil {
@@ -45,10 +48,12 @@ func main() {
 				err = fmt.Errorf("-tracing runs one datacenter")
 			case *dcs > 1 && *engine != localstack.EngineSim:
 				err = fmt.Errorf("-engine %s runs one datacenter", *engine)
+			case *dcs > 1 && *autoscale:
+				err = fmt.Errorf("-autoscale runs one datacenter")
 			case *dcs > 1:
 				_, err = localstack.UpFederation(ctx, root, home, *dcs, os.Stdout)
 			default:
-				_, err = localstack.Up(ctx, root, home, os.Stdout, localstack.Options{Mesh: *mesh, Tracing: *tracing, Engine: *engine})
+				_, err = localstack.Up(ctx, root, home, os.Stdout, localstack.Options{Mesh: *mesh, Tracing: *tracing, Engine: *engine, Autoscale: *autoscale})
 			}
 			cancel()
 		case "down":

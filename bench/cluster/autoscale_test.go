@@ -1,0 +1,169 @@
+package cluster
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestDiurnalShapesTheRateAndKeepsOrder(t *testing.T) {
+	reqs := make([]*Request, 3000)
+	for i := range reqs {
+		reqs[i] = &Request{Arrival: int64(i), Input: i}
+	}
+	day := time.Hour
+	out := Diurnal(reqs, day, 0.8)
+	thirds := [3]int{}
+	for i, r := range out {
+		if r.Input != i || (i > 0 && r.Arrival < out[i-1].Arrival) {
+			t.Fatalf("request %d out of order or changed", i)
+		}
+		thirds[min(int(r.Arrival*3/day.Milliseconds()), 2)]++
+	}
+	if reqs[10].Arrival != 10 {
+		t.Fatal("Diurnal changed its input")
+	}
+	// λ ∝ 1 + 0.8·sin(2πt/T − π/2): the middle third holds (1/3 + 0.8·√3/(2π)) of the day's requests.
+	want := 1.0/3 + 0.8*math.Sqrt(3)/(2*math.Pi)
+	if got := float64(thirds[1]) / float64(len(out)); math.Abs(got-want) > 0.01 {
+		t.Errorf("middle third holds %.3f of the requests, want %.3f", got, want)
+	}
+	if thirds[0] != thirds[2] && math.Abs(float64(thirds[0]-thirds[2])) > 2 {
+		t.Errorf("morning %d and evening %d differ", thirds[0], thirds[2])
+	}
+}
+
+// history builds samples one second apart with fn giving each one's signals.
+func history(n int, fn func(i int) Sample) *History {
+	h := &History{}
+	for i := range n {
+		s := fn(i)
+		s.At = time.Duration(i+1) * time.Second
+		h.Samples = append(h.Samples, s)
+	}
+	return h
+}
+
+func TestThresholdScalerOutFastInSlowly(t *testing.T) {
+	cases := []struct {
+		name string
+		h    *History
+		want int
+	}{
+		{"median TTFT estimate past half the SLO", history(400, func(i int) Sample {
+			return Sample{Engines: 4, Serving: 4, InFlight: 8, TTFTP50: 1.2, TTFTP90: 3}
+		}), 6},
+		{"one engine's long prompt: only the p90 is high", history(400, func(i int) Sample {
+			return Sample{Engines: 4, Serving: 4, InFlight: 100, TTFTP50: 0.1, TTFTP90: 3}
+		}), 4},
+		{"busy engines", history(400, func(i int) Sample {
+			return Sample{Engines: 3, Serving: 3, InFlight: 3 * 48}
+		}), 5},
+		{"a short spike: 4 hot samples of 30", history(400, func(i int) Sample {
+			if i >= 390 && i < 394 {
+				return Sample{Engines: 4, Serving: 4, TTFTP50: 5}
+			}
+			return Sample{Engines: 4, Serving: 4, InFlight: 100}
+		}), 4},
+		{"idle for the whole window", history(400, func(i int) Sample {
+			return Sample{Engines: 4, Serving: 4, InFlight: 10}
+		}), 3},
+		{"one busy minute in the idle window", history(400, func(i int) Sample {
+			if i > 200 && i < 260 {
+				return Sample{Engines: 4, Serving: 4, InFlight: 80}
+			}
+			return Sample{Engines: 4, Serving: 4, InFlight: 10}
+		}), 4},
+		{"an engine still starting", history(400, func(i int) Sample {
+			return Sample{Engines: 4, Serving: 3, InFlight: 400, TTFTP50: 5}
+		}), 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ShippedScaler(2, 48).Decide(tc.h); got != tc.want {
+				t.Errorf("Decide = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestThresholdScalerCoolsDown(t *testing.T) {
+	s := ShippedScaler(2, 48)
+	hot := func(i int) Sample { return Sample{Engines: 2, Serving: 2, TTFTP50: 3} }
+	h := history(60, hot)
+	if got := s.Decide(h); got != 3 {
+		t.Fatalf("first decision %d, want 3", got)
+	}
+	// Still hot a minute later, within cooldown_on_scale_up: no change.
+	h = history(120, hot)
+	if got := s.Decide(h); got != 2 {
+		t.Errorf("decision inside the cooldown %d, want 2 (no change)", got)
+	}
+	h = history(200, hot)
+	if got := s.Decide(h); got != 3 {
+		t.Errorf("decision after the cooldown %d, want 3", got)
+	}
+}
+
+func TestPlannerScalerFollowsTheRate(t *testing.T) {
+	p := &PlannerScaler{Capacity: 2, AdjustInterval: time.Minute}
+	steady := func(perSec int) func(int) Sample {
+		return func(int) Sample { return Sample{Engines: 1, Serving: 1, Arrivals: perSec} }
+	}
+	if got := p.Decide(history(60, steady(7))); got != 4 { // 7 req/s over 2 per engine
+		t.Errorf("7 req/s: %d engines, want 4", got)
+	}
+	if got := p.Decide(history(90, steady(1))); got != 4 {
+		t.Errorf("within the interval: %d engines, want 4 (unchanged)", got)
+	}
+	if got := p.Decide(history(120, steady(1))); got != 1 {
+		t.Errorf("1 req/s: %d engines, want 1", got)
+	}
+}
+
+// scripted scales to counts[i] at the i-th tick after start.
+type scripted struct {
+	counts []int
+	i      int
+}
+
+func (s *scripted) Decide(h *History) int {
+	n := s.counts[min(s.i, len(s.counts)-1)]
+	s.i++
+	return n
+}
+
+func TestAutoscaledFleetDrainsAndBills(t *testing.T) {
+	reqs := Synthetic(SyntheticConfig{Groups: 4, PromptsPerGrp: 10, SystemBlocks: 2, UserBlocks: 1, Turns: 3,
+		Rate: 2, ThinkSeconds: 2, OutputTokens: 64, Seed: 5})
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	run := func(s Scaler, initial int) AutoscaleResult {
+		gpus := []GPU{H100, H100, H100, H100}
+		cfg := Config{GPUs: gpus, Policy: PolicyOasis, Model: "m", Seed: 1, Autoscale: &AutoscaleConfig{
+			Scaler: s, Initial: initial, Min: 1, ColdStart: 5 * time.Second, SLO: DefaultRoutingSLO()}}
+		r, a, err := RunAutoscaled(cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Completed != len(reqs) || a.Requests != len(reqs) {
+			t.Fatalf("%d and %d of %d requests completed", r.Completed, a.Requests, len(reqs))
+		}
+		return a
+	}
+	static := run(StaticScaler{N: 2}, 2)
+	if want := 2 * static.Makespan / 3600; math.Abs(static.GPUHours-want) > 1e-9 {
+		t.Errorf("static GPU-hours %.6f, want 2 × makespan %.6f", static.GPUHours, want)
+	}
+	// Up to 4 at the 3rd second, down to 1 from the 10th: every request still completes (those
+	// on removed engines drain there), and the bill lies between 1 and 4 engines' worth.
+	counts := []int{1, 1, 4, 4, 4, 4, 4, 4, 4, 1}
+	moving := run(&scripted{counts: counts}, 1)
+	if moving.MaxEngine != 4 || moving.MinEngine != 1 || moving.ScaleOuts != 1 || moving.ScaleIns != 1 {
+		t.Errorf("engines %d–%d, %d outs, %d ins; want 1–4, 1, 1", moving.MinEngine, moving.MaxEngine, moving.ScaleOuts, moving.ScaleIns)
+	}
+	if lo, hi := moving.Makespan/3600, 4*moving.Makespan/3600; moving.GPUHours <= lo || moving.GPUHours >= hi {
+		t.Errorf("GPU-hours %.5f outside (%.5f, %.5f)", moving.GPUHours, lo, hi)
+	}
+}

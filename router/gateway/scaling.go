@@ -1,0 +1,75 @@
+package gateway
+
+import (
+	"maps"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/scoring"
+)
+
+// ScalingSignals are the per-model, per-role figures an autoscaler scales
+// engines on (metrics.ScalingCollector, observability/README.md "Scaling
+// signals"): routable workers, this router's in-flight requests to them, the
+// 90th percentile and the median of their estimated TTFT, their mean KV usage, and the
+// model's estimated admission wait. Hosted workers (oasis_upstream) are left
+// out: nothing scales them.
+func (g *Gateway) ScalingSignals() []metrics.ScalingSample {
+	doc := g.cfg.Policy.Current()
+	now := time.Now()
+	var out []metrics.ScalingSample
+	for _, model := range g.cfg.Pool.Models() {
+		byRole := map[string][]*scoring.Worker{}
+		for _, w := range routable(g.cfg.Pool.Workers(model), now) {
+			if w.Upstream != "" {
+				continue
+			}
+			role := w.Role
+			if role == "" {
+				role = "both"
+			}
+			byRole[role] = append(byRole[role], w)
+		}
+		_, wait := g.localPressure(model, doc.For(model).Limits)
+		for _, role := range slices.Sorted(maps.Keys(byRole)) {
+			s := roleSignals(byRole[role])
+			s.Model, s.Role, s.QueueWait = model, role, wait.Seconds()
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// roleSignals sums one role's workers' signals.
+func roleSignals(ws []*scoring.Worker) metrics.ScalingSample {
+	s := metrics.ScalingSample{Workers: len(ws)}
+	ttfts := make([]float64, 0, len(ws))
+	var kv float64
+	var scraped int
+	for _, w := range ws {
+		sig := w.Signals()
+		s.InFlight += sig.InFlight
+		ttfts = append(ttfts, sig.EstimatedTTFT(0).Seconds())
+		if sig.EngineMetrics {
+			kv += sig.KVUsage
+			scraped++
+		}
+	}
+	s.TTFTP90, s.TTFTP50 = percentile(ttfts, 0.9), percentile(ttfts, 0.5)
+	if scraped > 0 {
+		s.KVUsage, s.HasKV = kv/float64(scraped), true
+	}
+	return s
+}
+
+// percentile is the nearest-rank q-th percentile of xs (0 for none); it sorts xs.
+func percentile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	i := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}

@@ -1,0 +1,158 @@
+package autoscale
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// result is one streamed request as its client saw it.
+type result struct {
+	start time.Time
+	ttft  time.Duration // to the first content chunk; 0 when none came
+	err   error         // nil: a 200 stream with content and [DONE]
+}
+
+// load is closed-loop clients, each sending one streamed chat after another; their number can
+// change while it runs.
+type load struct {
+	router    string
+	maxTokens int
+
+	mu      sync.Mutex
+	results []result
+	stops   []context.CancelFunc
+	wg      sync.WaitGroup
+	seq     int
+}
+
+// setClients grows or shrinks the load to n clients; a client that stops finishes its request.
+func (l *load) setClients(ctx context.Context, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.stops) > n {
+		l.stops[len(l.stops)-1]()
+		l.stops = l.stops[:len(l.stops)-1]
+	}
+	for len(l.stops) < n {
+		cctx, cancel := context.WithCancel(context.Background())
+		l.stops = append(l.stops, cancel)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for cctx.Err() == nil && ctx.Err() == nil {
+				l.mu.Lock()
+				l.seq++
+				i := l.seq
+				l.mu.Unlock()
+				// Requests run to their end with the test's context: stopping a client never cuts
+				// a request, so every failure counted is the stack's.
+				r := l.chat(ctx, i)
+				l.mu.Lock()
+				l.results = append(l.results, r)
+				l.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// stop ends every client and returns every result.
+func (l *load) stop(ctx context.Context) []result {
+	l.setClients(ctx, 0)
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.results)
+}
+
+// since returns the results of requests started at or after t.
+func (l *load) since(t time.Time) []result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []result
+	for _, r := range l.results {
+		if !r.start.Before(t) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// chat sends one streamed chat with a prompt of its own (no shared prefix; ~1,000 tokens, so the
+// router's prefill model learns from a few requests queued together) and max_tokens, which
+// oasis-sim generates exactly.
+func (l *load) chat(ctx context.Context, i int) result {
+	r := result{start: time.Now()}
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "stream": true, "max_tokens": l.maxTokens,
+		"messages": []map[string]string{{"role": "user",
+			"content": fmt.Sprintf("Request %d: %s", i, strings.Repeat(fmt.Sprintf("word%d ", i), 300))}},
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.router+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		r.err = err
+		return r
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		r.err = fmt.Errorf("HTTP %s", resp.Status)
+		return r
+	}
+	r.ttft, r.err = readStream(resp, r.start)
+	return r
+}
+
+// readStream reads an SSE chat stream to its end: the time to its first content chunk, or an
+// error for an error event, no content or no [DONE].
+func readStream(resp *http.Response, start time.Time) (time.Duration, error) {
+	var ttft time.Duration
+	done := false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		switch {
+		case !ok:
+		case data == "[DONE]":
+			done = true
+		case strings.Contains(data, `"error"`):
+			return ttft, fmt.Errorf("error event: %s", data)
+		case ttft == 0 && strings.Contains(data, `"content":"`) && !strings.Contains(data, `"content":""`):
+			ttft = time.Since(start)
+		}
+	}
+	switch {
+	case sc.Err() != nil:
+		return ttft, sc.Err()
+	case ttft == 0 || !done:
+		return ttft, fmt.Errorf("stream ended without content or [DONE] (content: %v)", ttft > 0)
+	}
+	return ttft, nil
+}
+
+// ttftP90 is the 90th percentile TTFT of the successful results (nearest rank).
+func ttftP90(rs []result) time.Duration {
+	var ts []time.Duration
+	for _, r := range rs {
+		if r.err == nil {
+			ts = append(ts, r.ttft)
+		}
+	}
+	if len(ts) == 0 {
+		return 0
+	}
+	slices.Sort(ts)
+	return ts[(len(ts)*9+9)/10-1]
+}
