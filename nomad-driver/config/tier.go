@@ -23,7 +23,7 @@ import (
 const (
 	TierKVCached       = "kvcached"        // the node-local oasis-kvcached, through LMCache's redis:// remote
 	TierLMCacheServer  = "lmcache-server"  // an LMCache server, LMCache's lm:// remote
-	TierMooncake       = "mooncake"        // a Mooncake store (declared; not rendered yet)
+	TierMooncake       = "mooncake"        // a Mooncake store: SGLang HiCache's mooncake backend
 	TierNIXL           = "nixl"            // a NIXL storage agent (declared; not rendered yet)
 	TierHiCacheStorage = "hicache-storage" // SGLang HiCache's storage tier (--hicache-storage-backend)
 	TierSharedFS       = "shared-fs"       // a directory on a filesystem every node mounts
@@ -67,6 +67,10 @@ type Tier struct {
 	Path string
 	// Backend is hicache-storage's --hicache-storage-backend.
 	Backend string
+	// Protocol and MetadataServer are a mooncake tier's transfer protocol
+	// (MOONCAKE_PROTOCOL) and transfer-engine metadata server
+	// (MOONCAKE_TE_META_DATA_SERVER); empty: Mooncake's defaults.
+	Protocol, MetadataServer string
 	// SecretPath and SecretItem name the Nomad variable item holding the
 	// store's password; empty SecretPath: no password.
 	SecretPath, SecretItem string
@@ -76,7 +80,10 @@ type Tier struct {
 }
 
 // tierItems are the items a declaration may hold.
-var tierItems = []string{"kind", "address", "size_gb", "path", "backend", "secret_path", "secret_item", "auth"}
+var tierItems = []string{"kind", "address", "size_gb", "path", "backend", "protocol", "metadata_server", "secret_path", "secret_item", "auth"}
+
+// MooncakeProtocols are Mooncake's transfer protocols a mooncake tier may name.
+var MooncakeProtocols = []string{"tcp", "rdma"}
 
 // Bounds on a declaration: it is untrusted input to every engine's start.
 const (
@@ -123,7 +130,8 @@ func ParseTier(name string, items map[string]string) (*Tier, error) {
 		return nil, errors.Join(errs...)
 	}
 	t := &Tier{Name: name, Kind: items["kind"], Address: items["address"], Path: items["path"],
-		Backend: items["backend"], SecretPath: items["secret_path"], SecretItem: items["secret_item"]}
+		Backend: items["backend"], Protocol: items["protocol"], MetadataServer: items["metadata_server"],
+		SecretPath: items["secret_path"], SecretItem: items["secret_item"]}
 	if t.SecretPath != "" && t.SecretItem == "" {
 		t.SecretItem = DefaultSecretItem
 	}
@@ -177,6 +185,14 @@ func (t *Tier) validate(auth string) [][2]string {
 		bad("backend", "kind hicache-storage needs SGLang's storage backend; allowed: %s", strings.Join(HiCacheStorageBackends, ", "))
 	case t.Kind != TierHiCacheStorage && t.Backend != "":
 		bad("backend", "only used by kind hicache-storage")
+	}
+	switch {
+	case t.Kind != TierMooncake && (t.Protocol != "" || t.MetadataServer != ""):
+		bad("protocol", "protocol and metadata_server are only used by kind mooncake")
+	case t.Protocol != "" && !slices.Contains(MooncakeProtocols, t.Protocol):
+		bad("protocol", "%q is not a Mooncake protocol; allowed: %s", t.Protocol, strings.Join(MooncakeProtocols, ", "))
+	case strings.ContainsAny(t.MetadataServer, " \t\"'"):
+		bad("metadata_server", "%q is not a Mooncake metadata server (P2PHANDSHAKE, etcd://host:port, http://host:port/metadata)", t.MetadataServer)
 	}
 	out = append(out, t.validateSecret(auth)...)
 	return out
@@ -265,8 +281,8 @@ func (c TaskConfig) WithTier(t *Tier, nodeIP string) (TaskConfig, error) {
 		return c, fieldErr("kv_offload_tier", "the declaration of tier %q was not read", c.KVOffloadTier)
 	}
 	notYet := func() error {
-		return &TierError{Tier: t.Name, Item: "kind", Msg: fmt.Sprintf("kind %s is declared but not rendered by this driver yet (rendered: %s, %s, %s, %s)",
-			t.Kind, TierKVCached, TierLMCacheServer, TierHiCacheStorage, TierSharedFS)}
+		return &TierError{Tier: t.Name, Item: "kind", Msg: fmt.Sprintf("kind %s is declared but not rendered by this driver yet (rendered: %s, %s, %s, %s, %s)",
+			t.Kind, TierKVCached, TierLMCacheServer, TierMooncake, TierHiCacheStorage, TierSharedFS)}
 	}
 	c.KVOffloadTier = ""
 	c.KVOffloadSizeGB = Float(t.SizeGB)
@@ -278,10 +294,13 @@ func (c TaskConfig) WithTier(t *Tier, nodeIP string) (TaskConfig, error) {
 		if t.SizeGB <= 0 {
 			return c, &TierError{Tier: t.Name, Item: "size_gb", Msg: "kind lmcache-server needs the CPU tier in front of the server (LMCache's max_local_cpu_size, GiB > 0)"}
 		}
-	case TierHiCacheStorage, TierSharedFS:
+	case TierHiCacheStorage, TierSharedFS, TierMooncake:
 		c.KVOffload, c.HiCacheStorageBackend = OffloadHiCache, t.Backend
-		if t.Kind == TierSharedFS {
+		switch t.Kind {
+		case TierSharedFS:
 			c.HiCacheStorageBackend = "file"
+		case TierMooncake:
+			c.HiCacheStorageBackend = "mooncake"
 		}
 	default:
 		return c, notYet()

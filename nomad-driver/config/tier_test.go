@@ -35,6 +35,9 @@ func TestParseTier(t *testing.T) {
 		{"size", "fs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "-1"}, `item size_gb: "-1" is not a size`},
 		{"secret on lmcache-server", "lm", map[string]string{"kind": "lmcache-server", "address": "h:1", "secret_path": "a/b"}, "item secret_path: kind lmcache-server takes no password"},
 		{"secret path traversal", "kv", map[string]string{"kind": "kvcached", "address": "h:1", "secret_path": "a/../b"}, `item secret_path: "a/../b" is not a Nomad variable path`},
+		{"mooncake", "mc", map[string]string{"kind": "mooncake", "address": "${node.ip}:50051", "protocol": "tcp", "metadata_server": "etcd://10.0.0.2:2379"}, ""},
+		{"mooncake protocol", "mc", map[string]string{"kind": "mooncake", "address": "h:50051", "protocol": "udp"}, `item protocol: "udp" is not a Mooncake protocol; allowed: tcp, rdma`},
+		{"protocol on kvcached", "kv", map[string]string{"kind": "kvcached", "address": "h:1", "auth": "none", "protocol": "tcp"}, "item protocol: protocol and metadata_server are only used by kind mooncake"},
 		{"secret item without path", "kv", map[string]string{"kind": "kvcached", "address": "h:1", "auth": "none", "secret_item": "x"}, "item secret_item: set without secret_path"},
 	}
 	for _, tc := range cases {

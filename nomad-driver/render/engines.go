@@ -193,8 +193,8 @@ func renderSGLang(p *Plan, c config.TaskConfig, in Input, bin, host string, port
 		if c.HiCacheStorageBackend != "" {
 			a = append(a, "--hicache-storage-backend", c.HiCacheStorageBackend)
 		}
-		if p.Tier != "" && in.Tier.Kind == config.TierSharedFS {
-			p.Env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = in.Tier.Path
+		if p.Tier != "" {
+			tierEnv(p, in)
 		}
 	case config.OffloadLMCache, config.OffloadKVCached:
 		a = append(a, "--enable-lmcache")
@@ -288,6 +288,27 @@ func yamlScalar(v string) string {
 	return mustJSON(v)
 }
 
+// tierEnv sets the environment a HiCache storage tier reads: the shared
+// directory of a shared-fs tier, the Mooncake store of a mooncake tier
+// (SGLang's mooncake backend reads MOONCAKE_* and the local hostname peers
+// reach it at).
+func tierEnv(p *Plan, in Input) {
+	t := in.Tier
+	switch t.Kind {
+	case config.TierSharedFS:
+		p.Env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = t.Path
+	case config.TierMooncake:
+		p.Env["MOONCAKE_MASTER"] = t.NodeAddress(in.nodeIP)
+		p.Env["MOONCAKE_LOCAL_HOSTNAME"], p.Env["LOCAL_HOSTNAME"] = in.nodeIP, in.nodeIP
+		if t.Protocol != "" {
+			p.Env["MOONCAKE_PROTOCOL"] = t.Protocol
+		}
+		if t.MetadataServer != "" {
+			p.Env["MOONCAKE_TE_META_DATA_SERVER"] = t.MetadataServer
+		}
+	}
+}
+
 // lmcacheHashAlgo is the prefix hash both vLLM (--prefix-caching-hash-algo)
 // and LMCache (pre_caching_hash_algorithm) use: stable across processes and
 // hosts with a fixed PYTHONHASHSEED.
@@ -321,7 +342,7 @@ func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input, chunk int) {
 		}
 		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON(u.String()))
 	case p.Tier != "" && in.Tier.Kind == config.TierLMCacheServer:
-		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON("lm://"+in.Tier.NodeAddress(connectHost(in.Ports[c.Port].HostIP))))
+		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON("lm://"+in.Tier.NodeAddress(in.nodeIP)))
 	}
 	fmt.Fprintf(&b, "pre_caching_hash_algorithm: %s\n", lmcacheHashAlgo)
 	f := localFile(in, LMCacheConfigName, b.String())

@@ -72,6 +72,10 @@ type Input struct {
 	// Tier is the declaration of the task's kv_offload_tier, with its
 	// secret, as read when the task starts (nil without kv_offload_tier).
 	Tier *config.Tier
+
+	// nodeIP is the node's address (the API port's host IP), which a tier's
+	// ${node.ip} stands for; Render sets it before rebinding ports.
+	nodeIP string
 }
 
 // File is a file written into the task's local directory before start.
@@ -171,6 +175,7 @@ func Render(in Input) (*Plan, error) {
 	if err := checkExtraArgs(c); err != nil {
 		return nil, err
 	}
+	in.nodeIP = connectHost(in.Ports[c.Port].HostIP)
 	tier := c.KVOffloadTier
 	if tier != "" {
 		var err error
@@ -232,8 +237,7 @@ func Render(in Input) (*Plan, error) {
 // (for the node whose address the API port's allocation carries) and
 // validates the result as a task config of its own.
 func applyTier(c config.TaskConfig, in Input) (config.TaskConfig, error) {
-	nodeIP := connectHost(in.Ports[c.Port].HostIP)
-	c, err := c.WithTier(in.Tier, nodeIP)
+	c, err := c.WithTier(in.Tier, in.nodeIP)
 	if err != nil {
 		return c, err
 	}

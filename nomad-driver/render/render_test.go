@@ -378,6 +378,22 @@ func TestRenderCases(t *testing.T) {
 			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "16"})
 			return in
 		}},
+		{"sglang-tier-mooncake", func() Input {
+			c := baseConfig("sglang", "none", "both")
+			c.KVOffloadTier = "mc"
+			in := testInput(c)
+			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "${node.ip}:50051", "protocol": "rdma",
+				"metadata_server": "P2PHANDSHAKE", "size_gb": "32"})
+			return in
+		}},
+		{"sglang-bridge-tier-lmcache-server", func() Input {
+			c := baseConfig("sglang", "none", "both")
+			c.KVOffloadTier = "lm"
+			in := testInput(c)
+			in.Namespaced, in.Ports = true, bridgePorts
+			in.Tier = testTier("lm", map[string]string{"kind": "lmcache-server", "address": "${node.ip}:65432", "size_gb": "4"})
+			return in
+		}},
 		{"sglang-prefill-tier-hicache-mooncake", func() Input {
 			c := baseConfig("sglang", "none", "prefill")
 			c.KVOffloadTier = "mooncake-l3"
@@ -531,9 +547,13 @@ func TestRenderBadInput(t *testing.T) {
 		{"tier not read", func(in *Input) { in.Config.KVOffloadTier = "node-kv" }, "kv_offload_tier", `the declaration of tier "node-kv" was not read`},
 		{"tier name", func(in *Input) { in.Config.KVOffloadTier = "Node KV" }, "kv_offload_tier", "is not a tier name"},
 		{"tier kind not rendered", func(in *Input) {
+			in.Config.KVOffloadTier = "nx"
+			in.Tier = testTier("nx", map[string]string{"kind": "nixl", "address": "10.0.0.9:5555"})
+		}, "kv_offload_tier", `tier "nx" (Nomad variable oasis/tiers/nx) item kind: kind nixl is declared but not rendered by this driver yet`},
+		{"mooncake tier on vllm", func(in *Input) {
 			in.Config.KVOffloadTier = "mc"
 			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "10.0.0.9:50051"})
-		}, "kv_offload_tier", `tier "mc" (Nomad variable oasis/tiers/mc) item kind: kind mooncake is declared but not rendered by this driver yet`},
+		}, "kv_offload_tier", `tier "mc" (kind mooncake) renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine vllm`},
 		{"tier kind not for engine", func(in *Input) {
 			in.Config.KVOffloadTier = "nfs"
 			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv"})

@@ -233,6 +233,14 @@ func renderTask(t *testing.T, spec hcldec.Spec, tg *nomadapi.TaskGroup, task *no
 	if err != nil {
 		t.Fatalf("task %s renders no engine command: %v", task.Name, err)
 	}
+	// The oasis_* meta the router reads agrees with what the task renders (the check
+	// nomad-driver-llm validate makes).
+	for _, svc := range slices.Concat(tg.Services, task.Services) {
+		if svc.TaskName != "" && svc.TaskName != task.Name {
+			continue
+		}
+		must.NoError(t, plan.Config.CheckServiceMeta(fmt.Sprintf("service %q", svc.Name), svc.Meta))
+	}
 
 	var b strings.Builder
 	if plan.NoProcess {

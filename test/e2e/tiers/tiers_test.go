@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -253,5 +254,54 @@ func stopJob(t *testing.T, id string) {
 	defer cancel()
 	if err := stack.StopJob(ctx, id); err != nil {
 		t.Errorf("stopping %s: %v", id, err)
+	}
+}
+
+// TestValidateReadsTiers: `nomad-driver-llm validate` reads the tier a task names from Nomad
+// variables with the operator's token and renders it (the secret stays a reference); an
+// undeclared tier, a bad declaration and a task that does not expose its identity fail naming
+// kv_offload_tier.
+func TestValidateReadsTiers(t *testing.T) {
+	declareTier(t, map[string]string{"kind": "kvcached", "address": "${node.ip}:6380",
+		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+	_, _, err := stack.Nomad.Variables().Update(&nomadapi.Variable{Path: "oasis/tiers/bad",
+		Items: nomadapi.VariableItems{"kind": "kvcached", "address": "127.0.0.1:6380"}}, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete("oasis/tiers/bad", nil) })
+
+	withoutIdentity := strings.Replace(engineJob("v", 1), "identity {\n        file = true\n      }", "", 1)
+	cases := []struct {
+		name, hcl string
+		code      int
+		want      string
+	}{
+		{"declared", engineJob("v", 1), 0, `ok: `},
+		{"undeclared", strings.Replace(engineJob("v", 1), `"`+tierName+`"`, `"missing"`, 1), 1,
+			`kv_offload_tier: tier "missing": tier is not declared`},
+		{"bad declaration", strings.Replace(engineJob("v", 1), `"`+tierName+`"`, `"bad"`, 1), 1,
+			`kv_offload_tier: tier "bad" (Nomad variable oasis/tiers/bad) item secret_path: a kvcached tier needs its password by reference`},
+		{"identity not exposed", withoutIdentity, 1, "kv_offload_tier: the driver reads the tier at start with the task's workload identity"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			jobFile := filepath.Join(t.TempDir(), "job.nomad.hcl")
+			must.NoError(t, os.WriteFile(jobFile, []byte(tc.hcl), 0o644))
+			cmd := exec.Command(stack.Bin("nomad-driver-llm"), "validate", "-address", stack.NomadAddr, jobFile)
+			cmd.Env = stack.Env() // NOMAD_TOKEN, as an operator's shell has it
+			out, err := cmd.CombinedOutput()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else {
+				must.NoError(t, err)
+			}
+			must.EqOp(t, tc.code, code, must.Sprint(string(out)))
+			must.StrContains(t, string(out), tc.want)
+			if tc.code == 0 {
+				// The declaration is rendered; the password is not read (a reference stands in).
+				must.StrContains(t, string(out), "--kv-transfer-config")
+			}
+		})
 	}
 }
