@@ -152,7 +152,7 @@ func (p *Peers) watchConsul(ctx context.Context) {
 			}
 		}
 		p.mu.Lock()
-		p.registered = reg
+		p.registered, p.members = reg, nil
 		p.mu.Unlock()
 		p.notify()
 	}
@@ -212,6 +212,7 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	}
 	e.p.mu.Lock()
 	e.p.gossip[n.Name] = n.Address()
+	e.p.members = nil
 	e.p.mu.Unlock()
 	e.p.log.Info("peer joined", "peer", n.Name, "address", n.Address())
 	e.p.notify()
@@ -221,6 +222,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	e.p.mu.Lock()
 	delete(e.p.gossip, n.Name)
 	delete(e.p.loads, n.Name)
+	e.p.members = nil
 	e.p.mu.Unlock()
 	e.p.log.Info("peer left or failed", "peer", n.Name)
 	e.p.notify()
