@@ -10,6 +10,8 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/memberlist"
+
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 )
 
 // Run watches the routers' Consul registrations, joins their gossip, and
@@ -133,7 +135,7 @@ func (p *Peers) watchConsul(ctx context.Context) {
 		if err != nil {
 			if ctx.Err() == nil {
 				p.log.Warn("reading the routers' registrations from Consul failed; keeping the last view", "error", err)
-				sleep(ctx, time.Second)
+				_ = ctxsleep.Sleep(ctx, time.Second)
 			}
 			continue
 		}
@@ -155,15 +157,6 @@ func (p *Peers) watchConsul(ctx context.Context) {
 		p.registered, p.members = reg, nil
 		p.mu.Unlock()
 		p.notify()
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
