@@ -96,9 +96,11 @@ type Peers struct {
 	closed  atomic.Bool
 
 	mu         sync.Mutex
-	self       string              // this router's gossip address (Addr)
-	gossip     map[string]string   // alive gossip members but this one: name → address
-	registered map[string]string   // passing Consul registrations: service id → gossip address ("" without)
+	self       string            // this router's gossip address (Addr)
+	gossip     map[string]string // alive gossip members but this one: name → address
+	registered map[string]string // passing Consul registrations: service id → gossip address ("" without)
+	members    []member          // live's answer, nil when gossip or registered changed
+	selfAt     int
 	loads      map[string]received // by name
 	sent       Load                // this router's load as last broadcast
 	prevSent   Load                // and the time before
@@ -252,6 +254,14 @@ type member struct{ key, name string }
 // Consul registrations (one router when its registration's gossip address
 // is a member's). Caller holds p.mu.
 func (p *Peers) live() ([]member, int) {
+	if p.members == nil {
+		p.members, p.selfAt = p.computeLive()
+	}
+	return p.members, p.selfAt
+}
+
+// computeLive builds live's answer. Caller holds p.mu.
+func (p *Peers) computeLive() ([]member, int) {
 	set := map[string]string{p.self: p.cfg.Name}
 	for name, addr := range p.gossip {
 		set[addr] = name

@@ -10,6 +10,8 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/memberlist"
+
+	"github.com/oasis-llm/oasis/internal/ctxsleep"
 )
 
 // Run watches the routers' Consul registrations, joins their gossip, and
@@ -133,7 +135,7 @@ func (p *Peers) watchConsul(ctx context.Context) {
 		if err != nil {
 			if ctx.Err() == nil {
 				p.log.Warn("reading the routers' registrations from Consul failed; keeping the last view", "error", err)
-				sleep(ctx, time.Second)
+				_ = ctxsleep.Sleep(ctx, time.Second)
 			}
 			continue
 		}
@@ -152,18 +154,9 @@ func (p *Peers) watchConsul(ctx context.Context) {
 			}
 		}
 		p.mu.Lock()
-		p.registered = reg
+		p.registered, p.members = reg, nil
 		p.mu.Unlock()
 		p.notify()
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -212,6 +205,7 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	}
 	e.p.mu.Lock()
 	e.p.gossip[n.Name] = n.Address()
+	e.p.members = nil
 	e.p.mu.Unlock()
 	e.p.log.Info("peer joined", "peer", n.Name, "address", n.Address())
 	e.p.notify()
@@ -221,6 +215,7 @@ func (e events) NotifyLeave(n *memberlist.Node) {
 	e.p.mu.Lock()
 	delete(e.p.gossip, n.Name)
 	delete(e.p.loads, n.Name)
+	e.p.members = nil
 	e.p.mu.Unlock()
 	e.p.log.Info("peer left or failed", "peer", n.Name)
 	e.p.notify()

@@ -1,7 +1,5 @@
 package peers
 
-import "sort"
-
 // claim is one live router's part in a split: its demand and, when its
 // load is known (fresh), what it uses now.
 type claim struct {
@@ -37,23 +35,26 @@ func allocate(total int, cs []claim) []int {
 	for _, c := range cs {
 		sum += 1 + c.demand
 	}
-	type rem struct {
-		i int
-		r float64
-	}
-	rems := make([]rem, len(cs))
+	rems := make([]float64, len(cs))
 	given := 0
 	for i, c := range cs {
 		exact := float64(left) * (1 + c.demand) / sum
 		n := int(exact)
 		out[i] += n
 		given += n
-		rems[i] = rem{i, exact - float64(n)}
+		rems[i] = exact - float64(n)
 	}
-	sort.SliceStable(rems, func(a, b int) bool { return rems[a].r > rems[b].r })
-	for k := 0; given < left; k++ {
-		out[rems[k%len(rems)].i]++
-		given++
+	// Fewer slots remain than claims: each goes to the largest remainder
+	// not yet served, the earlier name on a tie.
+	for ; given < left; given++ {
+		best := 0
+		for i, r := range rems {
+			if r > rems[best] {
+				best = i
+			}
+		}
+		out[best]++
+		rems[best] = -1
 	}
 	return out
 }

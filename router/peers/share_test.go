@@ -70,3 +70,16 @@ func TestFractionOf(t *testing.T) {
 	must.Eq(t, 0.8, fractionOf(0, []claim{{demand: 7}, {demand: 1}}))
 	must.Eq(t, 1.0, fractionOf(0, []claim{{}}))
 }
+
+// The split runs under admission's lock on every admission: its cost with
+// 16 routers.
+func BenchmarkShareOf16(b *testing.B) {
+	cs := make([]claim, 16)
+	for i := range cs {
+		cs[i] = claim{demand: float64(i), known: true, used: i % 3, share: 1}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		shareOf(64, 3, cs)
+	}
+}
