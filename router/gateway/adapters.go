@@ -51,12 +51,15 @@ type loadedAdapter struct {
 }
 
 // useAdapter makes sure x's adapter is loaded on wk when wk lists it as
-// loadable, and returns the function that ends this attempt's use of it.
-func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worker) (func(), error) {
+// loadable, and returns the function that ends this attempt's use of it,
+// told the attempt's status: a 404 says the engine no longer has the
+// adapter (it restarted under the same instance id, or another router
+// unloaded it), so the next request loads it again.
+func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worker) (func(status int), error) {
 	name := x.req.Model
 	path, ok := wk.LoadablePath(name)
 	if !ok || wk.Upstream != "" || x.remote != nil {
-		return func() {}, nil
+		return func(int) {}, nil
 	}
 	if g.adapters.size() > 2*len(g.cfg.Pool.All())+16 {
 		live := map[string]bool{}
@@ -76,7 +79,7 @@ func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worke
 				return nil, ctx.Err()
 			}
 		case ea == nil: // loaded: this use is counted
-			return func() { g.adapters.release(wk.ID, name) }, nil
+			return func(status int) { g.adapters.release(wk.ID, name, status == http.StatusNotFound) }, nil
 		case evict == errAdapterSlotsName:
 			return nil, &upstreamError{err: errAdapterSlots}
 		}
@@ -144,14 +147,24 @@ func (a *adapterLoads) loaded(id, name string, ok bool) {
 	}
 }
 
-// release ends one use of name on engine id.
-func (a *adapterLoads) release(id, name string) {
+// release ends one use of name on engine id; gone forgets that it is
+// loaded there.
+func (a *adapterLoads) release(id, name string, gone bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if ea := a.engines[id]; ea != nil {
-		if l := ea.loaded[name]; l != nil && l.inUse > 0 {
-			l.inUse--
-		}
+	ea := a.engines[id]
+	if ea == nil {
+		return
+	}
+	l := ea.loaded[name]
+	if l == nil {
+		return
+	}
+	if l.inUse > 0 {
+		l.inUse--
+	}
+	if gone {
+		delete(ea.loaded, name)
 	}
 }
 

@@ -169,6 +169,19 @@ func TestAdaptersLoadedOnDemand(t *testing.T) {
 	// l2 was the least recently used when l3 needed a slot.
 	must.Eq(t, []string{"load l1=/a/l1", "load l2=/a/l2", "unload l2", "load l3=/a/l3"}, e.history())
 
+	// The engine restarts under the same instance id: its adapters are gone.
+	// The request that finds out gets the engine's 404; the next loads again.
+	e.mu.Lock()
+	clear(e.loaded)
+	e.mu.Unlock()
+	resp := h.post("/v1/completions", `{"model":"l3","prompt":"x"}`)
+	must.Eq(t, http.StatusNotFound, resp.StatusCode)
+	resp.Body.Close()
+	resp = h.post("/v1/completions", `{"model":"l3","prompt":"x"}`)
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	resp.Body.Close()
+	must.Eq(t, "load l3=/a/l3", e.history()[len(e.history())-1])
+
 	bad, good := newLoRAEngine(t, true), newLoRAEngine(t, false)
 	h2 := newHarnessWith(t, Config{}, nil, nil)
 	h2.pool.Set([]discovery.Instance{

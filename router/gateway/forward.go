@@ -111,7 +111,7 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer func() { release(rec.status) }()
 	uctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	up, rt, err := g.upstreamRequest(uctx, r, x, wk)
