@@ -65,7 +65,7 @@ func renderConfig(t *testing.T, nomad, file, dest string, vars ...string) ([]str
 				switch name := envRef.FindStringSubmatch(s)[1]; name {
 				case "NOMAD_SECRETS_DIR":
 					return "/alloc/task/secrets"
-				case "attr.unique.network.ip-address":
+				case "attr.unique.network.ip-address", "NOMAD_IP_peers":
 					return "10.0.0.7"
 				default:
 					must.True(t, strings.HasPrefix(name, "NOMAD_PORT_"), must.Sprintf("unexpected env %s", name))
@@ -94,7 +94,7 @@ func TestJobsRenderConfigFiles(t *testing.T) {
 				"log_json": "true", "telemetry.metrics.power_from_nomad": "true", "discovery.consul_addr": "127.0.0.1:8500",
 				"policy.kv_prefix": "oasis/router", "policy.api_keys_kv": "false", "limits.max_connections": "4096",
 				"limits.max_connections_per_source": "1024", "discovery.hosted_upstreams": ""},
-			absent: []string{"tls.cert", "mesh.service", "federation.listen", "policy.response_id_key_file"}},
+			absent: []string{"tls.cert", "mesh.service", "federation.listen", "policy.response_id_key_file", "peers.listen"}},
 		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
 			vars: []string{"tls_enabled=true", "tls_mutual=true", "federation_enabled=true", "federation_dc=dc2", "otlp_endpoint=http://10.0.0.9:4318",
 				"trace_sample_ratio=1", `hosted_upstreams=["https://a.example.com/v1","https://*.b.example.com"]`, `hosted_key_envs=["K=https://a.example.com/v1"]`,
@@ -105,6 +105,9 @@ func TestJobsRenderConfigFiles(t *testing.T) {
 				"telemetry.tracing.sample_ratio": "1", "discovery.hosted_upstreams": "https://a.example.com/v1,https://*.b.example.com",
 				"discovery.hosted_key_envs": "K=https://a.example.com/v1", "policy.kv_prefix": "x/y", "policy.api_keys_kv": "true", "limits.max_connections": "10",
 				"policy.response_id_key_file": "/alloc/task/secrets/response-id-key"}},
+		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
+			vars: []string{"peers_enabled=true"},
+			want: map[string]string{"peers.listen": "10.0.0.7:20000", "peers.key_file": "/alloc/task/secrets/peers-key"}},
 		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
 			vars: []string{"mesh_enabled=true", "mesh_plain_listener=false", "federation_enabled=true"},
 			want: map[string]string{"listeners.api": "off", "mesh.service": "oasis-router", "mesh.listen": "127.0.0.1:20000", "mesh.engines": "true",

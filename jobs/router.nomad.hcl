@@ -86,6 +86,18 @@ variable "response_id_key" {
   default     = false
 }
 
+variable "peers_enabled" {
+  description = "Share admission (max_in_flight), key limits and engine load with the datacenter's other routers (router/README.md \"Routers of a datacenter\"): gossip on the port peers at the node's address, encrypted with the key in the Nomad variable secrets_variable (item peers_key: base64 of 32 bytes, openssl rand -base64 32). Off, each router of this system job enforces the limits alone: N nodes admit N times them."
+  type        = bool
+  default     = false
+}
+
+variable "peers_port" {
+  description = "Static gossip port (TCP and UDP) with peers_enabled; 0: a dynamic port, registered in the service meta oasis_peers."
+  type        = number
+  default     = 0
+}
+
 variable "tls_enabled" {
   description = "Serve the API over TLS (HTTP/1.1 and HTTP/2) with the certificate and key in the Nomad variable secrets_variable (items tls_cert, tls_key). Off, the job needs no variable."
   type        = bool
@@ -254,6 +266,13 @@ mesh {
   engines = true
 }
 %{~endif}
+%{~if var.peers_enabled}
+
+peers {
+  listen   = "{{ env "NOMAD_IP_peers" }}:{{ env "NOMAD_PORT_peers" }}"
+  key_file = "{{ env "NOMAD_SECRETS_DIR" }}/peers-key"
+}
+%{~endif}
 %{~if var.federation_enabled}
 
 federation {
@@ -313,6 +332,18 @@ job "oasis-router" {
         content {}
       }
       dynamic "port" {
+        for_each = var.peers_enabled && var.peers_port > 0 ? ["peers"] : []
+        labels   = [port.value]
+        content {
+          static = var.peers_port
+        }
+      }
+      dynamic "port" {
+        for_each = var.peers_enabled && var.peers_port == 0 ? ["peers"] : []
+        labels   = [port.value]
+        content {}
+      }
+      dynamic "port" {
         for_each = var.federation_enabled ? ["federation"] : []
         labels   = [port.value]
         content {
@@ -337,6 +368,8 @@ job "oasis-router" {
         tags     = ["oasis", "openai"]
         meta {
           oasis_node = "${node.unique.id}"
+          # The gossip address the datacenter's other routers join (router/peers).
+          oasis_peers = var.peers_enabled ? "${NOMAD_ADDR_peers}" : ""
         }
         # Liveness, not readiness: /ready is 503 while no engine is up, which must not fail a
         # deployment of the router itself. Over TLS Consul does not verify the router's
@@ -459,6 +492,16 @@ job "oasis-router" {
           destination = "secrets/tls/${template.value.file}"
           perms       = "0600"
           change_mode = "noop"
+        }
+      }
+
+      dynamic "template" {
+        for_each = var.peers_enabled ? ["peers_key"] : []
+        content {
+          data        = "{{ with nomadVar \"${var.secrets_variable}\" }}{{ .peers_key }}{{ end }}"
+          destination = "secrets/peers-key"
+          perms       = "0600"
+          change_mode = "restart"
         }
       }
 
