@@ -195,6 +195,10 @@ func (c *Controller) queued(model string, g *gate) {
 
 // capOf is the in-flight cap this router applies to model: lim's, or its
 // share of it (Share). Caller holds c.mu.
+// Cap is the in-flight cap this router enforces for model now: the policy's
+// max_in_flight, or with router/peers this router's share of it (0: none).
+func (c *Controller) Cap(model string, lim policy.Limits) int { return c.capOf(model, lim) }
+
 func (c *Controller) capOf(model string, lim policy.Limits) int {
 	if lim.MaxInFlight <= 0 || c.Share == nil {
 		return lim.MaxInFlight

@@ -148,20 +148,22 @@ func (g *Gateway) remoteRequest(ctx context.Context, up *http.Request, tg *feder
 
 // localPressure is whether local admission of model would refuse a request
 // now (its queue is full), and the estimated wait for a slot: the requests
-// ahead of it times the model's mean service time, over its slots.
+// ahead of it times the model's mean service time, over its slots (this
+// router's share of max_in_flight when the datacenter's routers share it).
 func (g *Gateway) localPressure(model string, lim policy.Limits) (saturated bool, wait time.Duration) {
 	if lim.MaxInFlight <= 0 {
 		return false, 0 // uncapped: admission never waits
 	}
+	slots := max(g.cfg.Admission.Cap(model, lim), 1)
 	inflight, queued := g.cfg.Admission.InFlight(model), g.cfg.Admission.Queued(model)
-	if queued >= lim.MaxQueue && inflight >= lim.MaxInFlight {
+	if queued >= lim.MaxQueue && inflight >= slots {
 		return true, lim.QueueTimeout
 	}
-	if inflight < lim.MaxInFlight {
+	if inflight < slots {
 		return false, 0
 	}
 	mean := g.service.mean(model)
-	return false, time.Duration(float64(queued+1) * float64(mean) / float64(lim.MaxInFlight))
+	return false, time.Duration(float64(queued+1) * float64(mean) / float64(slots))
 }
 
 // FederationSummary is this datacenter's per-model figures for the
@@ -178,7 +180,7 @@ func (g *Gateway) FederationSummary() []federation.ModelSummary {
 		inflight, queued := g.cfg.Admission.InFlight(model), g.cfg.Admission.Queued(model)
 		free := uint32(federation.FreeUnlimited)
 		if lim.MaxInFlight > 0 {
-			free = uint32(max(lim.MaxInFlight-inflight, 0))
+			free = uint32(max(g.cfg.Admission.Cap(model, lim)-inflight, 0))
 		}
 		ttft := time.Duration(math.MaxInt64)
 		for _, wk := range ws {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -313,6 +314,33 @@ func TestRemoteRequestHeaders(t *testing.T) {
 			ms, err := strconv.Atoi(got)
 			must.NoError(t, err)
 			must.Between(t, tc.min, ms, tc.max)
+		})
+	}
+}
+
+// With the datacenter's routers sharing max_in_flight, local pressure is
+// measured against this router's share: one request in flight fills a share
+// of 1 of a cap of 4, and a second would wait.
+func TestLocalPressureUsesThisRoutersShare(t *testing.T) {
+	lim := policy.Limits{MaxInFlight: 4, MaxQueue: 8, QueueTimeout: time.Second}
+	for _, tc := range []struct {
+		name     string
+		share    func(string, int) int
+		waitMore bool
+	}{
+		{"alone: the whole cap", nil, false},
+		{"a share of 1", func(string, int) int { return 1 }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctrl := admission.New()
+			ctrl.Share = tc.share
+			g := &Gateway{cfg: Config{Admission: ctrl}}
+			release, err := ctrl.Acquire(context.Background(), "m", lim)
+			must.NoError(t, err)
+			defer release()
+			saturated, wait := g.localPressure("m", lim)
+			must.False(t, saturated)
+			must.Eq(t, tc.waitMore, wait > 0)
 		})
 	}
 }
