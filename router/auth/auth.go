@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,11 +26,12 @@ import (
 // File is the key set document, from a file or Consul KV:
 //
 //	{"keys": [{"id": "team-a", "sha256": "<64 hex>", "rate_per_second": 10, "burst": 20,
-//	           "tokens_per_minute": 100000, "priority": 1}]}
+//	           "tokens_per_minute": 100000, "priority": 1, "models": ["llama-3-8b"]}]}
 //
 // rate_per_second and tokens_per_minute 0 mean unlimited; priority 0–9,
-// higher served first from a full admission queue. Create a digest with
-// `printf %s "$KEY" | sha256sum`.
+// higher served first from a full admission queue; models, when set, are
+// the only model names (engines' served names, adapters, cascade aliases)
+// the key may use. Create a digest with `printf %s "$KEY" | sha256sum`.
 type File struct {
 	Keys []KeySpec `json:"keys"`
 }
@@ -45,7 +47,22 @@ type KeySpec struct {
 	TokensPerMinute float64 `json:"tokens_per_minute,omitempty"`
 	// Priority is the key's admission band, 0 (default) to MaxPriority.
 	Priority int `json:"priority,omitempty"`
+	// Models, when set, are the only models the key may use (at most
+	// MaxKeyModels names); empty: every model.
+	Models []string `json:"models,omitempty"`
 }
+
+// equal reports whether two specs say the same.
+func (s KeySpec) equal(o KeySpec) bool {
+	return s.ID == o.ID && s.SHA256 == o.SHA256 && s.RatePerSecond == o.RatePerSecond && s.Burst == o.Burst &&
+		s.TokensPerMinute == o.TokensPerMinute && s.Priority == o.Priority && slices.Equal(s.Models, o.Models)
+}
+
+// MaxKeyModels bounds a key's models list, and maxModelName each name.
+const (
+	MaxKeyModels = 256
+	maxModelName = 256
+)
 
 // MaxPriority is the highest priority band a key may have.
 const MaxPriority = 9
@@ -65,6 +82,11 @@ type Key struct {
 
 // Priority is the key's admission band (KeySpec.Priority).
 func (k *Key) Priority() int { return k.spec.Priority }
+
+// Allows reports whether the key may use model (KeySpec.Models).
+func (k *Key) Allows(model string) bool {
+	return len(k.spec.Models) == 0 || slices.Contains(k.spec.Models, model)
+}
 
 // Errors.
 var (
@@ -109,6 +131,9 @@ func Parse(data []byte) (map[[32]byte]KeySpec, error) {
 		if k.Priority < 0 || k.Priority > MaxPriority {
 			return nil, fmt.Errorf("keys[%d].priority: want 0 to %d, got %d", i, MaxPriority, k.Priority)
 		}
+		if err := checkModels(k.Models); err != nil {
+			return nil, fmt.Errorf("keys[%d].models: %w", i, err)
+		}
 		var d [32]byte
 		copy(d[:], raw)
 		if _, dup := out[d]; dup {
@@ -117,6 +142,25 @@ func Parse(data []byte) (map[[32]byte]KeySpec, error) {
 		out[d] = k
 	}
 	return out, nil
+}
+
+// checkModels validates a key's models list: bounded, names non-empty and
+// bounded, no duplicates.
+func checkModels(models []string) error {
+	if len(models) > MaxKeyModels {
+		return fmt.Errorf("at most %d models, got %d", MaxKeyModels, len(models))
+	}
+	seen := make(map[string]bool, len(models))
+	for j, m := range models {
+		switch {
+		case m == "" || len(m) > maxModelName:
+			return fmt.Errorf("[%d]: want a model name of 1 to %d bytes", j, maxModelName)
+		case seen[m]:
+			return fmt.Errorf("[%d]: duplicate %q", j, m)
+		}
+		seen[m] = true
+	}
+	return nil
 }
 
 // Authenticator holds the current key set. With no key set loaded it refuses
@@ -156,7 +200,7 @@ func (a *Authenticator) Set(specs map[[32]byte]KeySpec) {
 	a.forgetSeries(old, specs)
 	next := make(map[[32]byte]*Key, len(specs))
 	for d, s := range specs {
-		if k, ok := old[d]; ok && k.spec == s {
+		if k, ok := old[d]; ok && k.spec.equal(s) {
 			next[d] = k
 			continue
 		}

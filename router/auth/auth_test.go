@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,6 +222,10 @@ func TestParseTenantFields(t *testing.T) {
 		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"priority":10}]}`, good), "keys[0].priority"},
 		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"priority":-1}]}`, good), "keys[0].priority"},
 		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"tokens_per_minute":-5}]}`, good), "keys[0].tokens_per_minute"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"models":["m",""]}]}`, good), "keys[0].models: [1]"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"models":["m","m"]}]}`, good), `keys[0].models: [1]: duplicate "m"`},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"models":[%q]}]}`, good, strings.Repeat("x", 257)), "keys[0].models: [0]"},
+		{fmt.Sprintf(`{"keys":[{"id":"a","sha256":%q,"models":[%s"m"]}]}`, good, strings.Repeat(`"m",`, MaxKeyModels)), "keys[0].models: at most 256"},
 	} {
 		_, err := Parse([]byte(tc.doc))
 		must.ErrorContains(t, err, tc.err)

@@ -445,6 +445,43 @@ func TestAdmissionQueueFull(t *testing.T) {
 	must.Eq(t, 0.0, promtest.ToFloat64(h.m.Queued.WithLabelValues("m")))
 }
 
+// A key with a models list calls only those models, as OpenAI answers a key
+// without access (404 model_not_found), and lists only them.
+func TestKeyModelsAllowlist(t *testing.T) {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{}`) }))
+	defer e.Close()
+	sum := sha256.Sum256([]byte("sk-a"))
+	specs, err := auth.Parse([]byte(fmt.Sprintf(`{"keys":[{"id":"team","sha256":%q,"models":["a"]}]}`, hex.EncodeToString(sum[:]))))
+	must.NoError(t, err)
+	authn := auth.New()
+	authn.Set(specs)
+	h := newHarness(t, nil, authn, map[string]string{"a": "a@" + addr(e), "b": "b@" + addr(e)})
+	bearer := []string{"Authorization", "Bearer sk-a"}
+	resp := h.post("/v1/completions", `{"model":"a"}`, bearer...)
+	resp.Body.Close()
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	resp = h.post("/v1/completions", `{"model":"b"}`, bearer...)
+	must.Eq(t, http.StatusNotFound, resp.StatusCode)
+	e404 := readErr(t, resp)
+	must.Eq(t, "model_not_found", *e404.Error.Code)
+	must.StrContains(t, e404.Error.Message, "do not have access")
+
+	req, err := http.NewRequest(http.MethodGet, h.srv.URL+"/v1/models", nil)
+	must.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk-a")
+	resp, err = http.DefaultClient.Do(req)
+	must.NoError(t, err)
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
+	must.Len(t, 1, list.Data)
+	must.Eq(t, "a", list.Data[0].ID)
+}
+
 func TestAuthAndRateLimit(t *testing.T) {
 	var hits atomic.Int64
 	var sawAuth atomic.Value

@@ -10,11 +10,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
@@ -45,7 +47,7 @@ func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 	out := struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
-	}{Object: "list", Data: g.modelCards(r.Context())}
+	}{Object: "list", Data: allowedCards(r, g.modelCards(r.Context()))}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
 }
@@ -53,7 +55,7 @@ func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 // model serves GET /v1/models/{id}.
 func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	for _, c := range g.modelCards(r.Context()) {
+	for _, c := range allowedCards(r, g.modelCards(r.Context())) {
 		if c.ID == id {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(c)
@@ -62,6 +64,16 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}
 	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 		"The model "+strconv.Quote(id)+" does not exist or no engine serves it", 0)
+}
+
+// allowedCards keeps the cards of the models the request's key may use
+// (auth.KeySpec.Models): a key sees only what it can call.
+func allowedCards(r *http.Request, cards []modelCard) []modelCard {
+	k, ok := r.Context().Value(ctxKey{}).(*auth.Key)
+	if !ok {
+		return cards
+	}
+	return slices.DeleteFunc(cards, func(c modelCard) bool { return !k.Allows(c.ID) })
 }
 
 // modelCards lists the pool's models, then the cascade aliases, sorted.

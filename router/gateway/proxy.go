@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/auth"
 	"github.com/oasis-llm/oasis/router/federation"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/openai"
@@ -55,6 +56,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rec.model = f.Model
+	if k, ok := r.Context().Value(ctxKey{}).(*auth.Key); ok && !k.Allows(f.Model) {
+		// OpenAI's answer for a model the key may not use: the same as for one that does not exist.
+		rec.fail(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+			"The model "+strconv.Quote(f.Model)+" does not exist or you do not have access to it", 0)
+		return
+	}
 
 	if v := r.Header.Get(DeadlineHeader); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
