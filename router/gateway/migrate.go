@@ -46,13 +46,27 @@ var jsonTrue = json.RawMessage("true")
 
 // migratable reports whether x's stream can be continued on another engine
 // when its engine fails: a direct stream of completions or chat to an
-// engine (not a hosted API, not another datacenter, not a prefill/decode
-// leg) with migration on.
+// engine that returns token ids (not a hosted API, not another datacenter,
+// not a prefill/decode leg) with migration on.
 func migratable(x *exchange, wk *scoring.Worker) bool {
 	p := x.req.Path
 	return x.fields.Stream && (p == pathCompletions || p == pathChat) && x.pol.MigrationLimit > 0 &&
-		x.remote == nil && wk.Upstream == "" && !x.remotePrefill()
+		x.remote == nil && takesTokenIDs(wk) && !x.remotePrefill()
 }
+
+// takesTokenIDs reports whether wk's engine serves vLLM's return_token_ids,
+// token-id prompts and continue_final_message: vLLM (0.10.2 and later) and
+// oasis-sim, by their oasis_engine meta. Others are never sent the field:
+// some refuse unknown fields (TensorRT-LLM's OpenAI server answers 400).
+func takesTokenIDs(wk *scoring.Worker) bool {
+	return wk.Upstream == "" && (wk.Engine == engineVLLM || wk.Engine == engineSim)
+}
+
+// oasis_engine values of engines that take token ids.
+const (
+	engineVLLM = "vllm"
+	engineSim  = "sim"
+)
 
 // migrateSignal is what relay.run returns instead of ending a stream whose
 // engine failed when the stream can be continued.
