@@ -3,8 +3,8 @@ package gateway
 // In-flight migration (issue #37): when the engine of a stream fails after
 // the first token — its connection breaks, or it sends nothing for the
 // stream_idle timeout — the router continues the same client stream on
-// another engine. It asks every engine for the token ids it generates
-// (vLLM's return_token_ids), relays only whole events, and on a failure
+// another engine. It asks engines that take them (vLLM, oasis-sim) for the
+// token ids they generate (return_token_ids), relays only whole events, and on a failure
 // sends the continuation: a completion's prompt ids plus the ids already
 // streamed as a token-id prompt, a chat's messages plus the text already
 // streamed as an open final assistant message (continue_final_message),
@@ -13,8 +13,8 @@ package gateway
 // an engine holding them. Its events go to the client rewritten as the
 // first engine's: the same id and created, no second role chunk, usage
 // covering the whole answer. After migration_limit continuations the
-// stream ends with the error event as before. An engine whose events carry
-// no token ids (it ignores return_token_ids) is never migrated from.
+// stream ends with the error event as before. Other engines, and one whose
+// events carry no token ids, are never migrated from.
 
 import (
 	"bytes"
