@@ -3,8 +3,8 @@ package gateway
 // In-flight migration (issue #37): when the engine of a stream fails after
 // the first token — its connection breaks, or it sends nothing for the
 // stream_idle timeout — the router continues the same client stream on
-// another engine. It asks every engine for the token ids it generates
-// (vLLM's return_token_ids), relays only whole events, and on a failure
+// another engine. It asks engines that take them (vLLM, oasis-sim) for the
+// token ids they generate (return_token_ids), relays only whole events, and on a failure
 // sends the continuation: a completion's prompt ids plus the ids already
 // streamed as a token-id prompt, a chat's messages plus the text already
 // streamed as an open final assistant message (continue_final_message),
@@ -13,8 +13,8 @@ package gateway
 // an engine holding them. Its events go to the client rewritten as the
 // first engine's: the same id and created, no second role chunk, usage
 // covering the whole answer. After migration_limit continuations the
-// stream ends with the error event as before. An engine whose events carry
-// no token ids (it ignores return_token_ids) is never migrated from.
+// stream ends with the error event as before. Other engines, and one whose
+// events carry no token ids, are never migrated from.
 
 import (
 	"bytes"
@@ -46,13 +46,27 @@ var jsonTrue = json.RawMessage("true")
 
 // migratable reports whether x's stream can be continued on another engine
 // when its engine fails: a direct stream of completions or chat to an
-// engine (not a hosted API, not another datacenter, not a prefill/decode
-// leg) with migration on.
+// engine that returns token ids (not a hosted API, not another datacenter,
+// not a prefill/decode leg) with migration on.
 func migratable(x *exchange, wk *scoring.Worker) bool {
 	p := x.req.Path
 	return x.fields.Stream && (p == pathCompletions || p == pathChat) && x.pol.MigrationLimit > 0 &&
-		x.remote == nil && wk.Upstream == "" && !x.remotePrefill()
+		x.remote == nil && takesTokenIDs(wk) && !x.remotePrefill()
 }
+
+// takesTokenIDs reports whether wk's engine serves vLLM's return_token_ids,
+// token-id prompts and continue_final_message: vLLM (0.10.2 and later) and
+// oasis-sim, by their oasis_engine meta. Others are never sent the field:
+// some refuse unknown fields (TensorRT-LLM's OpenAI server answers 400).
+func takesTokenIDs(wk *scoring.Worker) bool {
+	return wk.Upstream == "" && (wk.Engine == engineVLLM || wk.Engine == engineSim)
+}
+
+// oasis_engine values of engines that take token ids.
+const (
+	engineVLLM = "vllm"
+	engineSim  = "sim"
+)
 
 // migrateSignal is what relay.run returns instead of ending a stream whose
 // engine failed when the stream can be continued.

@@ -50,7 +50,7 @@ func BenchmarkProxyStreamingTokenIDs(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			limit := tc.limit
 			doc := &policy.Document{Policy: scoring.RoundRobin, MigrationLimit: &limit}
-			h := newHarnessWith(b, Config{}, doc, map[string]string{"a": "m@" + addr(e)})
+			h := engineHarness(b, Config{}, "vllm", doc, map[string]string{"a": "m@" + addr(e)})
 			benchStream(b, h.srv.URL)
 		})
 	}
@@ -82,7 +82,7 @@ func BenchmarkMigration(b *testing.B) {
 					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
 				}
-				h := newHarnessWith(b, Config{MaxBodyBytes: 1 << 20}, migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+				h := engineHarness(b, Config{MaxBodyBytes: 1 << 20}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 				b.StartTimer()
 				gaps, c := timedStream(b, h.srv.URL+"/v1/completions", body)
 				b.StopTimer()

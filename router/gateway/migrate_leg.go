@@ -68,11 +68,12 @@ func (g *Gateway) migrationFailed(c *call, rl *relay, ms *migrateSignal, why str
 }
 
 // pickContinuation chooses the engine for the continuation next by the
-// model's policy, among the workers that have not failed this stream.
+// model's policy, among the workers that take token ids and have not
+// failed this stream.
 func (g *Gateway) pickContinuation(c *call, next *exchange, failed []*scoring.Worker) *scoring.Worker {
 	var cands []*scoring.Worker
 	for _, w := range g.candidates(next.req.Model) {
-		if w.Upstream == "" && !containsWorker(failed, w) {
+		if takesTokenIDs(w) && !containsWorker(failed, w) {
 			cands = append(cands, w)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/oasis-llm/oasis/internal/tokenizer"
+	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/openai"
 	"github.com/oasis-llm/oasis/router/policy"
@@ -95,7 +96,22 @@ func newFaultyEngine(t testing.TB, target string, after int, fail func(http.Resp
 	return f
 }
 
-func crashFault(w http.ResponseWriter, _ *http.Request)  { crash(w) }
+func crashFault(w http.ResponseWriter, _ *http.Request) { crash(w) }
+
+// engineHarness is newHarnessWith for engines of one kind (oasis_engine):
+// id → "model@host:port".
+func engineHarness(t testing.TB, c Config, kind string, doc *policy.Document, engines map[string]string) *harness {
+	t.Helper()
+	h := newHarnessWith(t, c, doc, nil)
+	var ins []discovery.Instance
+	for id, spec := range engines {
+		model, a, _ := strings.Cut(spec, "@")
+		ins = append(ins, discovery.Instance{ID: id, Address: a,
+			Meta: map[string]string{discovery.MetaModel: model, discovery.MetaEngine: kind}})
+	}
+	h.pool.Set(ins)
+	return h
+}
 func freezeFault(_ http.ResponseWriter, r *http.Request) { freeze(r) }
 
 // streamed is a client stream read back.
@@ -185,7 +201,7 @@ func TestMigrationContinuesTokenExact(t *testing.T) {
 	simA, simB := startSim(t), startSim(t)
 	for _, rq := range migrationRequests {
 		whole := newFaultyEngine(t, simA, -1, crashFault)
-		h := newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(whole.srv)})
+		h := engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(whole.srv)})
 		want := readStream(t, h.post(rq.path, rq.body))
 		must.True(t, want.done)
 		must.False(t, want.tokenMembers)
@@ -193,7 +209,7 @@ func TestMigrationContinuesTokenExact(t *testing.T) {
 			t.Run(rq.name+"/after "+string(rune('0'+after))+" events", func(t *testing.T) {
 				bad := newFaultyEngine(t, simA, after, crashFault)
 				good := newFaultyEngine(t, simB, -1, crashFault)
-				h := newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+				h := engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 				got := readStream(t, h.post(rq.path, rq.body))
 				must.EqOp(t, want.text, got.text)
 				must.EqOp(t, want.finish, got.finish)
@@ -219,7 +235,7 @@ func TestMigrationContinuationRequest(t *testing.T) {
 	simA, simB := startSim(t), startSim(t)
 	bad := newFaultyEngine(t, simA, 4, crashFault) // 4 events: 4 tokens
 	good := newFaultyEngine(t, simB, -1, crashFault)
-	h := newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+	h := engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 	_ = readStream(t, h.post("/v1/completions", migrationRequests[0].body))
 	var c struct {
 		Prompt    []int32 `json:"prompt"`
@@ -235,7 +251,7 @@ func TestMigrationContinuationRequest(t *testing.T) {
 
 	bad = newFaultyEngine(t, simA, 3, crashFault) // role chunk + 2 tokens
 	good = newFaultyEngine(t, simB, -1, crashFault)
-	h = newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+	h = engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 	_ = readStream(t, h.post("/v1/chat/completions", migrationRequests[2].body))
 	var cc struct {
 		Messages             []struct{ Role, Content string } `json:"messages"`
@@ -266,7 +282,7 @@ func TestMigrationLimitEndsWithErrorEvent(t *testing.T) {
 				fs = append(fs, f)
 				engines[id] = "m@" + addr(f.srv)
 			}
-			h := newHarness(t, migrationPolicy("5s", limit), nil, engines)
+			h := engineHarness(t, Config{}, "sim", migrationPolicy("5s", limit), engines)
 			got := readStream(t, h.post("/v1/completions", migrationRequests[0].body))
 			must.EqOp(t, "upstream_error", got.errorCode)
 			must.True(t, got.done)
@@ -291,10 +307,10 @@ func TestMigrationAfterStall(t *testing.T) {
 	simA, simB := startSim(t), startSim(t)
 	rq := migrationRequests[1]
 	whole := newFaultyEngine(t, simA, -1, crashFault)
-	want := readStream(t, newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(whole.srv)}).post(rq.path, rq.body))
+	want := readStream(t, engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(whole.srv)}).post(rq.path, rq.body))
 	bad := newFaultyEngine(t, simA, 5, freezeFault)
 	good := newFaultyEngine(t, simB, -1, crashFault)
-	h := newHarness(t, migrationPolicy("300ms", 2), nil, map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+	h := engineHarness(t, Config{}, "sim", migrationPolicy("300ms", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 	got := readStream(t, h.post(rq.path, rq.body))
 	must.EqOp(t, want.text, got.text)
 	must.Eq(t, want.usage, got.usage)
@@ -327,11 +343,11 @@ func TestMigrationKeepsClientTokenIDs(t *testing.T) {
 		return out
 	}
 	whole := newFaultyEngine(t, simA, -1, crashFault)
-	want := ids(newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(whole.srv)}))
+	want := ids(engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(whole.srv)}))
 	must.SliceLen(t, 12, want)
 	bad := newFaultyEngine(t, simA, 5, crashFault)
 	good := newFaultyEngine(t, simB, -1, crashFault)
-	must.Eq(t, want, ids(newHarness(t, migrationPolicy("5s", 2), nil, map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})))
+	must.Eq(t, want, ids(engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})))
 }
 
 func TestRemoveMember(t *testing.T) {
@@ -436,7 +452,7 @@ func TestMigrationSpans(t *testing.T) {
 	simA, simB := startSim(t), startSim(t)
 	bad := newFaultyEngine(t, simA, 3, crashFault)
 	good := newFaultyEngine(t, simB, -1, crashFault)
-	h := newHarnessWith(t, Config{TracerProvider: tp}, migrationPolicy("5s", 2),
+	h := engineHarness(t, Config{TracerProvider: tp}, "sim", migrationPolicy("5s", 2),
 		map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 	got := readStream(t, h.post("/v1/completions", migrationRequests[0].body))
 	must.EqOp(t, "", got.errorCode)
@@ -475,12 +491,29 @@ func TestMigrationWithoutAnEngineLeft(t *testing.T) {
 			for i := range tc.dead {
 				engines[string(rune('b'+i))] = "m@" + deadAddr(t)
 			}
-			h := newHarness(t, migrationPolicy("5s", 2), nil, engines)
+			h := engineHarness(t, Config{}, "sim", migrationPolicy("5s", 2), engines)
 			got := readStream(t, h.post("/v1/completions", migrationRequests[0].body))
 			must.EqOp(t, "upstream_error", got.errorCode)
 			must.True(t, got.done)
 			must.EqOp(t, 1.0, promtest.ToFloat64(h.m.MigrationsFailed.WithLabelValues("m", tc.why)))
 			must.EqOp(t, float64(min(tc.dead, 2)), promtest.ToFloat64(h.m.Migrations.WithLabelValues("m", metrics.MigrationEngineFailed)))
+		})
+	}
+}
+
+// Only engines known to take token ids get return_token_ids: others may
+// refuse an unknown field (TensorRT-LLM answers 400), and their streams
+// keep the error event.
+func TestTokenIDsOnlyToEnginesThatTakeThem(t *testing.T) {
+	sim := startSim(t)
+	for kind, want := range map[string]bool{"vllm": true, "sim": true, "trtllm": false, "llama_cpp": false, "sglang": false, "": false} {
+		t.Run("engine "+kind, func(t *testing.T) {
+			f := newFaultyEngine(t, sim, -1, crashFault)
+			h := engineHarness(t, Config{}, kind, migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(f.srv)})
+			got := readStream(t, h.post("/v1/completions", migrationRequests[0].body))
+			must.True(t, got.done)
+			must.False(t, got.tokenMembers)
+			must.EqOp(t, want, strings.Contains(f.last.Load().(string), `"return_token_ids":true`))
 		})
 	}
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -114,38 +115,55 @@ func TestEngineFailsBeforeFirstToken(t *testing.T) {
 	}
 }
 
+// TestEngineFailsMidStream kills or stops the engine of a stream after its
+// first token reached the client. With migration (the default
+// migration_limit) the stream goes on on the other engine: no error event,
+// [DONE], counted as a migration, never as a retry. With migration_limit 0
+// it ends with the error event as before migration.
 func TestEngineFailsMidStream(t *testing.T) {
 	cases := []struct {
-		sig  syscall.Signal
-		code string
-	}{{syscall.SIGKILL, "upstream_error"}, {syscall.SIGSTOP, "upstream_timeout"}}
+		sig          syscall.Signal
+		code, reason string
+	}{{syscall.SIGKILL, "upstream_error", "engine_failed"}, {syscall.SIGSTOP, "upstream_timeout", "stream_idle"}}
 	for _, tc := range cases {
-		t.Run(tc.sig.String(), func(t *testing.T) {
-			model := "fail-decode-" + strconv.Itoa(int(tc.sig))
-			r, slow, _ := twoSims(t, model, "--speed", "1", "--step-time-base", "100ms")
-			resp := streamChat(t, r.url, model, 50)
-			must.Eq(t, http.StatusOK, resp.StatusCode)
-			br := bufio.NewReader(resp.Body)
-			for {
-				line, err := br.ReadString('\n')
-				must.NoError(t, err)
-				if strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
-					break // a token reached the client
+		for _, migrate := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/migrate=%t", tc.sig, migrate), func(t *testing.T) {
+				model := fmt.Sprintf("fail-decode-%d-%t", int(tc.sig), migrate)
+				r, slow, _ := twoSims(t, model, "--speed", "1", "--step-time-base", "100ms")
+				if !migrate {
+					r.setPolicy(t, consul.client, `{"policy":"round_robin","timeouts":{"stream_idle":"1s","first_token_hold":"auto"},"migration_limit":0}`)
 				}
-			}
-			slow.signal(t, tc.sig)
-			resp.Body = io.NopCloser(br)
-			events := sseEvents(t, resp)
-			must.GreaterEq(t, 2, len(events)) // ..., the error, [DONE]
-			must.Eq(t, "[DONE]", events[len(events)-1])
-			var e struct {
-				Error struct{ Code, Type, Message string } `json:"error"`
-			}
-			must.NoError(t, json.Unmarshal([]byte(events[len(events)-2]), &e))
-			must.Eq(t, tc.code, e.Error.Code)
-			must.Eq(t, "server_error", e.Error.Type)
-			must.Eq(t, 0.0, promtest.ToFloat64(r.m.Retries.WithLabelValues(model)))
-		})
+				resp := streamChat(t, r.url, model, 50)
+				must.Eq(t, http.StatusOK, resp.StatusCode)
+				br := bufio.NewReader(resp.Body)
+				for {
+					line, err := br.ReadString('\n')
+					must.NoError(t, err)
+					if strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
+						break // a token reached the client
+					}
+				}
+				slow.signal(t, tc.sig)
+				resp.Body = io.NopCloser(br)
+				events := sseEvents(t, resp)
+				must.Eq(t, "[DONE]", events[len(events)-1])
+				must.Eq(t, 0.0, promtest.ToFloat64(r.m.Retries.WithLabelValues(model)))
+				if migrate {
+					for _, e := range events {
+						must.StrNotContains(t, e, `"error"`)
+					}
+					must.Eq(t, 1.0, promtest.ToFloat64(r.m.Migrations.WithLabelValues(model, tc.reason)))
+					return
+				}
+				must.GreaterEq(t, 2, len(events)) // ..., the error, [DONE]
+				var e struct {
+					Error struct{ Code, Type, Message string } `json:"error"`
+				}
+				must.NoError(t, json.Unmarshal([]byte(events[len(events)-2]), &e))
+				must.Eq(t, tc.code, e.Error.Code)
+				must.Eq(t, "server_error", e.Error.Type)
+			})
+		}
 	}
 }
 
