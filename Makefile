@@ -21,7 +21,7 @@ all: build
 ## build: compile every Oasis command into bin/
 build:
 	@mkdir -p bin
-	$(GO) build -o bin/ ./cmd/...
+	GOBIN=$(CURDIR)/bin $(GO) install ./cmd/...   # install, not build: an up-to-date binary is not linked again
 
 ## dist: release tarballs dist/oasis_<version>_linux_{amd64,arm64}.tar.gz and dist/SHA256SUMS
 dist:
@@ -218,7 +218,8 @@ gpu-check:
 ## with AUTOSCALE=1.
 up: $(if $(MESH)$(ENGINE),deps)
 	@scripts/hashistack.sh nomad consul prometheus $(if $(MESH),cni) $(if $(TRACING),jaeger) $(if $(filter llama-cpp,$(ENGINE)),llama-server) $(if $(AUTOSCALE),nomad-autoscaler)
-	$(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing) $(if $(ENGINE),-engine $(ENGINE)) $(if $(AUTOSCALE),-autoscale)
+	@GOBIN=$(CURDIR)/bin $(GO) install ./cmd/...
+	OASIS_TESTBED_PREBUILT=$(CURDIR)/bin $(GO) run ./test/e2e/cmd/oasis-stack up $(if $(DCS),-dcs $(DCS)) $(if $(MESH),-mesh) $(if $(TRACING),-tracing) $(if $(ENGINE),-engine $(ENGINE)) $(if $(AUTOSCALE),-autoscale)
 
 ## down: stop everything `make up` started
 down:
