@@ -41,6 +41,7 @@ type options struct {
 	trigger             int
 	outPercent          float64
 	shippedOnly         bool
+	headroom            float64
 }
 
 func parse() options {
@@ -63,6 +64,7 @@ func parse() options {
 	flag.IntVar(&o.trigger, "out-trigger", 5, "shipped policy: samples of the 30 s window a scale-out check needs in bounds (within_bounds_trigger)")
 	flag.Float64Var(&o.outPercent, "out-percent", 50, "shipped policy: growth of a scale-out, %")
 	flag.BoolVar(&o.shippedOnly, "shipped-only", false, "run only the shipped policy (tuning; compare with an earlier run's static fleet)")
+	flag.Float64Var(&o.headroom, "planner-headroom", 1, "planner: multiply the predicted rate (1: none, as Dynamo's planner)")
 	flag.StringVar(&o.outDir, "out", "bench/out", "directory for autoscale.json")
 	flag.Parse()
 	return o
@@ -142,11 +144,11 @@ func run() error {
 		shipped.Scaler = "shipped policy on the p90 TTFT estimate"
 	}
 	capacity := rep.PeakRate / float64(static.MaxEngine)
-	planner, err := fleet(&cluster.PlannerScaler{Capacity: capacity, AdjustInterval: o.adjust}, 1)
+	planner, err := fleet(&cluster.PlannerScaler{Capacity: capacity, AdjustInterval: o.adjust, Headroom: o.headroom}, 1)
 	if err != nil {
 		return err
 	}
-	planner.Scaler = fmt.Sprintf("Dynamo-Planner-like (rate / %.2f req/s per engine, every %s)", capacity, o.adjust)
+	planner.Scaler = fmt.Sprintf("Dynamo-Planner-like (rate × %.2f / %.2f req/s per engine, every %s)", max(o.headroom, 1), capacity, o.adjust)
 	rep.Fleets = []cluster.AutoscaleResult{static, shipped, planner}
 	writeTable(os.Stdout, rep)
 	return writeJSON(filepath.Join(o.outDir, "autoscale.json"), rep)
