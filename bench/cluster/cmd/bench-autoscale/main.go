@@ -41,6 +41,7 @@ type options struct {
 	trigger             int
 	outPercent          float64
 	shippedOnly         bool
+	plannerOnly         bool
 	headroom            float64
 }
 
@@ -64,6 +65,7 @@ func parse() options {
 	flag.IntVar(&o.trigger, "out-trigger", 5, "shipped policy: samples of the 30 s window a scale-out check needs in bounds (within_bounds_trigger)")
 	flag.Float64Var(&o.outPercent, "out-percent", 50, "shipped policy: growth of a scale-out, %")
 	flag.BoolVar(&o.shippedOnly, "shipped-only", false, "run only the shipped policy (tuning; compare with an earlier run's static fleet)")
+	flag.BoolVar(&o.plannerOnly, "planner-only", false, "run only the planner, its capacity from -static-engines (tuning)")
 	flag.Float64Var(&o.headroom, "planner-headroom", 1, "planner: multiply the predicted rate (1: none, as Dynamo's planner)")
 	flag.StringVar(&o.outDir, "out", "bench/out", "directory for autoscale.json")
 	flag.Parse()
@@ -122,6 +124,15 @@ func run() error {
 		}
 		fmt.Printf("shipped: %.2f GPU-hours, attainment %.4f, TTFT p90 %.2f s, engines %d–%d, %d / %d\n", shipped.GPUHours,
 			shipped.Attain, shipped.TTFTP90, shipped.MinEngine, shipped.MaxEngine, shipped.ScaleOuts, shipped.ScaleIns)
+		return nil
+	}
+	if o.plannerOnly && o.static > 0 {
+		p, err := fleet(&cluster.PlannerScaler{Capacity: rep.PeakRate / float64(o.static), AdjustInterval: o.adjust, Headroom: o.headroom}, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("planner: %.2f GPU-hours, attainment %.4f, TTFT p90 %.2f s, engines %d–%d, %d / %d\n", p.GPUHours,
+			p.Attain, p.TTFTP90, p.MinEngine, p.MaxEngine, p.ScaleOuts, p.ScaleIns)
 		return nil
 	}
 	staticRun := func(n int) (cluster.AutoscaleResult, error) { return fleet(cluster.StaticScaler{N: n}, n) }
