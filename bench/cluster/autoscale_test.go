@@ -119,6 +119,10 @@ func TestPlannerScalerFollowsTheRate(t *testing.T) {
 	if got := p.Decide(history(120, steady(1))); got != 1 {
 		t.Errorf("1 req/s: %d engines, want 1", got)
 	}
+	h := &PlannerScaler{Capacity: 2, AdjustInterval: time.Minute, Headroom: 1.25}
+	if got := h.Decide(history(60, steady(7))); got != 5 { // 7 × 1.25 over 2 per engine
+		t.Errorf("7 req/s with 25%% headroom: %d engines, want 5", got)
+	}
 }
 
 // scripted scales to counts[i] at the i-th tick after start.

@@ -90,6 +90,9 @@ func perEngine(inFlight int64, engines int) float64 {
 type PlannerScaler struct {
 	Capacity       float64 // requests/s one engine serves within the SLO
 	AdjustInterval time.Duration
+	// Headroom multiplies the predicted rate (0 or 1: none, as Dynamo's
+	// planner): room for the rise during an engine's cold start.
+	Headroom float64
 
 	last time.Duration
 	want int
@@ -109,7 +112,7 @@ func (p *PlannerScaler) Decide(h *History) int {
 	for _, s := range h.Window(p.AdjustInterval) {
 		arrivals += s.Arrivals
 	}
-	rate := float64(arrivals) / p.AdjustInterval.Seconds()
+	rate := float64(arrivals) / p.AdjustInterval.Seconds() * max(p.Headroom, 1)
 	p.want = max(1, int(math.Ceil(rate/p.Capacity)))
 	return p.want
 }

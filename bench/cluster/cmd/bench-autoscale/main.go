@@ -41,6 +41,8 @@ type options struct {
 	trigger             int
 	outPercent          float64
 	shippedOnly         bool
+	plannerOnly         bool
+	headroom            float64
 }
 
 func parse() options {
@@ -63,6 +65,8 @@ func parse() options {
 	flag.IntVar(&o.trigger, "out-trigger", 5, "shipped policy: samples of the 30 s window a scale-out check needs in bounds (within_bounds_trigger)")
 	flag.Float64Var(&o.outPercent, "out-percent", 50, "shipped policy: growth of a scale-out, %")
 	flag.BoolVar(&o.shippedOnly, "shipped-only", false, "run only the shipped policy (tuning; compare with an earlier run's static fleet)")
+	flag.BoolVar(&o.plannerOnly, "planner-only", false, "run only the planner, its capacity from -static-engines (tuning)")
+	flag.Float64Var(&o.headroom, "planner-headroom", 1, "planner: multiply the predicted rate (1: none, as Dynamo's planner)")
 	flag.StringVar(&o.outDir, "out", "bench/out", "directory for autoscale.json")
 	flag.Parse()
 	return o
@@ -122,6 +126,15 @@ func run() error {
 			shipped.Attain, shipped.TTFTP90, shipped.MinEngine, shipped.MaxEngine, shipped.ScaleOuts, shipped.ScaleIns)
 		return nil
 	}
+	if o.plannerOnly && o.static > 0 {
+		p, err := fleet(&cluster.PlannerScaler{Capacity: rep.PeakRate / float64(o.static), AdjustInterval: o.adjust, Headroom: o.headroom}, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("planner: %.2f GPU-hours, attainment %.4f, TTFT p90 %.2f s, engines %d–%d, %d / %d\n", p.GPUHours,
+			p.Attain, p.TTFTP90, p.MinEngine, p.MaxEngine, p.ScaleOuts, p.ScaleIns)
+		return nil
+	}
 	staticRun := func(n int) (cluster.AutoscaleResult, error) { return fleet(cluster.StaticScaler{N: n}, n) }
 	var static cluster.AutoscaleResult
 	if o.static > 0 {
@@ -142,11 +155,11 @@ func run() error {
 		shipped.Scaler = "shipped policy on the p90 TTFT estimate"
 	}
 	capacity := rep.PeakRate / float64(static.MaxEngine)
-	planner, err := fleet(&cluster.PlannerScaler{Capacity: capacity, AdjustInterval: o.adjust}, 1)
+	planner, err := fleet(&cluster.PlannerScaler{Capacity: capacity, AdjustInterval: o.adjust, Headroom: o.headroom}, 1)
 	if err != nil {
 		return err
 	}
-	planner.Scaler = fmt.Sprintf("Dynamo-Planner-like (rate / %.2f req/s per engine, every %s)", capacity, o.adjust)
+	planner.Scaler = fmt.Sprintf("Dynamo-Planner-like (rate × %.2f / %.2f req/s per engine, every %s)", max(o.headroom, 1), capacity, o.adjust)
 	rep.Fleets = []cluster.AutoscaleResult{static, shipped, planner}
 	writeTable(os.Stdout, rep)
 	return writeJSON(filepath.Join(o.outDir, "autoscale.json"), rep)
