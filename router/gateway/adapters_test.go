@@ -196,3 +196,42 @@ func TestAdaptersLoadedOnDemand(t *testing.T) {
 	must.Eq(t, []string{"load l1=/a/l1"}, good.history())
 	must.SliceNotEmpty(t, bad.history())
 }
+
+// TestAdapterLoadTime: what the routing score is told an engine needs
+// before it can serve an adapter: nothing where it is loaded, the default
+// or the engine's measured load time where it is not, what is left of a
+// load under way, and the load timeout where every slot is in use.
+func TestAdapterLoadTime(t *testing.T) {
+	var a adapterLoads
+	must.Eq(t, DefaultAdapterLoadTime, a.loadTimeOn("e", "l1", 2))
+
+	_, _, _ = a.claim("e", "l1", 2)
+	a.engines["e"].loading["l1"].start = time.Now().Add(-300 * time.Millisecond)
+	left := a.loadTimeOn("e", "l1", 2)
+	must.Between(t, 0, left, DefaultAdapterLoadTime-300*time.Millisecond)
+	a.loaded("e", "l1", true) // took about 300ms: the engine's load time
+	took := a.engines["e"].loadTime
+	must.Between(t, 300*time.Millisecond, took, DefaultAdapterLoadTime)
+
+	cases := []struct {
+		name, adapter string
+		want          time.Duration
+	}{
+		{"loaded", "l1", 0},
+		{"measured on the engine", "l2", took},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			must.Eq(t, tc.want, a.loadTimeOn("e", tc.adapter, 2))
+		})
+	}
+
+	// Two slots: l1 loaded and in use, l2 loading.
+	_, _, _ = a.claim("e", "l1", 2)
+	_, _, _ = a.claim("e", "l2", 2)
+	must.Eq(t, adapterLoadTimeout, a.loadTimeOn("e", "l3", 2), must.Sprint("no slot to free"))
+	a.release("e", "l1", false)
+	must.Eq(t, took, a.loadTimeOn("e", "l3", 2), must.Sprint("l1 unused: its slot can be freed"))
+	a.loaded("e", "l2", false)
+	must.Eq(t, took, a.loadTimeOn("e", "l2", 2), must.Sprint("a failed load measures nothing"))
+}
