@@ -60,6 +60,8 @@ type engineAdapters struct {
 	// loadTime is the smoothed time a load took on the engine, 0 until one
 	// succeeded.
 	loadTime time.Duration
+	// llama are a llama-server's adapter ids by name (llamalora.go).
+	llama map[string]int
 }
 
 // adapterLoad is a load under way.
@@ -91,6 +93,12 @@ func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worke
 		}
 		g.adapters.forget(live)
 	}
+	if wk.Engine == engineLlamaCpp { // applied per request (llamalora.go)
+		if _, err := g.llamaLoRAID(ctx, wk, name, path); err != nil {
+			return nil, err
+		}
+		return func(int) {}, nil
+	}
 	for {
 		ea, wait, evict := g.adapters.claim(wk.ID, name, g.cfg.MaxLoadedAdapters)
 		switch {
@@ -120,7 +128,7 @@ func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worke
 // (adapterLoads.loadTimeOn), 0 for every other worker.
 func (g *Gateway) adapterLoadTime(model string) func(*scoring.Worker) time.Duration {
 	return func(w *scoring.Worker) time.Duration {
-		if _, ok := w.LoadablePath(model); !ok || w.Upstream != "" {
+		if _, ok := w.LoadablePath(model); !ok || w.Upstream != "" || w.Engine == engineLlamaCpp {
 			return 0
 		}
 		return g.adapters.loadTimeOn(w.ID, model, g.cfg.MaxLoadedAdapters)
@@ -137,14 +145,7 @@ const errAdapterSlotsName = "\x00full"
 func (a *adapterLoads) claim(id, name string, max int) (ea *engineAdapters, wait <-chan struct{}, evict string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.engines == nil {
-		a.engines = map[string]*engineAdapters{}
-	}
-	ea = a.engines[id]
-	if ea == nil {
-		ea = &engineAdapters{loaded: map[string]*loadedAdapter{}, loading: map[string]*adapterLoad{}}
-		a.engines[id] = ea
-	}
+	ea = a.engine(id)
 	if l, ok := ea.loaded[name]; ok {
 		l.inUse++
 		l.lastUsed = time.Now()
@@ -161,6 +162,19 @@ func (a *adapterLoads) claim(id, name string, max int) (ea *engineAdapters, wait
 	}
 	ea.loading[name] = &adapterLoad{done: make(chan struct{}), start: time.Now()}
 	return ea, nil, evict
+}
+
+// engine returns engine id's record, made on first use; a.mu held.
+func (a *adapterLoads) engine(id string) *engineAdapters {
+	if a.engines == nil {
+		a.engines = map[string]*engineAdapters{}
+	}
+	ea := a.engines[id]
+	if ea == nil {
+		ea = &engineAdapters{loaded: map[string]*loadedAdapter{}, loading: map[string]*adapterLoad{}}
+		a.engines[id] = ea
+	}
+	return ea
 }
 
 // evictable returns the least recently used adapter no request is using,

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -234,4 +235,65 @@ func TestAdapterLoadTime(t *testing.T) {
 	must.Eq(t, took, a.loadTimeOn("e", "l3", 2), must.Sprint("l1 unused: its slot can be freed"))
 	a.loaded("e", "l2", false)
 	must.Eq(t, took, a.loadTimeOn("e", "l2", 2), must.Sprint("a failed load measures nothing"))
+}
+
+// TestLlamaServerAdapters: on a llama-server an adapter of
+// oasis_lora_loadable is applied per request: the router finds its id in
+// GET /lora-adapters once and appends "lora" to every body naming it;
+// base-model bodies get "lora": [] (no adapter), unless they carry their
+// own; an adapter the engine does not list fails the attempt.
+func TestLlamaServerAdapters(t *testing.T) {
+	var lists atomic.Int64
+	var mu sync.Mutex
+	var bodies []string
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/lora-adapters" {
+			lists.Add(1)
+			fmt.Fprint(w, `[{"id":0,"path":"/a/chat.gguf","scale":0.0,"task_name":"","prompt_prefix":""},`+
+				`{"id":1,"path":"/a/sql.gguf","scale":0.0}]`)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		fmt.Fprint(w, `{"object":"chat.completion"}`)
+	}))
+	t.Cleanup(e.Close)
+	h := newHarnessWith(t, Config{}, nil, nil)
+	h.pool.Set([]discovery.Instance{{ID: "l", Address: addr(e), Meta: map[string]string{discovery.MetaModel: "tiny",
+		discovery.MetaEngine: "llama_cpp", discovery.MetaLoRALoadable: "sql=/a/sql.gguf,gone=/a/gone.gguf"}}})
+
+	cases := []struct {
+		model  string
+		status int
+		body   string // what the engine got; "" for nothing
+	}{
+		{"sql", http.StatusOK, `{"model":"sql","messages":[]` + `,"lora":[{"id":1,"scale":1}]}`},
+		{"sql", http.StatusOK, `{"model":"sql","messages":[]` + `,"lora":[{"id":1,"scale":1}]}`},
+		{"tiny", http.StatusOK, `{"model":"tiny","messages":[],"lora":[]}`},
+		{"gone", http.StatusBadGateway, ""},
+		{"own", http.StatusOK, `{"model":"tiny","messages":[],"lora":[{"id":0,"scale":0.5}]}`},
+	}
+	for _, tc := range cases {
+		mu.Lock()
+		bodies = nil
+		mu.Unlock()
+		req := `{"model":"` + tc.model + `","messages":[]}`
+		if tc.model == "own" {
+			req = `{"model":"tiny","messages":[],"lora":[{"id":0,"scale":0.5}]}`
+		}
+		resp := h.post("/v1/chat/completions", req)
+		resp.Body.Close()
+		must.Eq(t, tc.status, resp.StatusCode, must.Sprint(tc.model))
+		mu.Lock()
+		got := slices.Clone(bodies)
+		mu.Unlock()
+		if tc.body == "" {
+			must.SliceEmpty(t, got)
+		} else {
+			must.Eq(t, []string{tc.body}, got)
+		}
+	}
+	must.Eq(t, int64(2), lists.Load(), must.Sprint("asked once for sql (cached), once for gone (not found: not cached)"))
 }
