@@ -91,14 +91,14 @@ func adapterLoads(req *Request, workers []*Worker) ([]time.Duration, bool) {
 	if req.AdapterLoad == nil {
 		return nil, false
 	}
-	d := make([]time.Duration, len(workers))
-	some := false
+	var d []time.Duration // allocated at the first load: most requests name no adapter
 	for i, w := range workers {
-		d[i] = max(req.AdapterLoad(w), 0)
-		some = some || d[i] > 0
+		if l := req.AdapterLoad(w); l > 0 {
+			if d == nil {
+				d = make([]time.Duration, len(workers))
+			}
+			d[i] = l
+		}
 	}
-	if !some {
-		return nil, false
-	}
-	return d, true
+	return d, d != nil
 }
