@@ -9,6 +9,11 @@ package gateway
 // no request of this router is using unloaded (POST /v1/unload_lora_adapter)
 // to make room. A load that fails fails the attempt before anything reached
 // the client, so the request is retried on another engine.
+//
+// The routing score prices the load: adapterLoadTime is what an engine would
+// need before it starts on a request naming an adapter (0 where loaded, what
+// is left of a load under way, else the engine's measured load time), and
+// the ttft term adds it to the engine's estimate (scoring.Request.AdapterLoad).
 
 import (
 	"bytes"
@@ -30,6 +35,15 @@ const DefaultMaxLoadedAdapters = 4
 // adapterLoadTimeout bounds one load or unload call.
 const adapterLoadTimeout = 2 * time.Minute
 
+// DefaultAdapterLoadTime is the load time the routing score assumes for an
+// engine this router has not yet loaded an adapter on: vLLM loads a small
+// adapter from local disk in a fraction of a second and one it downloads
+// in seconds.
+const DefaultAdapterLoadTime = time.Second
+
+// loadTimeDecay is the weight the older load times keep at each new one.
+const loadTimeDecay = 0.7
+
 // errAdapterSlots is an engine whose adapter slots are all in use.
 var errAdapterSlots = errors.New("every adapter slot this router manages on the engine is in use")
 
@@ -42,7 +56,18 @@ type adapterLoads struct {
 // engineAdapters are the adapters loaded on one engine.
 type engineAdapters struct {
 	loaded  map[string]*loadedAdapter
-	loading map[string]chan struct{} // closed when the load ends
+	loading map[string]*adapterLoad
+	// loadTime is the smoothed time a load took on the engine, 0 until one
+	// succeeded.
+	loadTime time.Duration
+	// llama are a llama-server's adapter ids by name (llamalora.go).
+	llama map[string]int
+}
+
+// adapterLoad is a load under way.
+type adapterLoad struct {
+	done  chan struct{} // closed when the load ends
+	start time.Time
 }
 
 type loadedAdapter struct {
@@ -68,6 +93,12 @@ func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worke
 		}
 		g.adapters.forget(live)
 	}
+	if wk.Engine == engineLlamaCpp { // applied per request (llamalora.go)
+		if _, err := g.llamaLoRAID(ctx, wk, name, path); err != nil {
+			return nil, err
+		}
+		return func(int) {}, nil
+	}
 	for {
 		ea, wait, evict := g.adapters.claim(wk.ID, name, g.cfg.MaxLoadedAdapters)
 		switch {
@@ -92,6 +123,18 @@ func (g *Gateway) useAdapter(ctx context.Context, x *exchange, wk *scoring.Worke
 	}
 }
 
+// adapterLoadTime is scoring.Request.AdapterLoad for a request naming
+// model: the time a worker that can load model as an adapter needs first
+// (adapterLoads.loadTimeOn), 0 for every other worker.
+func (g *Gateway) adapterLoadTime(model string) func(*scoring.Worker) time.Duration {
+	return func(w *scoring.Worker) time.Duration {
+		if _, ok := w.LoadablePath(model); !ok || w.Upstream != "" || w.Engine == engineLlamaCpp {
+			return 0
+		}
+		return g.adapters.loadTimeOn(w.ID, model, g.cfg.MaxLoadedAdapters)
+	}
+}
+
 // errAdapterSlotsName marks a claim that found no slot.
 const errAdapterSlotsName = "\x00full"
 
@@ -102,48 +145,99 @@ const errAdapterSlotsName = "\x00full"
 func (a *adapterLoads) claim(id, name string, max int) (ea *engineAdapters, wait <-chan struct{}, evict string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.engines == nil {
-		a.engines = map[string]*engineAdapters{}
-	}
-	ea = a.engines[id]
-	if ea == nil {
-		ea = &engineAdapters{loaded: map[string]*loadedAdapter{}, loading: map[string]chan struct{}{}}
-		a.engines[id] = ea
-	}
+	ea = a.engine(id)
 	if l, ok := ea.loaded[name]; ok {
 		l.inUse++
 		l.lastUsed = time.Now()
 		return nil, nil, ""
 	}
-	if ch, ok := ea.loading[name]; ok {
-		return nil, ch, ""
+	if l, ok := ea.loading[name]; ok {
+		return nil, l.done, ""
 	}
 	if len(ea.loaded)+len(ea.loading) >= max {
-		var oldest time.Time
-		for n, l := range ea.loaded {
-			if l.inUse == 0 && (evict == "" || l.lastUsed.Before(oldest)) {
-				evict, oldest = n, l.lastUsed
-			}
-		}
-		if evict == "" {
+		if evict = ea.evictable(); evict == "" {
 			return ea, nil, errAdapterSlotsName
 		}
 		delete(ea.loaded, evict)
 	}
-	ea.loading[name] = make(chan struct{})
+	ea.loading[name] = &adapterLoad{done: make(chan struct{}), start: time.Now()}
 	return ea, nil, evict
 }
 
-// loaded ends the load of name on engine id, recording it when ok (the
-// loading request's use counted), and wakes the requests waiting for it.
+// engine returns engine id's record, made on first use; a.mu held.
+func (a *adapterLoads) engine(id string) *engineAdapters {
+	if a.engines == nil {
+		a.engines = map[string]*engineAdapters{}
+	}
+	ea := a.engines[id]
+	if ea == nil {
+		ea = &engineAdapters{loaded: map[string]*loadedAdapter{}, loading: map[string]*adapterLoad{}}
+		a.engines[id] = ea
+	}
+	return ea
+}
+
+// evictable returns the least recently used adapter no request is using,
+// "" when every one is in use.
+func (ea *engineAdapters) evictable() string {
+	var evict string
+	var oldest time.Time
+	for n, l := range ea.loaded {
+		if l.inUse == 0 && (evict == "" || l.lastUsed.Before(oldest)) {
+			evict, oldest = n, l.lastUsed
+		}
+	}
+	return evict
+}
+
+// loadTimeOn returns how long engine id would take before it can serve
+// adapter name: 0 when loaded; what is left of the expected load time
+// while a load is under way; the expected load time (measured on the
+// engine, else DefaultAdapterLoadTime) when it has a free slot or one to
+// free; adapterLoadTimeout when every slot is in use (the attempt would
+// fail there).
+func (a *adapterLoads) loadTimeOn(id, name string, slots int) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ea := a.engines[id]
+	if ea == nil {
+		return DefaultAdapterLoadTime
+	}
+	expect := ea.loadTime
+	if expect <= 0 {
+		expect = DefaultAdapterLoadTime
+	}
+	if _, ok := ea.loaded[name]; ok {
+		return 0
+	}
+	if l, ok := ea.loading[name]; ok {
+		return max(expect-time.Since(l.start), 0)
+	}
+	if len(ea.loaded)+len(ea.loading) >= slots && ea.evictable() == "" {
+		return adapterLoadTimeout
+	}
+	return expect
+}
+
+// loaded ends the load of name on engine id, recording it and the time it
+// took when ok (the loading request's use counted), and wakes the requests
+// waiting for it.
 func (a *adapterLoads) loaded(id, name string, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ea := a.engines[id]
-	close(ea.loading[name])
+	l := ea.loading[name]
+	close(l.done)
 	delete(ea.loading, name)
-	if ok {
-		ea.loaded[name] = &loadedAdapter{lastUsed: time.Now()}
+	if !ok {
+		return
+	}
+	ea.loaded[name] = &loadedAdapter{lastUsed: time.Now()}
+	took := time.Since(l.start)
+	if ea.loadTime <= 0 {
+		ea.loadTime = took
+	} else {
+		ea.loadTime = time.Duration(loadTimeDecay*float64(ea.loadTime) + (1-loadTimeDecay)*float64(took))
 	}
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -195,4 +196,104 @@ func TestAdaptersLoadedOnDemand(t *testing.T) {
 	}
 	must.Eq(t, []string{"load l1=/a/l1"}, good.history())
 	must.SliceNotEmpty(t, bad.history())
+}
+
+// TestAdapterLoadTime: what the routing score is told an engine needs
+// before it can serve an adapter: nothing where it is loaded, the default
+// or the engine's measured load time where it is not, what is left of a
+// load under way, and the load timeout where every slot is in use.
+func TestAdapterLoadTime(t *testing.T) {
+	var a adapterLoads
+	must.Eq(t, DefaultAdapterLoadTime, a.loadTimeOn("e", "l1", 2))
+
+	_, _, _ = a.claim("e", "l1", 2)
+	a.engines["e"].loading["l1"].start = time.Now().Add(-300 * time.Millisecond)
+	left := a.loadTimeOn("e", "l1", 2)
+	must.Between(t, 0, left, DefaultAdapterLoadTime-300*time.Millisecond)
+	a.loaded("e", "l1", true) // took about 300ms: the engine's load time
+	took := a.engines["e"].loadTime
+	must.Between(t, 300*time.Millisecond, took, DefaultAdapterLoadTime)
+
+	cases := []struct {
+		name, adapter string
+		want          time.Duration
+	}{
+		{"loaded", "l1", 0},
+		{"measured on the engine", "l2", took},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			must.Eq(t, tc.want, a.loadTimeOn("e", tc.adapter, 2))
+		})
+	}
+
+	// Two slots: l1 loaded and in use, l2 loading.
+	_, _, _ = a.claim("e", "l1", 2)
+	_, _, _ = a.claim("e", "l2", 2)
+	must.Eq(t, adapterLoadTimeout, a.loadTimeOn("e", "l3", 2), must.Sprint("no slot to free"))
+	a.release("e", "l1", false)
+	must.Eq(t, took, a.loadTimeOn("e", "l3", 2), must.Sprint("l1 unused: its slot can be freed"))
+	a.loaded("e", "l2", false)
+	must.Eq(t, took, a.loadTimeOn("e", "l2", 2), must.Sprint("a failed load measures nothing"))
+}
+
+// TestLlamaServerAdapters: on a llama-server an adapter of
+// oasis_lora_loadable is applied per request: the router finds its id in
+// GET /lora-adapters once and appends "lora" to every body naming it;
+// base-model bodies get "lora": [] (no adapter), unless they carry their
+// own; an adapter the engine does not list fails the attempt.
+func TestLlamaServerAdapters(t *testing.T) {
+	var lists atomic.Int64
+	var mu sync.Mutex
+	var bodies []string
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/lora-adapters" {
+			lists.Add(1)
+			fmt.Fprint(w, `[{"id":0,"path":"/a/chat.gguf","scale":0.0,"task_name":"","prompt_prefix":""},`+
+				`{"id":1,"path":"/a/sql.gguf","scale":0.0}]`)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		fmt.Fprint(w, `{"object":"chat.completion"}`)
+	}))
+	t.Cleanup(e.Close)
+	h := newHarnessWith(t, Config{}, nil, nil)
+	h.pool.Set([]discovery.Instance{{ID: "l", Address: addr(e), Meta: map[string]string{discovery.MetaModel: "tiny",
+		discovery.MetaEngine: "llama_cpp", discovery.MetaLoRALoadable: "sql=/a/sql.gguf,gone=/a/gone.gguf"}}})
+
+	cases := []struct {
+		model  string
+		status int
+		body   string // what the engine got; "" for nothing
+	}{
+		{"sql", http.StatusOK, `{"model":"sql","messages":[]` + `,"lora":[{"id":1,"scale":1}]}`},
+		{"sql", http.StatusOK, `{"model":"sql","messages":[]` + `,"lora":[{"id":1,"scale":1}]}`},
+		{"tiny", http.StatusOK, `{"model":"tiny","messages":[],"lora":[]}`},
+		{"gone", http.StatusBadGateway, ""},
+		{"own", http.StatusOK, `{"model":"tiny","messages":[],"lora":[{"id":0,"scale":0.5}]}`},
+	}
+	for _, tc := range cases {
+		mu.Lock()
+		bodies = nil
+		mu.Unlock()
+		req := `{"model":"` + tc.model + `","messages":[]}`
+		if tc.model == "own" {
+			req = `{"model":"tiny","messages":[],"lora":[{"id":0,"scale":0.5}]}`
+		}
+		resp := h.post("/v1/chat/completions", req)
+		resp.Body.Close()
+		must.Eq(t, tc.status, resp.StatusCode, must.Sprint(tc.model))
+		mu.Lock()
+		got := slices.Clone(bodies)
+		mu.Unlock()
+		if tc.body == "" {
+			must.SliceEmpty(t, got)
+		} else {
+			must.Eq(t, []string{tc.body}, got)
+		}
+	}
+	must.Eq(t, int64(2), lists.Load(), must.Sprint("asked once for sql (cached), once for gone (not found: not cached)"))
 }

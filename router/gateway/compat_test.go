@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -418,4 +419,23 @@ func TestCORS(t *testing.T) {
 	resp = preflight(off.srv.URL, "https://app.example")
 	must.Eq(t, 405, resp.StatusCode)
 	must.Eq(t, "", resp.Header.Get("Access-Control-Allow-Origin"))
+}
+
+// TestModelsLlamaServerContext: llama-server's /v1/models has no
+// max_model_len; the card takes its meta.n_ctx (a slot's context).
+func TestModelsLlamaServerContext(t *testing.T) {
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"models":[{"name":"tiny","model":"tiny"}],"object":"list","data":[{"id":"tiny","aliases":["tiny"],`+
+			`"object":"model","created":1795926507,"owned_by":"llamacpp","meta":{"n_vocab":128256,"n_ctx":1024,"n_ctx_train":4096}}]}`)
+	}))
+	t.Cleanup(e.Close)
+	h := newHarness(t, nil, nil, map[string]string{"a": "tiny@" + addr(e)})
+	resp := h.do(http.MethodGet, "/v1/models/tiny")
+	defer resp.Body.Close()
+	must.Eq(t, http.StatusOK, resp.StatusCode)
+	var card modelCard
+	must.NoError(t, json.NewDecoder(resp.Body).Decode(&card))
+	must.NotNil(t, card.MaxModelLen)
+	must.Eq(t, int64(1024), *card.MaxModelLen)
+	must.Eq(t, int64(1795926507), card.Created)
 }

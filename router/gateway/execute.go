@@ -74,6 +74,7 @@ func (g *Gateway) admit(c *call, st *attempts) plan {
 	if g.cfg.Prepare != nil {
 		g.cfg.Prepare(x.req)
 	}
+	x.req.AdapterLoad = g.adapterLoadTime(model)
 	c.rec.tr.wrapTokenize(x.req)
 	return g.choose(c, st)
 }

@@ -395,7 +395,7 @@ func (t *streamTrack) continuation(x *exchange) (*exchange, error) {
 		return nil, err
 	}
 	req := &scoring.Request{Model: x.req.Model, Path: x.req.Path, Body: body, Stream: true, Prompt: f.Prompt,
-		EstimatedTokens: x.req.EstimatedTokens, Tokenize: x.req.Tokenize}
+		EstimatedTokens: x.req.EstimatedTokens, Tokenize: x.req.Tokenize, AdapterLoad: x.req.AdapterLoad}
 	if len(t.prompt) > 0 {
 		ids := make([]uint32, 0, len(t.prompt)+len(t.gen))
 		for _, v := range t.prompt {

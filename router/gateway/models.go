@@ -159,13 +159,25 @@ func (g *Gateway) fetchCard(ctx context.Context, wk *scoring.Worker, name string
 		return modelCard{}, false
 	}
 	defer resp.Body.Close()
-	var list struct{ Data []modelCard }
+	// llama-server reports no max_model_len: its meta.n_ctx (a slot's
+	// context) is the longest request it takes.
+	var list struct {
+		Data []struct {
+			modelCard
+			Meta struct {
+				NCtx *int64 `json:"n_ctx"`
+			} `json:"meta"`
+		}
+	}
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil {
 		return modelCard{}, false
 	}
 	for _, c := range list.Data {
 		if c.ID == name {
-			return c, true
+			if c.MaxModelLen == nil {
+				c.MaxModelLen = c.Meta.NCtx
+			}
+			return c.modelCard, true
 		}
 	}
 	return modelCard{}, false

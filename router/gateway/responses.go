@@ -123,10 +123,11 @@ func (ids *responseIDs) sum(b []byte) []byte {
 	return h.Sum(nil)[:respMAC]
 }
 
-// attemptBody is the body one attempt sends to wk: forwardBody's, and for
-// a create request to a local engine the response id minted for it.
+// attemptBody is the body one attempt sends to wk: forwardBody's, with a
+// llama-server's adapter (withLlamaLoRA), and for a create request to a
+// local engine the response id minted for it.
 func (g *Gateway) attemptBody(x *exchange, wk *scoring.Worker) ([]byte, error) {
-	body := forwardBody(x, wk)
+	body := g.withLlamaLoRA(forwardBody(x, wk), x, wk)
 	if x.req.Path != ResponsesPath || wk.Upstream != "" || x.remote != nil {
 		return body, nil
 	}

@@ -11,7 +11,7 @@ const DefaultTTFTScale = 250 * time.Millisecond
 // TTFTTerm ("ttft") prefers the worker that will return the request's first
 // token soonest, by the router's own prefill model of each worker:
 //
-//	est_i  = (pending_i + uncached_i) / rate_i
+//	est_i  = (pending_i + uncached_i) / rate_i + adapter_i
 //	ttft_i = (τ + min_j est_j) / (τ + est_i)
 //
 // pending_i is the uncached prompt tokens the router has sent to worker i and
@@ -25,7 +25,13 @@ const DefaultTTFTScale = 250 * time.Millisecond
 // other prompts on a slow GPU. On a heterogeneous cluster that is where the
 // tail of TTFT comes from.
 //
-// The term needs prompt tokens; without them every worker scores Neutral.
+// A worker that would first have to load the LoRA adapter the request names
+// (Request.AdapterLoad) adds the load time to est_i, so an adapter request
+// goes to an engine that holds the adapter, or is loading it, until that
+// engine's queue costs more than a load elsewhere.
+//
+// Without prompt tokens est_i is the queue and the adapter load alone, and
+// when no worker has a load to pay every worker scores Neutral.
 type TTFTTerm struct {
 	// Prefix supplies the per-worker cache match (shared with the prefix
 	// term, computed once per request). Nil: uncached_i is the whole prompt.
@@ -47,14 +53,25 @@ func (t *TTFTTerm) Score(ctx context.Context, req *Request, workers []*Worker, o
 	if len(workers) == 0 {
 		return
 	}
+	load, loading := adapterLoads(req, workers)
 	tokens, err := req.PromptTokens(ctx)
-	if err != nil || len(tokens) == 0 {
+	known := err == nil && len(tokens) > 0
+	if !known && !loading {
 		return
 	}
-	t.Prefix.match(ctx, req, workers)
+	if known {
+		t.Prefix.match(ctx, req, workers)
+	}
 	minEst := -1.0
 	for i, w := range workers {
-		out[i] = w.Signals().EstimatedTTFT(uncached(req, w)).Seconds()
+		var un int64 // without tokens: only the queue and the adapter load
+		if known {
+			un = uncached(req, w)
+		}
+		out[i] = w.Signals().EstimatedTTFT(un).Seconds()
+		if load != nil {
+			out[i] += load[i].Seconds()
+		}
 		if minEst < 0 || out[i] < minEst {
 			minEst = out[i]
 		}
@@ -66,4 +83,22 @@ func (t *TTFTTerm) Score(ctx context.Context, req *Request, workers []*Worker, o
 	for i := range out[:len(workers)] {
 		out[i] = (tau + minEst) / (tau + out[i])
 	}
+}
+
+// adapterLoads returns each worker's adapter load time (req.AdapterLoad),
+// nil without one, and whether any worker has one to pay.
+func adapterLoads(req *Request, workers []*Worker) ([]time.Duration, bool) {
+	if req.AdapterLoad == nil {
+		return nil, false
+	}
+	var d []time.Duration // allocated at the first load: most requests name no adapter
+	for i, w := range workers {
+		if l := req.AdapterLoad(w); l > 0 {
+			if d == nil {
+				d = make([]time.Duration, len(workers))
+			}
+			d[i] = l
+		}
+	}
+	return d, d != nil
 }

@@ -10,6 +10,7 @@ package scoring
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/oasis-llm/oasis/router/openai"
 	// Named: scoring's tests have a worker helper.
@@ -51,6 +52,14 @@ type Request struct {
 	// ids. Terms never call it directly: PromptTokens runs it at most once per
 	// request however many terms ask.
 	Tokenize func(ctx context.Context, r *Request) ([]uint32, error)
+
+	// AdapterLoad, when set, is the time worker w needs before it can start
+	// on the request: for a LoRA adapter w can load on demand
+	// (Worker.Loadable) but does not hold, the expected load time (what is
+	// left of it while a load is under way); 0 where w holds or serves the
+	// name. The ttft term adds it to w's estimate. The gateway sets it from
+	// what its router loaded and measured (router/gateway/adapters.go).
+	AdapterLoad func(w *Worker) time.Duration
 
 	tokOnce sync.Once
 	tokDone bool
