@@ -218,7 +218,7 @@ func (t *Tier) validateSecret(auth string) [][2]string {
 	case auth != "" && auth != "none":
 		bad("auth", "%q: the only value is \"none\" (a kvcached tier without a password)", auth)
 	case t.Kind == TierKVCached && t.SecretPath == "" && auth != "none":
-		bad("secret_path", "a kvcached tier needs its password by reference (the Nomad variable kvcached reads it from, e.g. nomad/jobs/oasis-kvcached with secret_item = \"redis_password\"); auth = \"none\" declares a tier without one")
+		bad("secret_path", "a kvcached tier needs its password by reference (the Nomad variable kvcached reads it from, e.g. nomad/jobs/oasis-kvcached/kvcached with secret_item = \"redis_password\"); auth = \"none\" declares a tier without one")
 	case t.Kind != TierKVCached && t.SecretPath != "":
 		bad("secret_path", "kind %s takes no password", t.Kind)
 	case auth == "none" && t.SecretPath != "":

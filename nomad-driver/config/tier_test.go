@@ -15,7 +15,7 @@ func TestParseTier(t *testing.T) {
 		items map[string]string
 		want  string // "" = valid
 	}{
-		{"kvcached", "node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"}, ""},
+		{"kvcached", "node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"}, ""},
 		{"kvcached without auth", "open", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"}, ""},
 		{"kvcached needs a password", "kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380"},
 			`tier "kv" (Nomad variable oasis/tiers/kv) item secret_path: a kvcached tier needs its password by reference`},

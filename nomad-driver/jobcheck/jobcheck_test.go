@@ -202,7 +202,7 @@ func (f fakeTiers) Tier(_ context.Context, name string) (*config.Tier, error) {
 // rendered, and checked for the identity the driver reads it with.
 func TestCheckTier(t *testing.T) {
 	src := fakeTiers{
-		"node-kv": {"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"},
+		"node-kv": {"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"},
 		"bad":     {"kind": "kvcached", "address": "${node.ip}:6380"},
 		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv"},
 	}
@@ -233,7 +233,7 @@ func TestCheckTier(t *testing.T) {
 				f := res[0].Plan.Files[0]
 				must.True(t, f.Secret)
 				must.EqOp(t, "${NOMAD_SECRETS_DIR}/lmcache.yaml", f.Path)
-				must.StrContains(t, string(f.Content), `remote_url: "redis://:%3Cnomad%2Fjobs%2Foasis-kvcached%3E@127.0.0.1:6380"`)
+				must.StrContains(t, string(f.Content), `remote_url: "redis://:%3Cnomad%2Fjobs%2Foasis-kvcached%2Fkvcached%3E@127.0.0.1:6380"`)
 			}
 		})
 	}

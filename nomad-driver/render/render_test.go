@@ -360,7 +360,7 @@ func TestRenderCases(t *testing.T) {
 			c.KVOffloadTier = "node-kv"
 			in := testInput(c)
 			in.Tier = testTier("node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380",
-				"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+				"secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"})
 			in.Tier.Secret = "s3cret"
 			return in
 		}},

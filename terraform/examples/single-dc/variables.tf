@@ -23,7 +23,7 @@ variable "kvcached_enabled" {
 }
 
 variable "kvcached_variables" {
-  description = "Variables of jobs/kvcached.nomad.hcl. kvcached requires its Redis password by default: put it in Nomad variable nomad/jobs/oasis-kvcached (item redis_password) first, or set auth_enabled = \"false\"."
+  description = "Variables of jobs/kvcached.nomad.hcl. kvcached requires its Redis password by default: put it in Nomad variable nomad/jobs/oasis-kvcached/kvcached (item redis_password) first, or set auth_enabled = \"false\"."
   type        = map(string)
   default     = {}
 }
