@@ -204,7 +204,8 @@ func TestCheckTier(t *testing.T) {
 	src := fakeTiers{
 		"node-kv": {"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"},
 		"bad":     {"kind": "kvcached", "address": "${node.ip}:6380"},
-		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv"},
+		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "8"},
+		"nx":      {"kind": "nixl", "address": "10.0.0.9:5555"},
 	}
 	cases := []struct {
 		name     string
@@ -219,7 +220,8 @@ func TestCheckTier(t *testing.T) {
 		{"identity not exposed", "node-kv", &nomadapi.WorkloadIdentity{}, src, "add identity { file = true }"},
 		{"not declared", "other", &nomadapi.WorkloadIdentity{Env: true}, src, "kv_offload_tier: tier other: tier is not declared"},
 		{"bad declaration", "bad", &nomadapi.WorkloadIdentity{File: true}, src, `tier "bad" (Nomad variable oasis/tiers/bad) item secret_path`},
-		{"kind not for the engine", "nfs", &nomadapi.WorkloadIdentity{File: true}, src, `tier "nfs" (kind shared-fs) renders kv_offload = "hicache"`},
+		{"shared-fs", "nfs", &nomadapi.WorkloadIdentity{File: true}, src, `"spec_name":"SharedStorageOffloadingSpec"`},
+		{"kind not rendered", "nx", &nomadapi.WorkloadIdentity{File: true}, src, `tier "nx" (Nomad variable oasis/tiers/nx) item kind: kind nixl is declared but not rendered`},
 		{"no source", "node-kv", &nomadapi.WorkloadIdentity{File: true}, nil, "no tier source"},
 	}
 	for _, tc := range cases {
