@@ -131,6 +131,14 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 		conns = append(conns, connector{KVConnector: "DynamoConnector", KVRole: "kv_both",
 			KVConnectorModulePath: "kvbm.vllm_integration.connector"})
 		p.Env["DYN_KVBM_CPU_CACHE_GB"] = ftoa(c.KVOffloadSizeGB)
+	case config.OffloadFlexKV:
+		// vLLM's FlexKVConnectorV1 reads FlexKV's settings from FLEXKV_*
+		// (extra_env adds the SSD tier's). Engines on one node must not share
+		// FlexKV's IPC endpoint (FlexKV hangs at init): each task gets one in
+		// its own directory. The CPU tier is whole GiB (FlexKV reads an int).
+		conns = append(conns, connector{KVConnector: "FlexKVConnectorV1", KVRole: "kv_both"})
+		p.Env["FLEXKV_CPU_CACHE_GB"] = strconv.FormatInt(int64(math.Ceil(float64(c.KVOffloadSizeGB))), 10)
+		p.Env["FLEXKV_SERVER_RECV_PORT"] = "ipc://" + filepath.Join(in.LocalDir, "flexkv.ipc")
 	}
 	switch len(conns) {
 	case 0:

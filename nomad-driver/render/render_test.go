@@ -60,7 +60,7 @@ func baseConfig(engine, offload, role string) config.TaskConfig {
 		c.BootstrapPort = "bootstrap"
 	}
 	switch offload {
-	case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached, config.OffloadHiCache:
+	case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached, config.OffloadHiCache, config.OffloadFlexKV:
 		c.KVOffloadSizeGB = 8
 	}
 	return c
@@ -429,6 +429,12 @@ func TestRenderCases(t *testing.T) {
 			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "mooncake.service.consul:50051", "size_gb": "16",
 				"protocol": "rdma", "metadata_server": "http://10.0.0.5:8080/metadata"})
 			return in
+		}},
+		{"vllm-flexkv-ssd", func() Input {
+			c := baseConfig("vllm", "flexkv", "both")
+			c.KVOffloadSizeGB = 12.5
+			c.ExtraEnv = map[string]string{"FLEXKV_SSD_CACHE_GB": "512", "FLEXKV_SSD_CACHE_DIR": "/data/flexkv"}
+			return testInput(c)
 		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))

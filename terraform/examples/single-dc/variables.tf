@@ -65,7 +65,7 @@ variable "extra_args" {
 }
 
 variable "kv_offload" {
-  description = "Where engines offload KV blocks, as the llm driver names it: none, native, lmcache, kvcached, nixl, hicache or kvbm (what the engine supports is checked at plan)."
+  description = "Where engines offload KV blocks, as the llm driver names it: none, native, lmcache, kvcached, nixl, hicache, kvbm or flexkv (what the engine supports is checked at plan)."
   type        = string
   default     = "none"
 }
