@@ -2,7 +2,8 @@
 // offload tier declared in Nomad variables, on the test bed (real Consul and Nomad with ACLs on,
 // the llm driver, jobs/kvcached.nomad.hcl, jobs/acl/nomad-oasis-tiers.hcl): the driver reads the
 // tier and the password with each task's workload identity, and the LMCache configuration it
-// writes authenticates to kvcached.
+// writes authenticates to kvcached; the identity reads kvcached's password and not its TLS key; a
+// shared-fs tier starts a vLLM-protocol engine with llm-d's SharedStorageOffloadingSpec.
 package tiers_test
 
 import (
@@ -100,6 +101,51 @@ func TestEnginesUseAPasswordProtectedKvcachedThroughATier(t *testing.T) {
 	const deniedID = "tier-sims-denied"
 	failed := startEnginesExpectingFailure(t, ctx, deniedID)
 	must.StrContains(t, failed, `kv_offload_tier: tier "`+tierName+`": tier is not declared: no Nomad variable oasis/tiers/`+tierName+` that this token may read`)
+}
+
+// TestSimEngineUsesASharedFSTier: a vLLM-protocol engine naming a shared-fs tier starts with
+// vLLM's OffloadingConnector and llm-d's SharedStorageOffloadingSpec on the declared directory,
+// read with the task's identity (the argv of the driver's start event).
+func TestSimEngineUsesASharedFSTier(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const name = "e2e-nfs"
+	dir := t.TempDir()
+	_, _, err := stack.Nomad.Variables().Update(&nomadapi.Variable{Path: "oasis/tiers/" + name,
+		Items: nomadapi.VariableItems{"kind": "shared-fs", "path": dir, "size_gb": "1"}}, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete("oasis/tiers/"+name, nil) })
+
+	const jobID = "tier-sim-nfs"
+	allowTiers(t, jobID)
+	t.Cleanup(func() { stopJob(t, jobID) })
+	_, err = stack.RunJobHCL(ctx, strings.Replace(engineJob(jobID, 1), `"`+tierName+`"`, `"`+name+`"`, 1))
+	must.NoError(t, err)
+	allocs, err := stack.WaitAllocsRunning(ctx, jobID)
+	must.NoError(t, err)
+	must.Len(t, 1, allocs)
+
+	started := startEvent(t, ctx, allocs[0].ID)
+	must.StrContains(t, started, `"kv_connector":"OffloadingConnector"`)
+	must.StrContains(t, started, `"spec_name":"SharedStorageOffloadingSpec"`)
+	must.StrContains(t, started, `"shared_storage_path":"`+dir+`"`)
+	must.StrContains(t, started, `"max_staging_memory_gb":1`)
+}
+
+// startEvent returns the message of the driver's "Starting ... engine" task event (its argv).
+func startEvent(t *testing.T, ctx context.Context, allocID string) string {
+	t.Helper()
+	a, _, err := stack.Nomad.Allocations().Info(allocID, (&nomadapi.QueryOptions{}).WithContext(ctx))
+	must.NoError(t, err)
+	for _, ts := range a.TaskStates {
+		for _, ev := range ts.Events {
+			if strings.HasPrefix(ev.DisplayMessage, "Starting ") {
+				return ev.DisplayMessage
+			}
+		}
+	}
+	t.Fatalf("allocation %s has no Starting event", allocID)
+	return ""
 }
 
 func randomPassword(t *testing.T) string {
