@@ -18,10 +18,13 @@
 # service:write on oasis-kvcached. Consul's address, and its TLS settings if any, come from what
 # Nomad injects for a Connect-native task (CONSUL_HTTP_ADDR, CONSUL_HTTP_SSL*, CONSUL_HTTP_TOKEN).
 #
-# Redis password (auth_enabled, on by default): put it in the same variable (item redis_password);
-# engines get it through a kvcached KV offload tier that references this item (jobs/README.md);
-# a template writes it into the task's secrets dir and kvcached reads it from there
-# (--password-file), so it never appears in the job, its arguments or its environment.
+# Redis password (auth_enabled, on by default): put it in a variable of its own,
+# nomad/jobs/oasis-kvcached/kvcached (item redis_password), the task group's variable, which this
+# job's tasks read without a policy. Engines get it through a kvcached KV offload tier that
+# references this item, and their policy (jobs/acl/nomad-oasis-tiers.hcl) may read this variable
+# alone, not the job's variable with the TLS key and Consul token (jobs/README.md). A template
+# writes it into the task's secrets dir and kvcached reads it from there (--password-file), so it
+# never appears in the job, its arguments or its environment.
 #
 # Peers in other datacenters (peer_datacenters, off by default; kvcached/README.md says why): the
 # task's Consul token must be valid in those datacenters. A workload identity's login token is
@@ -130,7 +133,7 @@ variable "mesh" {
 }
 
 variable "auth_enabled" {
-  description = "Require the Redis password in Nomad variable nomad/jobs/oasis-kvcached, item redis_password (the task waits for it). On by default: engines get the password through a kvcached KV offload tier (jobs/README.md). false leaves the Redis port open to every process that reaches it."
+  description = "Require the Redis password in Nomad variable nomad/jobs/oasis-kvcached/kvcached, item redis_password (the task waits for it). On by default: engines get the password through a kvcached KV offload tier (jobs/README.md). false leaves the Redis port open to every process that reaches it."
   type        = bool
   default     = true
 }
@@ -365,6 +368,8 @@ job "oasis-kvcached" {
         }
       }
 
+      # The password is in the group's variable, apart from the TLS material and the Consul token:
+      # engines may read it (jobs/acl/nomad-oasis-tiers.hcl), not those.
       # kvcached reads the password file at start and again on SIGHUP: a changed password takes
       # effect without a restart (which would empty the RAM tier); connections that already
       # authenticated stay open.
@@ -375,7 +380,7 @@ job "oasis-kvcached" {
           perms         = "0600"
           change_mode   = "signal"
           change_signal = "SIGHUP"
-          data          = "{{ with nomadVar \"nomad/jobs/oasis-kvcached\" }}{{ .redis_password }}{{ end }}"
+          data          = "{{ with nomadVar \"nomad/jobs/oasis-kvcached/kvcached\" }}{{ .redis_password }}{{ end }}"
         }
       }
 

@@ -3,18 +3,19 @@
 # reads the tier's declaration (oasis/tiers/<name>) and the secret it references with the task's
 # own workload identity when the task starts: this policy is what lets it.
 #
-# The kvcached tier's password is item redis_password of nomad/jobs/oasis-kvcached, the variable
-# the oasis-kvcached job reads it from. Nomad's ACLs grant variables whole, so engines holding this
-# policy can also read that variable's other items (with peers: kvcached's TLS key and Consul
-# token); keep those in a variable of their own where engines and kvcached do not share a trust
-# boundary.
+# The kvcached tier's password is item redis_password of nomad/jobs/oasis-kvcached/kvcached, a
+# variable that holds nothing else: the oasis-kvcached job's tasks read it without a policy (it is
+# their task group's variable). Nomad grants a variable whole and matches a path without a glob
+# exactly, so engines holding this policy read that variable and no other under
+# nomad/jobs/oasis-kvcached: not the job's own variable, nomad/jobs/oasis-kvcached, with kvcached's
+# TLS key and Consul token (test/e2e/tiers checks this with an engine's workload identity).
 
 namespace "default" {
   variables {
     path "oasis/tiers/*" {
       capabilities = ["read"]
     }
-    path "nomad/jobs/oasis-kvcached" {
+    path "nomad/jobs/oasis-kvcached/kvcached" {
       capabilities = ["read"]
     }
   }

@@ -42,13 +42,14 @@ const (
 	OffloadNIXL     = "nixl"
 	OffloadHiCache  = "hicache"
 	OffloadKVBM     = "kvbm"
+	OffloadFlexKV   = "flexkv"
 )
 
 // Engines, Roles and Offloads list every accepted value in documentation order.
 var (
 	Engines  = []string{EngineVLLM, EngineSGLang, EngineLlamaCpp, EngineTRTLLM, EngineOpenAICompat, EngineSim}
 	Roles    = []string{RoleBoth, RolePrefill, RoleDecode}
-	Offloads = []string{OffloadNone, OffloadNative, OffloadLMCache, OffloadKVCached, OffloadNIXL, OffloadHiCache, OffloadKVBM}
+	Offloads = []string{OffloadNone, OffloadNative, OffloadLMCache, OffloadKVCached, OffloadNIXL, OffloadHiCache, OffloadKVBM, OffloadFlexKV}
 )
 
 // Defaults applied by Normalize.
@@ -505,7 +506,7 @@ func (c TaskConfig) Validate() error {
 
 	// Offload sizing.
 	switch c.KVOffload {
-	case OffloadNative, OffloadLMCache, OffloadKVBM:
+	case OffloadNative, OffloadLMCache, OffloadKVBM, OffloadFlexKV:
 		if c.KVOffloadSizeGB <= 0 {
 			add(fieldErr("kv_offload_size_gb", "kv_offload = %q needs the CPU cache size in GiB (> 0)", c.KVOffload))
 		}
@@ -515,7 +516,7 @@ func (c TaskConfig) Validate() error {
 		}
 	default:
 		if c.KVOffloadSizeGB != 0 {
-			add(fieldErr("kv_offload_size_gb", "set while kv_offload = %q offloads nothing; allowed with: native, lmcache, kvcached, hicache, kvbm", c.KVOffload))
+			add(fieldErr("kv_offload_size_gb", "set while kv_offload = %q offloads nothing; allowed with: native, lmcache, kvcached, hicache, kvbm, flexkv", c.KVOffload))
 		}
 	}
 	if c.KVOffload == OffloadKVCached && c.KVCachedAddress != "" {

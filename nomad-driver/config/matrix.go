@@ -27,6 +27,7 @@ var matrix = map[string]map[string]support{
 		OffloadNIXL:     {roles: disaggRoles, reason: "nixl is the KV transfer backend between a prefill and a decode server; it needs role prefill or decode"},
 		OffloadHiCache:  {roles: allRoles},
 		OffloadKVBM:     {reason: "KVBM integrates with vLLM (and TensorRT-LLM via Dynamo), not SGLang"},
+		OffloadFlexKV:   {reason: "FlexKV reaches SGLang as a HiCache storage backend that needs FlexKV's patch to SGLang, which this driver cannot apply"},
 	},
 	EngineLlamaCpp: {
 		OffloadNone: {roles: []string{RoleBoth}, reason: "llama-server has no prefill/decode disaggregation"},
@@ -34,6 +35,7 @@ var matrix = map[string]map[string]support{
 	EngineTRTLLM: {
 		OffloadNone:   {roles: []string{RoleBoth}, reason: "disaggregated TensorRT-LLM needs trtllm-serve disaggregated, which this driver does not render"},
 		OffloadNative: {roles: []string{RoleBoth}, reason: "disaggregated TensorRT-LLM needs trtllm-serve disaggregated, which this driver does not render"},
+		OffloadFlexKV: {reason: "FlexKV's TensorRT-LLM adaptation is not rendered by this driver; TensorRT-LLM's host tier is kv_offload = \"native\""},
 	},
 	EngineOpenAICompat: {
 		OffloadNone: {roles: []string{RoleBoth}, reason: "a remote OpenAI-compatible endpoint serves whole requests"},
@@ -46,8 +48,9 @@ var vllmMatrix = map[string]support{
 	OffloadLMCache:  {roles: allRoles},
 	OffloadKVCached: {roles: allRoles},
 	OffloadNIXL:     {roles: disaggRoles, reason: "nixl is the KV transfer connector between a prefill and a decode instance; it needs role prefill or decode"},
-	OffloadHiCache:  {reason: "hicache is SGLang's hierarchical cache; vLLM offloads with native, lmcache, kvcached or kvbm"},
+	OffloadHiCache:  {reason: "hicache is SGLang's hierarchical cache; vLLM offloads with native, lmcache, kvcached, kvbm or flexkv"},
 	OffloadKVBM:     {roles: allRoles},
+	OffloadFlexKV:   {roles: []string{RoleBoth}, reason: "FlexKV stacks with NIXL for prefill/decode only inside Dynamo's PdConnector, which this driver does not render"},
 }
 
 // Supported reports whether the combination renders.

@@ -24,7 +24,7 @@ const (
 	TierKVCached       = "kvcached"        // the node-local oasis-kvcached, through LMCache's redis:// remote
 	TierLMCacheServer  = "lmcache-server"  // an LMCache server, LMCache's lm:// remote
 	TierMooncake       = "mooncake"        // a Mooncake store: SGLang HiCache's mooncake backend
-	TierNIXL           = "nixl"            // a NIXL storage agent (declared; not rendered yet)
+	TierNIXL           = "nixl"            // a NIXL storage agent (declared and validated; refused at render, see nixlNotRendered)
 	TierHiCacheStorage = "hicache-storage" // SGLang HiCache's storage tier (--hicache-storage-backend)
 	TierSharedFS       = "shared-fs"       // a directory on a filesystem every node mounts
 )
@@ -218,7 +218,7 @@ func (t *Tier) validateSecret(auth string) [][2]string {
 	case auth != "" && auth != "none":
 		bad("auth", "%q: the only value is \"none\" (a kvcached tier without a password)", auth)
 	case t.Kind == TierKVCached && t.SecretPath == "" && auth != "none":
-		bad("secret_path", "a kvcached tier needs its password by reference (the Nomad variable kvcached reads it from, e.g. nomad/jobs/oasis-kvcached with secret_item = \"redis_password\"); auth = \"none\" declares a tier without one")
+		bad("secret_path", "a kvcached tier needs its password by reference (the Nomad variable kvcached reads it from, e.g. nomad/jobs/oasis-kvcached/kvcached with secret_item = \"redis_password\"); auth = \"none\" declares a tier without one")
 	case t.Kind != TierKVCached && t.SecretPath != "":
 		bad("secret_path", "kind %s takes no password", t.Kind)
 	case auth == "none" && t.SecretPath != "":
@@ -280,10 +280,6 @@ func (c TaskConfig) WithTier(t *Tier, nodeIP string) (TaskConfig, error) {
 	if t == nil || t.Name != c.KVOffloadTier {
 		return c, fieldErr("kv_offload_tier", "the declaration of tier %q was not read", c.KVOffloadTier)
 	}
-	notYet := func() error {
-		return &TierError{Tier: t.Name, Item: "kind", Msg: fmt.Sprintf("kind %s is declared but not rendered by this driver yet (rendered: %s, %s, %s, %s, %s)",
-			t.Kind, TierKVCached, TierLMCacheServer, TierMooncake, TierHiCacheStorage, TierSharedFS)}
-	}
 	c.KVOffloadTier = ""
 	c.KVOffloadSizeGB = Float(t.SizeGB)
 	switch t.Kind {
@@ -294,16 +290,47 @@ func (c TaskConfig) WithTier(t *Tier, nodeIP string) (TaskConfig, error) {
 		if t.SizeGB <= 0 {
 			return c, &TierError{Tier: t.Name, Item: "size_gb", Msg: "kind lmcache-server needs the CPU tier in front of the server (LMCache's max_local_cpu_size, GiB > 0)"}
 		}
-	case TierHiCacheStorage, TierSharedFS, TierMooncake:
-		c.KVOffload, c.HiCacheStorageBackend = OffloadHiCache, t.Backend
-		switch t.Kind {
-		case TierSharedFS:
-			c.HiCacheStorageBackend = "file"
-		case TierMooncake:
+	case TierSharedFS, TierMooncake:
+		if c.Engine == EngineVLLM || c.Engine == EngineSim {
+			return c.withVLLMStoreTier(t)
+		}
+		c.KVOffload, c.HiCacheStorageBackend = OffloadHiCache, "file"
+		if t.Kind == TierMooncake {
 			c.HiCacheStorageBackend = "mooncake"
 		}
+	case TierHiCacheStorage:
+		c.KVOffload, c.HiCacheStorageBackend = OffloadHiCache, t.Backend
 	default:
-		return c, notYet()
+		return c, &TierError{Tier: t.Name, Item: "kind", Msg: fmt.Sprintf("kind %s is declared but not rendered by this driver (rendered: %s, %s, %s, %s, %s): %s",
+			t.Kind, TierKVCached, TierLMCacheServer, TierMooncake, TierHiCacheStorage, TierSharedFS, nixlNotRendered)}
+	}
+	if err := CheckCombination(c.Engine, c.KVOffload, c.Role); err != nil {
+		return c, fieldErr("kv_offload_tier", "tier %q (kind %s) renders kv_offload = %q: %v", t.Name, t.Kind, c.KVOffload, err)
+	}
+	return c, nil
+}
+
+// nixlNotRendered says why a nixl tier is refused at render: no engine
+// Oasis runs takes a NIXL storage agent's address as a KV offload tier.
+const nixlNotRendered = "vLLM's NixlConnector and SGLang's nixl transfer backend move KV between a prefill and a decode server (role prefill/decode) and take no storage address; NIXL's storage plugins are reached through LMCache's or llm-d's own configuration, which this driver does not render"
+
+// withVLLMStoreTier renders a shared-fs or mooncake tier for vLLM (and the
+// sim, which renders like it): shared-fs through vLLM's OffloadingConnector
+// with llm-d's SharedStorageOffloadingSpec (kv_offload = "native", the
+// offloading connector, with the tier's spec), mooncake as LMCache's
+// mooncakestore:// remote (kv_offload = "lmcache"). Both need size_gb: the
+// staging CPU buffer of the first, LMCache's CPU tier of the second.
+func (c TaskConfig) withVLLMStoreTier(t *Tier) (TaskConfig, error) {
+	if t.SizeGB <= 0 {
+		what := "LMCache's CPU tier in front of the Mooncake store (max_local_cpu_size"
+		if t.Kind == TierSharedFS {
+			what = "the CPU staging buffer of llm-d's SharedStorageOffloadingSpec (max_staging_memory_gb, rounded up"
+		}
+		return c, &TierError{Tier: t.Name, Item: "size_gb", Msg: fmt.Sprintf("kind %s with engine %s needs %s, GiB > 0)", t.Kind, c.Engine, what)}
+	}
+	c.KVOffload = OffloadLMCache
+	if t.Kind == TierSharedFS {
+		c.KVOffload = OffloadNative
 	}
 	if err := CheckCombination(c.Engine, c.KVOffload, c.Role); err != nil {
 		return c, fieldErr("kv_offload_tier", "tier %q (kind %s) renders kv_offload = %q: %v", t.Name, t.Kind, c.KVOffload, err)

@@ -15,7 +15,7 @@ func TestParseTier(t *testing.T) {
 		items map[string]string
 		want  string // "" = valid
 	}{
-		{"kvcached", "node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"}, ""},
+		{"kvcached", "node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"}, ""},
 		{"kvcached without auth", "open", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"}, ""},
 		{"kvcached needs a password", "kv", map[string]string{"kind": "kvcached", "address": "127.0.0.1:6380"},
 			`tier "kv" (Nomad variable oasis/tiers/kv) item secret_path: a kvcached tier needs its password by reference`},
@@ -63,4 +63,51 @@ func TestTierNodeAddressAndSecret(t *testing.T) {
 	must.ErrorContains(t, tier.CheckSecret("", true), `Nomad variable s/kv has no item "password"`)
 	must.ErrorContains(t, tier.CheckSecret("a\nb", true), "must be one line")
 	must.NoError(t, tier.CheckSecret("pw", true))
+}
+
+// TestWithTierPerEngine: one declaration renders the offload each engine
+// reads it with, or is refused naming the item and why.
+func TestWithTierPerEngine(t *testing.T) {
+	decl := map[string]map[string]string{
+		"nfs":    {"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "8"},
+		"nfs0":   {"kind": "shared-fs", "path": "/mnt/kv"},
+		"mc":     {"kind": "mooncake", "address": "${node.ip}:50051", "size_gb": "4"},
+		"mc0":    {"kind": "mooncake", "address": "${node.ip}:50051"},
+		"nx":     {"kind": "nixl", "address": "10.0.0.9:5555"},
+		"l3-hf3": {"kind": "hicache-storage", "backend": "hf3fs"},
+	}
+	cases := []struct {
+		engine, role, tier    string
+		offload, backend, err string
+	}{
+		{EngineVLLM, RoleBoth, "nfs", OffloadNative, "", ""},
+		{EngineSim, RolePrefill, "nfs", OffloadNative, "", ""},
+		{EngineSGLang, RoleBoth, "nfs", OffloadHiCache, "file", ""},
+		{EngineVLLM, RoleBoth, "mc", OffloadLMCache, "", ""},
+		{EngineVLLM, RoleDecode, "mc", OffloadLMCache, "", ""},
+		{EngineSGLang, RolePrefill, "mc", OffloadHiCache, "mooncake", ""},
+		{EngineSGLang, RoleBoth, "l3-hf3", OffloadHiCache, "hf3fs", ""},
+		{EngineVLLM, RoleBoth, "nfs0", "", "", "item size_gb: kind shared-fs with engine vllm needs the CPU staging buffer"},
+		{EngineSim, RoleBoth, "mc0", "", "", "item size_gb: kind mooncake with engine sim needs LMCache's CPU tier"},
+		{EngineSGLang, RoleBoth, "nfs0", OffloadHiCache, "file", ""},
+		{EngineVLLM, RoleBoth, "l3-hf3", "", "", `renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine vllm`},
+		{EngineLlamaCpp, RoleBoth, "nfs", "", "", `renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine llama_cpp`},
+		{EngineVLLM, RoleBoth, "nx", "", "", "item kind: kind nixl is declared but not rendered by this driver"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.engine+"-"+tc.role+"-"+tc.tier, func(t *testing.T) {
+			tier, err := ParseTier(tc.tier, decl[tc.tier])
+			must.NoError(t, err)
+			c := TaskConfig{Engine: tc.engine, Role: tc.role, KVOffloadTier: tc.tier}
+			got, err := c.WithTier(tier, "10.0.0.5")
+			if tc.err != "" {
+				must.ErrorContains(t, err, tc.err)
+				return
+			}
+			must.NoError(t, err)
+			must.EqOp(t, tc.offload, got.KVOffload)
+			must.EqOp(t, tc.backend, got.HiCacheStorageBackend)
+			must.EqOp(t, "", got.KVOffloadTier)
+		})
+	}
 }

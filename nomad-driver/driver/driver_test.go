@@ -639,7 +639,7 @@ func TestDriver_SimAcceptsEveryRendering(t *testing.T) {
 				task := newSimTask(t, h, false, func(c *config.TaskConfig) {
 					c.KVOffload, c.Role = o, r
 					switch o {
-					case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached:
+					case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached, config.OffloadFlexKV:
 						c.KVOffloadSizeGB = 1
 					}
 					if r != config.RoleBoth {

@@ -202,9 +202,10 @@ func (f fakeTiers) Tier(_ context.Context, name string) (*config.Tier, error) {
 // rendered, and checked for the identity the driver reads it with.
 func TestCheckTier(t *testing.T) {
 	src := fakeTiers{
-		"node-kv": {"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"},
+		"node-kv": {"kind": "kvcached", "address": "${node.ip}:6380", "secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"},
 		"bad":     {"kind": "kvcached", "address": "${node.ip}:6380"},
-		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv"},
+		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "8"},
+		"nx":      {"kind": "nixl", "address": "10.0.0.9:5555"},
 	}
 	cases := []struct {
 		name     string
@@ -219,7 +220,8 @@ func TestCheckTier(t *testing.T) {
 		{"identity not exposed", "node-kv", &nomadapi.WorkloadIdentity{}, src, "add identity { file = true }"},
 		{"not declared", "other", &nomadapi.WorkloadIdentity{Env: true}, src, "kv_offload_tier: tier other: tier is not declared"},
 		{"bad declaration", "bad", &nomadapi.WorkloadIdentity{File: true}, src, `tier "bad" (Nomad variable oasis/tiers/bad) item secret_path`},
-		{"kind not for the engine", "nfs", &nomadapi.WorkloadIdentity{File: true}, src, `tier "nfs" (kind shared-fs) renders kv_offload = "hicache"`},
+		{"shared-fs", "nfs", &nomadapi.WorkloadIdentity{File: true}, src, `"spec_name":"SharedStorageOffloadingSpec"`},
+		{"kind not rendered", "nx", &nomadapi.WorkloadIdentity{File: true}, src, `tier "nx" (Nomad variable oasis/tiers/nx) item kind: kind nixl is declared but not rendered`},
 		{"no source", "node-kv", &nomadapi.WorkloadIdentity{File: true}, nil, "no tier source"},
 	}
 	for _, tc := range cases {
@@ -233,7 +235,7 @@ func TestCheckTier(t *testing.T) {
 				f := res[0].Plan.Files[0]
 				must.True(t, f.Secret)
 				must.EqOp(t, "${NOMAD_SECRETS_DIR}/lmcache.yaml", f.Path)
-				must.StrContains(t, string(f.Content), `remote_url: "redis://:%3Cnomad%2Fjobs%2Foasis-kvcached%3E@127.0.0.1:6380"`)
+				must.StrContains(t, string(f.Content), `remote_url: "redis://:%3Cnomad%2Fjobs%2Foasis-kvcached%2Fkvcached%3E@127.0.0.1:6380"`)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package render
 import (
 	"fmt"
 	"maps"
+	"math"
 	"net/url"
 	"path/filepath"
 	"regexp"
@@ -105,7 +106,10 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 	offloadFlags := []string(nil)
 	switch c.KVOffload {
 	case config.OffloadNative:
-		if c.Disaggregated() {
+		if p.Tier != "" && in.Tier.Kind == config.TierSharedFS {
+			conns = append(conns, sharedStorageConnector(p, c, in.Tier))
+			offloadFlags = append(offloadFlags, "--prefix-caching-hash-algo", lmcacheHashAlgo)
+		} else if c.Disaggregated() {
 			// --kv-offloading-* would replace the NIXL connector: stack instead.
 			conns = append(conns, connector{KVConnector: "OffloadingConnector", KVRole: "kv_both",
 				KVConnectorExtraConfig: map[string]any{"cpu_bytes_to_use": int64(c.KVOffloadSizeGB * gib)}})
@@ -127,6 +131,14 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 		conns = append(conns, connector{KVConnector: "DynamoConnector", KVRole: "kv_both",
 			KVConnectorModulePath: "kvbm.vllm_integration.connector"})
 		p.Env["DYN_KVBM_CPU_CACHE_GB"] = ftoa(c.KVOffloadSizeGB)
+	case config.OffloadFlexKV:
+		// vLLM's FlexKVConnectorV1 reads FlexKV's settings from FLEXKV_*
+		// (extra_env adds the SSD tier's). Engines on one node must not share
+		// FlexKV's IPC endpoint (FlexKV hangs at init): each task gets one in
+		// its own directory. The CPU tier is whole GiB (FlexKV reads an int).
+		conns = append(conns, connector{KVConnector: "FlexKVConnectorV1", KVRole: "kv_both"})
+		p.Env["FLEXKV_CPU_CACHE_GB"] = strconv.FormatInt(int64(math.Ceil(float64(c.KVOffloadSizeGB))), 10)
+		p.Env["FLEXKV_SERVER_RECV_PORT"] = "ipc://" + filepath.Join(in.LocalDir, "flexkv.ipc")
 	}
 	switch len(conns) {
 	case 0:
@@ -147,6 +159,32 @@ func renderVLLM(p *Plan, c config.TaskConfig, in Input, bin, host string, port i
 	}
 	p.Argv = a
 	return nil
+}
+
+// llmdFSBlockTokens is the default file size of llm-d's
+// SharedStorageOffloadingSpec in tokens (its DEFAULT_STORAGE_BLOCK_SIZE).
+const llmdFSBlockTokens = 256
+
+// sharedStorageConnector is vLLM's OffloadingConnector with llm-d's
+// SharedStorageOffloadingSpec (the llmd_fs_backend package, which the
+// engine's image must have) on a shared-fs tier's directory. Every engine
+// names a block by the same hash only with the same seed: PYTHONHASHSEED is
+// fixed unless extra_env sets it. A file holds the smallest multiple of the
+// engine's block size that is at least 256 tokens (the spec asserts a
+// multiple); size_gb is the staging buffer in whole GiB (the spec reads an
+// integer).
+func sharedStorageConnector(p *Plan, c config.TaskConfig, t *config.Tier) connector {
+	if _, set := c.ExtraEnv["PYTHONHASHSEED"]; !set {
+		p.Env["PYTHONHASHSEED"] = "0"
+	}
+	fileTokens := (llmdFSBlockTokens + c.BlockSize - 1) / c.BlockSize * c.BlockSize
+	return connector{KVConnector: "OffloadingConnector", KVRole: "kv_both", KVConnectorExtraConfig: map[string]any{
+		"spec_name":             "SharedStorageOffloadingSpec",
+		"spec_module_path":      "llmd_fs_backend.spec",
+		"shared_storage_path":   t.Path,
+		"block_size":            fileTokens,
+		"max_staging_memory_gb": int64(math.Ceil(t.SizeGB)),
+	}}
 }
 
 // otlpTraces returns vLLM's --otlp-traces-endpoint for a validated
@@ -343,6 +381,8 @@ func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input, chunk int) {
 		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON(u.String()))
 	case p.Tier != "" && in.Tier.Kind == config.TierLMCacheServer:
 		fmt.Fprintf(&b, "remote_url: %s\nremote_serde: naive\n", mustJSON("lm://"+in.Tier.NodeAddress(in.nodeIP)))
+	case p.Tier != "" && in.Tier.Kind == config.TierMooncake:
+		writeMooncakeRemote(&b, in)
 	}
 	fmt.Fprintf(&b, "pre_caching_hash_algorithm: %s\n", lmcacheHashAlgo)
 	f := localFile(in, LMCacheConfigName, b.String())
@@ -351,4 +391,25 @@ func writeLMCacheConfig(p *Plan, c config.TaskConfig, in Input, chunk int) {
 	}
 	p.Files = append(p.Files, f)
 	p.Env["LMCACHE_CONFIG_FILE"] = f.Path
+}
+
+// writeMooncakeRemote adds a mooncake tier as LMCache's mooncakestore://
+// remote. LMCache's Mooncake connector reads the store's settings from
+// extra_config: local_hostname, metadata_server and master_server_address
+// are required (the URL's host:port overrides the last), protocol defaults
+// to tcp. Without a declared metadata server Mooncake's transfer engine
+// exchanges its metadata peer to peer (P2PHANDSHAKE).
+func writeMooncakeRemote(b *strings.Builder, in Input) {
+	t := in.Tier
+	master := t.NodeAddress(in.nodeIP)
+	meta, proto := t.MetadataServer, t.Protocol
+	if meta == "" {
+		meta = "P2PHANDSHAKE"
+	}
+	if proto == "" {
+		proto = "tcp"
+	}
+	fmt.Fprintf(b, "remote_url: %s\nremote_serde: naive\nextra_config:\n", mustJSON("mooncakestore://"+master+"/"))
+	fmt.Fprintf(b, "  local_hostname: %s\n  metadata_server: %s\n  protocol: %s\n  master_server_address: %s\n",
+		mustJSON(in.nodeIP), mustJSON(meta), mustJSON(proto), mustJSON(master))
 }

@@ -60,7 +60,7 @@ func baseConfig(engine, offload, role string) config.TaskConfig {
 		c.BootstrapPort = "bootstrap"
 	}
 	switch offload {
-	case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached, config.OffloadHiCache:
+	case config.OffloadNative, config.OffloadLMCache, config.OffloadKVBM, config.OffloadKVCached, config.OffloadHiCache, config.OffloadFlexKV:
 		c.KVOffloadSizeGB = 8
 	}
 	return c
@@ -360,7 +360,7 @@ func TestRenderCases(t *testing.T) {
 			c.KVOffloadTier = "node-kv"
 			in := testInput(c)
 			in.Tier = testTier("node-kv", map[string]string{"kind": "kvcached", "address": "${node.ip}:6380",
-				"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+				"secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"})
 			in.Tier.Secret = "s3cret"
 			return in
 		}},
@@ -400,6 +400,41 @@ func TestRenderCases(t *testing.T) {
 			in := testInput(c)
 			in.Tier = testTier("mooncake-l3", map[string]string{"kind": "hicache-storage", "backend": "mooncake"})
 			return in
+		}},
+		{"vllm-tier-shared-fs", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.KVOffloadTier = "nfs"
+			in := testInput(c)
+			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "7.5"})
+			return in
+		}},
+		{"sim-prefill-tier-shared-fs", func() Input {
+			c := baseConfig("sim", "none", "prefill")
+			c.KVOffloadTier, c.BlockSize = "nfs", 512
+			in := testInput(c)
+			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv", "size_gb": "8"})
+			return in
+		}},
+		{"vllm-tier-mooncake", func() Input {
+			c := baseConfig("vllm", "none", "both")
+			c.KVOffloadTier = "mc"
+			in := testInput(c)
+			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "${node.ip}:50051", "size_gb": "4"})
+			return in
+		}},
+		{"vllm-decode-tier-mooncake-rdma", func() Input {
+			c := baseConfig("vllm", "none", "decode")
+			c.KVOffloadTier = "mc"
+			in := testInput(c)
+			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "mooncake.service.consul:50051", "size_gb": "16",
+				"protocol": "rdma", "metadata_server": "http://10.0.0.5:8080/metadata"})
+			return in
+		}},
+		{"vllm-flexkv-ssd", func() Input {
+			c := baseConfig("vllm", "flexkv", "both")
+			c.KVOffloadSizeGB = 12.5
+			c.ExtraEnv = map[string]string{"FLEXKV_SSD_CACHE_GB": "512", "FLEXKV_SSD_CACHE_DIR": "/data/flexkv"}
+			return testInput(c)
 		}},
 		{"vllm-ipv6-any", func() Input {
 			in := testInput(baseConfig("vllm", "none", "both"))
@@ -549,15 +584,20 @@ func TestRenderBadInput(t *testing.T) {
 		{"tier kind not rendered", func(in *Input) {
 			in.Config.KVOffloadTier = "nx"
 			in.Tier = testTier("nx", map[string]string{"kind": "nixl", "address": "10.0.0.9:5555"})
-		}, "kv_offload_tier", `tier "nx" (Nomad variable oasis/tiers/nx) item kind: kind nixl is declared but not rendered by this driver yet`},
-		{"mooncake tier on vllm", func(in *Input) {
+		}, "kv_offload_tier", `tier "nx" (Nomad variable oasis/tiers/nx) item kind: kind nixl is declared but not rendered by this driver (rendered: kvcached, lmcache-server, mooncake, hicache-storage, shared-fs): vLLM's NixlConnector`},
+		{"mooncake tier on vllm without size", func(in *Input) {
 			in.Config.KVOffloadTier = "mc"
 			in.Tier = testTier("mc", map[string]string{"kind": "mooncake", "address": "10.0.0.9:50051"})
-		}, "kv_offload_tier", `tier "mc" (kind mooncake) renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine vllm`},
-		{"tier kind not for engine", func(in *Input) {
+		}, "kv_offload_tier", `item size_gb: kind mooncake with engine vllm needs LMCache's CPU tier in front of the Mooncake store`},
+		{"shared-fs tier on vllm without size", func(in *Input) {
 			in.Config.KVOffloadTier = "nfs"
 			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv"})
-		}, "kv_offload_tier", `tier "nfs" (kind shared-fs) renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine vllm`},
+		}, "kv_offload_tier", `item size_gb: kind shared-fs with engine vllm needs the CPU staging buffer of llm-d's SharedStorageOffloadingSpec`},
+		{"tier kind not for engine", func(in *Input) {
+			in.Config = baseConfig("llama_cpp", "none", "both")
+			in.Config.KVOffloadTier = "nfs"
+			in.Tier = testTier("nfs", map[string]string{"kind": "shared-fs", "path": "/mnt/kv"})
+		}, "kv_offload_tier", `tier "nfs" (kind shared-fs) renders kv_offload = "hicache": kv_offload: "hicache" is not supported by engine llama_cpp`},
 		{"tier lmcache-server without size", func(in *Input) {
 			in.Config.KVOffloadTier = "lm"
 			in.Tier = testTier("lm", map[string]string{"kind": "lmcache-server", "address": "10.0.0.9:65432"})

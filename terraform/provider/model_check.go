@@ -148,6 +148,11 @@ func checkSpecAttrs(s modelSpec) []problem {
 
 // driverProblem maps one driver error onto its attribute.
 func driverProblem(err error) problem {
+	// A problem with the tier's declaration belongs to kv_offload_tier.
+	var te *config.TierError
+	if errors.As(err, &te) {
+		return problem{Path: path.Root("kv_offload_tier"), Msg: strings.TrimPrefix(te.Error(), "kv_offload_tier: ")}
+	}
 	var fe *config.FieldError
 	if !errors.As(err, &fe) {
 		return problem{Msg: "llm driver: " + err.Error()}

@@ -124,6 +124,7 @@ func TestCheckModelTier(t *testing.T) {
 	src := planTiers{
 		"node-kv": {"kind": "kvcached", "address": "127.0.0.1:6380", "auth": "none"},
 		"nfs":     {"kind": "shared-fs", "path": "/mnt/kv"},
+		"l3":      {"kind": "hicache-storage", "backend": "file"},
 	}
 	base := func() modelSpec {
 		return modelSpec{Name: "m", Datacenters: []string{"*"}, Engine: "vllm", Model: "org/m",
@@ -138,7 +139,8 @@ func TestCheckModelTier(t *testing.T) {
 		{"kvcached tier", func(*modelSpec) {}, "", ""},
 		{"disaggregated vllm with a tier", func(s *modelSpec) { s.Role = modelRoleDisaggregated }, "", ""},
 		{"not declared", func(s *modelSpec) { s.KVOffloadTier = "other" }, "kv_offload_tier", "tier is not declared"},
-		{"kind the engine cannot use", func(s *modelSpec) { s.KVOffloadTier = "nfs" }, "kv_offload_tier", `renders kv_offload = "hicache"`},
+		{"kind the engine cannot use", func(s *modelSpec) { s.KVOffloadTier = "l3" }, "kv_offload_tier", `renders kv_offload = "hicache"`},
+		{"shared-fs on vllm without size", func(s *modelSpec) { s.KVOffloadTier = "nfs" }, "kv_offload_tier", "item size_gb: kind shared-fs with engine vllm needs"},
 		{"beside kv_offload", func(s *modelSpec) { s.KVOffload = "lmcache"; s.KVOffloadSizeGB = 4 }, "kv_offload", "set beside kv_offload_tier"},
 	}
 	for _, tc := range cases {

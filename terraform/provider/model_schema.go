@@ -96,7 +96,7 @@ func (r *modelResource) Schema(_ context.Context, _ resource.SchemaRequest, resp
 			"decode_count": schema.Int64Attribute{Optional: true, Computed: true, Default: int64default.StaticInt64(1),
 				Description: "Decode engines with role disaggregated."},
 			"kv_offload": schema.StringAttribute{Optional: true,
-				Description: "llm driver kv_offload (none, native, lmcache, kvcached, nixl, hicache, kvbm); unset: none, or nixl when disaggregated."},
+				Description: "llm driver kv_offload (none, native, lmcache, kvcached, nixl, hicache, kvbm, flexkv); unset: none, or nixl when disaggregated."},
 			"kv_offload_size_gb": schema.Float64Attribute{Optional: true, Description: "CPU KV cache size in GiB."},
 			"kv_offload_tier": schema.StringAttribute{Optional: true,
 				Description: "llm driver kv_offload_tier: a KV offload tier declared in Nomad variable oasis/tiers/<name>, read at plan time with the provider's Nomad token; exclusive with kv_offload and kv_offload_size_gb. The engines read it with their workload identity (the job's tasks get identity { file = true }); attach jobs/acl/nomad-oasis-tiers.hcl to the job."},

@@ -23,7 +23,7 @@ variable "kvcached_enabled" {
 }
 
 variable "kvcached_variables" {
-  description = "Variables of jobs/kvcached.nomad.hcl. kvcached requires its Redis password by default: put it in Nomad variable nomad/jobs/oasis-kvcached (item redis_password) first, or set auth_enabled = \"false\"."
+  description = "Variables of jobs/kvcached.nomad.hcl. kvcached requires its Redis password by default: put it in Nomad variable nomad/jobs/oasis-kvcached/kvcached (item redis_password) first, or set auth_enabled = \"false\"."
   type        = map(string)
   default     = {}
 }
@@ -65,7 +65,7 @@ variable "extra_args" {
 }
 
 variable "kv_offload" {
-  description = "Where engines offload KV blocks, as the llm driver names it: none, native, lmcache, kvcached, nixl, hicache or kvbm (what the engine supports is checked at plan)."
+  description = "Where engines offload KV blocks, as the llm driver names it: none, native, lmcache, kvcached, nixl, hicache, kvbm or flexkv (what the engine supports is checked at plan)."
   type        = string
   default     = "none"
 }

@@ -283,10 +283,10 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 }
 
 // kvcachedSecretAndTier gives the stack's kvcached the password its job requires by default (a
-// random one in nomad/jobs/oasis-kvcached, kept when the variable exists) and declares it as the
+// random one in nomad/jobs/oasis-kvcached/kvcached, kept when the variable exists) and declares it as the
 // KV offload tier "node-kv", so engine jobs can name it (nomad-driver/README.md).
 func kvcachedSecretAndTier(s *testbed.Stack, respPort string) error {
-	const secretPath = "nomad/jobs/oasis-kvcached"
+	const secretPath = "nomad/jobs/oasis-kvcached/kvcached"
 	v, _, err := s.Nomad.Variables().Peek(secretPath, nil)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", secretPath, err)

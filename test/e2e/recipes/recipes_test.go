@@ -174,7 +174,7 @@ func checkJob(t *testing.T, root string, spec hcldec.Spec, f jobFile, v variant)
 // variables (oasis/tiers/<name>); the recipes reference them by name.
 var exampleTiers = map[string]map[string]string{
 	"node-kv": {"kind": "kvcached", "address": "127.0.0.1:6380", "size_gb": "8",
-		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"},
+		"secret_path": "nomad/jobs/oasis-kvcached/kvcached", "secret_item": "redis_password"},
 	"lmcache-server": {"kind": "lmcache-server", "address": "lmcache.service.consul:65432", "size_gb": "32"},
 	"shared-fs":      {"kind": "shared-fs", "path": "/mnt/oasis-kv", "size_gb": "64"},
 }

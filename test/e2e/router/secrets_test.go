@@ -142,7 +142,7 @@ func runSecretJobs(t *testing.T, ctx context.Context, root string, sec *jobSecre
 	_, _, err := stack.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/oasis-router", Items: nomadapi.VariableItems{
 		"tls_cert": string(sec.tlsCert), "tls_key": string(sec.tlsKey), "OASIS_UPSTREAM_KEY_TEST": sec.hostedKey}}, nil)
 	must.NoError(t, err)
-	_, _, err = stack.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/oasis-kvcached",
+	_, _, err = stack.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/oasis-kvcached/kvcached",
 		Items: nomadapi.VariableItems{"redis_password": sec.redisPass}}, nil)
 	must.NoError(t, err)
 	digest := sha256.Sum256([]byte(sec.apiKey))

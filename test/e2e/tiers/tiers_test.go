@@ -2,7 +2,8 @@
 // offload tier declared in Nomad variables, on the test bed (real Consul and Nomad with ACLs on,
 // the llm driver, jobs/kvcached.nomad.hcl, jobs/acl/nomad-oasis-tiers.hcl): the driver reads the
 // tier and the password with each task's workload identity, and the LMCache configuration it
-// writes authenticates to kvcached.
+// writes authenticates to kvcached; the identity reads kvcached's password and not its TLS key; a
+// shared-fs tier starts a vLLM-protocol engine with llm-d's SharedStorageOffloadingSpec.
 package tiers_test
 
 import (
@@ -50,7 +51,7 @@ func TestEnginesUseAPasswordProtectedKvcachedThroughATier(t *testing.T) {
 	password := randomPassword(t)
 	kvAddr := runKvcached(t, ctx, password)
 	declareTier(t, map[string]string{"kind": "kvcached", "address": kvAddr, "size_gb": "1",
-		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+		"secret_path": passwordVariable, "secret_item": "redis_password"})
 
 	const jobID = "tier-sims"
 	allowTiers(t, jobID)
@@ -67,6 +68,7 @@ func TestEnginesUseAPasswordProtectedKvcachedThroughATier(t *testing.T) {
 		must.NoError(t, rdb.Close())
 		checkStartEventHidesPassword(t, ctx, a.ID, password)
 	}
+	checkIdentityReadsPasswordAlone(t, ctx, allocs[0].ID, password)
 	open := redis.NewClient(&redis.Options{Addr: kvAddr})
 	defer open.Close()
 	err := open.Set(ctx, "tier-e2e-open", "v", 0).Err()
@@ -74,7 +76,7 @@ func TestEnginesUseAPasswordProtectedKvcachedThroughATier(t *testing.T) {
 
 	// A changed declaration: running engines keep theirs, a new allocation gets the new one.
 	declareTier(t, map[string]string{"kind": "kvcached", "address": kvAddr, "size_gb": "2",
-		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+		"secret_path": passwordVariable, "secret_item": "redis_password"})
 	_, err = stack.Nomad.Allocations().Stop(&nomadapi.Allocation{ID: allocs[0].ID}, nil)
 	must.NoError(t, err)
 	var fresh string
@@ -101,6 +103,51 @@ func TestEnginesUseAPasswordProtectedKvcachedThroughATier(t *testing.T) {
 	must.StrContains(t, failed, `kv_offload_tier: tier "`+tierName+`": tier is not declared: no Nomad variable oasis/tiers/`+tierName+` that this token may read`)
 }
 
+// TestSimEngineUsesASharedFSTier: a vLLM-protocol engine naming a shared-fs tier starts with
+// vLLM's OffloadingConnector and llm-d's SharedStorageOffloadingSpec on the declared directory,
+// read with the task's identity (the argv of the driver's start event).
+func TestSimEngineUsesASharedFSTier(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const name = "e2e-nfs"
+	dir := t.TempDir()
+	_, _, err := stack.Nomad.Variables().Update(&nomadapi.Variable{Path: "oasis/tiers/" + name,
+		Items: nomadapi.VariableItems{"kind": "shared-fs", "path": dir, "size_gb": "1"}}, nil)
+	must.NoError(t, err)
+	t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete("oasis/tiers/"+name, nil) })
+
+	const jobID = "tier-sim-nfs"
+	allowTiers(t, jobID)
+	t.Cleanup(func() { stopJob(t, jobID) })
+	_, err = stack.RunJobHCL(ctx, strings.Replace(engineJob(jobID, 1), `"`+tierName+`"`, `"`+name+`"`, 1))
+	must.NoError(t, err)
+	allocs, err := stack.WaitAllocsRunning(ctx, jobID)
+	must.NoError(t, err)
+	must.Len(t, 1, allocs)
+
+	started := startEvent(t, ctx, allocs[0].ID)
+	must.StrContains(t, started, `"kv_connector":"OffloadingConnector"`)
+	must.StrContains(t, started, `"spec_name":"SharedStorageOffloadingSpec"`)
+	must.StrContains(t, started, `"shared_storage_path":"`+dir+`"`)
+	must.StrContains(t, started, `"max_staging_memory_gb":1`)
+}
+
+// startEvent returns the message of the driver's "Starting ... engine" task event (its argv).
+func startEvent(t *testing.T, ctx context.Context, allocID string) string {
+	t.Helper()
+	a, _, err := stack.Nomad.Allocations().Info(allocID, (&nomadapi.QueryOptions{}).WithContext(ctx))
+	must.NoError(t, err)
+	for _, ts := range a.TaskStates {
+		for _, ev := range ts.Events {
+			if strings.HasPrefix(ev.DisplayMessage, "Starting ") {
+				return ev.DisplayMessage
+			}
+		}
+	}
+	t.Fatalf("allocation %s has no Starting event", allocID)
+	return ""
+}
+
 func randomPassword(t *testing.T) string {
 	b := make([]byte, 12)
 	_, err := rand.Read(b)
@@ -108,14 +155,28 @@ func randomPassword(t *testing.T) string {
 	return "p@ss:" + hex.EncodeToString(b) + "/%" // characters the URL must escape
 }
 
-// runKvcached runs jobs/kvcached.nomad.hcl with auth_enabled and its password in the job's
-// variable, and returns its Redis-protocol address.
+// Where jobs/kvcached.nomad.hcl reads its secrets: the password in its task group's variable,
+// which engines may read (jobs/acl/nomad-oasis-tiers.hcl); the peers' TLS material and Consul
+// token in the job's variable, which they may not.
+const (
+	passwordVariable = "nomad/jobs/oasis-kvcached/kvcached"
+	jobVariable      = "nomad/jobs/oasis-kvcached"
+	tlsKey           = "-----BEGIN PRIVATE KEY-----e2e-----END PRIVATE KEY-----"
+)
+
+// runKvcached runs jobs/kvcached.nomad.hcl with auth_enabled and its password in the task
+// group's variable (and a TLS key item in the job's variable, as a cluster with peers has), and
+// returns its Redis-protocol address.
 func runKvcached(t *testing.T, ctx context.Context, password string) string {
 	t.Helper()
-	_, _, err := stack.Nomad.Variables().Create(&nomadapi.Variable{Path: "nomad/jobs/oasis-kvcached",
-		Items: nomadapi.VariableItems{"redis_password": password}}, nil)
-	must.NoError(t, err)
-	t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete("nomad/jobs/oasis-kvcached", nil) })
+	for path, items := range map[string]nomadapi.VariableItems{
+		passwordVariable: {"redis_password": password},
+		jobVariable:      {"key": tlsKey},
+	} {
+		_, _, err := stack.Nomad.Variables().Create(&nomadapi.Variable{Path: path, Items: items}, nil)
+		must.NoError(t, err)
+		t.Cleanup(func() { _, _ = stack.Nomad.Variables().Delete(path, nil) })
+	}
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
 	ports, err := testutil.FreePorts(3)
@@ -234,6 +295,39 @@ func checkLMCacheConfig(t *testing.T, allocID, password, want string) string {
 	return m[1]
 }
 
+// checkIdentityReadsPasswordAlone: with the tier policy an engine task's workload identity (its
+// secrets/nomad_token, what the driver reads the tier with) reads the variable holding kvcached's
+// password and neither reads nor lists kvcached's job variable with the TLS key, through Nomad's
+// HTTP API with ACLs on.
+func checkIdentityReadsPasswordAlone(t *testing.T, ctx context.Context, allocID, password string) {
+	t.Helper()
+	tok, err := os.ReadFile(filepath.Join(stack.AllocDir(allocID), "engine", "secrets", "nomad_token"))
+	must.NoError(t, err)
+	cfg := nomadapi.DefaultConfig()
+	cfg.Address, cfg.SecretID = stack.NomadAddr, strings.TrimSpace(string(tok))
+	engine, err := nomadapi.NewClient(cfg)
+	must.NoError(t, err)
+	q := (&nomadapi.QueryOptions{}).WithContext(ctx)
+
+	v, _, err := engine.Variables().Read(passwordVariable, q)
+	must.NoError(t, err)
+	must.EqOp(t, password, v.Items["redis_password"])
+
+	// The operator's token reads the key: the item exists, the engine may not read it.
+	v, _, err = stack.Nomad.Variables().Read(jobVariable, q)
+	must.NoError(t, err)
+	must.EqOp(t, tlsKey, v.Items["key"])
+	v, _, err = engine.Variables().Read(jobVariable, q)
+	must.Error(t, err, must.Sprint("an engine's identity must not read kvcached's job variable"))
+	must.Nil(t, v)
+
+	listed, _, err := engine.Variables().PrefixList("nomad/jobs/oasis-kvcached", q)
+	must.NoError(t, err)
+	for _, m := range listed {
+		must.NotEq(t, jobVariable, m.Path, must.Sprint("an engine's identity must not list kvcached's job variable"))
+	}
+}
+
 // checkStartEventHidesPassword: the password is in no task event (the argv the driver reports).
 func checkStartEventHidesPassword(t *testing.T, ctx context.Context, allocID, password string) {
 	t.Helper()
@@ -263,7 +357,7 @@ func stopJob(t *testing.T, id string) {
 // kv_offload_tier.
 func TestValidateReadsTiers(t *testing.T) {
 	declareTier(t, map[string]string{"kind": "kvcached", "address": "${node.ip}:6380",
-		"secret_path": "nomad/jobs/oasis-kvcached", "secret_item": "redis_password"})
+		"secret_path": passwordVariable, "secret_item": "redis_password"})
 	_, _, err := stack.Nomad.Variables().Update(&nomadapi.Variable{Path: "oasis/tiers/bad",
 		Items: nomadapi.VariableItems{"kind": "kvcached", "address": "127.0.0.1:6380"}}, nil)
 	must.NoError(t, err)
