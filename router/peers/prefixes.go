@@ -50,3 +50,12 @@ func (o *Outbox) Take() (recs []Prefix, dropped int) {
 	*o = Outbox{}
 	return recs, dropped
 }
+
+// Routed queues a decision for an engine without KV events for the next
+// message to the peers (their Config.OnPrefixes): the router calls it
+// where it records the decision itself (cachestate.State.Record).
+func (p *Peers) Routed(engine string, keys []uint64) {
+	p.mu.Lock()
+	p.out.Add(engine, keys)
+	p.mu.Unlock()
+}
