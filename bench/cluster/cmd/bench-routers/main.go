@@ -44,6 +44,7 @@ var (
 	limit    = flag.Int("limit", 0, "use only the first N requests (0: all)")
 	parallel = flag.Int("parallel", runtime.NumCPU(), "configurations bisected at once")
 	outDir   = flag.String("out", "bench/out", "directory for routers.json")
+	weights  = flag.String("weights", "", "oasis policy weights, e.g. ttft=2,prefix=1,load=0.2 (default: the policy's)")
 )
 
 // row is one configuration's throughput at SLO.
@@ -58,6 +59,7 @@ type row struct {
 
 type report struct {
 	Trace    string             `json:"trace"`
+	Weights  map[string]float64 `json:"weights,omitempty"` // nil: the policy's defaults
 	Requests int                `json:"requests"`
 	Workers  int                `json:"workers"`
 	Interval string             `json:"exchange_interval"`
@@ -88,11 +90,15 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	w, err := cluster.ParseWeights(*weights)
+	if err != nil {
+		return err
+	}
 	slo := cluster.DefaultRoutingSLO()
 	t0 := time.Now()
 	rows, err = cluster.RunParallel(rows, *parallel, func(r row) (row, error) {
 		var err error
-		r.Bisection, err = bisectRow(r, reqs, swept, slo)
+		r.Bisection, err = bisectRow(r, reqs, swept, slo, w)
 		return r, err
 	}, func(r row) {
 		fmt.Fprintf(os.Stderr, "  %2d routers %-6s %-14s: %.2f r/s at SLO, hit %.3f (%.0fs so far)\n", r.Routers, r.Learning, r.Sharing,
@@ -102,7 +108,7 @@ func run() error {
 		return err
 	}
 	relate(rows)
-	rep := report{Trace: *trace, Requests: len(reqs), Workers: *workers, Interval: interval.String(), SLO: slo, Rows: rows}
+	rep := report{Weights: w, Trace: *trace, Requests: len(reqs), Workers: *workers, Interval: interval.String(), SLO: slo, Rows: rows}
 	write(rep)
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		return err
@@ -143,12 +149,12 @@ func configs() ([]row, error) {
 }
 
 // bisectRow finds r's highest rate meeting slo: the sweep, then bisection.
-func bisectRow(r row, reqs []*cluster.Request, swept []float64, slo cluster.RoutingSLO) (cluster.Bisection, error) {
+func bisectRow(r row, reqs []*cluster.Request, swept []float64, slo cluster.RoutingSLO, weights map[string]float64) (cluster.Bisection, error) {
 	gpus := make([]cluster.GPU, *workers)
 	for i := range gpus {
 		gpus[i] = cluster.H100
 	}
-	cfg := cluster.Config{GPUs: gpus, Policy: cluster.PolicyOasis, Learning: r.Learning, BlockSize: 16, Seed: 1,
+	cfg := cluster.Config{GPUs: gpus, Policy: cluster.PolicyOasis, Weights: weights, Learning: r.Learning, BlockSize: 16, Seed: 1,
 		Routers: r.Routers, ShareLoads: strings.HasPrefix(r.Sharing, "loads"), SharePrefixes: r.Sharing == "loads+prefixes",
 		PeerInterval: *interval}
 	at := func(scale float64) (cluster.Result, error) {
