@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-disagg bench-autoscale bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-routers bench-disagg bench-autoscale bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
 
 all: build
 
@@ -128,6 +128,13 @@ FED_FLAGS ?=
 bench-federation:
 	$(GO) run ./bench/cluster/cmd/bench-federation -trace $(TRACE) -dcs 2 -workers 4 -rtt 30ms -skew 0.8 \
 		-scales 0.25,0.5,0.75,1,1.5,2 -bisect 3 -out bench/out $(FED_FLAGS)
+
+## bench-routers: cluster simulator, 1, 4 and 16 Oasis routers over 16 H100s (one per node, each with its share of the
+## arrivals), events and approximate learning, shared state off / loads / loads+prefix records: throughput at SLO and hit
+## ratio; bench/out/routers.json (ROUTERS_FLAGS: more flags, e.g. -limit 0 for the whole trace)
+ROUTERS_FLAGS ?= -limit 2000
+bench-routers:
+	$(GO) run ./bench/cluster/cmd/bench-routers -trace $(TRACE) -workers 16 -routers 1,4,16 -scales 1,2,4 -bisect 3 -out bench/out $(ROUTERS_FLAGS)
 
 ## bench-disagg: cluster simulator, 8 H100s aggregated vs xPyD prefill/decode pools on the trace: TTFT/TPOT p50/p90, goodput at SLO; bench/out/disagg.json, disagg-tpot.png, disagg-ttft.png
 bench-disagg:

@@ -115,6 +115,19 @@ type Config struct {
 	// Autoscale, when set, runs an autoscaled fleet over the GPUs (one
 	// slot each; autoscale.go) instead of every GPU serving throughout.
 	Autoscale *AutoscaleConfig
+	// Routers is how many routers share the workers (routers.go; the
+	// system job's one per node), each receiving its share of the
+	// arrivals; 0 or 1: one router. Oasis's own policies only, no
+	// Autoscale.
+	Routers int
+	// ShareLoads has the routers exchange their per-worker in-flight and
+	// pending prefill every PeerInterval, as router/peers does.
+	ShareLoads bool
+	// SharePrefixes has them exchange their approximate prefix records
+	// (router/peers' Outbox) every PeerInterval too (approx learning).
+	SharePrefixes bool
+	// PeerInterval between exchanges (0: peers.DefaultInterval).
+	PeerInterval time.Duration
 }
 
 // DecodePowerBatch is the decode batch at which a step draws full power in the
@@ -174,6 +187,12 @@ type Result struct {
 	Replays        int64   `json:"replays,omitempty"`
 	Preemptions    uint64  `json:"preemptions"`
 	WallSeconds    float64 `json:"wall_s"`
+	// Routers as configured (0: one), and what they shared.
+	Routers       int  `json:"routers,omitempty"`
+	ShareLoads    bool `json:"share_loads,omitempty"`
+	SharePrefixes bool `json:"share_prefixes,omitempty"`
+	// PrefixDrops are prefix records the outbox bound dropped.
+	PrefixDrops int `json:"prefix_drops,omitempty"`
 }
 
 // MeetsSLO reports TTFT p90 ≤ 2 s.
@@ -336,6 +355,8 @@ const (
 	// decision, and a started worker becoming routable.
 	evScale
 	evReady
+	// Routers of one datacenter (routers.go): their periodic exchange.
+	evPeers
 )
 
 type event struct {
@@ -352,7 +373,7 @@ type event struct {
 // periodic reports whether e recurs for as long as anything else is left to
 // simulate (it must not keep the simulation alive by itself).
 func (e event) periodic() bool {
-	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive || e.kind == evScale
+	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive || e.kind == evScale || e.kind == evPeers
 }
 
 // queue is the event queue and virtual clock shared by the datacenters of
@@ -427,6 +448,11 @@ type sim struct {
 	matchBuf []prefixindex.Match
 	view     peerView // the decision in progress (peer policies)
 	now      int64    // the arrival being routed, ns
+	// routers are the datacenter's routers when Config.Routers > 1
+	// (routers.go; nil: one, the fields above); cur is the one deciding.
+	routers     []*router
+	cur         int
+	prefixDrops int
 
 	tpots []float64
 
@@ -509,7 +535,6 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	s.src = &source{events: evIdx, approx: apIdx}
 	dig := cachestate.NewDigester()
 
-	term := scoring.NewPrefixTerm(s.src)
 	switch cfg.Policy {
 	case PolicyRandom:
 	case PolicyRoundRobin:
@@ -518,13 +543,9 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 		s.scfg = scoring.Config{Policy: scoring.LeastLoad}
 	case PolicyPrefix:
 		s.prefix = true
-		term.LoadSlack = -1 // pure affinity
 		s.scfg = scoring.Config{Policy: scoring.Weighted, Weights: map[string]float64{"prefix": 1}}
 	case PolicyOasis:
 		s.prefix = true
-		if cfg.LoadSlack != 0 {
-			term.LoadSlack = cfg.LoadSlack
-		}
 		w := cfg.Weights
 		if w == nil {
 			w = DefaultOasisWeights()
@@ -540,17 +561,10 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 		}
 		s.peer, s.prefix = p, p.events()
 	}
-	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, scoring.NewTTFTTerm(term))...)
-	if err != nil {
+	var err error
+	if s.sel, err = s.newSelector(s.src, cfg.Seed); err != nil {
 		return nil, err
 	}
-	if cfg.Policy != PolicyRandom && s.peer == nil {
-		if err := reg.Validate(s.scfg); err != nil {
-			return nil, fmt.Errorf("policy: %w", err)
-		}
-	}
-	// Ties break on a draw of the run's seed, so that one command repeats exactly.
-	s.sel = scoring.NewSelector(reg, scoring.WithTieBreak(rand.New(rand.NewPCG(cfg.Seed, 11)).IntN))
 
 	s.dig = dig
 	for i, g := range cfg.GPUs {
@@ -567,6 +581,9 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	} else if s.fleet, err = newFleet(s, *cfg.Autoscale); err != nil {
 		return nil, err
 	}
+	if err := s.newRouters(); err != nil {
+		return nil, err
+	}
 	longest := 0
 	for _, r := range reqs {
 		longest = max(longest, r.Input)
@@ -578,6 +595,31 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 		}
 	}
 	return s, nil
+}
+
+// newSelector builds a router's Selector over src: the policy's prefix
+// term and the ttft term reading it. Ties break on a draw of seed, so that
+// one command repeats exactly.
+func (s *sim) newSelector(src *source, seed uint64) (*scoring.Selector, error) {
+	term := scoring.NewPrefixTerm(src)
+	switch s.cfg.Policy {
+	case PolicyPrefix:
+		term.LoadSlack = -1 // pure affinity
+	case PolicyOasis:
+		if s.cfg.LoadSlack != 0 {
+			term.LoadSlack = s.cfg.LoadSlack
+		}
+	}
+	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, scoring.NewTTFTTerm(term))...)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Policy != PolicyRandom && s.peer == nil {
+		if err := reg.Validate(s.scfg); err != nil {
+			return nil, fmt.Errorf("policy: %w", err)
+		}
+	}
+	return scoring.NewSelector(reg, scoring.WithTieBreak(rand.New(rand.NewPCG(seed, 11)).IntN)), nil
 }
 
 // newWorker builds worker i on GPU g: a fresh engine, router signals and
@@ -626,6 +668,11 @@ func (s *sim) handle(e event) error {
 		s.fleet.tick(e.t)
 	case evReady:
 		s.fleet.ready(int(e.w), e.t)
+	case evPeers:
+		s.exchange(e.t)
+		if s.q.more() {
+			s.push(event{t: e.t + int64(s.peerInterval()), kind: evPeers})
+		}
 	case evDeliver:
 		w := s.workers[e.w]
 		m := *e.msg
@@ -655,6 +702,7 @@ func (w *worker) replay(from int64) ([]kvevents.Message, error) {
 func (s *sim) arrive(idx int, now int64) error {
 	s.sampleImbalance()
 	s.now = now
+	s.useRouter(idx)
 	w, req, err := s.pick(idx)
 	if err != nil {
 		return err
@@ -666,8 +714,11 @@ func (s *sim) arrive(idx int, now int64) error {
 // sampleImbalance adds max/mean router in-flight over workers at an arrival.
 func (s *sim) sampleImbalance() {
 	total, maxIn := 0.0, 0.0
-	for _, w := range s.ws {
+	for i, w := range s.ws {
 		l := float64(w.Signals().InFlight)
+		if s.routers != nil { // every router's requests
+			l = float64(len(s.active[i].flights))
+		}
 		total += l
 		maxIn = max(maxIn, l)
 	}
@@ -704,11 +755,12 @@ func (s *sim) pick(idx int) (*worker, *scoring.Request, error) {
 func (s *sim) submit(idx int, w *worker, req *scoring.Request, now, origin, extra int64) bool {
 	r := s.reqs[idx]
 	var pf *scoring.Prefill
+	sw := s.scoringWorker(w)
 	// What the gateway does for every forwarded request: the worker's
 	// prefill queue grows by the tokens the router expects it to compute.
 	if req != nil {
-		if n, ok := req.UncachedTokens(w.sw); ok {
-			pf = w.sw.Live.StartPrefill(n)
+		if n, ok := req.UncachedTokens(sw); ok {
+			pf = sw.Live.StartPrefill(n)
 		}
 	}
 	prompt := r.PromptTokens(make([]int32, 0, r.Input))
@@ -719,11 +771,12 @@ func (s *sim) submit(idx int, w *worker, req *scoring.Request, now, origin, extr
 		return false
 	}
 	f := &flight{idx: idx, arrival: now, origin: origin, extra: extra, prompt: r.Input, output: r.Output,
-		end: w.sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf, peerPrefill: int64(r.Input)}
+		end: sw.Live.Begin(int64(r.Input + r.Output)), prefill: pf, peerPrefill: int64(r.Input)}
 	w.flights[id] = f
 	s.routedPeer(w, f, now)
 	if s.prefix && s.cfg.Learning == LearnApprox {
 		_ = s.src.approx.Store(w.id, prefixindex.TierGPU, r.keys, now)
+		s.recorded(w, r.keys)
 	}
 	if !w.busy {
 		s.startStep(w, now)
@@ -797,7 +850,9 @@ func (s *sim) stepDone(w *worker, now int64) {
 	}
 	w.generated += int64(len(w.outs))
 	st := w.eng.Stats()
-	w.sw.Live.SetEngine(float64(st.Running), float64(st.Waiting), st.KVUsage, time.Time{})
+	for _, sw := range s.scoringWorkers(w) {
+		sw.Live.SetEngine(float64(st.Running), float64(st.Waiting), st.KVUsage, time.Time{})
+	}
 	if w.eng.HasWork() {
 		s.startStep(w, now)
 	} else {
@@ -827,7 +882,9 @@ func (s *sim) scrape() {
 		}
 		w.scraped.running = running
 		if w.scraped.eff > 0 {
-			w.sw.Live.SetPower(watts, tps, w.scraped.eff, w.scraped.seqEff)
+			for _, sw := range s.scoringWorkers(w) {
+				sw.Live.SetPower(watts, tps, w.scraped.eff, w.scraped.seqEff)
+			}
 		}
 	}
 }
@@ -887,6 +944,7 @@ func (s *sim) result(wall time.Duration) Result {
 	if s.outTok > 0 {
 		r.JoulesPerToken = r.EnergyJ / float64(s.outTok)
 	}
+	s.routersResult(&r)
 	if math.IsNaN(r.TTFTP90) {
 		r.TTFTP50, r.TTFTP90, r.TTFTP99 = 0, 0, 0
 	}

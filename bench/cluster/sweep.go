@@ -54,3 +54,21 @@ func ParseScales(list string) ([]float64, error) {
 	slices.Sort(rates)
 	return rates, nil
 }
+
+// ParseWeights reads a -weights list (name=value,...); empty: nil (the
+// policy's defaults).
+func ParseWeights(list string) (map[string]float64, error) {
+	if list == "" {
+		return nil, nil
+	}
+	w := map[string]float64{}
+	for _, kv := range strings.Split(list, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("-weights: bad entry %q", kv)
+		}
+		w[strings.TrimSpace(k)] = f
+	}
+	return w, nil
+}

@@ -63,11 +63,16 @@ func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w
 // view of that worker's cache: an engine that refused the prompt never
 // cached it. The keys are the prefix term's, computed at the worker's block
 // size or, where it advertises none, the term's default: the recorded view
-// matches what the term will look up.
+// matches what the term will look up. With peers the decision goes to the
+// datacenter's other routers too (peers.Routed), so that each learns the
+// engine's cache from every router's decisions, not from its own 1/N.
 func (a *App) record(_ context.Context, _ scoring.Config, req *scoring.Request, w *scoring.Worker) {
 	keys, _, ok := req.PrefixResult(w.ID)
 	if ok && len(keys) > 0 && !a.cache.EventDriven(w.ID) {
 		a.cache.Record(w.ID, keys)
+		if a.peers != nil {
+			a.peers.Routed(w.ID, keys)
+		}
 	}
 }
 

@@ -37,7 +37,9 @@ func (a *App) initAdmission() error {
 }
 
 // initPeers joins, with -peers-listen, the datacenter's other routers:
-// admission's max_in_flight and the keys' rate limits are split with them.
+// admission's max_in_flight and the keys' rate limits are split with them,
+// and their decisions for engines without KV events are recorded here
+// (cachestate.State.Record ignores engines with events and unknown ones).
 // After initServer: the router's name among them is its service id, from
 // the bound address.
 func (a *App) initPeers() error {
@@ -52,7 +54,7 @@ func (a *App) initPeers() error {
 		}
 	}
 	p, err := peers.New(peers.Config{Name: a.serviceID(), Bind: a.cfg.PeersListen, Advertise: a.cfg.PeersAdvertise, Key: key,
-		Consul: a.consul, Local: a.peerLoad, OnChange: a.peersChanged, Logger: a.log.Named("peers"), Metrics: a.m})
+		Consul: a.consul, Local: a.peerLoad, OnChange: a.peersChanged, OnPrefixes: a.cache.Record, Logger: a.log.Named("peers"), Metrics: a.m})
 	if err != nil {
 		return flagErr("-peers-listen", "%w", err)
 	}

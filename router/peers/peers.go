@@ -74,6 +74,10 @@ type Config struct {
 	// OnChange is called after a peer's load or the set of live routers
 	// changed (from Run's goroutine).
 	OnChange func()
+	// OnPrefixes, when set, is given each prefix record a peer sent
+	// (Routed there): an event-less engine's id and the keys it was sent
+	// (called without locks held, from memberlist's goroutine).
+	OnPrefixes func(engine string, keys []uint64)
 	// Interval between load messages (default DefaultInterval).
 	Interval time.Duration
 	// StaleAfter: a peer's load older than this is unknown (default
@@ -109,6 +113,8 @@ type Peers struct {
 	// the last broadcast: admission may have filled it after Local's
 	// snapshot, so the next message reports at least that much.
 	granted map[string]int
+	// out are the prefix records (Routed) for the next broadcast.
+	out Outbox
 }
 
 type received struct {

@@ -31,13 +31,17 @@ func (n *node) setLoad(l Load) {
 	n.mu.Unlock()
 }
 
-// startNode registers name in Consul with its gossip address and runs its
+// startNode (opts change its Config) registers name in Consul with its gossip address and runs its
 // Peers until the test ends (or stop).
-func startNode(t *testing.T, c *consulapi.Client, name string, key []byte) *node {
+func startNode(t *testing.T, c *consulapi.Client, name string, key []byte, opts ...func(*Config)) *node {
 	t.Helper()
 	n := &node{name: name, done: make(chan struct{})}
-	p, err := New(Config{Name: name, Consul: c, Key: key, Interval: 50 * time.Millisecond,
-		Local: func() Load { n.mu.Lock(); defer n.mu.Unlock(); return n.load }})
+	cfg := Config{Name: name, Consul: c, Key: key, Interval: 50 * time.Millisecond,
+		Local: func() Load { n.mu.Lock(); defer n.mu.Unlock(); return n.load }}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	p, err := New(cfg)
 	must.NoError(t, err)
 	n.Peers = p
 	// Registered under another id than its gossip name, as the Nomad job

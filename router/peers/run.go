@@ -62,7 +62,14 @@ func (p *Peers) changedNow() {
 // broadcast sends this router's load to every gossip member: one UDP packet
 // when it fits, else over TCP.
 func (p *Peers) broadcast() {
-	msg, err := json.Marshal(message{Name: p.cfg.Name, Seq: uint64(time.Now().UnixNano()), Load: p.nextLoad()})
+	load := p.nextLoad()
+	p.mu.Lock()
+	prefixes, dropped := p.out.Take()
+	p.mu.Unlock()
+	if dropped > 0 {
+		p.log.Debug("prefix records over a message's bound were dropped", "dropped", dropped, "bound_keys", MaxPrefixKeys)
+	}
+	msg, err := json.Marshal(message{Name: p.cfg.Name, Seq: uint64(time.Now().UnixNano()), Load: load, Prefixes: prefixes})
 	if err != nil || len(msg) > maxMessageBytes {
 		p.log.Error("this router's load does not fit a message; not sent", "bytes", len(msg), "error", err)
 		return
@@ -183,6 +190,11 @@ func (p *Peers) receive(b []byte) {
 		return
 	}
 	p.m.PeerMessages.WithLabelValues("ok").Inc()
+	if p.cfg.OnPrefixes != nil {
+		for _, pr := range m.Prefixes {
+			p.cfg.OnPrefixes(pr.Engine, pr.Keys)
+		}
+	}
 	p.notify()
 }
 

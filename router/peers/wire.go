@@ -56,6 +56,9 @@ type message struct {
 	Name string `json:"n"`
 	Seq  uint64 `json:"s"`
 	Load Load   `json:"l"`
+	// Prefixes are the router's decisions for event-less engines since
+	// its last message (at most MaxPrefixKeys keys).
+	Prefixes []Prefix `json:"p,omitempty"`
 }
 
 // decode parses and checks a peer's message; errors wrap ErrMessage and
@@ -89,10 +92,31 @@ func decode(b []byte) (message, error) {
 			return m, fmt.Errorf("%w: l.e[%.64q]: empty or long id, or a negative count", ErrMessage, id)
 		}
 	}
+	if err := checkPrefixes(m.Prefixes); err != nil {
+		return m, err
+	}
 	for id, r := range m.Load.Keys {
 		if id == "" || len(id) > maxNameBytes || r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
 			return m, fmt.Errorf("%w: l.k[%.64q]: empty or long id, or a rate not finite and ≥ 0", ErrMessage, id)
 		}
 	}
 	return m, nil
+}
+
+// checkPrefixes bounds a message's prefix records: at most maxEntries
+// records and MaxPrefixKeys keys in all, each with an engine id and keys.
+func checkPrefixes(ps []Prefix) error {
+	if len(ps) > maxEntries {
+		return fmt.Errorf("%w: p: %d records, over %d", ErrMessage, len(ps), maxEntries)
+	}
+	keys := 0
+	for i, p := range ps {
+		if p.Engine == "" || len(p.Engine) > maxNameBytes || len(p.Keys) == 0 {
+			return fmt.Errorf("%w: p[%d]: empty or long engine id, or no keys", ErrMessage, i)
+		}
+		if keys += len(p.Keys); keys > MaxPrefixKeys {
+			return fmt.Errorf("%w: p: over %d keys", ErrMessage, MaxPrefixKeys)
+		}
+	}
+	return nil
 }

@@ -24,6 +24,8 @@ func TestDecode(t *testing.T) {
 		{"empty model", `{"n":"r1","l":{"m":{"":{"i":1}}}}`, "l.m["},
 		{"negative engine count", `{"n":"r1","l":{"e":{"w":{"p":-1}}}}`, "l.e["},
 		{"negative rate", `{"n":"r1","l":{"k":{"team":-1}}}`, "l.k["},
+		{"prefix without keys", `{"n":"r1","p":[{"e":"w"}]}`, "p[0]"},
+		{"prefix without engine", `{"n":"r1","p":[{"k":[1]}]}`, "p[0]"},
 		{"too large", `{"n":"` + strings.Repeat("x", maxMessageBytes) + `"}`, "bytes, over"},
 	}
 	for _, tc := range cases {
@@ -54,4 +56,14 @@ func TestDecodeBoundsEntries(t *testing.T) {
 	_, err := decode([]byte(b.String()))
 	must.ErrorIs(t, err, ErrMessage)
 	must.StrContains(t, err.Error(), "entries")
+}
+
+func TestDecodeBoundsPrefixKeys(t *testing.T) {
+	keys := strings.Repeat("1,", MaxPrefixKeys) + "1"
+	_, err := decode([]byte(`{"n":"r1","p":[{"e":"w","k":[` + keys + `]}]}`))
+	must.ErrorIs(t, err, ErrMessage)
+	must.StrContains(t, err.Error(), "keys")
+	m, err := decode([]byte(`{"n":"r1","p":[{"e":"w","k":[1,2,3]}]}`))
+	must.NoError(t, err)
+	must.Eq(t, []Prefix{{Engine: "w", Keys: []uint64{1, 2, 3}}}, m.Prefixes)
 }

@@ -214,3 +214,27 @@ func TestPartitionedRouterFallsBackToItsShare(t *testing.T) {
 	must.Eq(t, map[int]int{http.StatusOK: 3 * per}, counts)
 	must.LessEq(t, int64(k), e.peak.Load(), must.Sprint("all three: never more than the cap"))
 }
+
+// Two routers, one engine without KV events: a long prompt sent through
+// router A is known to router B as held by the engine (B's prefix term
+// matches its blocks the first time B sees it), from A's prefix records
+// over the gossip; a prompt neither sent before matches nothing.
+func TestPrefixRecordsSharedForEventlessEngines(t *testing.T) {
+	e := newEngine(t, 0)
+	c := startCluster(t, 2, e, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`, "")
+	a, b := c.routers[0], c.routers[1]
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 60)
+	must.Eq(t, http.StatusOK, completePrompt(context.Background(), a, "", prompt))
+	must.Positive(t, a.metric("oasis_router_prefix_request_blocks_total", nil))
+	fresh := strings.Repeat("an entirely different prompt with its own words ", 60)
+	must.Eq(t, http.StatusOK, completePrompt(context.Background(), b, "", fresh))
+	must.Eq(t, 0.0, b.metric("oasis_router_prefix_matched_blocks_total", nil), must.Sprint("a prompt never sent matched"))
+	// A records the prompt before its answer's body; the next message
+	// from A carries it: wait for two.
+	seen := b.metric("oasis_router_peer_messages_total", map[string]string{"result": "ok"})
+	testutil.Eventually(t, 10*time.Second, "two messages from A at B", func() bool {
+		return b.metric("oasis_router_peer_messages_total", map[string]string{"result": "ok"}) >= seen+2
+	})
+	must.Eq(t, http.StatusOK, completePrompt(context.Background(), b, "", prompt))
+	must.Positive(t, b.metric("oasis_router_prefix_matched_blocks_total", nil), must.Sprint("B's first sight of A's prompt matched no block"))
+}

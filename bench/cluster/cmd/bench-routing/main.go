@@ -16,7 +16,6 @@ import (
 	"runtime/pprof"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -115,7 +114,7 @@ func bench(spec, outDir string) (*cluster.Report, error) {
 		return nil, fmt.Errorf("no requests")
 	}
 	gpus, clusterName := clusterGPUs(*workers, *homogeneous, *cpuGiB, *diskGiB, *kvScale, *blockSize)
-	w, err := parseWeights(*weights)
+	w, err := cluster.ParseWeights(*weights)
 	if err != nil {
 		return nil, err
 	}
@@ -244,21 +243,4 @@ func clusterGPUs(workers int, homogeneous bool, cpuGiB, diskGiB, kvScale float64
 		gpus[i].DiskBlocks = cluster.BlocksForGiB(diskGiB, blockSize)
 	}
 	return gpus, name
-}
-
-// parseWeights reads -weights (name=value,...); empty: nil (the defaults).
-func parseWeights(list string) (map[string]float64, error) {
-	if list == "" {
-		return nil, nil
-	}
-	w := map[string]float64{}
-	for _, kv := range strings.Split(list, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		f, err := strconv.ParseFloat(v, 64)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("-weights: bad entry %q", kv)
-		}
-		w[strings.TrimSpace(k)] = f
-	}
-	return w, nil
 }

@@ -1,0 +1,57 @@
+package cluster
+
+import (
+	"testing"
+)
+
+// Four routers share four workers on a shared-prefix workload: every
+// request completes whatever they share; with approximate learning, each
+// router learning from only its own quarter of the decisions reuses less
+// cache than one router does, and sharing the prefix records (router/peers'
+// Outbox every 200 ms) wins most of it back; with KV events the routers'
+// hit ratio matches one router's within a few points.
+func TestRouters(t *testing.T) {
+	reqs := Synthetic(SyntheticConfig{Groups: 8, PromptsPerGrp: 12, SystemBlocks: 4, UserBlocks: 1, Turns: 3, Zipf: 1.2,
+		Rate: 2, ThinkSeconds: 5, OutputTokens: 64, SharedSysBlock: true, Seed: 3})
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	run := func(c Config) Result {
+		t.Helper()
+		c.GPUs = Heterogeneous(4)
+		c.RateScale = 2
+		c.Model = "m"
+		c.Policy = PolicyOasis
+		c.Weights = map[string]float64{"prefix": 1, "load": 1}
+		r, err := Run(c, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Completed != len(reqs) {
+			t.Fatalf("%d routers: %d of %d completed", c.Routers, r.Completed, len(reqs))
+		}
+		if c.Routers > 1 && (r.Routers != c.Routers || r.ShareLoads != c.ShareLoads || r.SharePrefixes != c.SharePrefixes) {
+			t.Fatalf("result says %d routers, loads %v, prefixes %v; configured %+v", r.Routers, r.ShareLoads, r.SharePrefixes, c)
+		}
+		t.Logf("%d routers %s loads=%v prefixes=%v: hit %.3f ttft p90 %.3f", max(c.Routers, 1), r.Learning, c.ShareLoads, c.SharePrefixes, r.HitRatio, r.TTFTP90)
+		return r
+	}
+	one := run(Config{Learning: LearnApprox})
+	alone := run(Config{Learning: LearnApprox, Routers: 4})
+	loads := run(Config{Learning: LearnApprox, Routers: 4, ShareLoads: true})
+	shared := run(Config{Learning: LearnApprox, Routers: 4, ShareLoads: true, SharePrefixes: true})
+	if alone.HitRatio >= one.HitRatio {
+		t.Errorf("4 routers learning alone hit %.3f, not below one router's %.3f", alone.HitRatio, one.HitRatio)
+	}
+	if shared.HitRatio <= loads.HitRatio {
+		t.Errorf("sharing prefix records: hit %.3f, not above loads only %.3f", shared.HitRatio, loads.HitRatio)
+	}
+	evOne := run(Config{Learning: LearnEvents})
+	evMany := run(Config{Learning: LearnEvents, Routers: 4, ShareLoads: true})
+	if evMany.HitRatio < evOne.HitRatio-0.05 {
+		t.Errorf("with events 4 routers hit %.3f, one router %.3f", evMany.HitRatio, evOne.HitRatio)
+	}
+	if _, err := Run(Config{GPUs: Heterogeneous(2), Policy: PolicyLLMD, Routers: 2}, reqs); err == nil {
+		t.Error("a peer policy with 2 routers ran; want an error")
+	}
+}
