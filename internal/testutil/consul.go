@@ -19,6 +19,7 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 )
 
 // ConsulBinary finds a real consul: $OASIS_CONSUL_BIN, the repository's
@@ -402,15 +403,16 @@ func SetIntentions(t testing.TB, c *consulapi.Client, dest string, allow ...stri
 		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
 	}
 	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		_, _, err = c.ConfigEntries().Set(e, nil)
-		if err == nil || time.Now().After(deadline) ||
-			!strings.Contains(err.Error(), "being upgraded to config entries") && !strings.Contains(err.Error(), "No cluster leader") {
-			break
+	// ErrorFunc: a failure shows the last write's error; one that waiting
+	// cannot cure fails at once.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		_, _, err := c.ConfigEntries().Set(e, nil)
+		if err != nil && !strings.Contains(err.Error(), "being upgraded to config entries") &&
+			!strings.Contains(err.Error(), "No cluster leader") {
+			t.Fatalf("writing the intentions of %s: %v", dest, err)
 		}
-	}
-	must.NoError(t, err, must.Sprintf("writing the intentions of %s", dest))
+		return err
+	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Sprintf("writing the intentions of %s", dest))
 }
 
 // RotateConnectCA gives the Connect CA of c's cluster a new private key:

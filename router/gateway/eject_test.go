@@ -46,7 +46,7 @@ func TestUnreachableWorkerEjected(t *testing.T) {
 
 	// After EjectFor one request probes it, is refused and retried, and the
 	// worker is ejected again.
-	time.Sleep(ejectFor + 50*time.Millisecond)
+	time.Sleep(ejectFor + 50*time.Millisecond) // the input: EjectFor passes
 	send(10)
 	must.Eq(t, float64(DefaultEjectAfter+1), retries())
 	must.Eq(t, 2.0, ejections())

@@ -186,7 +186,7 @@ func TestHoldEndsAfterItsBound(t *testing.T) {
 	var other atomic.Int64
 	slow := sseEngineFunc(t, func(w http.ResponseWriter, _ *http.Request, send func(string)) {
 		send(roleChunk)
-		time.Sleep(10 * hold)
+		time.Sleep(10 * hold) // the input: a first token far past the hold's bound
 		crash(w)
 	})
 	ok := goodEngine(t, &other)
