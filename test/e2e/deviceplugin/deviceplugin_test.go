@@ -72,7 +72,7 @@ func TestDevicePlugin_GPULessNode(t *testing.T) {
 	// one it samples host stats on, from its first fingerprint on. Six
 	// distinct host samples after the line above span at least five.
 	// (The API's HostStats leaves out the sample's Timestamp.)
-	samples := map[int64]bool{}
+	samples, since := map[int64]bool{}, time.Now()
 	testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "six host stats samples from the Nomad client", func() bool {
 		var st struct{ Timestamp int64 }
 		if _, err := stack.Nomad.Raw().Query("/v1/client/stats?node_id="+stack.NodeID, &st, nil); err == nil && st.Timestamp != 0 {
@@ -80,6 +80,7 @@ func TestDevicePlugin_GPULessNode(t *testing.T) {
 		}
 		return len(samples) >= 6
 	})
+	t.Logf("six host stats samples after %v", time.Since(since).Round(10*time.Millisecond))
 
 	log := nomadLog(t)
 	must.Eq(t, 1, strings.Count(log, noDriverLine), must.Sprint("logged once, not per period"))

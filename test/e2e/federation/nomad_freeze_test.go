@@ -40,12 +40,14 @@ func TestFreezeSecondRegionNomad(t *testing.T) {
 	suspects := func() int { return strings.Count(nomadLog(t, dc1), "memberlist: Suspect ") }
 	before := suspects()
 	must.NoError(t, dc2.Freeze(testbed.AgentNomad))
+	frozen := time.Now()
 	t.Cleanup(func() { must.NoError(t, dc2.Thaw(testbed.AgentNomad)) })
 	// dc1's servers have noticed the silent peer (if they would stall on it,
 	// they do from here) once a WAN probe to it went unanswered.
 	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "dc1's Nomad to suspect frozen dc2's server", func() bool {
 		return suspects() > before
 	})
+	t.Logf("dc1's Nomad suspected frozen dc2 after %v", time.Since(frozen).Round(10*time.Millisecond))
 
 	took, err := timed(5*time.Second, func(q *nomadapi.QueryOptions) error {
 		_, _, err := dc1.Nomad.Jobs().List((&nomadapi.QueryOptions{Region: dc2.Region}).WithContext(q.Context()))
