@@ -31,7 +31,7 @@ func sseServer(proto *atomic.Value) http.Handler {
 		for i, ev := range []string{`{"choices":[{"delta":{"role":"assistant","content":""}}]}`,
 			`{"choices":[{"delta":{"content":"hi"}}]}`, `{"choices":[{"delta":{"content":"!"}}]}`, "[DONE]"} {
 			if i == 1 {
-				time.Sleep(tokenDelay)
+				time.Sleep(tokenDelay) // the input: the fake engine's time between tokens
 			}
 			fmt.Fprintf(w, "data: %s\n\n", ev)
 			w.(http.Flusher).Flush()

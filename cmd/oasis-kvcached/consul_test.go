@@ -8,11 +8,11 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/shoenig/test/must"
+
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/kvcached/peer"
-	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 )
 
 func port(t *testing.T, addr string) string {
@@ -52,19 +52,19 @@ func TestPeersFromConsulCatalog(t *testing.T) {
 
 	ctx := context.Background()
 	must.NoError(t, a.client.Set(ctx, blockKey(7), []byte("block seven"), 0).Err())
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "b to fetch block 7 from a", func() bool {
 		return b.client.Get(ctx, blockKey(7)).Val() == "block seven"
-	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	})
+	testutil.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "each to count the other as a healthy peer", func() bool {
 		return a.metric(t, "oasis_kvcached_peers_healthy") == 1 && b.metric(t, "oasis_kvcached_peers_healthy") == 1
-	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	// Each has exactly the other as a peer, not itself.
 	must.StrContains(t, b.Output(), `kvcached peer set changed: peers=["`+qa+`"]`)
 	must.StrContains(t, a.Output(), `kvcached peer set changed: peers=["`+qb+`"]`)
 
 	// a leaves the catalog: b drops it from its peer set.
 	must.NoError(t, client.Agent().ServiceDeregister("kvcached-a"))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "b to drop a from its peers", func() bool {
 		return b.metric(t, "oasis_kvcached_peers_healthy") == 0
-	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 }

@@ -19,12 +19,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/internal/testutil"
-	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
-	"github.com/oasis-llm/oasis/kvcached/app"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
+	"github.com/oasis-llm/oasis/kvcached/app"
 )
 
 // binary is the oasis-kvcached built once for the package's tests.
@@ -173,8 +174,7 @@ func TestCrashKeepsEveryReturnedBlockIntact(t *testing.T) {
 			}
 		}()
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return acked.Load() >= 400 }),
-		wait.Timeout(60*time.Second), wait.Gap(10*time.Millisecond)))
+	testutil.Eventually(t, 60*time.Second, "400 acknowledged writes", func() bool { return acked.Load() >= 400 })
 	must.NoError(t, p.Kill())
 	close(stop)
 	wg.Wait()
@@ -233,9 +233,9 @@ func TestPeersFetchOverQUICWithMutualTLS(t *testing.T) {
 	must.NoError(t, b.client.Set(ctx, blockKey(2), []byte("from b"), 0).Err())
 
 	// Within a couple of filter intervals each sees the other's block.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 100*time.Millisecond, "each to see the other's block", func() bool {
 		return b.client.Exists(ctx, blockKey(1)).Val() == 1 && a.client.Exists(ctx, blockKey(2)).Val() == 1
-	}), wait.Timeout(10*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	got, err := b.client.Get(ctx, blockKey(1)).Bytes()
 	must.NoError(t, err)
 	must.True(t, bytes.Equal(val, got))
@@ -270,9 +270,9 @@ func TestFullDiskDegradesToRAMOnly(t *testing.T) {
 	for i := 0; i < 12; i++ {
 		must.NoError(t, p.client.Set(ctx, blockKey(i), bytes.Repeat([]byte{byte(i)}, 1<<20), 0).Err())
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "the disk tier to report degraded", func() bool {
 		return p.metric(t, "oasis_kvcached_disk_degraded") == 1
-	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	for i := 0; i < 12; i++ {
 		v, err := p.client.Get(ctx, blockKey(i)).Bytes()
 		must.NoError(t, err)

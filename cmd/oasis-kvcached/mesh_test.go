@@ -11,12 +11,12 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/redis/go-redis/v9"
+	"github.com/shoenig/test/must"
+
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/kvcached/peer"
-	"github.com/redis/go-redis/v9"
-	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 )
 
 // untilFetch asks p for a block only the other node holds, a new one each
@@ -61,14 +61,14 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 		must.NoError(t, a.client.Set(ctx, blockKey(i), blockValue(i), 0).Err())
 	}
 	must.NoError(t, b.client.Set(ctx, blockKey(blocks), blockValue(blocks), 0).Err())
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "each to count the other as a healthy peer", func() bool {
 		return a.metric(t, "oasis_kvcached_peers_healthy") == 1 && b.metric(t, "oasis_kvcached_peers_healthy") == 1
-	}), wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	// Each fetches from the other once its filter, exchanged every 200ms,
 	// lists the block.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "a to fetch b's block once b's filter lists it", func() bool {
 		return a.client.Get(ctx, blockKey(blocks)).Val() == string(blockValue(blocks))
-	}), wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	next := 0
 	untilFetch(t, b, &next, true, time.Now(), 5*time.Second)
 	must.Positive(t, a.metric(t, `oasis_mesh_authorizations_total{cached="false",result="allowed"}`))
@@ -80,9 +80,9 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 	delay := untilFetch(t, b, &next, false, t0, 10*time.Second)
 	t.Logf("deny intention written (call started) to first refused fetch: %s", delay)
 	must.Less(t, 5*time.Second, delay)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "b to drop a as a healthy peer after the deny intention", func() bool {
 		return b.metric(t, "oasis_kvcached_peers_healthy") == 0
-	}), wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	t.Logf("connections a closed as no longer authorized: %v", a.metric(t, "oasis_kvcached_peer_connections_denied_total"))
 
 	t0 = time.Now()

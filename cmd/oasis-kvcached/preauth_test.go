@@ -12,11 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/internal/testutil"
-	"github.com/oasis-llm/oasis/kvcached/app"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/kvcached/app"
 )
 
 // TestUnauthenticatedConnectionsStayWithinRAMLimit fills the RAM tier of a
@@ -97,9 +98,9 @@ func TestUnauthenticatedConnectionsStayWithinRAMLimit(t *testing.T) {
 		return p.metric(t, `oasis_kvcached_connections_closed_total{reason="unauthenticated_evicted"}`) +
 			p.metric(t, `oasis_kvcached_connections_closed_total{reason="unauthenticated_memory"}`)
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 100*time.Millisecond, "every unauthenticated connection to be held or closed", func() bool {
 		return closed()+p.metric(t, "oasis_kvcached_unauthenticated_connections") >= conns
-	}), wait.Timeout(60*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	// The authenticated client is served while they are pending.
 	fill(ram >> 20)
 	got, err := good.Get(ctx, blockKey(2*ram>>20-1)).Bytes()

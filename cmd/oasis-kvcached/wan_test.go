@@ -11,12 +11,12 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	"github.com/redis/go-redis/v9"
+	"github.com/shoenig/test/must"
+
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/kvcached/peer"
-	"github.com/redis/go-redis/v9"
-	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 )
 
 // TestPeersInAnotherDatacenter runs two WAN-federated Consul datacenters
@@ -73,8 +73,7 @@ func TestPeersInAnotherDatacenter(t *testing.T) {
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(cond), wait.Timeout(timeout), wait.Gap(50*time.Millisecond)),
-		must.Sprintf("timed out waiting for %s", what))
+	testutil.EventuallyEvery(t, timeout, 50*time.Millisecond, what, cond)
 }
 
 // wanBudget reads ten 100 KiB blocks held only in dc2 as fast as a serves

@@ -81,8 +81,7 @@ func StartConsul(t testing.TB) (*consulapi.Client, string) {
 			extra: map[string]any{"ports": map[string]int{"serf_wan": ports[3]}}}, "-dev")
 		// A free port can be taken by another process between FreePorts and
 		// the agent's bind: start over on new ports, twice at most.
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return a.Exited() || a.hasLeader() }),
-			wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Sprint("consul dev: timed out waiting for a leader"))
+		EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "consul dev: a leader", func() bool { return a.Exited() || a.hasLeader() })
 		if !a.Exited() {
 			return a.Client, a.HTTPAddr
 		}
@@ -169,8 +168,7 @@ func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.It
 // the agent exits meanwhile (a bad configuration, a port taken).
 func (a *ConsulAgent) waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return a.Exited() || cond() }),
-		wait.Timeout(timeout), wait.Gap(100*time.Millisecond)), must.Sprintf("consul %s: timed out waiting for %s", a.Name, what))
+	EventuallyEvery(t, timeout, 100*time.Millisecond, "consul "+a.Name+": "+what, func() bool { return a.Exited() || cond() })
 	if a.Exited() {
 		t.Fatalf("consul %s exited while waiting for %s: %v", a.Name, what, a.Stop())
 	}
@@ -250,9 +248,7 @@ func startConsulCluster(t testing.TB, n int) (*ConsulCluster, *ConsulAgent) {
 		nodes, _, err := l.Client.Catalog().Nodes(nil)
 		return err == nil && len(nodes) == n
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return exited() != nil || ready() }),
-		wait.Timeout(60*time.Second), wait.Gap(100*time.Millisecond)),
-		must.Sprint("timed out waiting for the Consul servers to elect a leader and list each other"))
+	EventuallyEvery(t, 60*time.Second, 100*time.Millisecond, "the Consul servers to elect a leader and list each other", func() bool { return exited() != nil || ready() })
 	return c, exited()
 }
 
@@ -293,10 +289,10 @@ func (c *ConsulCluster) Leader() *ConsulAgent {
 func (c *ConsulCluster) WaitLeader(t testing.TB, timeout time.Duration) *ConsulAgent {
 	t.Helper()
 	var leader *ConsulAgent
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	EventuallyEvery(t, timeout, 20*time.Millisecond, "a Consul leader", func() bool {
 		leader = c.Leader()
 		return leader != nil
-	}), wait.Timeout(timeout), wait.Gap(20*time.Millisecond)), must.Sprint("timed out waiting for a Consul leader"))
+	})
 	return leader
 }
 
@@ -407,15 +403,16 @@ func SetIntentions(t testing.TB, c *consulapi.Client, dest string, allow ...stri
 		e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: s, Action: consulapi.IntentionActionAllow})
 	}
 	e.Sources = append(e.Sources, &consulapi.SourceIntention{Name: "*", Action: consulapi.IntentionActionDeny})
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		_, _, err = c.ConfigEntries().Set(e, nil)
-		if err == nil || time.Now().After(deadline) ||
-			!strings.Contains(err.Error(), "being upgraded to config entries") && !strings.Contains(err.Error(), "No cluster leader") {
-			break
+	// ErrorFunc: a failure shows the last write's error; one that waiting
+	// cannot cure fails at once.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		_, _, err := c.ConfigEntries().Set(e, nil)
+		if err != nil && !strings.Contains(err.Error(), "being upgraded to config entries") &&
+			!strings.Contains(err.Error(), "No cluster leader") {
+			t.Fatalf("writing the intentions of %s: %v", dest, err)
 		}
-	}
-	must.NoError(t, err, must.Sprintf("writing the intentions of %s", dest))
+		return err
+	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Sprintf("writing the intentions of %s", dest))
 }
 
 // RotateConnectCA gives the Connect CA of c's cluster a new private key:

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/kvcached/peer"
 )
@@ -93,9 +93,9 @@ func TestPeersServeEachOther(t *testing.T) {
 
 	ctx := context.Background()
 	must.NoError(t, ca1.Set(ctx, "m@1@0@1@bfloat16kv_bytes", "from a", 0).Err())
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "b to fetch a's block", func() bool {
 		return cb.Get(ctx, "m@1@0@1@bfloat16kv_bytes").Val() == "from a"
-	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 }
 
 func freeUDP(t *testing.T) string {

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"github.com/oasis-llm/oasis/internal/bloom"
+	"github.com/oasis-llm/oasis/internal/testutil"
 
 	"bytes"
 	"context"
@@ -14,11 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/prometheus/client_golang/prometheus"
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 )
 
 type mapStore struct {
@@ -146,11 +147,11 @@ func TestFetchAndServeBuffersAreBudgeted(t *testing.T) {
 	must.Between(t, int64(1<<20), bb.peak, int64(4<<20))
 	// The serving side releases after the reply is written, which may be
 	// just after the client has read it.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.Eventually(t, 5*time.Second, "the serving side to release its buffer budget", func() bool {
 		ab.mu.Lock()
 		defer ab.mu.Unlock()
 		return ab.held == 0
-	}), wait.Timeout(5*time.Second), wait.Gap(10*time.Millisecond)))
+	})
 	must.Eq(t, int64(4<<20), ab.all)
 }
 
@@ -229,8 +230,7 @@ func TestPeerComesBackWhenHealthy(t *testing.T) {
 	must.NoError(t, err)
 	defer a2.Close()
 	go a2.Run(context.Background())
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return b.MayHave("k") }),
-		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "b to learn from a2's filter that it may have k", func() bool { return b.MayHave("k") })
 	v, err := b.Fetch(context.Background(), "k")
 	must.NoError(t, err)
 	must.Eq(t, "v", string(v))

@@ -15,12 +15,13 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
-	"github.com/oasis-llm/oasis/internal/bloom"
-	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/bloom"
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 )
 
 // fakeClock is a settable clock for the WAN budget.
@@ -282,20 +283,19 @@ func TestFrozenRemoteConsulGoesStale(t *testing.T) {
 	must.Less(t, 1200*time.Millisecond, time.Since(start)) // a blocking query's wait plus one timeout at most
 	// Two more failed queries: still one warning.
 	failed := failures.Load()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return failures.Load() >= failed+2 }),
-		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	testutil.Eventually(t, 10*time.Second, "two more failed WAN queries", func() bool { return failures.Load() >= failed+2 })
 	must.Eq(t, 1, strings.Count(logs.String(), "is not answering"))
 	must.Eq(t, 0, len(remote), must.Sprint("a stale datacenter's peer set was changed"))
 
 	frozen.Store(false)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "the datacenter to be reported fresh again", func() bool {
 		select {
 		case s := <-staleCh:
 			return !s
 		default:
 			return false
 		}
-	}), wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 }
 
 // stubConsul is an HTTP server standing in for a Consul agent: one

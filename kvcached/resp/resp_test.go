@@ -368,7 +368,7 @@ func TestBudgetHoldersWaitAndCannotDeadlock(t *testing.T) {
 			mu.Lock()
 			peak = max(peak, b.InUse())
 			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the input: a command held while others arrive
 			r.Done()
 		}()
 	}

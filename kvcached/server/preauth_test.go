@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/kvcached/store"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/kvcached/store"
 )
 
 // serveReg is serve that also returns the server's registry.
@@ -139,9 +140,9 @@ func TestUnauthenticatedConnectionsAreBoundedAndDoNotStarveClients(t *testing.T)
 	closed := func(reason string) float64 {
 		return max(0, gathered(t, reg, "oasis_kvcached_connections_closed_total", "reason", reason))
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.Eventually(t, 10*time.Second, "every unauthenticated connection to be held or closed", func() bool {
 		return held()+closed(closedUnauthEvicted)+closed(closedUnauthMemory) >= conns
-	}), wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	})
 	used := gathered(t, reg, "oasis_kvcached_unauthenticated_bytes", "", "")
 	t.Logf("unauthenticated: %v bytes in %v connections (peak sampled %v); closed: %v evicted, %v over the allowance",
 		used, held(), peak, closed(closedUnauthEvicted), closed(closedUnauthMemory))
@@ -171,9 +172,9 @@ func TestUnauthenticatedAllowanceRefusesAndEvicts(t *testing.T) {
 	_, err = ar.ReadByte()
 	must.Error(t, err) // closed
 	must.Eq(t, 1.0, gathered(t, reg, "oasis_kvcached_connections_closed_total", "reason", closedUnauthMemory))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "the unauthenticated bytes gauge to return to 0", func() bool {
 		return gathered(t, reg, "oasis_kvcached_unauthenticated_bytes", "", "") == 0
-	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	})
 
 	// Four idle unauthenticated connections fill the allowance; a fifth
 	// closes the oldest and is served.

@@ -15,10 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oasis-llm/oasis/kvcached/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/kvcached/store"
 )
 
 func start(t *testing.T, password string, maxValue int64) (string, *store.Store) {
@@ -36,6 +38,14 @@ func startStore(t *testing.T, password string, cfg store.Config) (string, *store
 // metrics on a registry of their own) until the test ends.
 func serve(t *testing.T, cfg Config, scfg store.Config) (string, *store.Store) {
 	t.Helper()
+	addr, _, st := serveServer(t, cfg, scfg)
+	return addr, st
+}
+
+// serveServer is serve returning the Server too, for a test that waits on
+// its state.
+func serveServer(t *testing.T, cfg Config, scfg store.Config) (string, *Server, *store.Store) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	scfg.Dir, scfg.Metrics = t.TempDir(), store.NewMetrics(reg)
 	st, err := store.Open(scfg)
@@ -50,7 +60,7 @@ func serve(t *testing.T, cfg Config, scfg store.Config) (string, *store.Store) {
 		srv.Close()
 		st.Close()
 	})
-	return l.Addr().String(), st
+	return l.Addr().String(), srv, st
 }
 
 func TestGoRedisCommands(t *testing.T) {
@@ -77,7 +87,7 @@ func TestGoRedisCommands(t *testing.T) {
 			ttl := c.TTL(ctx, "ex").Val()
 			must.Between(t, 99*time.Second, ttl, 100*time.Second)
 			must.NoError(t, c.Set(ctx, "px", "v", 50*time.Millisecond).Err())
-			time.Sleep(80 * time.Millisecond)
+			time.Sleep(80 * time.Millisecond) // the input: past the 50 ms PX expiry
 			must.Eq(t, int64(0), c.Exists(ctx, "px").Val())
 			must.Eq(t, time.Duration(-1), c.TTL(ctx, "k").Val())
 			must.Eq(t, time.Duration(-2), c.TTL(ctx, "missing").Val())
@@ -244,7 +254,7 @@ func TestLargeValueArrivingInPieces(t *testing.T) {
 	for off := 0; off < len(val); off += 200_000 {
 		_, err = c.Write(val[off:min(off+200_000, len(val))])
 		must.NoError(t, err)
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the input: a client sending its value slowly
 	}
 	_, err = c.Write([]byte("\r\n"))
 	must.NoError(t, err)
@@ -376,14 +386,15 @@ func TestSlowReaderKeepsItsValue(t *testing.T) {
 	must.NoError(t, slow.(*net.TCPConn).SetReadBuffer(64<<10))
 	_, err = slow.Write([]byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"))
 	must.NoError(t, err)
-	time.Sleep(100 * time.Millisecond) // the reply is now stuck in the write
-	for _, b := range "bcd" {
-		must.NoError(t, c.Set(ctx, "k", strings.Repeat(string(b), size), 0).Err())
-	}
+	// The reply's head arrived: the server holds the value and is stuck
+	// writing the rest of it.
 	br := bufio.NewReader(slow)
 	head, err := br.ReadString('\n')
 	must.NoError(t, err)
 	must.Eq(t, fmt.Sprintf("$%d\r\n", size), head)
+	for _, b := range "bcd" {
+		must.NoError(t, c.Set(ctx, "k", strings.Repeat(string(b), size), 0).Err())
+	}
 	got := make([]byte, size)
 	_, err = io.ReadFull(br, got)
 	must.NoError(t, err)
@@ -576,7 +587,7 @@ func TestAuthTimeout(t *testing.T) {
 	start := time.Now()
 	for i := 0; i < 5; i++ {
 		fmt.Fprintf(c, "PING\r\n")
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the input: unauthenticated commands spread past AuthTimeout
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err = io.ReadAll(c)
@@ -590,7 +601,7 @@ func TestAuthTimeout(t *testing.T) {
 	defer good.Close()
 	ctx := context.Background()
 	must.NoError(t, good.Ping(ctx).Err())
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond) // the input: past AuthTimeout, which must not close an authenticated client
 	var id1, id2 int64
 	id1 = good.ClientID(ctx).Val()
 	must.NoError(t, good.Ping(ctx).Err())
@@ -601,7 +612,8 @@ func TestAuthTimeout(t *testing.T) {
 // Idle connections are closed after IdleTimeout, so connections left open
 // cannot hold every MaxClients slot.
 func TestIdleConnectionsCannotExhaustMaxClients(t *testing.T) {
-	addr := startConfig(t, Config{MaxClients: 3, IdleTimeout: 300 * time.Millisecond})
+	addr, srv, _ := serveServer(t, Config{MaxClients: 3, IdleTimeout: 300 * time.Millisecond},
+		store.Config{RAMBytes: 64 << 20, MaxValue: 1 << 20})
 	var idle []net.Conn
 	for i := 0; i < 3; i++ {
 		c, err := net.Dial("tcp", addr)
@@ -609,7 +621,7 @@ func TestIdleConnectionsCannotExhaustMaxClients(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
-	time.Sleep(100 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, "the server to count the three idle clients", func() bool { return srv.clients.Load() == 3 })
 	line, closed := rawReply(t, addr, "PING\r\n")
 	must.Eq(t, "-ERR max number of clients reached\r\n", line)
 	must.True(t, closed)
@@ -631,7 +643,7 @@ func TestIdleConnectionsCannotExhaustMaxClients(t *testing.T) {
 	c, err := net.Dial("tcp", addr)
 	must.NoError(t, err)
 	defer c.Close()
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond) // the input: idle past the 300 ms timeout above, with none set
 	fmt.Fprintf(c, "PING\r\n")
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	line, err = bufio.NewReader(c).ReadString('\n')

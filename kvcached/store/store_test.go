@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 )
 
 func open(t *testing.T, dir string, ram, disk int64) (*Store, *Metrics) {
@@ -593,19 +594,18 @@ func TestKillKeepsIndexWritesOnceSynced(t *testing.T) {
 func keysAfterKill(t *testing.T, dir string, want ...string) {
 	t.Helper()
 	start := time.Now()
-	var keys []string
-	for {
+	// ErrorFunc: a failure shows the keys the last copy held.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		crashed := filepath.Join(t.TempDir(), "crashed")
 		copyDir(t, dir, crashed)
 		s, _ := open(t, crashed, 1<<20, 1<<20)
-		keys = s.Keys()
+		keys := s.Keys()
 		must.NoError(t, s.Close())
-		if slices.Equal(want, keys) || time.Since(start) > time.Second {
-			break
+		if !slices.Equal(want, keys) {
+			return fmt.Errorf("keys a kill leaves %s after the writes: %v, want %v", time.Since(start), keys, want)
 		}
-		time.Sleep(walSyncDelay)
-	}
-	must.Eq(t, want, keys, must.Sprintf("keys a kill leaves %s after the writes", time.Since(start)))
+		return nil
+	}), wait.Timeout(time.Second), wait.Gap(walSyncDelay)))
 }
 
 // copyDir copies the regular files under src to dst.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/hashicorp/nomad/helper/testlog"
 	"github.com/hashicorp/nomad/plugins/drivers"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // drainEngine serves /metrics with vLLM's gauges at the current in-flight
@@ -107,9 +109,8 @@ func TestDrainSignalsOnceCountsReachZero(t *testing.T) {
 		}
 	}
 	e.inFlight.Store(1)
-	for r := e.reads.Load(); e.reads.Load() < r+2; {
-		time.Sleep(10 * time.Millisecond)
-	}
+	r := e.reads.Load()
+	testutil.Eventually(t, 5*time.Second, "two more reads of the engine's metrics", func() bool { return e.reads.Load() >= r+2 })
 	select {
 	case <-done:
 		t.Fatal("drain returned with 1 request in flight")

@@ -141,14 +141,14 @@ func pidOf(t testing.TB, h *driverHarness, taskID string) int {
 
 func waitHealthy(t testing.TB, port int) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 20*time.Millisecond, "the task's /health to answer 200", func() bool {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", port))
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 }
 
 // killTaskProcesses SIGKILLs the engine serving on port (its process
@@ -234,8 +234,7 @@ func TestDriver_StartReadyServeStop(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("WaitTask did not return after StopTask")
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !alive(pid) }),
-		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "the task's process to exit after StopTask", func() bool { return !alive(pid) })
 	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
 }
 
@@ -277,8 +276,7 @@ func TestDriver_RecoverTask(t *testing.T) {
 	must.True(t, alive(pid))
 
 	must.NoError(t, h2.StopTask(task.cfg.ID, 5*time.Second, "SIGINT"))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !alive(pid) }),
-		wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "the recovered task's process to exit after StopTask", func() bool { return !alive(pid) })
 	must.NoError(t, h2.DestroyTask(task.cfg.ID, true))
 }
 
@@ -293,8 +291,7 @@ func TestDriver_RecoverTaskExecutorGone(t *testing.T) {
 	pid := pidOf(t, h, task.cfg.ID)
 	h.Kill()
 	killTaskProcesses(task.httpPort)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return !alive(pid) }),
-		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "the task's process to exit after the plugin was killed", func() bool { return !alive(pid) })
 
 	_, h2 := newHarness(t, nil)
 	err = h2.RecoverTask(handle)
@@ -485,10 +482,10 @@ func TestDriver_StopHonoursKillTimeout(t *testing.T) {
 	must.NoError(t, err)
 	pid := pidOf(t, h, task.cfg.ID)
 	var members []int
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "the task's process group to have at least two members", func() bool {
 		members = groupMembers(pid)
 		return len(members) >= 2
-	}), wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 
 	start := time.Now()
 	must.NoError(t, h.StopTask(task.cfg.ID, 700*time.Millisecond, "SIGTERM"))

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -62,9 +63,7 @@ func TestQueueFIFOHandOff(t *testing.T) {
 				r()
 			}
 		}()
-		for c.Queued("m") != i+1 {
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Eventually(t, 5*time.Second, fmt.Sprintf("%d queued", i+1), func() bool { return c.Queued("m") == i+1 })
 	}
 	// Queue full now: a third is refused at once.
 	_, err = c.Acquire(context.Background(), "m", lim)
@@ -72,9 +71,7 @@ func TestQueueFIFOHandOff(t *testing.T) {
 	rel()
 	must.Eq(t, 0, <-order)
 	must.Eq(t, 1, <-order)
-	for c.InFlight("m") != 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "nothing in flight", func() bool { return c.InFlight("m") == 0 })
 }
 
 func TestCancelWhileQueued(t *testing.T) {
@@ -85,9 +82,7 @@ func TestCancelWhileQueued(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { _, err := c.Acquire(ctx, "m", lim); done <- err }()
-	for c.Queued("m") != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "one queued", func() bool { return c.Queued("m") == 1 })
 	cancel()
 	must.True(t, errors.Is(<-done, context.Canceled))
 	must.Eq(t, 0, c.Queued("m"))
@@ -102,9 +97,7 @@ func TestLimitsGrowAdmitsWaiters(t *testing.T) {
 	must.NoError(t, err)
 	done := make(chan error)
 	go func() { _, err := c.Acquire(context.Background(), "m", small); done <- err }()
-	for c.Queued("m") != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "one queued", func() bool { return c.Queued("m") == 1 })
 	// A request under the larger (reloaded) limits admits the waiter too.
 	big := policy.Limits{MaxInFlight: 3, MaxQueue: 5, QueueTimeout: time.Minute}
 	_, err = c.Acquire(context.Background(), "m", big)
@@ -136,9 +129,7 @@ func TestAcquireSlotHandsOffOnRelease(t *testing.T) {
 		}
 		got <- err
 	}()
-	for c.Queued("m") != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "one queued", func() bool { return c.Queued("m") == 1 })
 	_, err = c.AcquireSlot(context.Background(), "m", lim)
 	must.True(t, errors.Is(err, ErrQueueFull))
 	s.Release()

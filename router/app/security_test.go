@@ -3,6 +3,7 @@ package app
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,7 +14,8 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // Issue #33 (second security audit): the router's own listeners as
@@ -41,7 +43,7 @@ func TestSelfRegistrationRefused(t *testing.T) {
 		cfg.Engines = append(cfg.Engines, StaticEngine{Model: "m", Address: a})
 	}
 	r := start(t, cfg)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(r.pool.Synced), wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 10*time.Second, 5*time.Millisecond, "the pool's first sync", r.pool.Synced)
 	ws := r.pool.Workers("m")
 	must.SliceLen(t, 1, ws)
 	must.Eq(t, eng.Listener.Addr().String(), ws[0].Address)
@@ -146,10 +148,10 @@ func (l *connLimiter) setPressureIdle(d time.Duration) {
 
 func waitCounts(t *testing.T, l *connLimiter, open, idle int) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 2*time.Millisecond, fmt.Sprintf("%d open and %d idle connections", open, idle), func() bool {
 		o, i := l.counts()
 		return o == open && i == idle
-	}), wait.Timeout(10*time.Second), wait.Gap(2*time.Millisecond)), must.Sprintf("want %d open, %d idle", open, idle))
+	})
 }
 
 // Item 6: keep-alive connections that sent one GET /health and stayed

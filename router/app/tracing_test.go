@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // TestOTLPEndpointExportsAtClose: with -otlp-endpoint a request's spans reach the
@@ -34,6 +35,5 @@ func TestOTLPEndpointExportsAtClose(t *testing.T) {
 	r.cancel()
 	<-r.done
 	r.done <- nil // for the cleanup
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return posts.Load() > 0 }),
-		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "the exporter to post a span after shutdown", func() bool { return posts.Load() > 0 })
 }

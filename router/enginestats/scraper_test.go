@@ -47,7 +47,7 @@ func TestScraperEngineAndPower(t *testing.T) {
 
 	// 400 tokens in ~0.1 s at 200 W ≈ 20 tokens/J.
 	gen.Store(400)
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the input: the interval the rate is over
 	s.scrapeAll(context.Background(), time.Second)
 	sig = w.Signals()
 	must.True(t, sig.HasPower)
@@ -58,7 +58,7 @@ func TestScraperEngineAndPower(t *testing.T) {
 	must.Eq(t, first/2, sig.SeqTokensPerJoule)
 
 	// Idle: efficiency is kept, not dropped to zero.
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // the input: an idle interval
 	s.scrapeAll(context.Background(), time.Second)
 	sig = w.Signals()
 	must.Eq(t, first, sig.TokensPerJoule)
@@ -90,7 +90,7 @@ func TestScraperNodePowerSplit(t *testing.T) {
 	for _, w := range pool.Workers("m") {
 		w.Live.AddGenerated(300)
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the input: the interval the rate is over
 	s.scrapeAll(context.Background(), time.Second)
 	for _, w := range pool.Workers("m") {
 		sig := w.Signals()

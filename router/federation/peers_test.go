@@ -10,9 +10,10 @@ import (
 
 	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
-	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
+	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 )
 
 func TestPeersFromEntries(t *testing.T) {
@@ -74,8 +75,7 @@ func TestFrozenDatacenterGoesStale(t *testing.T) {
 		QueryWait: 300 * time.Millisecond, QueryTimeout: 200 * time.Millisecond,
 		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: testWriter{t}})})
 	start := time.Now()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return f.peers.Stale("dc2") }),
-		wait.Timeout(3*time.Second), wait.Gap(10*time.Millisecond)))
+	testutil.Eventually(t, 3*time.Second, "dc2's peers to go stale after its query fails", func() bool { return f.peers.Stale("dc2") })
 	must.Less(t, time.Second, time.Since(start)) // QueryWait + QueryTimeout, and some slack
 	must.Eq(t, []Peer{{DC: "dc3", Addr: "127.0.0.1:9443", Models: []string{"m"}}}, f.peers.snapshot()["dc3"])
 	must.False(t, f.peers.Stale("dc3"))

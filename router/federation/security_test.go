@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/bloom"
 	"github.com/oasis-llm/oasis/internal/meshid"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/pki"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
@@ -96,7 +96,7 @@ func TestSummaryOnlyFromItsOwnListedDatacenter(t *testing.T) {
 		})
 	}
 	must.Eq(t, []string{}, b.RemoteDCs())
-	must.EqOp(t, float64(maxRemoteDCs+1), testutil.ToFloat64(b.m.badSummaries.WithLabelValues("wrong_dc")))
+	must.EqOp(t, float64(maxRemoteDCs+1), promtest.ToFloat64(b.m.badSummaries.WithLabelValues("wrong_dc")))
 
 	code, body := post(t, dc1, addr, SummaryPath, summaryOf(t, "dc1", nil))
 	must.EqOp(t, http.StatusNoContent, code, must.Sprint(body))
@@ -115,10 +115,6 @@ type clock struct{ off atomic.Int64 }
 
 func (c *clock) now() time.Time      { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *clock) add(d time.Duration) { c.off.Add(int64(d)) }
-func eventually(t *testing.T, f func() bool) {
-	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(f), wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
-}
 
 // Remote state expires: a summary older than RemoteTTL is dropped, and a
 // datacenter whose routers are no longer listed leaves the table, so a new
@@ -135,13 +131,17 @@ func TestRemoteStateExpires(t *testing.T) {
 
 	// Still listed: the entry stays, its summary goes.
 	clk.add(2 * time.Minute)
-	eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.remote["dc1"].summary == nil })
+	testutil.Eventually(t, 10*time.Second, "dc1's summary to expire", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.remote["dc1"].summary == nil
+	})
 	must.Eq(t, []string{"dc1"}, b.RemoteDCs())
-	must.EqOp(t, 1.0, testutil.ToFloat64(b.m.expired))
+	must.EqOp(t, 1.0, promtest.ToFloat64(b.m.expired))
 
 	// No longer listed: the entry goes, and a new datacenter is taken.
 	must.NoError(t, b.SetStaticPeers([]Peer{{DC: "dc4", Addr: "127.0.0.1:2"}}))
-	eventually(t, func() bool { return len(b.RemoteDCs()) == 0 })
+	testutil.Eventually(t, 10*time.Second, "the unlisted datacenter to leave the table", func() bool { return len(b.RemoteDCs()) == 0 })
 	code, _ = post(t, testIdentity(t, ca, "dc4"), addr, SummaryPath, summaryOf(t, "dc4", nil))
 	must.EqOp(t, http.StatusNoContent, code)
 	must.Eq(t, []string{"dc4"}, b.RemoteDCs())
@@ -169,7 +169,7 @@ func TestFullPrefixFilterRefused(t *testing.T) {
 		code, body := post(t, dc1, b.Addr().String(), SummaryPath, summaryOf(t, "dc1", f))
 		must.EqOp(t, http.StatusBadRequest, code)
 		must.StrContains(t, body, "prefix filter refused")
-		must.EqOp(t, float64(i+1), testutil.ToFloat64(b.m.badSummaries.WithLabelValues("filter")))
+		must.EqOp(t, float64(i+1), promtest.ToFloat64(b.m.badSummaries.WithLabelValues("filter")))
 	}
 	must.Eq(t, []string{}, b.RemoteDCs())
 	must.Eq(t, Decision{}, b.Route(Request{Model: "m", Keys: []uint64{1 << 40}, BlockSize: 4096,
@@ -222,10 +222,10 @@ func TestConnectionsPerPeerBounded(t *testing.T) {
 		closers = append(closers, c)
 		must.Error(t, err)
 	}
-	must.GreaterEq(t, 2.0, testutil.ToFloat64(b.m.connsRefused)) // the client may try again once
+	must.GreaterEq(t, 2.0, promtest.ToFloat64(b.m.connsRefused)) // the client may try again once
 
 	closers[0]() // one place frees once the server sees the connection end
-	eventually(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, "a connection to be accepted once a place frees", func() bool {
 		_, c, err := quicConn(t, dc1, addr)
 		closers = append(closers, c)
 		return err == nil
@@ -245,7 +245,7 @@ func TestForwardedRequestsLimited(t *testing.T) {
 		codes[code]++
 	}
 	must.Eq(t, map[int]int{http.StatusOK: 3, http.StatusTooManyRequests: 2}, codes)
-	must.EqOp(t, 2.0, testutil.ToFloat64(b.m.refused.WithLabelValues("dc1", "rate")))
+	must.EqOp(t, 2.0, promtest.ToFloat64(b.m.refused.WithLabelValues("dc1", "rate")))
 }
 
 // A stalling datacenter costs its half-open probe ProbeTimeout, not the
@@ -267,7 +267,7 @@ func TestProbeTimeoutBoundsAStallingPeer(t *testing.T) {
 	must.NoError(t, err)
 	a.End("dc2", false) // open
 	var tg Target
-	eventually(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the open breaker to let a probe through", func() bool {
 		tg, err = a.Begin(Decision{DC: "dc2", Reason: ReasonNoLocalWorker}, "m")
 		return err == nil
 	})
@@ -343,7 +343,7 @@ func TestHTTP2ClientAndLimitedListener(t *testing.T) {
 	_ = startFed(t, Config{DC: "dc1", Identity: testIdentity(t, ca, "dc1"), HTTP2: true,
 		StaticPeers: []Peer{{DC: "dc2", Addr: ln.Addr().String()}}})
 	must.NoError(t, b.SetStaticPeers([]Peer{{DC: "dc1", Addr: "127.0.0.1:1"}}))
-	eventually(t, func() bool { return len(b.RemoteDCs()) == 1 })
+	testutil.Eventually(t, 10*time.Second, "dc1's first summary to reach b", func() bool { return len(b.RemoteDCs()) == 1 })
 
 	// A second connection from the same address is closed on arrival.
 	c := meshid.ForHost(testIdentity(t, ca, "dc1").Client(), "127.0.0.1")
@@ -356,7 +356,7 @@ func TestHTTP2ClientAndLimitedListener(t *testing.T) {
 	}
 	must.Error(t, err)
 	must.False(t, errors.Is(err, context.DeadlineExceeded))
-	must.EqOp(t, 1.0, testutil.ToFloat64(b.m.connsRefused))
+	must.EqOp(t, 1.0, promtest.ToFloat64(b.m.connsRefused))
 }
 
 // pkiIdentity is a files identity for a certificate pki issued from ca.

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/oasis-llm/oasis/internal/meshid"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/router/policy"
@@ -86,8 +86,7 @@ func TestSummariesAndForwardingOverHTTP3(t *testing.T) {
 	must.NoError(t, b.SetStaticPeers([]Peer{{DC: "dc1", Addr: a.Addr().String()}})) // b takes only listed datacenters'
 	a.Observe("m", []uint64{1, 2, 3})
 
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(b.RemoteDCs()) == 1 }),
-		wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "b to take a's summary", func() bool { return len(b.RemoteDCs()) == 1 })
 	must.Eq(t, []string{"dc1"}, b.RemoteDCs())
 	// b now knows a's prefixes: a request whose prompt a holds goes there.
 	d := b.Route(Request{Model: "m", Keys: []uint64{1, 2, 3}, BlockSize: 4096,

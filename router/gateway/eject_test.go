@@ -11,7 +11,6 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
@@ -47,7 +46,7 @@ func TestUnreachableWorkerEjected(t *testing.T) {
 
 	// After EjectFor one request probes it, is refused and retried, and the
 	// worker is ejected again.
-	time.Sleep(ejectFor + 50*time.Millisecond)
+	time.Sleep(ejectFor + 50*time.Millisecond) // the input: EjectFor passes
 	send(10)
 	must.Eq(t, float64(DefaultEjectAfter+1), retries())
 	must.Eq(t, 2.0, ejections())
@@ -65,10 +64,10 @@ func TestUnreachableWorkerEjected(t *testing.T) {
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 50*time.Millisecond, "the engine, back on its address, to serve a probe", func() bool {
 		send(2)
 		return back.Load() > 0
-	}), wait.Timeout(5*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	before := back.Load()
 	send(10)
 	must.Eq(t, before+5, back.Load()) // round robin again

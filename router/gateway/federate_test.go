@@ -15,8 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
 	"github.com/oasis-llm/oasis/router/admission"
@@ -104,8 +104,7 @@ func fedPairOver(t testing.TB, h2 bool, doc *policy.Document, e1, e2 map[string]
 	// RemoteDCs lists a datacenter as soon as a push to it succeeded, which
 	// under load can be well before its own first summary arrives.
 	for d, other := range map[*fedDC]string{dc1: "dc2", dc2: "dc1"} {
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return summaryFrom(t, d, other) }),
-			wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+		testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "the first summary from "+other, func() bool { return summaryFrom(t, d, other) })
 	}
 	return dc1, dc2
 }
@@ -265,8 +264,7 @@ func TestFederationSaturatedSpills(t *testing.T) {
 		_ = resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return local.Load() == 1 }),
-		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "the first request to hold dc1's only slot", func() bool { return local.Load() == 1 })
 	// dc1's only slot is taken and it queues nothing: the next request
 	// goes to dc2 instead of a 429.
 	resp := dc1.h.post("/v1/chat/completions", streamBody)

@@ -430,9 +430,7 @@ func TestAdmissionQueueFull(t *testing.T) {
 		}()
 	}
 	<-started
-	for h.gw.cfg.Admission.Queued("m") != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "one request queued", func() bool { return h.gw.cfg.Admission.Queued("m") == 1 })
 	must.Eq(t, 1.0, promtest.ToFloat64(h.m.Queued.WithLabelValues("m")))
 	resp := h.post("/v1/completions", `{"model":"m"}`)
 	must.Eq(t, 429, resp.StatusCode)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/metrics"
@@ -50,7 +51,7 @@ func TestGatewayTeachesPrefillRate(t *testing.T) {
 		if r.Header.Get("X-Test-Hold") != "" {
 			<-release
 		}
-		time.Sleep(firstEventDelay)
+		time.Sleep(firstEventDelay) // the input: the engine's time to first event
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n")
 		w.(http.Flusher).Flush()
@@ -102,11 +103,9 @@ func TestGatewayTeachesPrefillRate(t *testing.T) {
 	// Pending while the engine has not answered.
 	done := make(chan struct{})
 	go func() { defer close(done); post(true, true) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for worker().PendingPrefillTokens != promptTokens && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	must.Eq(t, int64(promptTokens), worker().PendingPrefillTokens)
+	testutil.Eventually(t, 5*time.Second, "the prompt's tokens pending prefill", func() bool {
+		return worker().PendingPrefillTokens == promptTokens
+	})
 	unhold()
 	<-done
 	s := worker()

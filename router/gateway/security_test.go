@@ -12,8 +12,8 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/federation"
 )
 
@@ -160,9 +160,9 @@ func TestFederatedHopCarriesNoClientFields(t *testing.T) {
 	}))
 	t.Cleanup(e2.Close)
 	dc1, dc2 := fedPair(t, map[string]string{"x": "other@" + deadAddr(t)}, map[string]string{"b": "m@" + addr(e2)})
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.Eventually(t, 10*time.Second, "dc2's summary for m to reach dc1", func() bool {
 		return dc1.fed.Route(federation.Request{Model: "m"}).DC == "dc2" // dc2's summary for m arrived
-	}), wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	})
 	resp := dc1.h.post("/v1/chat/completions", disaggBody, "Authorization", "Bearer client-secret", "X-Oasis-Probe", "1")
 	body := readAllString(t, resp)
 	must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(body))

@@ -16,6 +16,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -147,10 +148,10 @@ func TestImageEngine_ServesLogsRecoversStops(t *testing.T) {
 	}))
 
 	// Stats come from the container's cgroup.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 500*time.Millisecond, "a memory reading from the container's cgroup in the alloc's stats", func() bool {
 		st, err := stack.Nomad.Allocations().Stats(alloc, nil)
 		return err == nil && st.ResourceUsage != nil && st.ResourceUsage.MemoryStats != nil && st.ResourceUsage.MemoryStats.Usage > 0
-	}), wait.Timeout(30*time.Second), wait.Gap(500*time.Millisecond)))
+	})
 
 	// A client restart re-attaches to the same container: no restart.
 	must.NoError(t, stack.RestartNomad(ctx))
@@ -172,10 +173,10 @@ func TestImageEngine_ServesLogsRecoversStops(t *testing.T) {
 	stopped := waitEvent(t, alloc.ID, "Engine stopped (exit code")
 	t.Logf("stop: %s", stopped.DisplayMessage)
 	must.StrNotContains(t, stopped.DisplayMessage, "exit code 137")
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "the alloc to complete", func() bool {
 		a, _, err := stack.Nomad.Allocations().Info(alloc.ID, nil)
 		return err == nil && a.ClientStatus == "complete"
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		return len(newAPI().containersOf(t, alloc.ID)) == 0
 	}), wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond)), must.Func(func() string {
@@ -194,20 +195,20 @@ func TestMissingImage_FailsWithClearEvent(t *testing.T) {
 	must.NoError(t, err)
 	defer func() { _ = stack.StopJob(context.Background(), jobID) }()
 	var allocID string
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 100*time.Millisecond, "the job's first allocation", func() bool {
 		allocs, _, err := stack.Nomad.Jobs().Allocations(jobID, false, nil)
 		if err != nil || len(allocs) == 0 {
 			return false
 		}
 		allocID = allocs[0].ID
 		return true
-	}), wait.Timeout(60*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	ev := waitEvent(t, allocID, "Image "+image+" is not available")
 	must.StrContains(t, ev.DisplayMessage+ev.DriverMessage, "pull failed")
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "the alloc to fail", func() bool {
 		a, _, err := stack.Nomad.Allocations().Info(allocID, nil)
 		return err == nil && a.ClientStatus == "failed"
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 }
 
 // TestImageEngine_Bridge: in bridge networking the container joins the

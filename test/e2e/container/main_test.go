@@ -4,6 +4,7 @@
 package container
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -126,7 +127,11 @@ func startPodman(dir string) (*podmanService, error) {
 	}
 	s := &podmanService{cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(s.done) }()
-	deadline := time.Now().Add(30 * time.Second)
+	// The socket answers, the service exits, or 30 s pass: whichever comes first.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		if _, err := newAPI().version(); err == nil {
 			return s, nil
@@ -135,13 +140,11 @@ func startPodman(dir string) (*podmanService, error) {
 		case <-s.done:
 			b, _ := os.ReadFile(log.Name())
 			return nil, fmt.Errorf("podman system service exited: %s", strings.TrimSpace(string(b)))
-		default:
-		}
-		if time.Now().After(deadline) {
+		case <-ctx.Done():
 			s.stop()
 			return nil, fmt.Errorf("socket %s not answering after 30 s", podmanSocket)
+		case <-tick.C:
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -136,13 +137,13 @@ EOT
 func firstAlloc(t *testing.T, jobID string) string {
 	t.Helper()
 	var id string
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 100*time.Millisecond, "the job's first allocation", func() bool {
 		allocs, _, err := stack.Nomad.Jobs().Allocations(jobID, false, nil)
 		if err != nil || len(allocs) == 0 {
 			return false
 		}
 		id = allocs[0].ID
 		return true
-	}), wait.Timeout(60*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	return id
 }

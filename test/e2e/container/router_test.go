@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/app"
@@ -41,7 +40,7 @@ func startRouter(t *testing.T, tag, model string) string {
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	url := "http://" + listen
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the router's /v1/models to list the model", func() bool {
 		resp, err := http.Get(url + "/v1/models")
 		if err != nil {
 			return false
@@ -49,6 +48,6 @@ func startRouter(t *testing.T, tag, model string) string {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode == http.StatusOK && strings.Contains(string(b), `"`+model+`"`)
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	return url
 }

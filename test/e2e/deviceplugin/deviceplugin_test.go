@@ -16,6 +16,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -55,22 +56,31 @@ func TestDevicePlugin_GPULessNode(t *testing.T) {
 	_, err := os.Stat(filepath.Join(stack.PluginDir, "nomad-device-gpu"))
 	must.NoError(t, err, must.Sprint("the test bed installs the plugin"))
 
-	// The agent loaded the plugin under its PluginInfo name.
-	must.Wait(t, wait.InitialSuccess(
-		wait.BoolFunc(func() bool {
-			return strings.Contains(nomadLog(t), "detected plugin: name=nomad-device-gpu type=device")
-		}),
-		wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond),
-	), must.Sprint(stack.NomadLog()))
+	// The agent loaded the plugin under its PluginInfo name. must.Func: a
+	// failure shows the log as it was at the deadline.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Contains(nomadLog(t), "detected plugin: name=nomad-device-gpu type=device")
+	}), wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)), must.Func(stack.NomadLog))
 
 	// The device manager started it, and it said once why there are no GPUs.
-	must.Wait(t, wait.InitialSuccess(
-		wait.BoolFunc(func() bool { return strings.Contains(nomadLog(t), noDriverLine) }),
-		wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond),
-	), must.Sprint(stack.NomadLog()))
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		return strings.Contains(nomadLog(t), noDriverLine)
+	}), wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond)), must.Func(stack.NomadLog))
 
-	// Give the device manager several stats intervals (1s) to misbehave.
-	time.Sleep(5 * time.Second)
+	// Several stats intervals to misbehave in: the device manager asks the
+	// plugin for stats on the client's stats collection interval (1s), the
+	// one it samples host stats on, from its first fingerprint on. Six
+	// distinct host samples after the line above span at least five.
+	// (The API's HostStats leaves out the sample's Timestamp.)
+	samples, since := map[int64]bool{}, time.Now()
+	testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "six host stats samples from the Nomad client", func() bool {
+		var st struct{ Timestamp int64 }
+		if _, err := stack.Nomad.Raw().Query("/v1/client/stats?node_id="+stack.NodeID, &st, nil); err == nil && st.Timestamp != 0 {
+			samples[st.Timestamp] = true
+		}
+		return len(samples) >= 6
+	})
+	t.Logf("six host stats samples after %v", time.Since(since).Round(10*time.Millisecond))
 
 	log := nomadLog(t)
 	must.Eq(t, 1, strings.Count(log, noDriverLine), must.Sprint("logged once, not per period"))
@@ -132,22 +142,19 @@ job "wants-gpu" {
 	})
 
 	var failed *nomadapi.AllocationMetric
-	must.Wait(t, wait.InitialSuccess(
-		wait.BoolFunc(func() bool {
-			evals, _, err := stack.Nomad.Jobs().Evaluations(*job.ID, nil)
-			if err != nil {
-				return false
-			}
-			for _, e := range evals {
-				if m := e.FailedTGAllocs["g"]; m != nil {
-					failed = m
-					return true
-				}
-			}
+	testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "the job's evaluation to record the failed placement", func() bool {
+		evals, _, err := stack.Nomad.Jobs().Evaluations(*job.ID, nil)
+		if err != nil {
 			return false
-		}),
-		wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond),
-	))
+		}
+		for _, e := range evals {
+			if m := e.FailedTGAllocs["g"]; m != nil {
+				failed = m
+				return true
+			}
+		}
+		return false
+	})
 	allocs, _, err := stack.Nomad.Jobs().Allocations(*job.ID, true, nil)
 	must.NoError(t, err)
 	must.SliceEmpty(t, allocs)

@@ -104,8 +104,7 @@ func runRecipe(t *testing.T, ctx context.Context, protocol string) []engine {
 	t.Cleanup(func() {
 		must.NoError(t, stack.StopJob(context.Background(), recipeJob))
 		// The next protocol's engines must not meet these in the router's pool.
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(passing(t, protocol)) == 0 }),
-			wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)))
+		testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "the recipe's engines to leave Consul", func() bool { return len(passing(t, protocol)) == 0 })
 	})
 	var engines []engine
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {

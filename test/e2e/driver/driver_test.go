@@ -28,6 +28,7 @@ import (
 	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -66,10 +67,10 @@ func allocPort(t *testing.T, alloc *nomadapi.Allocation, label string) (string, 
 func enginePID(t *testing.T, port int) int {
 	t.Helper()
 	var pid int
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, fmt.Sprintf("an engine process listening on port %d", port), func() bool {
 		pid = findProcess(fmt.Sprintf("\x00--port\x00%d\x00", port))
 		return pid != 0
-	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	return pid
 }
 
@@ -185,10 +186,10 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 
 	// Consul: a passing oasis-engine instance with the documented meta.
 	var entries []*consulapi.ServiceEntry
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 250*time.Millisecond, "one passing oasis-engine instance tagged engine-sim in Consul", func() bool {
 		entries, _, err = stack.Consul.Health().Service("oasis-engine", "engine-sim", true, nil)
 		return err == nil && len(entries) == 1
-	}), wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond)))
+	})
 	svc := entries[0].Service
 	must.EqOp(t, port, svc.Port)
 	must.SliceContainsAll(t, []string{"oasis", "engine-sim", "role-both"}, svc.Tags)
@@ -214,22 +215,34 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 	must.NoError(t, err)
 	defer sub.Close()
 	go sub.Run(ctx)
-	time.Sleep(300 * time.Millisecond) // ZMQ slow joiner: let the SUB connect first
-	chatPrompt(t, net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port)), strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20))
-	stored := false
-	for !stored {
-		nctx, ncancel := context.WithTimeout(ctx, 15*time.Second)
-		msg, err := sub.Next(nctx)
-		ncancel()
-		must.NoError(t, err, must.Sprint("no KV event batch from ", svc.Meta["oasis_kv_events"]))
-		for _, ev := range msg.Batch.Events {
-			if bs, ok := ev.(kvevents.BlockStored); ok {
-				must.EqOp(t, 16, bs.BlockSize)
-				must.Positive(t, len(bs.BlockHashes))
-				stored = true
+	// ZMQ slow joiner: what the engine publishes before the SUB has
+	// connected is lost, so send a fresh prompt (new blocks, not a cache
+	// hit) until one's batch arrives, as router/cachestate's publishUntil
+	// does.
+	engineAddr := net.JoinHostPort(svc.Address, strconv.Itoa(svc.Port))
+	var stored *kvevents.BlockStored
+	attempt := 0
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "a BlockStored batch from "+svc.Meta["oasis_kv_events"], func() bool {
+		attempt++
+		chatPrompt(t, engineAddr, fmt.Sprintf("Attempt %d. ", attempt)+strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20))
+		for stored == nil {
+			nctx, ncancel := context.WithTimeout(ctx, time.Second)
+			msg, err := sub.Next(nctx)
+			ncancel()
+			if err != nil {
+				return false // nothing for this prompt: send another
+			}
+			for _, ev := range msg.Batch.Events {
+				if bs, ok := ev.(kvevents.BlockStored); ok {
+					stored = &bs
+				}
 			}
 		}
-	}
+		return true
+	})
+	t.Logf("first BlockStored batch after %d prompt(s)", attempt)
+	must.EqOp(t, 16, stored.BlockSize)
+	must.Positive(t, len(stored.BlockHashes))
 
 	pid := enginePID(t, port)
 	pgid, err := syscall.Getpgid(pid)
@@ -250,10 +263,10 @@ func TestSimJob_RunsRegistersServesRestartsStops(t *testing.T) {
 	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(groupMembers(pgid)) == 0 }),
 		wait.Timeout(15*time.Second), wait.Gap(100*time.Millisecond)),
 		must.Func(func() string { return fmt.Sprintf("process group %d still has %v", pgid, groupMembers(pgid)) }))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 250*time.Millisecond, "the engine-sim instance to leave Consul", func() bool {
 		entries, _, err = stack.Consul.Health().Service("oasis-engine", "engine-sim", false, nil)
 		return err == nil && len(entries) == 0
-	}), wait.Timeout(30*time.Second), wait.Gap(250*time.Millisecond)))
+	})
 }
 
 // TestInvalidConfig_FailsWithFieldNamed: Nomad's servers do not know a
@@ -390,7 +403,7 @@ func TestDisaggregatedSimPair(t *testing.T) {
 	must.Len(t, 2, allocs)
 
 	addr := map[string]string{}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 250*time.Millisecond, "two passing oasis-engine instances with their addresses", func() bool {
 		entries, _, err := stack.Consul.Health().Service("oasis-engine", jobID, true, nil)
 		if err != nil || len(entries) != 2 {
 			return false
@@ -399,7 +412,7 @@ func TestDisaggregatedSimPair(t *testing.T) {
 			addr[e.Service.Meta["oasis_role"]] = net.JoinHostPort(e.Service.Address, strconv.Itoa(e.Service.Port))
 		}
 		return true
-	}), wait.Timeout(60*time.Second), wait.Gap(250*time.Millisecond)))
+	})
 	must.MapContainsKeys(t, addr, []string{"prefill", "decode"})
 
 	for _, a := range allocs {

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	consulapi "github.com/hashicorp/consul/api"
+	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -82,10 +84,33 @@ func TestFederated(t *testing.T) {
 // TestIdleFootprint measures the resident memory of every process of the two-datacenter stack
 // before any job runs (the agents and their plugins): both datacenters' Consul and Nomad are
 // there, and the whole stays under 1 GiB, twice what it takes, so a leak or a stray agent shows.
+// It measures once the stack is idle: both Nomad clients ready and the total resident memory
+// within 2% across two reads a second apart.
 func TestIdleFootprint(t *testing.T) {
-	time.Sleep(5 * time.Second)
-	var kib, n int
-	byName, byCount := map[string]int{}, map[string]int{}
+	var fp, prev footprint
+	testutil.EventuallyEvery(t, 60*time.Second, time.Second, "both Nomad clients ready and a steady resident total", func() bool {
+		prev, fp = fp, readFootprint(t)
+		return nomadClientReady(fed.DC("dc1")) && nomadClientReady(fed.DC("dc2")) &&
+			prev.kib > 0 && fp.kib*100 <= prev.kib*102 && prev.kib*100 <= fp.kib*102
+	})
+	must.Eq(t, 2, fp.byCount["consul"], must.Sprintf("consul agents: %v", fp.byName))
+	must.Eq(t, 2, fp.byCount["nomad"], must.Sprintf("nomad agents: %v", fp.byName))
+	must.Less(t, 1024, fp.kib/1024, must.Sprintf("the idle stack takes %d MiB: %v", fp.kib/1024, fp.byName))
+	t.Logf("idle two-datacenter stack: %d processes, %d MiB resident (MiB by binary: %v; previous read %d MiB)",
+		fp.n, fp.kib/1024, fp.byName, prev.kib/1024)
+}
+
+// footprint is the resident memory of the stack's processes at one read.
+type footprint struct {
+	kib, n  int
+	byName  map[string]int // MiB by binary name
+	byCount map[string]int // agents by binary name
+}
+
+// readFootprint sums VmRSS over every process whose command line names the stack's directory.
+func readFootprint(t *testing.T) footprint {
+	t.Helper()
+	fp := footprint{byName: map[string]int{}, byCount: map[string]int{}}
 	entries, err := os.ReadDir("/proc")
 	must.NoError(t, err)
 	for _, e := range entries {
@@ -103,21 +128,32 @@ func TestIdleFootprint(t *testing.T) {
 		for _, line := range strings.Split(string(status), "\n") {
 			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 				k, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-				kib += k
-				n++
+				fp.kib += k
+				fp.n++
 				args := strings.Split(string(cmdline), "\x00")
 				name := filepath.Base(args[0])
-				byName[name] += k / 1024
+				fp.byName[name] += k / 1024
 				if len(args) > 1 && args[1] == "agent" {
-					byCount[name]++
+					fp.byCount[name]++
 				}
 			}
 		}
 	}
-	must.Eq(t, 2, byCount["consul"], must.Sprintf("consul agents: %v", byName))
-	must.Eq(t, 2, byCount["nomad"], must.Sprintf("nomad agents: %v", byName))
-	must.Less(t, 1024, kib/1024, must.Sprintf("the idle stack takes %d MiB: %v", kib/1024, byName))
-	t.Logf("idle two-datacenter stack: %d processes, %d MiB resident (MiB by binary: %v)", n, kib/1024, byName)
+	return fp
+}
+
+// nomadClientReady says whether the datacenter's Nomad lists a ready client node.
+func nomadClientReady(s *testbed.Stack) bool {
+	nodes, _, err := s.Nomad.Nodes().List(nil)
+	if err != nil {
+		return false
+	}
+	for _, n := range nodes {
+		if n.Status == nomadapi.NodeStatusReady {
+			return true
+		}
+	}
+	return false
 }
 
 // TestEngineInSecondRegion runs a sim engine job in region dc2, submitted to dc1's Nomad (which
@@ -138,16 +174,12 @@ func TestEngineInSecondRegion(t *testing.T) {
 
 	q := &consulapi.QueryOptions{Datacenter: "dc2"}
 	var entries []*consulapi.ServiceEntry
-	for {
+	testutil.EventuallyEvery(t, 2*time.Minute, 200*time.Millisecond, "the engine passing in dc2, seen through dc1's Consul", func() bool {
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second) // cross-DC calls need their own timeout
+		defer ccancel()
 		entries, _, err = dc1.Consul.Health().Service("oasis-engine", "", true, q.WithContext(cctx))
-		ccancel()
-		if err == nil && len(entries) == 1 {
-			break
-		}
-		must.NoError(t, ctx.Err(), must.Sprintf("engine never passing in dc2 (last: %v)", err))
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil && len(entries) == 1
+	})
 	must.Len(t, 1, entries)
 	must.Eq(t, "fed", entries[0].Service.Meta["oasis_model"])
 	must.Eq(t, "dc2", entries[0].Node.Datacenter)
@@ -216,11 +248,11 @@ func TestFreezeSecondDC(t *testing.T) {
 	must.Greater(t, 1900*time.Millisecond, time.Since(start))
 	must.NoError(t, dc2.Thaw(testbed.AgentConsul))
 	thawed = true
-	var last error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if last = query(5 * time.Second); last == nil {
-			return
+	// ErrorFunc: a failure shows the last query's error.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if err := query(5 * time.Second); err != nil {
+			return fmt.Errorf("dc2 never answered again after thawing: %w", err)
 		}
-	}
-	t.Fatalf("dc2 never answered again after thawing: %v", last)
+		return nil
+	}), wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)))
 }

@@ -3,12 +3,16 @@ package federation
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	nomadapi "github.com/hashicorp/nomad/api"
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -33,9 +37,17 @@ func timed(timeout time.Duration, f func(*nomadapi.QueryOptions) error) (time.Du
 // in dc1 during the freeze runs and its service passes in dc1's Consul.
 func TestFreezeSecondRegionNomad(t *testing.T) {
 	dc1, dc2 := fed.DC("dc1"), fed.DC("dc2")
+	suspects := func() int { return strings.Count(nomadLog(t, dc1), "memberlist: Suspect ") }
+	before := suspects()
 	must.NoError(t, dc2.Freeze(testbed.AgentNomad))
+	frozen := time.Now()
 	t.Cleanup(func() { must.NoError(t, dc2.Thaw(testbed.AgentNomad)) })
-	time.Sleep(2 * time.Second) // let dc1's servers notice a silent peer, if they would stall on it
+	// dc1's servers have noticed the silent peer (if they would stall on it,
+	// they do from here) once a WAN probe to it went unanswered.
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "dc1's Nomad to suspect frozen dc2's server", func() bool {
+		return suspects() > before
+	})
+	t.Logf("dc1's Nomad suspected frozen dc2 after %v", time.Since(frozen).Round(10*time.Millisecond))
 
 	took, err := timed(5*time.Second, func(q *nomadapi.QueryOptions) error {
 		_, _, err := dc1.Nomad.Jobs().List((&nomadapi.QueryOptions{Region: dc2.Region}).WithContext(q.Context()))
@@ -70,4 +82,12 @@ func TestFreezeSecondRegionNomad(t *testing.T) {
 	must.Eq(t, "freeze", entries[0].Service.Meta["oasis_model"])
 	t.Logf("job registered in dc1 during the freeze: service passing %v after the register call",
 		time.Since(start).Round(100*time.Millisecond))
+}
+
+// nomadLog is the whole of a datacenter's Nomad agent log.
+func nomadLog(t *testing.T, s *testbed.Stack) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(s.Dir, "nomad.log"))
+	must.NoError(t, err)
+	return string(data)
 }

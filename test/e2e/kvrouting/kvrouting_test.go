@@ -27,6 +27,7 @@ import (
 	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
@@ -163,14 +164,14 @@ func burst(t *testing.T, r *router, tag string, n int) burstResult {
 	must.NoError(t, err)
 	keys, err := r.cache.Keys(nil, modelName, 16, toks[:len(toks)/2])
 	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 20*time.Millisecond, "the router to index every block of the prompt's first half", func() bool {
 		for _, m := range r.cache.Match(keys, prefixindex.DefaultTierWeights(), nil) {
 			if m.Blocks == len(keys) {
 				return true
 			}
 		}
 		return false
-	}), wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 	for i := 0; i < n; i++ {
 		chat(t, r.url, system, fmt.Sprintf("question number %d about %s", i, tag))
 	}
@@ -210,7 +211,7 @@ func TestSharedPrefixBurstGoesToHolder(t *testing.T) {
 	kv := policy.Default()
 	kv.Policy, kv.Weights = scoring.Weighted, map[string]float64{"prefix": 1, "load": 0.2}
 	rkv := startRouter(t, ctx, kv)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 90*time.Second, 200*time.Millisecond, "three workers in the kv-aware router's pool", func() bool {
 		ws := rkv.pool.Workers(modelName)
 		if len(ws) != 3 {
 			return false
@@ -221,7 +222,7 @@ func TestSharedPrefixBurstGoesToHolder(t *testing.T) {
 			}
 		}
 		return true
-	}), wait.Timeout(90*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	// The subscribers dial in the background: give each a batch to prove it
 	// is connected before measuring (a PUB socket drops what precedes the
 	// connection).
@@ -252,8 +253,7 @@ func TestSharedPrefixBurstGoesToHolder(t *testing.T) {
 	rr := policy.Default()
 	rr.Policy, rr.Weights = scoring.RoundRobin, nil
 	rrr := startRouter(t, ctx, rr)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return len(rrr.pool.Workers(modelName)) == 3 }),
-		wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "three workers in the round-robin router's pool", func() bool { return len(rrr.pool.Workers(modelName)) == 3 })
 	rrRes := burst(t, rrr, "shipping", n) // a fresh prompt: cold on every engine
 
 	t.Logf("kv-aware:    hits %v requests %v", kvRes.hits, kvRes.requests)

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/tinymodel"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -184,8 +185,8 @@ type health struct {
 func waitHealthy(t *testing.T, e *engine, timeout time.Duration) []health {
 	t.Helper()
 	var seen []health
-	deadline := time.Now().Add(timeout)
-	for {
+	// must.Func: a failure shows the answers and the log at the deadline.
+	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
 		if e.exited() {
 			t.Fatalf("llama-server exited (%v) before it was healthy:\n%s", e.cmd.ProcessState, e.logText())
 		}
@@ -193,14 +194,11 @@ func waitHealthy(t *testing.T, e *engine, timeout time.Duration) []health {
 		if err == nil && (len(seen) == 0 || seen[len(seen)-1].code != code) {
 			seen = append(seen, health{code, string(b)})
 		}
-		if code == http.StatusOK {
-			return seen
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("llama-server not healthy after %s (answers %v):\n%s", timeout, seen, e.logText())
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return code == http.StatusOK
+	}), wait.Timeout(timeout), wait.Gap(2*time.Millisecond)), must.Func(func() string {
+		return fmt.Sprintf("llama-server not healthy after %s (answers %v):\n%s", timeout, seen, e.logText())
+	}))
+	return seen
 }
 
 // slot is one entry of llama-server's GET /slots.

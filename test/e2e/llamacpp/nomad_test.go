@@ -12,6 +12,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/enginestats"
 )
 
@@ -105,7 +106,7 @@ func runEngines(t testing.TB, ctx context.Context, prefix, model string, n int) 
 		must.NoError(t, err)
 	}
 	var addrs []string
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "passing llama.cpp engines in Consul with their addresses", func() bool {
 		entries, _, err := stack.Consul.Health().Service("oasis-engine", engineTag, true, nil)
 		if err != nil {
 			return false
@@ -119,7 +120,7 @@ func runEngines(t testing.TB, ctx context.Context, prefix, model string, n int) 
 			}
 		}
 		return len(addrs) == n
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	return addrs
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/app"
@@ -48,10 +47,10 @@ func startRouter(t testing.TB, doc *policy.Document, model string) string {
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	url := "http://" + listen
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the router's /v1/models to list the model", func() bool {
 		code, b, err := get(url + "/v1/models")
 		return err == nil && code == http.StatusOK && strings.Contains(string(b), `"`+model+`"`)
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	return url
 }
 
@@ -283,14 +282,14 @@ func TestClientCancelFreesSlot(t *testing.T) {
 
 	cancel()
 	resp.Body.Close()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 20*time.Second, 20*time.Millisecond, "llama-server's slots to stop processing after the client went away", func() bool {
 		for _, s := range slots(t, addrs[0]) {
 			if s.IsProcessing {
 				return false
 			}
 		}
 		return true
-	}), wait.Timeout(20*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 	after := scrape(t, addrs[0])
 	generated := after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"]
 	t.Logf("the engine generated %.0f of %d tokens before the cancelled stream freed its slot", generated, maxTokens)

@@ -184,20 +184,28 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 func waitReady(t *testing.T, ctx context.Context, router string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(router + "/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+	waitReadyWith(t, ctx, http.DefaultClient, router)
+}
+
+// waitReadyWith waits until the router's /ready answers 200 through client;
+// a failure shows the last answer.
+func waitReadyWith(t *testing.T, ctx context.Context, client *http.Client, router string) {
+	t.Helper()
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, router+"/ready", nil)
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("router %s never became ready (last: %v)", router, err)
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("router %s never became ready: %w", router, err)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("router %s never became ready: last status %d", router, resp.StatusCode)
+		}
+		return nil
+	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
 }
 
 // streamChat sends a streaming chat completion and returns the SSE data payloads in order.

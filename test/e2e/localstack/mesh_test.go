@@ -68,19 +68,7 @@ func TestUpMeshServesMeshClients(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	var events []string
-	deadline := time.Now().Add(60 * time.Second)
-	for { // the router finds the engines' sidecars a moment after they pass
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, router+"/ready", nil)
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		must.True(t, time.Now().Before(deadline), must.Sprintf("the mesh router never became ready: %v", err))
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitReadyWith(t, ctx, client, router) // the router finds the engines' sidecars a moment after they pass
 	events = streamChatWith(t, ctx, client, router, demoModel, "You are a helpful assistant.", "Hello, mesh!")
 	must.Greater(t, 1, len(events))
 	must.Eq(t, "[DONE]", events[len(events)-1])

@@ -225,8 +225,18 @@ func sharedPrefixBurst(t *testing.T, ctx context.Context, client *http.Client, b
 		resp.Body.Close()
 		must.EqOp(t, http.StatusOK, resp.StatusCode)
 	}
+	const matched = `oasis_router_prefix_matched_blocks_total{model="tiny-sim"}`
+	matchedBefore := max(0, routerMetric(ctx, client, base, matched))
 	ask("warm-up question")
-	time.Sleep(time.Second) // the holder's KV events reach the router
+	// The holder's KV events have reached the router once a request sharing
+	// the prefix is routed on blocks the router's index holds.
+	probes := 0
+	testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "a request routed on the warm-up's indexed blocks", func() bool {
+		probes++
+		ask(fmt.Sprintf("probe question %d", probes))
+		return routerMetric(ctx, client, base, matched) > matchedBefore
+	})
+	t.Logf("the router matched the warm-up's blocks after %d probe(s)", probes)
 	const n = 8
 	for i := range n {
 		ask(fmt.Sprintf("question number %d", i))

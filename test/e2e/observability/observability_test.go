@@ -20,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/shoenig/test/must"
+	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/test/e2e/localstack"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -60,8 +61,7 @@ func TestEveryDashboardPanelHasData(t *testing.T) {
 	// The shipped alerting rules are loaded and evaluate without error, and the series the GPU
 	// alert reads exists (this node has no GPUs: zero of each health).
 	rulesEvaluate(t, ctx, prom, filepath.Join(root, "observability", "alerts.yml"))
-	n, err := waitSeries(ctx, prom, `oasis_router_node_gpus{health="unhealthy"}`, 60*time.Second)
-	must.NoError(t, err, must.Sprint("the router exports no node_gpus for the GPU alert"))
+	n := waitSeries(t, ctx, prom, `oasis_router_node_gpus{health="unhealthy"}`, 60*time.Second, "node_gpus for the GPU alert")
 	must.Positive(t, n)
 
 	// Traffic for a few scrape intervals: streamed chats sharing a long system prompt through the
@@ -86,8 +86,7 @@ func TestEveryDashboardPanelHasData(t *testing.T) {
 					t.Skipf("%s: %s", p.expr, why)
 				}
 			}
-			n, err := waitSeries(ctx, prom, p.expr, 90*time.Second)
-			must.NoError(t, err, must.Sprintf("panel %q query %s", p.panel, p.expr))
+			n := waitSeries(t, ctx, prom, p.expr, 90*time.Second, fmt.Sprintf("panel %q", p.panel))
 			t.Logf("%d series: %s", n, p.expr)
 		})
 	}
@@ -158,42 +157,36 @@ func dashboardQueries(t *testing.T, path string) []panelQuery {
 }
 
 // waitSeries evaluates expr until it returns at least one series with a number (not NaN: a
-// panel that draws nothing) or timeout passes, and returns how many such series it had.
-func waitSeries(ctx context.Context, prom, expr string, timeout time.Duration) (int, error) {
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+// panel that draws nothing), failing the test with what and the last answer after timeout, and
+// returns how many such series it had.
+func waitSeries(t *testing.T, ctx context.Context, prom, expr string, timeout time.Duration, what string) int {
+	t.Helper()
+	n := 0
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		res, err := testbed.PromQuery(ctx, prom, expr)
 		if err != nil {
-			return 0, err
+			return fmt.Errorf("%s: %s: %w", what, expr, err)
 		}
-		n := 0
+		n = 0
 		for _, r := range res {
 			if !math.IsNaN(r.Value) {
 				n++
 			}
 		}
-		if n > 0 {
-			return n, nil
+		if n == 0 {
+			return fmt.Errorf("%s: %s: %d series, none with a number", what, expr, len(res))
 		}
-		last = fmt.Sprintf("%d series, none with a number", len(res))
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("no data after %s (%s)", timeout, last)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(2 * time.Second):
-		}
-	}
+		return nil
+	}), wait.Timeout(timeout), wait.Gap(2*time.Second)))
+	return n
 }
 
 // waitTargetsUp waits until Prometheus has at least one active target of each job and all of
 // them are up.
 func waitTargetsUp(t *testing.T, ctx context.Context, prom string, jobs []string) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	var up map[string]int
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		var res struct {
 			Data struct {
 				ActiveTargets []struct {
@@ -203,8 +196,11 @@ func waitTargetsUp(t *testing.T, ctx context.Context, prom string, jobs []string
 				} `json:"activeTargets"`
 			} `json:"data"`
 		}
-		must.NoError(t, getJSON(ctx, prom+"/api/v1/targets?state=active", &res))
-		up, down := map[string]int{}, []string{}
+		if err := getJSON(ctx, prom+"/api/v1/targets?state=active", &res); err != nil {
+			return fmt.Errorf("prometheus targets: %w", err)
+		}
+		up = map[string]int{}
+		down := []string{}
 		for _, tg := range res.Data.ActiveTargets {
 			if tg.Health == "up" {
 				up[tg.Labels["job"]]++
@@ -218,15 +214,12 @@ func waitTargetsUp(t *testing.T, ctx context.Context, prom string, jobs []string
 				missing = append(missing, j)
 			}
 		}
-		if len(missing) == 0 && len(down) == 0 {
-			t.Logf("prometheus targets up: %v", up)
-			return
+		if len(missing) > 0 || len(down) > 0 {
+			return fmt.Errorf("prometheus targets: no target up for %v; not up: %v", missing, down)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("prometheus targets: no target up for %v; not up: %v", missing, down)
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	}), wait.Timeout(90*time.Second), wait.Gap(time.Second)))
+	t.Logf("prometheus targets up: %v", up)
 }
 
 // rulesEvaluate waits until Prometheus has loaded every rule of the rule file and evaluated each
@@ -236,8 +229,8 @@ func rulesEvaluate(t *testing.T, ctx context.Context, prom, file string) {
 	data, err := os.ReadFile(file)
 	must.NoError(t, err)
 	want := strings.Count(string(data), "- alert:")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	ok := 0
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		var res struct {
 			Data struct {
 				Groups []struct {
@@ -249,8 +242,11 @@ func rulesEvaluate(t *testing.T, ctx context.Context, prom, file string) {
 				} `json:"groups"`
 			} `json:"data"`
 		}
-		must.NoError(t, getJSON(ctx, prom+"/api/v1/rules?type=alert", &res))
-		ok, bad := 0, []string{}
+		if err := getJSON(ctx, prom+"/api/v1/rules?type=alert", &res); err != nil {
+			return fmt.Errorf("prometheus rules: %w", err)
+		}
+		ok = 0
+		bad := []string{}
 		for _, g := range res.Data.Groups {
 			for _, r := range g.Rules {
 				if r.Health == "ok" {
@@ -260,15 +256,12 @@ func rulesEvaluate(t *testing.T, ctx context.Context, prom, file string) {
 				}
 			}
 		}
-		if ok == want {
-			t.Logf("prometheus evaluates %d alerting rules", ok)
-			return
+		if ok != want {
+			return fmt.Errorf("prometheus evaluates %d of %d alerting rules; not ok: %v", ok, want, bad)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			t.Fatalf("prometheus evaluates %d of %d alerting rules; not ok: %v", ok, want, bad)
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	}), wait.Timeout(60*time.Second), wait.Gap(time.Second)))
+	t.Logf("prometheus evaluates %d alerting rules", ok)
 }
 
 func getJSON(ctx context.Context, u string, v any) error {

@@ -206,7 +206,7 @@ func get(t *testing.T, url string) string {
 
 // waitIdle waits until the router has no request in flight to the local engine.
 func waitIdle(t *testing.T, url string) {
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 20*time.Millisecond, "no request in flight to the local engine", func() bool {
 		for _, l := range strings.Split(get(t, url+"/metrics"), "\n") {
 			if strings.HasPrefix(l, "oasis_router_worker_in_flight{") && strings.Contains(l, `model="`+localModel+`"`) &&
 				!strings.HasSuffix(l, " 0") {
@@ -214,5 +214,5 @@ func waitIdle(t *testing.T, url string) {
 			}
 		}
 		return true
-	}), wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -44,9 +44,9 @@ func TestNomadNativeDiscovery(t *testing.T) {
 	must.NoError(t, err)
 
 	r := startRouter(t, "oasis-e2e/nomad", "-discovery", "nomad", "-nomad-addr", stack.NomadAddr)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "the router to see the nomad-llama worker from Nomad's catalog", func() bool {
 		return r.metrics(t)["oasis_router_workers"]["model=nomad-llama"] == 1
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	code, events, err := chat(r.url, 4, "nomad-llama")
 	must.NoError(t, err)
 	must.Eq(t, 200, code)
@@ -56,14 +56,14 @@ func TestNomadNativeDiscovery(t *testing.T) {
 	// ${NOMAD_ADDR_kv} was resolved: a repeated long prompt then matches
 	// the blocks the first one stored.
 	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 24)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 500*time.Millisecond, "a repeated prompt to match stored prefix blocks", func() bool {
 		must.Eq(t, 200, sendPrompt(t, r.url, "nomad-llama", prompt))
 		sum := 0.0
 		for _, v := range r.metrics(t)["oasis_router_prefix_matched_blocks_total"] {
 			sum += v
 		}
 		return sum > 0
-	}), wait.Timeout(30*time.Second), wait.Gap(500*time.Millisecond)))
+	})
 	// A meta value the router cannot resolve would be dropped (the engine
 	// then learned approximately, which also matches): say it was not.
 	logText, err := os.ReadFile(r.log)
@@ -71,9 +71,9 @@ func TestNomadNativeDiscovery(t *testing.T) {
 	must.StrNotContains(t, string(logText), "cannot resolve")
 
 	must.NoError(t, stack.StopJob(ctx, "nsim"))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the router to drop the stopped nomad-llama worker", func() bool {
 		return r.metrics(t)["oasis_router_workers"]["model=nomad-llama"] == 0
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	code, _, _ = chat(r.url, 4, "nomad-llama")
 	must.Eq(t, 503, code)
 }

@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tlsfiles/tlsfilestest"
@@ -106,14 +105,14 @@ func startRouterWith(t *testing.T, prefix, scheme string, client *http.Client, e
 			t.Logf("router log:\n%s", out)
 		}
 	})
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 20*time.Second, 50*time.Millisecond, "the router's /health to answer 200", func() bool {
 		resp, err := r.client.Get(r.url + "/health")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
-	}), wait.Timeout(20*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	return r
 }
 
@@ -235,17 +234,17 @@ func TestRouterOnTestbed(t *testing.T) {
 	r.putPolicy(t, `{"policy":"round_robin"}`)
 
 	// The router registered itself and sees three passing engines.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "the router to see three llama workers", func() bool {
 		return r.metrics(t)["oasis_router_workers"]["model=llama"] == 3
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	// Registered as oasis-router; passing once Consul's HTTP check has run.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 20*time.Second, 200*time.Millisecond, "a passing oasis-router instance in Consul", func() bool {
 		svcs, _, err := stack.Consul.Health().Service("oasis-router", "", true, nil)
 		return err == nil && len(svcs) == 1
-	}), wait.Timeout(20*time.Second), wait.Gap(200*time.Millisecond)))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	})
+	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "the router's first policy reload", func() bool {
 		return r.metrics(t)["oasis_router_policy_reloads_total"][""] >= 1
-	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 
 	t.Run("requests spread as the policy says", func(t *testing.T) {
 		before := r.servedBy(t)
@@ -264,9 +263,9 @@ func TestRouterOnTestbed(t *testing.T) {
 	t.Run("a bad policy document changes nothing", func(t *testing.T) {
 		rejects := r.metrics(t)["oasis_router_policy_rejects_total"][""]
 		r.putPolicy(t, `{"policy":"weighted","weights":{"no_such_term":1}}`)
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "the bad policy's rejection to be counted", func() bool {
 			return r.metrics(t)["oasis_router_policy_rejects_total"][""] == rejects+1
-		}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+		})
 		before := r.servedBy(t)
 		for range 30 {
 			code, _, err := chat(r.url, 4)
@@ -282,9 +281,9 @@ func TestRouterOnTestbed(t *testing.T) {
 	t.Run("over TLS and HTTP/2", func(t *testing.T) {
 		tr := startRouterTLS(t, "oasis-e2e/router-tls")
 		tr.putPolicy(t, `{"policy":"round_robin"}`)
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "the TLS router to see three llama workers", func() bool {
 			return tr.metrics(t)["oasis_router_workers"]["model=llama"] == 3
-		}), wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)))
+		})
 		for range 9 {
 			code, events, proto, err := chatWith(tr.client, tr.url, 4)
 			must.NoError(t, err)

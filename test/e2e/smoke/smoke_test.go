@@ -18,6 +18,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -158,13 +159,13 @@ func TestRawExecJobRunsAndRegistersInConsul(t *testing.T) {
 
 	// Stopping the job ends the process and removes the registration.
 	must.NoError(t, stack.StopJob(ctx, *job.ID))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, fmt.Sprintf("task process %d to exit", pid), func() bool {
 		return syscall.Kill(pid, 0) == syscall.ESRCH
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)), must.Sprintf("task process %d still running", pid))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	})
+	testutil.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "oasis-smoke to leave Consul", func() bool {
 		entries, _, err := stack.Consul.Health().Service("oasis-smoke", "", false, nil)
 		return err == nil && len(entries) == 0
-	}), wait.Timeout(30*time.Second), wait.Gap(200*time.Millisecond)), must.Sprint("oasis-smoke still registered in Consul"))
+	})
 }
 
 func TestBatchJobOutput(t *testing.T) {

@@ -96,14 +96,14 @@ func runRouter(ctx context.Context, t *testing.T, otlp string) string {
 		"otlp_endpoint": otlp, "trace_sample_ratio": "0",
 	}))
 	base := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the router's /ready to answer 200", func() bool {
 		resp, err := http.Get(base + "/ready")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	return base
 }
 

@@ -280,7 +280,7 @@ func newDelayer() *delayer {
 	d := &delayer{ch: make(chan delayed, 8192)}
 	go func() {
 		for x := range d.ch {
-			time.Sleep(time.Until(x.due))
+			time.Sleep(time.Until(x.due)) // the input: the simulated link's delay
 			x.send()
 		}
 	}()

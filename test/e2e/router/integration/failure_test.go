@@ -17,9 +17,9 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	consulapi "github.com/hashicorp/consul/api"
-	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // These tests kill (SIGKILL) or freeze (SIGSTOP) a real oasis-sim behind the
@@ -34,8 +34,7 @@ func (r *router) setPolicy(t *testing.T, c *consulapi.Client, doc string) {
 	must.NoError(t, err)
 	p, _, err := c.KV().Get(r.key, nil)
 	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() == p.ModifyIndex }),
-		wait.Timeout(10*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 10*time.Second, 5*time.Millisecond, "the watcher to apply the policy's current index", func() bool { return r.watcher.AppliedIndex() == p.ModifyIndex })
 }
 
 // signal sends sig to the sim's process; a stopped sim is continued when the
@@ -96,7 +95,9 @@ func TestEngineFailsBeforeFirstToken(t *testing.T) {
 			r, slow, _ := twoSims(t, model, "--speed", "1", "--step-time-per-prefill-token", "40ms")
 			done := make(chan *http.Response, 1)
 			go func() { done <- streamChat(t, r.url, model, 4) }()
-			time.Sleep(500 * time.Millisecond)
+			testutil.Eventually(t, 10*time.Second, "the request in flight to the slow sim", func() bool {
+				return promtest.ToFloat64(r.m.WorkerInFlight.WithLabelValues(model, "a-"+model)) == 1
+			})
 			slow.signal(t, sig)
 			var resp *http.Response
 			select {

@@ -22,7 +22,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/auth"
@@ -58,14 +57,14 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 		}
 	}()
 	url := "http://" + listen
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 20*time.Second, 50*time.Millisecond, "the router's /ready to answer 200", func() bool {
 		resp, err := http.Get(url + "/ready")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
-	}), wait.Timeout(20*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	registered := func() int {
 		svcs, _, err := consul.client.Catalog().Service("oasis-router", "", nil)
 		must.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/enginestats"
@@ -110,9 +111,13 @@ func (r *router) ids(model string) []string {
 func (r *router) waitPool(t *testing.T, model string, ids ...string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
-		return strings.Join(r.ids(model), ",") == strings.Join(ids, ",")
-	}), wait.Timeout(10*time.Second), wait.Gap(2*time.Millisecond)), must.Sprintf("pool of %s: have %v, want %v", model, r.ids(model), ids))
+	// ErrorFunc: a failure shows the pool as it was at the end, not the start.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+		if have := r.ids(model); strings.Join(have, ",") != strings.Join(ids, ",") {
+			return fmt.Errorf("pool of %s: have %v, want %v", model, have, ids)
+		}
+		return nil
+	}), wait.Timeout(10*time.Second), wait.Gap(2*time.Millisecond)))
 	return time.Since(start)
 }
 
@@ -184,8 +189,7 @@ func TestConsulUnreachableKeepsPool(t *testing.T) {
 	r.register(t, own.client, "e1", "alpha", s)
 	r.waitPool(t, "alpha", "e1")
 	own.stop()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return promtest.ToFloat64(r.m.DiscoveryStale) == 1 }),
-		wait.Timeout(10*time.Second), wait.Gap(20*time.Millisecond)))
+	testutil.EventuallyEvery(t, 10*time.Second, 20*time.Millisecond, "the discovery stale gauge to read 1", func() bool { return promtest.ToFloat64(r.m.DiscoveryStale) == 1 })
 	must.Eq(t, []string{"e1"}, r.ids("alpha"))
 	code, _ := chat(t, r.url, "alpha", true)
 	must.Eq(t, 200, code)
@@ -196,8 +200,7 @@ func TestPolicyDocument(t *testing.T) {
 	c := consul.client
 	r := newRouter(t, c)
 	// Absent: the router writes the default, and applies it.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() != 0 }),
-		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	testutil.Eventually(t, 10*time.Second, "the watcher to apply the default policy it wrote", func() bool { return r.watcher.AppliedIndex() != 0 })
 	pair, _, err := c.KV().Get(r.key, nil)
 	must.NoError(t, err)
 	must.NotNil(t, pair)
@@ -213,8 +216,7 @@ func TestPolicyDocument(t *testing.T) {
 	}
 	reloads := promtest.ToFloat64(r.m.PolicyReloads)
 	idx := put(`{"policy":"least_load","models":{"alpha":{"policy":"round_robin","admission":{"max_in_flight":4}}}}`)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() == idx }),
-		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "the watcher to apply the new policy", func() bool { return r.watcher.AppliedIndex() == idx })
 	must.Eq(t, scoring.LeastLoad, r.watcher.Current().For("x").Scoring.Policy)
 	must.Eq(t, scoring.RoundRobin, r.watcher.Current().For("alpha").Scoring.Policy)
 	must.Eq(t, 4, r.watcher.Current().For("alpha").Limits.MaxInFlight)
@@ -224,8 +226,7 @@ func TestPolicyDocument(t *testing.T) {
 	good := r.watcher.Current()
 	for i, bad := range []string{`{"policy":"weighted","weights":{"nope":1}}`, `not json`, `{"policy":"least_load","typo":1}`} {
 		put(bad)
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return promtest.ToFloat64(r.m.PolicyRejects) == float64(i+1) }),
-			wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+		testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, fmt.Sprintf("policy rejection %d to be counted", i+1), func() bool { return promtest.ToFloat64(r.m.PolicyRejects) == float64(i+1) })
 		must.True(t, good == r.watcher.Current(), must.Sprint("the last good document stays"))
 	}
 	must.Eq(t, idx, r.watcher.AppliedIndex())
@@ -239,8 +240,7 @@ func TestPolicyNeverOverwritten(t *testing.T) {
 	_, err := c.KV().Put(&consulapi.KVPair{Key: key, Value: []byte(`{"policy":"round_robin"}`)}, nil)
 	must.NoError(t, err)
 	r := newRouter(t, c)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.AppliedIndex() != 0 }),
-		wait.Timeout(10*time.Second), wait.Gap(10*time.Millisecond)))
+	testutil.Eventually(t, 10*time.Second, "the watcher to apply the existing policy", func() bool { return r.watcher.AppliedIndex() != 0 })
 	must.Eq(t, scoring.RoundRobin, r.watcher.Current().Policy)
 	pair, _, err := c.KV().Get(key, nil)
 	must.NoError(t, err)
@@ -257,8 +257,7 @@ func TestRoutingAcrossSims(t *testing.T) {
 	r.waitPool(t, "alpha", "e0", "e1", "e2")
 	_, err := c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(`{"policy":"round_robin"}`)}, nil)
 	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.RoundRobin }),
-		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "the round_robin policy to apply", func() bool { return r.watcher.Current().Policy == scoring.RoundRobin })
 
 	served := func(id string) float64 { return promtest.ToFloat64(r.m.Requests.WithLabelValues("alpha", "200", id)) }
 	for range 30 {
@@ -267,18 +266,18 @@ func TestRoutingAcrossSims(t *testing.T) {
 		must.StrContains(t, body, "data: [DONE]")
 	}
 	// Counted as each handler ends, which may trail the client's last read.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "10 requests served by each engine", func() bool {
 		return served("e0") == 10 && served("e1") == 10 && served("e2") == 10
-	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	})
 	// Usage came from the engines' final events.
 	must.Eq(t, 30*4.0, promtest.ToFloat64(r.m.Tokens.WithLabelValues("alpha", "e0", "completion"))+
 		promtest.ToFloat64(r.m.Tokens.WithLabelValues("alpha", "e1", "completion"))+promtest.ToFloat64(r.m.Tokens.WithLabelValues("alpha", "e2", "completion")))
 
 	// The scraper sees the sims' load and power gauges.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 20*time.Millisecond, "the scraper to read the sim's load and power gauges", func() bool {
 		s := r.pool.Workers("alpha")[0].Signals()
 		return s.EngineMetrics && s.HasPower && s.PowerWatts > 0
-	}), wait.Timeout(5*time.Second), wait.Gap(20*time.Millisecond)))
+	})
 
 	// A sim that dies without its check failing yet costs no request: connect
 	// failures before the first byte are retried on another worker.
@@ -333,8 +332,7 @@ func TestPowerAwareRouting(t *testing.T) {
 	r.waitPool(t, "alpha", "frugal", "hungry")
 	_, err := c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(`{"policy":"round_robin"}`)}, nil)
 	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.RoundRobin }),
-		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "the round_robin policy to apply", func() bool { return r.watcher.Current().Policy == scoring.RoundRobin })
 
 	// Warm up under round robin until both engines have an efficiency estimate.
 	measured := func() bool {
@@ -374,14 +372,13 @@ func TestPowerAwareRouting(t *testing.T) {
 
 	_, err = c.KV().Put(&consulapi.KVPair{Key: r.key, Value: []byte(`{"policy":"weighted","weights":{"power":1}}`)}, nil)
 	must.NoError(t, err)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return r.watcher.Current().Policy == scoring.Weighted }),
-		wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "the weighted power policy to apply", func() bool { return r.watcher.Current().Policy == scoring.Weighted })
 	before := promtest.ToFloat64(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))
 	for range 20 {
 		code, _ := chat(t, r.url, "alpha", true)
 		must.Eq(t, 200, code)
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 5*time.Second, 5*time.Millisecond, "at least 18 of 20 requests served by frugal", func() bool {
 		return promtest.ToFloat64(r.m.Requests.WithLabelValues("alpha", "200", "frugal"))-before >= 18
-	}), wait.Timeout(5*time.Second), wait.Gap(5*time.Millisecond)))
+	})
 }

@@ -230,7 +230,7 @@ func TestModelAndSystemJobs(t *testing.T) {
 		must.NoError(t, err)
 		must.SliceEmpty(t, entries)
 		// The system jobs' services leave Consul as their tasks stop.
-		must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+		testutil.EventuallyEvery(t, 15*time.Second, 200*time.Millisecond, "the system jobs' services to leave Consul", func() bool {
 			for _, svc := range []string{"oasis-router", "oasis-kvcached"} {
 				entries, _, err := stack.Consul.Health().Service(svc, "", false, (&consulapi.QueryOptions{}).WithContext(ctx))
 				if err != nil || len(entries) > 0 {
@@ -238,7 +238,7 @@ func TestModelAndSystemJobs(t *testing.T) {
 				}
 			}
 			return true
-		}), wait.Timeout(15*time.Second), wait.Gap(200*time.Millisecond)))
+		})
 	})
 }
 
@@ -269,22 +269,24 @@ func chatThroughRouter(t *testing.T, ctx context.Context, port int) {
 	t.Helper()
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4}`, modelName)
-	var code int
 	var text string
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	// ErrorFunc: a failure shows the last answer, not the first.
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 		must.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return false
+			return fmt.Errorf("no chat completion through the router: %w", err)
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		code, text = resp.StatusCode, string(b)
-		return code == http.StatusOK
-	}), wait.Timeout(90*time.Second), wait.Gap(500*time.Millisecond)),
-		must.Sprintf("no chat completion through the router: last %d %s", code, text))
+		text = string(b)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("no chat completion through the router: last %d %s", resp.StatusCode, text)
+		}
+		return nil
+	}), wait.Timeout(90*time.Second), wait.Gap(500*time.Millisecond)))
 	must.StrContains(t, text, `"choices"`)
 }
 
