@@ -39,7 +39,7 @@ func soak(ctx context.Context, s *testbed.Stack, t targets, o options) *report {
 	rep := &report{Duration: o.duration.String(), Workers: o.workers}
 	out := &outcomes{n: map[string]int64{}}
 	var wg sync.WaitGroup
-	kv := redis.NewClient(&redis.Options{Addr: t.kvcachedAddr, PoolSize: o.workers})
+	kv := redis.NewClient(&redis.Options{Addr: t.kvcachedAddr, Password: t.kvcachedPass, PoolSize: o.workers})
 	defer kv.Close()
 	for i := range o.workers {
 		wg.Add(1)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oasis-llm/oasis/test/e2e/localstack"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -18,6 +19,7 @@ type targets struct {
 	routerURL    string // http://host:port
 	routerBin    string
 	kvcachedAddr string // RESP host:port
+	kvcachedPass string // the password make up gave it
 	kvcachedHTTP string // /metrics host:port
 	kvcachedBin  string
 	model        string
@@ -41,7 +43,8 @@ func findTargets(s *testbed.Stack) (targets, error) {
 	if t.kvcachedHTTP == "" {
 		return t, errors.New("oasis-kvcached registers no oasis_metrics_addr")
 	}
-	return t, nil
+	t.kvcachedPass, err = localstack.KvcachedPassword(s)
+	return t, err
 }
 
 // pidOf finds the running process whose executable is bin (the stack runs

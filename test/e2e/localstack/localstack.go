@@ -286,7 +286,7 @@ func runJobs(ctx context.Context, root, home string, s *testbed.Stack, out io.Wr
 // random one in nomad/jobs/oasis-kvcached/kvcached, kept when the variable exists) and declares it as the
 // KV offload tier "node-kv", so engine jobs can name it (nomad-driver/README.md).
 func kvcachedSecretAndTier(s *testbed.Stack, respPort string) error {
-	const secretPath = "nomad/jobs/oasis-kvcached/kvcached"
+	const secretPath = kvcachedSecretPath
 	v, _, err := s.Nomad.Variables().Peek(secretPath, nil)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", secretPath, err)
@@ -311,6 +311,23 @@ func kvcachedSecretAndTier(s *testbed.Stack, respPort string) error {
 		return fmt.Errorf("declaring tier node-kv: %w", err)
 	}
 	return nil
+}
+
+// kvcachedSecretPath is the Nomad variable holding the stack's kvcached password (item
+// redis_password): the kvcached task group's own path (jobs/README.md).
+const kvcachedSecretPath = "nomad/jobs/oasis-kvcached/kvcached"
+
+// KvcachedPassword is the password the stack's kvcached requires (make up generates it), for
+// clients such as the observability test and the soak's load.
+func KvcachedPassword(s *testbed.Stack) (string, error) {
+	v, _, err := s.Nomad.Variables().Peek(kvcachedSecretPath, nil)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", kvcachedSecretPath, err)
+	}
+	if v == nil || v.Items["redis_password"] == "" {
+		return "", fmt.Errorf("%s holds no redis_password", kvcachedSecretPath)
+	}
+	return v.Items["redis_password"], nil
 }
 
 // jobFiles lists the system jobs and the demo recipe, saying which ones do not exist yet.

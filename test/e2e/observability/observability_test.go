@@ -66,7 +66,10 @@ func TestEveryDashboardPanelHasData(t *testing.T) {
 
 	// Traffic for a few scrape intervals: streamed chats sharing a long system prompt through the
 	// router, and writes and reads (hits and misses) against kvcached.
-	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("%s:%d", kvcached[0].Service.Address, kvcached[0].Service.Port)})
+	password, err := localstack.KvcachedPassword(s)
+	must.NoError(t, err)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("%s:%d", kvcached[0].Service.Address, kvcached[0].Service.Port),
+		Password: password})
 	defer rdb.Close()
 	system := strings.Repeat("Oasis routes each request to the engine that already holds its prefix. ", 40)
 	block := strings.Repeat("k", 64<<10)
