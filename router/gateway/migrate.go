@@ -148,7 +148,10 @@ type streamTrack struct {
 	clientIDs bool // the client set clientIDsKey itself: its members stay
 	ok        bool // every event with output carried token ids (llama-server's chat: a token count)
 	finished  bool // an event with a finish_reason reached the client
-	ngen      int  // tokens the client has received: len(gen), or llama-server's chat count
+	ngen      int  // tokens the client has received: len(gen), or llama-server's count
+	held      int  // llama-server: the last ids of gen, whose text it held back (stop strings)
+
+	pieces []llamaPiece // llama-server: text where the ids of its tokens were not streamed
 
 	prompt  []int32 // the engine's prompt_token_ids
 	gen     []int32 // ids of the tokens the client has received
@@ -175,11 +178,8 @@ func newStreamTrack(x *exchange, wk *scoring.Worker) *streamTrack {
 	return t
 }
 
-// asksTokenIDsItself reports whether a client body sets return_token_ids
-// true (and so gets the id members the router would otherwise strip).
-func asksTokenIDsItself(body []byte) bool { return asksItself(body, "return_token_ids") }
-
-// asksItself reports whether a client body sets the member key true.
+// asksItself reports whether a client body sets the member key true (and
+// so gets the members the router would otherwise take out).
 func asksItself(body []byte, key string) bool {
 	if !bytes.Contains(body, []byte(`"`+key+`"`)) {
 		return false
@@ -454,6 +454,7 @@ func (t *streamTrack) continuable() bool {
 // the engine gets and the one the policy scores (its tokens: the prompt and
 // the tokens generated so far, for the prefix term).
 func (t *streamTrack) continuation(x *exchange) (*exchange, error) {
+	t.dropHeld()
 	set := map[string]json.RawMessage{clientIDsKey(t.kind, t.chat): jsonTrue}
 	if n, ok := t.remaining(x); ok {
 		if n < 1 {
@@ -472,7 +473,7 @@ func (t *streamTrack) continuation(x *exchange) (*exchange, error) {
 		}
 		set["messages"], set["continue_final_message"], set["add_generation_prompt"] = msgs, jsonTrue, json.RawMessage("false")
 	} else if t.kind == idsLlama {
-		p, err := llamaPrompt(x.fields.Prompt.Prompt, t.gen)
+		p, err := llamaPrompt(x.fields.Prompt.Prompt, t.gen, t.pieces)
 		if err != nil {
 			return nil, err
 		}

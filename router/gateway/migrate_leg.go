@@ -39,7 +39,7 @@ func (g *Gateway) migrate(c *call, rl *relay, ms *migrateSignal) error {
 			g.m.UpstreamTimeouts.WithLabelValues(model, "stream_idle").Inc() // broken counts it when not migrated
 		}
 		g.m.Migrations.WithLabelValues(model, ms.reason).Inc()
-		g.m.MigrationResentTokens.WithLabelValues(model).Add(float64(len(rl.mig.prompt) + len(rl.mig.gen)))
+		g.m.MigrationResentTokens.WithLabelValues(model).Add(float64(rl.mig.resent(c.ctx, next)))
 		g.log.Warn("engine failed mid-stream; continuing the stream on another worker", "model", model,
 			"from", rl.wk.ID, "to", wk.ID, "request_id", x.reqID, "reason", ms.reason,
 			"tokens_sent", rl.mig.ngen, "error", ms.err)
@@ -104,7 +104,7 @@ func containsWorker(ws []*scoring.Worker, w *scoring.Worker) bool {
 // another error when wk failed before its first event.
 func (g *Gateway) continueOn(c *call, rl *relay, wk *scoring.Worker, next *exchange) (err error) {
 	ctx, sp := g.tr.attempt(c.ctx, SpanMigrate, wk)
-	sp.SetAttributes(AttrMigrationLeg.Int(rl.mig.leg+1), AttrResentTokens.Int(len(rl.mig.prompt)+len(rl.mig.gen)))
+	sp.SetAttributes(AttrMigrationLeg.Int(rl.mig.leg+1), AttrResentTokens.Int(rl.mig.resent(ctx, next)))
 	defer func() { endSpan(sp, err) }()
 	tokens := next.req.EstimatedTokens
 	wk.Live.Enter(tokens)

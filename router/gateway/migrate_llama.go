@@ -4,7 +4,14 @@ package gateway
 // verbose, each /v1/completions event carries its token ids in
 // __verbose.tokens (the OpenAI members carry none); its prompt's ids are in
 // no event, so a continuation sends the client's prompt followed by the ids
-// streamed, a mixed prompt llama-server tokenizes as it did the original.
+// streamed, a mixed prompt llama-server tokenizes as it did the original. Two
+// tokens have no id in the stream: one whose text ends inside a UTF-8
+// character is not sent at all (the next event carries both texts and only
+// its own id; __verbose.tokens_predicted shows the gap), so the continuation
+// has that event's text in the place of its ids (tokenized again: exact
+// where it tokenizes back to the same ids); and the text of one that may
+// start a stop string is held back, so ids at the end whose text the client
+// has not received are left out of the continuation and generated again.
 // Its chat events carry no ids at all: with timings_per_token each carries
 // timings.predicted_n, the tokens generated so far, and the continuation is
 // the text streamed as an open assistant message (continue_final_message),
@@ -12,6 +19,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 )
 
@@ -19,16 +27,37 @@ import (
 type llamaChunk struct {
 	streamChunk
 	Verbose *struct {
-		Tokens []int32 `json:"tokens"`
+		Tokens          []int32 `json:"tokens"`
+		TokensPredicted int     `json:"tokens_predicted"`
 	} `json:"__verbose"`
 	Timings *struct {
 		PredictedN int `json:"predicted_n"`
 	} `json:"timings"`
 }
 
+// resent is the number of tokens the continuation next sends its engine:
+// the prompt's ids and the ids generated; for llama-server, whose events
+// carry no prompt ids, the continuation's tokens as the router's tokenizer
+// counts them (those the policy scored it with), else the tokens generated.
+func (t *streamTrack) resent(ctx context.Context, next *exchange) int {
+	if t.kind != idsLlama {
+		return len(t.prompt) + len(t.gen)
+	}
+	if ids, err := next.req.PromptTokens(ctx); err == nil && len(ids) > 0 {
+		return len(ids)
+	}
+	return t.ngen
+}
+
 // countsIDs reports whether the stream's token count is its token ids:
-// all but llama-server's chat.
-func (t *streamTrack) countsIDs() bool { return t.kind != idsLlama || !t.chat }
+// all but llama-server's, which counts them itself.
+func (t *streamTrack) countsIDs() bool { return t.kind != idsLlama }
+
+// llamaPiece is text in the place of token ids: gen[:at] comes before it.
+type llamaPiece struct {
+	at   int
+	text string
+}
 
 // llamaEvent is event for a llama-server stream: ev the whole event, data
 // its JSON payload.
@@ -45,12 +74,11 @@ func (t *streamTrack) llamaEvent(out, ev, data []byte) []byte {
 	if t.leg > 0 && t.roleOnly(&c.streamChunk) {
 		return out
 	}
-	if len(c.Choices) == 1 && c.Verbose != nil {
-		c.Choices[0].TokenIDs = c.Verbose.Tokens
-	}
-	t.read(&c.streamChunk)
-	if !t.countsIDs() {
+	if t.chat {
+		t.read(&c.streamChunk)
 		t.countChat(&c)
+	} else {
+		t.readCompletion(&c)
 	}
 	if t.leg > 0 && len(c.Usage) > 0 && string(c.Usage) != "null" {
 		return t.rewriteWhole(out, data, &c.streamChunk)
@@ -81,11 +109,46 @@ func (t *streamTrack) countChat(c *llamaChunk) {
 	}
 }
 
+// readCompletion records a completion's event c: its ids, or its text
+// where ids are missing, and the count.
+func (t *streamTrack) readCompletion(c *llamaChunk) {
+	if len(c.Choices) != 1 || c.Verbose == nil {
+		t.read(&c.streamChunk)
+		t.countChat(c) // no ids: output makes the stream not continuable
+		return
+	}
+	ch := &c.Choices[0]
+	out := string(ch.output())
+	n := t.legBase + c.Verbose.TokensPredicted
+	ch.TokenIDs = c.Verbose.Tokens
+	if n > t.ngen+len(ch.TokenIDs) && out != "" { // tokens whose ids were not streamed
+		t.pieces = append(t.pieces, llamaPiece{at: len(t.gen), text: out})
+		ch.TokenIDs = nil
+	}
+	t.read(&c.streamChunk)
+	switch {
+	case out != "":
+		t.held = 0
+	case ch.FinishReason == nil:
+		t.held += len(ch.TokenIDs)
+	}
+	t.ngen = max(n, t.ngen)
+}
+
+// dropHeld leaves the ids whose text the client has not received out of
+// the stream: the continuation generates them again.
+func (t *streamTrack) dropHeld() {
+	t.gen = t.gen[:len(t.gen)-t.held]
+	t.ngen -= t.held
+	t.held = 0
+}
+
 // llamaPrompt is the prompt of a llama-server completion's continuation:
 // the client's prompt (a string, token ids, or llama-server's mix of both)
-// followed by the ids generated. A batch of prompts, or llama-server's
-// object prompt, is not continued.
-func llamaPrompt(prompt json.RawMessage, gen []int32) (json.RawMessage, error) {
+// followed by the ids generated, with pieces of text where ids are
+// missing. A batch of prompts, or llama-server's object prompt, is not
+// continued.
+func llamaPrompt(prompt json.RawMessage, gen []int32, pieces []llamaPiece) (json.RawMessage, error) {
 	var elems []json.RawMessage
 	p := bytes.TrimSpace(prompt)
 	switch {
@@ -98,9 +161,15 @@ func llamaPrompt(prompt json.RawMessage, gen []int32) (json.RawMessage, error) {
 	default:
 		return nil, errNotContinuable
 	}
-	for _, id := range gen {
-		v, _ := json.Marshal(id)
-		elems = append(elems, v)
+	for i := 0; i <= len(gen); i++ {
+		for len(pieces) > 0 && pieces[0].at == i {
+			v, _ := json.Marshal(pieces[0].text)
+			elems, pieces = append(elems, v), pieces[1:]
+		}
+		if i < len(gen) {
+			v, _ := json.Marshal(gen[i])
+			elems = append(elems, v)
+		}
 	}
 	return json.Marshal(elems)
 }

@@ -16,6 +16,9 @@ import (
 
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/metrics"
+	"github.com/oasis-llm/oasis/router/openai"
+	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
 )
 
 // fakeLlama speaks llama-server's OpenAI streaming shapes as captured from
@@ -26,6 +29,10 @@ import (
 // 1 first when the prompt starts with a string, as llama-server's mixed
 // prompts), and the next token, a letter, is a function of the context, so
 // a continuation with the same context goes on as the uninterrupted run.
+// As llama-server, it streams no event for a token whose text ends inside a
+// UTF-8 character (here: 'z'; the next event has both texts and its own id
+// only) and holds back the text of one that may start a stop string (here:
+// 'q': an event with its id and no text).
 type fakeLlama struct {
 	srv *httptest.Server
 	n   atomic.Int64 // completion ids
@@ -75,10 +82,20 @@ func (f *fakeLlama) serve(w http.ResponseWriter, r *http.Request) {
 		send(`{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],` + head + `,"id":` + id + `,"object":"chat.completion.chunk"}`)
 	}
 	nPrompt := len(ctx)
+	pending := ""
 	for i := 1; i <= q.MaxTokens; i++ {
 		tok := nextFakeToken(ctx)
 		ctx = append(ctx, tok)
-		text, _ := json.Marshal(string(rune(tok)))
+		if !chat && tok == 'z' && i < q.MaxTokens {
+			pending += "z"
+			continue
+		}
+		s := pending + string(rune(tok))
+		pending = ""
+		if !chat && tok == 'q' && i < q.MaxTokens {
+			s, pending = "", "q"
+		}
+		text, _ := json.Marshal(s)
 		tokens := "[]"
 		if q.ReturnTokens {
 			tokens = fmt.Sprintf("[%d]", tok)
@@ -307,7 +324,7 @@ func TestLlamaPrompt(t *testing.T) {
 		{`[]`, ""},
 		{`[1.5]`, ""},
 	} {
-		got, err := llamaPrompt(json.RawMessage(tc.in), []int32{5, 6})
+		got, err := llamaPrompt(json.RawMessage(tc.in), []int32{5, 6}, nil)
 		if tc.want == "" {
 			must.ErrorIs(t, err, errNotContinuable, must.Sprint(tc.in))
 			continue
@@ -315,6 +332,30 @@ func TestLlamaPrompt(t *testing.T) {
 		must.NoError(t, err)
 		must.EqOp(t, tc.want, string(got))
 	}
+}
+
+// Ids llama-server does not stream: a token whose text ends inside a UTF-8
+// character (no event; the next has both texts, its own id and the count)
+// goes into the continuation as the text the client received; ids whose
+// text was held back (stop strings) are left out and generated again.
+func TestLlamaMissingIDs(t *testing.T) {
+	body := `{"model":"m","prompt":"hi","max_tokens":10,"stream":true}`
+	f, err := openai.ParseRequest(pathCompletions, []byte(body))
+	must.NoError(t, err)
+	x := &exchange{req: &scoring.Request{Model: "m", Path: pathCompletions, Body: []byte(body)}, fields: f, body: []byte(body),
+		pol: policy.Resolved{MigrationLimit: 2}}
+	ev := func(text string, ids string, n int) string {
+		return fmt.Sprintf(`data: {"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":null}],"created":1,"object":"text_completion","id":"c","__verbose":{"index":0,"content":%q,"tokens":%s,"stop":false,"tokens_predicted":%d}}`+"\n\n", text, text, ids, n)
+	}
+	tr := newStreamTrack(x, &scoring.Worker{Engine: engineLlamaCpp})
+	out := string(tr.filter([]byte(ev(" a", "[7]", 1) + ev("éb", "[9]", 3) + ev("c", "[10]", 4) + ev("", "[11]", 5) + ev("", "[12]", 6))))
+	must.StrNotContains(t, out, "__verbose")
+	must.StrContains(t, out, `"text":"éb"`)
+	must.True(t, tr.continuable())
+	next, err := tr.continuation(x)
+	must.NoError(t, err)
+	must.StrContains(t, string(next.body), `"prompt":["hi",7,"éb",10]`)
+	must.EqOp(t, 6, next.fields.MaxTokens) // 4 tokens the client has: 2 held back are generated again
 }
 
 func TestCutMember(t *testing.T) {
