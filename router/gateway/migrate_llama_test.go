@@ -364,7 +364,62 @@ func TestCutMember(t *testing.T) {
 		{`{"__verbose":{"x":[1]},"a":1}`, "__verbose", `{"a":1}`},
 		{`{"a":"\"timings\":{}","timings":{"predicted_n":3}}`, "timings", `{"a":"\"timings\":{}"}`},
 		{`{"a":1}`, "timings", `{"a":1}`},
+		{`{"a":1,"__verbose":{"c":"\\\"","t":[]}}`, "__verbose", `{"a":1}`},
+		{`{"__verbose":{"c":"x"`, "__verbose", `{"__verbose":{"c":"x"`},
+		{`{"a":1,"timings":null}`, "timings", `{"a":1}`},
 	} {
 		must.EqOp(t, tc.want, string(cutMember([]byte(tc.in), tc.key)))
+	}
+}
+
+// llamaIDsEngine streams a 16-token completion as llama-server does with
+// return_tokens and verbose: each token's id in __verbose.
+func llamaIDsEngine() *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		head := `"created":1,"model":"m","system_fingerprint":"b1-80fb11a","object":"text_completion","id":"chatcmpl-x"`
+		for i := range 16 {
+			fmt.Fprintf(w, `data: {"choices":[{"text":" tok%d","index":0,"logprobs":null,"finish_reason":null}],%s,"__verbose":{"index":0,"content":" tok%d","tokens":[%d],"stop":false,"id_slot":-1,"tokens_predicted":%d,"tokens_evaluated":11}}`+"\n\n", i, head, i, 1000+i, i+1)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, `data: {"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"length"}],`+head+`,"usage":{"completion_tokens":16,"prompt_tokens":11,"total_tokens":27}}`+"\n\ndata: [DONE]\n\n")
+	}))
+}
+
+// BenchmarkProxyStreamingLlamaTokens is BenchmarkProxyStreamingTokenIDs for
+// llama-server's shapes: every event decoded with encoding/json and its
+// __verbose member cut out.
+func BenchmarkProxyStreamingLlamaTokens(b *testing.B) {
+	e := llamaIDsEngine()
+	defer e.Close()
+	for _, tc := range []struct {
+		name  string
+		limit int
+	}{{"migrate", policy.DefaultMigrationLimit}, {"off", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			limit := tc.limit
+			doc := &policy.Document{Policy: scoring.RoundRobin, MigrationLimit: &limit}
+			h := engineHarness(b, Config{}, engineLlamaCpp, doc, map[string]string{"a": "m@" + addr(e)})
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := client.Post(h.srv.URL+pathCompletions, "application/json",
+						strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":16,"stream":true}`))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if strings.Contains(string(body), "__verbose") != (limit == 0) {
+						b.Errorf("__verbose reached the client with migration_limit %d", limit)
+						return
+					}
+				}
+			})
+		})
 	}
 }
