@@ -110,7 +110,9 @@ func (t *streamTrack) countChat(c *llamaChunk) {
 }
 
 // readCompletion records a completion's event c: its ids, or its text
-// where ids are missing, and the count.
+// where ids are missing, and the count. t.ngen counts the tokens up to the
+// last event with text; the ids of events without text since (held) have
+// their text still to come.
 func (t *streamTrack) readCompletion(c *llamaChunk) {
 	if len(c.Choices) != 1 || c.Verbose == nil {
 		t.read(&c.streamChunk)
@@ -121,25 +123,26 @@ func (t *streamTrack) readCompletion(c *llamaChunk) {
 	out := string(ch.output())
 	n := t.legBase + c.Verbose.TokensPredicted
 	ch.TokenIDs = c.Verbose.Tokens
-	if n > t.ngen+len(ch.TokenIDs) && out != "" { // tokens whose ids were not streamed
+	if out != "" && n > t.ngen+t.held+len(ch.TokenIDs) {
+		// Tokens whose ids were not streamed: the event's text stands for
+		// them, the held ones and its own.
+		t.gen = t.gen[:len(t.gen)-t.held]
 		t.pieces = append(t.pieces, llamaPiece{at: len(t.gen), text: out})
 		ch.TokenIDs = nil
 	}
 	t.read(&c.streamChunk)
 	switch {
-	case out != "":
-		t.held = 0
-	case ch.FinishReason == nil:
+	case out != "" || ch.FinishReason != nil:
+		t.held, t.ngen = 0, max(n, t.ngen)
+	default:
 		t.held += len(ch.TokenIDs)
 	}
-	t.ngen = max(n, t.ngen)
 }
 
 // dropHeld leaves the ids whose text the client has not received out of
 // the stream: the continuation generates them again.
 func (t *streamTrack) dropHeld() {
 	t.gen = t.gen[:len(t.gen)-t.held]
-	t.ngen -= t.held
 	t.held = 0
 }
 

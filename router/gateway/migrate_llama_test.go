@@ -30,9 +30,9 @@ import (
 // prompts), and the next token, a letter, is a function of the context, so
 // a continuation with the same context goes on as the uninterrupted run.
 // As llama-server, it streams no event for a token whose text ends inside a
-// UTF-8 character (here: 'z'; the next event has both texts and its own id
+// UTF-8 character (here: 'k'; the next event has both texts and its own id
 // only) and holds back the text of one that may start a stop string (here:
-// 'q': an event with its id and no text).
+// 'm': an event with its id and no text).
 type fakeLlama struct {
 	srv *httptest.Server
 	n   atomic.Int64 // completion ids
@@ -86,14 +86,14 @@ func (f *fakeLlama) serve(w http.ResponseWriter, r *http.Request) {
 	for i := 1; i <= q.MaxTokens; i++ {
 		tok := nextFakeToken(ctx)
 		ctx = append(ctx, tok)
-		if !chat && tok == 'z' && i < q.MaxTokens {
-			pending += "z"
+		if !chat && tok == 'k' && i < q.MaxTokens {
+			pending += "k"
 			continue
 		}
 		s := pending + string(rune(tok))
 		pending = ""
-		if !chat && tok == 'q' && i < q.MaxTokens {
-			s, pending = "", "q"
+		if !chat && tok == 'm' && i < q.MaxTokens {
+			s, pending = "", s
 		}
 		text, _ := json.Marshal(s)
 		tokens := "[]"
@@ -225,7 +225,7 @@ func TestLlamaMigrationContinuesTokenExact(t *testing.T) {
 		want := readStream(t, h.post(rq.path, rq.body))
 		must.True(t, want.done)
 		must.EqOp(t, 20, len(want.text))
-		for _, after := range []int{1, 3, 8} {
+		for _, after := range []int{1, 3, 8, 12, 15} {
 			t.Run(fmt.Sprintf("%s/after %d events", rq.name, after), func(t *testing.T) {
 				bad := newFaultyEngine(t, llA, after, crashFault)
 				good := newFaultyEngine(t, llB, -1, crashFault)
@@ -255,7 +255,7 @@ func TestLlamaMigrationContinuesTokenExact(t *testing.T) {
 // timings.predicted_n.
 func TestLlamaContinuationRequest(t *testing.T) {
 	llA, llB := startFakeLlama(t), startFakeLlama(t)
-	bad := newFaultyEngine(t, llA, 4, crashFault) // 4 tokens
+	bad := newFaultyEngine(t, llA, 4, crashFault) // "e", "kc" (no event for "k"), "c", "y": 5 tokens
 	good := newFaultyEngine(t, llB, -1, crashFault)
 	h := engineHarness(t, Config{}, engineLlamaCpp, migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
 	_ = readStream(t, h.post(pathCompletions, llamaMigrationRequests[0].body))
@@ -270,11 +270,12 @@ func TestLlamaContinuationRequest(t *testing.T) {
 		Verbose      bool              `json:"verbose"`
 	}
 	must.NoError(t, json.Unmarshal([]byte(good.last.Load().(string)), &c))
-	must.EqOp(t, 16, c.MaxTokens)
+	must.EqOp(t, 15, c.MaxTokens)
 	must.True(t, c.ReturnTokens)
 	must.True(t, c.Verbose)
-	must.SliceLen(t, 5, c.Prompt)
-	must.EqOp(t, `"once upon a time"`, string(c.Prompt[0]))
+	p, err := json.Marshal(c.Prompt)
+	must.NoError(t, err)
+	must.EqOp(t, `["once upon a time",101,"kc",99,121]`, string(p)) // the "k" without an id as text
 
 	bad = newFaultyEngine(t, llA, 3, crashFault) // role chunk + 2 tokens
 	good = newFaultyEngine(t, llB, -1, crashFault)
@@ -293,6 +294,23 @@ func TestLlamaContinuationRequest(t *testing.T) {
 	must.False(t, cc.AddGenerationPrompt)
 	must.SliceLen(t, 2, cc.Messages)
 	must.EqOp(t, 2, len(cc.Messages[1].Content))
+}
+
+// A llama-server that stalls (SIGSTOP) mid-stream is left after
+// stream_idle and the stream goes on on another, token-exact.
+func TestLlamaMigrationAfterStall(t *testing.T) {
+	llA, llB := startFakeLlama(t), startFakeLlama(t)
+	rq := llamaMigrationRequests[0]
+	whole := newFaultyEngine(t, llA, -1, crashFault)
+	want := readStream(t, engineHarness(t, Config{}, engineLlamaCpp, migrationPolicy("5s", 2), map[string]string{"a": "m@" + addr(whole.srv)}).post(rq.path, rq.body))
+	bad := newFaultyEngine(t, llA, 5, freezeFault)
+	good := newFaultyEngine(t, llB, -1, crashFault)
+	h := engineHarness(t, Config{}, engineLlamaCpp, migrationPolicy("300ms", 2), map[string]string{"a": "m@" + addr(bad.srv), "b": "m@" + addr(good.srv)})
+	got := readStream(t, h.post(rq.path, rq.body))
+	must.EqOp(t, want.text, got.text)
+	must.Eq(t, want.usage, got.usage)
+	must.EqOp(t, "", got.errorCode)
+	must.EqOp(t, 1.0, promtest.ToFloat64(h.m.Migrations.WithLabelValues("m", metrics.MigrationStreamIdle)))
 }
 
 // A llama-server stream is continued on llama-server engines only: token
