@@ -163,7 +163,7 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	rl.usage.sse = rl.sse
 	rl.strip = rl.sse && asksUsage(x)
 	if _, leg := w.(*cascade.Buffer); rl.sse && !leg && migratable(x, wk) {
-		rl.mig = newStreamTrack(x)
+		rl.mig = newStreamTrack(x, wk)
 	}
 	if fl, ok := w.(http.Flusher); ok {
 		rl.fl = fl

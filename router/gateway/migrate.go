@@ -3,12 +3,18 @@ package gateway
 // In-flight migration (issue #37): when the engine of a stream fails after
 // the first token — its connection breaks, or it sends nothing for the
 // stream_idle timeout — the router continues the same client stream on
-// another engine. It asks engines that take them (vLLM, oasis-sim) for the
-// token ids they generate (return_token_ids), relays only whole events, and on a failure
-// sends the continuation: a completion's prompt ids plus the ids already
-// streamed as a token-id prompt, a chat's messages plus the text already
-// streamed as an open final assistant message (continue_final_message),
-// max_tokens reduced by what was sent. The new engine is chosen by the
+// another engine. It asks engines that take them for the token ids they
+// generate — vLLM and oasis-sim: return_token_ids (choices[].token_ids and
+// prompt_token_ids); llama.cpp's llama-server: return_tokens with verbose
+// (__verbose.tokens; its chat chunks carry no ids, so a chat counts its
+// tokens by timings_per_token's timings.predicted_n) — relays only whole
+// events, and on a failure sends the continuation: a completion's prompt ids
+// plus the ids already streamed as a token-id prompt (llama-server: the
+// client's prompt followed by those ids, a mixed prompt it tokenizes as the
+// original), a chat's messages plus the text already streamed as an open
+// final assistant message (continue_final_message, which both take),
+// max_tokens reduced by what was sent. A continuation goes to an engine of
+// the same kind: token ids are the kind's tokenizer's. The new engine is chosen by the
 // model's policy with the continuation's tokens, so the prefix term finds
 // an engine holding them. Its events go to the client rewritten as the
 // first engine's: the same id and created, no second role chunk, usage
@@ -54,19 +60,72 @@ func migratable(x *exchange, wk *scoring.Worker) bool {
 		x.remote == nil && takesTokenIDs(wk) && !x.remotePrefill()
 }
 
-// takesTokenIDs reports whether wk's engine serves vLLM's return_token_ids,
-// token-id prompts and continue_final_message: vLLM (0.10.2 and later) and
-// oasis-sim, by their oasis_engine meta. Others are never sent the field:
-// some refuse unknown fields (TensorRT-LLM's OpenAI server answers 400).
-func takesTokenIDs(wk *scoring.Worker) bool {
-	return wk.Upstream == "" && (wk.Engine == engineVLLM || wk.Engine == engineSim)
+// takesTokenIDs reports whether wk's engine returns the ids of the tokens
+// it streams and takes token ids and continue_final_message back.
+func takesTokenIDs(wk *scoring.Worker) bool { return idsKindOf(wk) != idsNone }
+
+// idsKind is how an engine returns token ids and takes a continuation.
+type idsKind uint8
+
+const (
+	idsNone  idsKind = iota
+	idsVLLM          // return_token_ids; token-id prompts
+	idsLlama         // return_tokens + verbose: __verbose.tokens; mixed prompts; chat: timings_per_token
+)
+
+// idsKindOf is the kind of wk's engine by its oasis_engine meta: vLLM
+// (0.10.2 and later) and oasis-sim as vLLM, llama.cpp's llama-server.
+// Others are never sent the fields: some refuse unknown fields
+// (TensorRT-LLM's OpenAI server answers 400).
+func idsKindOf(wk *scoring.Worker) idsKind {
+	if wk.Upstream != "" {
+		return idsNone
+	}
+	switch wk.Engine {
+	case engineVLLM, engineSim:
+		return idsVLLM
+	case engineLlamaCpp:
+		return idsLlama
+	}
+	return idsNone
 }
 
 // oasis_engine values of engines that take token ids.
 const (
-	engineVLLM = "vllm"
-	engineSim  = "sim"
+	engineVLLM     = "vllm"
+	engineSim      = "sim"
+	engineLlamaCpp = "llama_cpp"
 )
+
+// clientIDsKey is the member a client sets itself to get the members the
+// router otherwise adds and takes out of the events of kind's engine.
+func clientIDsKey(kind idsKind, chat bool) string {
+	switch {
+	case kind != idsLlama:
+		return "return_token_ids"
+	case chat:
+		return "timings_per_token"
+	}
+	return "verbose"
+}
+
+// withIDFields returns the body x's attempt to wk sends asking wk's engine
+// for the token ids (or, llama-server's chat, the token counts) a
+// migration needs: body as it is when x is not migratable to wk. The last
+// of a repeated key wins, so the members are appended.
+func withIDFields(x *exchange, wk *scoring.Worker, body []byte) []byte {
+	if !migratable(x, wk) {
+		return body
+	}
+	kind, chat := idsKindOf(wk), x.req.Path == pathChat
+	if kind == idsLlama && !chat {
+		body = openai.AppendMember(body, "return_tokens", jsonTrue)
+	}
+	if key := clientIDsKey(kind, chat); !asksItself(x.body, key) {
+		body = openai.AppendMember(body, key, jsonTrue)
+	}
+	return body
+}
 
 // migrateSignal is what relay.run returns instead of ending a stream whose
 // engine failed when the stream can be continued.
@@ -85,9 +144,14 @@ var errNotContinuable = errors.New("the stream cannot be continued")
 // received, and how to rewrite a continuation's events.
 type streamTrack struct {
 	chat      bool
-	clientIDs bool // the client asked for return_token_ids itself: its members stay
-	ok        bool // every event with output carried token ids
+	kind      idsKind
+	clientIDs bool // the client set clientIDsKey itself: its members stay
+	ok        bool // every event with output carried token ids (llama-server's chat: a token count)
 	finished  bool // an event with a finish_reason reached the client
+	ngen      int  // tokens the client has received: len(gen), or llama-server's count
+	held      int  // llama-server: the last ids of gen, whose text it held back (stop strings)
+
+	pieces []llamaPiece // llama-server: text where the ids of its tokens were not streamed
 
 	prompt  []int32 // the engine's prompt_token_ids
 	gen     []int32 // ids of the tokens the client has received
@@ -105,30 +169,29 @@ type streamTrack struct {
 	scan    streamChunk // scanChunk's result, reused
 }
 
-func newStreamTrack(x *exchange) *streamTrack {
-	t := &streamTrack{chat: x.req.Path == pathChat, ok: true, clientIDs: asksTokenIDsItself(x.body)}
+func newStreamTrack(x *exchange, wk *scoring.Worker) *streamTrack {
+	chat, kind := x.req.Path == pathChat, idsKindOf(wk)
+	t := &streamTrack{chat: chat, kind: kind, clientIDs: asksItself(x.body, clientIDsKey(kind, chat))}
 	// A chat that continues its own final message would need its text
 	// joined to that message; it keeps today's behaviour.
 	t.ok = !t.chat || !bytes.Contains(x.body, []byte(`"continue_final_message"`))
 	return t
 }
 
-// asksTokenIDsItself reports whether a client body sets return_token_ids
-// true (and so gets the id members the router would otherwise strip).
-func asksTokenIDsItself(body []byte) bool {
-	if !bytes.Contains(body, []byte(`"return_token_ids"`)) {
+// asksItself reports whether a client body sets the member key true (and
+// so gets the members the router would otherwise take out).
+func asksItself(body []byte, key string) bool {
+	if !bytes.Contains(body, []byte(`"`+key+`"`)) {
 		return false
 	}
-	var v struct {
-		R bool `json:"return_token_ids"`
-	}
-	return json.Unmarshal(body, &v) == nil && v.R
+	var v map[string]json.RawMessage
+	return json.Unmarshal(body, &v) == nil && string(bytes.TrimSpace(v[key])) == "true"
 }
 
 // startLeg prepares for a continuation's events.
 func (t *streamTrack) startLeg() {
 	t.leg++
-	t.legBase = len(t.gen)
+	t.legBase = t.ngen
 	t.legID, t.legCrt, t.pending = nil, nil, t.pending[:0]
 }
 
@@ -162,7 +225,7 @@ type streamChoice struct {
 // router's token-id members taken out, a continuation's events rewritten.
 // The result is valid until the next call.
 func (t *streamTrack) filter(data []byte) []byte {
-	if !t.ok && t.leg == 0 && len(t.pending) == 0 && !bytes.Contains(data, []byte("token_ids")) {
+	if !t.ok && t.leg == 0 && len(t.pending) == 0 && !bytes.Contains(data, t.marker()) {
 		return data // never to be migrated, nothing to take out: as it came
 	}
 	t.out = t.out[:0]
@@ -192,6 +255,9 @@ func (t *streamTrack) event(out, ev []byte) []byte {
 	if !ok || len(data) == 0 || data[0] != '{' {
 		return append(out, ev...) // [DONE], comments, other fields
 	}
+	if t.kind == idsLlama {
+		return t.llamaEvent(out, ev, data)
+	}
 	if t.leg == 0 && !bytes.Contains(data, []byte("token_ids")) {
 		t.skim(data) // no ids: nothing to keep or take out, no need to parse
 		return append(out, ev...)
@@ -212,9 +278,7 @@ func (t *streamTrack) event(out, ev []byte) []byte {
 	case t.leg > 0 && len(c.Usage) > 0 && string(c.Usage) != "null":
 		return t.rewriteWhole(out, data, c)
 	case t.leg > 0:
-		ev = bytes.Replace(ev, append(append([]byte(`"id":`), t.legID...), ','), append(append([]byte(`"id":`), t.id...), ','), 1)
-		ev = bytes.Replace(ev, append([]byte(`"created":`), t.legCrt...), append([]byte(`"created":`), t.created...), 1)
-		ev = removeMember(ev, "prompt_token_ids")
+		ev = removeMember(t.asFirst(ev), "prompt_token_ids")
 	case !t.clientIDs:
 		ev = removeMember(ev, "prompt_token_ids")
 	}
@@ -222,6 +286,24 @@ func (t *streamTrack) event(out, ev []byte) []byte {
 		ev = removeMember(ev, "token_ids")
 	}
 	return append(out, ev...)
+}
+
+// asFirst rewrites a continuation's event ev with the first engine's id
+// and created (ids are JSON strings: the closing quote ends the match).
+func (t *streamTrack) asFirst(ev []byte) []byte {
+	ev = bytes.Replace(ev, append([]byte(`"id":`), t.legID...), append([]byte(`"id":`), t.id...), 1)
+	return bytes.Replace(ev, append([]byte(`"created":`), t.legCrt...), append([]byte(`"created":`), t.created...), 1)
+}
+
+// marker is what every event of the engine that carries ids contains.
+func (t *streamTrack) marker() []byte {
+	switch {
+	case t.kind != idsLlama:
+		return []byte("token_ids")
+	case t.chat:
+		return []byte(`"timings":`)
+	}
+	return []byte(`"__verbose":`)
 }
 
 // skim reads what matters of a first-leg event without token ids: output
@@ -272,7 +354,7 @@ func (t *streamTrack) read(c *streamChunk) {
 		}
 		out := ch.output()
 		if ch.Index != 0 || len(ch.Delta.ToolCalls) > 0 && string(ch.Delta.ToolCalls) != "null" ||
-			len(ch.Delta.Reasoning) > 0 && string(ch.Delta.Reasoning) != "null" || len(out) > 0 && len(ch.TokenIDs) == 0 {
+			len(ch.Delta.Reasoning) > 0 && string(ch.Delta.Reasoning) != "null" || len(out) > 0 && len(ch.TokenIDs) == 0 && t.countsIDs() {
 			t.ok = false // n > 1, tool calls, reasoning, or no ids: not continuable from text and ids
 		}
 		t.gen = append(t.gen, ch.TokenIDs...)
@@ -282,6 +364,9 @@ func (t *streamTrack) read(c *streamChunk) {
 		if ch.FinishReason != nil {
 			t.finished = true
 		}
+	}
+	if t.countsIDs() {
+		t.ngen = len(t.gen)
 	}
 	if len(t.gen)+len(t.text) > maxTrackedText {
 		t.ok = false
@@ -298,6 +383,10 @@ func (t *streamTrack) rewriteWhole(out, data []byte, c *streamChunk) []byte {
 	}
 	m["id"], m["created"] = t.id, t.created
 	delete(m, "prompt_token_ids")
+	if t.kind == idsLlama && !t.clientIDs {
+		delete(m, "__verbose")
+		delete(m, "timings") // the leg's, not the stream's
+	}
 	var u map[string]json.RawMessage
 	if json.Unmarshal(c.Usage, &u) == nil {
 		shift := int64(t.legBase)
@@ -358,14 +447,15 @@ func removeMember(b []byte, key string) []byte {
 
 // continuable reports whether the stream can go on elsewhere.
 func (t *streamTrack) continuable() bool {
-	return t.ok && !t.finished && (t.chat || len(t.prompt) > 0 || len(t.gen) == 0)
+	return t.ok && !t.finished && (t.chat || t.kind == idsLlama || len(t.prompt) > 0 || len(t.gen) == 0)
 }
 
 // continuation builds the exchange of the stream's next leg: the request
 // the engine gets and the one the policy scores (its tokens: the prompt and
 // the tokens generated so far, for the prefix term).
 func (t *streamTrack) continuation(x *exchange) (*exchange, error) {
-	set := map[string]json.RawMessage{"return_token_ids": jsonTrue}
+	t.dropHeld()
+	set := map[string]json.RawMessage{clientIDsKey(t.kind, t.chat): jsonTrue}
 	if n, ok := t.remaining(x); ok {
 		if n < 1 {
 			return nil, errNotContinuable
@@ -382,6 +472,12 @@ func (t *streamTrack) continuation(x *exchange) (*exchange, error) {
 			return nil, err
 		}
 		set["messages"], set["continue_final_message"], set["add_generation_prompt"] = msgs, jsonTrue, json.RawMessage("false")
+	} else if t.kind == idsLlama {
+		p, err := llamaPrompt(x.fields.Prompt.Prompt, t.gen, t.pieces)
+		if err != nil {
+			return nil, err
+		}
+		set["prompt"], set["return_tokens"] = p, jsonTrue
 	} else {
 		ids, _ := json.Marshal(append(append(make([]int32, 0, len(t.prompt)+len(t.gen)), t.prompt...), t.gen...))
 		set["prompt"], set["echo"] = ids, json.RawMessage("false")
@@ -409,14 +505,15 @@ func (t *streamTrack) continuation(x *exchange) (*exchange, error) {
 	return &exchange{req: req, fields: f, body: body, reqID: x.reqID, pol: x.pol}, nil
 }
 
-// remaining is the continuation's max_tokens: the client's (a completion's
-// default when it set none) less what was sent; !ok for a chat without one.
+// remaining is the continuation's max_tokens: the client's (a vLLM
+// completion's default when it set none) less what was sent; !ok without
+// one otherwise.
 func (t *streamTrack) remaining(x *exchange) (int, bool) {
 	switch {
 	case x.fields.HasMaxTokens:
-		return x.fields.MaxTokens - len(t.gen), true
-	case !t.chat:
-		return completionsDefaultMax - len(t.gen), true
+		return x.fields.MaxTokens - t.ngen, true
+	case !t.chat && t.kind != idsLlama: // llama-server's default: up to the context's end
+		return completionsDefaultMax - t.ngen, true
 	}
 	return 0, false
 }

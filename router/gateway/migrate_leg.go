@@ -31,7 +31,7 @@ func (g *Gateway) migrate(c *call, rl *relay, ms *migrateSignal) error {
 		if err != nil {
 			return g.migrationFailed(c, rl, ms, metrics.MigrationNotContinuable)
 		}
-		wk := g.pickContinuation(c, next, failed)
+		wk := g.pickContinuation(c, rl, next, failed)
 		if wk == nil {
 			return g.migrationFailed(c, rl, ms, metrics.MigrationNoWorker)
 		}
@@ -39,10 +39,10 @@ func (g *Gateway) migrate(c *call, rl *relay, ms *migrateSignal) error {
 			g.m.UpstreamTimeouts.WithLabelValues(model, "stream_idle").Inc() // broken counts it when not migrated
 		}
 		g.m.Migrations.WithLabelValues(model, ms.reason).Inc()
-		g.m.MigrationResentTokens.WithLabelValues(model).Add(float64(len(rl.mig.prompt) + len(rl.mig.gen)))
+		g.m.MigrationResentTokens.WithLabelValues(model).Add(float64(rl.mig.resent(c.ctx, next)))
 		g.log.Warn("engine failed mid-stream; continuing the stream on another worker", "model", model,
 			"from", rl.wk.ID, "to", wk.ID, "request_id", x.reqID, "reason", ms.reason,
-			"tokens_sent", len(rl.mig.gen), "error", ms.err)
+			"tokens_sent", rl.mig.ngen, "error", ms.err)
 		err = g.continueOn(c, rl, wk, next)
 		if err == nil {
 			return nil
@@ -68,12 +68,12 @@ func (g *Gateway) migrationFailed(c *call, rl *relay, ms *migrateSignal, why str
 }
 
 // pickContinuation chooses the engine for the continuation next by the
-// model's policy, among the workers that take token ids and have not
-// failed this stream.
-func (g *Gateway) pickContinuation(c *call, next *exchange, failed []*scoring.Worker) *scoring.Worker {
+// model's policy, among the workers of the failed engine's kind (token ids
+// are its tokenizer's) that have not failed this stream.
+func (g *Gateway) pickContinuation(c *call, rl *relay, next *exchange, failed []*scoring.Worker) *scoring.Worker {
 	var cands []*scoring.Worker
 	for _, w := range g.candidates(next.req.Model) {
-		if takesTokenIDs(w) && !containsWorker(failed, w) {
+		if idsKindOf(w) == rl.mig.kind && !containsWorker(failed, w) { // ids are the kind's tokenizer's
 			cands = append(cands, w)
 		}
 	}
@@ -104,7 +104,7 @@ func containsWorker(ws []*scoring.Worker, w *scoring.Worker) bool {
 // another error when wk failed before its first event.
 func (g *Gateway) continueOn(c *call, rl *relay, wk *scoring.Worker, next *exchange) (err error) {
 	ctx, sp := g.tr.attempt(c.ctx, SpanMigrate, wk)
-	sp.SetAttributes(AttrMigrationLeg.Int(rl.mig.leg+1), AttrResentTokens.Int(len(rl.mig.prompt)+len(rl.mig.gen)))
+	sp.SetAttributes(AttrMigrationLeg.Int(rl.mig.leg+1), AttrResentTokens.Int(rl.mig.resent(ctx, next)))
 	defer func() { endSpan(sp, err) }()
 	tokens := next.req.EstimatedTokens
 	wk.Live.Enter(tokens)

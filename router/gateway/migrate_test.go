@@ -430,7 +430,7 @@ func TestContinuationScoredWithItsTokens(t *testing.T) {
 	must.NoError(t, err)
 	x := &exchange{req: &scoring.Request{Model: "m", Path: pathCompletions, Body: []byte(body)}, fields: f, body: []byte(body),
 		pol: policy.Resolved{MigrationLimit: 2}}
-	tr := newStreamTrack(x)
+	tr := newStreamTrack(x, &scoring.Worker{Engine: engineVLLM})
 	_ = tr.filter([]byte(`data: {"id":"a","created":1,"choices":[{"index":0,"text":" a","prompt_token_ids":[5,6],"token_ids":[7]}]}` + "\n\n" +
 		`data: {"id":"a","created":1,"choices":[{"index":0,"text":"b","token_ids":[8]}]}` + "\n\n"))
 	must.True(t, tr.continuable())

@@ -30,10 +30,7 @@ func forwardBody(x *exchange, wk *scoring.Worker) []byte {
 	if asksUsage(x) {
 		body = withUsage(body)
 	}
-	if migratable(x, wk) && !asksTokenIDsItself(x.body) {
-		body = openai.AppendMember(body, "return_token_ids", jsonTrue) // the last of a repeated key wins
-	}
-	return body
+	return withIDFields(x, wk, body)
 }
 
 // withUsage returns body asking for usage: stream_options appended when the
