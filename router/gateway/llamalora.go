@@ -28,9 +28,6 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
-// engineLlamaCpp is oasis_engine of a llama-server.
-const engineLlamaCpp = "llama_cpp"
-
 // maxLlamaAdapters bounds the entries of GET /lora-adapters read.
 const maxLlamaAdapters = 1024
 
