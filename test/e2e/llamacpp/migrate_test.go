@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/shoenig/test/must"
-	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
 )
@@ -248,7 +248,7 @@ func killRound(t *testing.T, url string, alive []string, streams []migrationStre
 // waitPassing waits until Consul passes n engines of model.
 func waitPassing(t *testing.T, model string, n int) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, fmt.Sprintf("%d passing engines of %s", n, model), func() bool {
 		entries, _, err := stack.Consul.Health().Service("oasis-engine", engineTag, true, nil)
 		if err != nil {
 			return false
@@ -260,7 +260,7 @@ func waitPassing(t *testing.T, model string, n int) {
 			}
 		}
 		return passing == n
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 }
 
 // runEnginesUbatch1 is runEngines for engines with -ub 1 (a prefill computes each
@@ -268,30 +268,11 @@ func waitPassing(t *testing.T, model string, n int) {
 func runEnginesUbatch1(t *testing.T, ctx context.Context, prefix, model string, n int) []string {
 	t.Helper()
 	const args, withUB = `"-tb", "1"]`, `"-tb", "1", "-ub", "1"]`
-	var ids []string
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("%s%d", prefix, i)
+	return runEnginesWith(t, ctx, prefix, model, n, func(id, model string) string {
 		job := engineJob(id, model)
 		must.StrContains(t, job, args)
-		_, err := stack.RunJobHCL(ctx, strings.Replace(job, args, withUB, 1))
-		must.NoError(t, err)
-		ids = append(ids, id)
-		t.Cleanup(func() { _ = stack.StopJob(context.Background(), id) })
-	}
-	for _, id := range ids {
-		_, err := stack.WaitAllocsRunning(ctx, id)
-		must.NoError(t, err)
-	}
-	waitPassing(t, model, n)
-	entries, _, err := stack.Consul.Health().Service("oasis-engine", engineTag, true, nil)
-	must.NoError(t, err)
-	var addrs []string
-	for _, e := range entries {
-		if e.Service.Meta["oasis_model"] == model {
-			addrs = append(addrs, hostPort(e.Service.Address, e.Service.Port))
-		}
-	}
-	return addrs
+		return strings.Replace(job, args, withUB, 1)
+	})
 }
 
 // commonPrefix is the length of the longest common prefix of a and b.

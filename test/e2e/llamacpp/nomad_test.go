@@ -93,10 +93,16 @@ job %[1]q {
 // stops them.
 func runEngines(t testing.TB, ctx context.Context, prefix, model string, n int) []string {
 	t.Helper()
+	return runEnginesWith(t, ctx, prefix, model, n, engineJob)
+}
+
+// runEnginesWith is runEngines with each engine's job from job (engineJob's, changed).
+func runEnginesWith(t testing.TB, ctx context.Context, prefix, model string, n int, job func(id, model string) string) []string {
+	t.Helper()
 	var ids []string
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("%s%d", prefix, i)
-		_, err := stack.RunJobHCL(ctx, engineJob(id, model))
+		_, err := stack.RunJobHCL(ctx, job(id, model))
 		must.NoError(t, err)
 		ids = append(ids, id)
 		t.Cleanup(func() { _ = stack.StopJob(context.Background(), id) })
