@@ -205,7 +205,7 @@ func cutMember(b []byte, key string) []byte {
 		return b
 	}
 	end := i + len(pat)
-	n := escapedValueEnd(b[end:])
+	n := valueEnd(b[end:])
 	if n <= 0 {
 		return b
 	}
@@ -217,37 +217,4 @@ func cutMember(b []byte, key string) []byte {
 		end++
 	}
 	return append(b[:start], b[end:]...)
-}
-
-// escapedValueEnd is the length of the JSON value at the start of v, whose
-// strings may have escapes; 0 when it does not end in v.
-func escapedValueEnd(v []byte) int {
-	depth, inString := 0, false
-	for i := 0; i < len(v); i++ {
-		switch b := v[i]; {
-		case inString && b == '\\':
-			i++ // the escaped byte
-		case inString:
-			if b == '"' {
-				inString = false
-				if depth == 0 {
-					return i + 1
-				}
-			}
-		case b == '"':
-			inString = true
-		case b == '{' || b == '[':
-			depth++
-		case b == '}' || b == ']':
-			if depth == 0 {
-				return i // a scalar ended by its container
-			}
-			if depth--; depth == 0 {
-				return i + 1
-			}
-		case b == ',' && depth == 0:
-			return i
-		}
-	}
-	return 0
 }

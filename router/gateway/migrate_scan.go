@@ -78,12 +78,14 @@ func rawMember(data []byte, key string) ([]byte, bool) {
 	return v[:end], true
 }
 
-// valueEnd is the length of the JSON value at the start of v (no escapes
-// in its strings), 0 when it does not end in v.
+// valueEnd is the length of the JSON value at the start of v (its strings
+// may hold escapes), 0 when it does not end in v.
 func valueEnd(v []byte) int {
 	depth, inString := 0, false
-	for i, b := range v {
-		switch {
+	for i := 0; i < len(v); i++ {
+		switch b := v[i]; {
+		case inString && b == '\\':
+			i++ // the escaped byte
 		case inString:
 			if b == '"' {
 				inString = false

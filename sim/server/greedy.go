@@ -1,6 +1,10 @@
 package server
 
-import "github.com/oasis-llm/oasis/internal/tokenizer"
+import (
+	"slices"
+
+	"github.com/oasis-llm/oasis/internal/tokenizer"
+)
 
 // Greedy generation: at temperature 0 or with a seed, each next token is a
 // function of the context so far (prompt + tokens generated) and the seed,
@@ -72,7 +76,7 @@ func (v *vocab) pick(h, seed uint64) []int32 {
 func (v *vocab) next(c *greedyContext, eot bool) int32 {
 	if c.inWord {
 		w := v.pick(c.wordStart, c.seed)
-		if len(c.partial) < len(w) && slicesEqual(c.partial, w[:len(c.partial)]) {
+		if len(c.partial) < len(w) && slices.Equal(c.partial, w[:len(c.partial)]) {
 			return w[len(c.partial)]
 		}
 	}
@@ -95,16 +99,4 @@ func (v *vocab) continueContext(g *generation, p genParams, n int, natural bool)
 		}
 		c.push(t)
 	}
-}
-
-func slicesEqual(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -252,7 +253,7 @@ func (s *Server) handlePull(w http.ResponseWriter, r *http.Request) {
 		reason = "not_found"
 	case req.EngineID != "" && req.EngineID != h.engineID:
 		reason = "not_found" // another engine's request ids (a restarted prefill engine)
-	case strconv.FormatUint(h.promptHash, 16) != req.PromptHash || (!req.RoomSet && !equalIDs(req.BlockIDs, h.blocks)):
+	case strconv.FormatUint(h.promptHash, 16) != req.PromptHash || (!req.RoomSet && !slices.Equal(req.BlockIDs, h.blocks)):
 		reason = "mismatch"
 	}
 	if reason == "" && !s.dropHeld(key, h) {
@@ -268,18 +269,6 @@ func (s *Server) handlePull(w http.ResponseWriter, r *http.Request) {
 	bs := s.eng.Config().BlockSize
 	s.metrics.kvBlocks.WithLabelValues("sent").Add(float64(len(h.blocks)))
 	writeJSON(w, pullResponse{NumTokens: h.tokens, NumBlocks: len(h.blocks), BlockSize: bs, BytesPerToken: s.cfg.PD.BytesPerToken})
-}
-
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // kvLoadError is a failed pull; reason labels oasis_sim_kv_transfer_failures_total.
