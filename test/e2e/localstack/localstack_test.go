@@ -37,14 +37,7 @@ func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 
 	var out bytes.Buffer
 	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}), Options{})
-	downed := false
-	defer func() {
-		if !downed {
-			if err := Down(home, io.Discard); err != nil {
-				t.Errorf("down after failure: %v", err)
-			}
-		}
-	}()
+	downAtEnd(t, home)
 	if err != nil && s != nil {
 		t.Logf("nomad log:\n%s", s.NomadLog())
 	}
@@ -82,7 +75,6 @@ func TestUpServesThroughRouterAndDownLeavesNothing(t *testing.T) {
 
 	// make down: nothing left behind.
 	downLeavesNothing(t, home, "stack")
-	downed = true
 }
 
 // TestUpWithLlamaCpp is `make up ENGINE=llama-cpp`: the demo recipe on real llama-server
@@ -97,14 +89,7 @@ func TestUpWithLlamaCpp(t *testing.T) {
 
 	var out bytes.Buffer
 	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}), Options{Engine: EngineLlamaCpp})
-	downed := false
-	defer func() {
-		if !downed {
-			if err := Down(home, io.Discard); err != nil {
-				t.Errorf("down after failure: %v", err)
-			}
-		}
-	}()
+	downAtEnd(t, home)
 	if err != nil && s != nil {
 		t.Logf("nomad log:\n%s", s.NomadLog())
 	}
@@ -146,7 +131,19 @@ func TestUpWithLlamaCpp(t *testing.T) {
 	t.Logf("tiny-llama through the router: %q", text.String())
 
 	downLeavesNothing(t, home, "stack")
-	downed = true
+}
+
+// downAtEnd takes the stack under home down when the test ends, however it ended: a home that
+// no longer exists was taken down already (downLeavesNothing).
+func downAtEnd(t *testing.T, home string) {
+	t.Cleanup(func() {
+		if _, err := os.Stat(home); err != nil {
+			return
+		}
+		if err := Down(home, io.Discard); err != nil {
+			t.Errorf("down after failure: %v", err)
+		}
+	})
 }
 
 // downLeavesNothing runs Down on home and asserts that no process found
@@ -310,14 +307,7 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 	var out bytes.Buffer
 	start := time.Now()
 	f, err := UpFederation(ctx, root, home, 2, io.MultiWriter(&out, testWriter{t}))
-	downed := false
-	defer func() {
-		if !downed {
-			if err := Down(home, io.Discard); err != nil {
-				t.Errorf("down after failure: %v", err)
-			}
-		}
-	}()
+	downAtEnd(t, home)
 	must.NoError(t, err)
 	t.Logf("make up DCS=2 (federation, jobs and recipes in both regions) took %s", time.Since(start).Round(100*time.Millisecond))
 	for _, want := range []string{"ran jobs/router.nomad.hcl in region dc1", "ran recipes/tiny/sim/agg/job.nomad.hcl in region dc2", "Datacenter dc2 (Nomad region dc2)"} {
@@ -385,7 +375,6 @@ func TestUpFederationServesInEachDC(t *testing.T) {
 		}))
 
 	downLeavesNothing(t, home, "federation")
-	downed = true
 }
 
 // tryStream sends a streamed chat completion of the demo model; an error unless it answers 200

@@ -38,14 +38,7 @@ func TestUpMeshServesMeshClients(t *testing.T) {
 
 	var out bytes.Buffer
 	s, err := Up(ctx, root, home, io.MultiWriter(&out, testWriter{t}), Options{Mesh: true})
-	downed := false
-	defer func() {
-		if !downed {
-			if err := Down(home, io.Discard); err != nil {
-				t.Errorf("down after failure: %v", err)
-			}
-		}
-	}()
+	downAtEnd(t, home)
 	if err != nil && s != nil {
 		t.Logf("nomad log:\n%s", s.NomadLog())
 	}
@@ -76,7 +69,6 @@ func TestUpMeshServesMeshClients(t *testing.T) {
 	bridge := s.BridgeName()
 	must.NotEq(t, "", bridge)
 	downLeavesNothing(t, home, "mesh stack")
-	downed = true
 	_, err = net.InterfaceByName(bridge)
 	must.Error(t, err, must.Sprint("the stack's bridge survived make down"))
 }
