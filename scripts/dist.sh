@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 version=${OASIS_VERSION:-$(git describe --tags --always --dirty)}
 arches=${DIST_ARCHES:-amd64 arm64}
-cmds=${DIST_CMDS:-oasis-router oasis-kvcached oasis-sim nomad-driver-llm nomad-device-gpu}
+cmds=${DIST_CMDS:-oasis-router oasis-kvcached oasis-sim oasis-autoscaler-strategy nomad-driver-llm nomad-device-gpu}
 out=${DIST_DIR:-$root/dist}
 host_arch=$(go env GOARCH)
 

@@ -45,6 +45,12 @@ type Sample struct {
 	TTFTP90  float64 // 90th percentile of their estimated TTFT, s
 	TTFTP50  float64 // its median
 	Arrivals int     // requests that arrived since the previous tick
+	// PrefillTokens is the uncached prompt tokens the router sent to engines
+	// since the previous tick (what it expects them to prefill).
+	PrefillTokens int64
+	// PrefillRate is the median over serving engines of the prefill rate the
+	// router learned for each, tokens/s.
+	PrefillRate float64
 }
 
 // History is the samples so far, oldest first.
@@ -102,6 +108,7 @@ type fleet struct {
 	hist     History
 	arrivals []int64 // every arrival, ns, ascending
 	next     int     // arrivals before it were counted
+	prefill  int64   // uncached prompt tokens sent since the last tick
 	res      AutoscaleResult
 }
 
@@ -137,15 +144,20 @@ func (f *fleet) tick(now int64) {
 		smp.Arrivals++
 	}
 	ttfts := make([]float64, 0, len(f.s.ws))
+	rates := make([]float64, 0, len(f.s.ws))
 	for _, w := range f.s.ws {
 		sig := w.Signals()
 		smp.InFlight += sig.InFlight
 		ttfts = append(ttfts, sig.EstimatedTTFT(0).Seconds())
+		rates = append(rates, sig.PrefillRate)
 	}
 	slices.Sort(ttfts)
+	slices.Sort(rates)
 	if len(ttfts) > 0 {
 		smp.TTFTP90, smp.TTFTP50 = percentile(ttfts, 0.9), percentile(ttfts, 0.5)
+		smp.PrefillRate = percentile(rates, 0.5)
 	}
+	smp.PrefillTokens, f.prefill = f.prefill, 0
 	smp.Serving = len(f.s.ws)
 	smp.Engines = f.count(slotStarting) + smp.Serving
 	f.hist.Samples = append(f.hist.Samples, smp)

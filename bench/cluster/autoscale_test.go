@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/oasis-llm/oasis/autoscaler/sizing"
 )
 
 func TestDiurnalShapesTheRateAndKeepsOrder(t *testing.T) {
@@ -44,64 +46,66 @@ func history(n int, fn func(i int) Sample) *History {
 	return h
 }
 
-func TestThresholdScalerOutFastInSlowly(t *testing.T) {
+// TestRuleScalerIsTheSizingRule pins the shipped fleet to autoscaler/sizing: at every evaluation
+// its count is sizing.Rule.Engines of the window's arrival rate (and, learned, of the window's
+// prefill time), the same call the strategy plugin makes on its check's query.
+func TestRuleScalerIsTheSizingRule(t *testing.T) {
+	rule := sizing.Rule{SLO: 2, Headroom: 0.1, Min: 1, Max: 20}
 	cases := []struct {
-		name string
-		h    *History
-		want int
+		name     string
+		capacity float64
+		perSec   int
+		tokens   int64   // uncached prompt tokens per tick
+		rate     float64 // median learned prefill rate
 	}{
-		{"median TTFT estimate past half the SLO", history(400, func(i int) Sample {
-			return Sample{Engines: 4, Serving: 4, InFlight: 8, TTFTP50: 1.2, TTFTP90: 3}
-		}), 6},
-		{"one engine's long prompt: only the p90 is high", history(400, func(i int) Sample {
-			return Sample{Engines: 4, Serving: 4, InFlight: 100, TTFTP50: 0.1, TTFTP90: 3}
-		}), 4},
-		{"busy engines", history(400, func(i int) Sample {
-			return Sample{Engines: 3, Serving: 3, InFlight: 3 * 48}
-		}), 5},
-		{"a short spike: 4 hot samples of 30", history(400, func(i int) Sample {
-			if i >= 390 && i < 394 {
-				return Sample{Engines: 4, Serving: 4, TTFTP50: 5}
-			}
-			return Sample{Engines: 4, Serving: 4, InFlight: 100}
-		}), 4},
-		{"idle for the whole window", history(400, func(i int) Sample {
-			return Sample{Engines: 4, Serving: 4, InFlight: 10}
-		}), 3},
-		{"one busy minute in the idle window", history(400, func(i int) Sample {
-			if i > 200 && i < 260 {
-				return Sample{Engines: 4, Serving: 4, InFlight: 80}
-			}
-			return Sample{Engines: 4, Serving: 4, InFlight: 10}
-		}), 4},
-		{"an engine still starting", history(400, func(i int) Sample {
-			return Sample{Engines: 4, Serving: 3, InFlight: 400, TTFTP50: 5}
-		}), 4},
+		{"profiled, peak", 2.01, 12, 0, 0},
+		{"profiled, trough", 2.01, 1, 0, 0},
+		{"learned: 12 req/s of 4k uncached tokens at 40k tokens/s", 0, 12, 12 * 4000, 40000},
+		{"learned: slower prefill, more engines", 0, 12, 12 * 4000, 30000},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := ShippedScaler(2, 48).Decide(tc.h); got != tc.want {
-				t.Errorf("Decide = %d, want %d", got, tc.want)
+			s := &RuleScaler{Rule: rule, Capacity: tc.capacity, EvalInterval: 10 * time.Second, Window: time.Minute}
+			h := history(60, func(int) Sample {
+				return Sample{Engines: 3, Serving: 3, Arrivals: tc.perSec, PrefillTokens: tc.tokens, PrefillRate: tc.rate}
+			})
+			capacity := tc.capacity
+			if capacity == 0 {
+				c, err := rule.LearnedCapacity(float64(tc.tokens) / float64(tc.perSec) / tc.rate)
+				if err != nil {
+					t.Fatal(err)
+				}
+				capacity = c
+			}
+			want, err := rule.Engines(float64(tc.perSec), capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Decide(h); got != want {
+				t.Errorf("Decide = %d, sizing.Rule.Engines = %d", got, want)
 			}
 		})
 	}
 }
 
-func TestThresholdScalerCoolsDown(t *testing.T) {
-	s := ShippedScaler(2, 48)
-	hot := func(i int) Sample { return Sample{Engines: 2, Serving: 2, TTFTP50: 3} }
-	h := history(60, hot)
-	if got := s.Decide(h); got != 3 {
-		t.Fatalf("first decision %d, want 3", got)
+func TestRuleScalerWaitsForStartsAndCooldowns(t *testing.T) {
+	s := &RuleScaler{Rule: sizing.Rule{SLO: 2, Min: 1}, Capacity: 2, EvalInterval: 10 * time.Second,
+		Window: time.Minute, CooldownOut: 30 * time.Second, CooldownIn: time.Minute}
+	busy := func(engines, serving int) func(int) Sample {
+		return func(int) Sample { return Sample{Engines: engines, Serving: serving, Arrivals: 7} }
 	}
-	// Still hot a minute later, within cooldown_on_scale_up: no change.
-	h = history(120, hot)
-	if got := s.Decide(h); got != 2 {
-		t.Errorf("decision inside the cooldown %d, want 2 (no change)", got)
+	if got := s.Decide(history(60, busy(2, 2))); got != 4 { // 7 req/s ÷ 2
+		t.Fatalf("first decision %d, want 4", got)
 	}
-	h = history(200, hot)
-	if got := s.Decide(h); got != 3 {
-		t.Errorf("decision after the cooldown %d, want 3", got)
+	if got := s.Decide(history(80, busy(3, 3))); got != 3 {
+		t.Errorf("inside the scale-out cooldown: %d, want 3 (unchanged)", got)
+	}
+	if got := s.Decide(history(120, busy(4, 3))); got != 4 {
+		t.Errorf("an engine still starting: %d, want 4 (unchanged)", got)
+	}
+	idle := func(int) Sample { return Sample{Engines: 4, Serving: 4, Arrivals: 1} }
+	if got := s.Decide(history(200, idle)); got != 1 {
+		t.Errorf("after the cooldown at 1 req/s: %d, want 1", got)
 	}
 }
 

@@ -3,6 +3,8 @@ package cluster
 import (
 	"math"
 	"time"
+
+	"github.com/oasis-llm/oasis/autoscaler/sizing"
 )
 
 // StaticScaler keeps N engines: the fleet sized for the peak.
@@ -11,73 +13,67 @@ type StaticScaler struct{ N int }
 // Decide implements Scaler.
 func (s StaticScaler) Decide(*History) int { return s.N }
 
-// ThresholdScaler is the policy the recipes ship (recipes/*/README.md
-// "Autoscaling"), evaluated as the Nomad Autoscaler evaluates it: every
-// EvalInterval, over the samples of each check's window, a check fires when
-// at least Trigger samples are in its bounds (the threshold strategy's
-// within_bounds_trigger); any scale-out check wins over the idle check;
-// after a scale-out nothing is evaluated for CooldownOut, after a scale-in
-// for CooldownIn; nothing is evaluated while an engine is still starting
-// (the Nomad target reports the job not ready during its deployment).
-type ThresholdScaler struct {
-	SLO            float64 // TTFT SLO, s: out when the estimated TTFT reaches TTFTFactor of it
-	TTFTFactor     float64
-	TTFTP90        bool    // the check reads the p90 over engines instead of the median
-	TargetInFlight float64 // in-flight per engine: out at it, in when one fewer would stay under half
-	EvalInterval   time.Duration
-	Window         time.Duration // the scale-out checks' query_window
-	Trigger        int           // their within_bounds_trigger
-	IdleWindow     time.Duration // the idle check's window; it needs all of it
-	CooldownOut    time.Duration // cooldown_on_scale_up
-	CooldownIn     time.Duration // cooldown
-	OutPercent     float64       // growth of a scale-out, % (ceil)
+// RuleScaler is the policy the recipes ship: the Oasis strategy plugin
+// (cmd/oasis-autoscaler-strategy) sizing the fleet with autoscaler/sizing,
+// evaluated as the Nomad Autoscaler runs it: every EvalInterval the arrival
+// rate over the last Window (the check's query, a rate() over it) goes
+// through sizing.Rule.Engines; after a scale-out nothing is evaluated for
+// CooldownOut, after a scale-in for CooldownIn, nor while an engine is still
+// starting (the Nomad target reports the job not ready during its
+// deployment). Capacity is the profiled requests/s per engine; 0 learns it
+// from the engines' prefill (sizing.Rule.LearnedCapacity: the window's
+// uncached prompt tokens per arrival over the median learned prefill rate).
+type RuleScaler struct {
+	Rule                    sizing.Rule
+	Capacity                float64
+	EvalInterval, Window    time.Duration
+	CooldownOut, CooldownIn time.Duration
 
 	lastEval, quietUntil time.Duration
 }
 
-// ShippedScaler is ThresholdScaler with the GPU recipes' defaults for an SLO.
-func ShippedScaler(slo float64, targetInFlight float64) *ThresholdScaler {
-	return &ThresholdScaler{SLO: slo, TTFTFactor: 0.5, TargetInFlight: targetInFlight, EvalInterval: 10 * time.Second,
-		Window: 30 * time.Second, Trigger: 5, IdleWindow: 5 * time.Minute,
-		CooldownOut: 2 * time.Minute, CooldownIn: time.Minute, OutPercent: 50}
-}
-
 // Decide implements Scaler.
-func (t *ThresholdScaler) Decide(h *History) int {
+func (r *RuleScaler) Decide(h *History) int {
 	now := h.Last()
-	if now.At-t.lastEval < t.EvalInterval || now.At < t.quietUntil || now.Engines != now.Serving {
+	if now.At-r.lastEval < r.EvalInterval || now.At < r.quietUntil || now.Engines != now.Serving {
 		return now.Engines
 	}
-	t.lastEval = now.At
-	hot := 0
-	for _, s := range h.Window(t.Window) {
-		ttft := s.TTFTP50
-		if t.TTFTP90 {
-			ttft = s.TTFTP90
+	r.lastEval = now.At
+	rate, prefillSeconds := windowSignals(h.Window(r.Window), r.Window)
+	capacity := r.Capacity
+	if capacity <= 0 {
+		c, err := r.Rule.LearnedCapacity(prefillSeconds)
+		if err != nil {
+			return now.Engines // the autoscaler logs the check's error and leaves the count
 		}
-		if ttft >= t.SLO*t.TTFTFactor || perEngine(s.InFlight, s.Serving) >= t.TargetInFlight {
-			hot++
-		}
+		capacity = c
 	}
-	if hot >= t.Trigger {
-		t.quietUntil = now.At + t.CooldownOut
-		return int(math.Ceil(float64(now.Engines) * (1 + t.OutPercent/100)))
-	}
-	idle := h.Window(t.IdleWindow)
-	if now.At < t.IdleWindow || len(idle) == 0 {
+	n, err := r.Rule.Engines(rate, capacity)
+	switch {
+	case err != nil:
 		return now.Engines
+	case n > now.Engines:
+		r.quietUntil = now.At + r.CooldownOut
+	case n < now.Engines:
+		r.quietUntil = now.At + r.CooldownIn
 	}
-	for _, s := range idle {
-		if perEngine(s.InFlight, s.Serving-1) >= t.TargetInFlight*0.5 {
-			return now.Engines
-		}
-	}
-	t.quietUntil = now.At + t.CooldownIn
-	return now.Engines - 1
+	return n
 }
 
-func perEngine(inFlight int64, engines int) float64 {
-	return float64(inFlight) / float64(max(engines, 1))
+// windowSignals is the arrival rate over a window of d and a request's
+// prefill time: uncached prompt tokens per arrival over the latest median
+// learned prefill rate (0 without arrivals).
+func windowSignals(w []Sample, d time.Duration) (rate, prefillSeconds float64) {
+	var arrivals, tokens int64
+	for _, s := range w {
+		arrivals += int64(s.Arrivals)
+		tokens += s.PrefillTokens
+	}
+	rate = float64(arrivals) / d.Seconds()
+	if arrivals > 0 && len(w) > 0 && w[len(w)-1].PrefillRate > 0 {
+		prefillSeconds = float64(tokens) / float64(arrivals) / w[len(w)-1].PrefillRate
+	}
+	return rate, prefillSeconds
 }
 
 // PlannerScaler restates NVIDIA Dynamo Planner's SLA-based approach

@@ -761,6 +761,9 @@ func (s *sim) submit(idx int, w *worker, req *scoring.Request, now, origin, extr
 	if req != nil {
 		if n, ok := req.UncachedTokens(sw); ok {
 			pf = sw.Live.StartPrefill(n)
+			if s.fleet != nil {
+				s.fleet.prefill += n
+			}
 		}
 	}
 	prompt := r.PromptTokens(make([]int32, 0, r.Input))

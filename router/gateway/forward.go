@@ -103,7 +103,7 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	// until its first token (which teaches the worker's prefill rate) or its end.
 	var pre *scoring.Prefill
 	if n, ok := x.req.UncachedTokens(wk); ok && !x.remotePrefill() {
-		pre = wk.Live.StartPrefill(n)
+		pre = g.beginPrefill(x.req.Model, wk, n)
 	}
 	defer pre.Cancel()
 

@@ -39,7 +39,7 @@ func (g *Gateway) startPrefill(ctx context.Context, r *http.Request, lx *exchang
 	ws.InFlight.Inc()
 	var pre *scoring.Prefill
 	if n, ok := lx.req.UncachedTokens(pw); ok {
-		pre = pw.Live.StartPrefill(n)
+		pre = g.beginPrefill(lx.req.Model, pw, n)
 	}
 	ctx, sp := g.tr.attempt(ctx, SpanPrefill, pw)
 	lctx, cancel := context.WithTimeoutCause(ctx, orNever(lx.pol.Timeouts.ResponseHeader), errResponseHeaderTimeout)

@@ -22,10 +22,14 @@ func (g *Gateway) route(c *call, doc *policy.Document) plan {
 
 // routeModel is the plan for a request to a model (the client's, or a
 // cascade leg's, or an overflow pool's) from the model's pool and policy
-// and the federation's view, before any local slot is taken. Later steps
+// and the federation's view, before any local slot is taken; it counts the
+// arrival of a model the router has served (oasis_router_scaling_arrivals_total). Later steps
 // (choose, pick, and the failures execute reports) return the plans that
 // follow.
 func (g *Gateway) routeModel(c *call) plan {
+	if g.cfg.Pool.Known(c.x.req.Model) { // a model the router served: the client's text is not a label
+		g.m.Scaling.Arrivals.WithLabelValues(c.x.req.Model).Inc() // the arrival rate autoscaling sizes on
+	}
 	if c.localOnly() {
 		return planAdmit{}
 	}

@@ -13,7 +13,8 @@ import (
 // ScalingSignals are the per-model, per-role figures an autoscaler scales
 // engines on (metrics.ScalingCollector, observability/README.md "Scaling
 // signals"): routable workers, this router's in-flight requests to them, the
-// 90th percentile and the median of their estimated TTFT, their mean KV usage, and the
+// 90th percentile and the median of their estimated TTFT, the median of their learned
+// prefill rates, their mean KV usage, and the
 // model's estimated admission wait. Hosted workers (oasis_upstream) are left
 // out: nothing scales them.
 func (g *Gateway) ScalingSignals() []metrics.ScalingSample {
@@ -26,11 +27,7 @@ func (g *Gateway) ScalingSignals() []metrics.ScalingSample {
 			if w.Upstream != "" {
 				continue
 			}
-			role := w.Role
-			if role == "" {
-				role = "both"
-			}
-			byRole[role] = append(byRole[role], w)
+			byRole[roleOf(w)] = append(byRole[roleOf(w)], w)
 		}
 		_, wait := g.localPressure(model, doc.For(model).Limits)
 		for _, role := range slices.Sorted(maps.Keys(byRole)) {
@@ -46,18 +43,21 @@ func (g *Gateway) ScalingSignals() []metrics.ScalingSample {
 func roleSignals(ws []*scoring.Worker) metrics.ScalingSample {
 	s := metrics.ScalingSample{Workers: len(ws)}
 	ttfts := make([]float64, 0, len(ws))
+	rates := make([]float64, 0, len(ws))
 	var kv float64
 	var scraped int
 	for _, w := range ws {
 		sig := w.Signals()
 		s.InFlight += sig.InFlight
 		ttfts = append(ttfts, sig.EstimatedTTFT(0).Seconds())
+		rates = append(rates, sig.PrefillRate)
 		if sig.EngineMetrics {
 			kv += sig.KVUsage
 			scraped++
 		}
 	}
 	s.TTFTP90, s.TTFTP50 = percentile(ttfts, 0.9), percentile(ttfts, 0.5)
+	s.PrefillRate = percentile(rates, 0.5)
 	if scraped > 0 {
 		s.KVUsage, s.HasKV = kv/float64(scraped), true
 	}
@@ -72,4 +72,19 @@ func percentile(xs []float64, q float64) float64 {
 	slices.Sort(xs)
 	i := int(math.Ceil(q*float64(len(xs)))) - 1
 	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+// roleOf is a worker's engine role as the scaling signals label it.
+func roleOf(w *scoring.Worker) string {
+	if w.Role == "" {
+		return "both"
+	}
+	return w.Role
+}
+
+// beginPrefill is Live.StartPrefill that also counts the tokens for
+// arrival-rate autoscaling (oasis_router_scaling_prefill_tokens_total).
+func (g *Gateway) beginPrefill(model string, wk *scoring.Worker, n int64) *scoring.Prefill {
+	g.m.Scaling.PrefillTokens.WithLabelValues(model, roleOf(wk)).Add(float64(max(n, 0)))
+	return wk.Live.StartPrefill(n)
 }

@@ -72,6 +72,9 @@ type Metrics struct {
 	// Cascades and overflow (cascade.go).
 	Cascade
 
+	// Arrivals and prefill tokens for arrival-rate autoscaling (scaling.go).
+	Scaling ScalingCounters
+
 	// Bounds on what registrations and engines can make the router hold (bounds.go).
 	Bounds
 	// Routing loops and client connections (protection.go).
@@ -237,6 +240,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
 		[]string{"model", "leg"})
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
+	m.Scaling = newScalingCounters(ns)
+	reg.MustRegister(m.Scaling.Arrivals, m.Scaling.PrefillTokens)
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
 	m.Migration = newMigration(reg, ns)

@@ -28,6 +28,9 @@ type ScalingSample struct {
 	// metrics were scraped; HasKV is false when none were.
 	KVUsage float64
 	HasKV   bool
+	// PrefillRate is the median over the role's workers of the prefill rate
+	// the router learned for each, uncached prompt tokens per second.
+	PrefillRate float64
 }
 
 // ScalingCollector exports ScalingSamples computed at scrape time, so the
@@ -35,6 +38,7 @@ type ScalingSample struct {
 type ScalingCollector struct {
 	source                                             func() []ScalingSample
 	workers, inFlight, ttft, ttftMedian, wait, kvUsage *prometheus.Desc
+	prefillRate                                        *prometheus.Desc
 }
 
 // NewScalingCollector returns a collector that calls source on every scrape.
@@ -56,12 +60,14 @@ func NewScalingCollector(source func() []ScalingSample) *ScalingCollector {
 			"Estimated wait for an admission slot of the model (requests ahead times the mean request time over max_in_flight; 0 when uncapped or a slot is free).", []string{"model"}, nil),
 		kvUsage: prometheus.NewDesc(ns+"kv_usage",
 			"Mean KV cache usage (0..1) of the role's workers, from their scraped engine metrics (absent when none were scraped).", mr, nil),
+		prefillRate: prometheus.NewDesc(ns+"prefill_tokens_per_second",
+			"Median over the role's workers of the prefill rate the router learned for each (uncached prompt tokens per second).", mr, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *ScalingCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.workers, c.inFlight, c.ttft, c.ttftMedian, c.wait, c.kvUsage} {
+	for _, d := range []*prometheus.Desc{c.workers, c.inFlight, c.ttft, c.ttftMedian, c.wait, c.kvUsage, c.prefillRate} {
 		ch <- d
 	}
 }
@@ -74,6 +80,7 @@ func (c *ScalingCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), s.Model, s.Role)
 		ch <- prometheus.MustNewConstMetric(c.ttft, prometheus.GaugeValue, s.TTFTP90, s.Model, s.Role)
 		ch <- prometheus.MustNewConstMetric(c.ttftMedian, prometheus.GaugeValue, s.TTFTP50, s.Model, s.Role)
+		ch <- prometheus.MustNewConstMetric(c.prefillRate, prometheus.GaugeValue, s.PrefillRate, s.Model, s.Role)
 		if s.HasKV {
 			ch <- prometheus.MustNewConstMetric(c.kvUsage, prometheus.GaugeValue, s.KVUsage, s.Model, s.Role)
 		}
@@ -81,5 +88,27 @@ func (c *ScalingCollector) Collect(ch chan<- prometheus.Metric) {
 			waits[s.Model] = true
 			ch <- prometheus.MustNewConstMetric(c.wait, prometheus.GaugeValue, s.QueueWait, s.Model)
 		}
+	}
+}
+
+// ScalingCounters count what an arrival-rate autoscaler sizes engines on
+// (the Oasis strategy plugin, autoscaler/strategy): requests admitted per
+// model and uncached prompt tokens sent per model and engine role.
+type ScalingCounters struct {
+	// Arrivals counts requests per model as admission takes them (before
+	// any queueing): rate() of it is the model's arrival rate. Both roles of
+	// a disaggregated model serve each one.
+	Arrivals *prometheus.CounterVec // model
+	// PrefillTokens counts the uncached prompt tokens the router sent to
+	// engines (what it expects them to prefill), per model and role.
+	PrefillTokens *prometheus.CounterVec // model, role
+}
+
+func newScalingCounters(ns string) ScalingCounters {
+	return ScalingCounters{
+		Arrivals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scaling_arrivals_total",
+			Help: "Requests per model as admission takes them: rate() is the model's arrival rate."}, []string{"model"}),
+		PrefillTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scaling_prefill_tokens_total",
+			Help: "Uncached prompt tokens sent to engines per model and role (what the router expects them to prefill)."}, []string{"model", "role"}),
 	}
 }

@@ -52,7 +52,8 @@ oasis_router_scaling_workers{model="m",role="prefill"} 1
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, name := range []string{"oasis_router_scaling_estimated_ttft_p90_seconds", "oasis_router_scaling_estimated_ttft_p50_seconds"} {
+			for _, name := range []string{"oasis_router_scaling_estimated_ttft_p90_seconds", "oasis_router_scaling_estimated_ttft_p50_seconds",
+				"oasis_router_scaling_prefill_tokens_per_second"} {
 				if n := testutil.CollectAndCount(c, name); n != len(tc.samples) {
 					t.Fatalf("%s: %d series, want %d", name, n, len(tc.samples))
 				}

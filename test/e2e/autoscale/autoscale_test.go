@@ -1,8 +1,9 @@
 // Package autoscale runs the Nomad Autoscaler on the local stack `make up AUTOSCALE=1` starts
 // (real Consul, Nomad, Prometheus, router, oasis-sim engines at --speed 1, ACLs on) with the demo
-// recipe's own `scaling` policy (recipes/tiny/sim/agg), its windows shortened: a load ramp past
-// what one engine serves within the TTFT SLO makes it add engines until the SLO is met again, a
-// trickle makes it remove them one at a time, and no request fails through either.
+// recipe's own `scaling` policy (recipes/tiny/sim/agg: the Oasis strategy plugin, oasis-sizing,
+// on the router's arrival rate), its windows shortened: a ramp of the arrival rate past what one
+// engine serves within the TTFT SLO makes it add engines until the SLO is met again, a trickle
+// brings the count back down, and no request fails through either.
 package autoscale
 
 import (
@@ -26,24 +27,26 @@ const (
 	job   = "tiny-sim-agg"
 	slo   = time.Second // the TTFT SLO the policy is given (ttft_slo_seconds)
 	// Each engine runs 2 sequences at once (max_num_seqs) and a request takes ~0.6 s (100 tokens at
-	// ~6 ms a step): 6 clients queue on one engine (TTFT ~1.2 s, past the SLO) and fit on three.
-	peakClients = 6
-	maxTokens   = 100
+	// ~6 ms a step): one engine serves ~3 requests/s at most, so 6/s queue on it (TTFT past the
+	// SLO) and fit on three or four; the policy's capacity is 2/s per engine (engine_capacity).
+	baseRate, peakRate, idleRate = 1.0, 6.0, 0.5
+	maxTokens                    = 100
 )
 
-// demoVariables are the recipe's scaling policy with test-sized windows: the same checks and
-// bounds (observability/README.md "Scaling signals"), shorter cooldowns and idle window.
+// demoVariables are the recipe's scaling policy with test-sized windows: the same check and
+// strategy (observability/README.md "Scaling signals"), a 30 s rate window (three scrapes) and
+// shorter cooldowns.
 var demoVariables = map[string]string{
 	"count":                       "1",
 	"scaling_min":                 "1",
 	"scaling_max":                 "4",
 	"max_num_seqs":                "2",
 	"ttft_slo_seconds":            "1",
-	"target_in_flight":            "3",
+	"engine_capacity":             "2",
+	"scaling_rate_window":         "30s",
 	"scaling_evaluation_interval": "5s",
 	"scale_out_cooldown":          "10s",
 	"scale_in_cooldown":           "15s",
-	"scale_in_idle_seconds":       "20",
 }
 
 func TestLoadRampScalesOutAndIdleScalesIn(t *testing.T) {
@@ -70,15 +73,16 @@ func TestLoadRampScalesOutAndIdleScalesIn(t *testing.T) {
 	l := &load{router: fmt.Sprintf("http://%s:%d", routers[0].Service.Address, routers[0].Service.Port), maxTokens: maxTokens}
 	waitEngines(t, ctx, s, 1, time.Minute)
 
-	// Below the SLO risk: two clients on one engine, no scaling.
-	l.setClients(ctx, 2)
+	// Below the SLO risk: 1 request/s on one engine (1.1 engines' worth with the headroom: one).
+	l.setRate(ctx, baseRate)
 	waitResults(t, l, time.Now(), 10)
+	must.Eq(t, 1, groupCount(t, s), must.Sprint("the base load must not scale out"))
 
-	// The ramp: three times that. The autoscaler must add engines until the TTFT SLO holds.
+	// The ramp: six times that. The autoscaler must add engines until the TTFT SLO holds.
 	ramp := time.Now()
-	l.setClients(ctx, peakClients)
+	l.setRate(ctx, peakRate)
 	before := waitResults(t, l, ramp, 12)
-	t.Logf("at %d clients on 1 engine: client TTFT p90 %s (SLO %s)", peakClients, ttftP90(before), slo)
+	t.Logf("at %.0f requests/s on 1 engine: client TTFT p90 %s (SLO %s)", peakRate, ttftP90(before), slo)
 	must.Greater(t, slo, ttftP90(before), must.Sprint("the ramp must push one engine past the SLO, or scaling out proves nothing"))
 	n := waitCount(t, ctx, s, "scale out", 5*time.Minute, func(c int) bool { return c >= 2 })
 	firstOut := time.Since(ramp)
@@ -88,9 +92,9 @@ func TestLoadRampScalesOutAndIdleScalesIn(t *testing.T) {
 	met := waitSLOMet(t, ctx, s, l)
 	t.Logf("SLO met again %s after the ramp with %d engines", time.Since(ramp).Round(time.Second), met)
 
-	// Idle but for a trickle: engines are removed one at a time, each drained, down to the minimum.
+	// Idle but for a trickle: the count goes back to the minimum, each removed engine drained.
 	idle := time.Now()
-	l.setClients(ctx, 1)
+	l.setRate(ctx, idleRate)
 	waitCount(t, ctx, s, "scale in", 5*time.Minute, func(c int) bool { return c == 1 })
 	waitEngines(t, ctx, s, 1, 2*time.Minute)
 	t.Logf("scaled in from %d engines to 1 in %s", met, time.Since(idle).Round(time.Second))

@@ -20,52 +20,65 @@ type result struct {
 	err   error         // nil: a 200 stream with content and [DONE]
 }
 
-// load is closed-loop clients, each sending one streamed chat after another; their number can
-// change while it runs.
+// load sends streamed chats open loop: at a rate, each request on its own, whether or not the
+// earlier ones were answered (as users arrive); the rate can change while it runs.
 type load struct {
 	router    string
 	maxTokens int
 
-	mu      sync.Mutex
-	results []result
-	stops   []context.CancelFunc
-	wg      sync.WaitGroup
-	seq     int
+	mu        sync.Mutex
+	results   []result
+	stopPacer context.CancelFunc
+	wg        sync.WaitGroup
+	seq       int
 }
 
-// setClients grows or shrinks the load to n clients; a client that stops finishes its request.
-func (l *load) setClients(ctx context.Context, n int) {
+// setRate sends perSec requests a second from now on (0: none); requests already sent run to
+// their end.
+func (l *load) setRate(ctx context.Context, perSec float64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for len(l.stops) > n {
-		l.stops[len(l.stops)-1]()
-		l.stops = l.stops[:len(l.stops)-1]
+	if l.stopPacer != nil {
+		l.stopPacer()
+		l.stopPacer = nil
 	}
-	for len(l.stops) < n {
-		cctx, cancel := context.WithCancel(context.Background())
-		l.stops = append(l.stops, cancel)
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			for cctx.Err() == nil && ctx.Err() == nil {
-				l.mu.Lock()
-				l.seq++
-				i := l.seq
-				l.mu.Unlock()
-				// Requests run to their end with the test's context: stopping a client never cuts
-				// a request, so every failure counted is the stack's.
+	if perSec <= 0 {
+		return
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	l.stopPacer = cancel
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		tick := time.NewTicker(time.Duration(float64(time.Second) / perSec))
+		defer tick.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-tick.C:
+			}
+			l.mu.Lock()
+			l.seq++
+			i := l.seq
+			l.mu.Unlock()
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				// Requests run to their end with the test's context: changing the rate never
+				// cuts a request, so every failure counted is the stack's.
 				r := l.chat(ctx, i)
 				l.mu.Lock()
 				l.results = append(l.results, r)
 				l.mu.Unlock()
-			}
-		}()
-	}
+			}()
+		}
+	}()
 }
 
-// stop ends every client and returns every result.
+// stop stops sending, waits for every request sent and returns every result.
 func (l *load) stop(ctx context.Context) []result {
-	l.setClients(ctx, 0)
+	l.setRate(ctx, 0)
 	l.wg.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -28,7 +28,7 @@ func startAutoscaler(ctx context.Context, s *testbed.Stack, home string, out io.
 	if err != nil {
 		return fmt.Errorf("starting nomad-autoscaler: %w (the stack stays up for inspection; `make down` stops it)", err)
 	}
-	fmt.Fprintln(out, "  started nomad-autoscaler (Prometheus APM, Nomad target) for the recipes' scaling policies")
+	fmt.Fprintln(out, "  started nomad-autoscaler (Prometheus APM, Nomad target, the oasis-sizing strategy plugin) for the recipes' scaling policies")
 	return os.WriteFile(autoscalerURLPath(home), []byte(a.URL+"\n"), 0o644)
 }
 

@@ -40,8 +40,13 @@ func AutoscalerBinary() (string, error) {
 	return hashiBinary(root, "nomad-autoscaler", "OASIS_AUTOSCALER_BIN")
 }
 
+// StrategyPluginBinary is the Oasis strategy plugin's command (strategy "oasis-sizing"), copied
+// into the autoscaler's plugin_dir.
+const StrategyPluginBinary = "oasis-autoscaler-strategy"
+
 // StartAutoscaler starts the autoscaler on a free loopback port with the Prometheus APM plugin
-// pointed at promURL and the built-in Nomad target and strategies, and waits until it answers.
+// pointed at promURL, the built-in Nomad target and strategies and the Oasis strategy plugin
+// ("oasis-sizing", its learned capacity queries against promURL), and waits until it answers.
 // With ACLs on its Nomad token holds only jobs/acl/nomad-autoscaler.hcl.
 func (s *Stack) StartAutoscaler(ctx context.Context, promURL string) (*Autoscaler, error) {
 	bin, err := AutoscalerBinary()
@@ -59,6 +64,10 @@ func (s *Stack) StartAutoscaler(ctx context.Context, promURL string) (*Autoscale
 	a := &Autoscaler{Dir: filepath.Join(s.Dir, "autoscaler"), URL: fmt.Sprintf("http://127.0.0.1:%d", ports[0])}
 	if err := os.MkdirAll(filepath.Join(a.Dir, "plugins"), 0o755); err != nil {
 		return nil, err
+	}
+	// The Oasis strategy plugin (cmd/oasis-autoscaler-strategy) the recipes' policies name.
+	if err := copyFile(s.Bin(StrategyPluginBinary), filepath.Join(a.Dir, "plugins", StrategyPluginBinary)); err != nil {
+		return nil, fmt.Errorf("installing the autoscaler's %s plugin: %w", StrategyPluginBinary, err)
 	}
 	cfgPath := filepath.Join(a.Dir, "agent.hcl")
 	// The file holds a token: its owner's only.
@@ -121,8 +130,8 @@ func (s *Stack) autoscalerToken() (string, error) {
 }
 
 // autoscalerConfig is the agent configuration: loopback HTTP, the stack's Nomad, policies from
-// the jobs' scaling blocks only, and the Prometheus APM (the Nomad APM, target and strategies are
-// the agent's built-in defaults).
+// the jobs' scaling blocks only, the Prometheus APM and the Oasis strategy plugin (the Nomad APM,
+// target and strategies are the agent's built-in defaults).
 func autoscalerConfig(dir string, port int, nomadAddr, region, token, promURL string) string {
 	return fmt.Sprintf(`log_level  = "debug"
 plugin_dir = %q
@@ -149,5 +158,12 @@ apm "prometheus" {
     address = %q
   }
 }
-`, filepath.Join(dir, "plugins"), port, nomadAddr, region, token, promURL)
+
+strategy "oasis-sizing" {
+  driver = %q
+  config = {
+    prometheus_address = %q
+  }
+}
+`, filepath.Join(dir, "plugins"), port, nomadAddr, region, token, promURL, StrategyPluginBinary, promURL)
 }

@@ -1,7 +1,8 @@
 // Command bench-autoscale is `make bench-autoscale`: the cluster simulator on one day of a trace
 // (its requests re-timed to a day-shaped rate, cluster.Diurnal) with three fleets of H100
-// engines: static and sized for the peak, the recipes' shipped autoscaling policy
-// (cluster.ThresholdScaler) and a Dynamo-Planner-like one (cluster.PlannerScaler). It prints
+// engines: static and sized for the peak, the recipes' shipped autoscaling policy (the Oasis
+// strategy plugin's rule, autoscaler/sizing, as cluster.RuleScaler) and a Dynamo-Planner-like one
+// (cluster.PlannerScaler). It prints
 // GPU-hours and SLO attainment of each and writes bench/out/autoscale.json.
 package main
 
@@ -16,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/oasis-llm/oasis/autoscaler/sizing"
 	"github.com/oasis-llm/oasis/bench/cluster"
 )
 
@@ -27,22 +29,22 @@ func main() {
 }
 
 type options struct {
-	trace               string
-	limit, slots        int
-	day, coldStart      time.Duration
-	amp, target, attain float64
-	sloTTFT, sloTPOT    float64
-	outDir              string
-	adjust              time.Duration
-	ttftFactor          float64
-	p90                 bool
-	static              int
-	repeat              int
-	trigger             int
-	outPercent          float64
-	shippedOnly         bool
-	plannerOnly         bool
-	headroom            float64
+	trace            string
+	limit, slots     int
+	day, coldStart   time.Duration
+	amp, attain      float64
+	sloTTFT, sloTPOT float64
+	outDir           string
+	adjust           time.Duration
+	static           int
+	repeat           int
+	shippedOnly      bool
+	plannerOnly      bool
+	headroom         float64
+	// the shipped rule (the strategy plugin's check config and the policy's timings)
+	ruleHeadroom, ruleAttain, capacity float64
+	learned                            bool
+	eval, window, coolOut, coolIn      time.Duration
 }
 
 func parse() options {
@@ -54,17 +56,20 @@ func parse() options {
 	flag.DurationVar(&o.day, "day", 2*time.Hour, "the day the trace is re-timed to (virtual time)")
 	flag.Float64Var(&o.amp, "amp", 0.8, "day shape: rate ∝ 1 + amp·sin(2πt/day − π/2) (trough at the ends, peak at midday)")
 	flag.DurationVar(&o.coldStart, "cold-start", time.Minute, "an engine's start: placement, weights, health check")
-	flag.Float64Var(&o.target, "target-in-flight", 48, "shipped policy: in-flight requests per engine it sizes for (the GPU recipes' target_in_flight)")
 	flag.Float64Var(&o.sloTTFT, "slo-ttft", 2, "SLO: a request's TTFT, s")
 	flag.Float64Var(&o.sloTPOT, "slo-tpot", 0.1, "SLO: a request's TPOT, s")
 	flag.Float64Var(&o.attain, "static-attainment", 0.995, "the static fleet is the smallest whose attainment reaches this share of the attainment of -slots engines (some requests miss the SLO on any fleet: prompts too long for the TTFT SLO)")
 	flag.DurationVar(&o.adjust, "planner-interval", time.Minute, "planner: adjustment interval")
-	flag.Float64Var(&o.ttftFactor, "ttft-factor", 0.5, "shipped policy: scale out when the TTFT estimate reaches this share of the SLO")
-	flag.BoolVar(&o.p90, "ttft-p90", false, "shipped policy: read the p90 of the TTFT estimates over engines instead of the median (what the recipes read)")
 	flag.IntVar(&o.static, "static-engines", 0, "the static fleet's size (0: the smallest meeting -static-attainment, found by bisection)")
-	flag.IntVar(&o.trigger, "out-trigger", 5, "shipped policy: samples of the 30 s window a scale-out check needs in bounds (within_bounds_trigger)")
-	flag.Float64Var(&o.outPercent, "out-percent", 50, "shipped policy: growth of a scale-out, %")
-	flag.BoolVar(&o.shippedOnly, "shipped-only", false, "run only the shipped policy (tuning; compare with an earlier run's static fleet)")
+	flag.Float64Var(&o.ruleHeadroom, "headroom", 0.1, "shipped policy: the rule's headroom (the check's headroom)")
+	flag.Float64Var(&o.ruleAttain, "attainment", sizing.DefaultAttainment, "shipped policy: the attainment a learned capacity aims for (the check's attainment)")
+	flag.Float64Var(&o.capacity, "capacity", 0, "shipped policy: requests/s one engine serves within the SLO (the check's capacity; 0: the static fleet's, peak rate ÷ its engines, as the planner profiles it)")
+	flag.BoolVar(&o.learned, "learned", false, "shipped policy: capacity = \"learned\" (from the router's learned prefill rate) instead of a profiled number")
+	flag.DurationVar(&o.eval, "eval-interval", 10*time.Second, "shipped policy: evaluation_interval")
+	flag.DurationVar(&o.window, "window", time.Minute, "shipped policy: the arrival rate's window (the check's rate(...[window]))")
+	flag.DurationVar(&o.coolOut, "cooldown-out", 30*time.Second, "shipped policy: cooldown_on_scale_up")
+	flag.DurationVar(&o.coolIn, "cooldown-in", time.Minute, "shipped policy: cooldown")
+	flag.BoolVar(&o.shippedOnly, "shipped-only", false, "run only the shipped policy (tuning; its profiled capacity from -capacity or -static-engines)")
 	flag.BoolVar(&o.plannerOnly, "planner-only", false, "run only the planner, its capacity from -static-engines (tuning)")
 	flag.Float64Var(&o.headroom, "planner-headroom", 1, "planner: multiply the predicted rate (1: none, as Dynamo's planner)")
 	flag.StringVar(&o.outDir, "out", "bench/out", "directory for autoscale.json")
@@ -115,24 +120,30 @@ func run() error {
 		_, res, err := cluster.RunAutoscaled(cfg, reqs)
 		return res, err
 	}
-	sc := cluster.ShippedScaler(o.sloTTFT, o.target)
-	sc.TTFTFactor, sc.TTFTP90, sc.Trigger, sc.OutPercent = o.ttftFactor, o.p90, o.trigger, o.outPercent
+	shippedRule := func(static int) *cluster.RuleScaler {
+		c := o.capacity
+		if c == 0 && static > 0 {
+			c = rep.PeakRate / float64(static)
+		}
+		if o.learned {
+			c = 0
+		}
+		return &cluster.RuleScaler{Rule: sizing.Rule{SLO: o.sloTTFT, Headroom: o.ruleHeadroom, Attainment: o.ruleAttain, Min: 1},
+			Capacity: c, EvalInterval: o.eval, Window: o.window, CooldownOut: o.coolOut, CooldownIn: o.coolIn}
+	}
+	if err := shippedRule(0).Rule.Validate(); err != nil {
+		return err
+	}
 	if o.shippedOnly {
-		shipped, err := fleet(sc, 1)
+		if o.capacity == 0 && o.static == 0 && !o.learned {
+			return fmt.Errorf("-shipped-only needs -capacity, -static-engines or -learned")
+		}
+		shipped, err := fleet(shippedRule(o.static), 1)
 		if err != nil {
 			return err
 		}
 		fmt.Printf("shipped: %.2f GPU-hours, attainment %.4f, TTFT p90 %.2f s, engines %d–%d, %d / %d\n", shipped.GPUHours,
 			shipped.Attain, shipped.TTFTP90, shipped.MinEngine, shipped.MaxEngine, shipped.ScaleOuts, shipped.ScaleIns)
-		return nil
-	}
-	if o.plannerOnly && o.static > 0 {
-		p, err := fleet(&cluster.PlannerScaler{Capacity: rep.PeakRate / float64(o.static), AdjustInterval: o.adjust, Headroom: o.headroom}, 1)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("planner: %.2f GPU-hours, attainment %.4f, TTFT p90 %.2f s, engines %d–%d, %d / %d\n", p.GPUHours,
-			p.Attain, p.TTFTP90, p.MinEngine, p.MaxEngine, p.ScaleOuts, p.ScaleIns)
 		return nil
 	}
 	staticRun := func(n int) (cluster.AutoscaleResult, error) { return fleet(cluster.StaticScaler{N: n}, n) }
@@ -146,13 +157,14 @@ func run() error {
 		return err
 	}
 	static.Scaler = fmt.Sprintf("static, sized for the peak (%d engines)", static.MaxEngine)
-	shipped, err := fleet(sc, 1)
+	sr := shippedRule(static.MaxEngine)
+	shipped, err := fleet(sr, 1)
 	if err != nil {
 		return err
 	}
-	shipped.Scaler = "shipped policy (threshold: median TTFT estimate, in-flight; idle 5 min)"
-	if o.p90 {
-		shipped.Scaler = "shipped policy on the p90 TTFT estimate"
+	shipped.Scaler = fmt.Sprintf("shipped policy (oasis-sizing: rate × %.2f ÷ %.2f req/s per engine, every %s)", 1+o.ruleHeadroom, sr.Capacity, o.eval)
+	if o.learned {
+		shipped.Scaler = fmt.Sprintf("shipped policy (oasis-sizing: rate × %.2f ÷ learned capacity, attainment %.3f, every %s)", 1+o.ruleHeadroom, o.ruleAttain, o.eval)
 	}
 	capacity := rep.PeakRate / float64(static.MaxEngine)
 	planner, err := fleet(&cluster.PlannerScaler{Capacity: capacity, AdjustInterval: o.adjust, Headroom: o.headroom}, 1)

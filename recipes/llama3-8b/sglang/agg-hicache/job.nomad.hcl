@@ -65,15 +65,27 @@ variable "scaling_max" {
 }
 
 variable "ttft_slo_seconds" {
-  description = "The model's TTFT SLO: engines are added once the router's median estimated TTFT (over the engines) passes half of it, or its admission wait a quarter of it."
+  description = "The model's TTFT SLO, seconds: the oasis-sizing strategy sizes engines to meet it (a learned capacity derives from it; a profiled one is measured at it)."
   type        = number
   default     = 2
 }
 
-variable "target_in_flight" {
-  description = "In-flight requests per engine the fleet is sized for: engines are added above it, one is removed when the rest would stay under half of it for 5 minutes."
+variable "engine_capacity" {
+  description = "Requests/s one engine serves within the TTFT SLO, profiled on your hardware and traffic (a load test at the SLO), or \"learned\": derived from the router's learned prefill rate, the prompts' uncached tokens and the SLO (the oasis-sizing strategy, README.md \"Autoscaling\"). The default is what one H100 engine served at the 2 s SLO in the cluster simulator's Llama-3-8B profile on the Mooncake conversation trace (BENCHMARKS.md, Autoscaling on a diurnal trace): profile yours."
+  type        = string
+  default     = "2"
+}
+
+variable "scaling_headroom" {
+  description = "Share of extra engines over what the measured arrival rate needs: room for the rise while an engine starts (the oasis-sizing strategy's headroom)."
   type        = number
-  default     = 48
+  default     = 0.1
+}
+
+variable "scaling_rate_window" {
+  description = "Window of the arrival rate the policy sizes on (PromQL duration)."
+  type        = string
+  default     = "1m"
 }
 
 job "llama3-8b-sglang-agg-hicache" {
@@ -93,8 +105,9 @@ job "llama3-8b-sglang-agg-hicache" {
   group "engine" {
     count = var.count
 
-    # SLO autoscaling (README.md "Autoscaling"): out fast before the TTFT SLO is missed, in one
-    # engine at a time after 5 idle minutes; a removed engine drains (shutdown_delay, kill_timeout).
+    # SLO autoscaling (README.md "Autoscaling"): the Oasis strategy plugin (oasis-sizing) runs
+    # ceil(arrival rate x (1 + headroom) / per-engine capacity) engines; a removed engine drains
+    # (shutdown_delay, kill_timeout).
     scaling {
       enabled = var.scaling_enabled
       min     = var.scaling_min
@@ -103,55 +116,17 @@ job "llama3-8b-sglang-agg-hicache" {
       policy {
         evaluation_interval  = "10s"
         cooldown             = "1m"
-        cooldown_on_scale_up = "2m"
+        cooldown_on_scale_up = "30s"
 
-        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
-        check "ttft_slo" {
+        check "arrival_rate" {
           source       = "prometheus"
-          group        = "slo"
-          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"llama3-8b\",role=\"both\"})"
+          query        = "sum(rate(oasis_router_scaling_arrivals_total{model=\"llama3-8b\"}[${var.scaling_rate_window}])) or vector(0)"
           query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.ttft_slo_seconds * 0.5
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        check "queue_wait" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "max(oasis_router_scaling_queue_wait_seconds{model=\"llama3-8b\"})"
-          query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.ttft_slo_seconds * 0.25
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        check "busy" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "sum(oasis_router_scaling_in_flight{model=\"llama3-8b\",role=\"both\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"llama3-8b\",role=\"both\"}), 1)"
-          query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.target_in_flight
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        # In-flight per engine were one engine fewer: under half the target for the whole window.
-        check "idle" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "sum(oasis_router_scaling_in_flight{model=\"llama3-8b\",role=\"both\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"llama3-8b\",role=\"both\"}) - 1, 1)"
-          query_window = "300s"
-          strategy "threshold" {
-            upper_bound           = var.target_in_flight * 0.5
-            delta                 = -1
-            within_bounds_trigger = 300
+          strategy "oasis-sizing" {
+            ttft_slo_seconds      = var.ttft_slo_seconds
+            capacity              = var.engine_capacity
+            headroom              = var.scaling_headroom
+            prefill_seconds_query = "(sum(rate(oasis_router_scaling_prefill_tokens_total{model=\"llama3-8b\",role=\"both\"}[${var.scaling_rate_window}])) / sum(rate(oasis_router_scaling_arrivals_total{model=\"llama3-8b\"}[${var.scaling_rate_window}]))) / avg(oasis_router_scaling_prefill_tokens_per_second{model=\"llama3-8b\",role=\"both\"})"
           }
         }
       }

@@ -66,21 +66,33 @@ variable "decode_scaling_max" {
 }
 
 variable "ttft_slo_seconds" {
-  description = "The model's TTFT SLO: prefill engines are added once the router's median estimated TTFT of the prefill engines passes half of it, or its admission wait a quarter of it."
+  description = "The model's TTFT SLO, seconds: the oasis-sizing strategy sizes engines to meet it (a learned capacity derives from it; a profiled one is measured at it)."
   type        = number
   default     = 2
 }
 
-variable "target_in_flight" {
-  description = "In-flight requests per engine each group is sized for: decode engines are added above it; an engine of either group is removed when the rest would stay under half of it for 5 minutes."
-  type        = number
-  default     = 48
+variable "prefill_engine_capacity" {
+  description = "Requests/s one prefill engine serves within the TTFT SLO, profiled on your hardware and traffic (a load test at the SLO), or \"learned\": derived from the router's learned prefill rate of the prefill engines, the prompts' uncached tokens and the SLO (the oasis-sizing strategy, README.md \"Autoscaling\"). The default is what one aggregated H100 engine (prefill and decode) served at the 2 s SLO in the cluster simulator's Llama-3-8B profile on the Mooncake conversation trace (BENCHMARKS.md, Autoscaling on a diurnal trace): a floor for a prefill-only engine; profile yours."
+  type        = string
+  default     = "2"
 }
 
-variable "decode_kv_usage_high" {
-  description = "Mean KV cache usage (0..1) of the decode engines above which decode engines are added."
+variable "decode_engine_capacity" {
+  description = "Requests/s one decode engine serves within the TTFT and TPOT SLOs, profiled on your hardware and traffic (a load test at the SLO). The default is what one aggregated H100 engine (prefill and decode) served at the 2 s SLO in the cluster simulator's Llama-3-8B profile on the Mooncake conversation trace (BENCHMARKS.md, Autoscaling on a diurnal trace): a floor for a decode-only engine; profile yours."
+  type        = string
+  default     = "2"
+}
+
+variable "scaling_headroom" {
+  description = "Share of extra engines over what the measured arrival rate needs: room for the rise while an engine starts (the oasis-sizing strategy's headroom)."
   type        = number
-  default     = 0.85
+  default     = 0.1
+}
+
+variable "scaling_rate_window" {
+  description = "Window of the arrival rate the policy sizes on (PromQL duration)."
+  type        = string
+  default     = "1m"
 }
 
 job "llama3-8b-vllm-disagg-nixl" {
@@ -100,8 +112,9 @@ job "llama3-8b-vllm-disagg-nixl" {
   group "prefill" {
     count = var.prefill_count
 
-    # Prefill engines scale on what they decide: the TTFT estimate and the admission wait
-    # (README.md "Autoscaling"); in one at a time after 5 idle minutes, drained.
+    # Prefill engines are sized for the arrival rate at what one prefill engine serves within the
+    # TTFT SLO (profiled, or learned from the router's prefill rate; README.md "Autoscaling"); a
+    # removed engine drains.
     scaling {
       enabled = var.scaling_enabled
       min     = 1
@@ -110,43 +123,17 @@ job "llama3-8b-vllm-disagg-nixl" {
       policy {
         evaluation_interval  = "10s"
         cooldown             = "1m"
-        cooldown_on_scale_up = "2m"
+        cooldown_on_scale_up = "30s"
 
-        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
-        check "ttft_slo" {
+        check "arrival_rate" {
           source       = "prometheus"
-          group        = "slo"
-          query        = "max(oasis_router_scaling_estimated_ttft_p50_seconds{model=\"llama3-8b\",role=\"prefill\"})"
+          query        = "sum(rate(oasis_router_scaling_arrivals_total{model=\"llama3-8b\"}[${var.scaling_rate_window}])) or vector(0)"
           query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.ttft_slo_seconds * 0.5
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        check "queue_wait" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "max(oasis_router_scaling_queue_wait_seconds{model=\"llama3-8b\"})"
-          query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.ttft_slo_seconds * 0.25
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        # In-flight per engine were one engine fewer: under half the target for the whole window.
-        check "idle" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "sum(oasis_router_scaling_in_flight{model=\"llama3-8b\",role=\"prefill\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"llama3-8b\",role=\"prefill\"}) - 1, 1)"
-          query_window = "300s"
-          strategy "threshold" {
-            upper_bound           = var.target_in_flight * 0.5
-            delta                 = -1
-            within_bounds_trigger = 300
+          strategy "oasis-sizing" {
+            ttft_slo_seconds      = var.ttft_slo_seconds
+            capacity              = var.prefill_engine_capacity
+            headroom              = var.scaling_headroom
+            prefill_seconds_query = "(sum(rate(oasis_router_scaling_prefill_tokens_total{model=\"llama3-8b\",role=\"prefill\"}[${var.scaling_rate_window}])) / sum(rate(oasis_router_scaling_arrivals_total{model=\"llama3-8b\"}[${var.scaling_rate_window}]))) / avg(oasis_router_scaling_prefill_tokens_per_second{model=\"llama3-8b\",role=\"prefill\"})"
           }
         }
       }
@@ -242,8 +229,8 @@ job "llama3-8b-vllm-disagg-nixl" {
   group "decode" {
     count = var.decode_count
 
-    # Decode engines scale on what they hold: in-flight per engine and KV usage (README.md
-    # "Autoscaling"); in one at a time after 5 idle minutes, drained.
+    # Decode engines are sized for the same arrival rate at what one decode engine serves (its own
+    # profiled capacity; README.md "Autoscaling"); a removed engine drains.
     scaling {
       enabled = var.scaling_enabled
       min     = 1
@@ -252,43 +239,16 @@ job "llama3-8b-vllm-disagg-nixl" {
       policy {
         evaluation_interval  = "10s"
         cooldown             = "1m"
-        cooldown_on_scale_up = "2m"
+        cooldown_on_scale_up = "30s"
 
-        # One group: a check voting "none" does not veto another's scale-in; any scale-out wins.
-        check "busy" {
+        check "arrival_rate" {
           source       = "prometheus"
-          group        = "slo"
-          query        = "sum(oasis_router_scaling_in_flight{model=\"llama3-8b\",role=\"decode\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"llama3-8b\",role=\"decode\"}), 1)"
+          query        = "sum(rate(oasis_router_scaling_arrivals_total{model=\"llama3-8b\"}[${var.scaling_rate_window}])) or vector(0)"
           query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.target_in_flight
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        check "kv_full" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "max(oasis_router_scaling_kv_usage{model=\"llama3-8b\",role=\"decode\"})"
-          query_window = "30s"
-          strategy "threshold" {
-            lower_bound           = var.decode_kv_usage_high
-            percentage            = 50
-            within_bounds_trigger = 5
-          }
-        }
-
-        # In-flight per engine were one engine fewer: under half the target for the whole window.
-        check "idle" {
-          source       = "prometheus"
-          group        = "slo"
-          query        = "sum(oasis_router_scaling_in_flight{model=\"llama3-8b\",role=\"decode\"}) / clamp_min(max(oasis_router_scaling_workers{model=\"llama3-8b\",role=\"decode\"}) - 1, 1)"
-          query_window = "300s"
-          strategy "threshold" {
-            upper_bound           = var.target_in_flight * 0.5
-            delta                 = -1
-            within_bounds_trigger = 300
+          strategy "oasis-sizing" {
+            ttft_slo_seconds      = var.ttft_slo_seconds
+            capacity              = var.decode_engine_capacity
+            headroom              = var.scaling_headroom
           }
         }
       }
