@@ -12,7 +12,10 @@ import (
 
 // serve routes c to its model and carries the plan out, answering the
 // client.
-func (g *Gateway) serve(c *call) { g.execute(c, g.routeModel(c)) }
+func (g *Gateway) serve(c *call) {
+	g.countArrival(c.x.req.Model)
+	g.execute(c, g.routeModel(c))
+}
 
 // execute carries out p and the plans that follow it until the client has
 // its answer. An admission slot the request took is given back at the end.

@@ -14,6 +14,7 @@ import (
 // route is a client request's first routing step: a cascade alias's plan
 // (for a generation endpoint), else routeModel's.
 func (g *Gateway) route(c *call, doc *policy.Document) plan {
+	g.countArrival(c.x.req.Model)
 	if cs, ok := doc.CascadeFor(c.x.req.Model); ok && generates(c.x.req.Path) {
 		return &planCascade{c: cs}
 	}
@@ -22,14 +23,10 @@ func (g *Gateway) route(c *call, doc *policy.Document) plan {
 
 // routeModel is the plan for a request to a model (the client's, or a
 // cascade leg's, or an overflow pool's) from the model's pool and policy
-// and the federation's view, before any local slot is taken; it counts the
-// arrival of a model the router has served (oasis_router_scaling_arrivals_total). Later steps
+// and the federation's view, before any local slot is taken. Later steps
 // (choose, pick, and the failures execute reports) return the plans that
 // follow.
 func (g *Gateway) routeModel(c *call) plan {
-	if g.cfg.Pool.Known(c.x.req.Model) { // a model the router served: the client's text is not a label
-		g.m.Scaling.Arrivals.WithLabelValues(c.x.req.Model).Inc() // the arrival rate autoscaling sizes on
-	}
 	if c.localOnly() {
 		return planAdmit{}
 	}

@@ -88,3 +88,14 @@ func (g *Gateway) beginPrefill(model string, wk *scoring.Worker, n int64) *scori
 	g.m.Scaling.PrefillTokens.WithLabelValues(model, roleOf(wk)).Add(float64(max(n, 0)))
 	return wk.Live.StartPrefill(n)
 }
+
+// countArrival counts a request for model as an arrival
+// (oasis_router_scaling_arrivals_total, what arrival-rate autoscaling sizes
+// on): at the top of route and serve, for the client's model and every
+// cascade leg's or overflow pool's, engines up or not. Only models the router
+// has served count: a model the client names is its text, not a label.
+func (g *Gateway) countArrival(model string) {
+	if g.cfg.Pool.Known(model) {
+		g.m.Scaling.Arrivals.WithLabelValues(model).Inc()
+	}
+}

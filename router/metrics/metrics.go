@@ -72,9 +72,6 @@ type Metrics struct {
 	// Cascades and overflow (cascade.go).
 	Cascade
 
-	// Arrivals and prefill tokens for arrival-rate autoscaling (scaling.go).
-	Scaling ScalingCounters
-
 	// Bounds on what registrations and engines can make the router hold (bounds.go).
 	Bounds
 	// Routing loops and client connections (protection.go).
@@ -83,6 +80,8 @@ type Metrics struct {
 	Peers
 	// In-flight stream migration (migration.go).
 	Migration
+	// Arrivals and prefill tokens for arrival-rate autoscaling (scaling.go).
+	Scaling ScalingCounters
 
 	// Series the request path uses on every request, resolved once per
 	// model / worker: a label lookup hashes every label value and takes the
@@ -240,12 +239,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "Failed legs of disaggregated requests (before the client saw a byte), by leg (prefill|decode)."},
 		[]string{"model", "leg"})
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
-	m.Scaling = newScalingCounters(ns)
-	reg.MustRegister(m.Scaling.Arrivals, m.Scaling.PrefillTokens)
 	m.Cascade = newCascade(reg, ns, lat)
 	m.Protection = newProtection(reg, ns)
 	m.Migration = newMigration(reg, ns)
 	m.Bounds = newBounds(reg, ns)
 	m.Peers = newPeers(reg)
+	m.Scaling = newScalingCounters(reg, ns)
 	return m
 }

@@ -92,23 +92,26 @@ func (c *ScalingCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // ScalingCounters count what an arrival-rate autoscaler sizes engines on
-// (the Oasis strategy plugin, autoscaler/strategy): requests admitted per
-// model and uncached prompt tokens sent per model and engine role.
+// (the Oasis strategy plugin, autoscaler/strategy): requests per model and
+// uncached prompt tokens sent per model and engine role.
 type ScalingCounters struct {
-	// Arrivals counts requests per model as admission takes them (before
-	// any queueing): rate() of it is the model's arrival rate. Both roles of
-	// a disaggregated model serve each one.
+	// Arrivals counts requests per model the router has served since it
+	// started, as routing takes them (before admission or any queueing, with
+	// engines up or not): rate() of it is the model's arrival rate. Both roles
+	// of a disaggregated model serve each one.
 	Arrivals *prometheus.CounterVec // model
 	// PrefillTokens counts the uncached prompt tokens the router sent to
 	// engines (what it expects them to prefill), per model and role.
 	PrefillTokens *prometheus.CounterVec // model, role
 }
 
-func newScalingCounters(ns string) ScalingCounters {
-	return ScalingCounters{
+func newScalingCounters(reg prometheus.Registerer, ns string) ScalingCounters {
+	c := ScalingCounters{
 		Arrivals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scaling_arrivals_total",
-			Help: "Requests per model as admission takes them: rate() is the model's arrival rate."}, []string{"model"}),
+			Help: "Requests per model the router has served, as it takes them (engines up or not): rate() is the model's arrival rate."}, []string{"model"}),
 		PrefillTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scaling_prefill_tokens_total",
 			Help: "Uncached prompt tokens sent to engines per model and role (what the router expects them to prefill)."}, []string{"model", "role"}),
 	}
+	reg.MustRegister(c.Arrivals, c.PrefillTokens)
+	return c
 }
