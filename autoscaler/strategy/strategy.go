@@ -47,7 +47,7 @@ const (
 	CapacityLearned = "learned"
 	// DefaultHeadroom is the headroom when a check does not set one (the
 	// simulator's shipped figure, BENCHMARKS.md "Autoscaling on a diurnal trace").
-	DefaultHeadroom = 0.1
+	DefaultHeadroom = 0.08
 	maxQueryLen     = 4096
 )
 

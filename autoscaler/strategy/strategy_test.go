@@ -207,7 +207,7 @@ func TestServedOverGoPlugin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Action.Count != 3 || got.Action.Direction != sdk.ScaleDirectionUp { // 5 × 1.1 ÷ 2 → 3
+	if got.Action.Count != 3 || got.Action.Direction != sdk.ScaleDirectionUp { // 5 × 1.08 (the default headroom) ÷ 2 → 3
 		t.Errorf("over gRPC: %s %d, want up 3", got.Action.Direction, got.Action.Count)
 	}
 	_, err = s.Run(evalOf(map[string]string{"ttft_slo_seconds": "1", "capacity": "zero"}, 5), 1)

@@ -61,7 +61,7 @@ func parse() options {
 	flag.Float64Var(&o.attain, "static-attainment", 0.995, "the static fleet is the smallest whose attainment reaches this share of the attainment of -slots engines (some requests miss the SLO on any fleet: prompts too long for the TTFT SLO)")
 	flag.DurationVar(&o.adjust, "planner-interval", time.Minute, "planner: adjustment interval")
 	flag.IntVar(&o.static, "static-engines", 0, "the static fleet's size (0: the smallest meeting -static-attainment, found by bisection)")
-	flag.Float64Var(&o.ruleHeadroom, "headroom", 0.1, "shipped policy: the rule's headroom (the check's headroom)")
+	flag.Float64Var(&o.ruleHeadroom, "headroom", 0.08, "shipped policy: the rule's headroom (the check's headroom)")
 	flag.Float64Var(&o.ruleAttain, "attainment", sizing.DefaultAttainment, "shipped policy: the attainment a learned capacity aims for (the check's attainment)")
 	flag.Float64Var(&o.capacity, "capacity", 0, "shipped policy: requests/s one engine serves within the SLO (the check's capacity; 0: the static fleet's, peak rate ÷ its engines, as the planner profiles it)")
 	flag.BoolVar(&o.learned, "learned", false, "shipped policy: capacity = \"learned\" (from the router's learned prefill rate) instead of a profiled number")

@@ -77,7 +77,7 @@ variable "engine_capacity" {
 variable "scaling_headroom" {
   description = "Share of extra engines over what the measured arrival rate needs: room for the rise while an engine starts (the oasis-sizing strategy's headroom)."
   type        = number
-  default     = 0.1
+  default     = 0.08
 }
 
 variable "scaling_rate_window" {
