@@ -619,7 +619,7 @@ func (s *sim) newSelector(src *source, seed uint64) (*scoring.Selector, error) {
 			return nil, fmt.Errorf("policy: %w", err)
 		}
 	}
-	return scoring.NewSelector(reg, scoring.WithTieBreak(rand.New(rand.NewPCG(seed, 11)).IntN)), nil
+	return scoring.NewSelector(scoring.SelectorConfig{Registry: reg, TieBreak: rand.New(rand.NewPCG(seed, 11)).IntN}), nil
 }
 
 // newWorker builds worker i on GPU g: a fresh engine, router signals and

@@ -106,25 +106,9 @@ type Config struct {
 	Metrics *metrics.Metrics
 }
 
-// PoolOption configures a Pool for NewPool.
-type PoolOption func(*Config)
-
-// WithHostedPolicy sets Config.Hosted.
-func WithHostedPolicy(hp *HostedPolicy) PoolOption { return func(c *Config) { c.Hosted = hp } }
-
 type view struct {
 	byModel map[string][]*worker.Worker
 	all     []*worker.Worker
-}
-
-// NewPool is New with the options' Config. New is the convention; NewPool
-// stays for the callers not moved to it yet (router/gateway's tests).
-func NewPool(opts ...PoolOption) *Pool {
-	var cfg Config
-	for _, o := range opts {
-		o(&cfg)
-	}
-	return New(cfg)
 }
 
 // New returns an empty pool.
