@@ -16,6 +16,7 @@ import (
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
+	"github.com/oasis-llm/oasis/router/scoring"
 )
 
 // Scale to zero (coldstart.go): a request for a model whose policy has
@@ -231,4 +232,21 @@ func TestColdStartAfterOverflow(t *testing.T) {
 	must.Eq(t, reasonNoWorker, resp.Header.Get(OverflowHeader))
 	must.Eq(t, 1, hits.Load())
 	must.Zero(t, promtest.CollectAndCount(h.m.Held), must.Sprint("no request was held"))
+}
+
+// Another datacenter serving the model comes before the hold too.
+func TestColdStartAfterOtherDatacenter(t *testing.T) {
+	var remote atomic.Int64
+	e2 := goodEngine(t, &remote)
+	on := true
+	doc := &policy.Document{Policy: scoring.RoundRobin, Federation: &policy.Federation{Enabled: &on},
+		Models: map[string]policy.Model{"m": {ScaleToZero: &policy.ScaleToZero{}}}}
+	dc1, _ := fedPairOver(t, false, doc, map[string]string{"x": "other@" + deadAddr(t)}, map[string]string{"b": "m@" + addr(e2)})
+	resp := dc1.h.post("/v1/chat/completions", streamBody)
+	body := readAllString(t, resp)
+	must.Eq(t, http.StatusOK, resp.StatusCode, must.Sprint(body))
+	must.StrContains(t, body, "data: [DONE]")
+	must.Eq(t, 1, remote.Load())
+	must.Eq(t, 1, forwardedCount(t, dc1))
+	must.Zero(t, promtest.CollectAndCount(dc1.h.m.Held), must.Sprint("no request was held"))
 }
