@@ -70,7 +70,9 @@ func TestScaleFromZeroHoldsThenServesAndIdleScalesToZero(t *testing.T) {
 	first := make(chan result, 1)
 	go func() { first <- zeroChat(ctx, router) }()
 	eventually(t, 30*time.Second, "the request held at the router", func() bool {
-		return routerMetric(t, router, "oasis_router_scaling_held_requests", zeroModel) == 1
+		// A cold start quicker than the poll ends the hold unseen: the served hold counted below
+		// says it was held all the same.
+		return routerMetric(t, router, "oasis_router_scaling_held_requests", zeroModel) == 1 || len(first) > 0
 	})
 	r := <-first
 	must.NoError(t, r.err, must.Sprint("the held request must be served"))
