@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"sync"
@@ -92,7 +93,7 @@ func (g *Gateway) coldStartOr(c *call, otherwise plan) plan {
 // holdForEngine holds c until its model has a routable worker, then routes
 // it locally (routeLocal: overflow on the TTFT bound, else admission);
 // past the hold a 503 with Retry-After, with max_held requests already
-// held a 503 at once.
+// held a 503 at once. The hold is the request's oasis.cold_start span.
 func (g *Gateway) holdForEngine(c *call, p *planColdStart) plan {
 	model := c.x.req.Model
 	// The request counters exist before the first held request ends, so a
@@ -111,26 +112,47 @@ func (g *Gateway) holdForEngine(c *call, p *planColdStart) plan {
 		held.Dec()
 		g.cold.leave(model)
 	}()
+	_, sp := c.rec.tr.start(c.ctx, SpanColdStart)
 	t0 := time.Now()
-	timer := time.NewTimer(p.p.Hold)
+	outcome := g.waitForEngine(c.ctx, model, p.p.Hold)
+	g.m.Holds.WithLabelValues(model, outcome).Inc()
+	sp.SetAttributes(AttrColdStartOutcome.String(outcome))
+	var next plan
+	var err error
+	switch outcome {
+	case metrics.HoldServed:
+		g.m.HoldWait.WithLabelValues(model).Observe(time.Since(t0).Seconds())
+		next = g.routeLocal(c)
+	case metrics.HoldTimeout:
+		r := &refusal{status: http.StatusServiceUnavailable, typ: "server_error", code: "cold_start_timeout",
+			msg: "no engine for model " + strconv.Quote(model) + " started within " + p.p.Hold.String() +
+				" (scale_to_zero.hold); it may still be starting", retryAfter: coldStartRetryAfter}
+		next, err = r, r
+	default:
+		r := g.contextRefusal(c, "deadline expired while waiting for an engine of the model to start")
+		next, err = r, r
+	}
+	endSpan(sp, err)
+	return next
+}
+
+// waitForEngine waits until model has a routable worker (HoldServed), the
+// hold passes (HoldTimeout) or ctx ends (HoldCancelled), waking at every
+// change of the pool.
+func (g *Gateway) waitForEngine(ctx context.Context, model string, hold time.Duration) string {
+	timer := time.NewTimer(hold)
 	defer timer.Stop()
 	for {
 		changed := g.cold.next() // before the look: a change after it wakes the wait
 		if len(g.candidates(model)) > 0 {
-			g.m.Holds.WithLabelValues(model, metrics.HoldServed).Inc()
-			g.m.HoldWait.WithLabelValues(model).Observe(time.Since(t0).Seconds())
-			return g.routeLocal(c)
+			return metrics.HoldServed
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			g.m.Holds.WithLabelValues(model, metrics.HoldTimeout).Inc()
-			return &refusal{status: http.StatusServiceUnavailable, typ: "server_error", code: "cold_start_timeout",
-				msg: "no engine for model " + strconv.Quote(model) + " started within " + p.p.Hold.String() +
-					" (scale_to_zero.hold); it may still be starting", retryAfter: coldStartRetryAfter}
-		case <-c.ctx.Done():
-			g.m.Holds.WithLabelValues(model, metrics.HoldCancelled).Inc()
-			return g.contextRefusal(c, "deadline expired while waiting for an engine of the model to start")
+			return metrics.HoldTimeout
+		case <-ctx.Done():
+			return metrics.HoldCancelled
 		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/shoenig/test/must"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/router/metrics"
@@ -67,7 +69,9 @@ func (h *harness) send(ctx context.Context, body string, hdr ...string) <-chan r
 	return out
 }
 
-func (h *harness) held(model string) float64 { return promtest.ToFloat64(h.m.Held.WithLabelValues(model)) }
+func (h *harness) held(model string) float64 {
+	return promtest.ToFloat64(h.m.Held.WithLabelValues(model))
+}
 
 func (h *harness) holds(model, outcome string) float64 {
 	return promtest.ToFloat64(h.m.Holds.WithLabelValues(model, outcome))
@@ -249,4 +253,32 @@ func TestColdStartAfterOtherDatacenter(t *testing.T) {
 	must.Eq(t, 1, remote.Load())
 	must.Eq(t, 1, forwardedCount(t, dc1))
 	must.Zero(t, promtest.CollectAndCount(dc1.h.m.Held), must.Sprint("no request was held"))
+}
+
+// The hold is the request's oasis.cold_start span, with its outcome.
+func TestColdStartSpan(t *testing.T) {
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	var hits atomic.Int64
+	engine := echoEngine(t, "e1", &hits)
+	h := newHarnessWith(t, Config{TracerProvider: tp}, coldDoc(t, "30s", 4), map[string]string{})
+	got := h.send(t.Context(), coldChat("m", false), "Traceparent", clientParent)
+	h.waitHeld(t, "m", 1)
+	h.setEngines(map[string]string{"e1": "m@" + addr(engine)})
+	r := <-got
+	must.NoError(t, r.err)
+	must.Eq(t, http.StatusOK, r.status)
+	must.NoError(t, tp.ForceFlush(context.Background()))
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range sr.Ended() {
+		byName[s.Name()] = s
+	}
+	root, ok := byName["POST /v1/chat/completions"]
+	must.True(t, ok, must.Sprintf("spans: %v", names(sr.Ended())))
+	hold, ok := byName[SpanColdStart]
+	must.True(t, ok, must.Sprintf("no %s span in %v", SpanColdStart, names(sr.Ended())))
+	must.Eq(t, root.SpanContext().SpanID(), hold.Parent().SpanID())
+	must.Eq(t, metrics.HoldServed, attrMap(hold.Attributes())[AttrColdStartOutcome].AsString())
+	_, ok = byName[SpanUpstream]
+	must.True(t, ok, must.Sprint("the held request went on to its engine"))
 }

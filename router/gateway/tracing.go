@@ -36,6 +36,9 @@ const (
 	// SpanMigrate is a stream's continuation on another engine after its
 	// engine failed mid-stream (migrate.go): one per leg.
 	SpanMigrate = "oasis.migrate"
+	// SpanColdStart is a request held while its model scales from zero
+	// (coldstart.go).
+	SpanColdStart = "oasis.cold_start"
 )
 
 // Attribute keys of the router's spans (README: Tracing).
@@ -53,15 +56,17 @@ const (
 	AttrPrefixGPU     = attribute.Key("oasis.prefix.blocks_gpu")
 	AttrPrefixTier    = attribute.Key("oasis.prefix.tier")
 	AttrQueueWait     = attribute.Key("oasis.queue_wait_ms")
-	AttrRetries       = attribute.Key("oasis.retries")
-	AttrTTFT          = attribute.Key("oasis.ttft_ms")
-	AttrPromptTokens  = attribute.Key("gen_ai.usage.input_tokens")
-	AttrOutputTokens  = attribute.Key("gen_ai.usage.output_tokens")
-	AttrStatus        = attribute.Key("http.response.status_code")
-	AttrPrefill       = attribute.Key("oasis.pd.prefill_worker")
-	AttrDecode        = attribute.Key("oasis.pd.decode_worker")
-	AttrMigrationLeg  = attribute.Key("oasis.migration.leg")           // 1 for the first continuation
-	AttrResentTokens  = attribute.Key("oasis.migration.resent_tokens") // prompt + tokens already generated
+	// AttrColdStartOutcome is how a hold ended: served, timeout, cancelled.
+	AttrColdStartOutcome = attribute.Key("oasis.cold_start.outcome")
+	AttrRetries          = attribute.Key("oasis.retries")
+	AttrTTFT             = attribute.Key("oasis.ttft_ms")
+	AttrPromptTokens     = attribute.Key("gen_ai.usage.input_tokens")
+	AttrOutputTokens     = attribute.Key("gen_ai.usage.output_tokens")
+	AttrStatus           = attribute.Key("http.response.status_code")
+	AttrPrefill          = attribute.Key("oasis.pd.prefill_worker")
+	AttrDecode           = attribute.Key("oasis.pd.decode_worker")
+	AttrMigrationLeg     = attribute.Key("oasis.migration.leg")           // 1 for the first continuation
+	AttrResentTokens     = attribute.Key("oasis.migration.resent_tokens") // prompt + tokens already generated
 )
 
 // tracing is the gateway's tracer and propagator; nil when off.

@@ -36,7 +36,7 @@ func newColdStart(reg prometheus.Registerer, ns string) ColdStart {
 			Help: "Requests held for a model scaled to zero, by outcome: served (an engine joined the pool in time), timeout (503 after the hold), full (503 at once: max_held reached), cancelled (the client left or its deadline passed)."},
 			[]string{"model", "outcome"}),
 		HoldWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "scaling_cold_start_wait_seconds",
-			Help: "Wait of held requests that were served, from the hold to an engine of the model in the pool (the cold start seen by clients, before their request is sent).",
+			Help:    "Wait of held requests that were served, from the hold to an engine of the model in the pool (the cold start seen by clients, before their request is sent).",
 			Buckets: []float64{.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900}},
 			[]string{"model"}),
 	}
