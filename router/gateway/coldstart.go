@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/oasis-llm/oasis/router/metrics"
 	"github.com/oasis-llm/oasis/router/policy"
 	"github.com/oasis-llm/oasis/router/scoring"
@@ -27,6 +29,10 @@ import (
 type planColdStart struct{ p policy.ColdStartPolicy }
 
 func (*planColdStart) isPlan() {}
+
+// AttrColdStartOutcome is how a hold (the oasis.cold_start span) ended:
+// served, timeout, cancelled.
+const AttrColdStartOutcome = attribute.Key("oasis.cold_start.outcome")
 
 // coldStartRetryAfter is the Retry-After of a hold that timed out: the
 // engine may be moments away, and a retry is held again.

@@ -56,17 +56,15 @@ const (
 	AttrPrefixGPU     = attribute.Key("oasis.prefix.blocks_gpu")
 	AttrPrefixTier    = attribute.Key("oasis.prefix.tier")
 	AttrQueueWait     = attribute.Key("oasis.queue_wait_ms")
-	// AttrColdStartOutcome is how a hold ended: served, timeout, cancelled.
-	AttrColdStartOutcome = attribute.Key("oasis.cold_start.outcome")
-	AttrRetries          = attribute.Key("oasis.retries")
-	AttrTTFT             = attribute.Key("oasis.ttft_ms")
-	AttrPromptTokens     = attribute.Key("gen_ai.usage.input_tokens")
-	AttrOutputTokens     = attribute.Key("gen_ai.usage.output_tokens")
-	AttrStatus           = attribute.Key("http.response.status_code")
-	AttrPrefill          = attribute.Key("oasis.pd.prefill_worker")
-	AttrDecode           = attribute.Key("oasis.pd.decode_worker")
-	AttrMigrationLeg     = attribute.Key("oasis.migration.leg")           // 1 for the first continuation
-	AttrResentTokens     = attribute.Key("oasis.migration.resent_tokens") // prompt + tokens already generated
+	AttrRetries       = attribute.Key("oasis.retries")
+	AttrTTFT          = attribute.Key("oasis.ttft_ms")
+	AttrPromptTokens  = attribute.Key("gen_ai.usage.input_tokens")
+	AttrOutputTokens  = attribute.Key("gen_ai.usage.output_tokens")
+	AttrStatus        = attribute.Key("http.response.status_code")
+	AttrPrefill       = attribute.Key("oasis.pd.prefill_worker")
+	AttrDecode        = attribute.Key("oasis.pd.decode_worker")
+	AttrMigrationLeg  = attribute.Key("oasis.migration.leg")           // 1 for the first continuation
+	AttrResentTokens  = attribute.Key("oasis.migration.resent_tokens") // prompt + tokens already generated
 )
 
 // tracing is the gateway's tracer and propagator; nil when off.
