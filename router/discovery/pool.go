@@ -125,8 +125,13 @@ func New(cfg Config) *Pool {
 }
 
 // OnChange registers fn to be called (synchronously, under the pool's update
-// lock) with every new worker list. Register before any source runs.
-func (p *Pool) OnChange(fn func(workers []*worker.Worker)) { p.onSet = append(p.onSet, fn) }
+// lock) with every new worker list from the next one on. fn must not call
+// back into the pool's Set.
+func (p *Pool) OnChange(fn func(workers []*worker.Worker)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onSet = append(p.onSet, fn)
+}
 
 // Workers returns the healthy workers serving model. The slice is shared: do not modify.
 func (p *Pool) Workers(model string) []*worker.Worker { return p.view.Load().byModel[model] }

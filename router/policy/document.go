@@ -22,7 +22,8 @@ import (
 //	  "timeouts": {"response_header": "5m", "stream_idle": "60s", "first_token_hold": "auto"},
 //	  "migration_limit": 2,
 //	  "models": {
-//	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
+//	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}},
+//	    "qwen3-8b": {"scale_to_zero": {"hold": "90s", "max_held": 64}}
 //	  }
 //	}
 //
@@ -61,6 +62,9 @@ type Model struct {
 	Overflow       *Overflow `json:"overflow,omitempty"`
 	HostedPeers    *bool     `json:"hosted_peers,omitempty"`
 	MigrationLimit *int      `json:"migration_limit,omitempty"`
+	// ScaleToZero holds requests while the model has no engine, until the
+	// autoscaler starts one (scaletozero.go).
+	ScaleToZero *ScaleToZero `json:"scale_to_zero,omitempty"`
 }
 
 // Timeouts bound the router's wait for an engine. In a per-model override an
@@ -228,6 +232,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 			return err
 		}
 		if err := validateMigrationLimit("models."+name+".migration_limit", m.MigrationLimit); err != nil {
+			return err
+		}
+		if err := m.ScaleToZero.validate("models." + name + ".scale_to_zero"); err != nil {
 			return err
 		}
 	}
