@@ -60,8 +60,8 @@ type TTFTTerm struct {
 	Prefix *PrefixTerm
 	// Scale is τ; zero means DefaultTTFTScale.
 	Scale time.Duration
-	// Recompute is κ; zero or less charges nothing beyond this request's
-	// wait (NewTTFTTerm sets DefaultRecompute).
+	// Recompute is κ; zero, less or NaN charges nothing beyond this
+	// request's wait (NewTTFTTerm sets DefaultRecompute).
 	Recompute float64
 }
 
@@ -124,7 +124,7 @@ func (t *TTFTTerm) chargedTokens(req *Request, workers []*Worker, out []float64)
 			minUn = un
 		}
 	}
-	if t.Recompute <= 0 {
+	if !(t.Recompute > 0) { // zero, negative or NaN: no charge
 		return
 	}
 	for i := range out[:len(workers)] {

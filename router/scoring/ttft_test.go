@@ -126,6 +126,9 @@ func TestTTFTTerm(t *testing.T) {
 			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
 			// b recomputes the 300 tokens a holds: est 0.1 s and (400+300)/4000 = 0.175 s
 			[]float64{1, (tau + 0.1) / (tau + 0.175)}},
+		{"κ NaN charges nothing", math.NaN(),
+			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
+			[]float64{1, 1}},
 		{"charge scales with κ", 2,
 			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
 			// (400+2·300)/4000 = 0.25 s
