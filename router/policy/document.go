@@ -144,8 +144,11 @@ const maxMigrationLimit = 16
 // is a worker already decoding (a request joining a batch shares its steps) on an efficient GPU,
 // so load consolidates onto fewer GPUs instead of spreading one or two sequences over each; a
 // little load keeps that from piling up where prompt tokens are unknown (ttft neutral). The
-// prefix term's hot-spot guard keeps one shared system prompt from piling load on its holder.
-// The routing benchmark (bench/cluster) measures exactly these.
+// prefix term's hot-spot guard keeps one shared system prompt from piling load on its holder,
+// and the ttft term's recompute charge (scoring.DefaultRecompute) keeps a session or tenant on
+// the worker holding its prefix until that worker's queue costs more than the recompute
+// elsewhere. The routing benchmark (bench/cluster) measures exactly these, cross-validated
+// across its trace library (router/README.md says how they were chosen).
 func DefaultWeights() map[string]float64 {
 	return map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}
 }
