@@ -167,3 +167,39 @@ func TestTiersAndDecodePower(t *testing.T) {
 		t.Errorf("decode energy at half power from batch 1: %.0f J vs %.0f J at full power", half.DecodeEnergyJ, full.DecodeEnergyJ)
 	}
 }
+
+// Agentic sessions (a long context, many short turns) on a loaded cluster:
+// with the ttft term's recompute charge (the default κ) the session's holder
+// keeps it while its queue is shorter than the context another worker would
+// recompute, so more of the prompts hit and the cluster computes fewer
+// tokens; the myopic estimate (κ off) moves sessions to idle workers that
+// recompute their whole context.
+func TestRecomputeChargeKeepsSessions(t *testing.T) {
+	reqs, err := LoadSpec("gen:agent:n=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	run := func(recompute float64) Result {
+		r, err := Run(Config{Policy: PolicyOasis, Recompute: recompute, GPUs: Heterogeneous(16), RateScale: 8, Model: "m"}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Completed != len(reqs) {
+			t.Fatalf("κ %v: %d of %d completed", recompute, r.Completed, len(reqs))
+		}
+		t.Logf("κ %v: hit %.3f TTFT p90 %.3f s imbalance %.2f", recompute, r.HitRatio, r.TTFTP90, r.Imbalance)
+		return r
+	}
+	// 16 mixed GPUs at 8× the generator's rate: past the myopic estimate's
+	// SLO edge (BENCHMARKS.md, "Routing across a trace library").
+	myopic, charged := run(-1), run(0)
+	if charged.HitRatio < myopic.HitRatio+0.05 {
+		t.Errorf("with the recompute charge hit %.3f, not well above the myopic estimate's %.3f", charged.HitRatio, myopic.HitRatio)
+	}
+	if charged.TTFTP90 >= myopic.TTFTP90 {
+		t.Errorf("with the recompute charge TTFT p90 %.2f s, not below the myopic estimate's %.2f s", charged.TTFTP90, myopic.TTFTP90)
+	}
+}

@@ -101,10 +101,13 @@ type Config struct {
 	RateScale   float64 // arrivals at trace time / RateScale
 	Weights     map[string]float64
 	LoadSlack   float64 // prefix term's hot-spot ε (oasis policy)
-	ApproxTTL   time.Duration
-	BlockSize   int
-	Seed        uint64
-	Model       string
+	// Recompute is the ttft term's κ (oasis policy; 0: the default,
+	// scoring.DefaultRecompute; negative: none, this request's wait alone).
+	Recompute float64
+	ApproxTTL time.Duration
+	BlockSize int
+	Seed      uint64
+	Model     string
 	// DecodePower is the dynamic power of a step's decode part at batch 1, as
 	// a fraction of the GPU's full dynamic power, rising linearly to full at
 	// DecodePowerBatch sequences; 0 or 1: every step draws full power.
@@ -610,7 +613,11 @@ func (s *sim) newSelector(src *source, seed uint64) (*scoring.Selector, error) {
 			term.LoadSlack = s.cfg.LoadSlack
 		}
 	}
-	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, scoring.NewTTFTTerm(term))...)
+	ttft := scoring.NewTTFTTerm(term)
+	if s.cfg.Policy == PolicyOasis && s.cfg.Recompute != 0 {
+		ttft.Recompute = max(s.cfg.Recompute, 0)
+	}
+	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, ttft)...)
 	if err != nil {
 		return nil, err
 	}
@@ -619,7 +626,7 @@ func (s *sim) newSelector(src *source, seed uint64) (*scoring.Selector, error) {
 			return nil, fmt.Errorf("policy: %w", err)
 		}
 	}
-	return scoring.NewSelector(reg, scoring.WithTieBreak(rand.New(rand.NewPCG(seed, 11)).IntN)), nil
+	return scoring.NewSelector(scoring.SelectorConfig{Registry: reg, TieBreak: rand.New(rand.NewPCG(seed, 11)).IntN}), nil
 }
 
 // newWorker builds worker i on GPU g: a fresh engine, router signals and

@@ -41,7 +41,8 @@ func TestValidateNames(t *testing.T) {
 }
 
 // TestValidateLoRALoadable: lora_loadable follows lora_modules' rules, its
-// names distinct from theirs, and only for vLLM and the sim.
+// names distinct from theirs, and only for vLLM, the sim and llama.cpp
+// (which takes no other list: one alias, adapters applied per request).
 func TestValidateLoRALoadable(t *testing.T) {
 	c := TaskConfig{Engine: EngineVLLM, Model: "m", Port: "http", KVEvents: new(bool),
 		LoRAModules: []string{"x=/a"}, LoRALoadable: []string{"y=/b", "z=org/z"}}
@@ -52,4 +53,15 @@ func TestValidateLoRALoadable(t *testing.T) {
 	must.ErrorContains(t, c.Normalize().Validate(), "lora_loadable: entry \"y\": want name=path")
 	c.Engine, c.LoRAModules, c.LoRALoadable = EngineSGLang, nil, []string{"y=/b"}
 	must.ErrorContains(t, c.Normalize().Validate(), "lora_loadable: not rendered for engine sglang")
+
+	c.Engine, c.LoRALoadable = EngineLlamaCpp, []string{"sql=/adapters/sql.gguf"}
+	must.NoError(t, c.Normalize().Validate())
+	c.LoRALoadable = []string{"sql"}
+	must.ErrorContains(t, c.Normalize().Validate(), "want name=path (a GGUF LoRA adapter file")
+	c.LoRALoadable = []string{"sql=/a,b.gguf"}
+	must.ErrorContains(t, c.Normalize().Validate(), "entry \"sql=/a,b.gguf\": want name=path")
+	c.LoRALoadable, c.LoRAModules = nil, []string{"sql=/adapters/sql.gguf"}
+	must.ErrorContains(t, c.Normalize().Validate(), "lora_modules: not rendered for engine llama_cpp: llama-server applies adapters per request")
+	c.LoRAModules, c.ServedModelNames = nil, []string{"alias"}
+	must.ErrorContains(t, c.Normalize().Validate(), "served_model_names: not rendered for engine llama_cpp: llama-server serves one name")
 }

@@ -266,6 +266,13 @@ func renderLlamaCpp(p *Plan, c config.TaskConfig, in Input, bin, host string, po
 	if len(in.GPUs) > 0 {
 		a = append(a, "-ngl", "999")
 	}
+	// Loaded at start (ids 0, 1, ... in this order); the router finds an
+	// adapter's id by its path in GET /lora-adapters and names the adapters
+	// to apply in every request it sends (router/gateway/llamalora.go).
+	for _, s := range c.LoRALoadable {
+		m, _ := config.ParseLoRAModule(s)
+		a = append(a, "--lora", m.Path)
+	}
 	p.Argv = append(a, "--metrics")
 }
 

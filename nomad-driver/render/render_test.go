@@ -200,6 +200,11 @@ func TestRenderCases(t *testing.T) {
 			c.LoRALoadable = []string{"sql-lora=/models/adapters/sql"}
 			return testInput(c)
 		}},
+		{"llama_cpp-lora-loadable", func() Input {
+			c := baseConfig("llama_cpp", "none", "both")
+			c.LoRALoadable = []string{"sql-lora=/models/adapters/sql.gguf", "chat-lora=local/chat.gguf"}
+			return testInput(c)
+		}},
 		{"vllm-kvcached-remote-only", func() Input {
 			c := baseConfig("vllm", "kvcached", "both")
 			c.KVOffloadSizeGB, c.KVCachedAddress = 0, "10.0.0.5:16380"

@@ -153,19 +153,18 @@ func (a *App) registerFederation(check *consulapi.AgentServiceCheck) {
 	for {
 		models := a.pool.Models()
 		slices.Sort(models)
-		models = models[:min(len(models), 64)]
-		meta := strings.Join(models, ",")
-		if (meta != last || !registered) && len(meta) <= 512 {
+		if key := strings.Join(models, ","); key != last || !registered {
 			m := map[string]string{federation.MetaDC: a.fed.DC()}
-			if meta != "" {
-				m[federation.MetaModels] = meta
+			if dropped := federation.ModelsMeta(m, models); dropped > 0 {
+				a.log.Warn("more models than the federation registration's meta holds: the last ones are not announced to other datacenters",
+					"models", len(models), "not_announced", dropped)
 			}
 			err := a.consul.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{ID: id, Name: federation.Service,
 				Address: host, Port: port, Tags: []string{"oasis"}, Check: check, Meta: m})
 			if err != nil {
 				a.log.Warn("registering the federation listener in Consul failed", "error", err)
 			} else {
-				last, registered = meta, true
+				last, registered = key, true
 			}
 		}
 		select {

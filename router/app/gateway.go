@@ -32,7 +32,7 @@ func (a *App) initGateway() error {
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{
-		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(a.terms), Admission: a.admission,
+		Pool: a.pool, Policy: a.policy, Selector: scoring.NewSelector(scoring.SelectorConfig{Registry: a.terms}), Admission: a.admission,
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
 		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor, MaxLoadedAdapters: a.cfg.MaxLoadedAdapters,

@@ -106,25 +106,9 @@ type Config struct {
 	Metrics *metrics.Metrics
 }
 
-// PoolOption configures a Pool for NewPool.
-type PoolOption func(*Config)
-
-// WithHostedPolicy sets Config.Hosted.
-func WithHostedPolicy(hp *HostedPolicy) PoolOption { return func(c *Config) { c.Hosted = hp } }
-
 type view struct {
 	byModel map[string][]*worker.Worker
 	all     []*worker.Worker
-}
-
-// NewPool is New with the options' Config. New is the convention; NewPool
-// stays for the callers not moved to it yet (router/gateway's tests).
-func NewPool(opts ...PoolOption) *Pool {
-	var cfg Config
-	for _, o := range opts {
-		o(&cfg)
-	}
-	return New(cfg)
 }
 
 // New returns an empty pool.
@@ -141,8 +125,13 @@ func New(cfg Config) *Pool {
 }
 
 // OnChange registers fn to be called (synchronously, under the pool's update
-// lock) with every new worker list. Register before any source runs.
-func (p *Pool) OnChange(fn func(workers []*worker.Worker)) { p.onSet = append(p.onSet, fn) }
+// lock) with every new worker list from the next one on. fn must not call
+// back into the pool's Set.
+func (p *Pool) OnChange(fn func(workers []*worker.Worker)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onSet = append(p.onSet, fn)
+}
 
 // Workers returns the healthy workers serving model. The slice is shared: do not modify.
 func (p *Pool) Workers(model string) []*worker.Worker { return p.view.Load().byModel[model] }

@@ -16,12 +16,62 @@ import (
 
 // Service is the Consul service name routers register their federation
 // listener under, with meta MetaDC (the datacenter) and MetaModels (the
-// models it serves, comma-separated; absent while it serves none).
+// models it serves, comma-separated; absent while it serves none). Consul
+// caps a meta value at 512 bytes: a longer list continues in MetaModels_1,
+// MetaModels_2, ... (ModelsMeta writes them, at most maxMetaChunks values
+// and maxMetaModels names in all).
 const (
 	Service    = "oasis-router-federation"
 	MetaDC     = "oasis_dc"
 	MetaModels = "oasis_models"
 )
+
+// Bounds on the models one router announces: maxMetaChunks meta values of
+// at most maxMetaValue bytes (Consul's cap), maxMetaModels names in all.
+const (
+	maxMetaChunks = 8
+	maxMetaValue  = 512
+	maxMetaModels = 256
+)
+
+// metaModelsKey is the meta key of the i-th chunk of the model list.
+func metaModelsKey(i int) string {
+	if i == 0 {
+		return MetaModels
+	}
+	return MetaModels + "_" + strconv.Itoa(i)
+}
+
+// ModelsMeta adds models (sorted, valid names) to meta as MetaModels and
+// its continuation keys, each value within Consul's 512 bytes; it returns
+// how many models did not fit (left out from the end of the list).
+func ModelsMeta(meta map[string]string, models []string) (dropped int) {
+	chunk := 0
+	var b strings.Builder
+	flush := func() {
+		if b.Len() > 0 {
+			meta[metaModelsKey(chunk)] = b.String()
+			b.Reset()
+			chunk++
+		}
+	}
+	defer flush()
+	for i, m := range models {
+		if i == maxMetaModels || len(m) > maxMetaValue { // the latter is no valid name
+			return len(models) - i
+		}
+		if b.Len() > 0 && b.Len()+1+len(m) > maxMetaValue {
+			if flush(); chunk == maxMetaChunks {
+				return len(models) - i
+			}
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(m)
+	}
+	return 0
+}
 
 // Peer is another datacenter's router.
 type Peer struct {
@@ -93,10 +143,7 @@ func peersFromEntries(dc string, entries []*consulapi.ServiceEntry, bad func(str
 			bad("dc")
 			continue
 		}
-		models, ok := []string{}, true
-		if v, set := e.Service.Meta[MetaModels]; set {
-			models, ok = parseModels(v)
-		}
+		models, ok := parseModelsMeta(e.Service.Meta)
 		if !ok {
 			bad("models")
 			continue
@@ -107,25 +154,28 @@ func peersFromEntries(dc string, entries []*consulapi.ServiceEntry, bad func(str
 	return out
 }
 
-// maxMetaModels bounds the models one peer may announce.
-const maxMetaModels = 64
-
-// parseModels validates a comma-separated model list (Consul caps a meta
-// value at 512 bytes).
-func parseModels(v string) ([]string, bool) {
-	if v == "" || len(v) > 512 {
-		return nil, false
-	}
-	ms := strings.Split(v, ",")
-	if len(ms) > maxMetaModels {
-		return nil, false
-	}
-	for _, m := range ms {
-		if !validName(m) {
+// parseModelsMeta reads the model list ModelsMeta wrote: MetaModels and its
+// continuation keys in order (a gap ends the list), each a non-empty
+// comma-separated list of valid names within 512 bytes, at most
+// maxMetaModels names in all. No MetaModels: serves none.
+func parseModelsMeta(meta map[string]string) ([]string, bool) {
+	models := []string{}
+	for i := range maxMetaChunks {
+		v, set := meta[metaModelsKey(i)]
+		if !set {
+			break
+		}
+		if v == "" || len(v) > maxMetaValue {
 			return nil, false
 		}
+		for m := range strings.SplitSeq(v, ",") {
+			if !validName(m) || len(models) == maxMetaModels {
+				return nil, false
+			}
+			models = append(models, m)
+		}
 	}
-	return ms, true
+	return models, true
 }
 
 // watchPeers follows the federation service in every other datacenter

@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -30,7 +31,7 @@ func TestPeersFromEntries(t *testing.T) {
 		entry("evil host", 8443, good),
 		entry("10.0.0.4", 8443, map[string]string{MetaDC: "dc3", MetaModels: "m"}),
 		entry("10.0.0.5", 8443, map[string]string{MetaDC: "dc2", MetaModels: "bad model"}),
-		entry("10.0.0.6", 8443, map[string]string{MetaDC: "dc2", MetaModels: strings.Repeat("m,", 64) + "m"}),
+		entry("10.0.0.6", 8443, map[string]string{MetaDC: "dc2", MetaModels: strings.Repeat("m,", 300) + "m"}),
 		entry("10.0.0.7", 8443, map[string]string{MetaDC: "dc2"}),
 		{Service: nil},
 	}, func(reason string) { bad[reason]++ })
@@ -106,4 +107,61 @@ func TestBeginSkipsRoutersWithoutModels(t *testing.T) {
 	tg, err := f.Begin(Decision{DC: "dc3", Reason: ReasonNoLocalWorker}, "m")
 	must.NoError(t, err)
 	must.Eq(t, "10.0.0.2:1", tg.Addr)
+}
+
+// TestModelsMetaRoundTrip: a model list longer than one meta value (Consul's
+// 512 bytes) continues in numbered keys and reads back whole; past the
+// bounds the rest is reported as not announced; a peer's meta that breaks
+// the bounds is refused.
+func TestModelsMetaRoundTrip(t *testing.T) {
+	names := func(n, size int) []string {
+		out := make([]string, n)
+		for i := range out {
+			s := fmt.Sprintf("model-%03d-", i)
+			out[i] = s + strings.Repeat("x", size-len(s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name           string
+		models         []string
+		chunks, unsent int
+	}{
+		{"none", nil, 0, 0},
+		{"one value", names(3, 20), 1, 0},
+		{"exactly 512 bytes", names(16, 31), 1, 0}, // 16×31 + 15 commas = 511
+		{"two values", names(40, 20), 2, 0},
+		{"name cap", names(300, 12), 7, 44},    // 39 names per value
+		{"chunk cap", names(200, 100), 8, 160}, // 5 names per value
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			meta := map[string]string{MetaDC: "dc1"}
+			must.Eq(t, tc.unsent, ModelsMeta(meta, tc.models))
+			must.MapLen(t, tc.chunks+1, meta)
+			for k, v := range meta {
+				must.LessEq(t, maxMetaValue, len(v), must.Sprint(k))
+			}
+			got, ok := parseModelsMeta(meta)
+			must.True(t, ok)
+			must.Eq(t, append([]string{}, tc.models[:len(tc.models)-tc.unsent]...), got)
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		meta map[string]string
+		want []string
+		ok   bool
+	}{
+		{"gap ends the list", map[string]string{MetaModels: "a", MetaModels + "_2": "c"}, []string{"a"}, true},
+		{"empty value", map[string]string{MetaModels: "a", MetaModels + "_1": ""}, nil, false},
+		{"value over 512 bytes", map[string]string{MetaModels: strings.Repeat("m", 513)}, nil, false},
+		{"bad name in a continuation", map[string]string{MetaModels: "a", MetaModels + "_1": "b c"}, nil, false},
+		{"over 256 names", map[string]string{MetaModels: strings.Repeat("m,", 200) + "m", MetaModels + "_1": strings.Repeat("n,", 60) + "n"}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := parseModelsMeta(tc.meta)
+			must.Eq(t, tc.ok, ok)
+			must.Eq(t, tc.want, got)
+		})
+	}
 }

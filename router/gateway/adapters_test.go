@@ -271,7 +271,7 @@ func TestLlamaServerAdapters(t *testing.T) {
 	}{
 		{"sql", http.StatusOK, `{"model":"sql","messages":[]` + `,"lora":[{"id":1,"scale":1}]}`},
 		{"sql", http.StatusOK, `{"model":"sql","messages":[]` + `,"lora":[{"id":1,"scale":1}]}`},
-		{"tiny", http.StatusOK, `{"model":"tiny","messages":[],"lora":[]}`},
+		{"tiny", http.StatusOK, `{"model":"tiny","messages":[],"lora":[{"id":0,"scale":0}]}`},
 		{"gone", http.StatusBadGateway, ""},
 		{"own", http.StatusOK, `{"model":"tiny","messages":[],"lora":[{"id":0,"scale":0.5}]}`},
 	}

@@ -757,7 +757,7 @@ func pdHarnessCache(t *testing.T, doc *policy.Document, src scoring.PrefixSource
 	h := newHarnessWith(t, Config{MaxBodyBytes: 1 << 20, Prepare: func(r *scoring.Request) {
 		r.Tokenize = func(context.Context, *scoring.Request) ([]uint32, error) { return make([]uint32, promptTokens), nil }
 	}}, doc, map[string]string{})
-	h.gw.cfg.Selector = scoring.NewSelector(terms)
+	h.gw.cfg.Selector = scoring.NewSelector(scoring.SelectorConfig{Registry: terms})
 	h.pool.Set(ins)
 	return h
 }

@@ -43,6 +43,8 @@ func (g *Gateway) step(c *call, st *attempts, p plan) plan {
 		g.runOverflow(c, p)
 	case *planCascade:
 		g.runCascade(c, &p.c)
+	case *planColdStart:
+		return g.holdForEngine(c, p)
 	case *refusal:
 		g.refuse(c, p)
 	default:

@@ -126,6 +126,7 @@ type Gateway struct {
 	cards    engineCards
 	respIDs  *responseIDs
 	adapters adapterLoads
+	cold     *coldStarts // requests held for models scaled to zero (coldstart.go)
 }
 
 // New validates c and returns a gateway.
@@ -184,7 +185,8 @@ func New(c Config) (*Gateway, error) {
 		c.Admission.OnQueue = func(model string, n int) { m.Queued.WithLabelValues(model).Set(float64(n)) }
 	}
 	g := &Gateway{cfg: c, log: c.Logger.Named("gateway"), m: m, ids: newRequestIDs(),
-		tr: newTracing(c.TracerProvider), hop: newHopMark(), respIDs: respIDs}
+		tr: newTracing(c.TracerProvider), hop: newHopMark(), respIDs: respIDs, cold: newColdStarts()}
+	c.Pool.OnChange(g.cold.poolChanged)
 	g.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	g.mux = g.routes()
 	return g, nil

@@ -58,14 +58,14 @@ func newHarnessWith(t testing.TB, c Config, doc *policy.Document, engines map[st
 	if doc == nil {
 		doc = &policy.Document{Policy: scoring.RoundRobin}
 	}
-	h := &harness{t: t, pool: discovery.NewPool(), reg: prometheus.NewRegistry(), doc: doc}
+	h := &harness{t: t, pool: discovery.New(discovery.Config{}), reg: prometheus.NewRegistry(), doc: doc}
 	h.m = metrics.New(h.reg)
 	if engines != nil {
 		h.setEngines(engines)
 	}
 	terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
 	must.NoError(t, err)
-	c.Pool, c.Policy, c.Selector, c.Admission = h.pool, StaticPolicy{Doc: doc}, scoring.NewSelector(terms), admission.New()
+	c.Pool, c.Policy, c.Selector, c.Admission = h.pool, StaticPolicy{Doc: doc}, scoring.NewSelector(scoring.SelectorConfig{Registry: terms}), admission.New()
 	c.Metrics, c.Gatherer, c.Logger = h.m, h.reg, hclog.NewNullLogger()
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 10

@@ -43,7 +43,7 @@ func TestHostedUpstream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			hp, err := discovery.ParseHostedPolicy([]string{hosted.URL + "/v1"}, []string{"OASIS_TEST_HOSTED_KEY"})
 			must.NoError(t, err)
-			pool := discovery.NewPool(discovery.WithHostedPolicy(hp))
+			pool := discovery.New(discovery.Config{Hosted: hp})
 			pool.Set([]discovery.Instance{{ID: "hosted-1", Address: "127.0.0.1:1", Meta: map[string]string{
 				discovery.MetaModel: "gpt-x", discovery.MetaEngine: "openai_compat",
 				discovery.MetaUpstream: hosted.URL + "/v1", discovery.MetaUpstreamKeyEnv: tc.keyEnv,
@@ -52,7 +52,7 @@ func TestHostedUpstream(t *testing.T) {
 			terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
 			must.NoError(t, err)
 			gw, err := New(Config{Pool: pool, Policy: StaticPolicy{Doc: &policy.Document{Policy: scoring.RoundRobin}},
-				Selector: scoring.NewSelector(terms), Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg,
+				Selector: scoring.NewSelector(scoring.SelectorConfig{Registry: terms}), Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg,
 				Logger: hclog.NewNullLogger(), HostedTransport: hosted.Client().Transport})
 			must.NoError(t, err)
 			srv := httptest.NewServer(gw)

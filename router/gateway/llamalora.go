@@ -10,9 +10,11 @@ package gateway
 // finds its id in GET /lora-adapters (once per instance id and name), and
 // every attempt there carries "lora": [{"id": N, "scale": 1}] appended to
 // the body (the last member wins). A body naming the base model, on such an
-// engine, without a "lora" member of its own gets "lora": [] (the base
-// model alone): without it llama-server applies its adapters at the global
-// scales POST /lora-adapters sets. Nothing is loaded or unloaded, so the routing
+// engine, without a "lora" member of its own gets "lora": [{"id": 0,
+// "scale": 0}] (the base model alone): llama-server applies every adapter
+// not listed at scale 0 only when the list is not empty; an empty list or
+// none applies its adapters at the global scales (1 from --lora, or what
+// POST /lora-adapters set). Nothing is loaded or unloaded, so the routing
 // score prices no load on such an engine.
 
 import (
@@ -72,15 +74,20 @@ func (g *Gateway) llamaLoRAID(ctx context.Context, wk *scoring.Worker, name, pat
 	return 0, &upstreamError{err: fmt.Errorf("llama-server lists no LoRA adapter at %q (adapter %s)", path, name)}
 }
 
+// llamaBaseOnly is the body member applying no adapter: a non-empty list
+// (llama-server's construct_lora_list sets every adapter it does not name
+// to 0) naming adapter 0, which an engine with adapters has, at scale 0.
+var llamaBaseOnly = json.RawMessage(`[{"id":0,"scale":0}]`)
+
 // llamaLoRAMember is the body member applying adapter id alone.
 func llamaLoRAMember(id int) json.RawMessage {
 	return json.RawMessage(`[{"id":` + strconv.Itoa(id) + `,"scale":1}]`)
 }
 
 // withLlamaLoRA appends the adapter x names to body when wk is a
-// llama-server that serves it (its id found by useAdapter), and "lora": []
-// to a body naming wk's base model when wk has adapters and the client sent
-// no "lora" of its own.
+// llama-server that serves it (its id found by useAdapter), and
+// llamaBaseOnly to a body naming wk's base model when wk has adapters and
+// the client sent no "lora" of its own.
 func (g *Gateway) withLlamaLoRA(body []byte, x *exchange, wk *scoring.Worker) []byte {
 	if wk.Engine != engineLlamaCpp || wk.Upstream != "" || x.remote != nil || len(wk.Loadable) == 0 {
 		return body
@@ -89,7 +96,7 @@ func (g *Gateway) withLlamaLoRA(body []byte, x *exchange, wk *scoring.Worker) []
 		return openai.AppendMember(body, "lora", llamaLoRAMember(id))
 	}
 	if _, adapter := wk.LoadablePath(x.req.Model); !adapter && !bytes.Contains(x.body, []byte(`"lora"`)) {
-		return openai.AppendMember(body, "lora", json.RawMessage(`[]`))
+		return openai.AppendMember(body, "lora", llamaBaseOnly)
 	}
 	return body
 }

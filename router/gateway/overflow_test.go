@@ -52,7 +52,7 @@ func (f *fakeHosted) seen() int { return len(f.models) }
 func overflowHarness(t *testing.T, doc *policy.Document, f *fakeHosted, hostedModel string, local map[string]string) *harness {
 	hp, err := discovery.ParseHostedPolicy([]string{f.srv.URL + "/v1"}, nil)
 	must.NoError(t, err)
-	h := &harness{t: t, pool: discovery.NewPool(discovery.WithHostedPolicy(hp)), reg: prometheus.NewRegistry(), doc: doc}
+	h := &harness{t: t, pool: discovery.New(discovery.Config{Hosted: hp}), reg: prometheus.NewRegistry(), doc: doc}
 	h.m = metrics.New(h.reg)
 	ins := []discovery.Instance{{ID: "hosted-1", Address: "127.0.0.1:1", Meta: map[string]string{
 		discovery.MetaModel: hostedModel, discovery.MetaEngine: "openai_compat", discovery.MetaUpstream: f.srv.URL + "/v1"}}}
@@ -63,7 +63,7 @@ func overflowHarness(t *testing.T, doc *policy.Document, f *fakeHosted, hostedMo
 	h.pool.Set(ins)
 	terms, err := scoring.NewRegistry(scoring.BuiltinTerms()...)
 	must.NoError(t, err)
-	h.gw, err = New(Config{Pool: h.pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
+	h.gw, err = New(Config{Pool: h.pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(scoring.SelectorConfig{Registry: terms}),
 		Admission: admission.New(), Metrics: h.m, Gatherer: h.reg, Logger: hclog.NewNullLogger(),
 		Transport: engineTransport(t), HostedTransport: f.srv.Client().Transport})
 	must.NoError(t, err)

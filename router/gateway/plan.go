@@ -48,8 +48,8 @@ func (c *call) with(x *exchange) *call {
 }
 
 // plan is what routing decided for a request: one of planAdmit,
-// planWorker, *planPair, *planRemote, *planOverflow, *planCascade and
-// *refusal.
+// planWorker, *planPair, *planRemote, *planOverflow, *planCascade,
+// *planColdStart (coldstart.go) and *refusal.
 type plan interface{ isPlan() }
 
 // planAdmit waits for a local admission slot, then chooses a worker or a

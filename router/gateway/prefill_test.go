@@ -61,13 +61,13 @@ func TestGatewayTeachesPrefillRate(t *testing.T) {
 	var releaseOnce sync.Once
 	unhold := func() { releaseOnce.Do(func() { close(release) }) }
 
-	pool := discovery.NewPool()
+	pool := discovery.New(discovery.Config{})
 	pool.Set([]discovery.Instance{{ID: "a", Address: addr(engine), Meta: map[string]string{discovery.MetaModel: "m"}}})
 	reg := prometheus.NewRegistry()
 	terms, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.CacheTerms(emptyCache{})...)...)
 	must.NoError(t, err)
 	doc := &policy.Document{Policy: scoring.Weighted, Weights: map[string]float64{"ttft": 1, "prefix": 1}}
-	gw, err := New(Config{Pool: pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(terms),
+	gw, err := New(Config{Pool: pool, Policy: StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(scoring.SelectorConfig{Registry: terms}),
 		Admission: admission.New(), Metrics: metrics.New(reg), Gatherer: reg, Logger: hclog.NewNullLogger(),
 		MaxBodyBytes: 1 << 20, Transport: engineTransport(t),
 		Prepare: func(r *scoring.Request) {

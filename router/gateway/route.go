@@ -27,13 +27,17 @@ func (g *Gateway) route(c *call, doc *policy.Document) plan {
 // (choose, pick, and the failures execute reports) return the plans that
 // follow.
 func (g *Gateway) routeModel(c *call) plan {
+	none := len(g.candidates(c.x.req.Model)) == 0
 	if c.localOnly() {
+		if none && c.pin == "" {
+			return g.coldStartOr(c, planAdmit{})
+		}
 		return planAdmit{}
 	}
-	if len(g.candidates(c.x.req.Model)) == 0 {
+	if none {
 		// No local worker: another datacenter, else the overflow pool,
-		// else no worker.
-		then := g.overflowOr(c, reasonNoWorker, g.noWorker(c.x.req.Model))
+		// else a hold while the model scales from zero, else no worker.
+		then := g.overflowOr(c, reasonNoWorker, g.coldStartOr(c, g.noWorker(c.x.req.Model)))
 		if d, ok := g.federateEarly(c, false); ok {
 			return &planRemote{d: d, then: then}
 		}

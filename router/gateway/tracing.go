@@ -36,6 +36,9 @@ const (
 	// SpanMigrate is a stream's continuation on another engine after its
 	// engine failed mid-stream (migrate.go): one per leg.
 	SpanMigrate = "oasis.migrate"
+	// SpanColdStart is a request held while its model scales from zero
+	// (coldstart.go).
+	SpanColdStart = "oasis.cold_start"
 )
 
 // Attribute keys of the router's spans (README: Tracing).

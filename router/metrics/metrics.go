@@ -72,6 +72,9 @@ type Metrics struct {
 	// Cascades and overflow (cascade.go).
 	Cascade
 
+	// Requests held for models scaled to zero (coldstart.go).
+	ColdStart
+
 	// Bounds on what registrations and engines can make the router hold (bounds.go).
 	Bounds
 	// Routing loops and client connections (protection.go).
@@ -240,6 +243,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		[]string{"model", "leg"})
 	reg.MustRegister(m.HostedRejected, m.NodeStatsReads, m.NodeGPUs, m.MetaRejected, m.Ejections, m.DisaggRequests, m.PrefillLeg, m.DisaggFailures)
 	m.Cascade = newCascade(reg, ns, lat)
+	m.ColdStart = newColdStart(reg, ns)
 	m.Protection = newProtection(reg, ns)
 	m.Migration = newMigration(reg, ns)
 	m.Bounds = newBounds(reg, ns)

@@ -22,7 +22,8 @@ import (
 //	  "timeouts": {"response_header": "5m", "stream_idle": "60s", "first_token_hold": "auto"},
 //	  "migration_limit": 2,
 //	  "models": {
-//	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}}
+//	    "llama-3-8b": {"policy": "least_load", "admission": {"max_in_flight": 64}},
+//	    "qwen3-8b": {"scale_to_zero": {"hold": "90s", "max_held": 64}}
 //	  }
 //	}
 //
@@ -61,6 +62,9 @@ type Model struct {
 	Overflow       *Overflow `json:"overflow,omitempty"`
 	HostedPeers    *bool     `json:"hosted_peers,omitempty"`
 	MigrationLimit *int      `json:"migration_limit,omitempty"`
+	// ScaleToZero holds requests while the model has no engine, until the
+	// autoscaler starts one (scaletozero.go).
+	ScaleToZero *ScaleToZero `json:"scale_to_zero,omitempty"`
 }
 
 // Timeouts bound the router's wait for an engine. In a per-model override an
@@ -140,8 +144,11 @@ const maxMigrationLimit = 16
 // is a worker already decoding (a request joining a batch shares its steps) on an efficient GPU,
 // so load consolidates onto fewer GPUs instead of spreading one or two sequences over each; a
 // little load keeps that from piling up where prompt tokens are unknown (ttft neutral). The
-// prefix term's hot-spot guard keeps one shared system prompt from piling load on its holder.
-// The routing benchmark (bench/cluster) measures exactly these.
+// prefix term's hot-spot guard keeps one shared system prompt from piling load on its holder,
+// and the ttft term's recompute charge (scoring.DefaultRecompute) keeps a session or tenant on
+// the worker holding its prefix until that worker's queue costs more than the recompute
+// elsewhere. The routing benchmark (bench/cluster) measures exactly these, cross-validated
+// across its trace library (router/README.md says how they were chosen).
 func DefaultWeights() map[string]float64 {
 	return map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}
 }
@@ -228,6 +235,9 @@ func (d *Document) Validate(reg *scoring.Registry) error {
 			return err
 		}
 		if err := validateMigrationLimit("models."+name+".migration_limit", m.MigrationLimit); err != nil {
+			return err
+		}
+		if err := m.ScaleToZero.validate("models." + name + ".scale_to_zero"); err != nil {
 			return err
 		}
 	}

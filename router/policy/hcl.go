@@ -35,6 +35,12 @@ import (
 //	    model = "meta-llama/Llama-3-8B-Instruct"
 //	  }
 //	}
+//	model "qwen3-8b" {
+//	  scale_to_zero {
+//	    hold     = "90s"
+//	    max_held = 64
+//	  }
+//	}
 //	hosted_peers = false
 //	migration_limit = 2
 //	cascade "assistant" {
@@ -110,10 +116,17 @@ type hclModel struct {
 	HostedPeers *bool              `hcl:"hosted_peers,optional"`
 	// MigrationLimit: see Document.MigrationLimit.
 	MigrationLimit *int `hcl:"migration_limit,optional"`
+	// ScaleToZero: see Model.ScaleToZero.
+	ScaleToZero *hclScaleToZero `hcl:"scale_to_zero,block"`
 
 	Disaggregation                  *string `hcl:"disaggregation,optional"`
 	DisaggregationMinUncachedTokens *int    `hcl:"disaggregation_min_uncached_tokens,optional"`
 	DisaggregationFallback          *string `hcl:"disaggregation_fallback,optional"`
+}
+
+type hclScaleToZero struct {
+	Hold    *string `hcl:"hold,optional"`
+	MaxHeld *int    `hcl:"max_held,optional"`
 }
 
 // decodeHCL turns an HCL policy document into a Document (not yet validated).
@@ -159,6 +172,10 @@ func decodeHCL(data []byte) (*Document, error) {
 		if m.Admission != nil {
 			a := Admission(*m.Admission)
 			mm.Admission = &a
+		}
+		if m.ScaleToZero != nil {
+			z := ScaleToZero(*m.ScaleToZero)
+			mm.ScaleToZero = &z
 		}
 		if m.Timeouts != nil {
 			t := Timeouts(*m.Timeouts)

@@ -68,7 +68,7 @@ func TestPickPair(t *testing.T) {
 			req := &Request{Model: "m", Tokenize: func(context.Context, *Request) ([]uint32, error) {
 				return make([]uint32, 64), nil
 			}}
-			p, err := NewSelector(reg).PickPair(context.Background(), req, tc.prefill, tc.decode)
+			p, err := NewSelector(SelectorConfig{Registry: reg}).PickPair(context.Background(), req, tc.prefill, tc.decode)
 			if tc.want[0] == "" {
 				must.ErrorIs(t, err, ErrNoWorker)
 				return
@@ -90,7 +90,7 @@ func TestPickPair(t *testing.T) {
 func TestPickPairWithoutCacheTerms(t *testing.T) {
 	reg, err := NewRegistry(BuiltinTerms()...)
 	must.NoError(t, err)
-	p, err := NewSelector(reg).PickPair(context.Background(), &Request{Model: "m"},
+	p, err := NewSelector(SelectorConfig{Registry: reg}).PickPair(context.Background(), &Request{Model: "m"},
 		[]*Worker{pdWorker("p-busy", "vllm", 3, nil), pdWorker("p-idle", "vllm", 0, nil)},
 		[]*Worker{pdWorker("d", "vllm", 0, nil)})
 	must.NoError(t, err)

@@ -33,7 +33,7 @@ func BenchmarkPickPrefixGuard(b *testing.B) {
 			term.LoadSlack = eps
 			reg, err := NewRegistry(append(BuiltinTerms(), term, NewTTFTTerm(term))...)
 			must.NoError(b, err)
-			sel := NewSelector(reg)
+			sel := NewSelector(SelectorConfig{Registry: reg})
 			cfg := Config{Policy: Weighted, Weights: weights}
 			must.NoError(b, reg.Validate(cfg))
 			ctx := context.Background()

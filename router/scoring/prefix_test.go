@@ -154,7 +154,7 @@ func TestSharedSystemPromptDoesNotHotSpot(t *testing.T) {
 		term.LoadSlack = slack
 		reg, err := NewRegistry(append(BuiltinTerms(), term, NewTTFTTerm(term))...)
 		must.NoError(t, err)
-		sel := NewSelector(reg)
+		sel := NewSelector(SelectorConfig{Registry: reg})
 		cfg := Config{Policy: Weighted, Weights: weights}
 		must.NoError(t, reg.Validate(cfg))
 		for r := 0; r < burst; r++ {

@@ -102,7 +102,7 @@ func TestPowerTerm(t *testing.T) {
 func newSelector(t *testing.T, extra ...Term) *Selector {
 	reg, err := NewRegistry(append(BuiltinTerms(), extra...)...)
 	must.NoError(t, err)
-	return NewSelector(reg)
+	return NewSelector(SelectorConfig{Registry: reg})
 }
 
 func TestRoundRobin(t *testing.T) {
@@ -208,7 +208,7 @@ func TestWeightedSeededTieBreak(t *testing.T) {
 	must.NoError(t, err)
 	ws := []*Worker{worker("a", 0, nil, -1), worker("b", 0, nil, -1), worker("c", 0, nil, -1)}
 	picks := func(seed uint64) string {
-		s := NewSelector(reg, WithTieBreak(rand.New(rand.NewPCG(seed, 1)).IntN))
+		s := NewSelector(SelectorConfig{Registry: reg, TieBreak: rand.New(rand.NewPCG(seed, 1)).IntN})
 		var b strings.Builder
 		for range 64 {
 			d, err := s.Pick(context.Background(), Config{Policy: Weighted, Weights: map[string]float64{"load": 1}}, &Request{Model: "m"}, ws)

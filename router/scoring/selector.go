@@ -59,22 +59,22 @@ type Selector struct {
 	intn func(n int) int
 }
 
-// SelectorOption configures a Selector.
-type SelectorOption func(*Selector)
-
-// WithTieBreak makes the selector break exact score ties with intn (a draw in
-// [0, n)) instead of the process-wide random source: a seeded source makes a
-// simulation repeat exactly. intn must be safe for the selector's concurrent
-// use (a *rand.Rand is not: give one to a single-goroutine caller only).
-func WithTieBreak(intn func(n int) int) SelectorOption {
-	return func(s *Selector) { s.intn = intn }
+// SelectorConfig configures a Selector.
+type SelectorConfig struct {
+	// Registry holds the terms a weighted policy scores with (required).
+	Registry *Registry
+	// TieBreak breaks exact score ties with a draw in [0, n) (default: the
+	// process-wide random source). A seeded source makes a simulation repeat
+	// exactly; it must be safe for the selector's concurrent use (a
+	// *rand.Rand is not: give one to a single-goroutine caller only).
+	TieBreak func(n int) int
 }
 
-// NewSelector returns a selector over reg's terms.
-func NewSelector(reg *Registry, opts ...SelectorOption) *Selector {
-	s := &Selector{reg: reg, intn: rand.IntN}
-	for _, o := range opts {
-		o(s)
+// NewSelector returns a selector over cfg.Registry's terms.
+func NewSelector(cfg SelectorConfig) *Selector {
+	s := &Selector{reg: cfg.Registry, intn: cfg.TieBreak}
+	if s.intn == nil {
+		s.intn = rand.IntN
 	}
 	return s
 }

@@ -8,10 +8,23 @@ import (
 // DefaultTTFTScale is the ttft term's τ (see TTFTTerm).
 const DefaultTTFTScale = 250 * time.Millisecond
 
+// DefaultRecompute is the ttft term's κ (see TTFTTerm): a worker that would
+// recompute prompt tokens another candidate holds in cache is charged them
+// κ times more, as the prefill its choice adds to the cluster. Chosen on
+// three families of the cluster benchmark's trace library (agentic,
+// multi-tenant, Mooncake conversation) from 0, 1, 2, 4, 8 and 16: 8 is the
+// smallest at the best throughput at SLO on all three (agentic 45.8 → 65.4
+// req/s, multi-tenant 155.9 → 218.3, conversation 24.2 unchanged), then
+// reported on the held-out families (BENCHMARKS.md, "Routing across a trace
+// library"; router/README.md).
+const DefaultRecompute = 8.0
+
 // TTFTTerm ("ttft") prefers the worker that will return the request's first
-// token soonest, by the router's own prefill model of each worker:
+// token soonest, by the router's own prefill model of each worker, and
+// charges a worker that would recompute what another holds for the work
+// that adds:
 //
-//	est_i  = (pending_i + uncached_i) / rate_i + adapter_i
+//	est_i  = (pending_i + uncached_i + κ·(uncached_i − min_j uncached_j)) / rate_i + adapter_i
 //	ttft_i = (τ + min_j est_j) / (τ + est_i)
 //
 // pending_i is the uncached prompt tokens the router has sent to worker i and
@@ -24,6 +37,15 @@ const DefaultTTFTScale = 250 * time.Millisecond
 // idle worker, or to one that holds its prefix, instead of queueing behind
 // other prompts on a slow GPU. On a heterogeneous cluster that is where the
 // tail of TTFT comes from.
+//
+// κ (Recompute) prices the move away from the prefix holder beyond this
+// request: the tokens worker i would compute that the best-matching worker
+// has cached are prefill the cluster did not need, and the requests that
+// follow the same prefix (a session's next turns, a tenant's next requests)
+// then find it split across two workers. Without it (κ = 0) the estimate is
+// this request's wait alone, and a holder with a short queue loses its
+// session to an idle worker that recomputes the whole context, which raises
+// every worker's queue and moves more sessions.
 //
 // A worker that would first have to load the LoRA adapter the request names
 // (Request.AdapterLoad) adds the load time to est_i, so an adapter request
@@ -38,10 +60,16 @@ type TTFTTerm struct {
 	Prefix *PrefixTerm
 	// Scale is τ; zero means DefaultTTFTScale.
 	Scale time.Duration
+	// Recompute is κ; zero, less or NaN charges nothing beyond this
+	// request's wait (NewTTFTTerm sets DefaultRecompute).
+	Recompute float64
 }
 
-// NewTTFTTerm returns the term over the prefix term's match.
-func NewTTFTTerm(prefix *PrefixTerm) *TTFTTerm { return &TTFTTerm{Prefix: prefix} }
+// NewTTFTTerm returns the term over the prefix term's match, with the
+// default κ.
+func NewTTFTTerm(prefix *PrefixTerm) *TTFTTerm {
+	return &TTFTTerm{Prefix: prefix, Recompute: DefaultRecompute}
+}
 
 func (*TTFTTerm) Name() string { return "ttft" }
 
@@ -61,14 +89,13 @@ func (t *TTFTTerm) Score(ctx context.Context, req *Request, workers []*Worker, o
 	}
 	if known {
 		t.Prefix.match(ctx, req, workers)
+		t.chargedTokens(req, workers, out)
+	} else {
+		clear(out[:len(workers)]) // without tokens: only the queue and the adapter load
 	}
 	minEst := -1.0
 	for i, w := range workers {
-		var un int64 // without tokens: only the queue and the adapter load
-		if known {
-			un = uncached(req, w)
-		}
-		out[i] = w.Signals().EstimatedTTFT(un).Seconds()
+		out[i] = w.Signals().EstimatedTTFT(int64(out[i])).Seconds()
 		if load != nil {
 			out[i] += load[i].Seconds()
 		}
@@ -82,6 +109,26 @@ func (t *TTFTTerm) Score(ctx context.Context, req *Request, workers []*Worker, o
 	}
 	for i := range out[:len(workers)] {
 		out[i] = (tau + minEst) / (tau + out[i])
+	}
+}
+
+// chargedTokens writes into out the prompt tokens each worker's estimate
+// counts: its uncached tokens plus κ times those of them the best-matching
+// candidate holds.
+func (t *TTFTTerm) chargedTokens(req *Request, workers []*Worker, out []float64) {
+	minUn := int64(-1)
+	for i, w := range workers {
+		un := uncached(req, w)
+		out[i] = float64(un)
+		if minUn < 0 || un < minUn {
+			minUn = un
+		}
+	}
+	if !(t.Recompute > 0) { // zero, negative or NaN: no charge
+		return
+	}
+	for i := range out[:len(workers)] {
+		out[i] += t.Recompute * (out[i] - float64(minUn))
 	}
 }
 

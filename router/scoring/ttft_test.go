@@ -104,23 +104,39 @@ func TestTTFTTerm(t *testing.T) {
 		cached  int // prompt blocks in its cache
 	}
 	cases := []struct {
-		name string
-		ws   []setup
-		want []float64
+		name      string
+		recompute float64 // κ
+		ws        []setup
+		want      []float64
 	}{
-		{"equal workers tie", []setup{{}, {}}, []float64{1, 1}},
-		{"slow GPU scores lower",
+		{"equal workers tie", DefaultRecompute, []setup{{}, {}}, []float64{1, 1}},
+		{"slow GPU scores lower", DefaultRecompute,
 			[]setup{{rate: 4000}, {rate: 1000}},
 			// est 0.1 s and 0.4 s
 			[]float64{1, (tau + 0.1) / (tau + 0.4)}},
-		{"a queue ahead counts",
+		{"a queue ahead counts", DefaultRecompute,
 			[]setup{{rate: 4000, pending: 4000}, {rate: 2000}},
 			// est (4000+400)/4000 = 1.1 s and 400/2000 = 0.2 s
 			[]float64{(tau + 0.2) / (tau + 1.1), 1}},
-		{"cached prefix is not computed",
+		{"cached prefix is not computed", 0,
 			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
 			// uncached 100 and 400 tokens: est 0.1 s each
 			[]float64{1, 1}},
+		{"recomputing what another holds is charged", 1,
+			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
+			// b recomputes the 300 tokens a holds: est 0.1 s and (400+300)/4000 = 0.175 s
+			[]float64{1, (tau + 0.1) / (tau + 0.175)}},
+		{"κ NaN charges nothing", math.NaN(),
+			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
+			[]float64{1, 1}},
+		{"charge scales with κ", 2,
+			[]setup{{rate: 1000, cached: 75}, {rate: 4000}},
+			// (400+2·300)/4000 = 0.25 s
+			[]float64{1, (tau + 0.1) / (tau + 0.25)}},
+		{"only against the best holder", 1,
+			[]setup{{rate: 1000, cached: 75}, {rate: 1000, cached: 50}, {rate: 1000}},
+			// uncached 100, 200, 400 tokens; charged 100, 200+100, 400+300
+			[]float64{1, (tau + 0.1) / (tau + 0.3), (tau + 0.1) / (tau + 0.7)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,8 +157,45 @@ func TestTTFTTerm(t *testing.T) {
 				ws = append(ws, w)
 			}
 			out := make([]float64, len(ws))
-			NewTTFTTerm(NewPrefixTerm(s)).Score(context.Background(), tokReq(p), ws, out)
+			term := NewTTFTTerm(NewPrefixTerm(s))
+			term.Recompute = tc.recompute
+			term.Score(context.Background(), tokReq(p), ws, out)
 			approx(t, tc.want, out)
+		})
+	}
+}
+
+// A session's holder with prefill queued keeps the session against an idle
+// worker of the same speed while its queue is shorter than (1+κ) times the
+// context the idle worker would recompute; without the charge (κ = 0) the
+// idle worker wins once the holder's queue is longer than that context.
+func TestTTFTTermKeepsSessionOnHolder(t *testing.T) {
+	p := prompt(1, 1000) // 4,000 tokens: a 3,800-token context and a 200-token new turn
+	cases := []struct {
+		name      string
+		recompute float64
+		pending   int64 // on the holder
+		holder    bool  // whether the holder wins
+	}{
+		// est: holder (pending + 200) / 10,000 tokens/s; idle (4,000 + κ·3,800) / 10,000.
+		{"myopic: a queue longer than the context loses the session", 0, 5000, false},
+		{"charged: the same queue keeps it", 1, 5000, true},
+		{"charged: a queue past the charge moves it", 1, 8000, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newPrefixState(t, "holder", "idle")
+			hold(t, s, "holder", p[:950*testBS])
+			ws := []*Worker{bsWorker("holder", 0), bsWorker("idle", 0)}
+			for _, w := range ws {
+				learn(w, 10000, time.Second) // 10,000 tokens/s each
+			}
+			ws[0].Live.StartPrefill(tc.pending)
+			out := make([]float64, 2)
+			term := NewTTFTTerm(NewPrefixTerm(s))
+			term.Recompute = tc.recompute
+			term.Score(context.Background(), tokReq(p), ws, out)
+			must.Eq(t, tc.holder, out[0] > out[1], must.Sprintf("scores holder %v, idle %v", out[0], out[1]))
 		})
 	}
 }

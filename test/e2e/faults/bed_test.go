@@ -65,9 +65,9 @@ func startEngines(t *testing.T, ctx context.Context, model string, n int) []*eng
 		must.Positive(t, e.port, must.Sprint("allocation of ", e.job, " has no http port"))
 		e.pid = enginePID(t, e.port)
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "n passing instances of the model in Consul", func() bool {
 		return len(viewConsul(t, model).passing) == n
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	return engines
 }
 
@@ -109,10 +109,10 @@ func stopEngines(t *testing.T, model string, engines []*engine) {
 func enginePID(t *testing.T, port int) int {
 	t.Helper()
 	var pid int
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "the engine process on its port", func() bool {
 		pid = findEngine(port)
 		return pid != 0
-	}), wait.Timeout(10*time.Second), wait.Gap(50*time.Millisecond)))
+	})
 	return pid
 }
 
@@ -220,11 +220,11 @@ func startRouter(t *testing.T, model, policy string, n int) *routerProc {
 			t.Logf("router log:\n%s", out)
 		}
 	})
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the router to see n workers and load its policy", func() bool {
 		m, err := r.metrics()
 		return err == nil && m.value("oasis_router_workers", "model="+model) == float64(n) &&
 			m.value("oasis_router_policy_reloads_total", "") >= 1
-	}), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	})
 	return r
 }
 
@@ -357,7 +357,7 @@ func (w *poolWatch) snapshot() []poolSample {
 func (w *poolWatch) waitUntil(t *testing.T, what string, timeout time.Duration, cond func(poolSample) bool) poolSample {
 	t.Helper()
 	var found poolSample
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, timeout, 20*time.Millisecond, what, func() bool {
 		for _, s := range w.snapshot() {
 			if cond(s) {
 				found = s
@@ -365,6 +365,6 @@ func (w *poolWatch) waitUntil(t *testing.T, what string, timeout time.Duration, 
 			}
 		}
 		return false
-	}), wait.Timeout(timeout), wait.Gap(20*time.Millisecond)), must.Sprint(what))
+	})
 	return found
 }

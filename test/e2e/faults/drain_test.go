@@ -61,9 +61,9 @@ func startDrainJob(t *testing.T, job, model, shutdownDelay string) (*routerProc,
 	must.NoError(t, err)
 	t.Cleanup(func() { stopEngines(t, model, []*engine{{job: job}}) })
 	must.NoError(t, stack.WaitDeployment(ctx, job))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "n passing instances of the model in Consul", func() bool {
 		return len(viewConsul(t, model).passing) == n
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	r := startRouter(t, model, drainPolicy, n)
 	l := startLoad(t, loadConfig{url: r.url, model: model, clients: loadClients, deadline: requestDeadline})
 	waitResults(t, l, 2*loadClients)
@@ -92,9 +92,9 @@ func waitDeployed(t *testing.T, ctx context.Context, job string, version uint64)
 // waitResults waits until the load has finished n requests, all of them ok.
 func waitResults(t *testing.T, l *load, n int) {
 	t.Helper()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, time.Minute, 100*time.Millisecond, "the load to finish n requests", func() bool {
 		return len(l.snapshot()) >= n
-	}), wait.Timeout(time.Minute), wait.Gap(100*time.Millisecond)))
+	})
 }
 
 // assertNoneFailed checks that every request of the load ended ok: no lost
@@ -179,26 +179,26 @@ func TestAllocStopUnderLoad(t *testing.T) {
 	victim := allocs[0].ID
 
 	// Stop it while the router has requests in flight on it.
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 30*time.Second, 10*time.Millisecond, "two requests in flight on the victim", func() bool {
 		m, err := r.metrics()
 		return err == nil && m.sum("oasis_router_worker_in_flight", victim) >= 2
-	}), wait.Timeout(30*time.Second), wait.Gap(10*time.Millisecond)))
+	})
 	_, err = stack.Nomad.Allocations().Stop(&nomadapi.Allocation{ID: victim}, nil)
 	must.NoError(t, err)
 
 	var events []string
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, time.Minute, 200*time.Millisecond, "the stopped allocation to complete", func() bool {
 		a, _, err := stack.Nomad.Allocations().Info(victim, nil)
 		if err != nil || a.ClientStatus != "complete" {
 			return false
 		}
 		events = drainEvents(t, victim)
 		return true
-	}), wait.Timeout(time.Minute), wait.Gap(200*time.Millisecond)))
+	})
 	t.Logf("stopped allocation %s: %v", victim[:8], events)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, time.Minute, 200*time.Millisecond, "three passing instances of the model in Consul", func() bool {
 		return len(viewConsul(t, model).passing) == 3
-	}), wait.Timeout(time.Minute), wait.Gap(200*time.Millisecond)))
+	})
 	before := len(l.snapshot())
 	waitResults(t, l, before+loadClients)
 	rs := l.Stop()
@@ -317,9 +317,9 @@ func TestNodeDrainUnderLoad(t *testing.T) {
 	}
 	drained := onSecond()
 	must.SliceNotEmpty(t, drained, must.Sprint("no engine placed on the second node"))
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "n passing instances of the model in Consul", func() bool {
 		return len(viewConsul(t, model).passing) == n
-	}), wait.Timeout(60*time.Second), wait.Gap(200*time.Millisecond)))
+	})
 	r := startRouter(t, model, drainPolicy, n)
 	l := startLoad(t, loadConfig{url: r.url, model: model, clients: loadClients, deadline: requestDeadline})
 	waitResults(t, l, 2*loadClients)

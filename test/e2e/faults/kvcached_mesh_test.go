@@ -57,7 +57,7 @@ func TestKvcachedMeshIntentionRevoked(t *testing.T) {
 		}
 		return v == "block "+strconv.Itoa(i)
 	}
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(fetch), wait.Timeout(30*time.Second), wait.Gap(100*time.Millisecond)))
+	testutil.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "a block fetched from the peer across the mesh", fetch)
 	must.StrContains(t, scrape(t, kv.httpAddr), `oasis_mesh_authorizations_total{cached="false",result="allowed"}`)
 	taskLog, err := stack.TaskLog(ctx, kv.allocID, "kvcached", "stderr")
 	must.NoError(t, err)
@@ -74,7 +74,7 @@ func TestKvcachedMeshIntentionRevoked(t *testing.T) {
 
 	t0 = time.Now()
 	setKvcachedIntention(t, consulapi.IntentionActionAllow)
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(fetch), wait.Timeout(30*time.Second), wait.Gap(20*time.Millisecond)))
+	testutil.EventuallyEvery(t, 30*time.Second, 20*time.Millisecond, "fetches served again after the allow intention", fetch)
 	t.Logf("allow intention written (call started) to first fetch served: %s", time.Since(t0))
 }
 

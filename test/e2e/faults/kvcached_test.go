@@ -86,21 +86,20 @@ func TestKvcachedKilledUnderLMCacheLoad(t *testing.T) {
 	// The kill lands just after a chunk was acknowledged, while its metadata (and perhaps its
 	// kv_bytes) still waits for the disk: the moment the documented loss is about.
 	acked := load.ackedCount()
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool { return load.ackedCount() > acked }),
-		wait.Timeout(10*time.Second), wait.Gap(time.Millisecond)))
+	testutil.EventuallyEvery(t, 10*time.Second, time.Millisecond, "one more acknowledged write", func() bool { return load.ackedCount() > acked })
 	killedAt := time.Now()
 	must.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 	hitsAtKill := load.hits.Load()
 
 	// The outage ends when the process Nomad restarted answers.
 	var recoveredAt time.Time
-	must.Wait(t, wait.InitialSuccess(wait.BoolFunc(func() bool {
+	testutil.EventuallyEvery(t, time.Minute, 20*time.Millisecond, "kvcached back after SIGKILL", func() bool {
 		if !pongs(ctx, kv.addr) {
 			return false
 		}
 		recoveredAt = time.Now()
 		return true
-	}), wait.Timeout(time.Minute), wait.Gap(20*time.Millisecond)), must.Sprint("kvcached did not come back after SIGKILL"))
+	})
 	newPid := kvcachedPid(t, ctx, ctl, kv.dataDir)
 	must.NotEq(t, pid, newPid, must.Sprint("the kvcached answering after the kill is the one killed"))
 	hitsAtRecovery := load.hits.Load()

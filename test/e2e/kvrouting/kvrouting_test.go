@@ -92,7 +92,7 @@ func startRouter(t *testing.T, ctx context.Context, doc *policy.Document) *route
 	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), scoring.NewPrefixTerm(cache))...)
 	must.NoError(t, err)
 	must.NoError(t, doc.Validate(reg))
-	gw, err := gateway.New(gateway.Config{Pool: pool, Policy: gateway.StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(reg),
+	gw, err := gateway.New(gateway.Config{Pool: pool, Policy: gateway.StaticPolicy{Doc: doc}, Selector: scoring.NewSelector(scoring.SelectorConfig{Registry: reg}),
 		Admission: admission.New(), Metrics: m, Logger: log, Prepare: tok.Prepare})
 	must.NoError(t, err)
 	srv := httptest.NewServer(gw)

@@ -3,6 +3,7 @@ package llamacpp
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/tinymodel"
 	"github.com/oasis-llm/oasis/router/enginestats"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
@@ -54,7 +56,8 @@ func renderedArgvs(t *testing.T) map[string][]string {
 	return out
 }
 
-// localize points a rendered argv at this machine: the tiny model, loopback, a free port.
+// localize points a rendered argv at this machine: the tiny model, loopback, a free port,
+// and each --lora at a LoRA adapter of the tiny model written for the test.
 func localize(t *testing.T, argv []string) ([]string, string) {
 	t.Helper()
 	out := append([]string(nil), argv...)
@@ -70,6 +73,10 @@ func localize(t *testing.T, argv []string) ([]string, string) {
 			}
 		case "--port":
 			out[i+1] = strconv.Itoa(port)
+		case "--lora":
+			path := filepath.Join(t.TempDir(), fmt.Sprintf("lora-%d.gguf", i))
+			must.NoError(t, tinymodel.WriteLoRAFile(path, tinymodel.Options{Seed: uint64(i)}, 4))
+			out[i+1] = path
 		}
 	}
 	return out, hostPort(host, port)
@@ -113,6 +120,10 @@ func TestRenderedArgvAccepted(t *testing.T) {
 				}
 			}
 
+			if loras := argsAfter(args, "--lora"); len(loras) > 0 {
+				checkLoRAAdapters(t, addr, loras)
+			}
+
 			code, b = post(t, "http://"+addr+"/v1/completions", `{"prompt":"The rendered argv works","max_tokens":3}`, nil)
 			must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
 			resp, err := http.Get("http://" + addr + "/metrics")
@@ -133,6 +144,36 @@ func TestRenderedArgvAccepted(t *testing.T) {
 			must.Eq(t, 0, e.cmd.ProcessState.ExitCode(), must.Sprintf("%s", e.logText()))
 		})
 	}
+}
+
+// checkLoRAAdapters: GET /lora-adapters lists the adapters in --lora order (ids 0, 1, ...),
+// each with its path as given, which is how the router finds an adapter's id.
+func checkLoRAAdapters(t *testing.T, addr string, paths []string) {
+	t.Helper()
+	code, b, err := get("http://" + addr + "/lora-adapters")
+	must.NoError(t, err)
+	must.Eq(t, http.StatusOK, code, must.Sprintf("%s", b))
+	var adapters []struct {
+		ID   int    `json:"id"`
+		Path string `json:"path"`
+	}
+	must.NoError(t, json.Unmarshal(b, &adapters), must.Sprintf("%s", b))
+	must.Len(t, len(paths), adapters, must.Sprintf("%s", b))
+	for i, a := range adapters {
+		must.Eq(t, i, a.ID)
+		must.Eq(t, paths[i], a.Path)
+	}
+}
+
+// argsAfter returns the value of every occurrence of flag.
+func argsAfter(argv []string, flag string) []string {
+	var out []string
+	for i := 0; i < len(argv)-1; i++ {
+		if argv[i] == flag {
+			out = append(out, argv[i+1])
+		}
+	}
+	return out
 }
 
 func argAfter(argv []string, flag string) string {

@@ -123,8 +123,12 @@ func TestLlamaServerAdapterByName(t *testing.T) {
 	const prompt = `"prompt":"once upon a time","max_tokens":8,"temperature":0,"cache_prompt":false`
 	direct := "http://" + e.Addr
 	withSQL := completionText(t, direct, `{"model":"tiny",`+prompt+`,"lora":[{"id":1,"scale":1}]}`)
-	base := completionText(t, direct, `{"model":"tiny",`+prompt+`,"lora":[]}`)
+	base := completionText(t, direct, `{"model":"tiny",`+prompt+`,"lora":[{"id":0,"scale":0}]}`)
 	must.NotEq(t, base, withSQL, must.Sprint("the adapter changes the text"))
+	// An empty list is not the base model: llama-server then applies every
+	// adapter at its global scale (1 from --lora), which the router must not send.
+	global := completionText(t, direct, `{"model":"tiny",`+prompt+`,"lora":[]}`)
+	must.NotEq(t, base, global, must.Sprint(`"lora": [] applies the adapters`))
 
 	must.Eq(t, withSQL, completionText(t, url, `{"model":"sql",`+prompt+`}`))
 	must.Eq(t, base, completionText(t, url, `{"model":"tiny",`+prompt+`}`))

@@ -65,7 +65,7 @@ func newRouter(t *testing.T, client *consulapi.Client) *router {
 		wg.Add(1)
 		go func() { defer wg.Done(); f() }()
 	}
-	gw, err := gateway.New(gateway.Config{Pool: r.pool, Policy: r.watcher, Selector: scoring.NewSelector(terms),
+	gw, err := gateway.New(gateway.Config{Pool: r.pool, Policy: r.watcher, Selector: scoring.NewSelector(scoring.SelectorConfig{Registry: terms}),
 		Admission: admission.New(), Metrics: r.m, Gatherer: reg, Logger: log, Transport: tr})
 	must.NoError(t, err)
 	srv := httptest.NewServer(gw)
