@@ -32,12 +32,17 @@ func (s *sim) newRouters() error {
 	if s.peer != nil || s.fleet != nil {
 		return fmt.Errorf("routers: %d routers run Oasis's own policies without autoscaling", n)
 	}
+	if s.cfg.ShareSignals && (s.cfg.ShareLoads || s.cfg.SharePrefixes) {
+		return fmt.Errorf("routers: ShareSignals is exclusive with ShareLoads and SharePrefixes")
+	}
 	s.routers = []*router{{ws: s.ws, src: s.src, sel: s.sel}}
 	for i := 1; i < n; i++ {
 		r := &router{src: &source{events: s.src.events, approx: prefixindex.New(prefixindex.Config{TTL: int64(s.cfg.ApproxTTL)})}}
 		for _, w := range s.workers {
 			sw := *w.sw
-			sw.Live = scoring.NewLive()
+			if !s.cfg.ShareSignals {
+				sw.Live = scoring.NewLive()
+			}
 			r.ws = append(r.ws, &sw)
 			if s.cfg.Learning != LearnEvents {
 				g := w.gpu
@@ -165,4 +170,38 @@ func (s *sim) routersResult(r *Result) {
 		return
 	}
 	r.Routers, r.ShareLoads, r.SharePrefixes, r.PrefixDrops = len(s.routers), s.cfg.ShareLoads, s.cfg.SharePrefixes, s.prefixDrops
+	r.ShareSignals = s.cfg.ShareSignals
+}
+
+// MaxTieSpread bounds how far SpreadTies moves an arrival: the trace's
+// timestamps are whole seconds for most requests.
+const MaxTieSpread = 1000 // ms
+
+// SpreadTies returns reqs (sorted by arrival) with each run of requests
+// that share one timestamp spread evenly over the time to the next
+// timestamp (at most MaxTieSpread), in order: the Mooncake traces stamp
+// most requests to the second, so several arrive at the same instant, which
+// one router takes one after the other knowing each, but N routers take
+// at once, each blind to the others' choice however often they exchange
+// loads. Real arrivals within a second are not simultaneous. The requests
+// are copies (their keys included); reqs is not changed.
+func SpreadTies(reqs []*Request) []*Request {
+	out := make([]*Request, len(reqs))
+	for i := 0; i < len(reqs); {
+		j := i + 1
+		for j < len(reqs) && reqs[j].Arrival == reqs[i].Arrival {
+			j++
+		}
+		gap := int64(MaxTieSpread)
+		if j < len(reqs) {
+			gap = min(gap, max(reqs[j].Arrival-reqs[i].Arrival, 0))
+		}
+		for k := i; k < j; k++ {
+			r := *reqs[k]
+			r.Arrival += int64(k-i) * gap / int64(j-i)
+			out[k] = &r
+		}
+		i = j
+	}
+	return out
 }

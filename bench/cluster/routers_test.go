@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"math"
 	"testing"
 )
 
@@ -51,7 +52,31 @@ func TestRouters(t *testing.T) {
 	if evMany.HitRatio < evOne.HitRatio-0.05 {
 		t.Errorf("with events 4 routers hit %.3f, one router %.3f", evMany.HitRatio, evOne.HitRatio)
 	}
+	// One Live per worker for all routers (the upper bound of sharing):
+	// the routers decide as one router does.
+	oracle := run(Config{Learning: LearnEvents, Routers: 4, ShareSignals: true})
+	if !oracle.ShareSignals || math.Abs(oracle.HitRatio-evOne.HitRatio) > 0.02 || math.Abs(oracle.TTFTP90-evOne.TTFTP90) > 0.1*evOne.TTFTP90 {
+		t.Errorf("4 routers sharing one Live per worker: hit %.3f, TTFT p90 %.3f s; one router %.3f, %.3f s", oracle.HitRatio, oracle.TTFTP90,
+			evOne.HitRatio, evOne.TTFTP90)
+	}
 	if _, err := Run(Config{GPUs: Heterogeneous(2), Policy: PolicyLLMD, Routers: 2}, reqs); err == nil {
 		t.Error("a peer policy with 2 routers ran; want an error")
+	}
+}
+
+func TestSpreadTies(t *testing.T) {
+	in := []*Request{{Arrival: 0}, {Arrival: 0}, {Arrival: 0}, {Arrival: 0}, {Arrival: 400}, {Arrival: 5000}, {Arrival: 5000}}
+	var got []int64
+	for _, r := range SpreadTies(in) {
+		got = append(got, r.Arrival)
+	}
+	want := []int64{0, 100, 200, 300, 400, 5000, 5500}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("spread arrivals %v, want %v", got, want)
+		}
+	}
+	if in[1].Arrival != 0 {
+		t.Fatal("the input was changed")
 	}
 }

@@ -126,6 +126,12 @@ type Config struct {
 	// ShareLoads has the routers exchange their per-worker in-flight and
 	// pending prefill every PeerInterval, as router/peers does.
 	ShareLoads bool
+	// ShareSignals is the upper bound of sharing, which no router does:
+	// every router reads and writes one worker.Live per worker (its
+	// in-flight requests, pending prefill and learned prefill rate, all
+	// routers' at once, instantly), as if the routers were one. Exclusive
+	// with ShareLoads and SharePrefixes.
+	ShareSignals bool
 	// SharePrefixes has them exchange their approximate prefix records
 	// (router/peers' Outbox) every PeerInterval too (approx learning).
 	SharePrefixes bool
@@ -194,6 +200,8 @@ type Result struct {
 	Routers       int  `json:"routers,omitempty"`
 	ShareLoads    bool `json:"share_loads,omitempty"`
 	SharePrefixes bool `json:"share_prefixes,omitempty"`
+	// ShareSignals: the routers shared one worker.Live per worker.
+	ShareSignals bool `json:"share_signals,omitempty"`
 	// PrefixDrops are prefix records the outbox bound dropped.
 	PrefixDrops int `json:"prefix_drops,omitempty"`
 }

@@ -43,9 +43,11 @@ type gate struct {
 	lim      policy.Limits // the limits of the latest Acquire, for Refill
 }
 
-// Load is one model's admitted and waiting requests.
+// Load is one model's admitted and waiting requests, and the highest
+// priority band among those waiting (0 when none wait).
 type Load struct {
 	InFlight, Queued int
+	Band             int
 }
 
 // New returns an empty controller.
@@ -226,7 +228,7 @@ func (c *Controller) Loads() map[string]Load {
 	out := make(map[string]Load, len(c.models))
 	for model, g := range c.models {
 		if g.lim.MaxInFlight > 0 {
-			out[model] = Load{InFlight: g.inFlight, Queued: g.waiters.len()}
+			out[model] = Load{InFlight: g.inFlight, Queued: g.waiters.len(), Band: g.waiters.top()}
 		}
 	}
 	return out

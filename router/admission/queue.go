@@ -50,6 +50,14 @@ type band struct {
 
 func (q *queue) len() int { return q.n }
 
+// top is the highest band with a waiter (0 when none wait).
+func (q *queue) top() int {
+	if q.n == 0 {
+		return 0
+	}
+	return q.bands[0].priority
+}
+
 func (q *queue) push(w *waiter) {
 	i := sort.Search(len(q.bands), func(i int) bool { return q.bands[i].priority <= w.class.Priority })
 	if i == len(q.bands) || q.bands[i].priority != w.class.Priority {

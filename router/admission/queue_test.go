@@ -86,6 +86,7 @@ func TestAcquireServesBandsAndTenantsFairly(t *testing.T) {
 	}
 	start("vip", 9)
 	testutil.Eventually(t, 5*time.Second, "all queued", func() bool { return c.Queued("m") == 16 })
+	must.Eq(t, Load{InFlight: 1, Queued: 16, Band: 9}, c.Loads()["m"], must.Sprint("the highest band queued, for the peers"))
 	hold.Release()
 	var got []string
 	for range 16 {

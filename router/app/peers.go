@@ -70,12 +70,13 @@ func (a *App) initPeers() error {
 	return nil
 }
 
-// peerLoad is what this router tells its peers: admission's counts, its
-// requests on each engine, and the rate each limited key is asked at.
+// peerLoad is what this router tells its peers: admission's counts and
+// highest queued band, its requests on each engine, and the rate each
+// limited key is asked at.
 func (a *App) peerLoad() peers.Load {
 	l := peers.Load{Models: map[string]peers.ModelLoad{}, Engines: map[string]peers.EngineLoad{}}
 	for model, ml := range a.admission.Loads() {
-		l.Models[model] = peers.ModelLoad{InFlight: ml.InFlight, Queued: ml.Queued}
+		l.Models[model] = peers.ModelLoad{InFlight: ml.InFlight, Queued: ml.Queued, Band: min(max(ml.Band, 0), peers.MaxBand)}
 	}
 	for _, w := range a.pool.All() {
 		if w.Live == nil {

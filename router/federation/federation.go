@@ -44,7 +44,12 @@ const (
 
 // Config configures a Federation.
 type Config struct {
-	DC       string                           // this datacenter (required)
+	DC string // this datacenter (required)
+	// Name is this router among its datacenter's routers, sent with each
+	// summary (RouterHeader) so that a peer keeps one summary per router
+	// and sums them: up to 128 printable bytes without spaces; empty (as
+	// the router leaves it): a random name made by New, one per process.
+	Name     string
 	Consul   *consulapi.Client                // finds peers; nil: only StaticPeers
 	Identity Identity                         // mutual TLS (required)
 	Listen   string                           // UDP address of the HTTP/3 listener; "" serves none
@@ -128,8 +133,10 @@ type Federation struct {
 
 // remoteDC is what this router knows of another datacenter.
 type remoteDC struct {
-	summary  map[string]ModelSummary
-	received time.Time // zero: never
+	// routers are its routers' last summaries, by RouterHeader (merge.go);
+	// received is the newest one's arrival (zero: none kept).
+	routers  map[string]*routerSummary
+	received time.Time
 	rtt      time.Duration
 	breaker  breaker
 	live     *scoring.Live // this router's requests in flight there
@@ -146,6 +153,9 @@ func New(c Config) (*Federation, error) {
 		return nil, errors.New("federation: Config.Policy and Config.Local are required")
 	case c.Listen != "" && c.Handler == nil:
 		return nil, errors.New("federation: Config.Handler is required with Listen")
+	}
+	if err := checkRouterName(c.Name); err != nil {
+		return nil, fmt.Errorf("federation: Config.Name: %w", err)
 	}
 	for _, p := range c.StaticPeers {
 		if !validName(p.DC) || p.DC == c.DC {
@@ -217,6 +227,9 @@ func setDefaults(c *Config) {
 	}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if c.Name == "" {
+		c.Name = randomName()
 	}
 }
 
@@ -409,7 +422,8 @@ type forwardedKey struct{}
 func Forwarded(ctx context.Context) bool { v, _ := ctx.Value(forwardedKey{}).(bool); return v }
 
 // receive stores a peer's summary: only for the datacenter the caller's
-// certificate names, with filters that are evidence of something.
+// certificate names, with filters that are evidence of something, as the
+// summary of the router RouterHeader names (merge.go sums them).
 func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 	dc := callerDC(r.Context())
 	b, err := io.ReadAll(io.LimitReader(r.Body, MaxSummaryBytes+1))
@@ -428,6 +442,12 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("%v: summary for %q from %q", ErrSummaryDC, s.DC, dc), http.StatusForbidden)
 		return
 	}
+	router := r.Header.Get(RouterHeader)
+	if err := checkRouterName(router); err != nil {
+		f.m.badSummaries.WithLabelValues("malformed").Inc()
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	models := make(map[string]ModelSummary, len(s.Models))
 	for _, m := range s.Models {
 		if err := m.Prefixes.Check(filterLimits); err != nil {
@@ -437,7 +457,7 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 		}
 		models[m.Model] = m
 	}
-	now := f.cfg.now()
+	now, fresh := f.cfg.now(), f.cfg.Policy().SummaryStale
 	f.mu.Lock()
 	if _, known := f.remote[s.DC]; !known && len(f.remote) >= maxRemoteDCs {
 		f.mu.Unlock()
@@ -445,8 +465,12 @@ func (f *Federation) receive(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "federation: too many datacenters", http.StatusServiceUnavailable)
 		return
 	}
-	rd := f.remoteLocked(s.DC)
-	rd.summary, rd.received = models, now
+	if !f.remoteLocked(s.DC).store(router, models, now, fresh) {
+		f.mu.Unlock()
+		f.m.badSummaries.WithLabelValues("too_many_routers").Inc()
+		http.Error(w, "federation: too many routers in that datacenter", http.StatusServiceUnavailable)
+		return
+	}
 	f.mu.Unlock()
 	f.m.summaries.WithLabelValues(s.DC).Inc()
 	w.WriteHeader(http.StatusNoContent)

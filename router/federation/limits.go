@@ -238,8 +238,8 @@ type closerFunc func() error
 
 func (c closerFunc) Close() error { return c() }
 
-// expire drops summaries older than RemoteTTL (twice summary_stale if
-// longer), and the entries of
+// expire drops each router's summary older than RemoteTTL (twice
+// summary_stale if longer), and the entries of
 // datacenters with none whose routers Consul no longer lists, so a
 // datacenter that went away frees its place in the table.
 func (f *Federation) expire(now time.Time) {
@@ -251,14 +251,17 @@ func (f *Federation) expire(now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for dc, rd := range f.remote {
-		if !rd.received.IsZero() && now.Sub(rd.received) > ttl {
-			rd.summary, rd.received = nil, time.Time{}
+		rd.dropStale(now, ttl)
+		if !rd.received.IsZero() && len(rd.routers) == 0 {
+			rd.received = time.Time{}
 			f.m.summaryAge.DeleteLabelValues(dc)
 			f.m.expired.Inc()
 		}
 		if rd.received.IsZero() && !known[dc] {
 			delete(f.remote, dc)
 			f.m.breaker.DeleteLabelValues(dc)
+			f.m.routers.DeleteLabelValues(dc)
+			f.m.remoteInFlight.DeleteLabelValues(dc)
 		}
 	}
 }

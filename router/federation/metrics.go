@@ -10,6 +10,8 @@ type fedMetrics struct {
 	rtt             *prometheus.HistogramVec // dc
 	breaker         *prometheus.GaugeVec     // dc
 	summaryAge      *prometheus.GaugeVec     // dc
+	routers         *prometheus.GaugeVec     // dc: routers whose summaries are fresh
+	remoteInFlight  *prometheus.GaugeVec     // dc: their in-flight requests, all models
 	summaries       *prometheus.CounterVec   // dc: summaries accepted
 	peersStale      *prometheus.GaugeVec     // dc
 	summaryBytes    prometheus.Gauge
@@ -35,6 +37,10 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 			Help: "A datacenter's circuit: 0 closed, 1 open, 2 half-open."}, []string{"dc"}),
 		summaryAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "summary_age_seconds",
 			Help: "Age of the last summary received from a datacenter."}, []string{"dc"}),
+		routers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "remote_routers",
+			Help: "Routers of a datacenter whose summaries are fresh (younger than summary_stale): the datacenter's view is their sum."}, []string{"dc"}),
+		remoteInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "remote_in_flight",
+			Help: "Requests in flight in a datacenter, all models, as the sum of its routers' fresh summaries says."}, []string{"dc"}),
 		summaries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "summaries_received_total",
 			Help: "Summaries accepted from another datacenter's routers."}, []string{"dc"}),
 		peersStale: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "peers_stale",
@@ -44,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 		badEntries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_peer_entries_total",
 			Help: "Consul registrations of the federation service left out, by reason."}, []string{"reason"}),
 		badSummaries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bad_summaries_total",
-			Help: "Summaries refused, by reason: malformed, wrong_dc (for another datacenter than the caller's certificate names), filter (a prefix filter too small, too large or too full), too_many_dcs."},
+			Help: "Summaries refused, by reason: malformed, wrong_dc (for another datacenter than the caller's certificate names), filter (a prefix filter too small, too large or too full), too_many_dcs, too_many_routers (past the routers kept per datacenter)."},
 			[]string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "refused_total",
 			Help: "Requests the federation listener refused, by caller datacenter and reason: identity (no certificate naming a datacenter Consul lists, or intentions), rate, in_flight."},
@@ -59,7 +65,7 @@ func newMetrics(reg prometheus.Registerer) (*fedMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.forwarded, m.forwardFailures, m.rtt, m.breaker, m.summaryAge, m.summaries,
+	for _, c := range []prometheus.Collector{m.forwarded, m.forwardFailures, m.rtt, m.breaker, m.summaryAge, m.routers, m.remoteInFlight, m.summaries,
 		m.peersStale, m.summaryBytes, m.badEntries, m.badSummaries, m.wrongDC, m.refused, m.connsRefused, m.expired} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -145,6 +145,7 @@ func (f *Federation) push(ctx context.Context, p Peer, body []byte) {
 		return
 	}
 	req.Header.Set(FromHeader, f.cfg.DC)
+	req.Header.Set(RouterHeader, f.cfg.Name)
 	t0 := f.cfg.now()
 	resp, err := f.rt.RoundTrip(req)
 	if err != nil {
@@ -171,13 +172,24 @@ func (f *Federation) push(ctx context.Context, p Peer, body []byte) {
 
 // updateGauges refreshes the per-datacenter gauges.
 func (f *Federation) updateGauges() {
-	now := f.cfg.now()
+	now, fresh := f.cfg.now(), f.cfg.Policy().SummaryStale
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for dc, rd := range f.remote {
 		if !rd.received.IsZero() {
 			f.m.summaryAge.WithLabelValues(dc).Set(now.Sub(rd.received).Seconds())
 		}
+		n, inFlight := 0, 0.0
+		for _, r := range rd.routers {
+			if now.Sub(r.received) <= fresh {
+				n++
+				for _, m := range r.models {
+					inFlight += float64(m.InFlight)
+				}
+			}
+		}
+		f.m.routers.WithLabelValues(dc).Set(float64(n))
+		f.m.remoteInFlight.WithLabelValues(dc).Set(inFlight)
 		rd.breaker.mu.Lock()
 		st := rd.breaker.state
 		rd.breaker.mu.Unlock()

@@ -38,13 +38,14 @@ func (f *Federation) Route(req Request) Decision {
 	return Decide(s, req.Forwarded, paused, req.Local, f.remotes(req, s, now))
 }
 
-// remotes are the datacenters' offers for req from their summaries.
+// remotes are the datacenters' offers for req: each the sum of its
+// routers' fresh summaries (remoteDC.merged).
 func (f *Federation) remotes(req Request, s policy.FederationSettings, now time.Time) []Remote {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]Remote, 0, len(f.remote))
 	for dc, rd := range f.remote {
-		m, ok := rd.summary[req.Model]
+		m, cached, fresh, ok := rd.merged(req.Model, req.Keys, now, s.SummaryStale)
 		if !ok {
 			continue
 		}
@@ -53,9 +54,8 @@ func (f *Federation) remotes(req Request, s policy.FederationSettings, now time.
 			rtt = f.cfg.PushTimeout // never measured: assume the worst a push may take
 		}
 		r := Remote{DC: dc, RTT: rtt, QueueWait: m.QueueWait, TTFT: m.TTFT,
-			CachedTokens: int64(CachedBlocks(m.Prefixes, req.Keys)) * int64(req.BlockSize)}
-		r.Usable = now.Sub(rd.received) <= s.SummaryStale && m.Free > 0 &&
-			rd.breaker.usable(now, s.BreakerCooldown)
+			CachedTokens: int64(cached) * int64(req.BlockSize)}
+		r.Usable = fresh > 0 && m.Free > 0 && rd.breaker.usable(now, s.BreakerCooldown)
 		out = append(out, r)
 	}
 	return out

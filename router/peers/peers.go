@@ -345,14 +345,15 @@ func (p *Peers) shareLocked(model string, limit int, now time.Time) int {
 		cs[i].name = m.key
 		if l, ok := p.fresh(m.name, now); ok && i != self {
 			ml := l.Models[model]
-			cs[i] = claim{name: m.key, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight, share: ml.Share}
+			cs[i] = claim{name: m.key, demand: float64(ml.InFlight + ml.Queued), known: true, used: ml.InFlight, share: ml.Share,
+				waiting: ml.Queued > 0, band: ml.Band}
 		}
 	}
 	share := limit
 	for _, own := range []Load{p.sent, p.prevSent} {
 		ml := own.Models[model]
-		cs[self] = claim{name: p.self, demand: float64(ml.InFlight + ml.Queued), known: true}
-		share = min(share, shareOf(limit, self, cs))
+		cs[self] = claim{name: p.self, demand: float64(ml.InFlight + ml.Queued), known: true, waiting: ml.Queued > 0, band: ml.Band}
+		share = min(share, shareOf(limit, self, byBand(cs)))
 	}
 	return share
 }

@@ -138,6 +138,26 @@ func TestThreeRoutersSplitAndResplit(t *testing.T) {
 	})
 }
 
+// Priority across routers over real gossip: r1 queues band 0 work, r0
+// band 3: once each has the other's message, r0's part is the whole cap
+// and r1's nothing; when r0's queue empties, r1's part comes back.
+func TestHigherBandWinsTheSplit(t *testing.T) {
+	c, _ := testutil.StartConsul(t)
+	ns := []*node{startNode(t, c, "oasis-router-b0", nil), startNode(t, c, "oasis-router-b1", nil)}
+	testutil.Eventually(t, 15*time.Second, "two routers gossiping", func() bool {
+		return ns[0].gossiping() == 2 && ns[1].gossiping() == 2
+	})
+	ns[1].setLoad(Load{Models: map[string]ModelLoad{"m": {Queued: 10, Band: 0}}})
+	ns[0].setLoad(Load{Models: map[string]ModelLoad{"m": {Queued: 2, Band: 3}}})
+	testutil.Eventually(t, 5*time.Second, "the cap to the higher band", func() bool {
+		return ns[0].ModelShare("m", 8) == 8 && ns[1].ModelShare("m", 8) == 0
+	})
+	ns[0].setLoad(Load{})
+	testutil.Eventually(t, 5*time.Second, "the lower band's part back", func() bool {
+		return ns[1].ModelShare("m", 8) > 4
+	})
+}
+
 // A router cut off from gossip while still registered keeps its share of
 // the budget, never the whole of it; its peers keep counting it.
 func TestPartitionedRouterKeepsItsShare(t *testing.T) {

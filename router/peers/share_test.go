@@ -83,3 +83,42 @@ func BenchmarkShareOf16(b *testing.B) {
 		shareOf(64, 3, cs)
 	}
 }
+
+// Priority across routers: when requests wait at several routers, those
+// whose queue's highest band is below the highest waiting anywhere claim no
+// demand, so the split gives the cap to the higher band; routers with
+// nothing queued, and splits where every queue holds the same band, are as
+// before.
+func TestByBand(t *testing.T) {
+	cases := []struct {
+		name   string
+		cs     []claim
+		demand []float64
+		shares []int // shareOf(8, i, byBand(cs)) for each i
+	}{
+		{"a lower band waiting claims nothing",
+			[]claim{{demand: 12, known: true, waiting: true, band: 1}, {demand: 12, known: true, waiting: true, band: 0}},
+			[]float64{12, 0}, []int{8, 0}},
+		{"same band: by demand",
+			[]claim{{demand: 6, known: true, waiting: true, band: 2}, {demand: 2, known: true, waiting: true, band: 2}},
+			[]float64{6, 2}, []int{5, 3}},
+		{"nothing queued keeps its demand",
+			[]claim{{demand: 6, known: true, waiting: true, band: 3}, {demand: 2, known: true, used: 2}},
+			[]float64{6, 2}, []int{5, 3}},
+		{"the lower band's slots in flight stay held until freed",
+			[]claim{{demand: 10, known: true, waiting: true, band: 1}, {demand: 9, known: true, waiting: true, band: 0, used: 5, share: 5}},
+			[]float64{10, 0}, []int{3, 0}},
+		{"an unknown router is not demoted",
+			[]claim{{demand: 10, known: true, waiting: true, band: 1}, {}},
+			[]float64{10, 0}, []int{4, 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := byBand(append([]claim(nil), tc.cs...))
+			for i, c := range cs {
+				must.Eq(t, tc.demand[i], c.demand, must.Sprintf("claim %d's demand", i))
+				must.Eq(t, tc.shares[i], shareOf(8, i, cs), must.Sprintf("router %d's share", i))
+			}
+		})
+	}
+}

@@ -31,7 +31,15 @@ type ModelLoad struct {
 	// (filled by Peers, not by Config.Local): another router takes none
 	// of it until a later message gives it back.
 	Share int `json:"s,omitempty"`
+	// Band is the highest priority band among the queued requests
+	// (admission's bands; meaningful while Queued > 0): the split gives
+	// the cap to the routers whose queue holds the highest band waiting
+	// anywhere (shareLocked).
+	Band int `json:"b,omitempty"`
 }
+
+// MaxBand bounds a ModelLoad's Band.
+const MaxBand = 1 << 10
 
 // EngineLoad is one router's requests on one engine instance.
 type EngineLoad struct {
@@ -85,6 +93,9 @@ func decode(b []byte) (message, error) {
 	for name, ml := range m.Load.Models {
 		if name == "" || len(name) > maxNameBytes || ml.InFlight < 0 || ml.Queued < 0 || ml.Share < 0 {
 			return m, fmt.Errorf("%w: l.m[%.64q]: empty or long name, or a negative count", ErrMessage, name)
+		}
+		if ml.Band < 0 || ml.Band > MaxBand {
+			return m, fmt.Errorf("%w: l.m[%.64q].b: want 0 to %d, got %d", ErrMessage, name, MaxBand, ml.Band)
 		}
 	}
 	for id, e := range m.Load.Engines {

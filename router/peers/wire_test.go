@@ -24,6 +24,8 @@ func TestDecode(t *testing.T) {
 		{"empty model", `{"n":"r1","l":{"m":{"":{"i":1}}}}`, "l.m["},
 		{"negative engine count", `{"n":"r1","l":{"e":{"w":{"p":-1}}}}`, "l.e["},
 		{"negative rate", `{"n":"r1","l":{"k":{"team":-1}}}`, "l.k["},
+		{"negative band", `{"n":"r1","l":{"m":{"m":{"q":1,"b":-1}}}}`, "l.m[\"m\"].b"},
+		{"band past the bound", `{"n":"r1","l":{"m":{"m":{"q":1,"b":100000}}}}`, "l.m[\"m\"].b"},
 		{"prefix without keys", `{"n":"r1","p":[{"e":"w"}]}`, "p[0]"},
 		{"prefix without engine", `{"n":"r1","p":[{"k":[1]}]}`, "p[0]"},
 		{"too large", `{"n":"` + strings.Repeat("x", maxMessageBytes) + `"}`, "bytes, over"},
@@ -66,4 +68,11 @@ func TestDecodeBoundsPrefixKeys(t *testing.T) {
 	m, err := decode([]byte(`{"n":"r1","p":[{"e":"w","k":[1,2,3]}]}`))
 	must.NoError(t, err)
 	must.Eq(t, []Prefix{{Engine: "w", Keys: []uint64{1, 2, 3}}}, m.Prefixes)
+}
+
+// A router's band travels as sent.
+func TestDecodeBand(t *testing.T) {
+	m, err := decode([]byte(`{"n":"r1","l":{"m":{"m":{"i":1,"q":2,"b":5}}}}`))
+	must.NoError(t, err)
+	must.Eq(t, ModelLoad{InFlight: 1, Queued: 2, Band: 5}, m.Load.Models["m"])
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -237,4 +238,63 @@ func TestPrefixRecordsSharedForEventlessEngines(t *testing.T) {
 	})
 	must.Eq(t, http.StatusOK, completePrompt(context.Background(), b, "", prompt))
 	must.Positive(t, b.metric("oasis_router_prefix_matched_blocks_total", nil), must.Sprint("B's first sight of A's prompt matched no block"))
+}
+
+// Priority across routers: at saturation, a higher band waiting at one
+// router wins the slots a lower band holds at another. Router B runs k
+// requests of key "low" (band 0) with many more queued; then key "high"
+// (band 5) queues its requests at router A. Once the routers' messages
+// carry A's band (one interval), B's part of max_in_flight falls to 0 and
+// every slot B frees goes to A: asserted from the engine's order, the low
+// requests started after the high ones were sent and before the last of
+// them are at most 2k (a round of k before B hears, the hold being longer
+// than the gossip interval, and as much again for a late message on a
+// loaded host). Split by demand alone, A (8 queued against B's ~30) gets
+// about one slot in four and some 20 low requests start first.
+func TestPriorityWinsSlotsAcrossRouters(t *testing.T) {
+	const k, lows, highs = 4, 40, 8
+	e := newEngine(t, 300*time.Millisecond)
+	specs := fmt.Sprintf(`{"keys":[{"id":"low","sha256":%q,"priority":0},{"id":"high","sha256":%q,"priority":5}]}`,
+		digest("sk-low"), digest("sk-high"))
+	c := startCluster(t, 2, e, fmt.Sprintf(`{"policy":"round_robin","admission":{"max_in_flight":%d,"max_queue":100,"queue_timeout":"60s"}}`, k), specs)
+	a, b := c.routers[0], c.routers[1]
+	var wg sync.WaitGroup
+	send := func(r *router, key string, n int) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				must.Eq(t, http.StatusOK, completePrompt(context.Background(), r, "sk-"+key, key))
+			}()
+		}
+	}
+	send(b, "low", lows)
+	testutil.Eventually(t, 10*time.Second, "B running k low requests, most of the rest queued", func() bool {
+		return e.inFlight.Load() == k && b.metric("oasis_router_queued", map[string]string{"model": "m"}) >= lows/2
+	})
+	e.mu.Lock()
+	sent := len(e.prompts) // the engine's requests before the high ones were sent
+	e.mu.Unlock()
+	send(a, "high", highs)
+	wg.Wait()
+	e.mu.Lock()
+	order := slices.Clone(e.prompts)
+	e.mu.Unlock()
+	lastHigh := -1
+	for i, p := range order {
+		if p == "high" {
+			lastHigh = i
+		}
+	}
+	must.Eq(t, lows+highs, len(order))
+	must.Greater(t, sent, lastHigh)
+	started := 0 // low requests the engine started after the high ones were sent, before the last high one
+	for _, p := range order[sent:lastHigh] {
+		if p == "low" {
+			started++
+		}
+	}
+	t.Logf("max_in_flight %d; %d low (band 0) at B, then %d high (band 5) at A: %d low started after the high ones were sent and before the last; engine order %v",
+		k, lows, highs, started, order[sent:])
+	must.LessEq(t, 2*k, started, must.Sprint("the higher band waiting at A did not win B's slots"))
 }

@@ -45,13 +45,15 @@ var (
 	parallel = flag.Int("parallel", runtime.NumCPU(), "configurations bisected at once")
 	outDir   = flag.String("out", "bench/out", "directory for routers.json")
 	weights  = flag.String("weights", "", "oasis policy weights, e.g. ttft=2,prefix=1,load=0.2 (default: the policy's)")
+	spread   = flag.Bool("spread-ties", true, "spread requests that share a trace timestamp over the time to the next one (cluster.SpreadTies; false: simultaneous)")
+	oracle   = flag.Bool("oracle", false, "also a row per router count with one worker.Live shared by all routers (the upper bound of sharing; no router does this)")
 )
 
 // row is one configuration's throughput at SLO.
 type row struct {
 	Routers  int    `json:"routers"`
 	Learning string `json:"learning"`
-	Sharing  string `json:"sharing"` // off, loads, loads+prefixes ("-" for one router)
+	Sharing  string `json:"sharing"` // off, loads, loads+prefixes, oracle ("-" for one router)
 	// VsOne is the rate at SLO over one router's with the same learning.
 	VsOne     float64           `json:"vs_one_router"`
 	Bisection cluster.Bisection `json:"bisection"`
@@ -81,6 +83,9 @@ func run() error {
 	}
 	if err := cluster.Keys(reqs, "mooncake", 16); err != nil {
 		return err
+	}
+	if *spread {
+		reqs = cluster.SpreadTies(reqs)
 	}
 	swept, err := cluster.ParseScales(*scales)
 	if err != nil {
@@ -140,6 +145,9 @@ func configs() ([]row, error) {
 				continue
 			}
 			rows = append(rows, row{Routers: n, Learning: l, Sharing: "off"}, row{Routers: n, Learning: l, Sharing: "loads"})
+			if *oracle {
+				rows = append(rows, row{Routers: n, Learning: l, Sharing: "oracle"})
+			}
 			if l == cluster.LearnApprox {
 				rows = append(rows, row{Routers: n, Learning: l, Sharing: "loads+prefixes"})
 			}
@@ -156,6 +164,7 @@ func bisectRow(r row, reqs []*cluster.Request, swept []float64, slo cluster.Rout
 	}
 	cfg := cluster.Config{GPUs: gpus, Policy: cluster.PolicyOasis, Weights: weights, Learning: r.Learning, BlockSize: 16, Seed: 1,
 		Routers: r.Routers, ShareLoads: strings.HasPrefix(r.Sharing, "loads"), SharePrefixes: r.Sharing == "loads+prefixes",
+		ShareSignals: r.Sharing == "oracle",
 		PeerInterval: *interval}
 	at := func(scale float64) (cluster.Result, error) {
 		c := cfg
