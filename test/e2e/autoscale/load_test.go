@@ -2,9 +2,7 @@ package autoscale
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -102,30 +100,8 @@ func (l *load) since(t time.Time) []result {
 // router's prefill model learns from a few requests queued together) and max_tokens, which
 // oasis-sim generates exactly.
 func (l *load) chat(ctx context.Context, i int) result {
-	r := result{start: time.Now()}
-	body, _ := json.Marshal(map[string]any{
-		"model": model, "stream": true, "max_tokens": l.maxTokens,
-		"messages": []map[string]string{{"role": "user",
-			"content": fmt.Sprintf("Request %d: %s", i, strings.Repeat(fmt.Sprintf("word%d ", i), 300))}},
-	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.router+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		r.err = err
-		return r
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		r.err = fmt.Errorf("HTTP %s", resp.Status)
-		return r
-	}
-	r.ttft, r.err = readStream(resp, r.start)
-	return r
+	return streamChat(ctx, l.router, model,
+		fmt.Sprintf("Request %d: %s", i, strings.Repeat(fmt.Sprintf("word%d ", i), 300)), l.maxTokens)
 }
 
 // readStream reads an SSE chat stream to its end: the time to its first content chunk, or an
