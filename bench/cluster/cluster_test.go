@@ -182,8 +182,10 @@ func TestRecomputeChargeKeepsSessions(t *testing.T) {
 	if err := Keys(reqs, "m", 16); err != nil {
 		t.Fatal(err)
 	}
+	// KV events alone (no in-flight record), which lag a prompt by its
+	// queue and prefill: the charge's effect apart from the record's.
 	run := func(recompute float64) Result {
-		r, err := Run(Config{Policy: PolicyOasis, Recompute: recompute, GPUs: Heterogeneous(16), RateScale: 8, Model: "m"}, reqs)
+		r, err := Run(Config{Policy: PolicyOasis, Recompute: recompute, InflightTTL: -1, GPUs: Heterogeneous(16), RateScale: 8, Model: "m"}, reqs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,5 +203,41 @@ func TestRecomputeChargeKeepsSessions(t *testing.T) {
 	}
 	if charged.TTFTP90 >= myopic.TTFTP90 {
 		t.Errorf("with the recompute charge TTFT p90 %.2f s, not below the myopic estimate's %.2f s", charged.TTFTP90, myopic.TTFTP90)
+	}
+}
+
+// Agentic sessions with KV events: an engine publishes a prompt's blocks only
+// after its queue and prefill, so without the router's in-flight record the
+// turns that follow a new context within that time see nobody holding it and
+// spread; with it (the default) they find the worker the router sent the
+// context to, as approximate learning does.
+func TestInflightRecordKeepsNewPrefixes(t *testing.T) {
+	reqs, err := LoadSpec("gen:agent:n=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	run := func(policy string, inflight time.Duration) Result {
+		r, err := Run(Config{Policy: policy, InflightTTL: inflight, GPUs: Heterogeneous(16), RateScale: 10, Model: "m"}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s in-flight TTL %v: hit %.3f TTFT p90 %.3f s", policy, inflight, r.HitRatio, r.TTFTP90)
+		return r
+	}
+	// Pure affinity: more hits.
+	alone, recorded := run(PolicyPrefix, -1), run(PolicyPrefix, 0)
+	if recorded.HitRatio <= alone.HitRatio {
+		t.Errorf("prefix: with the in-flight record hit %.3f, not above events alone's %.3f", recorded.HitRatio, alone.HitRatio)
+	}
+	// The default policy: many more hits, and a shorter TTFT tail.
+	alone, recorded = run(PolicyOasis, -1), run(PolicyOasis, 0)
+	if recorded.HitRatio < alone.HitRatio+0.05 {
+		t.Errorf("oasis: with the in-flight record hit %.3f, not well above events alone's %.3f", recorded.HitRatio, alone.HitRatio)
+	}
+	if recorded.TTFTP90 >= alone.TTFTP90 {
+		t.Errorf("oasis: with the in-flight record TTFT p90 %.2f s, not below events alone's %.2f s", recorded.TTFTP90, alone.TTFTP90)
 	}
 }

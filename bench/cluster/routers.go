@@ -37,8 +37,12 @@ func (s *sim) newRouters() error {
 	}
 	s.routers = []*router{{ws: s.ws, src: s.src, sel: s.sel}}
 	for i := 1; i < n; i++ {
-		r := &router{src: &source{events: s.src.events, approx: prefixindex.New(prefixindex.Config{TTL: int64(s.cfg.ApproxTTL)})}}
+		r := &router{src: &source{events: s.src.events, approx: prefixindex.New(prefixindex.Config{TTL: int64(s.cfg.ApproxTTL)}),
+			inflight: newInflight(s.cfg)}}
 		for _, w := range s.workers {
+			if r.src.inflight != nil {
+				_ = r.src.inflight.AddWorker(w.id, 0)
+			}
 			sw := *w.sw
 			if !s.cfg.ShareSignals {
 				sw.Live = scoring.NewLive()

@@ -105,9 +105,14 @@ type Config struct {
 	// scoring.DefaultRecompute; negative: none, this request's wait alone).
 	Recompute float64
 	ApproxTTL time.Duration
-	BlockSize int
-	Seed      uint64
-	Model     string
+	// InflightTTL is how long Oasis's router counts a decision to an engine
+	// with KV events as held before the events confirm it, as
+	// cachestate.Config.InflightTTL (0: cachestate.DefaultInflightTTL;
+	// negative: none, the events alone).
+	InflightTTL time.Duration
+	BlockSize   int
+	Seed        uint64
+	Model       string
 	// DecodePower is the dynamic power of a step's decode part at batch 1, as
 	// a fraction of the GPU's full dynamic power, rising linearly to full at
 	// DecodePowerBatch sequences; 0 or 1: every step draws full power.
@@ -273,6 +278,11 @@ type source struct {
 	keys   []uint64
 	events *prefixindex.Index
 	approx *prefixindex.Index
+	// inflight is the router's record of its decisions to event-driven
+	// workers until their events arrive (nil: none), folded as
+	// cachestate.State.Match does.
+	inflight *prefixindex.Index
+	fold     cachestate.InflightMatcher
 }
 
 func (s *source) Keys(dst []uint64, _ string, _ int, _ []uint32) ([]uint64, error) {
@@ -280,8 +290,19 @@ func (s *source) Keys(dst []uint64, _ string, _ int, _ []uint32) ([]uint64, erro
 }
 
 func (s *source) Match(keys []uint64, w prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match {
+	start := len(out)
 	out = s.events.Match(keys, w, out)
+	out = s.fold.Match(s.inflight, keys, w, out, start)
 	return s.approx.Match(keys, w, out)
+}
+
+// newInflight returns the in-flight record of an Oasis router over KV events
+// (nil when the run has none), with the router's default bounds.
+func newInflight(cfg Config) *prefixindex.Index {
+	if cfg.Learning != LearnEvents || cfg.InflightTTL <= 0 || IsPeer(cfg.Policy) {
+		return nil
+	}
+	return cachestate.NewInflightIndex(cfg.InflightTTL, cachestate.DefaultInflightWorkerBlocks, cachestate.DefaultInflightMaxBlocks, nil)
 }
 
 type flight struct {
@@ -534,6 +555,9 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	if cfg.ApproxTTL == 0 {
 		cfg.ApproxTTL = cachestate.DefaultApproxTTL
 	}
+	if cfg.InflightTTL == 0 {
+		cfg.InflightTTL = cachestate.DefaultInflightTTL
+	}
 	if cfg.Model == "" {
 		cfg.Model = "mooncake"
 	}
@@ -543,7 +567,7 @@ func newSim(cfg Config, reqs []*Request, q *queue) (*sim, error) {
 	s := &sim{cfg: cfg, reqs: reqs, q: q, rng: rand.New(rand.NewPCG(cfg.Seed, 7))}
 	evIdx := prefixindex.New(prefixindex.Config{})
 	apIdx := prefixindex.New(prefixindex.Config{TTL: int64(cfg.ApproxTTL)})
-	s.src = &source{events: evIdx, approx: apIdx}
+	s.src = &source{events: evIdx, approx: apIdx, inflight: newInflight(cfg)}
 	dig := cachestate.NewDigester()
 
 	switch cfg.Policy {
@@ -653,6 +677,10 @@ func (s *sim) newWorker(i int, g GPU) (*worker, error) {
 		s.src.events.RemoveWorker(id)
 		_ = s.src.events.AddWorker(id, 0)
 		w.ew = cachestate.NewEventWorker(id, cfg.Model, s.src.events, s.dig)
+		if ix := s.src.inflight; ix != nil {
+			ix.RemoveWorker(id)
+			_ = ix.AddWorker(id, 0)
+		}
 		return w, nil
 	}
 	// The engine's tiers as configured: Oasis's approximate record
@@ -795,6 +823,11 @@ func (s *sim) submit(idx int, w *worker, req *scoring.Request, now, origin, extr
 	if s.prefix && s.cfg.Learning == LearnApprox {
 		_ = s.src.approx.Store(w.id, prefixindex.TierGPU, r.keys, now)
 		s.recorded(w, r.keys)
+	}
+	if ix := s.src.inflight; ix != nil && req != nil {
+		// cachestate.State.Record for an event-driven engine.
+		_ = ix.Store(w.id, prefixindex.TierGPU, r.keys, now)
+		ix.Expire(now)
 	}
 	if !w.busy {
 		s.startStep(w, now)

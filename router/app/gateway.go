@@ -48,7 +48,11 @@ func (a *App) initGateway() error {
 }
 
 // learn is told every routing decision. Where the prefix term scored the
-// request it counts how much of the prompt the chosen worker held.
+// request it counts how much of the prompt the chosen worker held and, for
+// an engine with KV events, records the decision in flight at once: the
+// engine's events come only after its queue and prefill (for a
+// non-streamed request after the 2xx head too), and requests following the
+// same new prefix meanwhile should find it (cachestate's InflightTTL).
 func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w *scoring.Worker) {
 	keys, matched, ok := req.PrefixResult(w.ID)
 	if !ok || len(keys) == 0 {
@@ -56,6 +60,9 @@ func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w
 	}
 	a.m.PrefixRequestBlocks.WithLabelValues(w.Model).Add(float64(len(keys)))
 	a.m.PrefixMatchedBlocks.WithLabelValues(w.Model).Add(float64(matched))
+	if a.cache.EventDriven(w.ID) {
+		a.cache.Record(w.ID, keys)
+	}
 }
 
 // record is told every engine that accepted a request (a 2xx answer) and,

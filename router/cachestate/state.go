@@ -80,6 +80,16 @@ type Config struct {
 	// and approximate), all engines together (DefaultMaxIndexBlocks if 0):
 	// past it the least recently stored entry of any engine is evicted.
 	MaxIndexBlocks int
+	// InflightTTL is how long a routing decision to an event-driven engine
+	// counts as held before its events confirm it (inflight.go): 0 is
+	// DefaultInflightTTL, negative records no decisions for those engines.
+	InflightTTL time.Duration
+	// InflightWorkerBlocks and InflightMaxBlocks bound the in-flight record
+	// per engine and in total (DefaultInflightWorkerBlocks and
+	// DefaultInflightMaxBlocks if 0; each at most MaxWorkerBlocks and
+	// MaxIndexBlocks).
+	InflightWorkerBlocks int
+	InflightMaxBlocks    int
 	// Metrics, when set, counts capacity clamps and budget evictions.
 	Metrics *metrics.Metrics
 	Logger  hclog.Logger
@@ -107,6 +117,10 @@ type State struct {
 	dig    *Digester
 	events *prefixindex.Index
 	approx *prefixindex.Index
+	// inflight records decisions to event-driven engines until their events
+	// arrive (nil: off); fold merges its matches.
+	inflight *prefixindex.Index
+	fold     InflightMatcher
 
 	mu      sync.Mutex
 	engines map[string]*engineState
@@ -155,10 +169,27 @@ func New(cfg Config) *State {
 		cfg.MaxIndexBlocks = DefaultMaxIndexBlocks
 	}
 	cfg.ApproxCapacity = min(cfg.ApproxCapacity, cfg.MaxWorkerBlocks)
+	if cfg.InflightTTL == 0 {
+		cfg.InflightTTL = DefaultInflightTTL
+	}
+	if cfg.InflightWorkerBlocks <= 0 {
+		cfg.InflightWorkerBlocks = DefaultInflightWorkerBlocks
+	}
+	if cfg.InflightMaxBlocks <= 0 {
+		cfg.InflightMaxBlocks = DefaultInflightMaxBlocks
+	}
+	cfg.InflightWorkerBlocks = min(cfg.InflightWorkerBlocks, cfg.MaxWorkerBlocks)
+	cfg.InflightMaxBlocks = min(cfg.InflightMaxBlocks, cfg.MaxIndexBlocks)
+	var inflight *prefixindex.Index
+	if cfg.InflightTTL > 0 {
+		inflight = NewInflightIndex(cfg.InflightTTL, cfg.InflightWorkerBlocks, cfg.InflightMaxBlocks,
+			budgetCounter(cfg.Metrics, "inflight"))
+	}
 	return &State{
-		cfg: cfg,
-		log: cfg.Logger,
-		dig: NewDigester(),
+		inflight: inflight,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		dig:      NewDigester(),
 		events: prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.EventCapacity, MaxEntries: cfg.MaxIndexBlocks,
 			OnBudgetEvict: budgetCounter(cfg.Metrics, "events")}),
 		approx: prefixindex.New(prefixindex.Config{DefaultCapacity: cfg.ApproxCapacity, TTL: int64(cfg.ApproxTTL),
@@ -256,6 +287,11 @@ func (s *State) startLocked(ctx context.Context, e Engine) {
 		s.log.Error("cannot index engine", "engine", e.ID, "error", err)
 		return
 	}
+	if s.inflight != nil {
+		if err := s.inflight.AddWorker(e.ID, 0); err != nil {
+			s.log.Warn("cannot record routing decisions for engine; matching its events alone", "engine", e.ID, "error", err)
+		}
+	}
 	es.events = true
 	es.ew = NewEventWorker(e.ID, e.Model, s.events, s.dig)
 	sctx, cancel := context.WithCancel(ctx)
@@ -309,6 +345,9 @@ func (s *State) stopLocked(es *engineState) {
 	}
 	s.events.RemoveWorker(es.eng.ID)
 	s.approx.RemoveWorker(es.eng.ID)
+	if s.inflight != nil {
+		s.inflight.RemoveWorker(es.eng.ID)
+	}
 	delete(s.engines, es.eng.ID)
 }
 
@@ -429,29 +468,46 @@ func (s *State) EngineStats(id string) (EventStats, bool) {
 	return es.ew.Stats(), true
 }
 
-// Record learns a routing decision for an engine without events: the engine
-// that served keys is assumed to hold them now. Decisions for event-driven
-// engines are ignored — their events say what they really cached.
+// Record learns a routing decision: the engine that served keys is assumed
+// to hold them now. For an engine without events that is the approximate
+// record; for an event-driven one a short-lived in-flight entry that stands
+// in for its events until they arrive (InflightTTL; none when negative).
 func (s *State) Record(id string, keys []uint64) {
 	s.mu.Lock()
 	es, ok := s.engines[id]
 	s.mu.Unlock()
-	if !ok || es.events || len(keys) == 0 {
+	if !ok || len(keys) == 0 {
 		return
 	}
 	now := s.cfg.Now().UnixNano()
+	if es.events {
+		if s.inflight == nil {
+			return
+		}
+		if err := s.inflight.Store(id, prefixindex.TierGPU, keys, now); err != nil {
+			s.log.Debug("recording in-flight routing decision", "engine", id, "error", err)
+		}
+		s.inflight.Expire(now)
+		return
+	}
 	if err := s.approx.Store(id, prefixindex.TierGPU, keys, now); err != nil {
 		s.log.Debug("recording routing decision", "engine", id, "error", err)
 	}
 	s.approx.Expire(now)
 }
 
-// Match returns every engine's longest held prefix of keys, from both
-// indexes (an engine is in only one of them).
+// Match returns every engine's longest held prefix of keys: from its events
+// or the approximate record (an engine is in only one of them), and for an
+// event-driven engine the longer of that and its in-flight decisions.
 func (s *State) Match(keys []uint64, w prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match {
+	start := len(out)
 	out = s.events.Match(keys, w, out)
+	out = s.fold.Match(s.inflight, keys, w, out, start)
 	return s.approx.Match(keys, w, out)
 }
+
+// InflightIndex exposes the in-flight record (nil when off).
+func (s *State) InflightIndex() *prefixindex.Index { return s.inflight }
 
 // Keys computes a request's index keys for a model and block size.
 func (s *State) Keys(dst []uint64, model string, blockSize int, tokens []uint32) ([]uint64, error) {

@@ -119,7 +119,7 @@ func (c *fakeClock) Add(d time.Duration) {
 
 func TestApproximateLearning(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
-	s := New(Config{ApproxCapacity: 4, ApproxTTL: time.Minute, Now: clock.Now})
+	s := New(Config{ApproxCapacity: 4, ApproxTTL: time.Minute, InflightTTL: -1, Now: clock.Now})
 	defer s.Close()
 	ctx := context.Background()
 	s.Sync(ctx, []Engine{
@@ -131,7 +131,7 @@ func TestApproximateLearning(t *testing.T) {
 	k, err := s.Keys(nil, "m", bs, toks(1, 3*bs))
 	must.NoError(t, err)
 	s.Record("llama", k)
-	s.Record("vllm", k) // ignored: its events are the truth
+	s.Record("vllm", k) // ignored: its events are the truth (in-flight record off)
 	must.Eq(t, 3, matchBlocks(s, k, "llama"))
 	must.Eq(t, 0, matchBlocks(s, k, "vllm"))
 
@@ -188,7 +188,7 @@ func TestReplayOverZMQ(t *testing.T) {
 // falls out of its GPU tier is still credited, at the CPU and disk weights.
 func TestApproximateLearningAdvertisedTiers(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
-	s := New(Config{ApproxCapacity: 4, ApproxTTL: time.Minute, Now: clock.Now})
+	s := New(Config{ApproxCapacity: 4, ApproxTTL: time.Minute, InflightTTL: -1, Now: clock.Now})
 	defer s.Close()
 	s.Sync(context.Background(), []Engine{
 		{ID: "tiered", Model: "m", Address: "127.0.0.1:1", BlockSize: bs, KVCapacity: prefixindex.Capacity{GPU: 2, CPU: 4, Disk: 6}},

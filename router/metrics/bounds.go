@@ -36,13 +36,13 @@ func newBounds(reg prometheus.Registerer, ns string) Bounds {
 		KVCapacityClamped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "kv_capacity_clamped_total",
 			Help: "Engines whose advertised oasis_kv_capacity exceeded the per-worker bound of the approximate record (-index-worker-max-blocks) and was cut to it, once per registration."}),
 		IndexBudgetEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prefix_index_budget_evictions_total",
-			Help: "Prefix-index entries evicted, least recently stored first across workers, to keep an index within its global budget (-index-max-blocks), by index (events|approx)."},
+			Help: "Prefix-index entries evicted, least recently stored first across workers, to keep an index within its global budget (-index-max-blocks), by index (events|approx|inflight: the in-flight record of decisions to engines with KV events, bounded by its own budget, at most -index-max-blocks)."},
 			[]string{"index"}),
 		EngineAnswerRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_answer_refused_total",
 			Help: "Engine answers the router refused because they exceeded their bound (metrics: the /metrics page; tokenize: a /tokenize answer longer than the prompt can tokenize to), by engine (oasis_engine) and kind (metrics|tokenize)."},
 			[]string{"engine", "kind"}),
 	}
-	for _, index := range []string{"events", "approx"} {
+	for _, index := range []string{"events", "approx", "inflight"} {
 		g.IndexBudgetEvictions.WithLabelValues(index)
 	}
 	reg.MustRegister(g.KVCapacityClamped, g.IndexBudgetEvictions, g.EngineAnswerRefused)

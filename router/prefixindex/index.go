@@ -753,8 +753,11 @@ func (ix *Index) expire(w *worker, now int64) int {
 		return 0
 	}
 	n := 0
-	ttl, stamp := uint32(ix.cfg.TTL/1e6), msOf(now)
-	for t := w.lruTail(); t != nilNode && stamp-ix.node(t).stamp > ttl; t = w.lruTail() {
+	// Stamps are milliseconds that wrap: compared by signed difference, so
+	// an entry stamped after now (a concurrent caller read its clock later
+	// but stored first) is young, not 49 days old.
+	ttl, stamp := int32(min(ix.cfg.TTL/1e6, 1<<31-1)), msOf(now)
+	for t := w.lruTail(); t != nilNode && int32(stamp-ix.node(t).stamp) > ttl; t = w.lruTail() {
 		ix.unlink(w, t)
 		n++
 	}

@@ -219,6 +219,11 @@ func TestTTLExpires(t *testing.T) {
 	must.NoError(t, ix.Store("b", TierGPU, []uint64{5}, 400*ms))
 	must.Eq(t, 1, ix.WorkerEntries("b"))
 	must.Eq(t, 0, ix.Holds("b", 1))
+	// A sweep with a clock read before a concurrent store's (its now is
+	// older than the entry) keeps the entry.
+	must.NoError(t, ix.Store("a", TierGPU, []uint64{7}, 500*ms))
+	must.Eq(t, 0, ix.Expire(490*ms))
+	must.Eq(t, 1, ix.WorkerEntries("a"))
 }
 
 func TestInvalidTier(t *testing.T) {

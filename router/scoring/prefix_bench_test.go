@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/oasis-llm/oasis/router/cachestate"
+	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/shoenig/test/must"
 )
 
@@ -44,5 +46,42 @@ func BenchmarkPickPrefixGuard(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkPickInflight is BenchmarkPickPrefixGuard's decision (ε 0.5) over
+// 64 workers with KV events whose prompts are known both from their events
+// (worker i: i×4 blocks) and from the router's in-flight record (i×4 + 2):
+// the cost of matching the second index and folding the two.
+func BenchmarkPickInflight(b *testing.B) {
+	const n, blocks = 64, 256
+	p := prompt(1, blocks)
+	s := cachestate.New(cachestate.Config{})
+	b.Cleanup(func() { must.NoError(b, s.Close()) })
+	var engs []cachestate.Engine
+	for i := range n {
+		engs = append(engs, cachestate.Engine{ID: fmt.Sprintf("w%d", i), Model: "m", Address: "127.0.0.1:1", BlockSize: testBS, KVEvents: "tcp://127.0.0.1:1"})
+	}
+	s.Sync(context.Background(), engs)
+	keys, err := s.Keys(nil, "m", testBS, p)
+	must.NoError(b, err)
+	ws := make([]*Worker, n)
+	for i, e := range engs {
+		ws[i] = bsWorker(e.ID, i%16)
+		must.NoError(b, s.EventIndex().Store(e.ID, prefixindex.TierGPU, keys[:i*4], 0))
+		s.Record(e.ID, keys[:min(i*4+2, blocks)])
+	}
+	term := NewPrefixTerm(s)
+	reg, err := NewRegistry(append(BuiltinTerms(), term, NewTTFTTerm(term))...)
+	must.NoError(b, err)
+	sel := NewSelector(SelectorConfig{Registry: reg})
+	cfg := Config{Policy: Weighted, Weights: map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}}
+	must.NoError(b, reg.Validate(cfg))
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := sel.Pick(ctx, cfg, tokReq(p), ws); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/prefixindex"
@@ -230,4 +231,56 @@ func TestPrefixTermLeavesItsResultOnTheRequest(t *testing.T) {
 	must.Eq(t, 3, matched)
 	_, matched, _ = req.PrefixResult("b")
 	must.Eq(t, 0, matched)
+}
+
+// TestInflightKeepsNewPrefixTogether: with KV events, two requests sharing a
+// prefix nobody holds yet, back to back (the first one's events not yet
+// arrived), go to the same worker when the router records its decisions in
+// flight; without that record the second sees nobody holding the prefix and
+// goes to the idle worker, recomputing it.
+func TestInflightKeepsNewPrefixTogether(t *testing.T) {
+	cases := []struct {
+		name     string
+		inflight time.Duration
+		weights  map[string]float64
+		same     bool
+	}{
+		{"prefix and load, in-flight record", 0, map[string]float64{"prefix": 1, "load": 0.2}, true},
+		{"default weights, in-flight record", 0, map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}, true},
+		{"prefix and load, events alone", -1, map[string]float64{"prefix": 1, "load": 0.2}, false},
+		{"default weights, events alone", -1, map[string]float64{"ttft": 2, "prefix": 1, "load": 0.2, "power": 1.3}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := cachestate.New(cachestate.Config{InflightTTL: tc.inflight})
+			t.Cleanup(func() { must.NoError(t, s.Close()) })
+			// Event-driven engines whose events never arrive in this test.
+			s.Sync(context.Background(), []cachestate.Engine{
+				{ID: "a", Model: "m", Address: "127.0.0.1:1", BlockSize: testBS, KVEvents: "tcp://127.0.0.1:1"},
+				{ID: "b", Model: "m", Address: "127.0.0.1:2", BlockSize: testBS, KVEvents: "tcp://127.0.0.1:2"},
+			})
+			ws := []*Worker{bsWorker("a", 0), bsWorker("b", 0)}
+			term := NewPrefixTerm(s)
+			reg, err := NewRegistry(append(BuiltinTerms(), term, NewTTFTTerm(term))...)
+			must.NoError(t, err)
+			sel := NewSelector(SelectorConfig{Registry: reg})
+			cfg := Config{Policy: Weighted, Weights: tc.weights}
+			must.NoError(t, reg.Validate(cfg))
+			p := prompt(7, 32)
+			var picked []string
+			for range 2 {
+				req := tokReq(p)
+				d, err := sel.Pick(context.Background(), cfg, req, ws)
+				must.NoError(t, err)
+				// What the gateway does for a forwarded request.
+				d.Worker.Live.Begin(int64(len(p)))
+				if u, ok := req.UncachedTokens(d.Worker); ok {
+					d.Worker.Live.StartPrefill(u)
+				}
+				hold(t, s, d.Worker.ID, p)
+				picked = append(picked, d.Worker.ID)
+			}
+			must.Eq(t, tc.same, picked[0] == picked[1], must.Sprintf("picked %v", picked))
+		})
+	}
 }
