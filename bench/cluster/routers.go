@@ -37,17 +37,24 @@ func (s *sim) newRouters() error {
 	}
 	s.routers = []*router{{ws: s.ws, src: s.src, sel: s.sel}}
 	for i := 1; i < n; i++ {
-		r := &router{src: &source{events: s.src.events, approx: prefixindex.New(prefixindex.Config{TTL: int64(s.cfg.ApproxTTL)}),
-			inflight: newInflight(s.cfg)}}
+		// The oracle shares the first router's prefix source too (its
+		// approximate record and its record of decisions in flight): as
+		// if the routers were one.
+		r := &router{src: s.src}
+		if !s.cfg.ShareSignals {
+			r.src = &source{events: s.src.events, approx: prefixindex.New(prefixindex.Config{TTL: int64(s.cfg.ApproxTTL)}),
+				inflight: newInflight(s.cfg)}
+		}
 		for _, w := range s.workers {
+			sw := *w.sw
+			r.ws = append(r.ws, &sw)
+			if s.cfg.ShareSignals {
+				continue
+			}
+			sw.Live = scoring.NewLive()
 			if r.src.inflight != nil {
 				_ = r.src.inflight.AddWorker(w.id, 0)
 			}
-			sw := *w.sw
-			if !s.cfg.ShareSignals {
-				sw.Live = scoring.NewLive()
-			}
-			r.ws = append(r.ws, &sw)
 			if s.cfg.Learning != LearnEvents {
 				g := w.gpu
 				if err := r.src.approx.AddTieredWorker(w.id, prefixindex.Capacity{GPU: g.Blocks, CPU: g.CPUBlocks, Disk: g.DiskBlocks}); err != nil {
