@@ -36,7 +36,7 @@ func (a *App) initGateway() error {
 		Metrics: a.m, Gatherer: a.reg, Logger: a.log, Auth: a.auth,
 		MaxBodyBytes: a.cfg.MaxBodyBytes, BodyReadTimeout: a.cfg.BodyReadTimeout,
 		EjectAfter: a.cfg.EjectAfter, EjectFor: a.cfg.EjectFor, MaxLoadedAdapters: a.cfg.MaxLoadedAdapters,
-		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, OnAccept: a.record, Federation: a.fed,
+		Transport: a.engines, Prepare: tok.Prepare, OnPick: a.learn, OnAccept: a.record, OnRefuse: a.forget, Federation: a.fed,
 		TracerProvider: a.tracer, CORS: a.corsConfig(), ResponseIDKey: respKey,
 	})
 	if err != nil {
@@ -62,6 +62,19 @@ func (a *App) learn(_ context.Context, _ scoring.Config, req *scoring.Request, w
 	a.m.PrefixMatchedBlocks.WithLabelValues(w.Model).Add(float64(matched))
 	if a.cache.EventDriven(w.ID) {
 		a.cache.Record(w.ID, keys)
+	}
+}
+
+// forget is told every engine that did not take a request it was picked
+// for: an in-flight entry learn recorded for it is taken back, so that a
+// prompt an engine refuses is not credited to it (a client could otherwise
+// point other requests with that prefix at an engine that never computed
+// it, for up to the TTL). Entries of other requests with the same blocks on
+// that engine go too: they come back with its events.
+func (a *App) forget(_ context.Context, _ scoring.Config, req *scoring.Request, w *scoring.Worker) {
+	keys, _, ok := req.PrefixResult(w.ID)
+	if ok && len(keys) > 0 && a.cache.EventDriven(w.ID) {
+		a.cache.Forget(w.ID, keys)
 	}
 }
 

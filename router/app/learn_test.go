@@ -83,3 +83,49 @@ func TestAdvertisedCapacityClamped(t *testing.T) {
 	must.Greater(t, 8, requested)
 	must.Eq(t, 8, r.cache.ApproxIndex().WorkerEntries("huge"))
 }
+
+// An engine with KV events is credited with a routing decision at once (an
+// in-flight entry, before its events), and the credit is taken back when
+// the engine refuses the request: a client cannot point other requests with
+// a prefix at an engine that never computed it. An engine that accepts
+// keeps its entry.
+func TestInflightCreditTakenBackOnRefusal(t *testing.T) {
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"message":"prompt too long","type":"invalid_request_error","param":null,"code":null}}`)
+	}))
+	t.Cleanup(refusing.Close)
+	accepting := newEngine(t, 1, 0)
+	cfg := baseConfig(t, accepting.URL)
+	cfg.PolicyFile = policyFile(t, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`)
+	r := start(t, cfg)
+	// The static list first, then what a discovery source would deliver.
+	testutil.Eventually(t, 10*time.Second, "the static engine in the pool", func() bool {
+		return len(r.Pool().Workers("m")) == 1
+	})
+	// Event endpoints nobody publishes on: the engines are event-driven, their events never come.
+	events := func() string { return "tcp://" + testutil.FreeAddr(t) }
+	r.Pool().Set([]discovery.Instance{
+		{ID: "refusing", Address: strings.TrimPrefix(refusing.URL, "http://"),
+			Meta: map[string]string{"oasis_model": "refused", "oasis_engine": "sim", discovery.MetaKVEvents: events()}},
+		{ID: "accepting", Address: strings.TrimPrefix(accepting.URL, "http://"),
+			Meta: map[string]string{"oasis_model": "accepted", "oasis_engine": "sim", discovery.MetaKVEvents: events()}},
+	})
+	testutil.Eventually(t, 10*time.Second, "both engines event-driven in the cache state", func() bool {
+		return r.cache.EventDriven("refusing") && r.cache.EventDriven("accepting")
+	})
+
+	prompt := strings.Repeat("a long prompt the engine refuses every time it is sent ", 40)
+	body := fmt.Sprintf(`{"model":"refused","prompt":%q}`, prompt)
+	resp, err := http.Post(r.url("http")+"/v1/completions", "application/json", strings.NewReader(body))
+	must.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	must.Eq(t, http.StatusBadRequest, resp.StatusCode)
+	must.Eq(t, 0, r.cache.InflightIndex().WorkerEntries("refusing"), must.Sprint("the refused prompt is still credited"))
+
+	completePrompt(t, r.url("http"), "accepted", prompt)
+	must.Positive(t, r.cache.InflightIndex().WorkerEntries("accepting"))
+}

@@ -76,6 +76,10 @@ func TestInflightDecisionsWithEvents(t *testing.T) {
 	s.Record("a", k)
 	must.Eq(t, 3, matchBlocks(s, k, "a")) // before any event
 	must.Eq(t, 0, matchBlocks(s, k, "b"))
+	s.Forget("a", k) // a refused it: taken back
+	must.Eq(t, 0, matchBlocks(s, k, "a"))
+	s.Record("a", k)
+	must.Eq(t, 3, matchBlocks(s, k, "a"))
 
 	batch := kvevents.EventBatch{TS: 1, Events: []kvevents.Event{stored(nil, []kvevents.Hash{h(1), h(2), h(3)}, seq, "")}}
 	publishUntil(t, pub, batch, "b's events", func() bool { return matchBlocks(s, k, "b") == 3 })
@@ -87,6 +91,8 @@ func TestInflightDecisionsWithEvents(t *testing.T) {
 		}
 	}
 	must.Eq(t, 1, n)
+	s.Forget("b", k) // the in-flight entry goes; what b's events say stays
+	must.Eq(t, 3, matchBlocks(s, k, "b"))
 
 	// Past the TTL the next decision sweeps: a's unconfirmed entry goes,
 	// b keeps what its events say.

@@ -496,6 +496,21 @@ func (s *State) Record(id string, keys []uint64) {
 	s.approx.Expire(now)
 }
 
+// Forget takes back the in-flight entries of keys for engine id (an engine
+// with KV events that did not take the request Record credited it with).
+// The engine's own events are untouched.
+func (s *State) Forget(id string, keys []uint64) {
+	s.mu.Lock()
+	es, ok := s.engines[id]
+	s.mu.Unlock()
+	if !ok || !es.events || s.inflight == nil || len(keys) == 0 {
+		return
+	}
+	if err := s.inflight.Remove(id, prefixindex.TierGPU, keys, nil); err != nil {
+		s.log.Debug("taking back an in-flight routing decision", "engine", id, "error", err)
+	}
+}
+
 // Match returns every engine's longest held prefix of keys: from its events
 // or the approximate record (an engine is in only one of them), and for an
 // event-driven engine the longer of that and its in-flight decisions.

@@ -123,6 +123,9 @@ func (g *Gateway) forward(c *call, wk *scoring.Worker, mayRetry bool) (err error
 	defer timer.t.Stop()
 	sent := time.Now()
 	resp, err := rt.RoundTrip(up)
+	if err != nil || resp.StatusCode >= 400 {
+		g.refused(ctx, x, wk)
+	}
 	if err != nil {
 		if errors.Is(context.Cause(uctx), errResponseHeaderTimeout) {
 			g.m.UpstreamTimeouts.WithLabelValues(x.req.Model, "response_header").Inc()
@@ -296,4 +299,12 @@ type workerSeries struct {
 func isEventStream(h http.Header) bool {
 	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
 	return err == nil && mt == "text/event-stream"
+}
+
+// refused tells OnRefuse that wk did not take x's request (a local engine
+// only: another datacenter's router is not in this router's cache state).
+func (g *Gateway) refused(ctx context.Context, x *exchange, wk *scoring.Worker) {
+	if x.remote == nil && g.cfg.OnRefuse != nil {
+		g.cfg.OnRefuse(ctx, x.pol.Scoring, x.req, wk)
+	}
 }

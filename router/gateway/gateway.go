@@ -78,6 +78,10 @@ type Config struct {
 	// answer's head is a 2xx): approximate cache learning, which must not
 	// learn prompts an engine refused. On the request path: keep it short.
 	OnAccept func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
+	// OnRefuse, when set, is told every engine that did not take a request
+	// it was picked for (no answer, or an error status): what OnPick
+	// credited it with is taken back. On the request path: keep it short.
+	OnRefuse func(ctx context.Context, cfg scoring.Config, req *scoring.Request, w *scoring.Worker)
 
 	// CORS, when set, lets browser pages of its origins call the API
 	// (cors.go); nil: no CORS headers, preflights get 405.
