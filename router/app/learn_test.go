@@ -22,13 +22,7 @@ import (
 // prompts no engine cached (issue #33, item 4). A second engine that
 // accepts the same prompt is.
 func TestDecisionsLearnOnlyAcceptedPrompts(t *testing.T) {
-	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusBadRequest)
-		io.WriteString(w, `{"error":{"message":"prompt too long","type":"invalid_request_error","param":null,"code":null}}`)
-	}))
-	t.Cleanup(refusing.Close)
+	refusing := refusingEngine(t)
 	accepting := newEngine(t, 1, 0)
 	cfg := baseConfig(t)
 	cfg.Engines = []StaticEngine{
@@ -90,13 +84,7 @@ func TestAdvertisedCapacityClamped(t *testing.T) {
 // a prefix at an engine that never computed it. An engine that accepts
 // keeps its entry.
 func TestInflightCreditTakenBackOnRefusal(t *testing.T) {
-	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusBadRequest)
-		io.WriteString(w, `{"error":{"message":"prompt too long","type":"invalid_request_error","param":null,"code":null}}`)
-	}))
-	t.Cleanup(refusing.Close)
+	refusing := refusingEngine(t)
 	accepting := newEngine(t, 1, 0)
 	cfg := baseConfig(t, accepting.URL)
 	cfg.PolicyFile = policyFile(t, `{"policy":"weighted","weights":{"prefix":1,"load":0.1}}`)
@@ -128,4 +116,17 @@ func TestInflightCreditTakenBackOnRefusal(t *testing.T) {
 
 	completePrompt(t, r.url("http"), "accepted", prompt)
 	must.Positive(t, r.cache.InflightIndex().WorkerEntries("accepting"))
+}
+
+// refusingEngine answers every request 400, as an engine does a prompt over its context.
+func refusingEngine(t *testing.T) *httptest.Server {
+	t.Helper()
+	e := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"message":"prompt too long","type":"invalid_request_error","param":null,"code":null}}`)
+	}))
+	t.Cleanup(e.Close)
+	return e
 }
