@@ -48,6 +48,9 @@ package() {
 mkdir -p "$out"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
+# The licence check runs on this machine (built for it) and lists the modules of each target's build:
+# GOOS/GOARCH in its environment reach the `go list` it runs.
+go build -o "$stage/licensecheck" ./internal/licenses/cmd/licensecheck
 tarballs=()
 for arch in $arches; do
 	start=$SECONDS
@@ -60,7 +63,7 @@ for arch in $arches; do
 	# Oasis's own licence, and the licences of every module linked into these binaries
 	# (the check fails the build on a module Oasis may not link).
 	install -m 0644 LICENSE "$stage/$arch/LICENSE"
-	GOOS=linux GOARCH=$arch go run ./internal/licenses/cmd/licensecheck -notice "$stage/$arch/THIRD_PARTY_LICENSES" "${pkgs[@]}" >/dev/null
+	GOOS=linux GOARCH=$arch "$stage/licensecheck" -notice "$stage/$arch/THIRD_PARTY_LICENSES" "${pkgs[@]}" >/dev/null
 	chmod 0644 "$stage/$arch/THIRD_PARTY_LICENSES"
 	name="oasis_${version}_linux_${arch}.tar.gz"
 	package "$stage/$arch" "$out/$name"
