@@ -58,7 +58,8 @@ func BenchmarkProxyStreamingTokenIDs(b *testing.B) {
 
 // BenchmarkMigration measures what a migration costs a stream between two
 // oasis-sim engines at real-time speed (Llama-3-8B on an H100's step
-// times): a 2,000-token prompt, 64 tokens, the first engine cut after 32.
+// times): a 9,000-character prompt (3,601 tokens to oasis-sim's tokenizer), 64
+// tokens, the first engine cut after 32.
 // It reports the gap at the cut less the stream's median gap between two
 // tokens (added-ms), the tokens resent and, of them, those the new engine
 // had cached (its usage's cached_tokens): cold, the new engine never saw
