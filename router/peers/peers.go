@@ -163,11 +163,12 @@ func New(cfg Config) (*Peers, error) {
 		gossip: map[string]string{}, registered: map[string]string{}, loads: map[string]received{}, caps: map[string]int{},
 		granted: map[string]int{}}
 	p.m.PeersLive.Set(1)
-	p.m.PeersGossip.Set(1)
 	if cfg.CountOnly {
 		p.self = "self:" + cfg.Name
+		p.m.PeersGossip.Set(0) // no gossip at all
 		return p, nil
 	}
+	p.m.PeersGossip.Set(1)
 	mc, err := p.memberlistConfig()
 	if err != nil {
 		return nil, err

@@ -70,6 +70,9 @@ func (p *Peers) changedNow() {
 	p.mu.Lock()
 	ms, _ := p.live()
 	g := len(p.gossip) + 1
+	if p.cfg.CountOnly {
+		g = 0
+	}
 	p.mu.Unlock()
 	p.m.PeersLive.Set(float64(len(ms)))
 	p.m.PeersGossip.Set(float64(g))
