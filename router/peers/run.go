@@ -157,7 +157,7 @@ func (p *Peers) join() {
 // a router that cannot reach Consul keeps counting the peers it knew.
 func (p *Peers) watchConsul(ctx context.Context) {
 	var index uint64
-	node := ""
+	node, warned := "", false
 	for ctx.Err() == nil {
 		var err error
 		if node == "" && p.cfg.CountOnly {
@@ -178,6 +178,11 @@ func (p *Peers) watchConsul(ctx context.Context) {
 		}
 		index = max(meta.LastIndex, 1)
 		reg, self := p.registrations(entries, node)
+		if p.cfg.CountOnly && self == "" && len(reg) > 0 && !warned {
+			warned = true
+			p.log.Warn("none of the routers' registrations is this router's: it counts as one more router until one is (registered with -register, or on this Consul agent's node at one of its API ports)",
+				"node", node, "ports", p.cfg.Ports, "registrations", len(reg))
+		}
 		p.mu.Lock()
 		p.registered, p.members = reg, nil
 		if self != "" {
