@@ -288,15 +288,19 @@ mesh {
   engines = true
 }
 %{~endif}
-%{~if var.peers_enabled}
 
+
+# The node lets the router find its own registration (meta oasis_node) among the routers it
+# counts; without peers_enabled it keeps its even share of the limits (cap ÷ routers).
 peers {
+  node         = "{{ env "node.unique.id" }}"
+%{~if var.peers_enabled}
   listen       = "{{ env "NOMAD_IP_peers" }}:{{ env "NOMAD_PORT_peers" }}"
   key_file     = "{{ env "NOMAD_SECRETS_DIR" }}/peers-key"
   interval     = ${jsonencode(var.peers_interval)}
   min_interval = ${jsonencode(var.peers_min_interval)}
-}
 %{~endif}
+}
 %{~if var.federation_enabled}
 
 federation {

@@ -131,6 +131,10 @@ type Config struct {
 	// zero: peers.DefaultInterval, peers.DefaultMinInterval).
 	PeersInterval    time.Duration
 	PeersMinInterval time.Duration
+	// PeersNode (-peers-node) is the Nomad node id this router runs on:
+	// a registration with meta oasis_node equal to it is this router's
+	// (the job renders it; router/peers Config.Node).
+	PeersNode string
 
 	// The Consul service mesh (Connect): MeshService is the router's
 	// identity, from the local agent's leaf certificate for that service.

@@ -59,7 +59,7 @@ func (a *App) initPeers() error {
 		if a.consul == nil {
 			return nil // no Consul: no registrations to count
 		}
-		p, err := peers.New(peers.Config{Name: a.serviceID(), CountOnly: true, Ports: a.apiPorts(), Consul: a.consul,
+		p, err := peers.New(peers.Config{Name: a.serviceID(), CountOnly: true, Node: a.cfg.PeersNode, Ports: a.apiPorts(), Consul: a.consul,
 			Local: a.peerLoad, OnChange: a.peersChanged, Logger: a.log.Named("peers"), Metrics: a.m})
 		if err != nil {
 			return fmt.Errorf("counting the datacenter's routers: %w", err)

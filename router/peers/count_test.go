@@ -11,11 +11,11 @@ import (
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
-// startCounter runs a CountOnly Peers named name with API port port until
-// the test ends.
-func startCounter(t *testing.T, c *consulapi.Client, name string, port int) *Peers {
+// startCounter runs a CountOnly Peers named name with API port port (and
+// Nomad node id node) until the test ends.
+func startCounter(t *testing.T, c *consulapi.Client, name string, port int, node string) *Peers {
 	t.Helper()
-	p, err := New(Config{Name: name, CountOnly: true, Ports: []int{port}, Consul: c, Local: func() Load { return Load{} }})
+	p, err := New(Config{Name: name, CountOnly: true, Ports: []int{port}, Node: node, Consul: c, Local: func() Load { return Load{} }})
 	must.NoError(t, err)
 	must.Eq(t, "", p.Addr(), must.Sprint("no gossip listener"))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -42,10 +42,13 @@ func TestCountOnlyRoutersKeepTheirShare(t *testing.T) {
 	register(t, c, "_nomad-task-b-http", 9002, map[string]string{MetaNode: "node-b"})
 	register(t, c, "_nomad-task-b-mesh", 9102, map[string]string{MetaNode: "node-b"})
 	register(t, c, "_nomad-task-c-http", 9003, map[string]string{MetaNode: "node-c"})
+	// The job's router names itself after its loopback listener, not its
+	// registration's id: b is found on its Consul node at its port, c by
+	// its Nomad node id (-peers-node).
 	ps := []*Peers{
-		startCounter(t, c, "oasis-router-a", 9001),
-		startCounter(t, c, "oasis-router-127-0-0-1-9002", 9002), // the job's name is not its id: found by node and port
-		startCounter(t, c, "oasis-router-127-0-0-1-9003", 9003),
+		startCounter(t, c, "oasis-router-a", 9001, ""),
+		startCounter(t, c, "oasis-router-127-0-0-1-9002", 9002, ""),
+		startCounter(t, c, "oasis-router-127-0-0-1-8080", 0, "node-c"),
 	}
 	testutil.Eventually(t, 10*time.Second, "three routers counted", func() bool {
 		for _, p := range ps {
@@ -80,7 +83,7 @@ func TestCountOnlyRoutersKeepTheirShare(t *testing.T) {
 // the whole cap.
 func TestCountOnlyRouterAlone(t *testing.T) {
 	c, _ := testutil.StartConsul(t)
-	p := startCounter(t, c, "oasis-router-alone", 9001)
+	p := startCounter(t, c, "oasis-router-alone", 9001, "")
 	register(t, c, "oasis-router-alone", 9001, nil)
 	testutil.Eventually(t, 10*time.Second, "its own registration seen", func() bool {
 		p.mu.Lock()

@@ -73,10 +73,12 @@ type Config struct {
 	// share of every budget (ModelShare, KeyFraction), as a router cut
 	// off from its peers does. Bind, Advertise and Key are then unused.
 	CountOnly bool
-	// Ports are this router's API ports: with CountOnly, a registration of
-	// Service on this router's Consul agent's node with one of them is
-	// this router (as is one with the service id Name), so that it is not
-	// counted twice.
+	// With CountOnly, this router's own registrations (not to be counted
+	// twice) are the one with the service id Name (-register), those with
+	// meta MetaNode equal to Node (the Nomad node id the job renders), and
+	// those on this router's Consul agent's node at one of Ports, its API
+	// ports (when the token may read the agent).
+	Node  string
 	Ports []int
 	// Bind is the gossip listener, TCP and UDP on one port (default
 	// DefaultBind: loopback, any free port).

@@ -159,16 +159,12 @@ func (p *Peers) watchConsul(ctx context.Context) {
 	var index uint64
 	node, warned := "", false
 	for ctx.Err() == nil {
-		var err error
-		if node == "" && p.cfg.CountOnly {
-			node, err = p.cfg.Consul.Agent().NodeName()
+		if node == "" && p.cfg.CountOnly && p.cfg.Node == "" {
+			// Needs agent:read; without it only the other rules apply.
+			node, _ = p.cfg.Consul.Agent().NodeName()
 		}
-		var entries []*consulapi.ServiceEntry
-		var meta *consulapi.QueryMeta
-		if err == nil {
-			q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: time.Minute}).WithContext(ctx)
-			entries, meta, err = p.cfg.Consul.Health().Service(p.cfg.Service, "", true, q)
-		}
+		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: time.Minute}).WithContext(ctx)
+		entries, meta, err := p.cfg.Consul.Health().Service(p.cfg.Service, "", true, q)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.log.Warn("reading the routers' registrations from Consul failed; keeping the last view", "error", err)
@@ -180,8 +176,8 @@ func (p *Peers) watchConsul(ctx context.Context) {
 		reg, self := p.registrations(entries, node)
 		if p.cfg.CountOnly && self == "" && len(reg) > 0 && !warned {
 			warned = true
-			p.log.Warn("none of the routers' registrations is this router's: it counts as one more router until one is (registered with -register, or on this Consul agent's node at one of its API ports)",
-				"node", node, "ports", p.cfg.Ports, "registrations", len(reg))
+			p.log.Warn("none of the routers' registrations is this router's: it counts as one more router until one is (registered with -register, with meta oasis_node = -peers-node, or on this Consul agent's node at one of its API ports)",
+				"nomad_node", p.cfg.Node, "consul_node", node, "ports", p.cfg.Ports, "registrations", len(reg))
 		}
 		p.mu.Lock()
 		p.registered, p.members = reg, nil
@@ -230,9 +226,10 @@ func regKey(s *consulapi.AgentService) string {
 }
 
 // isSelf reports whether e is this router's registration: its own service
-// id, or one on this router's Consul agent's node at one of its API ports.
+// id, its Nomad node (Config.Node), or one on this router's Consul agent's
+// node at one of its API ports.
 func (p *Peers) isSelf(e *consulapi.ServiceEntry, node string) bool {
-	if e.Service.ID == p.cfg.Name {
+	if e.Service.ID == p.cfg.Name || (p.cfg.Node != "" && e.Service.Meta[MetaNode] == p.cfg.Node) {
 		return true
 	}
 	if e.Node == nil || node == "" || e.Node.Node != node {
