@@ -67,6 +67,8 @@ func renderConfig(t *testing.T, nomad, file, dest string, vars ...string) ([]str
 					return "/alloc/task/secrets"
 				case "attr.unique.network.ip-address", "NOMAD_IP_peers":
 					return "10.0.0.7"
+				case "node.unique.id":
+					return "node-7"
 				default:
 					must.True(t, strings.HasPrefix(name, "NOMAD_PORT_"), must.Sprintf("unexpected env %s", name))
 					return "20000"
@@ -93,7 +95,7 @@ func TestJobsRenderConfigFiles(t *testing.T) {
 			want: map[string]string{"listeners.api": "127.0.0.1:8080", "telemetry.tracing.sample_ratio": "0.05", "telemetry.tracing.otlp_endpoint": "",
 				"log_json": "true", "telemetry.metrics.power_from_nomad": "true", "discovery.consul_addr": "127.0.0.1:8500",
 				"policy.kv_prefix": "oasis/router", "policy.api_keys_kv": "false", "limits.max_connections": "4096",
-				"limits.max_connections_per_source": "1024", "discovery.hosted_upstreams": ""},
+				"limits.max_connections_per_source": "1024", "discovery.hosted_upstreams": "", "peers.node": "node-7"},
 			absent: []string{"tls.cert", "mesh.service", "federation.listen", "policy.response_id_key_file", "peers.listen"}},
 		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
 			vars: []string{"tls_enabled=true", "tls_mutual=true", "federation_enabled=true", "federation_dc=dc2", "otlp_endpoint=http://10.0.0.9:4318",
@@ -107,7 +109,11 @@ func TestJobsRenderConfigFiles(t *testing.T) {
 				"policy.response_id_key_file": "/alloc/task/secrets/response-id-key"}},
 		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
 			vars: []string{"peers_enabled=true"},
-			want: map[string]string{"peers.listen": "10.0.0.7:20000", "peers.key_file": "/alloc/task/secrets/peers-key"}},
+			want: map[string]string{"peers.listen": "10.0.0.7:20000", "peers.key_file": "/alloc/task/secrets/peers-key",
+				"peers.interval": "200ms", "peers.min_interval": "10ms"}},
+		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
+			vars: []string{"peers_enabled=true", "peers_interval=1s", "peers_min_interval=50ms"},
+			want: map[string]string{"peers.interval": "1s", "peers.min_interval": "50ms"}},
 		{file: "router.nomad.hcl", dest: "local/router.hcl", keys: router.ConfigKeys,
 			vars: []string{"mesh_enabled=true", "mesh_plain_listener=false", "federation_enabled=true"},
 			want: map[string]string{"listeners.api": "off", "mesh.service": "oasis-router", "mesh.listen": "127.0.0.1:20000", "mesh.engines": "true",

@@ -87,9 +87,31 @@ variable "response_id_key" {
 }
 
 variable "peers_enabled" {
-  description = "Share admission (max_in_flight), key limits and engine load with the datacenter's other routers (router/README.md \"Routers of a datacenter\"): gossip on the port peers at the node's address, encrypted with the key in the Nomad variable secrets_variable (item peers_key: base64 of 32 bytes, openssl rand -base64 32). Off, each router of this system job enforces the limits alone: N nodes admit N times them."
+  description = "Share admission (max_in_flight), key limits and engine load with the datacenter's other routers (router/README.md \"Routers of a datacenter\"): gossip on the port peers at the node's address, encrypted with the key in the Nomad variable secrets_variable (item peers_key: base64 of 32 bytes, openssl rand -base64 32). Off, each router counts the routers registered in Consul and enforces its even share of the limits (cap ÷ routers): the datacenter never admits more than the policy's limits, but slots do not move to the routers with the demand."
   type        = bool
   default     = false
+}
+
+variable "peers_interval" {
+  description = "With peers_enabled, the longest time between two load messages of a router (its heartbeat; at most 10s)."
+  type        = string
+  default     = "200ms"
+
+  validation {
+    condition     = regex_replace(var.peers_interval, "^[1-9][0-9]*(ms|s)$", "") == ""
+    error_message = "The peers_interval must be a whole number of ms or s, e.g. 200ms."
+  }
+}
+
+variable "peers_min_interval" {
+  description = "With peers_enabled, the shortest time between two load messages of a router: it sends its load as soon as its requests on an engine change, and changes within this time go out together (at most peers_interval)."
+  type        = string
+  default     = "10ms"
+
+  validation {
+    condition     = regex_replace(var.peers_min_interval, "^[1-9][0-9]*(ms|s)$", "") == ""
+    error_message = "The peers_min_interval must be a whole number of ms or s, e.g. 10ms."
+  }
 }
 
 variable "peers_port" {
@@ -266,13 +288,19 @@ mesh {
   engines = true
 }
 %{~endif}
-%{~if var.peers_enabled}
 
+
+# The node lets the router find its own registration (meta oasis_node) among the routers it
+# counts; without peers_enabled it keeps its even share of the limits (cap ÷ routers).
 peers {
-  listen   = "{{ env "NOMAD_IP_peers" }}:{{ env "NOMAD_PORT_peers" }}"
-  key_file = "{{ env "NOMAD_SECRETS_DIR" }}/peers-key"
-}
+  node         = "{{ env "node.unique.id" }}"
+%{~if var.peers_enabled}
+  listen       = "{{ env "NOMAD_IP_peers" }}:{{ env "NOMAD_PORT_peers" }}"
+  key_file     = "{{ env "NOMAD_SECRETS_DIR" }}/peers-key"
+  interval     = ${jsonencode(var.peers_interval)}
+  min_interval = ${jsonencode(var.peers_min_interval)}
 %{~endif}
+}
 %{~if var.federation_enabled}
 
 federation {

@@ -9,9 +9,13 @@ import (
 	"github.com/oasis-llm/oasis/router/scoring"
 )
 
+// DefaultPeerDelay is a load message's delivery time between two routers
+// of a datacenter: one UDP packet on a LAN, with memberlist's decryption.
+const DefaultPeerDelay = time.Millisecond
+
 // router is one of a datacenter's routers (Config.Routers > 1): its own
 // view of every worker (router-side in-flight and pending prefill, the
-// peers' part as of the last exchange), its own approximate prefix
+// peers' part as of their last messages), its own approximate prefix
 // records and its own Selector. The KV-event index is one for all: every
 // router subscribes to every engine's events, so with equal delivery delay
 // their event-fed views are the same.
@@ -19,7 +23,24 @@ type router struct {
 	ws  []*scoring.Worker // by worker index
 	src *source
 	sel *scoring.Selector
-	out peers.Outbox // prefix records for the next exchange
+	out peers.Outbox // prefix records for the next message
+
+	// When it sends (as peers.Peers.Run does), and when its pending
+	// evPeers fires (-1: none; an event for another time is superseded).
+	sched peers.Schedule
+	due   int64
+	// heard is each sender's last loads by worker index, sum their total
+	// (what peers.EngineLoads sums).
+	heard [][]peers.EngineLoad
+	sum   []peers.EngineLoad
+}
+
+// peerMsg is one router's message: its loads by worker index (with
+// ShareLoads) and its prefix records since its last message.
+type peerMsg struct {
+	from     int
+	loads    []peers.EngineLoad
+	prefixes []peers.Prefix
 }
 
 // newRouters builds the routers of Config.Routers > 1; the first is the
@@ -69,16 +90,45 @@ func (s *sim) newRouters() error {
 		s.routers = append(s.routers, r)
 	}
 	if s.cfg.ShareLoads || s.cfg.SharePrefixes {
-		s.push(event{t: int64(s.peerInterval()), kind: evPeers})
+		s.startPeers()
 	}
 	return nil
 }
 
-func (s *sim) peerInterval() time.Duration {
-	if s.cfg.PeerInterval > 0 {
-		return s.cfg.PeerInterval
+// startPeers sets each router's schedule and its change hook on its view
+// of every worker (what router/app does with worker.Live.OnChange), and
+// its first heartbeat, the routers' phases spread over one interval.
+func (s *sim) startPeers() {
+	iv, minIv := s.cfg.PeerInterval, s.cfg.PeerMinInterval
+	if iv <= 0 {
+		iv = peers.DefaultInterval
 	}
-	return peers.DefaultInterval
+	if minIv <= 0 {
+		minIv = min(peers.DefaultMinInterval, iv)
+	}
+	n := len(s.routers)
+	for i, r := range s.routers {
+		r.sched = peers.Schedule{Interval: iv, MinInterval: minIv}
+		r.heard = make([][]peers.EngineLoad, n)
+		r.sum = make([]peers.EngineLoad, len(s.workers))
+		for _, sw := range r.ws {
+			sw.Live.OnChange(func() { s.loadChanged(i) })
+		}
+		r.due = int64(iv) * int64(i) / int64(n)
+		s.push(event{t: r.due, kind: evPeers, w: int32(i)})
+	}
+}
+
+// loadChanged is router i's change hook: its next message is due at once,
+// or MinInterval after its last one.
+func (s *sim) loadChanged(i int) {
+	r := s.routers[i]
+	r.sched.Changed()
+	at := max(int64(r.sched.Next()), s.now)
+	if r.due < 0 || at < r.due {
+		r.due = at
+		s.push(event{t: at, kind: evPeers, w: int32(i)})
+	}
 }
 
 // routerOf is the router request idx arrives at: a uniform draw fixed by
@@ -124,55 +174,102 @@ func (s *sim) scoringWorkers(w *worker) []*scoring.Worker {
 }
 
 // recorded queues the deciding router's approximate record of keys on w
-// for its peers.
+// for its peers (a change, as peers.Peers.Routed).
 func (s *sim) recorded(w *worker, keys []uint64) {
 	if s.routers != nil && s.cfg.SharePrefixes {
 		s.routers[s.cur].out.Add(w.id, keys)
+		s.loadChanged(s.cur)
 	}
 }
 
-// exchange is one round of router/peers' messages: each router's
-// requests and pending prefill per worker become the others' SetPeers
-// (what peers.EngineLoads sums), and each router's prefix records since the
-// last round are stored in the others' approximate indexes.
-func (s *sim) exchange(now int64) {
+// sendLoad is router i's message at now, if it is still due then: its
+// requests and pending prefill per worker and its prefix records, to
+// every other router PeerDelay later; then its next heartbeat.
+func (s *sim) sendLoad(i int, now int64) {
+	r := s.routers[i]
+	if now != r.due {
+		return // superseded by an earlier send
+	}
+	m := &peerMsg{from: i}
+	wire := peers.Load{Engines: map[string]peers.EngineLoad{}}
 	if s.cfg.ShareLoads {
-		own := make([][]peers.EngineLoad, len(s.routers))
-		total := make([]peers.EngineLoad, len(s.workers))
-		for ri, r := range s.routers {
-			own[ri] = make([]peers.EngineLoad, len(s.workers))
-			for i, sw := range r.ws {
-				sig := sw.Live.Snapshot()
-				own[ri][i] = peers.EngineLoad{InFlight: sig.InFlight, PendingPrefill: sig.PendingPrefillTokens}
-				total[i].InFlight += sig.InFlight
-				total[i].PendingPrefill += sig.PendingPrefillTokens
-			}
-		}
-		for ri, r := range s.routers {
-			for i, sw := range r.ws {
-				sw.Live.SetPeers(total[i].InFlight-own[ri][i].InFlight, total[i].PendingPrefill-own[ri][i].PendingPrefill)
+		m.loads = make([]peers.EngineLoad, len(r.ws))
+		for k, sw := range r.ws {
+			sig := sw.Live.Snapshot()
+			m.loads[k] = peers.EngineLoad{InFlight: sig.InFlight, PendingPrefill: sig.PendingPrefillTokens}
+			if m.loads[k] != (peers.EngineLoad{}) {
+				wire.Engines[wireID(k)] = m.loads[k]
 			}
 		}
 	}
-	if !s.cfg.SharePrefixes {
-		return
-	}
-	sent := make([][]peers.Prefix, len(s.routers))
-	for i, r := range s.routers {
+	if s.cfg.SharePrefixes {
 		var dropped int
-		sent[i], dropped = r.out.Take()
+		m.prefixes, dropped = r.out.Take()
 		s.prefixDrops += dropped
 	}
-	for i, r := range s.routers {
-		for j, recs := range sent {
-			if j == i {
-				continue
+	// Priced as router/peers encodes it (Nomad-length engine ids).
+	recs := make([]peers.Prefix, len(m.prefixes))
+	for k, p := range m.prefixes {
+		recs[k] = peers.Prefix{Engine: wireID(s.workerIndex(p.Engine)), Keys: p.Keys}
+	}
+	if b, err := peers.Encode(fmt.Sprintf("oasis-router-10-0-%d-%d-8080", i/256, i%256), uint64(now)+1<<60, wire, recs); err == nil {
+		s.peerMessages++
+		s.peerBytes += int64(len(b))
+	}
+	delay := s.cfg.PeerDelay
+	if delay <= 0 {
+		delay = DefaultPeerDelay
+	}
+	s.push(event{t: now + int64(delay), kind: evPeerArrive, pm: m})
+	r.sched.Sent(time.Duration(now))
+	r.due = -1
+	if s.q.more() {
+		r.due = int64(r.sched.Next())
+		s.push(event{t: r.due, kind: evPeers, w: int32(i)})
+	}
+}
+
+// receiveLoad applies m at every other router: the sender's loads replace
+// its last ones in the receiver's SetPeers, its prefix records are stored
+// in the receiver's approximate index (peers.Config.OnPrefixes).
+func (s *sim) receiveLoad(m *peerMsg, now int64) {
+	for j, r := range s.routers {
+		if j == m.from {
+			continue
+		}
+		if m.loads != nil {
+			old := r.heard[m.from]
+			for k, l := range m.loads {
+				var o peers.EngineLoad
+				if old != nil {
+					o = old[k]
+				}
+				r.sum[k].InFlight += l.InFlight - o.InFlight
+				r.sum[k].PendingPrefill += l.PendingPrefill - o.PendingPrefill
+				r.ws[k].Live.SetPeers(r.sum[k].InFlight, r.sum[k].PendingPrefill)
 			}
-			for _, p := range recs {
-				_ = r.src.approx.Store(p.Engine, prefixindex.TierGPU, p.Keys, now)
-			}
+			r.heard[m.from] = m.loads
+		}
+		for _, p := range m.prefixes {
+			_ = r.src.approx.Store(p.Engine, prefixindex.TierGPU, p.Keys, now)
 		}
 	}
+}
+
+// wireID is a stand-in for worker k's Consul service id as long as the
+// ids Nomad registers (_nomad-task-<alloc id>-<group>-<task>-<service>-<port>).
+func wireID(k int) string {
+	return fmt.Sprintf("_nomad-task-%08x-0000-4000-8000-000000000000-engine-vllm-oasis-engine-http", k)
+}
+
+// workerIndex is the index of the worker with id.
+func (s *sim) workerIndex(id string) int {
+	for _, w := range s.workers {
+		if w.id == id {
+			return int(w.idx)
+		}
+	}
+	return -1
 }
 
 // routersResult fills the routers' part of r.
@@ -181,7 +278,7 @@ func (s *sim) routersResult(r *Result) {
 		return
 	}
 	r.Routers, r.ShareLoads, r.SharePrefixes, r.PrefixDrops = len(s.routers), s.cfg.ShareLoads, s.cfg.SharePrefixes, s.prefixDrops
-	r.ShareSignals = s.cfg.ShareSignals
+	r.ShareSignals, r.PeerMessages, r.PeerBytes = s.cfg.ShareSignals, s.peerMessages, s.peerBytes
 }
 
 // MaxTieSpread bounds how far SpreadTies moves an arrival: the trace's

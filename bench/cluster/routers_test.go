@@ -9,7 +9,7 @@ import (
 // request completes whatever they share; with approximate learning, each
 // router learning from only its own quarter of the decisions reuses less
 // cache than one router does, and sharing the prefix records (router/peers'
-// Outbox every 200 ms) wins most of it back; with KV events the routers'
+// Outbox, with each message) wins most of it back; with KV events the routers'
 // hit ratio matches one router's within a few points.
 func TestRouters(t *testing.T) {
 	reqs := Synthetic(SyntheticConfig{Groups: 8, PromptsPerGrp: 12, SystemBlocks: 4, UserBlocks: 1, Turns: 3, Zipf: 1.2,
@@ -41,6 +41,12 @@ func TestRouters(t *testing.T) {
 	alone := run(Config{Learning: LearnApprox, Routers: 4})
 	loads := run(Config{Learning: LearnApprox, Routers: 4, ShareLoads: true})
 	shared := run(Config{Learning: LearnApprox, Routers: 4, ShareLoads: true, SharePrefixes: true})
+	// The messages follow peers.Schedule: some, never more than one per
+	// router per min interval (10 ms), each priced.
+	perSec := float64(loads.PeerMessages) / 4 / loads.Makespan
+	if loads.PeerMessages == 0 || perSec > 100 || loads.PeerBytes < loads.PeerMessages*20 || alone.PeerMessages != 0 {
+		t.Errorf("messages: %d (%.1f a second per router), %d bytes; without sharing %d", loads.PeerMessages, perSec, loads.PeerBytes, alone.PeerMessages)
+	}
 	if alone.HitRatio >= one.HitRatio {
 		t.Errorf("4 routers learning alone hit %.3f, not below one router's %.3f", alone.HitRatio, one.HitRatio)
 	}

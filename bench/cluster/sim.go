@@ -128,8 +128,11 @@ type Config struct {
 	// arrivals; 0 or 1: one router. Oasis's own policies only, no
 	// Autoscale.
 	Routers int
-	// ShareLoads has the routers exchange their per-worker in-flight and
-	// pending prefill every PeerInterval, as router/peers does.
+	// ShareLoads has the routers send each other their per-worker
+	// in-flight and pending prefill when router/peers does: as soon as a
+	// router's own requests on a worker change, at most every
+	// PeerMinInterval, at least every PeerInterval (peers.Schedule),
+	// delivered PeerDelay later.
 	ShareLoads bool
 	// ShareSignals is the upper bound of sharing, which no router does:
 	// every router reads and writes one worker.Live per worker (its
@@ -137,11 +140,17 @@ type Config struct {
 	// routers' at once, instantly), as if the routers were one. Exclusive
 	// with ShareLoads and SharePrefixes.
 	ShareSignals bool
-	// SharePrefixes has them exchange their approximate prefix records
-	// (router/peers' Outbox) every PeerInterval too (approx learning).
+	// SharePrefixes has them send their approximate prefix records
+	// (router/peers' Outbox) with those messages too (approx learning); a
+	// record is a change, as peers.Peers.Routed makes it.
 	SharePrefixes bool
-	// PeerInterval between exchanges (0: peers.DefaultInterval).
-	PeerInterval time.Duration
+	// PeerInterval is the longest time between two messages of a router
+	// (0: peers.DefaultInterval), PeerMinInterval the shortest (0:
+	// peers.DefaultMinInterval), PeerDelay a message's delivery time (0:
+	// DefaultPeerDelay).
+	PeerInterval    time.Duration
+	PeerMinInterval time.Duration
+	PeerDelay       time.Duration
 }
 
 // DecodePowerBatch is the decode batch at which a step draws full power in the
@@ -209,6 +218,11 @@ type Result struct {
 	ShareSignals bool `json:"share_signals,omitempty"`
 	// PrefixDrops are prefix records the outbox bound dropped.
 	PrefixDrops int `json:"prefix_drops,omitempty"`
+	// PeerMessages are the load messages the routers sent (each to every
+	// other router), PeerBytes their size as router/peers encodes them
+	// (peers.Encode, with engine ids as long as Nomad's service ids).
+	PeerMessages int64 `json:"peer_messages,omitempty"`
+	PeerBytes    int64 `json:"peer_bytes,omitempty"`
 }
 
 // MeetsSLO reports TTFT p90 ≤ 2 s.
@@ -387,8 +401,10 @@ const (
 	// decision, and a started worker becoming routable.
 	evScale
 	evReady
-	// Routers of one datacenter (routers.go): their periodic exchange.
+	// Routers of one datacenter (routers.go): router w sends its load;
+	// a router's message reaches the others.
 	evPeers
+	evPeerArrive
 )
 
 type event struct {
@@ -400,12 +416,14 @@ type event struct {
 	idx  int32
 	msg  *kvevents.Message
 	sum  *summaryMsg
+	pm   *peerMsg
 }
 
 // periodic reports whether e recurs for as long as anything else is left to
 // simulate (it must not keep the simulation alive by itself).
 func (e event) periodic() bool {
-	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive || e.kind == evScale || e.kind == evPeers
+	return e.kind == evScrape || e.kind == evSummary || e.kind == evSummaryArrive || e.kind == evScale || e.kind == evPeers ||
+		e.kind == evPeerArrive
 }
 
 // queue is the event queue and virtual clock shared by the datacenters of
@@ -479,12 +497,14 @@ type sim struct {
 	peer     peer     // a peer policy (peers.go), nil for Oasis's own
 	matchBuf []prefixindex.Match
 	view     peerView // the decision in progress (peer policies)
-	now      int64    // the arrival being routed, ns
+	now      int64    // the arrival being routed, or the event handled, ns
 	// routers are the datacenter's routers when Config.Routers > 1
 	// (routers.go; nil: one, the fields above); cur is the one deciding.
 	routers     []*router
 	cur         int
 	prefixDrops int
+	// peerMessages and peerBytes are the routers' load messages (routers.go).
+	peerMessages, peerBytes int64
 
 	tpots []float64
 
@@ -699,6 +719,7 @@ func (s *sim) startScrapes() { s.push(event{t: int64(ScrapeInterval), kind: evSc
 
 // handle runs one event of this simulation other than an arrival.
 func (s *sim) handle(e event) error {
+	s.now = e.t
 	switch e.kind {
 	case evStepDone:
 		s.stepDone(s.workers[e.w], e.t)
@@ -712,10 +733,9 @@ func (s *sim) handle(e event) error {
 	case evReady:
 		s.fleet.ready(int(e.w), e.t)
 	case evPeers:
-		s.exchange(e.t)
-		if s.q.more() {
-			s.push(event{t: e.t + int64(s.peerInterval()), kind: evPeers})
-		}
+		s.sendLoad(int(e.w), e.t)
+	case evPeerArrive:
+		s.receiveLoad(e.pm, e.t)
 	case evDeliver:
 		w := s.workers[e.w]
 		m := *e.msg

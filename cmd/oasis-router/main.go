@@ -25,6 +25,7 @@ import (
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
 	"github.com/oasis-llm/oasis/router/gateway"
+	"github.com/oasis-llm/oasis/router/peers"
 )
 
 // runtimeFlags are the process-wide settings main applies itself.
@@ -168,6 +169,9 @@ func newFlagSet(c *app.Config, rt *runtimeFlags, lists *listFlags) *flag.FlagSet
 	fs.StringVar(&c.PeersListen, "peers-listen", "", "share admission and key rate limits with the datacenter's other routers: gossip (memberlist, TCP and UDP) on this host:port; peers are found through their Consul registrations of service oasis-router with meta oasis_peers (written by -register, or the job's service block; off by default)")
 	fs.StringVar(&c.PeersAdvertise, "peers-advertise", "", "host:port peers reach -peers-listen at, registered in Consul (default: the bound address)")
 	fs.StringVar(&c.PeersKeyFile, "peers-key-file", "", "file with the base64 gossip key (16, 24 or 32 bytes; e.g. rendered from a Nomad variable): gossip is encrypted and unencrypted messages refused; required unless -peers-listen is loopback")
+	fs.DurationVar(&c.PeersInterval, "peers-interval", peers.DefaultInterval, "with -peers-listen, the longest time between two of this router's load messages (the heartbeat sent without a change)")
+	fs.DurationVar(&c.PeersMinInterval, "peers-min-interval", peers.DefaultMinInterval, "with -peers-listen, the shortest time between two load messages: a router sends its load as soon as its requests on an engine change, changes within this time go out together (at most -peers-interval)")
+	fs.StringVar(&c.PeersNode, "peers-node", "", "the Nomad node id this router runs on (the job renders it): the routers' registration with meta oasis_node equal to it is this router's, so that counting the datacenter's routers counts it once")
 	fs.StringVar(&c.MeshService, "mesh-service", "", "join the Consul service mesh as this service (e.g. oasis-router): its Connect leaf certificate from the local agent is the router's identity for -mesh-listen, -mesh-engines and the federation link (the token needs service:write on it)")
 	fs.StringVar(&c.MeshListen, "mesh-listen", "", "serve the API Connect-native on this TCP host:port: callers present their mesh certificate and intentions decide who may call (needs -mesh-service)")
 	fs.BoolVar(&c.MeshEngines, "mesh-engines", false, "reach engines only through the mesh: their sidecar proxies (or Connect-native listeners) from Consul, dialled with the router's mesh certificate, each verified as the engine service (needs -mesh-service)")

@@ -325,6 +325,11 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"peers key of 5 bytes", func(c *Config) {
 			c.PeersListen, c.PeersKeyFile = "127.0.0.1:0", write("short.key", "c2hvcnQ=")
 		}, "-peers-key-file"},
+		{"peers interval negative", func(c *Config) { c.PeersListen, c.PeersInterval = "127.0.0.1:0", -time.Second }, "-peers-interval"},
+		{"peers interval over the bound", func(c *Config) { c.PeersListen, c.PeersInterval = "127.0.0.1:0", time.Minute }, "-peers-interval"},
+		{"peers min interval over the interval", func(c *Config) {
+			c.PeersListen, c.PeersInterval, c.PeersMinInterval = "127.0.0.1:0", 100*time.Millisecond, 200*time.Millisecond
+		}, "-peers-min-interval"},
 		{"mesh identity without Connect", func(c *Config) {
 			c.MeshService, c.ConsulAddr = "oasis-router", "127.0.0.1:1" // no Consul there: no leaf
 		}, "-mesh-service"},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/oasis-llm/oasis/router/cachestate"
 	"github.com/oasis-llm/oasis/router/discovery"
+	"github.com/oasis-llm/oasis/router/peers"
 )
 
 // Discovery sources of engines.
@@ -125,6 +126,15 @@ type Config struct {
 	PeersListen    string // -peers-listen: TCP and UDP host:port of the gossip listener
 	PeersAdvertise string // -peers-advertise: host:port registered for peers (default: the bound address)
 	PeersKeyFile   string // -peers-key-file: base64 gossip key, 16, 24 or 32 bytes (required off loopback)
+	// -peers-interval and -peers-min-interval: the longest and shortest
+	// time between two of this router's load messages (peers.Schedule;
+	// zero: peers.DefaultInterval, peers.DefaultMinInterval).
+	PeersInterval    time.Duration
+	PeersMinInterval time.Duration
+	// PeersNode (-peers-node) is the Nomad node id this router runs on:
+	// a registration with meta oasis_node equal to it is this router's
+	// (the job renders it; router/peers Config.Node).
+	PeersNode string
 
 	// The Consul service mesh (Connect): MeshService is the router's
 	// identity, from the local agent's leaf certificate for that service.
@@ -260,6 +270,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IndexWorkerMaxBlocks == 0 {
 		c.IndexWorkerMaxBlocks = cachestate.DefaultMaxWorkerBlocks
+	}
+	if c.PeersInterval == 0 {
+		c.PeersInterval = peers.DefaultInterval
+	}
+	if c.PeersMinInterval == 0 {
+		c.PeersMinInterval = min(peers.DefaultMinInterval, c.PeersInterval)
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()

@@ -50,6 +50,9 @@ var ConfigKeys = []agentconfig.Key{
 	{Block: "peers", Name: "listen", Flag: "peers-listen", Kind: agentconfig.String},
 	{Block: "peers", Name: "advertise", Flag: "peers-advertise", Kind: agentconfig.String},
 	{Block: "peers", Name: "key_file", Flag: "peers-key-file", Kind: agentconfig.String},
+	{Block: "peers", Name: "interval", Flag: "peers-interval", Kind: agentconfig.Duration},
+	{Block: "peers", Name: "min_interval", Flag: "peers-min-interval", Kind: agentconfig.Duration},
+	{Block: "peers", Name: "node", Flag: "peers-node", Kind: agentconfig.String},
 
 	{Block: "mesh", Name: "service", Flag: "mesh-service", Kind: agentconfig.String},
 	{Block: "mesh", Name: "listen", Flag: "mesh-listen", Kind: agentconfig.String},

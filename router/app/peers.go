@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
 	"github.com/oasis-llm/oasis/router/admission"
 	"github.com/oasis-llm/oasis/router/peers"
+	"github.com/oasis-llm/oasis/router/scoring"
 )
 
 // validatePeers checks the -peers-* flags.
@@ -18,6 +20,12 @@ func (c Config) validatePeers() error {
 			return flagErr("-peers-listen", "required with -peers-advertise and -peers-key-file")
 		}
 		return nil
+	}
+	switch {
+	case c.PeersInterval <= 0 || c.PeersInterval > peers.MaxInterval:
+		return flagErr("-peers-interval", "want more than 0 and at most %v, got %v", peers.MaxInterval, c.PeersInterval)
+	case c.PeersMinInterval <= 0 || c.PeersMinInterval > c.PeersInterval:
+		return flagErr("-peers-min-interval", "want more than 0 and at most -peers-interval (%v), got %v", c.PeersInterval, c.PeersMinInterval)
 	}
 	for _, a := range []struct{ flag, v string }{{"-peers-listen", c.PeersListen}, {"-peers-advertise", c.PeersAdvertise}} {
 		if a.v == "" {
@@ -40,10 +48,23 @@ func (a *App) initAdmission() error {
 // admission's max_in_flight and the keys' rate limits are split with them,
 // and their decisions for engines without KV events are recorded here
 // (cachestate.State.Record ignores engines with events and unknown ones).
-// After initServer: the router's name among them is its service id, from
+// Without it, a router that uses Consul still counts the datacenter's
+// live routers from their registrations and keeps its even share of those
+// budgets (peers.Config.CountOnly): a system job of N routers never admits
+// N times a cap. After initServer: the router's name among them
+// (gossipName, and the counting's Name) starts with its service id, from
 // the bound address.
 func (a *App) initPeers() error {
 	if a.cfg.PeersListen == "" {
+		if a.consul == nil {
+			return nil // no Consul: no registrations to count
+		}
+		p, err := peers.New(peers.Config{Name: a.serviceID(), CountOnly: true, Node: a.cfg.PeersNode, Ports: a.apiPorts(), Consul: a.consul,
+			Local: a.peerLoad, OnChange: a.peersChanged, Logger: a.log.Named("peers"), Metrics: a.m})
+		if err != nil {
+			return fmt.Errorf("counting the datacenter's routers: %w", err)
+		}
+		a.usePeers(p)
 		return nil
 	}
 	var key []byte
@@ -53,21 +74,56 @@ func (a *App) initPeers() error {
 			return flagErr("-peers-key-file", "%w", err)
 		}
 	}
-	p, err := peers.New(peers.Config{Name: a.serviceID(), Bind: a.cfg.PeersListen, Advertise: a.cfg.PeersAdvertise, Key: key,
-		Consul: a.consul, Local: a.peerLoad, OnChange: a.peersChanged, OnPrefixes: a.cache.Record, Logger: a.log.Named("peers"), Metrics: a.m})
+	p, err := peers.New(peers.Config{Name: a.gossipName(), Bind: a.cfg.PeersListen, Advertise: a.cfg.PeersAdvertise, Key: key,
+		Consul: a.consul, Local: a.peerLoad, OnChange: a.peersChanged, OnPrefixes: a.cache.Record, Logger: a.log.Named("peers"), Metrics: a.m,
+		Interval: a.cfg.PeersInterval, MinInterval: a.cfg.PeersMinInterval})
 	if err != nil {
 		return flagErr("-peers-listen", "%w", err)
 	}
-	a.peers = p
+	a.usePeers(p)
 	if !a.cfg.Register {
 		a.log.Info("peers find this router only through a registration of service oasis-router with meta oasis_peers (e.g. the Nomad job's service block)",
 			"oasis_peers", p.Addr())
 	}
+	// The load goes out as soon as this router's requests on an engine
+	// change (peers.Schedule), for engines found from now on too.
+	a.pool.OnChange(func(ws []*scoring.Worker) {
+		for _, w := range ws {
+			if w.Live != nil {
+				w.Live.OnChange(p.Changed)
+			}
+		}
+	})
+	for _, w := range a.pool.All() {
+		if w.Live != nil {
+			w.Live.OnChange(p.Changed)
+		}
+	}
+	return nil
+}
+
+// usePeers splits admission's caps and the keys' rates with p.
+func (a *App) usePeers(p *peers.Peers) {
+	a.peers = p
 	a.admission.Share = p.ModelShare
 	if a.auth != nil {
 		a.auth.Share = p.KeyFraction
 	}
-	return nil
+}
+
+// apiPorts are the ports of this router's API listeners (a registration
+// on its Consul node at one of them is its own).
+func (a *App) apiPorts() []int {
+	var out []int
+	for _, ln := range []net.Listener{a.ln, a.meshLn} {
+		if ln == nil {
+			continue
+		}
+		if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+			out = append(out, ta.Port)
+		}
+	}
+	return out
 }
 
 // peerLoad is what this router tells its peers: admission's counts and
@@ -137,9 +193,21 @@ func (a *App) serviceID() string {
 	return "oasis-router-" + strings.NewReplacer(":", "-", ".", "-").Replace(adv)
 }
 
+// gossipName is this router's name among its gossip peers: its service id
+// and its gossip address as configured, unique in the datacenter even
+// where every node's router listens on the same loopback address (the
+// Nomad job's default), which memberlist requires.
+func (a *App) gossipName() string {
+	addr := a.cfg.PeersAdvertise
+	if addr == "" {
+		addr = a.cfg.PeersListen
+	}
+	return a.serviceID() + "-gossip-" + strings.NewReplacer(":", "-", ".", "-", "[", "", "]", "").Replace(addr)
+}
+
 // peersMeta is the registration's meta with the gossip address, or nil.
 func (a *App) peersMeta() map[string]string {
-	if a.peers == nil {
+	if a.peers == nil || a.peers.Addr() == "" {
 		return nil
 	}
 	return map[string]string{peers.MetaAddr: a.peers.Addr()}

@@ -10,7 +10,7 @@ type Peers struct {
 	// Consul registrations.
 	PeersLive prometheus.Gauge
 	// PeersGossip is the number of routers this one exchanges load with
-	// (gossip members alive, this one included).
+	// (gossip members alive, this one included); 0 without gossip.
 	PeersGossip prometheus.Gauge
 	// PeerMessages counts load messages from peers, by result (ok|rejected).
 	PeerMessages *prometheus.CounterVec // result
@@ -32,7 +32,7 @@ func newPeers(reg prometheus.Registerer) Peers {
 		PeersLive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_router_peers_live",
 			Help: "Routers of the datacenter budgets are split over, this one included (gossip members alive ∪ passing Consul registrations)."}),
 		PeersGossip: prometheus.NewGauge(prometheus.GaugeOpts{Name: "oasis_router_peers_gossip",
-			Help: "Routers this one exchanges load with over gossip, this one included."}),
+			Help: "Routers this one exchanges load with over gossip, this one included; 0 without gossip (-peers-listen off: the routers are only counted)."}),
 		PeerMessages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "oasis_router_peer_messages_total",
 			Help: "Load messages received from peer routers, by result (ok|rejected)."}, []string{"result"}),
 		AdmissionShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "oasis_router_admission_share",

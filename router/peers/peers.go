@@ -6,8 +6,11 @@
 // oasis-router, the gossip address in meta MetaAddr, which the router writes
 // with -register or the Nomad job's service block does) and join a
 // memberlist cluster; a router is known by its gossip address, so a
-// registration and a gossip member with the same address are one router: membership and failure detection are memberlist's (SWIM), and
-// every Interval each router sends its Load to every member it knows. The
+// registration and a gossip member with the same address are one router:
+// membership and failure detection are memberlist's (SWIM). Each router
+// sends its Load to every member it knows as soon as its own requests on an
+// engine change (Changed), at most once per MinInterval, and at least every
+// Interval (Schedule). The
 // routers budgets are split over are the union of the gossip members alive
 // and the passing Consul registrations: a router cut off from gossip but
 // still registered keeps counting, so its peers never hand out its part, and
@@ -35,12 +38,22 @@ import (
 
 // Defaults.
 const (
-	DefaultService    = "oasis-router"
-	DefaultBind       = "127.0.0.1:0"
-	DefaultInterval   = 200 * time.Millisecond
+	DefaultService  = "oasis-router"
+	DefaultBind     = "127.0.0.1:0"
+	DefaultInterval = 200 * time.Millisecond
+	// DefaultMinInterval is the shortest time between two load messages
+	// of one router (bench/cluster measures the choice: BENCHMARKS.md,
+	// "Routers of a datacenter").
+	DefaultMinInterval = 10 * time.Millisecond
+	// MaxInterval bounds Interval: StaleAfter must outlast a few of them.
+	MaxInterval       = 10 * time.Second
 	DefaultStaleAfter = 2 * time.Second
 	// MetaAddr is the Consul service meta key of a router's gossip address.
 	MetaAddr = "oasis_peers"
+	// MetaNode is the Consul service meta key of the Nomad node a router
+	// runs on (the system job's service blocks set it): registrations
+	// with one node are one router (its API and its mesh listener).
+	MetaNode = "oasis_node"
 )
 
 // Errors of New.
@@ -55,6 +68,18 @@ type Config struct {
 	// Name is this router's gossip node name, unique in the datacenter
 	// (required; the router passes its Consul service id).
 	Name string
+	// CountOnly runs no gossip: this router only counts the datacenter's
+	// live routers from their Consul registrations and keeps its even
+	// share of every budget (ModelShare, KeyFraction), as a router cut
+	// off from its peers does. Bind, Advertise and Key are then unused.
+	CountOnly bool
+	// With CountOnly, this router's own registrations (not to be counted
+	// twice) are the one with the service id Name (-register), those with
+	// meta MetaNode equal to Node (the Nomad node id the job renders), and
+	// those on this router's Consul agent's node at one of Ports, its API
+	// ports (when the token may read the agent).
+	Node  string
+	Ports []int
 	// Bind is the gossip listener, TCP and UDP on one port (default
 	// DefaultBind: loopback, any free port).
 	Bind string
@@ -68,8 +93,8 @@ type Config struct {
 	Consul *consulapi.Client
 	// Service is the routers' Consul service (default DefaultService).
 	Service string
-	// Local is this router's load, asked every Interval (required; called
-	// without locks held).
+	// Local is this router's load, asked for each message (required;
+	// called without locks held).
 	Local func() Load
 	// OnChange is called after a peer's load or the set of live routers
 	// changed (from Run's goroutine).
@@ -78,10 +103,16 @@ type Config struct {
 	// (Routed there): an event-less engine's id and the keys it was sent
 	// (called without locks held, from memberlist's goroutine).
 	OnPrefixes func(engine string, keys []uint64)
-	// Interval between load messages (default DefaultInterval).
+	// Interval is the longest time between two load messages: sent
+	// without a change, they are the heartbeat (default DefaultInterval).
 	Interval time.Duration
+	// MinInterval is the shortest time between two load messages: changes
+	// within it go out together (default DefaultMinInterval; at most
+	// Interval).
+	MinInterval time.Duration
 	// StaleAfter: a peer's load older than this is unknown (default
-	// DefaultStaleAfter).
+	// DefaultStaleAfter, or 10 × Interval when longer; at least 2 ×
+	// Interval).
 	StaleAfter time.Duration
 
 	Logger  hclog.Logger     // nil: no logs
@@ -97,12 +128,13 @@ type Peers struct {
 	m       *metrics.Metrics
 	ml      *memberlist.Memberlist
 	changed chan struct{}
+	dirty   chan struct{} // Changed: this router's load changed
 	closed  atomic.Bool
 
 	mu         sync.Mutex
-	self       string            // this router's gossip address (Addr)
+	self       string            // this router's key in the split: its gossip address (Addr); with CountOnly its registration's regKey
 	gossip     map[string]string // alive gossip members but this one: name → address
-	registered map[string]string // passing Consul registrations: service id → gossip address ("" without)
+	registered map[string]string // passing Consul registrations by router (regKey) → gossip address ("" without)
 	members    []member          // live's answer, nil when gossip or registered changed
 	selfAt     int
 	loads      map[string]received // by name
@@ -129,9 +161,16 @@ func New(cfg Config) (*Peers, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Peers{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, changed: make(chan struct{}, 1),
+	p := &Peers{cfg: cfg, log: cfg.Logger, m: cfg.Metrics, changed: make(chan struct{}, 1), dirty: make(chan struct{}, 1),
 		gossip: map[string]string{}, registered: map[string]string{}, loads: map[string]received{}, caps: map[string]int{},
 		granted: map[string]int{}}
+	p.m.PeersLive.Set(1)
+	if cfg.CountOnly {
+		p.self = "self:" + cfg.Name
+		p.m.PeersGossip.Set(0) // no gossip at all
+		return p, nil
+	}
+	p.m.PeersGossip.Set(1)
 	mc, err := p.memberlistConfig()
 	if err != nil {
 		return nil, err
@@ -140,8 +179,6 @@ func New(cfg Config) (*Peers, error) {
 		return nil, fmt.Errorf("peers: starting gossip on %s: %w", cfg.Bind, err)
 	}
 	p.self = p.Addr()
-	p.m.PeersLive.Set(1)
-	p.m.PeersGossip.Set(1)
 	return p, nil
 }
 
@@ -162,11 +199,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Service == "" {
 		c.Service = DefaultService
 	}
-	if c.Interval <= 0 {
+	if c.Interval == 0 {
 		c.Interval = DefaultInterval
 	}
-	if c.StaleAfter <= 0 {
-		c.StaleAfter = DefaultStaleAfter
+	if c.MinInterval == 0 {
+		c.MinInterval = min(DefaultMinInterval, c.Interval)
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = max(DefaultStaleAfter, 10*c.Interval)
 	}
 	switch {
 	case c.Name == "" || len(c.Name) > maxNameBytes:
@@ -175,6 +215,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: Consul is required", ErrConfig)
 	case c.Local == nil:
 		return c, fmt.Errorf("%w: Local is required", ErrConfig)
+	case c.Interval < 0 || c.Interval > MaxInterval:
+		return c, fmt.Errorf("%w: Interval: want up to %v, got %v", ErrConfig, MaxInterval, c.Interval)
+	case c.MinInterval < 0 || c.MinInterval > c.Interval:
+		return c, fmt.Errorf("%w: MinInterval: want from 0 to Interval (%v), got %v", ErrConfig, c.Interval, c.MinInterval)
+	case c.StaleAfter < 2*c.Interval:
+		return c, fmt.Errorf("%w: StaleAfter: want at least twice Interval (%v), got %v", ErrConfig, c.Interval, c.StaleAfter)
 	case c.Key != nil && len(c.Key) != 16 && len(c.Key) != 24 && len(c.Key) != 32:
 		return c, fmt.Errorf("%w: Key: want 16, 24 or 32 bytes, got %d", ErrConfig, len(c.Key))
 	}
@@ -182,7 +228,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err != nil {
 		return c, fmt.Errorf("%w: Bind: %w", ErrConfig, err)
 	}
-	if ip := net.ParseIP(host); c.Key == nil && (ip == nil || !ip.IsLoopback()) {
+	if ip := net.ParseIP(host); !c.CountOnly && c.Key == nil && (ip == nil || !ip.IsLoopback()) {
 		return c, ErrInsecure
 	}
 	return c, nil
@@ -226,19 +272,32 @@ func splitPort(hostport string) (string, int, error) {
 }
 
 // Addr is the gossip address peers reach this router at (register it as
-// meta MetaAddr).
+// meta MetaAddr); "" with CountOnly.
 func (p *Peers) Addr() string {
+	if p.ml == nil {
+		return ""
+	}
 	n := p.ml.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 
 // Close leaves the gossip cluster and stops its listener.
 func (p *Peers) Close() error {
-	if p.closed.Swap(true) {
+	if p.closed.Swap(true) || p.ml == nil {
 		return nil
 	}
 	err := p.ml.Leave(time.Second)
 	return errors.Join(err, p.ml.Shutdown())
+}
+
+// Changed tells Peers that this router's load changed (a request began or
+// ended on an engine, its first token came, a prefix record was queued):
+// Run sends the load as Schedule allows. It never blocks.
+func (p *Peers) Changed() {
+	select {
+	case p.dirty <- struct{}{}:
+	default:
+	}
 }
 
 // notify asks Run to call OnChange.
@@ -276,6 +335,9 @@ func (p *Peers) computeLive() ([]member, int) {
 		key := addr
 		if key == "" {
 			key = "consul:" + id
+		}
+		if p.cfg.CountOnly {
+			key = id // one key space: regKey's
 		}
 		if _, ok := set[key]; !ok {
 			set[key] = ""

@@ -52,10 +52,15 @@ func (o *Outbox) Take() (recs []Prefix, dropped int) {
 }
 
 // Routed queues a decision for an engine without KV events for the next
-// message to the peers (their Config.OnPrefixes): the router calls it
+// message to the peers (their Config.OnPrefixes), which it hastens
+// (Changed): the router calls it
 // where it records the decision itself (cachestate.State.Record).
 func (p *Peers) Routed(engine string, keys []uint64) {
+	if p.cfg.CountOnly {
+		return
+	}
 	p.mu.Lock()
 	p.out.Add(engine, keys)
 	p.mu.Unlock()
+	p.Changed()
 }

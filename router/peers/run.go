@@ -2,7 +2,6 @@ package peers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"sync"
@@ -15,8 +14,9 @@ import (
 )
 
 // Run watches the routers' Consul registrations, joins their gossip, and
-// sends this router's load every Interval until ctx ends; then it leaves
-// the cluster (Close).
+// sends this router's load when Schedule says (on change, at most every
+// MinInterval; at least every Interval) until ctx ends; then it leaves the
+// cluster (Close).
 func (p *Peers) Run(ctx context.Context) error {
 	defer p.Close()
 	var wg sync.WaitGroup
@@ -25,8 +25,16 @@ func (p *Peers) Run(ctx context.Context) error {
 	defer cancel()
 	wg.Add(1)
 	go func() { defer wg.Done(); p.watchConsul(ctx) }()
-	tick := time.NewTicker(p.cfg.Interval)
+	// Housekeeping: joins (at most once a second) and stale loads.
+	tick := time.NewTicker(min(p.cfg.Interval, time.Second))
 	defer tick.Stop()
+	start := time.Now()
+	sched := Schedule{Interval: p.cfg.Interval, MinInterval: p.cfg.MinInterval}
+	send := time.NewTimer(0)
+	defer send.Stop()
+	if p.cfg.CountOnly {
+		send.Stop() // no gossip: nothing to send
+	}
 	lastJoin := time.Time{}
 	for {
 		select {
@@ -34,9 +42,20 @@ func (p *Peers) Run(ctx context.Context) error {
 			return nil
 		case <-p.changed:
 			p.changedNow()
-		case now := <-tick.C:
+		case <-p.dirty:
+			if p.cfg.CountOnly {
+				continue
+			}
+			sched.Changed()
+			send.Reset(max(sched.Next()-time.Since(start), 0))
+		case <-send.C:
 			p.broadcast()
-			if now.Sub(lastJoin) >= time.Second {
+			sched.Sent(time.Since(start))
+			send.Reset(max(sched.Next()-time.Since(start), 0))
+			// This router's own claim in the split changed.
+			p.changedNow()
+		case now := <-tick.C:
+			if now.Sub(lastJoin) >= time.Second && !p.cfg.CountOnly {
 				lastJoin = now
 				p.join()
 			}
@@ -51,6 +70,9 @@ func (p *Peers) changedNow() {
 	p.mu.Lock()
 	ms, _ := p.live()
 	g := len(p.gossip) + 1
+	if p.cfg.CountOnly {
+		g = 0
+	}
 	p.mu.Unlock()
 	p.m.PeersLive.Set(float64(len(ms)))
 	p.m.PeersGossip.Set(float64(g))
@@ -69,9 +91,9 @@ func (p *Peers) broadcast() {
 	if dropped > 0 {
 		p.log.Debug("prefix records over a message's bound were dropped", "dropped", dropped, "bound_keys", MaxPrefixKeys)
 	}
-	msg, err := json.Marshal(message{Name: p.cfg.Name, Seq: uint64(time.Now().UnixNano()), Load: load, Prefixes: prefixes})
-	if err != nil || len(msg) > maxMessageBytes {
-		p.log.Error("this router's load does not fit a message; not sent", "bytes", len(msg), "error", err)
+	msg, err := Encode(p.cfg.Name, uint64(time.Now().UnixNano()), load, prefixes)
+	if err != nil {
+		p.log.Error("this router's load does not fit a message; not sent", "error", err)
 		return
 	}
 	for _, n := range p.ml.Members() {
@@ -131,12 +153,16 @@ func (p *Peers) join() {
 }
 
 // watchConsul keeps registered equal to the passing registrations of the
-// routers' service, with blocking queries (a gossip address longer than a
-// host:port is ignored: the registration counts by its id). On errors the last view stays:
+// routers' service, with blocking queries. On errors the last view stays:
 // a router that cannot reach Consul keeps counting the peers it knew.
 func (p *Peers) watchConsul(ctx context.Context) {
 	var index uint64
+	node, warned := "", false
 	for ctx.Err() == nil {
+		if node == "" && p.cfg.CountOnly && p.cfg.Node == "" {
+			// Needs agent:read; without it only the other rules apply.
+			node, _ = p.cfg.Consul.Agent().NodeName()
+		}
 		q := (&consulapi.QueryOptions{WaitIndex: index, WaitTime: time.Minute}).WithContext(ctx)
 		entries, meta, err := p.cfg.Consul.Health().Service(p.cfg.Service, "", true, q)
 		if err != nil {
@@ -146,25 +172,75 @@ func (p *Peers) watchConsul(ctx context.Context) {
 			}
 			continue
 		}
-		index = meta.LastIndex
-		if index < 1 {
-			index = 1
-		}
-		reg := make(map[string]string, len(entries))
-		for _, e := range entries {
-			if e.Service != nil && e.Service.ID != "" && len(e.Service.ID) <= maxNameBytes {
-				addr := e.Service.Meta[MetaAddr]
-				if _, _, err := net.SplitHostPort(addr); err != nil || len(addr) > maxNameBytes {
-					addr = ""
-				}
-				reg[e.Service.ID] = addr
-			}
+		index = max(meta.LastIndex, 1)
+		reg, self := p.registrations(entries, node)
+		if p.cfg.CountOnly && self == "" && len(reg) > 0 && !warned {
+			warned = true
+			p.log.Warn("none of the routers' registrations is this router's: it counts as one more router until one is (registered with -register, with meta oasis_node = -peers-node, or on this Consul agent's node at one of its API ports)",
+				"nomad_node", p.cfg.Node, "consul_node", node, "ports", p.cfg.Ports, "registrations", len(reg))
 		}
 		p.mu.Lock()
 		p.registered, p.members = reg, nil
+		if self != "" {
+			p.self = self
+		}
 		p.mu.Unlock()
 		p.notify()
 	}
+}
+
+// registrations are the routers entries register, by regKey, with their
+// gossip address (a gossip address longer than a host:port is ignored),
+// and, with CountOnly, the key of this router's own (isSelf; "" when not
+// found): its key in the split, so that all routers order it alike.
+func (p *Peers) registrations(entries []*consulapi.ServiceEntry, node string) (map[string]string, string) {
+	reg := make(map[string]string, len(entries))
+	self := ""
+	for _, e := range entries {
+		if e.Service == nil || e.Service.ID == "" || len(e.Service.ID) > maxNameBytes {
+			continue
+		}
+		key := regKey(e.Service)
+		addr := e.Service.Meta[MetaAddr]
+		if _, _, err := net.SplitHostPort(addr); err != nil || len(addr) > maxNameBytes {
+			addr = ""
+		}
+		if addr != "" || reg[key] == "" {
+			reg[key] = addr
+		}
+		if p.cfg.CountOnly && p.isSelf(e, node) {
+			self = key
+		}
+	}
+	return reg, self
+}
+
+// regKey tells routers apart among the registrations: the Nomad node in
+// meta MetaNode (a system job's router registers its API and its mesh
+// listener: one router), else the service id.
+func regKey(s *consulapi.AgentService) string {
+	if n := s.Meta[MetaNode]; n != "" && len(n) <= maxNameBytes {
+		return "node:" + n
+	}
+	return s.ID
+}
+
+// isSelf reports whether e is this router's registration: its own service
+// id, its Nomad node (Config.Node), or one on this router's Consul agent's
+// node at one of its API ports.
+func (p *Peers) isSelf(e *consulapi.ServiceEntry, node string) bool {
+	if e.Service.ID == p.cfg.Name || (p.cfg.Node != "" && e.Service.Meta[MetaNode] == p.cfg.Node) {
+		return true
+	}
+	if e.Node == nil || node == "" || e.Node.Node != node {
+		return false
+	}
+	for _, port := range p.cfg.Ports {
+		if port > 0 && e.Service.Port == port {
+			return true
+		}
+	}
+	return false
 }
 
 // receive applies a peer's message.
@@ -221,6 +297,7 @@ func (e events) NotifyJoin(n *memberlist.Node) {
 	e.p.mu.Unlock()
 	e.p.log.Info("peer joined", "peer", n.Name, "address", n.Address())
 	e.p.notify()
+	e.p.Changed() // the new peer gets this router's load now, not at the next heartbeat
 }
 
 func (e events) NotifyLeave(n *memberlist.Node) {

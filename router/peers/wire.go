@@ -69,6 +69,20 @@ type message struct {
 	Prefixes []Prefix `json:"p,omitempty"`
 }
 
+// Encode is the message a router sends its peers: its name, a sequence
+// number that grows with each message, its load and its prefix records
+// since the last message. It fails past the bound peers accept.
+func Encode(name string, seq uint64, l Load, prefixes []Prefix) ([]byte, error) {
+	b, err := json.Marshal(message{Name: name, Seq: seq, Load: l, Prefixes: prefixes})
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxMessageBytes {
+		return nil, fmt.Errorf("%w: %d bytes, over %d", ErrMessage, len(b), maxMessageBytes)
+	}
+	return b, nil
+}
+
 // decode parses and checks a peer's message; errors wrap ErrMessage and
 // name the field at fault.
 func decode(b []byte) (message, error) {

@@ -62,6 +62,7 @@ func (p *prefillState) observe(work int64, d time.Duration) {
 // FirstToken when its first token arrives, or Cancel when no first-token time
 // will be seen (failure, non-streaming response); either ends it, once.
 type Prefill struct {
+	live   *Live
 	st     *prefillState
 	tokens int64
 	ahead  int64 // pending tokens when it was sent, its own excluded
@@ -75,7 +76,8 @@ type Prefill struct {
 func (l *Live) StartPrefill(tokens int64) *Prefill {
 	tokens = max(tokens, 0)
 	ahead := l.prefill.pending.Add(tokens) - tokens
-	return &Prefill{st: &l.prefill, tokens: tokens, ahead: ahead}
+	l.changed()
+	return &Prefill{live: l, st: &l.prefill, tokens: tokens, ahead: ahead}
 }
 
 // FirstToken ends the prefill and teaches the worker's rate: the tokens that
@@ -87,6 +89,7 @@ func (p *Prefill) FirstToken(ttft time.Duration) {
 	p.once.Do(func() {
 		p.st.pending.Add(-p.tokens)
 		p.st.observe(p.ahead+p.tokens, ttft)
+		p.live.changed()
 	})
 }
 
@@ -95,7 +98,7 @@ func (p *Prefill) Cancel() {
 	if p == nil {
 		return
 	}
-	p.once.Do(func() { p.st.pending.Add(-p.tokens) })
+	p.once.Do(func() { p.st.pending.Add(-p.tokens); p.live.changed() })
 }
 
 // EstimatedTTFT is the time the worker needs before it can return the first

@@ -178,6 +178,7 @@ type Live struct {
 	peerInFlight   atomic.Int64 // SetPeers
 	peerPending    atomic.Int64
 	ejectedUntil   atomic.Int64 // unix ns; the worker is out of routing before it
+	onChange       atomic.Pointer[func()]
 
 	mu sync.RWMutex
 	s  Signals // engine and power fields only
@@ -195,6 +196,26 @@ func (l *Live) Attached() any { return l.attached.Load() }
 // NewLive returns empty live signals.
 func NewLive() *Live { return &Live{} }
 
+// OnChange sets f to be called after this router's own requests on the
+// worker change: Begin, Enter and their ends, StartPrefill, and a
+// prefill's FirstToken or Cancel (router/peers sends the load to the
+// datacenter's other routers on change). f runs on the caller's goroutine
+// and must not block; nil removes it.
+func (l *Live) OnChange(f func()) {
+	if f == nil {
+		l.onChange.Store(nil)
+		return
+	}
+	l.onChange.Store(&f)
+}
+
+// changed calls OnChange's function.
+func (l *Live) changed() {
+	if f := l.onChange.Load(); f != nil {
+		(*f)()
+	}
+}
+
 // SetPeers sets what the datacenter's other routers have in flight to the
 // worker and their pending prefill tokens on it (router/peers).
 func (l *Live) SetPeers(inFlight, pendingPrefill int64) {
@@ -206,11 +227,13 @@ func (l *Live) SetPeers(inFlight, pendingPrefill int64) {
 func (l *Live) Begin(tokens int64) (end func()) {
 	l.inFlight.Add(1)
 	l.inFlightTokens.Add(tokens)
+	l.changed()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			l.inFlight.Add(-1)
 			l.inFlightTokens.Add(-tokens)
+			l.changed()
 		})
 	}
 }
@@ -219,12 +242,14 @@ func (l *Live) Begin(tokens int64) (end func()) {
 func (l *Live) Enter(tokens int64) {
 	l.inFlight.Add(1)
 	l.inFlightTokens.Add(tokens)
+	l.changed()
 }
 
 // Leave ends what Enter(tokens) began.
 func (l *Live) Leave(tokens int64) {
 	l.inFlight.Add(-1)
 	l.inFlightTokens.Add(-tokens)
+	l.changed()
 }
 
 // AddGenerated counts completion tokens an engine reported in a usage object.

@@ -37,3 +37,31 @@ func TestSignalsAddPeers(t *testing.T) {
 	s = l.Snapshot()
 	must.Eq(t, int64(0), s.PeerInFlight, must.Sprint("never negative"))
 }
+
+// OnChange is called after each change of the router's own requests on the
+// worker (what router/peers sends on), and not for the peers' or the
+// engine's figures.
+func TestOnChangeFollowsOwnRequests(t *testing.T) {
+	l := NewLive()
+	calls := 0
+	var seen []int64 // in flight + pending prefill, as the hook saw them
+	l.OnChange(func() {
+		calls++
+		s := l.Snapshot()
+		seen = append(seen, s.InFlight*1000+s.PendingPrefillTokens)
+	})
+	end := l.Begin(10)
+	pf := l.StartPrefill(100)
+	l.SetPeers(5, 500)
+	l.SetEngine(1, 0, 0.5, time.Time{})
+	pf.FirstToken(time.Second)
+	pf.Cancel() // already ended: no change
+	end()
+	end() // once
+	l.Enter(1)
+	l.Leave(1)
+	must.Eq(t, []int64{1000, 1100, 1000, 0, 1000, 0}, seen)
+	l.OnChange(nil)
+	l.Begin(1)()
+	must.Eq(t, 6, calls)
+}

@@ -60,6 +60,9 @@ peers {
   listen    = "" # set (with listeners.register) to share admission and key limits with the datacenter's routers
   advertise = ""
   key_file  = "" # base64 gossip key; required unless listen is loopback
+  interval     = "200ms" # the longest time between two load messages (heartbeat)
+  min_interval = "10ms"  # the shortest: a router sends on change, at most this often
+  node         = ""      # the Nomad node id: the registration with meta oasis_node = it is this router's
 }
 
 mesh {

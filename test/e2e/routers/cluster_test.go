@@ -105,6 +105,18 @@ func startCluster(t *testing.T, n int, e *engine, policy, keys string) *cluster 
 // startRouters runs one router per -engines value, as startCluster.
 func startRouters(t *testing.T, policy, keys string, engines ...string) *cluster {
 	t.Helper()
+	c := newCluster(t, policy, keys, true)
+	for _, e := range engines {
+		c.start(e)
+	}
+	c.waitGossip(len(engines))
+	return c
+}
+
+// newCluster is a cluster of no router yet: its Consul agent and the
+// routers' flags, gossip among them with peers.
+func newCluster(t *testing.T, policy, keys string, peers bool) *cluster {
+	t.Helper()
 	_, consulAddr := testutil.StartConsul(t)
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policy.json")
@@ -113,16 +125,15 @@ func startRouters(t *testing.T, policy, keys string, engines ...string) *cluster
 	must.NoError(t, os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))+"\n"), 0o600))
 	c := &cluster{t: t, consul: consulAddr, args: []string{"-discovery", "static",
 		"-policy-file", pol, "-consul-addr", consulAddr, "-register", "-scrape-interval", "0", "-log-level", "warn",
-		"-peers-listen", "127.0.0.1:0", "-peers-key-file", keyFile, "-shutdown-timeout", "5s"}}
+		"-shutdown-timeout", "5s"}}
+	if peers {
+		c.args = append(c.args, "-peers-listen", "127.0.0.1:0", "-peers-key-file", keyFile)
+	}
 	if keys != "" {
 		kf := filepath.Join(dir, "keys.json")
 		must.NoError(t, os.WriteFile(kf, []byte(keys), 0o600))
 		c.args = append(c.args, "-api-keys-file", kf)
 	}
-	for _, e := range engines {
-		c.start(e)
-	}
-	c.waitGossip(len(engines))
 	return c
 }
 

@@ -45,6 +45,31 @@ func TestMaxInFlightHoldsAcrossRouters(t *testing.T) {
 	must.Eq(t, int64(bursts*3*per), e.served.Load())
 }
 
+// Without gossip (the Nomad job's default: no -peers-listen), each router
+// counts the routers registered in Consul and keeps its share of the cap:
+// 3 routers, max_in_flight k, bursts through all three: the engine never
+// runs more than k (each router alone would let k through: 3k).
+func TestRoutersWithoutGossipKeepTheirShare(t *testing.T) {
+	const k, per, bursts = 6, 6, 5
+	e := newEngine(t, 50*time.Millisecond)
+	c := newCluster(t, fmt.Sprintf(`{"policy":"round_robin","admission":{"max_in_flight":%d,"max_queue":100,"queue_timeout":"30s"}}`, k), "", false)
+	for range 3 {
+		c.start("m=" + strings.TrimPrefix(e.URL, "http://"))
+	}
+	c.waitLive(c.routers, 3)
+	worst := int64(0)
+	for range bursts {
+		e.peak.Store(0)
+		must.Eq(t, map[int]int{http.StatusOK: 3 * per}, burst(c.routers, per))
+		worst = max(worst, e.peak.Load())
+	}
+	t.Logf("max_in_flight %d, 3 routers without gossip, %d bursts of %d requests: engine peak %d", k, bursts, 3*per, worst)
+	must.LessEq(t, int64(k), worst)
+	for _, r := range c.routers {
+		must.Eq(t, 0.0, r.metric("oasis_router_peers_gossip", nil), must.Sprint("no gossip"))
+	}
+}
+
 // A key limited to r requests a second (burst b) across 3 routers: the
 // requests admitted stay within b + r·T (+1 per router: a router's bucket
 // holds at least one token).

@@ -3,7 +3,8 @@
 // router per node, each receiving its share of the arrivals) and compares
 // throughput at SLO and hit ratio with 1, 4 and 16 routers, with KV events
 // and with approximate learning, with the routers' shared state off, loads
-// shared (router/peers' exchange every 200 ms) and, for approximate
+// shared (router/peers' messages: on change, at most every 10 ms, at
+// least every 200 ms) and, for approximate
 // learning, prefix records shared too. Writes a table (stdout) and
 // routers.json.
 //
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/oasis-llm/oasis/bench/cluster"
+	"github.com/oasis-llm/oasis/router/peers"
 )
 
 func main() {
@@ -40,7 +42,9 @@ var (
 	scales   = flag.String("scales", "1,2,4", "rate scales swept before bisection")
 	bisect   = flag.Int("bisect", 4, "bisection steps for the highest rate meeting the SLO")
 	maxScale = flag.Float64("max-scale", 64, "bisection: highest rate scale tried")
-	interval = flag.Duration("interval", 200*time.Millisecond, "the routers' exchange interval (router/peers' default)")
+	interval = flag.Duration("interval", peers.DefaultInterval, "the longest time between two load messages of a router (router/peers' -peers-interval)")
+	minIv    = flag.Duration("min-interval", peers.DefaultMinInterval, "the shortest time between two load messages of a router: it sends on change (router/peers' -peers-min-interval)")
+	delay    = flag.Duration("peer-delay", cluster.DefaultPeerDelay, "a load message's delivery time")
 	limit    = flag.Int("limit", 0, "use only the first N requests (0: all)")
 	parallel = flag.Int("parallel", runtime.NumCPU(), "configurations bisected at once")
 	outDir   = flag.String("out", "bench/out", "directory for routers.json")
@@ -64,7 +68,9 @@ type report struct {
 	Weights  map[string]float64 `json:"weights,omitempty"` // nil: the policy's defaults
 	Requests int                `json:"requests"`
 	Workers  int                `json:"workers"`
-	Interval string             `json:"exchange_interval"`
+	Interval string             `json:"interval"`
+	MinIv    string             `json:"min_interval"`
+	Delay    string             `json:"peer_delay"`
 	SLO      cluster.RoutingSLO `json:"slo"`
 	Rows     []row              `json:"rows"`
 }
@@ -113,7 +119,7 @@ func run() error {
 		return err
 	}
 	relate(rows)
-	rep := report{Weights: w, Trace: *trace, Requests: len(reqs), Workers: *workers, Interval: interval.String(), SLO: slo, Rows: rows}
+	rep := report{Weights: w, Trace: *trace, Requests: len(reqs), Workers: *workers, Interval: interval.String(), MinIv: minIv.String(), Delay: delay.String(), SLO: slo, Rows: rows}
 	write(rep)
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		return err
@@ -165,7 +171,7 @@ func bisectRow(r row, reqs []*cluster.Request, swept []float64, slo cluster.Rout
 	cfg := cluster.Config{GPUs: gpus, Policy: cluster.PolicyOasis, Weights: weights, Learning: r.Learning, BlockSize: 16, Seed: 1,
 		Routers: r.Routers, ShareLoads: strings.HasPrefix(r.Sharing, "loads"), SharePrefixes: r.Sharing == "loads+prefixes",
 		ShareSignals: r.Sharing == "oracle",
-		PeerInterval: *interval}
+		PeerInterval: *interval, PeerMinInterval: *minIv, PeerDelay: *delay}
 	at := func(scale float64) (cluster.Result, error) {
 		c := cfg
 		c.RateScale = scale
@@ -200,14 +206,24 @@ func relate(rows []row) {
 }
 
 func write(rep report) {
-	fmt.Printf("%s, %d requests, %d H100 workers, exchange every %s; SLO TTFT p90 <= %.1f s, TPOT p90 <= %.0f ms\n",
-		rep.Trace, rep.Requests, rep.Workers, rep.Interval, rep.SLO.TTFTP90, rep.SLO.TPOTP90*1000)
+	fmt.Printf("%s, %d requests, %d H100 workers, load messages on change, every %s to %s, delivered in %s; SLO TTFT p90 <= %.1f s, TPOT p90 <= %.0f ms\n",
+		rep.Trace, rep.Requests, rep.Workers, rep.MinIv, rep.Interval, rep.Delay, rep.SLO.TTFTP90, rep.SLO.TPOTP90*1000)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "routers\tlearning\tsharing\trate at SLO r/s\tvs 1 router\thit\tTTFT p90 s\tfailed at scale\t\n")
+	fmt.Fprintf(tw, "routers\tlearning\tsharing\trate at SLO r/s\tvs 1 router\thit\tTTFT p90 s\tfailed at scale\tmsgs/s/router\tbytes/msg\t\n")
 	for _, r := range rep.Rows {
 		b := r.Bisection
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t\n", r.Routers, r.Learning, r.Sharing, b.Best.Rate, r.VsOne,
-			b.Best.HitRatio, b.Best.TTFTP90, b.FailScale)
+		rate, size := gossipCost(b.Best)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%.0f\t\n", r.Routers, r.Learning, r.Sharing, b.Best.Rate, r.VsOne,
+			b.Best.HitRatio, b.Best.TTFTP90, b.FailScale, rate, size)
 	}
 	tw.Flush()
+}
+
+// gossipCost is a run's load messages a second per router (each goes to
+// every other router) and their mean size in bytes.
+func gossipCost(r cluster.Result) (perSecond, bytes float64) {
+	if r.PeerMessages == 0 || r.Routers == 0 || r.Makespan <= 0 {
+		return 0, 0
+	}
+	return float64(r.PeerMessages) / float64(r.Routers) / r.Makespan, float64(r.PeerBytes) / float64(r.PeerMessages)
 }
