@@ -25,7 +25,7 @@ const DefaultRecompute = 8.0
 // Lower than κ so a hot prefix's early followers may replicate it (as they
 // did before the router recorded its decisions), while a session's next
 // turn still waits for its holder. Measured with KV events and the in-flight
-// record from 1, 2, 3, 4, 6 and 8 (BENCHMARKS.md, "Where a peer wins, and
+// record from 0, 1, 2, 3, 4, 6 and 8 (BENCHMARKS.md, "Where a peer wins, and
 // why"): 2 is the smallest that keeps the training families' throughput at
 // SLO at 16 mixed and 64 GPUs (agentic at 64 GPUs: 166.0 at 1, 221.3 at 2,
 // 110.6 at 4), and it recovers mixed short/long (84.8 → 118.7 req/s at 16)
