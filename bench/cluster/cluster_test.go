@@ -7,6 +7,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/blockdigest"
 	"github.com/oasis-llm/oasis/router/cachestate"
+	"github.com/oasis-llm/oasis/router/scoring"
 )
 
 // A small synthetic shared-prefix workload through the real router code:
@@ -239,5 +240,33 @@ func TestInflightRecordKeepsNewPrefixes(t *testing.T) {
 	}
 	if recorded.TTFTP90 >= alone.TTFTP90 {
 		t.Errorf("oasis: with the in-flight record TTFT p90 %.2f s, not below events alone's %.2f s", recorded.TTFTP90, alone.TTFTP90)
+	}
+}
+
+// Mixed short and long prompts with KV events: a group's system prompt is
+// in flight on its first worker while the next requests of the group
+// arrive. Charged as a confirmed copy (κ_f = κ) they all stay there until
+// its queue reaches (1 + κ) times the prompt; charged κ_f (the default)
+// the hot prompt is replicated sooner and the TTFT tail shortens
+// (BENCHMARKS.md, "Where a peer wins, and why").
+func TestInflightChargeReplicatesHotPrefixes(t *testing.T) {
+	reqs, err := LoadSpec("gen:mixed:n=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Keys(reqs, "m", 16); err != nil {
+		t.Fatal(err)
+	}
+	run := func(kappaF float64) Result {
+		r, err := Run(Config{Policy: PolicyOasis, InflightRecompute: kappaF, GPUs: Heterogeneous(16), RateScale: 24, Model: "m"}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("κ_f %v: hit %.3f TTFT p90 %.3f s imbalance %.2f", kappaF, r.HitRatio, r.TTFTP90, r.Imbalance)
+		return r
+	}
+	full, def := run(scoring.DefaultRecompute), run(0)
+	if def.TTFTP90 >= full.TTFTP90 {
+		t.Errorf("κ_f default: TTFT p90 %.2f s, not below κ_f = κ's %.2f s", def.TTFTP90, full.TTFTP90)
 	}
 }

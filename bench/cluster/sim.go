@@ -105,6 +105,10 @@ type Config struct {
 	// scoring.DefaultRecompute; negative: none, this request's wait alone).
 	Recompute float64
 	ApproxTTL time.Duration
+	// InflightRecompute is the ttft term's κ_f, for tokens only the router's
+	// in-flight record holds (oasis policy, KV events; 0: the default,
+	// scoring.DefaultInflightRecompute; negative: none).
+	InflightRecompute float64
 	// InflightTTL is how long Oasis's router counts a decision to an engine
 	// with KV events as held before the events confirm it, as
 	// cachestate.Config.InflightTTL (0: cachestate.DefaultInflightTTL;
@@ -668,6 +672,9 @@ func (s *sim) newSelector(src *source, seed uint64) (*scoring.Selector, error) {
 	ttft := scoring.NewTTFTTerm(term)
 	if s.cfg.Policy == PolicyOasis && s.cfg.Recompute != 0 {
 		ttft.Recompute = max(s.cfg.Recompute, 0)
+	}
+	if s.cfg.Policy == PolicyOasis && s.cfg.InflightRecompute != 0 {
+		ttft.InflightRecompute = max(s.cfg.InflightRecompute, 0)
 	}
 	reg, err := scoring.NewRegistry(append(scoring.BuiltinTerms(), term, ttft)...)
 	if err != nil {

@@ -48,7 +48,10 @@ type InflightMatcher struct {
 
 // Match appends inflight's matches of keys to out, except that a worker
 // already in out[start:] keeps one entry: the longer match of the two (by
-// tier-weighted blocks, then blocks). A nil inflight leaves out as it is.
+// tier-weighted blocks, then blocks). A match that the in-flight record
+// lengthens (or adds) counts its blocks past the confirmed match in
+// Inflight, so a term can tell a copy the engine has computed from one the
+// router only sent. A nil inflight leaves out as it is.
 func (m *InflightMatcher) Match(inflight *prefixindex.Index, keys []uint64, w prefixindex.TierWeights,
 	out []prefixindex.Match, start int) []prefixindex.Match {
 	if inflight == nil {
@@ -56,6 +59,9 @@ func (m *InflightMatcher) Match(inflight *prefixindex.Index, keys []uint64, w pr
 	}
 	held := len(out)
 	out = inflight.Match(keys, w, out)
+	for i := held; i < len(out); i++ {
+		out[i].Inflight = out[i].Blocks
+	}
 	if held == start || len(out) == held {
 		return out
 	}
@@ -78,6 +84,7 @@ func (m *InflightMatcher) Match(inflight *prefixindex.Index, keys []uint64, w pr
 			continue
 		}
 		if longer(f, out[i]) {
+			f.Inflight = max(0, f.Blocks-out[i].Blocks)
 			out[i] = f
 		}
 	}

@@ -17,18 +17,24 @@ func TestInflightMatcherFolds(t *testing.T) {
 	m := func(w string, blocks int, weighted float64) prefixindex.Match {
 		return prefixindex.Match{Worker: w, Blocks: blocks, Weighted: weighted, GPUBlocks: blocks}
 	}
+	// f is m with the blocks past the confirmed match counted as in flight.
+	f := func(w string, blocks int, weighted float64, inflight int) prefixindex.Match {
+		r := m(w, blocks, weighted)
+		r.Inflight = inflight
+		return r
+	}
 	cases := []struct {
 		name     string
 		held     []prefixindex.Match // in out, from start (after one unrelated entry)
 		inflight map[string]int      // worker → blocks recorded in flight
 		want     []prefixindex.Match
 	}{
-		{"in flight only", nil, map[string]int{"a": 3}, []prefixindex.Match{m("a", 3, 3)}},
+		{"in flight only", nil, map[string]int{"a": 3}, []prefixindex.Match{f("a", 3, 3, 3)}},
 		{"held only", []prefixindex.Match{m("a", 2, 2)}, nil, []prefixindex.Match{m("a", 2, 2)}},
-		{"in flight longer", []prefixindex.Match{m("a", 1, 1)}, map[string]int{"a": 3}, []prefixindex.Match{m("a", 3, 3)}},
+		{"in flight longer", []prefixindex.Match{m("a", 1, 1)}, map[string]int{"a": 3}, []prefixindex.Match{f("a", 3, 3, 2)}},
 		{"held longer", []prefixindex.Match{m("a", 3, 3)}, map[string]int{"a": 2}, []prefixindex.Match{m("a", 3, 3)}},
 		{"held in a lower tier, in flight as long", []prefixindex.Match{m("a", 3, 1)}, map[string]int{"a": 3}, []prefixindex.Match{m("a", 3, 3)}},
-		{"two workers", []prefixindex.Match{m("a", 3, 3)}, map[string]int{"a": 1, "b": 2}, []prefixindex.Match{m("a", 3, 3), m("b", 2, 2)}},
+		{"two workers", []prefixindex.Match{m("a", 3, 3)}, map[string]int{"a": 1, "b": 2}, []prefixindex.Match{m("a", 3, 3), f("b", 2, 2, 2)}},
 	}
 	keys := []uint64{11, 12, 13}
 	for _, tc := range cases {

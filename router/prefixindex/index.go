@@ -811,6 +811,11 @@ type Match struct {
 	Weighted float64
 	// GPUBlocks counts matched blocks held in GPU memory.
 	GPUBlocks int
+	// Inflight counts the matched blocks, at the end of the prefix, that no
+	// engine has confirmed: the router recorded them on a decision it sent
+	// and the engine's KV events have not reported them yet
+	// (cachestate.InflightMatcher sets it; an Index's own Match leaves 0).
+	Inflight int
 }
 
 // matchScratch is one Match's working memory, pooled so that a routing

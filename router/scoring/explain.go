@@ -75,5 +75,5 @@ func (r *Request) PrefixMatchOn(worker string) (PrefixMatch, bool) {
 		return PrefixMatch{}, false
 	}
 	h := r.prefixHits[worker]
-	return PrefixMatch{Blocks: h.keys, Matched: h.blocks, GPUBlocks: h.gpu}, true
+	return PrefixMatch{Blocks: h.keys, Matched: h.blocks, GPUBlocks: int(h.gpu)}, true
 }

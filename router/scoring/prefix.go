@@ -179,7 +179,8 @@ func (t *PrefixTerm) match(ctx context.Context, req *Request, workers []*Worker)
 			if len(keys) > 0 {
 				for _, m := range sc.matches {
 					if m.Worker == wj.ID {
-						h.blocks, h.weighted, h.gpu = m.Blocks, m.Weighted, m.GPUBlocks
+						h.blocks, h.weighted = m.Blocks, m.Weighted
+						h.gpu, h.inflight = int32(m.GPUBlocks), int32(m.Inflight) // at most the prompt's blocks
 						break
 					}
 				}

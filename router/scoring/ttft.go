@@ -19,13 +19,28 @@ const DefaultTTFTScale = 250 * time.Millisecond
 // library"; router/README.md).
 const DefaultRecompute = 8.0
 
+// DefaultInflightRecompute is the ttft term's κ_f (see TTFTTerm): the
+// charge for recomputing tokens that only an in-flight copy holds (the
+// router sent them and the engine's KV events have not confirmed them).
+// Lower than κ so a hot prefix's early followers may replicate it (as they
+// did before the router recorded its decisions), while a session's next
+// turn still waits for its holder. Measured with KV events and the in-flight
+// record from 0, 1, 2, 3, 4, 6 and 8 (BENCHMARKS.md, "Where a peer wins, and
+// why"): 2 is the smallest that keeps the training families' throughput at
+// SLO at 16 mixed and 64 GPUs (agentic at 64 GPUs: 166.0 at 1, 221.3 at 2,
+// 110.6 at 4), and it recovers mixed short/long (84.8 → 118.7 req/s at 16)
+// and RAG at 64 GPUs (387.5 → 516.6).
+const DefaultInflightRecompute = 2.0
+
 // TTFTTerm ("ttft") prefers the worker that will return the request's first
 // token soonest, by the router's own prefill model of each worker, and
 // charges a worker that would recompute what another holds for the work
 // that adds:
 //
-//	est_i  = (pending_i + uncached_i + κ·(uncached_i − min_j uncached_j)) / rate_i + adapter_i
+//	est_i  = (pending_i + uncached_i + charge_i) / rate_i + adapter_i
 //	ttft_i = (τ + min_j est_j) / (τ + est_i)
+//	charge_i = κ·max(0, uncached_i − C) + κ_f·max(0, min(uncached_i, C) − A)
+//	C = min_j confirmed-uncached_j,  A = min_j uncached_j
 //
 // pending_i is the uncached prompt tokens the router has sent to worker i and
 // not yet seen a first token for, uncached_i is this prompt less the prefix
@@ -47,6 +62,18 @@ const DefaultRecompute = 8.0
 // session to an idle worker that recomputes the whole context, which raises
 // every worker's queue and moves more sessions.
 //
+// κ_f (InflightRecompute) is the charge for tokens that only an in-flight
+// copy holds: with KV events the router also counts the prompts it sent
+// and the engine has not yet confirmed (cachestate.InflightMatcher,
+// prefixindex.Match.Inflight), and confirmed-uncached_j counts only the
+// engine's own report. A worker is charged κ for what a confirmed holder
+// has and κ_f for what is held only in flight. With κ for both, every
+// request that follows a new prefix stayed on its first worker until that
+// worker's queue reached (1 + κ) times the prefix: a hot prefix (a RAG
+// document, a group's system prompt) was not replicated early, and the
+// holder's queue grew (RAG at 64 GPUs: imbalance 2.42 → 3.30). Without
+// KV events (approximate learning) every match counts as confirmed.
+//
 // A worker that would first have to load the LoRA adapter the request names
 // (Request.AdapterLoad) adds the load time to est_i, so an adapter request
 // goes to an engine that holds the adapter, or is loading it, until that
@@ -63,12 +90,16 @@ type TTFTTerm struct {
 	// Recompute is κ; zero, less or NaN charges nothing beyond this
 	// request's wait (NewTTFTTerm sets DefaultRecompute).
 	Recompute float64
+	// InflightRecompute is κ_f, charged instead of κ for tokens only an
+	// in-flight copy holds; zero, less or NaN charges nothing for them
+	// (NewTTFTTerm sets DefaultInflightRecompute).
+	InflightRecompute float64
 }
 
 // NewTTFTTerm returns the term over the prefix term's match, with the
-// default κ.
+// default κ and κ_f.
 func NewTTFTTerm(prefix *PrefixTerm) *TTFTTerm {
-	return &TTFTTerm{Prefix: prefix, Recompute: DefaultRecompute}
+	return &TTFTTerm{Prefix: prefix, Recompute: DefaultRecompute, InflightRecompute: DefaultInflightRecompute}
 }
 
 func (*TTFTTerm) Name() string { return "ttft" }
@@ -113,22 +144,29 @@ func (t *TTFTTerm) Score(ctx context.Context, req *Request, workers []*Worker, o
 }
 
 // chargedTokens writes into out the prompt tokens each worker's estimate
-// counts: its uncached tokens plus κ times those of them the best-matching
-// candidate holds.
+// counts: its uncached tokens plus κ times those of them a confirmed holder
+// has and κ_f times those only an in-flight holder has.
 func (t *TTFTTerm) chargedTokens(req *Request, workers []*Worker, out []float64) {
-	minUn := int64(-1)
+	minUn, minAll := int64(-1), -1.0
 	for i, w := range workers {
-		un := uncached(req, w)
-		out[i] = float64(un)
-		if minUn < 0 || un < minUn {
+		out[i] = float64(uncached(req, w))
+		if un := unconfirmed(req, w); minUn < 0 || un < minUn {
 			minUn = un
+		}
+		if minAll < 0 || out[i] < minAll {
+			minAll = out[i]
 		}
 	}
 	if !(t.Recompute > 0) { // zero, negative or NaN: no charge
 		return
 	}
+	kf := t.InflightRecompute
+	if !(kf > 0) {
+		kf = 0
+	}
+	conf := float64(minUn)
 	for i := range out[:len(workers)] {
-		out[i] += t.Recompute * (out[i] - float64(minUn))
+		out[i] += t.Recompute*max(0, out[i]-conf) + kf*max(0, min(out[i], conf)-minAll)
 	}
 }
 

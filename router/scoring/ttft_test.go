@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oasis-llm/oasis/router/prefixindex"
 	"github.com/shoenig/test/must"
 )
 
@@ -241,4 +242,53 @@ func TestPrefixMatchIsSharedAndUncachedTokens(t *testing.T) {
 	_, matched, ok := req.PrefixResult("a")
 	must.True(t, ok)
 	must.Eq(t, 3, matched)
+}
+
+// fixedSource matches every prompt as its matches say (one key per block).
+type fixedSource []prefixindex.Match
+
+func (fixedSource) Keys(dst []uint64, _ string, bs int, tokens []uint32) ([]uint64, error) {
+	for i := 0; i < len(tokens)/bs; i++ {
+		dst = append(dst, uint64(i+1))
+	}
+	return dst, nil
+}
+
+func (f fixedSource) Match(_ []uint64, _ prefixindex.TierWeights, out []prefixindex.Match) []prefixindex.Match {
+	return append(out, f...)
+}
+
+// The recompute charge tells a holder whose copy an engine confirmed from
+// one whose copy is only in flight: a worker that would recompute the
+// holder's prefix is charged κ for confirmed blocks and κ_f for blocks
+// only in flight, and nothing beyond its own estimate with κ_f = 0.
+func TestTTFTTermChargesInflightCopiesLess(t *testing.T) {
+	const blocks, held = 1000, 950 // 4,000 tokens; the holder has 3,800 of them
+	cases := []struct {
+		name      string
+		inflight  int // of the holder's 950 blocks, those only in flight
+		kappaF    float64
+		wantOther float64 // the other worker's charged tokens
+	}{
+		{"confirmed: κ", 0, 2, 4000 + 8*3800},
+		{"in flight only: κ_f", held, 2, 4000 + 2*3800},
+		{"in flight only, κ_f 0: no charge", held, 0, 4000},
+		{"partly confirmed: κ and κ_f", 200, 2, 4000 + 8*3000 + 2*800},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := fixedSource{{Worker: "holder", Blocks: held, Weighted: held, GPUBlocks: held, Inflight: tc.inflight}}
+			ws := []*Worker{bsWorker("holder", 0), bsWorker("other", 0)}
+			term := NewTTFTTerm(NewPrefixTerm(src))
+			must.Eq(t, DefaultRecompute, term.Recompute)
+			term.InflightRecompute = tc.kappaF
+			req := tokReq(prompt(1, blocks))
+			_, err := req.PromptTokens(context.Background())
+			must.NoError(t, err)
+			must.True(t, term.Prefix.match(context.Background(), req, ws))
+			out := make([]float64, 2)
+			term.chargedTokens(req, ws, out)
+			approx(t, []float64{(blocks - held) * testBS, tc.wantOther}, out)
+		})
+	}
 }

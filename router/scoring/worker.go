@@ -79,7 +79,8 @@ type prefixHit struct {
 	blocks   int     // matched blocks (a prefix), any tier
 	weighted float64 // the same, tier-weighted
 	keys     int     // request blocks at this worker's block size
-	gpu      int     // of blocks, those in GPU memory
+	gpu      int32   // of blocks, those in GPU memory
+	inflight int32   // of blocks, those only in flight (prefixindex.Match.Inflight)
 }
 
 // PrefixResult returns what the prefix match saw for this request: the prompt's
@@ -107,6 +108,16 @@ func uncached(r *Request, w *Worker) int64 {
 	n := int64(len(r.tokens))
 	if h, ok := r.prefixHits[w.ID]; ok {
 		n -= int64(h.blocks) * int64(BlockSizeOf(w))
+	}
+	return max(n, 0)
+}
+
+// unconfirmed is uncached counting only the blocks an engine has confirmed
+// holding: a copy the router only sent (in flight) does not count.
+func unconfirmed(r *Request, w *Worker) int64 {
+	n := int64(len(r.tokens))
+	if h, ok := r.prefixHits[w.ID]; ok {
+		n -= int64(h.blocks-int(h.inflight)) * int64(BlockSizeOf(w))
 	}
 	return max(n, 0)
 }

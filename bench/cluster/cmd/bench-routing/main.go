@@ -59,6 +59,7 @@ var (
 	slack       = flag.Float64("load-slack", 0, "prefix term hot-spot guard ε for oasis (0: default)")
 	inflightTTL = flag.Duration("inflight-ttl", 0, "with KV events, how long oasis counts its own decision as held before the events confirm it (0: the router's default; negative: events alone)")
 	recompute   = flag.Float64("recompute", 0, "ttft term κ for oasis: the share of the recompute a move away from the prefix holder adds that is charged (0: default; negative: none)")
+	inflightRe  = flag.Float64("inflight-recompute", 0, "ttft term κ_f for oasis with KV events: the charge for tokens only the router's in-flight record holds (0: default; negative: none)")
 	cpuGiB      = flag.Float64("cpu-gib", 0, "host memory per worker for a CPU KV offloading tier, GiB (0: none)")
 	diskGiB     = flag.Float64("disk-gib", 0, "SSD per worker for an oasis-kvcached disk KV tier below the CPU tier, GiB (0: none)")
 	decodePower = flag.Float64("decode-power", 0, "power model: a decode step's dynamic power at batch 1 as a fraction of full, rising to full at batch 64 (0: every step draws full power)")
@@ -133,7 +134,7 @@ func bench(spec, outDir string) (*cluster.Report, error) {
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
 
-	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, Recompute: *recompute, InflightTTL: *inflightTTL, DecodePower: *decodePower, DynamoTemperature: *dynTemp}
+	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, Recompute: *recompute, InflightRecompute: *inflightRe, InflightTTL: *inflightTTL, DecodePower: *decodePower, DynamoTemperature: *dynTemp}
 	var cfgs []cluster.Config
 	for _, r := range rates {
 		for _, p := range pols {
