@@ -28,13 +28,14 @@ e2e_parallel=${OASIS_E2E_PARALLEL:-2}
 
 mkdir -p .oasis
 log=.oasis/test-late-tools.log
-echo "test: building ${late_tools[*]} in the background (log: $log); the e2e packages that use them run last"
+echo "test: $(date +%T) building ${late_tools[*]} in the background (log: $log); the e2e packages that use them run last"
 # Its own process group (setsid), so that an interrupted or failed run takes the whole build down.
 setsid nice -n 10 scripts/hashistack.sh "${late_tools[@]}" >"$log" 2>&1 &
 late=$!
 trap 'kill -TERM -- "-$late" 2>/dev/null || true' EXIT
 
 scripts/hashistack.sh "${early_tools[@]}"
+echo "test: $(date +%T) lint, licences, checks, unit tests"
 "$make" --no-print-directory lint licenses terraform-check observability-check unit build
 
 early=() later=()
@@ -49,15 +50,15 @@ done < <("$go" list -f '{{.ImportPath}} {{.Dir}}' ./test/e2e/... | grep -v -e '/
 e2e() {
 	OASIS_TESTBED_PREBUILT="$root/bin" "$go" test -count=1 -p "$e2e_parallel" -timeout 30m "$@"
 }
-echo "test: e2e, ${#early[@]} packages, $e2e_parallel at a time"
+echo "test: $(date +%T) e2e, ${#early[@]} packages, $e2e_parallel at a time"
 e2e "${early[@]}"
 
 if ! wait "$late"; then
 	cat "$log" >&2
-	echo "test: building ${late_tools[*]} failed (above)" >&2
+	echo "test: $(date +%T) building ${late_tools[*]} failed (above)" >&2
 	exit 1
 fi
 trap - EXIT
 grep -v 'still building' "$log" || true
-echo "test: e2e, ${#later[@]} packages that use ${late_tools[*]}, $e2e_parallel at a time"
+echo "test: $(date +%T) e2e, ${#later[@]} packages that use ${late_tools[*]}, $e2e_parallel at a time"
 e2e "${later[@]}"
