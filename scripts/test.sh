@@ -22,7 +22,7 @@ go=${GO:-go}
 late_tools=(jaeger nomad-autoscaler llama-server)
 early_tools=(nomad consul cni tofu tflint prometheus promtool)
 late_pattern='AutoscalerBinary|RunJaeger|bin/llama-server'
-e2e_parallel=${OASIS_E2E_PARALLEL:-2}
+e2e_parallel=${E2E_PARALLEL:-2} # as `make e2e`: `make test E2E_PARALLEL=1` runs them one at a time
 
 "$make" --no-print-directory deps
 
