@@ -246,7 +246,7 @@ func startSecondClient(t *testing.T, ctx context.Context, name string) *nomadapi
 	cfg = regexp.MustCompile(`(?m)^name\s*=.*$`).ReplaceAllString(cfg, fmt.Sprintf("name = %q", name))
 	cfg = regexp.MustCompile(`(?m)^data_dir\s*=.*$`).ReplaceAllString(cfg, fmt.Sprintf("data_dir = %q", dataDir))
 	cfg = regexp.MustCompile(`(?m)^  servers\s*=.*$`).ReplaceAllString(cfg,
-		fmt.Sprintf("  servers = [%q]\n  # The stack's client allocates 20000-32000 on the same address.\n  min_dynamic_port = 33000\n  max_dynamic_port = 33999", rpc))
+		fmt.Sprintf("  servers = [%q]\n  # The stack's clients allocate from 20000-31999 on the same address; the kernel's ephemeral ports end at 60999.\n  min_dynamic_port = 61000\n  max_dynamic_port = 61999", rpc))
 	// Engines run as an unprivileged user in task dirs under the data dir.
 	must.NoError(t, os.Chmod(dir, 0o755))
 	must.NoError(t, os.MkdirAll(dataDir, 0o755))

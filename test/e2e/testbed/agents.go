@@ -96,9 +96,15 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	http, rpc, serf := ports[0], ports[1], ports[2]
 	s.NomadAddr = fmt.Sprintf("http://127.0.0.1:%d", http)
 	s.nomadSerf = fmt.Sprintf("127.0.0.1:%d", serf)
-	name, top, server, client, acl := "oasis-testbed", "", "", "", ""
+	if s.ports == nil {
+		if s.ports, err = claimPortWindow(); err != nil {
+			return err
+		}
+	}
+	name, top, server, client, acl := "oasis-testbed", "", "", s.ports.clientConfig(), ""
 	if s.fed != nil {
 		name = "oasis-testbed-" + s.Datacenter
+		s.fed.minPort, s.fed.maxPort = s.ports.min, s.ports.max
 		top, server, client, acl = s.fed.nomadConfig()
 	}
 	llmConfig := opts.LLMPluginConfig

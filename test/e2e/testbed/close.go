@@ -69,6 +69,7 @@ func (s *Stack) Close() error {
 			errs = append(errs, fmt.Errorf("removing %s: %w", s.Dir, err))
 		}
 	}
+	s.ports.release() // its tasks are gone
 	return errors.Join(errs...)
 }
 

@@ -137,10 +137,9 @@ func (f *Federation) startDC(ctx context.Context, opts Options, i, n int) (*Stac
 	if err != nil {
 		return nil, err
 	}
-	// Nomad's default dynamic range, 20000-32000, shared out.
-	width := 12000 / n
+	// Each datacenter's client has its own dynamic port window (ports.go).
 	s.Datacenter, s.Region = name, name
-	s.fed = &dcConfig{name: name, primaryName: "dc1", minPort: 20000 + i*width, maxPort: 20000 + (i+1)*width - 1}
+	s.fed = &dcConfig{name: name, primaryName: "dc1"}
 	if i == 0 {
 		if err := s.buildOasis(ctx); err != nil {
 			return s, err

@@ -55,6 +55,8 @@ type Options struct {
 type Stack struct {
 	// Dir holds everything the stack writes: agent configs, logs, data, built binaries.
 	Dir string
+	// ports is the client's dynamic port window, held until Close.
+	ports *portWindow
 	// BinDir holds the Oasis binaries built from ./cmd/... for this stack.
 	BinDir string
 	// PluginDir is Nomad's plugin_dir: the Oasis plugin binaries.

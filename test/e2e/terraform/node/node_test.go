@@ -111,7 +111,7 @@ func (n node) vars(url, sum string) []string {
 		"nomad_ports":             fmt.Sprintf("{ http = %d, rpc = %d, serf = %d }", n.nomadPorts[0], n.nomadPorts[1], n.nomadPorts[2]),
 		"nomad_network_interface": "lo",
 		// Disjoint from the stack's client (20000-32000): both hand out ports on 127.0.0.1.
-		"nomad_dynamic_ports":  "{ min = 43000, max = 43999 }",
+		"nomad_dynamic_ports":  "{ min = 62000, max = 62999 }", // above the stacks' windows and the kernel's ephemeral ports
 		"nomad_client_options": `{ "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean" }`,
 		"nomad_log_level":      "DEBUG",
 		"nomad_consul_token":   n.nomadConsulTk,
