@@ -245,6 +245,8 @@ func startSecondClient(t *testing.T, ctx context.Context, name string) *nomadapi
 	replaceBlock("server {", "server {\n  enabled = false\n}\n")
 	cfg = regexp.MustCompile(`(?m)^name\s*=.*$`).ReplaceAllString(cfg, fmt.Sprintf("name = %q", name))
 	cfg = regexp.MustCompile(`(?m)^data_dir\s*=.*$`).ReplaceAllString(cfg, fmt.Sprintf("data_dir = %q", dataDir))
+	// The stack's own dynamic port window is the stack's (testbed/ports.go), not this client's.
+	cfg = regexp.MustCompile(`(?m)^  (min|max)_dynamic_port\s*=.*\n`).ReplaceAllString(cfg, "")
 	cfg = regexp.MustCompile(`(?m)^  servers\s*=.*$`).ReplaceAllString(cfg,
 		fmt.Sprintf("  servers = [%q]\n  # The stack's clients allocate from 20000-31999 on the same address; the kernel's ephemeral ports end at 60999.\n  min_dynamic_port = 61000\n  max_dynamic_port = 61999", rpc))
 	// Engines run as an unprivileged user in task dirs under the data dir.
