@@ -104,8 +104,7 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	name, top, server, client, acl := "oasis-testbed", "", "", s.ports.clientConfig(), ""
 	if s.fed != nil {
 		name = "oasis-testbed-" + s.Datacenter
-		s.fed.minPort, s.fed.maxPort = s.ports.min, s.ports.max
-		top, server, client, acl = s.fed.nomadConfig()
+		top, server, acl = s.fed.nomadConfig()
 	}
 	llmConfig := opts.LLMPluginConfig
 	if llmConfig == "" {

@@ -50,8 +50,6 @@ type dcConfig struct {
 	// The primary's tokens a secondary starts with.
 	consulReplicationToken, consulAgentToken, nomadReplicationToken string
 	primaryConsul                                                   *consulapi.Client
-	// Nomad clients on one host need disjoint dynamic port ranges.
-	minPort, maxPort int
 }
 
 func (c *dcConfig) primary() bool { return c.name == c.primaryName }
@@ -71,9 +69,9 @@ func (c *dcConfig) consulConfig(config map[string]any) {
 	}
 }
 
-// nomadConfig returns the lines a federated Nomad agent adds to its top level and to its server,
-// client and acl blocks.
-func (c *dcConfig) nomadConfig() (top, server, client, acl string) {
+// nomadConfig returns the lines a federated Nomad agent adds to its top level and to its server
+// and acl blocks (its client's dynamic ports are its stack's window, as every stack's: ports.go).
+func (c *dcConfig) nomadConfig() (top, server, acl string) {
 	top = fmt.Sprintf("region     = %q\ndatacenter = %q\n", c.name, c.name)
 	server = fmt.Sprintf("  authoritative_region = %q\n", c.primaryName)
 	if !c.primary() {
@@ -82,8 +80,7 @@ func (c *dcConfig) nomadConfig() (top, server, client, acl string) {
 			acl = fmt.Sprintf("  replication_token = %q\n", c.nomadReplicationToken)
 		}
 	}
-	client = fmt.Sprintf("  min_dynamic_port = %d\n  max_dynamic_port = %d\n", c.minPort, c.maxPort)
-	return top, server, client, acl
+	return top, server, acl
 }
 
 // consulReplicationRules is what Consul documents for an ACL replication token.
@@ -119,7 +116,7 @@ func StartFederation(ctx context.Context, opts FederationOptions) (f *Federation
 		}
 	}()
 	for i := range n {
-		s, err := f.startDC(ctx, opts.Options, i, n)
+		s, err := f.startDC(ctx, opts.Options, i)
 		if s != nil {
 			f.DCs = append(f.DCs, s)
 		}
@@ -131,13 +128,12 @@ func StartFederation(ctx context.Context, opts FederationOptions) (f *Federation
 }
 
 // startDC starts datacenter i of n: the primary builds the Oasis binaries, the others share them.
-func (f *Federation) startDC(ctx context.Context, opts Options, i, n int) (*Stack, error) {
+func (f *Federation) startDC(ctx context.Context, opts Options, i int) (*Stack, error) {
 	name := fmt.Sprintf("dc%d", i+1)
 	s, err := newStack(opts, filepath.Join(f.Dir, name))
 	if err != nil {
 		return nil, err
 	}
-	// Each datacenter's client has its own dynamic port window (ports.go).
 	s.Datacenter, s.Region = name, name
 	s.fed = &dcConfig{name: name, primaryName: "dc1"}
 	if i == 0 {
