@@ -4,6 +4,8 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,7 +23,37 @@ import (
 // as "<test binary> supervisor", and Main serves that mode.
 func TestMain(m *testing.M) {
 	Main()
+	if req := os.Getenv(launcherEnv); req != "" {
+		os.Exit(launcher(req))
+	}
 	os.Exit(m.Run())
+}
+
+// launcherEnv makes the test binary a stand-in driver: it Launches the
+// command of the JSON request, prints the State as JSON and exits without
+// Close or Kill, as a driver that dies does.
+const launcherEnv = "OASIS_SUPERVISOR_TEST_LAUNCH"
+
+type launchRequest struct {
+	Config  Config
+	Command Command
+}
+
+func launcher(req string) int {
+	var r launchRequest
+	if err := json.Unmarshal([]byte(req), &r); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	h, err := Launch(context.Background(), r.Config, r.Command)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(h.State()); err != nil {
+		return 1
+	}
+	return 0
 }
 
 // testConfig is a Config with a short socket directory of the test's own

@@ -5,6 +5,7 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -90,6 +91,49 @@ func TestWaitAfterReattach(t *testing.T) {
 				t.Fatalf("Wait after Reattach = %+v, want exit code 7", ps)
 			}
 		})
+	}
+}
+
+// TestReattachAfterDriverExit: the process that launched the supervisor
+// exits (the driver dies); the supervisor, re-parented, keeps the engine;
+// a new client reattaches, gets the exit status and Kills it all.
+func TestReattachAfterDriverExit(t *testing.T) {
+	cfg := testConfig(t)
+	cmd, dir := shell(t, `sleep 1000 & echo $! > "$DIR/child"; read x < "$DIR/gate"; exit 9`)
+	release := gate(t, dir)
+	req, err := json.Marshal(launchRequest{Config: Config{LogFile: cfg.LogFile, SocketDir: cfg.SocketDir}, Command: cmd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	driver := exec.Command(os.Args[0])
+	driver.Env = append(os.Environ(), launcherEnv+"="+string(req))
+	out, err := driver.Output()
+	if err != nil {
+		t.Fatalf("stand-in driver: %v: %s", err, out)
+	}
+	var st State
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("stand-in driver's state %q: %v", out, err)
+	}
+	if p, err := readProc(st.SupervisorPid); err != nil || p.ppid == os.Getpid() || !alive(st.EnginePid) {
+		t.Fatalf("after the driver exited: supervisor %+v (%v), engine alive %v", p, err, alive(st.EnginePid))
+	}
+	child := pidIn(t, filepath.Join(dir, "child"))
+	h, err := Reattach(ctxT(t, 10*time.Second), cfg, st)
+	if err != nil {
+		t.Fatalf("Reattach: %v", err)
+	}
+	release()
+	if ps := wait(t, h); ps.ExitCode != 9 {
+		t.Fatalf("Wait = %+v, want exit code 9", ps)
+	}
+	if err := h.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	for what, pid := range map[string]int{"supervisor": st.SupervisorPid, "engine's child": child} {
+		if alive(pid) {
+			t.Errorf("%s (pid %d) outlived Kill", what, pid)
+		}
 	}
 }
 
