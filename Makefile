@@ -209,12 +209,12 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzRequestFraming -fuzztime 30s -fuzzminimizetime 1x ./kvcached/peer
 	$(GO) test -run '^$$' -fuzz FuzzUnmarshalBloom -fuzztime 20s ./kvcached/peer
 
-## # Regenerates internal/nomadplugin/proto's Go code (protoc and its Go plugins:
-# see scripts/protoc.sh). The generated files are committed.
+## proto: regenerate internal/nomadplugin/proto's Go code (protoc and its Go plugins:
+## see scripts/protoc.sh); the generated files are committed
 proto:
 	scripts/protoc.sh
 
-gpu-check: on a machine with an NVIDIA GPU, run the built device plugin through Nomad's
+## gpu-check: on a machine with an NVIDIA GPU, run the built device plugin through Nomad's
 ## plugin client and print its fingerprint and two stats samples against real NVML
 gpu-check:
 	@mkdir -p bin
