@@ -14,7 +14,7 @@ STATICCHECK = bin/staticcheck
 
 export GOFLAGS
 
-.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-routers bench-disagg bench-autoscale bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check
+.PHONY: all build dist deps hashistack licenses test unit e2e vet lint terraform-check terraform-provider bench bench-sim bench-routing bench-routing-library bench-llamacpp bench-federation bench-routers bench-disagg bench-autoscale bench-router bench-router-proxy-bound bench-mesh soak bench-kvcached bench-driver fuzz up down clean gpu-check observability-check proto
 
 all: build
 
@@ -208,6 +208,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzSequence -fuzztime 20s ./internal/kvevents
 	$(GO) test -run '^$$' -fuzz FuzzRequestFraming -fuzztime 30s -fuzzminimizetime 1x ./kvcached/peer
 	$(GO) test -run '^$$' -fuzz FuzzUnmarshalBloom -fuzztime 20s ./kvcached/peer
+
+## proto: regenerate internal/nomadplugin/proto's Go code (protoc and its Go plugins:
+## see scripts/protoc.sh); the generated files are committed
+proto:
+	scripts/protoc.sh
 
 ## gpu-check: on a machine with an NVIDIA GPU, run the built device plugin through Nomad's
 ## plugin client and print its fingerprint and two stats samples against real NVML
