@@ -17,8 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-msgpack/codec"
-
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
@@ -137,24 +136,23 @@ func TestReattachAfterDriverExit(t *testing.T) {
 	}
 }
 
-// roundTrip encodes a State as Nomad's task handle stores driver state
-// (msgpack, codec tags) and decodes it again.
+// roundTrip encodes a State as the driver stores it in Nomad's task handle
+// (base.MsgPackEncode: msgpack, codec tags) and decodes it again.
 func roundTrip(t *testing.T, st State) State {
 	t.Helper()
-	h := &codec.MsgpackHandle{}
 	var buf []byte
-	if err := codec.NewEncoderBytes(&buf, h).Encode(st); err != nil {
+	if err := base.MsgPackEncode(&buf, st); err != nil {
 		t.Fatal(err)
 	}
 	var m map[string]any
-	if err := codec.NewDecoderBytes(buf, h).Decode(&m); err != nil {
+	if err := base.MsgPackDecode(buf, &m); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := m["supervisor_pid"]; !ok {
 		t.Fatalf("encoded state has no codec-tagged keys: %v", m)
 	}
 	var out State
-	if err := codec.NewDecoderBytes(buf, h).Decode(&out); err != nil {
+	if err := base.MsgPackDecode(buf, &out); err != nil {
 		t.Fatal(err)
 	}
 	if out != st {
