@@ -170,7 +170,13 @@ func startSupervisor(ctx context.Context, cfg Config, bin string, req wire.Launc
 		return nil, reply, err
 	}
 	defer repR.Close()
-	c := &exec.Cmd{Path: bin, Args: []string{bin, ModeArg}, Dir: "/", Stdout: logf, Stderr: logf,
+	// The log file (in the task directory) on the command line says in ps
+	// which task a supervisor serves, as Nomad's executor's did.
+	args := []string{bin, ModeArg}
+	if cfg.LogFile != "" {
+		args = append(args, cfg.LogFile)
+	}
+	c := &exec.Cmd{Path: bin, Args: args, Dir: "/", Stdout: logf, Stderr: logf,
 		ExtraFiles: []*os.File{reqR, repW}, SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
 	err = c.Start()
 	reqR.Close()

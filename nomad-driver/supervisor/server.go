@@ -30,12 +30,12 @@ const (
 	killWait = 15 * time.Second
 )
 
-// Main runs the supervisor when os.Args select it ("<binary> supervisor",
-// as Launch starts it) and then exits the process; otherwise it returns
-// false at once. Call it first in main, before anything reads os.Args or
-// writes to stdout.
+// Main runs the supervisor when os.Args select it ("<binary> supervisor
+// [<log file>]", as Launch starts it) and then exits the process;
+// otherwise it returns false at once. Call it first in main, before
+// anything reads os.Args or writes to stdout.
 func Main() bool {
-	if len(os.Args) != 2 || os.Args[1] != ModeArg {
+	if len(os.Args) < 2 || len(os.Args) > 3 || os.Args[1] != ModeArg {
 		return false
 	}
 	os.Exit(runSupervisor(os.NewFile(3, "launch-request"), os.NewFile(4, "launch-reply")))

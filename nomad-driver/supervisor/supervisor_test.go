@@ -457,6 +457,10 @@ func TestKillLeavesNoProcess(t *testing.T) {
 	}
 	child := pidIn(t, filepath.Join(dir, "child"))
 	st := h.State()
+	// ps (and the test bed's sweep of leftovers) tells the task by its log file.
+	if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(st.SupervisorPid) + "/cmdline"); !bytes.Contains(cl, []byte("\x00supervisor\x00"+cfg.LogFile)) {
+		t.Errorf("supervisor's command line %q does not name its log file %s", cl, cfg.LogFile)
+	}
 	if err := h.Kill(); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
