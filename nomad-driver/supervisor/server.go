@@ -28,6 +28,8 @@ const (
 	maxLaunchRequest = 4 << 20
 	// killWait bounds waiting for SIGKILLed processes to be gone.
 	killWait = 15 * time.Second
+	// prefaceTimeout bounds a new connection's first byte.
+	prefaceTimeout = 10 * time.Second
 )
 
 // Main runs the supervisor when os.Args select it ("<binary> supervisor
@@ -195,7 +197,9 @@ func (s *server) serveConn(c *net.UnixConn, rpcs *rpc.Server) {
 	}
 	buf := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(3*4))
+	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	_ = c.SetReadDeadline(time.Time{})
 	if err != nil || n != 1 {
 		c.Close()
 		return
