@@ -478,27 +478,39 @@ func TestKillLeavesNoProcess(t *testing.T) {
 }
 
 // TestSupervisorKilled: a SIGKILLed supervisor takes its engine with it
-// (Pdeathsig); Destroy removes the rest of the engine's group.
+// (Pdeathsig, also for an engine that switched users: Go sets it after
+// setuid, which clears it); Destroy removes the rest of the engine's group.
 func TestSupervisorKilled(t *testing.T) {
-	cfg := testConfig(t)
-	cmd, dir := shell(t, `sleep 1000 & echo $! > "$DIR/child"; exec sleep 1000`)
-	h := launch(t, cfg, cmd)
-	child := pidIn(t, filepath.Join(dir, "child"))
-	st := h.State()
-	if err := syscall.Kill(st.SupervisorPid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	users := []string{""}
+	if isRoot() {
+		users = append(users, "nobody")
 	}
-	testutil.Eventually(t, 20*time.Second, "the engine to die with its supervisor", func() bool { return !alive(st.EnginePid) })
-	_, err := Reattach(ctxT(t, 10*time.Second), cfg, st)
-	var ce *ConnectError
-	if !errors.As(err, &ce) || ce.Socket != st.Socket {
-		t.Fatalf("Reattach to a dead supervisor = %v, want a ConnectError naming %s", err, st.Socket)
-	}
-	if err := Destroy(ctxT(t, 20*time.Second), st); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
-	if alive(child) {
-		t.Fatalf("engine's child %d outlived Destroy", child)
+	for _, name := range users {
+		t.Run("user "+strconv.Quote(name), func(t *testing.T) {
+			cfg := testConfig(t)
+			// The child's pid goes to stdout, which the supervisor opens
+			// (nobody may not write the test's directory).
+			cmd, _ := shell(t, `sleep 1000 & echo $!; exec sleep 1000`)
+			cmd.User, cmd.Dir = name, "/"
+			h := launch(t, cfg, cmd)
+			child := pidIn(t, cmd.StdoutPath)
+			st := h.State()
+			if err := syscall.Kill(st.SupervisorPid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, 20*time.Second, "the engine to die with its supervisor", func() bool { return !alive(st.EnginePid) })
+			_, err := Reattach(ctxT(t, 10*time.Second), cfg, st)
+			var ce *ConnectError
+			if !errors.As(err, &ce) || ce.Socket != st.Socket {
+				t.Fatalf("Reattach to a dead supervisor = %v, want a ConnectError naming %s", err, st.Socket)
+			}
+			if err := Destroy(ctxT(t, 20*time.Second), st); err != nil {
+				t.Fatalf("Destroy: %v", err)
+			}
+			if alive(child) {
+				t.Fatalf("engine's child %d outlived Destroy", child)
+			}
+		})
 	}
 }
 
