@@ -483,6 +483,40 @@ func TestKillLeavesNoProcess(t *testing.T) {
 	}
 }
 
+// TestKillWhileWaiting is the driver's DestroyTask while its waitProcess
+// Waits: the Wait returns (the status, or an error if the supervisor
+// exited before sending it) and Kill leaves nothing.
+func TestKillWhileWaiting(t *testing.T) {
+	cmd, _ := shell(t, "exec sleep 1000")
+	h, err := Launch(ctxT(t, 30*time.Second), testConfig(t), cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ps  *ProcessState
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		ps, err := h.Wait(context.Background())
+		waited <- result{ps, err}
+	}()
+	if err := h.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	select {
+	case r := <-waited:
+		if r.err == nil && r.ps.Signal != 9 {
+			t.Fatalf("Wait during Kill = %+v, want SIGKILL", r.ps)
+		}
+	case <-ctxT(t, 20*time.Second).Done():
+		t.Fatal("Wait still blocked after Kill")
+	}
+	if alive(h.Pid()) || alive(h.State().SupervisorPid) {
+		t.Fatal("engine or supervisor outlived Kill")
+	}
+}
+
 // TestSupervisorKilled: a SIGKILLed supervisor takes its engine with it
 // (Pdeathsig, also for an engine that switched users: Go sets it after
 // setuid, which clears it); Destroy removes the rest of the engine's group.
