@@ -15,7 +15,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -177,7 +179,7 @@ func startSupervisor(ctx context.Context, cfg Config, bin string, req wire.Launc
 	if cfg.LogFile != "" {
 		args = append(args, cfg.LogFile)
 	}
-	c := &exec.Cmd{Path: bin, Args: args, Dir: "/", Stdout: logf, Stderr: logf,
+	c := &exec.Cmd{Path: bin, Args: args, Dir: "/", Env: supervisorEnv(os.Environ()), Stdout: logf, Stderr: logf,
 		ExtraFiles: []*os.File{reqR, repW}, SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
 	err = c.Start()
 	reqR.Close()
@@ -205,6 +207,24 @@ func startSupervisor(ctx context.Context, cfg Config, bin string, req wire.Launc
 		return nil, reply, err
 	}
 	return c, reply, nil
+}
+
+// supervisorEnvKeep are the driver's environment variables a supervisor
+// gets: those of Go's runtime and tools. The rest (the Nomad client's and
+// go-plugin's, tokens an operator set) it has no use for; the engine gets
+// exactly Command.Env.
+var supervisorEnvKeep = []string{"PATH", "TMPDIR", "TZ", "GODEBUG", "GOTRACEBACK", "GOMAXPROCS",
+	"GOMEMLIMIT", "GOGC", "GORACE", "GOCOVERDIR"}
+
+func supervisorEnv(env []string) []string {
+	out := []string{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(supervisorEnvKeep, k) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Reattach connects to the supervisor of st, as the driver does in

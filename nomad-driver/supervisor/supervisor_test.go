@@ -457,12 +457,18 @@ func TestKillLeavesNoProcess(t *testing.T) {
 	cfg := testConfig(t)
 	cmd, dir := shell(t, `sleep 1000 & echo $! > "$DIR/child"; exec sleep 1000`)
 	ctx := ctxT(t, 30*time.Second)
+	t.Setenv(launcherEnv+"_PROBE", "x")
 	h, err := Launch(ctx, cfg, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	child := pidIn(t, filepath.Join(dir, "child"))
 	st := h.State()
+	// The supervisor has the Go runtime's variables of the driver's
+	// environment only.
+	if env, _ := os.ReadFile("/proc/" + strconv.Itoa(st.SupervisorPid) + "/environ"); bytes.Contains(env, []byte(launcherEnv)) || bytes.Contains(env, []byte("FOO=bar")) {
+		t.Errorf("supervisor's environment %q holds more than the Go runtime's variables", env)
+	}
 	// ps (and the test bed's sweep of leftovers) tells the task by its log file.
 	if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(st.SupervisorPid) + "/cmdline"); !bytes.Contains(cl, []byte("\x00supervisor\x00"+cfg.LogFile)) {
 		t.Errorf("supervisor's command line %q does not name its log file %s", cl, cfg.LogFile)
