@@ -204,6 +204,7 @@ func startSupervisor(ctx context.Context, cfg Config, bin string, req wire.Launc
 	if err != nil {
 		_ = c.Process.Kill()
 		_ = c.Wait()
+		_ = os.Remove(req.Socket) // a SIGKILLed listener leaves its file
 		return nil, reply, err
 	}
 	return c, reply, nil

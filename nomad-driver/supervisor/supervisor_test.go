@@ -575,6 +575,61 @@ func TestSupervisorTerminated(t *testing.T) {
 	})
 }
 
+// TestOutputFIFOs: the engine's output goes to FIFOs, as Nomad's logmon
+// hands them; the supervisor opens them for writing once a reader has.
+func TestOutputFIFOs(t *testing.T) {
+	cmd, dir := shell(t, "echo to-stdout; echo to-stderr >&2")
+	read := map[string]chan string{}
+	for _, name := range []string{"stdout.fifo", "stderr.fifo"} {
+		p := filepath.Join(dir, name)
+		if err := syscall.Mkfifo(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ch := make(chan string, 1)
+		read[name] = ch
+		go func() { b, _ := os.ReadFile(p); ch <- string(b) }() // until every writer closed
+	}
+	cmd.StdoutPath, cmd.StderrPath = filepath.Join(dir, "stdout.fifo"), filepath.Join(dir, "stderr.fifo")
+	h := launch(t, testConfig(t), cmd)
+	if ps := wait(t, h); ps.ExitCode != 0 {
+		t.Fatalf("Wait = %+v", ps)
+	}
+	for name, want := range map[string]string{"stdout.fifo": "to-stdout\n", "stderr.fifo": "to-stderr\n"} {
+		select {
+		case got := <-read[name]:
+			if got != want {
+				t.Errorf("%s read %q, want %q", name, got, want)
+			}
+		case <-ctxT(t, 20*time.Second).Done():
+			t.Fatalf("%s never reached EOF: the supervisor kept its write end open", name)
+		}
+	}
+}
+
+// TestLaunchFIFOWithoutReader: the supervisor blocks opening a FIFO nobody
+// reads; Launch gives up when its ctx ends and leaves no process.
+func TestLaunchFIFOWithoutReader(t *testing.T) {
+	cfg := testConfig(t)
+	cmd, dir := shell(t, "exit 0")
+	cmd.StdoutPath = filepath.Join(dir, "stdout.fifo")
+	if err := syscall.Mkfifo(cmd.StdoutPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := Launch(ctx, cfg, cmd); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Launch = %v, want DeadlineExceeded", err)
+	}
+	for _, p := range allProcs() {
+		if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline"); bytes.Contains(cl, []byte(cfg.LogFile)) && p.state != 'Z' {
+			t.Fatalf("supervisor %d outlived the failed Launch", p.pid)
+		}
+	}
+	if ents, _ := os.ReadDir(cfg.SocketDir); len(ents) != 0 {
+		t.Fatalf("the failed Launch left %s in the socket directory", ents[0].Name())
+	}
+}
+
 func TestLaunchErrors(t *testing.T) {
 	long := strings.Repeat("a", MaxArgBytes+1)
 	for _, tc := range []struct {
