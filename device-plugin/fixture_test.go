@@ -10,11 +10,11 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/device"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
@@ -178,7 +178,7 @@ func newFixture(t testing.TB) *fixture {
 }
 
 // newTestPlugin returns a plugin on lib configured with cfg (the plugin
-// block's config, decoded through Nomad's own HCL path) and its log.
+// block's config, encoded as Nomad's plugin loader does) and its log.
 func newTestPlugin(t testing.TB, lib nvml.Interface, cfg map[string]any) (*Plugin, *testutil.SyncBuffer) {
 	t.Helper()
 	logs := &testutil.SyncBuffer{}

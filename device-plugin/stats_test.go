@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/hashicorp/nomad/plugins/device"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
 )
 
 // fingerprinted returns a plugin whose inventory holds the fixture's GPUs.
