@@ -134,20 +134,7 @@ type running struct {
 // start builds and runs an App; the test's cleanup stops it.
 func start(t *testing.T, cfg Config) *running {
 	t.Helper()
-	a, err := New(cfg)
-	must.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{App: a, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(20 * time.Second):
-			t.Error("Run did not return after its context ended")
-		}
-	})
-	return r
+	return startTuned(t, cfg, nil)
 }
 
 func (r *running) url(scheme string) string { return scheme + "://" + r.Addr().String() }

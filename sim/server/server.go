@@ -306,7 +306,7 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // drive steps the engine until ctx ends: step, wait out the step's simulated
-// duration (scaled by Speed), deliver the step's tokens, publish its KV events.
+// duration (scaled by Speed), publish its KV events, deliver its tokens.
 func (s *Server) drive(ctx context.Context) {
 	var (
 		outs     []engine.Output
@@ -343,11 +343,6 @@ func (s *Server) drive(ctx context.Context) {
 		events := res.Events
 		s.mu.Unlock()
 
-		if len(events) > 0 && s.pub != nil {
-			if _, err := s.pub.Publish(kvEventsBatch(events)); err != nil {
-				s.log.Warn("publishing kv events failed", "error", err)
-			}
-		}
 		if s.cfg.Speed > 0 && dur > 0 {
 			// Sleep to an absolute deadline so timer overshoot does not accumulate.
 			now := time.Now()
@@ -361,6 +356,13 @@ func (s *Server) drive(ctx context.Context) {
 			case <-ctx.Done():
 				t.Stop()
 				return
+			}
+		}
+		// As vLLM's engine core, which publishes a step's events with its
+		// outputs, after the forward pass: a block is reported once computed.
+		if len(events) > 0 && s.pub != nil {
+			if _, err := s.pub.Publish(kvEventsBatch(events)); err != nil {
+				s.log.Warn("publishing kv events failed", "error", err)
 			}
 		}
 		s.deliver(outs, dsts)
