@@ -70,20 +70,25 @@ func testRecordThenEvents(t *testing.T, bin string) {
 	c := startEventCluster(t, bin, nil)
 	hot := promptOf(t, "alpha", hotTokens)
 	lp := hot + " " + promptOf(t, "leader", 64)
-	leader := c.send(t, lp, 4)
-	holder := c.waitDecision(t, c.keysOf(t, lp))
-	other := c.otherThan(holder)
-	before := c.engineCounters(t)
-
-	var followers []*call
-	for i := range 6 {
-		p := hot + " " + promptOf(t, "follower"+strconv.Itoa(i), 64)
-		followers = append(followers, c.send(t, p, 4))
-		must.Eq(t, holder, c.waitDecision(t, c.keysOf(t, p)), must.Sprintf("follower %d left the leader's engine", i))
+	prompts, keys := make([]string, 6), make([][]uint64, 6)
+	for i := range prompts {
+		prompts[i] = hot + " " + promptOf(t, "follower"+strconv.Itoa(i), 64)
+		keys[i] = c.keysOf(t, prompts[i])
 	}
 	control := promptOf(t, "control", hotTokens+64)
+	ck, lk := c.keysOf(t, control), c.keysOf(t, lp)
+	before := c.engineCounters(t)
+	leader := c.send(t, lp, 4)
+	holder := c.waitDecision(t, lk)
+	other := c.otherThan(holder)
+
+	var followers []*call
+	for i := range prompts {
+		followers = append(followers, c.send(t, prompts[i], 4))
+		must.Eq(t, holder, c.waitDecision(t, keys[i]), must.Sprintf("follower %d left the leader's engine", i))
+	}
 	ctl := c.send(t, control, 4)
-	must.Eq(t, other, c.waitDecision(t, c.keysOf(t, control)), must.Sprint("a new prompt as long as the followers goes to the idle engine"))
+	must.Eq(t, other, c.waitDecision(t, ck), must.Sprint("a new prompt as long as the followers goes to the idle engine"))
 	c.requireUnconfirmed(t, hot)
 	for _, f := range append(followers, leader, ctl) {
 		f.wait(t)
@@ -95,11 +100,11 @@ func testRecordThenEvents(t *testing.T, bin string) {
 	must.GreaterEq(t, 6*(hotTokens-16), after[holder].hits-before[holder].hits)
 
 	// (b) The events arrive: the holder is confirmed, nothing of it in flight.
-	keys := c.keysOf(t, hot)
+	hk := c.keysOf(t, hot)
 	testutil.Eventually(t, 20*time.Second, "the holder's events to confirm the prefix", func() bool {
-		return matched(c.cache.EventIndex(), keys, holder) == len(keys)
+		return matched(c.cache.EventIndex(), hk, holder) == len(hk)
 	})
-	for _, m := range c.cache.Match(keys, prefixindex.DefaultTierWeights(), nil) {
+	for _, m := range c.cache.Match(hk, prefixindex.DefaultTierWeights(), nil) {
 		if m.Worker == holder {
 			must.Eq(t, 0, m.Inflight)
 		}
@@ -236,15 +241,22 @@ func (c *eventCluster) measureRates(t *testing.T) {
 // each follower went to (from the router's record of its decisions), checked
 // against the engines' own request counters.
 func (c *eventCluster) burst(t *testing.T, hot, tag string, n int) []string {
-	before := c.engineCounters(t)
+	// Prompts and keys first: the leader's prefill bounds the time the
+	// decisions have.
+	prompts, keys := make([]string, n), make([][]uint64, n)
+	for i := range prompts {
+		prompts[i] = hot + " " + promptOf(t, fmt.Sprintf("%s-%d", tag, i), 512)
+		keys[i] = c.keysOf(t, prompts[i])
+	}
 	lp := hot + " " + promptOf(t, tag+"-leader", 512)
+	lk := c.keysOf(t, lp)
+	before := c.engineCounters(t)
 	calls := []*call{c.send(t, lp, 4)}
-	c.firstHolder = c.waitDecision(t, c.keysOf(t, lp))
+	c.firstHolder = c.waitDecision(t, lk)
 	seq := make([]string, n)
 	for i := range seq {
-		p := hot + " " + promptOf(t, fmt.Sprintf("%s-%d", tag, i), 512)
-		calls = append(calls, c.send(t, p, 4))
-		seq[i] = c.waitDecision(t, c.keysOf(t, p))
+		calls = append(calls, c.send(t, prompts[i], 4))
+		seq[i] = c.waitDecision(t, keys[i])
 	}
 	if matched(c.cache.EventIndex(), c.keysOf(t, hot), c.firstHolder) == 0 {
 		c.requireUnconfirmed(t, hot) // a new prefix: nobody confirmed it during the decisions
