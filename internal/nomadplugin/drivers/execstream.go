@@ -77,9 +77,9 @@ func pumpExecInput(ctx context.Context, stream ExecTaskStream, stdin *io.PipeWri
 
 // execWriter sends what is written to it as stdout or stderr messages.
 type execWriter struct {
-	send   func(*ExecTaskStreamingResponseMsg) error
-	wrap   func(*driverspb.ExecTaskStreamingIOOperation) *ExecTaskStreamingResponseMsg
-	once   sync.Once
+	send func(*ExecTaskStreamingResponseMsg) error
+	wrap func(*driverspb.ExecTaskStreamingIOOperation) *ExecTaskStreamingResponseMsg
+	once sync.Once
 }
 
 func (w *execWriter) Write(p []byte) (int, error) {
