@@ -222,7 +222,7 @@ func Graph(ctx context.Context, dir string) ([]Module, error) {
 			}
 			// Only its go.mod is in the graph and its source cannot be had
 			// (e.g. the checksum database lacks it): nothing of it is built.
-			m.Problem = ""
+			m.deny()
 			mods = append(mods, m)
 			continue
 		}
@@ -235,6 +235,7 @@ func Graph(ctx context.Context, dir string) ([]Module, error) {
 			return nil, fmt.Errorf("module %s: %w", m.ID(), err)
 		}
 		m.verdict()
+		m.deny()
 		mods = append(mods, m)
 	}
 	return mods, nil

@@ -115,6 +115,33 @@ func TestVerdict(t *testing.T) {
 	}
 }
 
+// TestDeniedModulePathFailsWhateverItsLicence: the Nomad module fails
+// even at v1.6.3, whose LICENSE is MPL-2.0; its api submodule passes.
+func TestDeniedModulePathFailsWhateverItsLicence(t *testing.T) {
+	cases := []struct {
+		path    string
+		problem string
+	}{
+		{"github.com/hashicorp/nomad", "not to use: under the Business Source License"},
+		{"github.com/hashicorp/consul/troubleshoot", "not to use"},
+		{"go.k6.io/k6", "not to use: under the AGPL"},
+		{"github.com/hashicorp/nomad/api", ""},
+		{"github.com/hashicorp/consul/api", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.path, func(t *testing.T) {
+			m := Module{Path: tc.path, Version: "v1.6.3", Files: map[string]string{"LICENSE": mplText}, Linked: true}
+			m.verdict()
+			m.deny()
+			if tc.problem == "" {
+				must.EqOp(t, "", m.Problem)
+			} else {
+				must.StrContains(t, m.Problem, tc.problem)
+			}
+		})
+	}
+}
+
 func TestIsLicenseFile(t *testing.T) {
 	for _, n := range []string{"LICENSE", "LICENSE.txt", "license.md", "LICENCE", "COPYING", "LICENSE-APACHE", "UNLICENSE"} {
 		must.True(t, isLicenseFile(n), must.Sprint(n))

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 // Engine names accepted in the task config's "engine" field.

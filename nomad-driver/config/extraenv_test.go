@@ -3,10 +3,10 @@ package config
 import (
 	"testing"
 
-	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 // TestExtraEnvDecodesAsNomadsClientEncodes takes extra_env the way a job's config block reaches
@@ -14,8 +14,6 @@ import (
 // Nomad's HCL job parser turns `extra_env = { FOO = "bar" }` (and the block `extra_env { ... }`)
 // into a list of one map; a job submitted as JSON or through the API may carry the map itself.
 func TestExtraEnvDecodesAsNomadsClientEncodes(t *testing.T) {
-	spec, diags := hclspecutils.Convert(TaskSpec)
-	must.False(t, diags.HasErrors())
 	cases := []struct {
 		name    string
 		env     any // nil: unset
@@ -38,17 +36,14 @@ func TestExtraEnvDecodesAsNomadsClientEncodes(t *testing.T) {
 			if tc.env != nil {
 				raw["extra_env"] = tc.env
 			}
-			val, diags, errs := hclutils.ParseHclInterface(raw, spec, nil)
+			buf, err := hclspec.Encode(TaskSpec, raw)
 			if tc.wantErr {
-				must.True(t, len(errs) > 0 || diags.HasErrors(), must.Sprint("the client's schema must refuse it"))
+				must.Error(t, err, must.Sprint("the client's schema must refuse it"))
 				return
 			}
-			must.SliceEmpty(t, errs)
-			must.False(t, diags.HasErrors(), must.Sprint(diags))
-			var rawCfg drivers.TaskConfig
-			must.NoError(t, rawCfg.EncodeDriverConfig(val))
+			must.NoError(t, err)
 			var cfg TaskConfig
-			must.NoError(t, rawCfg.DecodeDriverConfig(&cfg))
+			must.NoError(t, base.MsgPackDecode(buf, &cfg))
 			if tc.want == nil {
 				must.MapEmpty(t, cfg.ExtraEnv)
 				return

@@ -3,18 +3,16 @@ package config
 import (
 	"testing"
 
-	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 // TestTaskConfigDecodesAsNomadsClientEncodes goes the way a job's config block reaches StartTask:
 // hclspec → cty → cty's msgpack encoding → DecodeDriverConfig. cty sends 0.9 as the string
 // "0.9" (float64 cannot hold it exactly), which a float64 field cannot decode.
 func TestTaskConfigDecodesAsNomadsClientEncodes(t *testing.T) {
-	spec, diags := hclspecutils.Convert(TaskSpec)
-	must.False(t, diags.HasErrors())
 	cases := []struct {
 		name         string
 		util, sizeGB any
@@ -28,16 +26,13 @@ func TestTaskConfigDecodesAsNomadsClientEncodes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			val, diags, errs := hclutils.ParseHclInterface(map[string]any{
+			buf, err := hclspec.Encode(TaskSpec, map[string]any{
 				"engine": "vllm", "model": "m", "gpu_memory_utilization": tc.util, "kv_offload_size_gb": tc.sizeGB,
 				"tensor_parallel_size": 2,
-			}, spec, nil)
-			must.SliceEmpty(t, errs)
-			must.False(t, diags.HasErrors(), must.Sprint(diags))
-			var raw drivers.TaskConfig
-			must.NoError(t, raw.EncodeDriverConfig(val))
+			})
+			must.NoError(t, err)
 			var cfg TaskConfig
-			must.NoError(t, raw.DecodeDriverConfig(&cfg))
+			must.NoError(t, base.MsgPackDecode(buf, &cfg))
 			must.Eq(t, tc.wantUtil, cfg.GPUMemoryUtilization)
 			must.Eq(t, tc.wantSize, cfg.KVOffloadSizeGB)
 			must.Eq(t, 2, cfg.TensorParallelSize)

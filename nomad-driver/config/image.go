@@ -8,7 +8,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 // Container runtimes the plugin's container block accepts.

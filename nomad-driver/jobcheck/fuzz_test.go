@@ -8,11 +8,10 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
 )
@@ -51,20 +50,15 @@ func configBlock(src []byte) (map[string]any, bool) {
 // clientDecode is the path a config block takes to StartTask: the driver's
 // hclspec (TaskSpec) → cty → msgpack → DecodeDriverConfig.
 func clientDecode(t *testing.T, raw map[string]any) (config.TaskConfig, bool) {
-	spec, diags := hclspecutils.Convert(config.TaskSpec)
-	if diags.HasErrors() {
-		t.Fatal(diags)
+	buf, err := hclspec.Encode(config.TaskSpec, raw)
+	if errors.Is(err, hclspec.ErrInvalidSpec) {
+		t.Fatal(err)
 	}
-	val, diags, errs := hclutils.ParseHclInterface(raw, spec, nil)
-	if len(errs) > 0 || diags.HasErrors() {
-		return config.TaskConfig{}, false
-	}
-	var tc drivers.TaskConfig
-	if err := tc.EncodeDriverConfig(val); err != nil {
+	if err != nil {
 		return config.TaskConfig{}, false
 	}
 	var cfg config.TaskConfig
-	if err := tc.DecodeDriverConfig(&cfg); err != nil {
+	if err := base.MsgPackDecode(buf, &cfg); err != nil {
 		return config.TaskConfig{}, false
 	}
 	return cfg, true

@@ -16,13 +16,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/hcl/v2/hcldec"
 	nomadapi "github.com/hashicorp/nomad/api"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -91,12 +89,9 @@ func TestEveryRequiredRecipeExists(t *testing.T) {
 func TestJobsValidatePlanAndRender(t *testing.T) {
 	root, err := testbed.RepoRoot()
 	must.NoError(t, err)
-	spec, diags := hclspecutils.Convert(config.TaskSpec)
-	must.False(t, diags.HasErrors(), must.Sprint(diags))
-
 	for _, f := range jobFiles(t) {
 		for _, v := range append([]variant{{}}, jobVariants[f.rel]...) {
-			t.Run(f.rel+v.suffix, func(t *testing.T) { checkJob(t, root, spec, f, v) })
+			t.Run(f.rel+v.suffix, func(t *testing.T) { checkJob(t, root, f, v) })
 		}
 	}
 }
@@ -112,7 +107,7 @@ var jobVariants = map[string][]variant{
 	"recipes/tiny/sim/disagg/job.nomad.hcl": {{"_sglang", map[string]string{"protocol": "sglang"}}},
 }
 
-func checkJob(t *testing.T, root string, spec hcldec.Spec, f jobFile, v variant) {
+func checkJob(t *testing.T, root string, f jobFile, v variant) {
 	// The mesh recipes' sidecar variables for a test bed without Envoy; other files
 	// declare none of them.
 	vars := stack.MeshVariables()
@@ -161,7 +156,7 @@ func checkJob(t *testing.T, root string, spec hcldec.Spec, f jobFile, v variant)
 				continue
 			}
 			fmt.Fprintf(&golden, "== group %s task %s\n", *tg.Name, task.Name)
-			golden.WriteString(renderTask(t, spec, tg, task))
+			golden.WriteString(renderTask(t, tg, task))
 		}
 	}
 	if golden.Len() == 0 {
@@ -181,17 +176,12 @@ var exampleTiers = map[string]map[string]string{
 
 // renderTask decodes a task's config as Nomad's client does (hclspec → cty → msgpack → struct)
 // and renders it with deterministic ports and GPUs.
-func renderTask(t *testing.T, spec hcldec.Spec, tg *nomadapi.TaskGroup, task *nomadapi.Task) string {
+func renderTask(t *testing.T, tg *nomadapi.TaskGroup, task *nomadapi.Task) string {
 	t.Helper()
-	val, diags, errs := hclutils.ParseHclInterface(task.Config, spec, nil)
-	must.SliceEmpty(t, errs)
-	must.False(t, diags.HasErrors(), must.Sprintf("task %s config does not fit the llm driver's schema: %s", task.Name, diags))
-	var tc drivers.TaskConfig
-	if err := tc.EncodeDriverConfig(val); err != nil {
-		t.Fatalf("encoding task %s config: %v", task.Name, err)
-	}
+	buf, err := hclspec.Encode(config.TaskSpec, task.Config)
+	must.NoError(t, err, must.Sprintf("task %s config does not fit the llm driver's schema", task.Name))
 	var cfg config.TaskConfig
-	if err := tc.DecodeDriverConfig(&cfg); err != nil {
+	if err := base.MsgPackDecode(buf, &cfg); err != nil {
 		t.Fatalf("decoding task %s config %v: %v", task.Name, task.Config, err)
 	}
 
