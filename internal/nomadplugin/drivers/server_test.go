@@ -36,7 +36,7 @@ func (f *fakeDriver) PluginInfo() (*base.PluginInfoResponse, error) {
 	return &base.PluginInfoResponse{Type: base.PluginTypeDriver, PluginApiVersions: []string{ApiVersion010}, PluginVersion: "0.1.0", Name: "fake"}, nil
 }
 func (f *fakeDriver) ConfigSchema() (*hclspec.Spec, error) { return hclspec.NewObject(nil), nil }
-func (f *fakeDriver) SetConfig(*base.Config) error          { return nil }
+func (f *fakeDriver) SetConfig(*base.Config) error         { return nil }
 func (f *fakeDriver) TaskConfigSchema() (*hclspec.Spec, error) {
 	return hclspec.NewObject(map[string]*hclspec.Spec{"engine": hclspec.NewAttr("engine", "string", true)}), nil
 }
@@ -105,8 +105,10 @@ func (f *fakeDriver) TaskStats(ctx context.Context, id string, interval time.Dur
 	}()
 	return ch, nil
 }
-func (f *fakeDriver) TaskEvents(ctx context.Context) (<-chan *TaskEvent, error) { return f.events.TaskEvents(ctx) }
-func (f *fakeDriver) SignalTask(id, sig string) error                          { return nil }
+func (f *fakeDriver) TaskEvents(ctx context.Context) (<-chan *TaskEvent, error) {
+	return f.events.TaskEvents(ctx)
+}
+func (f *fakeDriver) SignalTask(id, sig string) error { return nil }
 func (f *fakeDriver) ExecTask(id string, cmd []string, timeout time.Duration) (*ExecTaskResult, error) {
 	return &ExecTaskResult{Stdout: []byte(strings.Join(cmd, " ")), ExitResult: &ExitResult{ExitCode: 7}}, nil
 }
