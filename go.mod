@@ -7,6 +7,7 @@ require (
 	github.com/cilium/ebpf v0.9.1
 	github.com/cockroachdb/pebble v1.1.5
 	github.com/containernetworking/plugins v1.2.0
+	github.com/creack/pty v1.1.18
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/hashicorp/consul/api v1.33.0
 	github.com/hashicorp/go-hclog v1.6.3
@@ -66,7 +67,6 @@ require (
 	github.com/container-storage-interface/spec v1.7.0 // indirect
 	github.com/containerd/console v1.0.3 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
-	github.com/creack/pty v1.1.18 // indirect
 	github.com/cyphar/filepath-securejoin v0.2.4 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
