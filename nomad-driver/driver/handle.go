@@ -24,6 +24,10 @@ type TaskState struct {
 	// Supervisor reaches the supervisor process that runs the engine; nil
 	// for openai_compat (no process) and image tasks (a container).
 	Supervisor *supervisor.State
+	// LegacyExecutor is set in handles of an older nomad-driver-llm built on
+	// Nomad's executor (its msgpack key, ReattachConfig); RecoverTask ends
+	// that engine so the restarted task finds its ports free.
+	LegacyExecutor *legacyExecutor `codec:"ReattachConfig"`
 	TaskConfig *drivers.TaskConfig
 	Pid        int
 	StartedAt  time.Time

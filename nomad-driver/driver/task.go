@@ -217,9 +217,10 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 		return d.recoverContainer(h)
 	}
 	if st.Supervisor == nil {
-		// A handle of a driver built on Nomad's executor (before Oasis
-		// spoke the protocol itself) names no supervisor.
-		return fmt.Errorf("recovering task %s: its driver state names no supervisor (started by an older nomad-driver-llm)", handle.Config.ID)
+		if err := endLegacyEngine(st.LegacyExecutor, st.Pid); err != nil {
+			logger.Warn("not ending an older driver's engine", "pid", st.Pid, "reason", err)
+		}
+		return fmt.Errorf("recovering task %s: %w", handle.Config.ID, errLegacyHandle)
 	}
 	ctx, cancel := context.WithTimeout(d.ctx, reattachTimeout)
 	defer cancel()
