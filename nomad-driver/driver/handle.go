@@ -28,12 +28,12 @@ type TaskState struct {
 	// Nomad's executor (its msgpack key, ReattachConfig); RecoverTask ends
 	// that engine so the restarted task finds its ports free.
 	LegacyExecutor *legacyExecutor `codec:"ReattachConfig"`
-	TaskConfig *drivers.TaskConfig
-	Pid        int
-	StartedAt  time.Time
-	Engine     string
-	Model      string
-	HealthURL  string
+	TaskConfig     *drivers.TaskConfig
+	Pid            int
+	StartedAt      time.Time
+	Engine         string
+	Model          string
+	HealthURL      string
 	// HealthNetNS is the allocation's network namespace (bridge mode) the
 	// health check dials HealthURL from; empty dials from the host.
 	HealthNetNS   string
