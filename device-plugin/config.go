@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 // Defaults of the plugin block. fingerprint_period matches nomad-device-nvidia.

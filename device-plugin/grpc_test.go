@@ -7,16 +7,17 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	plugin "github.com/hashicorp/go-plugin"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/device"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
 )
 
-// TestGRPCRoundTrip drives the plugin through Nomad's own device plugin
-// gRPC client and server (go-plugin's in-process test connection), so every
-// value crosses the same protobuf conversion the Nomad client uses.
+// TestGRPCRoundTrip drives the plugin through the device plugin protocol's
+// gRPC server and client (internal/nomadplugin/device, over go-plugin's
+// in-process test connection), so every value crosses the wire encoding the
+// Nomad client reads.
 func TestGRPCRoundTrip(t *testing.T) {
 	fx := newFixture(t)
 	impl := New(testLogger(), fx.srv)

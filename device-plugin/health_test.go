@@ -71,7 +71,7 @@ func TestHealth_LostAndRecovered(t *testing.T) {
 	f := nextFingerprint(t, ch)
 	must.False(t, deviceByID(f, id).Healthy)
 
-	fx.state[5].lost.Store(true)
+	fx.state[5].Lost.Store(true)
 	groups := p.collectStats(time.Now())
 	must.MapLen(t, 7, groups[0].InstanceStats, must.Sprint("a lost GPU has no stats"))
 	f = nextFingerprint(t, ch)
@@ -86,7 +86,7 @@ func TestHealth_LostAndRecovered(t *testing.T) {
 	_, err := p.Reserve([]string{id})
 	must.NoError(t, err, must.Sprint("Nomad decides on health; a known id is reservable"))
 
-	fx.state[5].lost.Store(false)
+	fx.state[5].Lost.Store(false)
 	f = nextFingerprint(t, ch)
 	d = deviceByID(f, id)
 	must.True(t, d.Healthy)
@@ -191,7 +191,7 @@ func TestHealth_EventSetLostTriggersRescan(t *testing.T) {
 	ch := startFingerprint(t, p)
 	nextFingerprint(t, ch)
 
-	fx.state[6].lost.Store(true)
+	fx.state[6].Lost.Store(true)
 	fx.waitErrs <- nvml.ERROR_GPU_IS_LOST
 	f := nextFingerprint(t, ch)
 	d := deviceByID(f, fx.gpus[6].UUID)

@@ -6,7 +6,8 @@ import (
 	"sort"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/hashicorp/nomad/plugins/shared/structs"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 )
 
 // Fingerprint attribute names. The first nine are nomad-device-nvidia's, so
@@ -23,6 +24,15 @@ const (
 	AttrPower             = "power" // enforced power limit, W
 	AttrComputeCapability = "compute_capability"
 	AttrCUDADriverVersion = "cuda_driver_version"
+)
+
+// Units of the attributes and stats, as Nomad's client spells them (it
+// refuses a device attribute with a unit it does not know).
+const (
+	unitMiB    = "MiB"
+	unitW      = "W"
+	unitMHz    = "MHz"
+	unitMBPerS = "MB/s"
 )
 
 // lostReason is the health description of a GPU that NVML reports as lost.
@@ -153,26 +163,26 @@ func readGPU(dev nvml.Device, uuid string, p *probe) *gpu {
 		g.PCIBusID = cString(pci.BusId[:])
 	}
 	if mem, ret := dev.GetMemoryInfo(); p.ok(ret) {
-		g.Attrs[AttrMemory] = structs.NewIntAttribute(int64(mem.Total>>20), structs.UnitMiB)
+		g.Attrs[AttrMemory] = structs.NewIntAttribute(int64(mem.Total>>20), unitMiB)
 	}
 	if bar1, ret := dev.GetBAR1MemoryInfo(); p.ok(ret) {
-		g.Attrs[AttrBAR1] = structs.NewIntAttribute(int64(bar1.Bar1Total>>20), structs.UnitMiB)
+		g.Attrs[AttrBAR1] = structs.NewIntAttribute(int64(bar1.Bar1Total>>20), unitMiB)
 	}
 	if mw, ret := dev.GetEnforcedPowerLimit(); p.ok(ret) {
-		g.Attrs[AttrPower] = structs.NewIntAttribute(int64((mw+500)/1000), structs.UnitW)
+		g.Attrs[AttrPower] = structs.NewIntAttribute(int64((mw+500)/1000), unitW)
 	}
 	// Maximum clocks, not current ones: an attribute must not move with load,
 	// or every fingerprint would differ.
 	if mhz, ret := dev.GetMaxClockInfo(nvml.CLOCK_GRAPHICS); p.ok(ret) {
-		g.Attrs[AttrCoresClock] = structs.NewIntAttribute(int64(mhz), structs.UnitMHz)
+		g.Attrs[AttrCoresClock] = structs.NewIntAttribute(int64(mhz), unitMHz)
 	}
 	if mhz, ret := dev.GetMaxClockInfo(nvml.CLOCK_MEM); p.ok(ret) {
-		g.Attrs[AttrMemoryClock] = structs.NewIntAttribute(int64(mhz), structs.UnitMHz)
+		g.Attrs[AttrMemoryClock] = structs.NewIntAttribute(int64(mhz), unitMHz)
 	}
 	gen, retGen := dev.GetMaxPcieLinkGeneration()
 	width, retWidth := dev.GetMaxPcieLinkWidth()
 	if p.ok(retGen) && p.ok(retWidth) {
-		g.Attrs[AttrPCIBandwidth] = structs.NewIntAttribute(pciBandwidthMBps(gen, width), structs.UnitMBPerS)
+		g.Attrs[AttrPCIBandwidth] = structs.NewIntAttribute(pciBandwidthMBps(gen, width), unitMBPerS)
 	}
 	if mode, ret := dev.GetDisplayMode(); p.ok(ret) {
 		g.Attrs[AttrDisplayState] = structs.NewStringAttribute(enableState(mode))
@@ -225,7 +235,7 @@ func readMIGs(dev nvml.Device, parent *gpu, p *probe) []*gpu {
 			m.Name = name
 		}
 		if mem, ret := mig.GetMemoryInfo(); p.ok(ret) {
-			m.Attrs[AttrMemory] = structs.NewIntAttribute(int64(mem.Total>>20), structs.UnitMiB)
+			m.Attrs[AttrMemory] = structs.NewIntAttribute(int64(mem.Total>>20), unitMiB)
 		}
 		if id, ret := mig.GetGpuInstanceId(); p.ok(ret) {
 			m.GIID = id

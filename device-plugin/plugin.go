@@ -17,9 +17,10 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/device"
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 const (

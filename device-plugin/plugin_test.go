@@ -8,12 +8,12 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/device"
-	"github.com/hashicorp/nomad/plugins/shared/structs"
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 )
 
 func TestConfig_Decode(t *testing.T) {
@@ -92,12 +92,12 @@ func TestFingerprint_Attributes(t *testing.T) {
 	}
 
 	want := map[string]*structs.Attribute{
-		AttrMemory:            structs.NewIntAttribute(40960, structs.UnitMiB),
-		AttrBAR1:              structs.NewIntAttribute(65536, structs.UnitMiB),
-		AttrPower:             structs.NewIntAttribute(400, structs.UnitW), // enforced limit, not draw
-		AttrCoresClock:        structs.NewIntAttribute(fxMaxGfxMHz, structs.UnitMHz),
-		AttrMemoryClock:       structs.NewIntAttribute(fxMaxMemMHz, structs.UnitMHz),
-		AttrPCIBandwidth:      structs.NewIntAttribute(32768, structs.UnitMBPerS),
+		AttrMemory:            structs.NewIntAttribute(40960, unitMiB),
+		AttrBAR1:              structs.NewIntAttribute(65536, unitMiB),
+		AttrPower:             structs.NewIntAttribute(400, unitW), // enforced limit, not draw
+		AttrCoresClock:        structs.NewIntAttribute(fxMaxGfxMHz, unitMHz),
+		AttrMemoryClock:       structs.NewIntAttribute(fxMaxMemMHz, unitMHz),
+		AttrPCIBandwidth:      structs.NewIntAttribute(32768, unitMBPerS),
 		AttrDisplayState:      structs.NewStringAttribute("Disabled"),
 		AttrPersistenceMode:   structs.NewStringAttribute("Enabled"),
 		AttrDriverVersion:     structs.NewStringAttribute("550.54.15"),
@@ -177,7 +177,7 @@ func TestFingerprint_MIG(t *testing.T) {
 	}
 	for _, g := range f.Devices {
 		if g.Name == migs[1].name {
-			must.Eq(t, structs.NewIntAttribute(4864, structs.UnitMiB).GoString(), g.Attributes[AttrMemory].GoString())
+			must.Eq(t, structs.NewIntAttribute(4864, unitMiB).GoString(), g.Attributes[AttrMemory].GoString())
 			must.Eq(t, "8.0", *g.Attributes[AttrComputeCapability].String)
 		}
 	}

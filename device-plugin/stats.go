@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/hashicorp/nomad/plugins/device"
-	"github.com/hashicorp/nomad/plugins/shared/structs"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 )
 
 // Stat names under DeviceStats.Stats.Attributes. "Power usage", "GPU
@@ -151,9 +152,9 @@ func readStats(g *gpu, pr *probe, ts time.Time) *device.DeviceStats {
 	attrs := make(map[string]*structs.StatValue, 15)
 
 	if mem, ret := dev.GetMemoryInfo(); pr.ok(ret) {
-		attrs[StatMemoryState] = ratio(int64(mem.Used>>20), int64(mem.Total>>20), structs.UnitMiB, "Used / total device memory")
+		attrs[StatMemoryState] = ratio(int64(mem.Used>>20), int64(mem.Total>>20), unitMiB, "Used / total device memory")
 	} else {
-		attrs[StatMemoryState] = na(structs.UnitMiB, "Used / total device memory")
+		attrs[StatMemoryState] = na(unitMiB, "Used / total device memory")
 	}
 	if g.MIG {
 		// MIG instances have no power, clock or utilization telemetry of their
@@ -166,22 +167,22 @@ func readStats(g *gpu, pr *probe, ts time.Time) *device.DeviceStats {
 		}
 	}
 
-	draw, limit := na(structs.UnitW, "Power draw of the GPU and its memory"), na(structs.UnitW, "Enforced power limit")
+	draw, limit := na(unitW, "Power draw of the GPU and its memory"), na(unitW, "Enforced power limit")
 	mwDraw, retDraw := dev.GetPowerUsage()
 	if pr.ok(retDraw) {
-		draw = float(float64(mwDraw)/1000, structs.UnitW, "Power draw of the GPU and its memory")
+		draw = float(float64(mwDraw)/1000, unitW, "Power draw of the GPU and its memory")
 	}
 	mwLimit, retLimit := dev.GetEnforcedPowerLimit()
 	if pr.ok(retLimit) {
-		limit = float(float64(mwLimit)/1000, structs.UnitW, "Enforced power limit")
+		limit = float(float64(mwLimit)/1000, unitW, "Enforced power limit")
 	}
 	attrs[StatPowerDraw] = draw
 	attrs[StatPowerLimit] = limit
 	if retDraw == nvml.SUCCESS && retLimit == nvml.SUCCESS {
 		w, l := float64(mwDraw)/1000, float64(mwLimit)/1000
-		attrs[StatPowerUsage] = &structs.StatValue{FloatNumeratorVal: &w, FloatDenominatorVal: &l, Unit: structs.UnitW, Desc: "Power draw / enforced power limit"}
+		attrs[StatPowerUsage] = &structs.StatValue{FloatNumeratorVal: &w, FloatDenominatorVal: &l, Unit: unitW, Desc: "Power draw / enforced power limit"}
 	} else {
-		attrs[StatPowerUsage] = na(structs.UnitW, "Power draw / enforced power limit")
+		attrs[StatPowerUsage] = na(unitW, "Power draw / enforced power limit")
 	}
 
 	if mj, ret := dev.GetTotalEnergyConsumption(); pr.ok(ret) {
@@ -208,9 +209,9 @@ func readStats(g *gpu, pr *probe, ts time.Time) *device.DeviceStats {
 		attrs[StatDecoderUtilization] = na("%", "Video decoder utilization")
 	}
 	if b, ret := dev.GetBAR1MemoryInfo(); pr.ok(ret) {
-		attrs[StatBAR1State] = ratio(int64(b.Bar1Used>>20), int64(b.Bar1Total>>20), structs.UnitMiB, "Used / total BAR1 memory")
+		attrs[StatBAR1State] = ratio(int64(b.Bar1Used>>20), int64(b.Bar1Total>>20), unitMiB, "Used / total BAR1 memory")
 	} else {
-		attrs[StatBAR1State] = na(structs.UnitMiB, "Used / total BAR1 memory")
+		attrs[StatBAR1State] = na(unitMiB, "Used / total BAR1 memory")
 	}
 	if t, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); pr.ok(ret) {
 		attrs[StatTemperature] = integer(int64(t), "C", "GPU die temperature")
@@ -218,9 +219,9 @@ func readStats(g *gpu, pr *probe, ts time.Time) *device.DeviceStats {
 		attrs[StatTemperature] = na("C", "GPU die temperature")
 	}
 	if mhz, ret := dev.GetClockInfo(nvml.CLOCK_SM); pr.ok(ret) {
-		attrs[StatSMClock] = integer(int64(mhz), structs.UnitMHz, "Current SM clock")
+		attrs[StatSMClock] = integer(int64(mhz), unitMHz, "Current SM clock")
 	} else {
-		attrs[StatSMClock] = na(structs.UnitMHz, "Current SM clock")
+		attrs[StatSMClock] = na(unitMHz, "Current SM clock")
 	}
 
 	mask, ret := dev.GetCurrentClocksEventReasons()

@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/hashicorp/nomad/plugins/device"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
 )
 
 // fingerprinted returns a plugin whose inventory holds the fixture's GPUs.
@@ -97,7 +98,7 @@ func TestStats_PerTestOverrides(t *testing.T) {
 	d.GetCurrentClocksThrottleReasonsFunc = func() (uint64, nvml.Return) {
 		return nvml.ClocksThrottleReasonHwPowerBrakeSlowdown | nvml.ClocksEventReasonSwThermalSlowdown, nvml.SUCCESS
 	}
-	fx.state[4].powerMW.Store(612_345)
+	fx.state[4].PowerMW.Store(612_345)
 	p := fingerprinted(t, fx, nil)
 
 	a := statOf(t, p.collectStats(time.Now()), d.UUID).Stats.Attributes

@@ -17,9 +17,8 @@ cmds=${DIST_CMDS:-oasis-router oasis-kvcached oasis-sim oasis-autoscaler-strateg
 out=${DIST_DIR:-$root/dist}
 host_arch=$(go env GOARCH)
 
-# Commands that need cgo: the llm driver links Nomad's executor (runc's libcontainer nsenter and
-# userns mappings are cgo), the device plugin binds libnvidia-ml through go-nvml's cgo dlopen.
-cgo_cmds=" nomad-driver-llm nomad-device-gpu "
+# Commands that need cgo: the device plugin binds libnvidia-ml through go-nvml's cgo dlopen.
+cgo_cmds=" nomad-device-gpu "
 
 # build_cmd CMD ARCH DIR: static binaries, except the cgo commands, which build only where a C
 # compiler for ARCH exists (the host's own architecture): they are left out of other tarballs.

@@ -1,5 +1,5 @@
-// Command gpu-check runs the built nomad-device-gpu plugin through Nomad's
-// plugin client (go-plugin handshake, gRPC, the device plugin client) and
+// Command gpu-check runs the built nomad-device-gpu plugin the way a Nomad
+// client does (go-plugin handshake, gRPC, Nomad's device plugin protocol) and
 // prints what a Nomad client would receive: the fingerprint and two stats
 // samples, against the machine's real NVML.
 //
@@ -25,10 +25,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/plugins/device"
-	"github.com/hashicorp/nomad/plugins/shared/structs"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 )
 
 type options struct {
@@ -205,11 +205,23 @@ func printStats(w io.Writer, i int, s *device.StatsResponse) {
 	}
 }
 
+// attrString renders an attribute as Nomad's CLI does: the value, the unit
+// right after it ("40960MiB").
 func attrString(a *structs.Attribute) string {
-	if a == nil {
+	var s string
+	switch {
+	case a == nil:
 		return "<nil>"
+	case a.Float != nil:
+		s = fmt.Sprintf("%v", *a.Float)
+	case a.Int != nil:
+		s = fmt.Sprintf("%d", *a.Int)
+	case a.Bool != nil:
+		s = fmt.Sprintf("%t", *a.Bool)
+	case a.String != nil:
+		s = *a.String
 	}
-	return strings.TrimSpace(a.GoString())
+	return strings.TrimSpace(s + a.Unit)
 }
 
 func statString(v *structs.StatValue) string {

@@ -14,6 +14,7 @@ import (
 	"github.com/shoenig/test/must"
 
 	"github.com/oasis-llm/oasis/device-plugin/pluginclient"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
@@ -100,4 +101,60 @@ func TestPluginBinary_StaysUpQuietlyWithoutGPUs(t *testing.T) {
 
 	text := logs.String()
 	must.Eq(t, 1, strings.Count(text, "libnvidia-ml.so.1 not found"), must.Sprint(text))
+}
+
+// When the plugin process dies, the client side of the protocol ends its
+// streams with device.ErrPluginShutdown and later calls fail with it: what
+// gpu-check reports and what a caller can test for.
+func TestPluginBinary_ExitEndsStreams(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := pluginclient.Launch(ctx, pluginBin, nil, hclog.NewNullLogger())
+	must.NoError(t, err)
+	defer c.Close()
+
+	fch, err := c.Device.Fingerprint(ctx)
+	must.NoError(t, err)
+	f := <-fch
+	must.NotNil(t, f)
+	must.NoError(t, f.Error)
+	sch, err := c.Device.Stats(ctx, 20*time.Millisecond)
+	must.NoError(t, err)
+	s := <-sch
+	must.NotNil(t, s)
+	must.NoError(t, s.Error)
+
+	pid := c.Pid()
+	must.Positive(t, pid)
+	must.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+
+	for name, errs := range map[string]<-chan error{
+		"fingerprint": streamErr(fch, func(r *device.FingerprintResponse) error { return r.Error }),
+		"stats":       streamErr(sch, func(r *device.StatsResponse) error { return r.Error }),
+	} {
+		select {
+		case err := <-errs:
+			must.ErrorIs(t, err, device.ErrPluginShutdown, must.Sprint(name))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s stream: no error within 10s of the plugin's death", name)
+		}
+	}
+	_, err = c.Device.Reserve([]string{"GPU-0"})
+	must.ErrorIs(t, err, device.ErrPluginShutdown)
+}
+
+// streamErr delivers the first error a stream's responses carry, or nil
+// when it closes without one.
+func streamErr[R any](ch <-chan R, errOf func(R) error) <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		for r := range ch {
+			if err := errOf(r); err != nil {
+				out <- err
+				return
+			}
+		}
+		out <- nil
+	}()
+	return out
 }

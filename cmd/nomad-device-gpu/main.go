@@ -5,14 +5,13 @@ package main
 
 import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/plugins"
 
 	deviceplugin "github.com/oasis-llm/oasis/device-plugin"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
 )
 
 func main() {
-	plugins.Serve(func(logger hclog.Logger) interface{} {
-		return deviceplugin.New(logger, nvml.New())
-	})
+	logger := base.NewServeLogger()
+	device.Serve(deviceplugin.New(logger, nvml.New()), logger)
 }

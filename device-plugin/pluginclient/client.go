@@ -1,7 +1,7 @@
 // Package pluginclient launches a Nomad device plugin binary the way the
 // Nomad client does (go-plugin, Nomad's handshake, gRPC, the base and device
-// plugin clients) and configures it the way Nomad's plugin loader does (the
-// plugin's own hclspec, msgpack-encoded). It exists so `gpu-check` and the
+// plugin services of internal/nomadplugin) and configures it the way Nomad's
+// plugin loader does (the plugin's own hclspec, cty msgpack-encoded). It exists so `gpu-check` and the
 // binary-level tests exercise the real plugin wire path without an agent.
 package pluginclient
 
@@ -12,12 +12,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	plugin "github.com/hashicorp/go-plugin"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclspecutils"
-	"github.com/hashicorp/nomad/helper/pluginutils/hclutils"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/device"
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
-	"github.com/zclconf/go-cty/cty/msgpack"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/device"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 )
 
 // Client is a running device plugin process.
@@ -107,20 +105,12 @@ func (c *Client) Close() error {
 
 // EncodeConfig parses config against a plugin's schema, applying its
 // defaults, and msgpack-encodes the result: what Nomad's plugin loader sends
-// in SetConfig.
+// in SetConfig. A nil config is an empty block.
 func EncodeConfig(spec *hclspec.Spec, config map[string]any) ([]byte, error) {
 	if config == nil {
 		config = map[string]any{}
 	}
-	dec, diag := hclspecutils.Convert(spec)
-	if diag.HasErrors() {
-		return nil, fmt.Errorf("converting config schema: %s", diag.Error())
-	}
-	val, diag, errs := hclutils.ParseHclInterface(config, dec, nil)
-	if diag.HasErrors() {
-		return nil, fmt.Errorf("parsing plugin config: %v", errs)
-	}
-	buf, err := msgpack.Marshal(val, val.Type())
+	buf, err := hclspec.Encode(spec, config)
 	if err != nil {
 		return nil, fmt.Errorf("encoding plugin config: %w", err)
 	}

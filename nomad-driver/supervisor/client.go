@@ -15,7 +15,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -131,9 +133,10 @@ func Launch(ctx context.Context, cfg Config, cmd Command) (*Handle, error) {
 		EnginePid: reply.Pid, EngineStart: reply.Start, LogFile: cfg.LogFile,
 	}}
 	go func() { _ = proc.Wait(); close(h.reaped) }()
-	if err := h.connect(ctx); err != nil {
-		_ = h.Kill()
-		return nil, err
+	if h.rpc, err = h.connect(ctx); err != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+		defer cancel()
+		return nil, errors.Join(err, Destroy(dctx, h.state))
 	}
 	cfg.Logger.Debug("supervisor launched", "pid", h.state.SupervisorPid, "engine_pid", reply.Pid, "socket", socket)
 	return h, nil
@@ -170,7 +173,13 @@ func startSupervisor(ctx context.Context, cfg Config, bin string, req wire.Launc
 		return nil, reply, err
 	}
 	defer repR.Close()
-	c := &exec.Cmd{Path: bin, Args: []string{bin, ModeArg}, Dir: "/", Stdout: logf, Stderr: logf,
+	// The log file (in the task directory) on the command line says in ps
+	// which task a supervisor serves, as Nomad's executor's did.
+	args := []string{bin, ModeArg}
+	if cfg.LogFile != "" {
+		args = append(args, cfg.LogFile)
+	}
+	c := &exec.Cmd{Path: bin, Args: args, Dir: "/", Env: supervisorEnv(os.Environ()), Stdout: logf, Stderr: logf,
 		ExtraFiles: []*os.File{reqR, repW}, SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
 	err = c.Start()
 	reqR.Close()
@@ -195,9 +204,28 @@ func startSupervisor(ctx context.Context, cfg Config, bin string, req wire.Launc
 	if err != nil {
 		_ = c.Process.Kill()
 		_ = c.Wait()
+		_ = os.Remove(req.Socket) // a SIGKILLed listener leaves its file
 		return nil, reply, err
 	}
 	return c, reply, nil
+}
+
+// supervisorEnvKeep are the driver's environment variables a supervisor
+// gets: those of Go's runtime and tools. The rest (the Nomad client's and
+// go-plugin's, tokens an operator set) it has no use for; the engine gets
+// exactly Command.Env.
+var supervisorEnvKeep = []string{"PATH", "TMPDIR", "TZ", "GODEBUG", "GOTRACEBACK", "GOMAXPROCS",
+	"GOMEMLIMIT", "GOGC", "GORACE", "GOCOVERDIR"}
+
+func supervisorEnv(env []string) []string {
+	out := []string{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(supervisorEnvKeep, k) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Reattach connects to the supervisor of st, as the driver does in
@@ -213,7 +241,8 @@ func Reattach(ctx context.Context, cfg Config, st State) (*Handle, error) {
 	if !running(st.SupervisorPid, st.SupervisorStart) {
 		return nil, &ConnectError{Socket: st.Socket, Pid: st.SupervisorPid, Err: errors.New("the supervisor process is gone")}
 	}
-	if err := h.connect(ctx); err != nil {
+	var err error
+	if h.rpc, err = h.connect(ctx); err != nil {
 		return nil, err
 	}
 	return h, nil
@@ -221,18 +250,18 @@ func Reattach(ctx context.Context, cfg Config, st State) (*Handle, error) {
 
 // connect dials the RPC connection and checks that the supervisor at the
 // socket is the one of the state.
-func (h *Handle) connect(ctx context.Context) error {
+func (h *Handle) connect(ctx context.Context) (*rpc.Client, error) {
 	conn, err := h.dialRaw(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := conn.Write([]byte{wire.PrefaceRPC}); err != nil {
 		conn.Close()
-		return &ConnectError{Socket: h.state.Socket, Pid: h.state.SupervisorPid, Err: err}
+		return nil, &ConnectError{Socket: h.state.Socket, Pid: h.state.SupervisorPid, Err: err}
 	}
-	h.rpc = rpc.NewClient(conn)
+	c := rpc.NewClient(conn)
 	var hello wire.Hello
-	err = h.call(ctx, "Supervisor.Hello", wire.Empty{}, &hello)
+	err = callOn(ctx, c, "Supervisor.Hello", wire.Empty{}, &hello)
 	switch {
 	case err != nil:
 	case hello.Version != wire.Version:
@@ -242,10 +271,10 @@ func (h *Handle) connect(ctx context.Context) error {
 			hello.Pid, hello.EnginePid, h.state.SupervisorPid, h.state.EnginePid)
 	}
 	if err != nil {
-		h.rpc.Close()
-		return &ConnectError{Socket: h.state.Socket, Pid: h.state.SupervisorPid, Err: err}
+		c.Close()
+		return nil, &ConnectError{Socket: h.state.Socket, Pid: h.state.SupervisorPid, Err: err}
 	}
-	return nil
+	return c, nil
 }
 
 func (h *Handle) dialRaw(ctx context.Context) (*net.UnixConn, error) {
@@ -257,15 +286,19 @@ func (h *Handle) dialRaw(ctx context.Context) (*net.UnixConn, error) {
 	return c.(*net.UnixConn), nil
 }
 
-// call makes an RPC bounded by ctx.
+// call makes an RPC on the Handle's connection, bounded by ctx.
 func (h *Handle) call(ctx context.Context, method string, args, reply any) error {
-	c := h.rpc.Go(method, args, reply, make(chan *rpc.Call, 1))
+	return callOn(ctx, h.rpc, method, args, reply)
+}
+
+func callOn(ctx context.Context, c *rpc.Client, method string, args, reply any) error {
+	call := c.Go(method, args, reply, make(chan *rpc.Call, 1))
 	select {
-	case <-c.Done:
-		if c.Error != nil && c.Error.Error() == errEngineExited {
+	case <-call.Done:
+		if call.Error != nil && call.Error.Error() == errEngineExited {
 			return ErrEngineExited
 		}
-		return c.Error
+		return call.Error
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -311,17 +344,13 @@ func (h *Handle) Shutdown(ctx context.Context, signal string, grace time.Duratio
 // Close drops the connection; the supervisor and the engine keep running
 // (the driver is shutting down). A Handle launched by this process keeps
 // reaping its supervisor child should it end.
-func (h *Handle) Close() error {
-	if h.rpc == nil {
-		return nil
-	}
-	return h.rpc.Close()
-}
+func (h *Handle) Close() error { return h.rpc.Close() }
 
 // Kill ends the supervisor and everything left of the engine's process
 // group, whether or not the supervisor still answers, and returns once
 // none of them is left (or with the error saying what is). It works on a
-// Closed Handle too (it connects again).
+// Closed Handle too (it connects again). Calls in flight on the Handle
+// (a Wait) get their answers if the supervisor sends them before it exits.
 func (h *Handle) Kill() error {
 	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 	defer cancel()
@@ -333,25 +362,23 @@ func (h *Handle) Kill() error {
 	wctx, wcancel := context.WithTimeout(ctx, killTimeout/2)
 	defer wcancel()
 	h.waitSupervisor(wctx)
+	h.rpc.Close()
 	return Destroy(ctx, h.state)
 }
 
 // killCall asks the supervisor to end, on the Handle's connection or, once
 // that is closed, a new one.
 func (h *Handle) killCall(ctx context.Context) error {
-	err := rpc.ErrShutdown
-	if h.rpc != nil {
-		err = h.call(ctx, "Supervisor.Kill", wire.Empty{}, &wire.Empty{})
-		h.rpc.Close()
-	}
+	err := h.call(ctx, "Supervisor.Kill", wire.Empty{}, &wire.Empty{})
 	if !errors.Is(err, rpc.ErrShutdown) || !running(h.state.SupervisorPid, h.state.SupervisorStart) {
 		return err
 	}
-	if err := h.connect(ctx); err != nil {
+	c, err := h.connect(ctx)
+	if err != nil {
 		return err
 	}
-	defer h.rpc.Close()
-	return h.call(ctx, "Supervisor.Kill", wire.Empty{}, &wire.Empty{})
+	defer c.Close()
+	return callOn(ctx, c, "Supervisor.Kill", wire.Empty{}, &wire.Empty{})
 }
 
 // waitSupervisor waits until the supervisor process is gone or ctx ends.

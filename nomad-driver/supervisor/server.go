@@ -28,14 +28,16 @@ const (
 	maxLaunchRequest = 4 << 20
 	// killWait bounds waiting for SIGKILLed processes to be gone.
 	killWait = 15 * time.Second
+	// prefaceTimeout bounds a new connection's first byte.
+	prefaceTimeout = 10 * time.Second
 )
 
-// Main runs the supervisor when os.Args select it ("<binary> supervisor",
-// as Launch starts it) and then exits the process; otherwise it returns
-// false at once. Call it first in main, before anything reads os.Args or
-// writes to stdout.
+// Main runs the supervisor when os.Args select it ("<binary> supervisor
+// [<log file>]", as Launch starts it) and then exits the process;
+// otherwise it returns false at once. Call it first in main, before
+// anything reads os.Args or writes to stdout.
 func Main() bool {
-	if len(os.Args) != 2 || os.Args[1] != ModeArg {
+	if len(os.Args) < 2 || len(os.Args) > 3 || os.Args[1] != ModeArg {
 		return false
 	}
 	os.Exit(runSupervisor(os.NewFile(3, "launch-request"), os.NewFile(4, "launch-reply")))
@@ -195,7 +197,9 @@ func (s *server) serveConn(c *net.UnixConn, rpcs *rpc.Server) {
 	}
 	buf := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(3*4))
+	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	_ = c.SetReadDeadline(time.Time{})
 	if err != nil || n != 1 {
 		c.Close()
 		return

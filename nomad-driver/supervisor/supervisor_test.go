@@ -17,8 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-msgpack/codec"
-
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
@@ -137,24 +136,23 @@ func TestReattachAfterDriverExit(t *testing.T) {
 	}
 }
 
-// roundTrip encodes a State as Nomad's task handle stores driver state
-// (msgpack, codec tags) and decodes it again.
+// roundTrip encodes a State as the driver stores it in Nomad's task handle
+// (base.MsgPackEncode: msgpack, codec tags) and decodes it again.
 func roundTrip(t *testing.T, st State) State {
 	t.Helper()
-	h := &codec.MsgpackHandle{}
 	var buf []byte
-	if err := codec.NewEncoderBytes(&buf, h).Encode(st); err != nil {
+	if err := base.MsgPackEncode(&buf, st); err != nil {
 		t.Fatal(err)
 	}
 	var m map[string]any
-	if err := codec.NewDecoderBytes(buf, h).Decode(&m); err != nil {
+	if err := base.MsgPackDecode(buf, &m); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := m["supervisor_pid"]; !ok {
 		t.Fatalf("encoded state has no codec-tagged keys: %v", m)
 	}
 	var out State
-	if err := codec.NewDecoderBytes(buf, h).Decode(&out); err != nil {
+	if err := base.MsgPackDecode(buf, &out); err != nil {
 		t.Fatal(err)
 	}
 	if out != st {
@@ -309,15 +307,21 @@ func TestExec(t *testing.T) {
 			}
 		})
 	}
-	t.Run("deadline kills the command", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	// The deadline's path: ctx ends once the command has started.
+	t.Run("an ended context kills the command", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		_, _, err := h.Exec(ctx, []string{"sh", "-c", `echo $$ > "$DIR/exec.pid"; exec sleep 1000`})
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Exec past its deadline = %v, want DeadlineExceeded", err)
-		}
+		errc := make(chan error, 1)
+		go func() {
+			_, _, err := h.Exec(ctx, []string{"sh", "-c", `echo $$ > "$DIR/exec.pid"; exec sleep 1000`})
+			errc <- err
+		}()
 		pid := pidIn(t, filepath.Join(dir, "exec.pid"))
-		testutil.Eventually(t, 20*time.Second, "the timed-out exec to be killed", func() bool { return !alive(pid) })
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Exec whose context ended = %v, want context.Canceled", err)
+		}
+		testutil.Eventually(t, 20*time.Second, "the cancelled exec to be killed", func() bool { return !alive(pid) })
 	})
 	t.Run("program not found", func(t *testing.T) {
 		_, _, err := h.Exec(ctxT(t, 10*time.Second), []string{"no-such-program"})
@@ -453,12 +457,22 @@ func TestKillLeavesNoProcess(t *testing.T) {
 	cfg := testConfig(t)
 	cmd, dir := shell(t, `sleep 1000 & echo $! > "$DIR/child"; exec sleep 1000`)
 	ctx := ctxT(t, 30*time.Second)
+	t.Setenv(launcherEnv+"_PROBE", "x")
 	h, err := Launch(ctx, cfg, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	child := pidIn(t, filepath.Join(dir, "child"))
 	st := h.State()
+	// The supervisor has the Go runtime's variables of the driver's
+	// environment only.
+	if env, _ := os.ReadFile("/proc/" + strconv.Itoa(st.SupervisorPid) + "/environ"); bytes.Contains(env, []byte(launcherEnv)) || bytes.Contains(env, []byte("FOO=bar")) {
+		t.Errorf("supervisor's environment %q holds more than the Go runtime's variables", env)
+	}
+	// ps (and the test bed's sweep of leftovers) tells the task by its log file.
+	if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(st.SupervisorPid) + "/cmdline"); !bytes.Contains(cl, []byte("\x00supervisor\x00"+cfg.LogFile)) {
+		t.Errorf("supervisor's command line %q does not name its log file %s", cl, cfg.LogFile)
+	}
 	if err := h.Kill(); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
@@ -475,28 +489,74 @@ func TestKillLeavesNoProcess(t *testing.T) {
 	}
 }
 
-// TestSupervisorKilled: a SIGKILLed supervisor takes its engine with it
-// (Pdeathsig); Destroy removes the rest of the engine's group.
-func TestSupervisorKilled(t *testing.T) {
-	cfg := testConfig(t)
-	cmd, dir := shell(t, `sleep 1000 & echo $! > "$DIR/child"; exec sleep 1000`)
-	h := launch(t, cfg, cmd)
-	child := pidIn(t, filepath.Join(dir, "child"))
-	st := h.State()
-	if err := syscall.Kill(st.SupervisorPid, syscall.SIGKILL); err != nil {
+// TestKillWhileWaiting is the driver's DestroyTask while its waitProcess
+// Waits: the Wait returns (the status, or an error if the supervisor
+// exited before sending it) and Kill leaves nothing.
+func TestKillWhileWaiting(t *testing.T) {
+	cmd, _ := shell(t, "exec sleep 1000")
+	h, err := Launch(ctxT(t, 30*time.Second), testConfig(t), cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, "the engine to die with its supervisor", func() bool { return !alive(st.EnginePid) })
-	_, err := Reattach(ctxT(t, 10*time.Second), cfg, st)
-	var ce *ConnectError
-	if !errors.As(err, &ce) || ce.Socket != st.Socket {
-		t.Fatalf("Reattach to a dead supervisor = %v, want a ConnectError naming %s", err, st.Socket)
+	type result struct {
+		ps  *ProcessState
+		err error
 	}
-	if err := Destroy(ctxT(t, 20*time.Second), st); err != nil {
-		t.Fatalf("Destroy: %v", err)
+	waited := make(chan result, 1)
+	go func() {
+		ps, err := h.Wait(context.Background())
+		waited <- result{ps, err}
+	}()
+	if err := h.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
 	}
-	if alive(child) {
-		t.Fatalf("engine's child %d outlived Destroy", child)
+	select {
+	case r := <-waited:
+		if r.err == nil && r.ps.Signal != 9 {
+			t.Fatalf("Wait during Kill = %+v, want SIGKILL", r.ps)
+		}
+	case <-ctxT(t, 20*time.Second).Done():
+		t.Fatal("Wait still blocked after Kill")
+	}
+	if alive(h.Pid()) || alive(h.State().SupervisorPid) {
+		t.Fatal("engine or supervisor outlived Kill")
+	}
+}
+
+// TestSupervisorKilled: a SIGKILLed supervisor takes its engine with it
+// (Pdeathsig, also for an engine that switched users: Go sets it after
+// setuid, which clears it); Destroy removes the rest of the engine's group.
+func TestSupervisorKilled(t *testing.T) {
+	users := []string{""}
+	if isRoot() {
+		users = append(users, "nobody")
+	}
+	for _, name := range users {
+		t.Run("user "+strconv.Quote(name), func(t *testing.T) {
+			cfg := testConfig(t)
+			// The child's pid goes to stdout, which the supervisor opens
+			// (nobody may not write the test's directory).
+			cmd, _ := shell(t, `sleep 1000 & echo $!; exec sleep 1000`)
+			cmd.User, cmd.Dir = name, "/"
+			h := launch(t, cfg, cmd)
+			child := pidIn(t, cmd.StdoutPath)
+			st := h.State()
+			if err := syscall.Kill(st.SupervisorPid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, 20*time.Second, "the engine to die with its supervisor", func() bool { return !alive(st.EnginePid) })
+			_, err := Reattach(ctxT(t, 10*time.Second), cfg, st)
+			var ce *ConnectError
+			if !errors.As(err, &ce) || ce.Socket != st.Socket {
+				t.Fatalf("Reattach to a dead supervisor = %v, want a ConnectError naming %s", err, st.Socket)
+			}
+			if err := Destroy(ctxT(t, 20*time.Second), st); err != nil {
+				t.Fatalf("Destroy: %v", err)
+			}
+			if alive(child) {
+				t.Fatalf("engine's child %d outlived Destroy", child)
+			}
+		})
 	}
 }
 
@@ -513,6 +573,61 @@ func TestSupervisorTerminated(t *testing.T) {
 	testutil.Eventually(t, 20*time.Second, "supervisor, engine and child gone", func() bool {
 		return !alive(st.SupervisorPid) && !alive(st.EnginePid) && !alive(child)
 	})
+}
+
+// TestOutputFIFOs: the engine's output goes to FIFOs, as Nomad's logmon
+// hands them; the supervisor opens them for writing once a reader has.
+func TestOutputFIFOs(t *testing.T) {
+	cmd, dir := shell(t, "echo to-stdout; echo to-stderr >&2")
+	read := map[string]chan string{}
+	for _, name := range []string{"stdout.fifo", "stderr.fifo"} {
+		p := filepath.Join(dir, name)
+		if err := syscall.Mkfifo(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ch := make(chan string, 1)
+		read[name] = ch
+		go func() { b, _ := os.ReadFile(p); ch <- string(b) }() // until every writer closed
+	}
+	cmd.StdoutPath, cmd.StderrPath = filepath.Join(dir, "stdout.fifo"), filepath.Join(dir, "stderr.fifo")
+	h := launch(t, testConfig(t), cmd)
+	if ps := wait(t, h); ps.ExitCode != 0 {
+		t.Fatalf("Wait = %+v", ps)
+	}
+	for name, want := range map[string]string{"stdout.fifo": "to-stdout\n", "stderr.fifo": "to-stderr\n"} {
+		select {
+		case got := <-read[name]:
+			if got != want {
+				t.Errorf("%s read %q, want %q", name, got, want)
+			}
+		case <-ctxT(t, 20*time.Second).Done():
+			t.Fatalf("%s never reached EOF: the supervisor kept its write end open", name)
+		}
+	}
+}
+
+// TestLaunchFIFOWithoutReader: the supervisor blocks opening a FIFO nobody
+// reads; Launch gives up when its ctx ends and leaves no process.
+func TestLaunchFIFOWithoutReader(t *testing.T) {
+	cfg := testConfig(t)
+	cmd, dir := shell(t, "exit 0")
+	cmd.StdoutPath = filepath.Join(dir, "stdout.fifo")
+	if err := syscall.Mkfifo(cmd.StdoutPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := Launch(ctx, cfg, cmd); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Launch = %v, want DeadlineExceeded", err)
+	}
+	for _, p := range allProcs() {
+		if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline"); bytes.Contains(cl, []byte(cfg.LogFile)) && p.state != 'Z' {
+			t.Fatalf("supervisor %d outlived the failed Launch", p.pid)
+		}
+	}
+	if ents, _ := os.ReadDir(cfg.SocketDir); len(ents) != 0 {
+		t.Fatalf("the failed Launch left %s in the socket directory", ents[0].Name())
+	}
 }
 
 func TestLaunchErrors(t *testing.T) {

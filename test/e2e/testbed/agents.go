@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -123,6 +125,13 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	}
 	if s.hasPlugin("nomad-device-gpu") {
 		plugins.WriteString("plugin \"nomad-device-gpu\" {\n  config {}\n}\n")
+	}
+	extra := slices.Sorted(maps.Keys(opts.ExtraPlugins))
+	for _, name := range extra {
+		if err := copyFile(opts.ExtraPlugins[name], filepath.Join(s.PluginDir, name)); err != nil {
+			return fmt.Errorf("installing plugin %s: %w", name, err)
+		}
+		fmt.Fprintf(&plugins, "plugin %q {\n  config {}\n}\n", name)
 	}
 	config := fmt.Sprintf(`name       = %[11]q
 %[12]sdata_dir   = %[1]q

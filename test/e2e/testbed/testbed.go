@@ -44,6 +44,10 @@ type Options struct {
 	NoACLs bool
 	// Logf receives progress lines (testing.T.Logf or log.Printf). Nil is silent.
 	Logf func(format string, args ...any)
+	// ExtraPlugins are more Nomad plugin binaries for the agent, by the file name it gives them
+	// in PluginDir (also the name of their `plugin "<name>" { config {} }` block) to the path
+	// of the binary the test built (test/e2e/devicemock's mocked-GPU device plugin).
+	ExtraPlugins map[string]string
 	// Bridge sets the client up for network mode "bridge" (Consul Connect sidecars): the CNI
 	// plugins of `make hashistack` (bin/cni, or OASIS_CNI_PATH), a bridge and subnet of the
 	// stack's own, and Consul's HTTP API on a unix socket too, which a sidecar inside an
