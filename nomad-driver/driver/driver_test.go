@@ -52,9 +52,9 @@ type simTask struct {
 	cleanup  func()
 }
 
-// newSimTask prepares a task and its alloc dir; logs starts logmon on the
-// task's stdout/stderr FIFOs (only for tasks that run a process: logmon
-// waits 4 s for a writer that never comes otherwise).
+// newSimTask prepares a task and its alloc dir; logs makes the task's
+// stdout/stderr FIFOs and copies them into alloc/logs, as Nomad's logmon
+// does (only tasks that run a process have them).
 func newSimTask(t testing.TB, h *driverHarness, logs bool, mutate func(*config.TaskConfig)) *simTask {
 	t.Helper()
 	st := &simTask{httpPort: testutil.FreePort(t), kvPort: testutil.FreePort(t)}
