@@ -29,7 +29,6 @@ type driverHarness struct {
 	t      *testing.T
 	logger hclog.Logger
 	client *plugin.GRPCClient
-	server *plugin.GRPCServer
 }
 
 // testLogger logs through t.
@@ -47,19 +46,20 @@ func newID() string {
 func newDriverHarness(t *testing.T, d drivers.DriverPlugin) *driverHarness {
 	t.Helper()
 	logger := testLogger(t).Named("driver_harness")
-	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{
+	client, _ := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{
 		base.PluginTypeDriver: &drivers.PluginDriver{Impl: d},
 		base.PluginTypeBase:   &base.PluginBase{Impl: d},
 	})
 	raw, err := client.Dispense(base.PluginTypeDriver)
 	must.NoError(t, err)
-	return &driverHarness{DriverPlugin: raw.(drivers.DriverPlugin), t: t, logger: logger, client: client, server: server}
+	return &driverHarness{DriverPlugin: raw.(drivers.DriverPlugin), t: t, logger: logger, client: client}
 }
 
-// Kill closes the client connection and stops the in-memory server.
+// Kill closes the client connection, which shuts the in-memory server down
+// through go-plugin's controller (stopping the server as well races with
+// that shutdown).
 func (h *driverHarness) Kill() {
 	_ = h.client.Close()
-	h.server.Stop()
 }
 
 // MkAllocDir builds the allocation and task directories of tc in a new
