@@ -14,6 +14,7 @@ import (
 
 	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
 	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
+	driverspb "github.com/oasis-llm/oasis/internal/nomadplugin/proto/drivers"
 	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
@@ -287,5 +288,37 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// rawExecDriver serves streaming exec on the raw message stream: it
+// answers the first stdin message in upper case and exits with its length.
+type rawExecDriver struct{ *fakeDriver }
+
+func (r rawExecDriver) ExecTaskStreamingRaw(ctx context.Context, id string, cmd []string, tty bool, s ExecTaskStream) error {
+	msg, err := s.Recv()
+	if err != nil {
+		return err
+	}
+	data := msg.GetStdin().GetData()
+	if err := s.Send(&ExecTaskStreamingResponseMsg{Stdout: &driverspb.ExecTaskStreamingIOOperation{Data: bytes.ToUpper(data)}}); err != nil {
+		return err
+	}
+	return s.Send(&ExecTaskStreamingResponseMsg{Exited: true, Result: &driverspb.ExitResult{ExitCode: int32(len(data))}})
+}
+
+// TestGRPCExecStreamingRaw: a driver with the raw interface gets the
+// stream itself.
+func TestGRPCExecStreamingRaw(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := dispenseDriver(t, rawExecDriver{&fakeDriver{events: NewEventer(ctx, nil)}})
+	var stdout bytes.Buffer
+	res, err := c.(*Client).ExecTaskStreaming(ctx, "t1", &ExecOptions{
+		Command: []string{"cat"}, Stdin: io.NopCloser(strings.NewReader("abc")), Stdout: nopWriteCloser{&stdout},
+	})
+	must(t, err)
+	if res.ExitCode != 3 || stdout.String() != "ABC" {
+		t.Fatalf("exit %d stdout %q", res.ExitCode, stdout.String())
 	}
 }
