@@ -45,6 +45,9 @@ func (s *server) Capabilities(context.Context, *driverspb.CapabilitiesRequest) (
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if caps == nil {
+		return nil, status.Error(codes.Internal, "driver returned no capabilities")
+	}
 	return &driverspb.CapabilitiesResponse{Capabilities: CapabilitiesToProto(caps)}, nil
 }
 
@@ -61,6 +64,9 @@ func (s *server) Fingerprint(_ *driverspb.FingerprintRequest, srv driverspb.Driv
 		case f, ok := <-ch:
 			if !ok {
 				return nil
+			}
+			if f == nil {
+				continue
 			}
 			if err := srv.Send(FingerprintToProto(f)); err != nil {
 				return err
@@ -132,6 +138,9 @@ func (s *server) InspectTask(_ context.Context, req *driverspb.InspectTaskReques
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	if st == nil {
+		return nil, status.Error(codes.Internal, "driver returned no task status")
+	}
 	return &driverspb.InspectTaskResponse{
 		Task:            TaskStatusToProto(st),
 		Driver:          &driverspb.TaskDriverStatus{Attributes: st.DriverAttributes},
@@ -152,6 +161,9 @@ func (s *server) TaskStats(req *driverspb.TaskStatsRequest, srv driverspb.Driver
 		return toStatus(err)
 	}
 	for u := range ch {
+		if u == nil {
+			continue
+		}
 		if err := srv.Send(&driverspb.TaskStatsResponse{Stats: TaskStatsToProto(u)}); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -195,6 +207,9 @@ func (s *server) ExecTask(_ context.Context, req *driverspb.ExecTaskRequest) (*d
 	res, err := s.impl.ExecTask(req.GetTaskId(), req.GetCommand(), req.GetTimeout().AsDuration())
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if res == nil {
+		return nil, status.Error(codes.Internal, "driver returned no exec result")
 	}
 	return &driverspb.ExecTaskResponse{Stdout: res.Stdout, Stderr: res.Stderr, Result: ExitResultToProto(res.ExitResult)}, nil
 }
