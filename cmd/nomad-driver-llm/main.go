@@ -1,8 +1,7 @@
 // Command nomad-driver-llm is the Nomad task driver "llm". Nomad starts it
-// from its plugin_dir; the same binary re-executes itself as
-// "nomad-driver-llm executor ..." to supervise each engine (Nomad's shared
-// executor registers that mode in an init function), so main must not
-// touch os.Args or stdout before plugins.Serve.
+// from its plugin_dir; the same binary re-executes itself in supervisor mode
+// (package nomad-driver/supervisor) to run each engine, which main hands to
+// supervisor.Main before anything else.
 //
 // "nomad-driver-llm validate JOB.hcl..." is the pre-flight check Nomad's
 // servers cannot do: it parses each job through the Nomad agent at
@@ -18,13 +17,14 @@ import (
 	"os"
 	"strings"
 
-	"github.com/hashicorp/go-hclog"
 	nomadapi "github.com/hashicorp/nomad/api"
-	"github.com/hashicorp/nomad/plugins"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/driver"
 	"github.com/oasis-llm/oasis/nomad-driver/jobcheck"
+	"github.com/oasis-llm/oasis/nomad-driver/supervisor"
 	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
 
@@ -36,12 +36,14 @@ func deref(s *string) string {
 }
 
 func main() {
+	if supervisor.Main() {
+		return // supervisor mode runs and exits inside Main
+	}
 	if len(os.Args) > 1 && os.Args[1] == "validate" {
 		os.Exit(validate(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	plugins.Serve(func(logger hclog.Logger) interface{} {
-		return driver.New(context.Background(), logger)
-	})
+	logger := base.NewServeLogger()
+	drivers.Serve(driver.New(context.Background(), logger), logger)
 }
 
 // validate returns 0 when every llm task of every job renders, 1 when one

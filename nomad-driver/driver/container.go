@@ -13,14 +13,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/client/lib/fifo"
-	cstructs "github.com/hashicorp/nomad/client/structs"
-	"github.com/hashicorp/nomad/helper/stats"
-	"github.com/hashicorp/nomad/nomad/structs"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"golang.org/x/sys/unix"
 
 	"github.com/oasis-llm/oasis/internal/ctxsleep"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
 )
 
@@ -270,13 +267,13 @@ func (d *Driver) streamLogs(ct *containerTask, cfg *drivers.TaskConfig, since ti
 		}
 	}
 	defer signalAttached()
-	stdout, err := fifo.OpenWriter(cfg.StdoutPath)
+	stdout, err := openFIFOWriter(cfg.StdoutPath)
 	if err != nil {
 		d.logger.Error("opening stdout fifo", "task_id", cfg.ID, "error", err)
 		return
 	}
 	defer stdout.Close()
-	stderr, err := fifo.OpenWriter(cfg.StderrPath)
+	stderr, err := openFIFOWriter(cfg.StderrPath)
 	if err != nil {
 		d.logger.Error("opening stderr fifo", "task_id", cfg.ID, "error", err)
 		return
@@ -415,8 +412,8 @@ func (d *Driver) signalContainer(h *taskHandle, signal string) error {
 }
 
 // containerStats reports the container's memory and CPU every interval.
-func (d *Driver) containerStats(ctx context.Context, h *taskHandle, interval time.Duration) (<-chan *cstructs.TaskResourceUsage, error) {
-	ch := make(chan *cstructs.TaskResourceUsage)
+func (d *Driver) containerStats(ctx context.Context, h *taskHandle, interval time.Duration) (<-chan *drivers.TaskResourceUsage, error) {
+	ch := make(chan *drivers.TaskResourceUsage)
 	go func() {
 		defer close(ch)
 		var prevCPU, prevSys uint64
@@ -425,7 +422,7 @@ func (d *Driver) containerStats(ctx context.Context, h *taskHandle, interval tim
 		for {
 			s, err := h.ctr.api.Stats(ctx, h.ctr.id)
 			if err == nil {
-				u := containerUsage(s, prevCPU, prevSys, float64(stats.CpuTotalTicks()))
+				u := containerUsage(s, prevCPU, prevSys, d.cpuTotalTicks())
 				prevCPU, prevSys = s.CPUStats.CPUUsage.TotalUsage, s.CPUStats.SystemUsage
 				select {
 				case ch <- u:
@@ -450,14 +447,14 @@ func (d *Driver) containerStats(ctx context.Context, h *taskHandle, interval tim
 // containerUsage converts the runtime's stats into Nomad's, as Nomad's
 // docker driver does: CPU percent from the deltas since the previous
 // sample, ticks as that share of the node's compute.
-func containerUsage(s *containerStats, prevCPU, prevSys uint64, totalCompute float64) *cstructs.TaskResourceUsage {
-	ms := &cstructs.MemoryStats{
+func containerUsage(s *containerStats, prevCPU, prevSys uint64, totalCompute float64) *drivers.TaskResourceUsage {
+	ms := &drivers.MemoryStats{
 		Usage:    s.MemoryStats.Usage,
 		RSS:      s.MemoryStats.Stats["rss"],
 		Cache:    s.MemoryStats.Stats["cache"],
 		Measured: []string{"RSS", "Cache", "Usage"},
 	}
-	cs := &cstructs.CpuStats{
+	cs := &drivers.CpuStats{
 		ThrottledPeriods: s.CPUStats.Throttling.ThrottledPeriods,
 		ThrottledTime:    s.CPUStats.Throttling.ThrottledTime,
 		Measured:         []string{"Throttled Periods", "Throttled Time", "Percent", "Total Ticks"},
@@ -474,5 +471,5 @@ func containerUsage(s *containerStats, prevCPU, prevSys uint64, totalCompute flo
 	if ts.IsZero() {
 		ts = time.Now()
 	}
-	return &cstructs.TaskResourceUsage{Timestamp: ts.UnixNano(), ResourceUsage: &cstructs.ResourceUsage{MemoryStats: ms, CpuStats: cs}}
+	return &drivers.TaskResourceUsage{Timestamp: ts.UnixNano(), ResourceUsage: &drivers.ResourceUsage{MemoryStats: ms, CpuStats: cs}}
 }

@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
 )

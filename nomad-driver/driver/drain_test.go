@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/nomad/helper/testlog"
-	"github.com/hashicorp/nomad/plugins/drivers"
-
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
 	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
@@ -53,7 +51,7 @@ func drainHarness(t *testing.T, engine, healthURL string) (*Driver, *taskHandle,
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	logger := testlog.HCLogger(t)
+	logger := testLogger(t)
 	d := New(ctx, logger)
 	ch, err := d.TaskEvents(ctx)
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package driver is the Nomad task driver "llm": it renders an inference
 // engine's command line from the task config (package render), launches it
-// under Nomad's executor, watches its health endpoint and reports task
-// events, and reattaches to running engines after a Nomad client restart.
+// under a supervisor process (package nomad-driver/supervisor), watches its
+// health endpoint and reports task events, and reattaches to running
+// engines after a Nomad client restart. It speaks Nomad's task driver
+// protocol through internal/nomadplugin.
 package driver
 
 import (
@@ -11,11 +13,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/drivers/shared/eventer"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/drivers"
-	"github.com/hashicorp/nomad/plugins/shared/hclspec"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/hclspec"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
 
@@ -32,7 +33,7 @@ const (
 type Driver struct {
 	ctx     context.Context
 	logger  hclog.Logger
-	eventer *eventer.Eventer
+	eventer *drivers.Eventer
 	tasks   *taskStore
 	probe   *prober
 
@@ -43,6 +44,14 @@ type Driver struct {
 	// fingerprintNow wakes the fingerprint loop after SetConfig.
 	fingerprintNow chan struct{}
 	timing         healthTiming
+
+	// supervisorBinary is the executable run in supervisor mode; empty:
+	// this process's own (tests set the test binary's).
+	supervisorBinary string
+
+	// ticks is the node's compute in MHz (container stats), read once.
+	ticksOnce sync.Once
+	ticks     float64
 }
 
 // New returns the driver; ctx bounds its background work. A nil logger
@@ -55,7 +64,7 @@ func New(ctx context.Context, logger hclog.Logger) *Driver {
 	return &Driver{
 		ctx:            ctx,
 		logger:         logger,
-		eventer:        eventer.NewEventer(ctx, logger),
+		eventer:        drivers.NewEventer(ctx, logger),
 		tasks:          newTaskStore(),
 		probe:          newProber(),
 		period:         config.DefaultFingerprintEvery,
@@ -79,8 +88,7 @@ func (d *Driver) ConfigSchema() (*hclspec.Spec, error) { return config.PluginSpe
 
 func (d *Driver) TaskConfigSchema() (*hclspec.Spec, error) { return config.TaskSpec, nil }
 
-// SetConfig keeps the plugin config and the agent config the executor is
-// created with.
+// SetConfig keeps the plugin config and the agent's driver config.
 func (d *Driver) SetConfig(cfg *base.Config) error {
 	var pc config.PluginConfig
 	if len(cfg.PluginConfig) != 0 {
@@ -116,7 +124,7 @@ func (d *Driver) Capabilities() (*drivers.Capabilities, error) {
 		SendSignals: true,
 		Exec:        true,
 		FSIsolation: drivers.FSIsolationNone,
-		// In group isolation (bridge) the executor starts the engine inside
+		// In group isolation (bridge) the supervisor starts the engine inside
 		// the allocation's namespace and the renderer binds the mapped "to"
 		// ports there, as Nomad's exec and raw_exec drivers allow.
 		NetIsolationModes: []drivers.NetIsolationMode{drivers.NetIsolationModeHost, drivers.NetIsolationModeGroup},

@@ -3,7 +3,6 @@ package driver
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,14 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/nomad/helper/testlog"
-	"github.com/hashicorp/nomad/helper/uuid"
-	nstructs "github.com/hashicorp/nomad/nomad/structs"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 	"github.com/shoenig/test/wait"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
@@ -34,7 +31,7 @@ func newHarness(t testing.TB, binaries map[string]string) (*Driver, *driverHarne
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	d := New(ctx, testlog.HCLogger(t))
+	d := New(ctx, testLogger(t))
 	h := newDriverHarness(t.(*testing.T), d)
 	t.Cleanup(h.Kill)
 	if binaries == nil {
@@ -55,25 +52,22 @@ type simTask struct {
 	cleanup  func()
 }
 
-// newSimTask prepares a task and its alloc dir; logs starts logmon on the
-// task's stdout/stderr FIFOs (only for tasks that run a process: logmon
-// waits 4 s for a writer that never comes otherwise).
+// newSimTask prepares a task and its alloc dir; logs makes the task's
+// stdout/stderr FIFOs and copies them into alloc/logs, as Nomad's logmon
+// does (only tasks that run a process have them).
 func newSimTask(t testing.TB, h *driverHarness, logs bool, mutate func(*config.TaskConfig)) *simTask {
 	t.Helper()
 	st := &simTask{httpPort: testutil.FreePort(t), kvPort: testutil.FreePort(t)}
-	allocID := uuid.Generate()
+	allocID := newID()
 	st.cfg = &drivers.TaskConfig{
 		AllocID: allocID,
-		ID:      uuid.Generate(),
+		ID:      newID(),
 		Name:    "engine",
 		Env:     map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-test-0,GPU-test-1"},
 		Resources: &drivers.Resources{
-			NomadResources: &nstructs.AllocatedTaskResources{
-				Memory: nstructs.AllocatedMemoryResources{MemoryMB: 256},
-				Cpu:    nstructs.AllocatedCpuResources{CpuShares: 100},
-			},
+			NomadResources: &drivers.AllocatedTaskResources{MemoryMB: 256, CPUShares: 100},
 			LinuxResources: &drivers.LinuxResources{MemoryLimitBytes: 256 << 20, CPUShares: 100},
-			Ports: &nstructs.AllocatedPorts{
+			Ports: []drivers.PortMapping{
 				{Label: "http", Value: st.httpPort, HostIP: "127.0.0.1"},
 				{Label: "kv", Value: st.kvPort, HostIP: "127.0.0.1"},
 			},
@@ -87,7 +81,7 @@ func newSimTask(t testing.TB, h *driverHarness, logs bool, mutate func(*config.T
 	must.NoError(t, st.cfg.EncodeConcreteDriverConfig(&tc))
 	st.cleanup = h.MkAllocDir(st.cfg, logs)
 	t.Cleanup(st.cleanup)
-	// A failed test must not leave its engine or executor running: kill
+	// A failed test must not leave its engine or supervisor running: kill
 	// what this task's port identifies (after the test's own stop, if any).
 	t.Cleanup(func() { killTaskProcesses(st.httpPort) })
 	return st
@@ -152,7 +146,7 @@ func waitHealthy(t testing.TB, port int) {
 }
 
 // killTaskProcesses SIGKILLs the engine serving on port (its process
-// group) and its executor (the engine's parent).
+// group) and its supervisor (the engine's parent).
 func killTaskProcesses(port int) {
 	needle := []byte(fmt.Sprintf("\x00--port\x00%d\x00", port))
 	entries, _ := os.ReadDir("/proc")
@@ -239,7 +233,7 @@ func TestDriver_StartReadyServeStop(t *testing.T) {
 }
 
 // TestDriver_RecoverTask: a fresh driver (a restarted Nomad client)
-// reattaches to the running engine through the stored executor state
+// reattaches to the running engine through the stored supervisor state
 // without restarting it, and reports it once the client waits on the task;
 // recovering a known task is a no-op.
 func TestDriver_RecoverTask(t *testing.T) {
@@ -280,10 +274,10 @@ func TestDriver_RecoverTask(t *testing.T) {
 	must.NoError(t, h2.DestroyTask(task.cfg.ID, true))
 }
 
-// TestDriver_RecoverTaskExecutorGone: when the engine and its executor died
+// TestDriver_RecoverTaskSupervisorGone: when the engine and its supervisor died
 // while the client was down, recovery fails with an error saying so (the
 // client then restarts the task).
-func TestDriver_RecoverTaskExecutorGone(t *testing.T) {
+func TestDriver_RecoverTaskSupervisorGone(t *testing.T) {
 	_, h := newHarness(t, nil)
 	task := newSimTask(t, h, true, nil)
 	handle, _, err := h.StartTask(task.cfg)
@@ -295,7 +289,7 @@ func TestDriver_RecoverTaskExecutorGone(t *testing.T) {
 
 	_, h2 := newHarness(t, nil)
 	err = h2.RecoverTask(handle)
-	must.ErrorContains(t, err, "reattaching to the executor of task")
+	must.ErrorContains(t, err, "reattaching to the supervisor of task")
 	_, err = h2.InspectTask(task.cfg.ID)
 	must.ErrorContains(t, err, drivers.ErrTaskNotFound.Error())
 }
@@ -368,7 +362,7 @@ func TestDriver_Fingerprint(t *testing.T) {
 	_, h := newHarness(t, nil)
 	fp := firstFingerprint(t, h)
 	must.EqOp(t, drivers.HealthStateHealthy, fp.Health)
-	v, ok := fp.Attributes["driver.llm.sim.version"].GetString()
+	v, ok := attrString(fp.Attributes["driver.llm.sim.version"])
 	must.True(t, ok)
 	must.EqOp(t, "0.1.0", v)
 
@@ -437,9 +431,9 @@ func TestDriver_OpenAICompat(t *testing.T) {
 	})
 	_, _, err = h.StartTask(task2.cfg)
 	must.ErrorContains(t, err, "endpoint: openai_compat endpoint unreachable")
-	var rec nstructs.Recoverable
-	must.True(t, errors.As(err, &rec), must.Sprintf("%T", err))
-	must.True(t, rec.IsRecoverable())
+	// Through the wire as Nomad's client reads it: the RecoverableError
+	// status detail.
+	must.True(t, structs.IsRecoverable(err), must.Sprintf("%T %v", err, err))
 }
 
 // TestDriver_OpenAICompatEndpointGoesAway: three failed checks in a row end
@@ -496,7 +490,7 @@ func TestDriver_StopHonoursKillTimeout(t *testing.T) {
 	must.NoError(t, h.DestroyTask(task.cfg.ID, true))
 }
 
-// TestDriver_StatsAndExec: CPU/memory stats come from the executor, and
+// TestDriver_StatsAndExec: CPU/memory stats come from the supervisor, and
 // exec runs inside the task's environment.
 func TestDriver_StatsAndExec(t *testing.T) {
 	_, h := newHarness(t, nil)
@@ -612,7 +606,7 @@ func TestDriver_FingerprintEngines(t *testing.T) {
 		"driver.llm.llama_cpp.version": "6123",
 		"driver.llm.sim.version":       "0.1.0",
 	} {
-		got, ok := fp.Attributes[attr].GetString()
+		got, ok := attrString(fp.Attributes[attr])
 		must.True(t, ok, must.Sprint(attr))
 		must.EqOp(t, want, got, must.Sprint(attr))
 	}
@@ -644,8 +638,8 @@ func TestDriver_SimAcceptsEveryRendering(t *testing.T) {
 					}
 				})
 				nixl := testutil.FreePort(t)
-				*task.cfg.Resources.Ports = append(*task.cfg.Resources.Ports,
-					nstructs.AllocatedPortMapping{Label: "nixl", Value: nixl, HostIP: "127.0.0.1"})
+				task.cfg.Resources.Ports = append(task.cfg.Resources.Ports,
+					drivers.PortMapping{Label: "nixl", Value: nixl, HostIP: "127.0.0.1"})
 				_, _, err := h.StartTask(task.cfg)
 				must.NoError(t, err)
 				events.waitFor(t, task.cfg.ID, "Engine ready after", 30*time.Second)
@@ -666,4 +660,12 @@ func TestDriver_SimAcceptsEveryRendering(t *testing.T) {
 			})
 		}
 	}
+}
+
+// attrString is a string attribute's value; false when a is not one.
+func attrString(a *structs.Attribute) (string, bool) {
+	if a == nil || a.String == nil {
+		return "", false
+	}
+	return *a.String, true
 }

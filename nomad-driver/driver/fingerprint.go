@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/nomad/plugins/drivers"
-	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
@@ -62,7 +62,7 @@ func (d *Driver) fingerprintLoop(ctx context.Context, ch chan<- *drivers.Fingerp
 
 func (d *Driver) buildFingerprint(ctx context.Context) *drivers.Fingerprint {
 	pc, _ := d.pluginConfig()
-	attrs := map[string]*pstructs.Attribute{}
+	attrs := map[string]*structs.Attribute{}
 	var found []string
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -84,7 +84,7 @@ func (d *Driver) buildFingerprint(ctx context.Context) *drivers.Fingerprint {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			attrs["driver.llm."+engine+".version"] = pstructs.NewStringAttribute(version)
+			attrs["driver.llm."+engine+".version"] = structs.NewStringAttribute(version)
 			found = append(found, engine+" "+version)
 		})
 	}

@@ -13,18 +13,21 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/go-plugin"
-	"github.com/hashicorp/nomad/drivers/shared/executor"
-	"github.com/hashicorp/nomad/plugins/drivers"
-	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/nomad-driver/supervisor"
 )
 
 // TaskState is stored in the task handle's driver state; RecoverTask
 // rebuilds the handle from it after a Nomad client restart.
 type TaskState struct {
-	// ReattachConfig reaches the executor supervising the engine; nil for
-	// openai_compat, which runs no process.
-	ReattachConfig *pstructs.ReattachConfig
+	// Supervisor reaches the supervisor process that runs the engine; nil
+	// for openai_compat (no process) and image tasks (a container).
+	Supervisor *supervisor.State
+	// LegacyExecutor is set in handles of an older nomad-driver-llm built on
+	// Nomad's executor (its msgpack key, ReattachConfig); RecoverTask ends
+	// that engine so the restarted task finds its ports free.
+	LegacyExecutor *legacyExecutor `codec:"ReattachConfig"`
 	TaskConfig     *drivers.TaskConfig
 	Pid            int
 	StartedAt      time.Time
@@ -49,10 +52,9 @@ type taskHandle struct {
 	taskConfig *drivers.TaskConfig
 	state      TaskState
 
-	// exec and pluginClient are nil for remote (openai_compat) tasks.
-	exec         executor.Executor
-	pluginClient *plugin.Client
-	// ctr is the container of a task run from an image (exec is nil).
+	// proc is the engine's supervisor; nil for remote (openai_compat) tasks.
+	proc *supervisor.Handle
+	// ctr is the container of a task run from an image (proc is nil).
 	ctr *containerTask
 
 	// ctx is cancelled when the task ends or is stopped; it bounds the
@@ -157,10 +159,10 @@ func (h *taskHandle) result() *drivers.ExitResult {
 func (d *Driver) waitProcess(h *taskHandle) {
 	defer close(h.doneCh)
 	defer h.cancel()
-	ps, err := h.exec.Wait(context.Background())
+	ps, err := h.proc.Wait(context.Background())
 	now := time.Now()
 	if err != nil {
-		h.exited(&drivers.ExitResult{ExitCode: -1, Err: fmt.Errorf("executor: waiting on engine: %w", err)}, now)
+		h.exited(&drivers.ExitResult{ExitCode: -1, Err: fmt.Errorf("supervisor: waiting on engine: %w", err)}, now)
 		return
 	}
 	h.exited(&drivers.ExitResult{ExitCode: ps.ExitCode, Signal: ps.Signal}, ps.Time)
@@ -172,8 +174,8 @@ func (d *Driver) waitProcess(h *taskHandle) {
 	if ps.Signal != 0 {
 		msg += fmt.Sprintf(" (signal %d)", ps.Signal)
 	}
-	// logmon copies the engine's stderr from its FIFO into the task's log
-	// files; give it a moment to flush the last lines.
+	// Nomad's logmon copies the engine's stderr from its FIFO into the
+	// task's log files; give it a moment to flush the last lines.
 	time.Sleep(300 * time.Millisecond)
 	if lines := stderrTail(h.taskConfig, 20, 2048); lines != "" {
 		msg += "; last stderr lines:\n" + lines
@@ -216,4 +218,46 @@ func stderrTail(tc *drivers.TaskConfig, maxLines, maxBytes int) string {
 		out = out[len(out)-maxBytes:]
 	}
 	return out
+}
+
+// usageToNomad converts a supervisor sample into Nomad's task usage.
+func usageToNomad(u *supervisor.Usage) *drivers.TaskResourceUsage {
+	var mem, cpu []string
+	for _, f := range u.Measured {
+		switch f {
+		case "RSS", "Swap", "Cache", "Usage", "Max Usage", "Kernel Usage", "Kernel Max Usage":
+			mem = append(mem, f)
+		default:
+			cpu = append(cpu, f)
+		}
+	}
+	return &drivers.TaskResourceUsage{
+		Timestamp: u.Timestamp.UnixNano(),
+		ResourceUsage: &drivers.ResourceUsage{
+			MemoryStats: &drivers.MemoryStats{RSS: u.RSS, Swap: u.Swap, Measured: mem},
+			CpuStats: &drivers.CpuStats{Percent: u.Percent, UserMode: u.UserMode, SystemMode: u.SystemMode,
+				TotalTicks: u.TotalTicks, Measured: cpu},
+		},
+	}
+}
+
+// procStats relays the supervisor's samples as Nomad's task usage until
+// ctx ends or the supervisor's stream does.
+func procStats(ctx context.Context, h *taskHandle, interval time.Duration) (<-chan *drivers.TaskResourceUsage, error) {
+	in, err := h.proc.Stats(ctx, interval)
+	if err != nil {
+		return nil, fmt.Errorf("engine stats: %w", err)
+	}
+	out := make(chan *drivers.TaskResourceUsage)
+	go func() {
+		defer close(out)
+		for u := range in {
+			select {
+			case out <- usageToNomad(u):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }

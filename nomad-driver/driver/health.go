@@ -12,9 +12,10 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/nomad/nomad/structs"
-	"github.com/hashicorp/nomad/plugins/drivers"
+
 	"github.com/oasis-llm/oasis/internal/ctxsleep"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 )
 
 // failThreshold consecutive failed polls make "health failing".

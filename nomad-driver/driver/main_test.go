@@ -12,19 +12,25 @@ import (
 	"testing"
 
 	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/nomad-driver/supervisor"
 )
 
 // simBinEnv carries the oasis-sim binary built by the parent test process.
 const simBinEnv = "OASIS_DRIVER_TEST_SIM"
 
-// TestMain runs the package's tests as an unprivileged user. Nomad's driver
-// harness fails as root on cgroups v1 (the real client initialises the
-// cpuset hierarchy it writes to), and passes as an unprivileged user, where
-// cgroups are off. As root, the test binary and an oasis-sim build are
-// copied into a world-readable temporary directory and the binary
-// re-executes itself there as nobody (65534) via setpriv. If that is not
-// possible the run fails: these tests are never silently skipped.
+// TestMain runs the package's tests as an unprivileged user, where engines
+// run as the plugin's own account (a root plugin would switch them to
+// default_user) and the tests can tell their processes apart. As root, the
+// test binary and an oasis-sim build are copied into a world-readable
+// temporary directory and the binary re-executes itself there as nobody
+// (65534) via setpriv. If that is not possible the run fails: these tests
+// are never silently skipped. The test binary is also the engines'
+// supervisor (the driver re-executes its own binary): supervisor.Main runs
+// that mode first.
 func TestMain(m *testing.M) {
+	if supervisor.Main() {
+		return
+	}
 	if os.Getuid() == 0 {
 		os.Exit(reexecUnprivileged())
 	}

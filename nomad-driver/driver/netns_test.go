@@ -4,8 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
+
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
 )
 
 // TestNetNSPath: only group isolation (bridge, cni/*) moves the engine and its health probe

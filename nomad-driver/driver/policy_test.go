@@ -5,11 +5,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/hashicorp/nomad/helper/testlog"
-	"github.com/hashicorp/nomad/plugins/base"
-	"github.com/hashicorp/nomad/plugins/drivers"
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/nomadplugin/base"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 )
 
@@ -18,7 +17,7 @@ func newPolicyHarness(t *testing.T, pc config.PluginConfig) *driverHarness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	h := newDriverHarness(t, New(ctx, testlog.HCLogger(t)))
+	h := newDriverHarness(t, New(ctx, testLogger(t)))
 	t.Cleanup(h.Kill)
 	if pc.Binaries == nil {
 		pc.Binaries = map[string]string{"sim": os.Getenv(simBinEnv)}

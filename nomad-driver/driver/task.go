@@ -11,16 +11,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/nomad/drivers/shared/executor"
-	"github.com/hashicorp/nomad/nomad/structs"
-	"github.com/hashicorp/nomad/plugins/drivers"
-	pstructs "github.com/hashicorp/nomad/plugins/shared/structs"
 	"golang.org/x/sys/unix"
 
-	cstructs "github.com/hashicorp/nomad/client/structs"
-
+	"github.com/oasis-llm/oasis/internal/nomadplugin/drivers"
+	"github.com/oasis-llm/oasis/internal/nomadplugin/structs"
 	"github.com/oasis-llm/oasis/nomad-driver/config"
 	"github.com/oasis-llm/oasis/nomad-driver/render"
+	"github.com/oasis-llm/oasis/nomad-driver/supervisor"
 	"github.com/oasis-llm/oasis/nomad-driver/tiers"
 )
 
@@ -50,11 +47,11 @@ func (d *Driver) plan(cfg *drivers.TaskConfig) (*render.Plan, error) {
 		GPUs:       render.GPUsFromEnv(cfg.Env),
 		LocalDir:   cfg.TaskDir().LocalDir,
 		SecretsDir: cfg.TaskDir().SecretsDir,
-		// The executor starts the engine in this namespace (see Launch).
+		// The supervisor starts the engine in this namespace (see launch).
 		Namespaced: netNSPath(cfg) != "",
 	}
-	if cfg.Resources != nil && cfg.Resources.Ports != nil {
-		for _, p := range *cfg.Resources.Ports {
+	if cfg.Resources != nil {
+		for _, p := range cfg.Resources.Ports {
 			in.Ports[p.Label] = render.Port{HostIP: p.HostIP, Value: p.Value, To: p.To}
 		}
 	}
@@ -174,58 +171,22 @@ func (d *Driver) StartTask(cfg *drivers.TaskConfig) (*drivers.TaskHandle, *drive
 	d.emit(cfg, fmt.Sprintf("Starting %s engine: %s", plan.Config.Engine, strings.Join(redact(plan.Argv), " ")),
 		map[string]string{"user": displayUser(runAs)})
 
-	_, nomadConfig := d.pluginConfig()
-	if nomadConfig == nil {
-		return nil, nil, errors.New("driver has no agent config (SetConfig without AgentConfig.Driver); cannot create an executor")
-	}
-	execCfg := &executor.ExecutorConfig{
-		LogFile:  cfg.TaskDir().Dir + "/executor.out",
-		LogLevel: "debug",
-	}
-	exec, pluginClient, err := executor.CreateExecutor(logger, nomadConfig, execCfg)
+	proc, err := d.launch(cfg, plan, runAs, logger)
 	if err != nil {
-		return nil, nil, structs.NewRecoverableError(fmt.Errorf("creating executor: %w", err), true)
+		return nil, nil, structs.NewRecoverableError(err, true)
 	}
-	env := make(map[string]string, len(cfg.Env)+len(plan.Env))
-	for k, v := range cfg.Env {
-		env[k] = v
-	}
-	for k, v := range plan.Env {
-		env[k] = v
-	}
-	envList := make([]string, 0, len(env))
-	for k, v := range env {
-		envList = append(envList, k+"="+v)
-	}
-	slices.Sort(envList)
-	ps, err := exec.Launch(&executor.ExecCommand{
-		Cmd:              plan.Argv[0],
-		Args:             plan.Argv[1:],
-		Env:              envList,
-		User:             runAs,
-		TaskDir:          cfg.TaskDir().Dir,
-		StdoutPath:       cfg.StdoutPath,
-		StderrPath:       cfg.StderrPath,
-		NetworkIsolation: cfg.NetworkIsolation,
-		Resources:        cfg.Resources.Copy(),
-	})
-	if err != nil {
-		pluginClient.Kill()
-		return nil, nil, structs.NewRecoverableError(fmt.Errorf("launching %s: %w", plan.Argv[0], err), true)
-	}
-
-	st.Pid = ps.Pid
+	st.Pid = proc.Pid()
 	st.StartedAt = time.Now()
-	st.ReattachConfig = pstructs.ReattachConfigFromGoPlugin(pluginClient.ReattachConfig())
+	sup := proc.State()
+	st.Supervisor = &sup
 	if err := handle.SetDriverState(&st); err != nil {
-		_ = exec.Shutdown("", 0)
-		pluginClient.Kill()
+		_ = proc.Kill()
 		return nil, nil, fmt.Errorf("storing driver state: %w", err)
 	}
 	h := newHandle(logger, st)
-	h.exec, h.pluginClient, h.called = exec, pluginClient, called
+	h.proc, h.called = proc, called
 	d.tasks.Set(cfg.ID, h)
-	d.emit(cfg, fmt.Sprintf("Loading model %s (pid %d)", plan.Config.Model, ps.Pid), nil)
+	d.emit(cfg, fmt.Sprintf("Loading model %s (pid %d)", plan.Config.Model, st.Pid), nil)
 	go d.waitProcess(h)
 	go d.watchHealth(h, false)
 	return handle, nil, nil
@@ -255,15 +216,27 @@ func (d *Driver) RecoverTask(handle *drivers.TaskHandle) error {
 	if st.ContainerID != "" {
 		return d.recoverContainer(h)
 	}
-	rc, err := pstructs.ReattachConfigToGoPlugin(st.ReattachConfig)
-	if err != nil {
-		return fmt.Errorf("building reattach config of task %s: %w", handle.Config.ID, err)
+	if st.Supervisor == nil {
+		if err := endLegacyEngine(st.LegacyExecutor, st.Pid); err != nil {
+			logger.Warn("not ending an older driver's engine", "pid", st.Pid, "reason", err)
+		}
+		return fmt.Errorf("recovering task %s: %w", handle.Config.ID, errLegacyHandle)
 	}
-	exec, pluginClient, err := executor.ReattachToExecutor(rc, logger)
+	ctx, cancel := context.WithTimeout(d.ctx, reattachTimeout)
+	defer cancel()
+	proc, err := supervisor.Reattach(ctx, d.supervisorConfig(st.TaskConfig, logger), *st.Supervisor)
 	if err != nil {
-		return fmt.Errorf("reattaching to the executor of task %s (pid %d): %w", handle.Config.ID, st.Pid, err)
+		// What is left of the engine's group (a supervisor that died
+		// leaves its engine's children) goes before the client restarts
+		// the task.
+		dctx, dcancel := context.WithTimeout(d.ctx, reattachTimeout)
+		defer dcancel()
+		if derr := supervisor.Destroy(dctx, *st.Supervisor); derr != nil {
+			logger.Warn("removing what is left of an unreachable supervisor", "error", derr)
+		}
+		return fmt.Errorf("reattaching to the supervisor of task %s (engine pid %d): %w", handle.Config.ID, st.Pid, err)
 	}
-	h.exec, h.pluginClient = exec, pluginClient
+	h.proc = proc
 	d.tasks.Set(handle.Config.ID, h)
 	go d.waitProcess(h)
 	go d.watchHealth(h, true)
@@ -300,21 +273,26 @@ func (d *Driver) StopTask(taskID string, timeout time.Duration, signal string) e
 	if h.ctr != nil {
 		return d.stopContainer(h, timeout, signal)
 	}
-	if h.exec == nil {
+	if h.proc == nil {
 		h.cancel()
 		<-h.doneCh
 		return nil
 	}
-	// The executor signals the engine's process group, waits up to
+	// The supervisor signals the engine's process group, waits up to
 	// kill_timeout, then SIGKILLs the group.
-	if err := h.exec.Shutdown(signal, timeout); err != nil {
-		if h.pluginClient.Exited() {
-			return nil
+	ctx, cancel := context.WithTimeout(d.ctx, timeout+shutdownSlack)
+	defer cancel()
+	if err := h.proc.Shutdown(ctx, signal, timeout); err != nil {
+		select {
+		case <-h.doneCh: // the engine is gone all the same
+		default:
+			return fmt.Errorf("stopping engine: supervisor shutdown: %w", err)
 		}
-		return fmt.Errorf("stopping engine: executor shutdown: %w", err)
 	}
 	<-h.doneCh
-	h.pluginClient.Kill()
+	if err := h.proc.Kill(); err != nil {
+		h.logger.Warn("ending the supervisor", "error", err)
+	}
 	return nil
 }
 
@@ -331,11 +309,10 @@ func (d *Driver) DestroyTask(taskID string, force bool) error {
 	if h.ctr != nil {
 		d.destroyContainer(h)
 	}
-	if h.exec != nil && !h.pluginClient.Exited() {
-		if err := h.exec.Shutdown("", 0); err != nil {
-			h.logger.Error("destroying executor", "error", err)
+	if h.proc != nil {
+		if err := h.proc.Kill(); err != nil {
+			h.logger.Error("destroying the supervisor", "error", err)
 		}
-		h.pluginClient.Kill()
 	}
 	d.tasks.Delete(taskID)
 	return nil
@@ -349,7 +326,7 @@ func (d *Driver) InspectTask(taskID string) (*drivers.TaskStatus, error) {
 	return h.TaskStatus(), nil
 }
 
-func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *cstructs.TaskResourceUsage, error) {
+func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Duration) (<-chan *drivers.TaskResourceUsage, error) {
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
 		return nil, drivers.ErrTaskNotFound
@@ -358,12 +335,12 @@ func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Dur
 	if h.ctr != nil {
 		return d.containerStats(ctx, h, interval)
 	}
-	if h.exec != nil {
-		return h.exec.Stats(ctx, interval)
+	if h.proc != nil {
+		return procStats(ctx, h, interval)
 	}
 	// A remote endpoint uses no local resources; report zeros so the
 	// client's stats collection keeps working.
-	ch := make(chan *cstructs.TaskResourceUsage)
+	ch := make(chan *drivers.TaskResourceUsage)
 	go func() {
 		defer close(ch)
 		t := time.NewTicker(interval)
@@ -376,8 +353,8 @@ func (d *Driver) TaskStats(ctx context.Context, taskID string, interval time.Dur
 				return
 			case now := <-t.C:
 				select {
-				case ch <- &cstructs.TaskResourceUsage{Timestamp: now.UnixNano(), ResourceUsage: &cstructs.ResourceUsage{
-					MemoryStats: &cstructs.MemoryStats{}, CpuStats: &cstructs.CpuStats{}}}:
+				case ch <- &drivers.TaskResourceUsage{Timestamp: now.UnixNano(), ResourceUsage: &drivers.ResourceUsage{
+					MemoryStats: &drivers.MemoryStats{}, CpuStats: &drivers.CpuStats{}}}:
 				case <-ctx.Done():
 					return
 				}
@@ -395,14 +372,14 @@ func (d *Driver) SignalTask(taskID string, signal string) error {
 	if h.ctr != nil {
 		return d.signalContainer(h, signal)
 	}
-	if h.exec == nil {
+	if h.proc == nil {
 		return ErrNoProcess
 	}
 	sig := unix.SignalNum(strings.ToUpper(signal))
 	if sig == 0 {
 		return fmt.Errorf("unknown signal %q", signal)
 	}
-	return h.exec.Signal(sig)
+	return h.proc.Signal(sig)
 }
 
 func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*drivers.ExecTaskResult, error) {
@@ -416,33 +393,62 @@ func (d *Driver) ExecTask(taskID string, cmd []string, timeout time.Duration) (*
 	if h.ctr != nil {
 		return nil, ErrContainerExec
 	}
-	if h.exec == nil {
+	if h.proc == nil {
 		return nil, ErrNoProcess
 	}
-	out, code, err := h.exec.Exec(time.Now().Add(timeout), cmd[0], cmd[1:])
+	ctx, cancel := context.WithTimeout(d.ctx, timeout)
+	defer cancel()
+	out, code, err := h.proc.Exec(ctx, cmd)
 	if err != nil {
 		return nil, err
 	}
 	return &drivers.ExecTaskResult{Stdout: out, ExitResult: &drivers.ExitResult{ExitCode: code}}, nil
 }
 
-var _ drivers.ExecTaskStreamingRawDriver = (*Driver)(nil)
+var _ drivers.ExecTaskStreamingDriver = (*Driver)(nil)
 
-func (d *Driver) ExecTaskStreamingRaw(ctx context.Context, taskID string, command []string, tty bool, stream drivers.ExecTaskStream) error {
-	if len(command) == 0 {
-		return errors.New("exec: command must have at least one element")
+// ExecTaskStreaming serves `nomad alloc exec` through the engine's
+// supervisor.
+func (d *Driver) ExecTaskStreaming(ctx context.Context, taskID string, opts *drivers.ExecOptions) (*drivers.ExitResult, error) {
+	if len(opts.Command) == 0 {
+		return nil, errors.New("exec: command must have at least one element")
 	}
 	h, ok := d.tasks.Get(taskID)
 	if !ok {
-		return drivers.ErrTaskNotFound
+		return nil, drivers.ErrTaskNotFound
 	}
 	if h.ctr != nil {
-		return ErrContainerExec
+		return nil, ErrContainerExec
 	}
-	if h.exec == nil {
-		return ErrNoProcess
+	if h.proc == nil {
+		return nil, ErrNoProcess
 	}
-	return h.exec.ExecStreaming(ctx, command, tty, stream)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	resize := make(chan supervisor.TermSize, 1)
+	go func() {
+		defer close(resize)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ts, ok := <-opts.ResizeCh:
+				if !ok {
+					return
+				}
+				select {
+				case resize <- supervisor.TermSize{Height: ts.Height, Width: ts.Width}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	code, err := h.proc.ExecStreaming(ctx, opts.Command, opts.Tty, opts.Stdin, opts.Stdout, opts.Stderr, resize)
+	if err != nil {
+		return nil, err
+	}
+	return &drivers.ExitResult{ExitCode: code}, nil
 }
 
 // displayUser names the account an engine runs as in task events.

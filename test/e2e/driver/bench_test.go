@@ -22,7 +22,7 @@ import (
 // taken from StartTask's entry) against the engine's own start-up: the
 // same oasis-sim command started directly and polled every millisecond.
 // It reports their difference (the driver's overhead) and the RSS of the
-// driver plugin process and of one executor.
+// driver plugin process and of one engine supervisor.
 //
 //	go test ./test/e2e/driver -run '^$' -bench StartTaskToReady -benchtime 10x
 func BenchmarkStartTaskToReady(b *testing.B) {
@@ -45,7 +45,7 @@ func BenchmarkStartTaskToReady(b *testing.B) {
 		if i == 0 {
 			rss := pluginRSS(b)
 			b.ReportMetric(rss["plugin"], "plugin-RSS-MiB")
-			b.ReportMetric(rss["executor"], "executor-RSS-MiB")
+			b.ReportMetric(rss["supervisor"], "supervisor-RSS-MiB")
 		}
 		must.NoError(b, stack.StopJob(ctx, jobID))
 		direct := directStartup(b)
@@ -94,7 +94,8 @@ func directStartup(b testing.TB) float64 {
 }
 
 // pluginRSS reads VmRSS (MiB) of the nomad-driver-llm plugin process and
-// of one of its executors.
+// of one of its engine supervisors (the same binary, started with
+// arguments: the plugin itself has none).
 func pluginRSS(b testing.TB) map[string]float64 {
 	out := map[string]float64{}
 	plugin := filepath.Join(stack.PluginDir, "nomad-driver-llm")
@@ -109,8 +110,8 @@ func pluginRSS(b testing.TB) map[string]float64 {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		kind := "plugin"
-		if strings.Contains(string(cmdline), "\x00executor\x00") {
-			kind = "executor"
+		if args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"); len(args) > 1 {
+			kind = "supervisor"
 		}
 		status, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
 		for _, line := range strings.Split(string(status), "\n") {

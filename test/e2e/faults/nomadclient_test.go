@@ -13,7 +13,7 @@ import (
 
 // TestNomadClientRestartedUnderLoad restarts the Nomad agent (the test bed's
 // server and client are one process) while the router serves a steady load
-// over three engines. The engines and their executors are processes of their
+// over three engines. The engines and their supervisors are processes of their
 // own and keep serving; Consul runs the engines' health checks itself; the
 // restarted client recovers the tasks through the llm driver's RecoverTask.
 //
