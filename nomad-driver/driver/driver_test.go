@@ -98,7 +98,35 @@ func watchEvents(t testing.TB, h *driverHarness) *eventLog {
 	t.Cleanup(cancel)
 	ch, err := h.TaskEvents(ctx)
 	must.NoError(t, err)
+	waitSubscribed(t, h, ch)
 	return &eventLog{ch: ch}
+}
+
+// waitSubscribed returns once events the driver emits reach ch: the stream
+// reaches the driver's eventer after TaskEvents returns, and an event
+// emitted before that has no subscriber (a Nomad client subscribes when it
+// loads the plugin, long before a task starts). It emits probe events until
+// one arrives; waitFor skips the probes still queued.
+func waitSubscribed(t testing.TB, h *driverHarness, ch <-chan *drivers.TaskEvent) {
+	t.Helper()
+	d, ok := h.impl.(*Driver)
+	must.True(t, ok, must.Sprint("the harness serves an llm driver"))
+	probe := &drivers.TaskConfig{ID: "watch-events-probe"}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for {
+		d.emit(probe, "probe", nil)
+		select {
+		case ev := <-ch:
+			if ev != nil && ev.TaskID == probe.ID {
+				return
+			}
+		case <-tick.C:
+		case <-deadline:
+			t.Fatal("the task event stream never reached the driver")
+		}
+	}
 }
 
 // waitFor returns the first event of taskID containing substr.

@@ -26,6 +26,7 @@ import (
 // StartTask.
 type driverHarness struct {
 	drivers.DriverPlugin
+	impl   drivers.DriverPlugin // the driver served, for what a test does beside the protocol
 	t      *testing.T
 	logger hclog.Logger
 	client *plugin.GRPCClient
@@ -52,7 +53,7 @@ func newDriverHarness(t *testing.T, d drivers.DriverPlugin) *driverHarness {
 	})
 	raw, err := client.Dispense(base.PluginTypeDriver)
 	must.NoError(t, err)
-	return &driverHarness{DriverPlugin: raw.(drivers.DriverPlugin), t: t, logger: logger, client: client}
+	return &driverHarness{DriverPlugin: raw.(drivers.DriverPlugin), impl: d, t: t, logger: logger, client: client}
 }
 
 // Kill closes the client connection, which shuts the in-memory server down
