@@ -279,7 +279,7 @@ func (s *Stack) launchNomad(ctx context.Context) error {
 }
 
 // RestartNomad stops the Nomad agent and starts it again on the same data dir. Tasks keep
-// running across the restart (their executors are separate processes); the client recovers them.
+// running across the restart (their supervisors are separate processes); the client recovers them.
 func (s *Stack) RestartNomad(ctx context.Context) error {
 	if err := stopProcess(s.nomad, 30*time.Second); err != nil {
 		return fmt.Errorf("stopping nomad: %w", err)

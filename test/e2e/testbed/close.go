@@ -15,7 +15,7 @@ import (
 	nomadapi "github.com/hashicorp/nomad/api"
 )
 
-// Close stops every job, the Nomad agent, any task or executor process the stack started, its
+// Close stops every job, the Nomad agent, any task or engine supervisor process the stack started, its
 // cgroups, the Consul agent, and removes Dir. It keeps going past errors and returns them all.
 // It is safe to call on a partially started stack.
 func (s *Stack) Close() error {
@@ -34,7 +34,7 @@ func (s *Stack) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	// The agent's plugin processes (logmon, executors) run in process groups
+	// The agent's plugin processes (logmon, engine supervisors) run in process groups
 	// of their own and outlive it, and a logmon's command line and working
 	// directory do not name Dir: remember the agent's process tree to end it.
 	var tree map[int]uint64
@@ -113,7 +113,7 @@ func (s *Stack) waitAllocsTerminal(ids []string, timeout time.Duration) error {
 }
 
 // killLeftovers SIGKILLs every process that belongs to this stack but outlived the agent: task
-// processes (working directory under Dir) and executors or plugins (command line naming Dir).
+// processes (working directory under Dir) and engine supervisors or plugins (command line naming Dir).
 func (s *Stack) killLeftovers() error {
 	if s.Dir == "" {
 		return nil

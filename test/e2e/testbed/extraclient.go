@@ -142,7 +142,7 @@ func (s *Stack) WaitNomadNode(ctx context.Context, a *ExtraAgent, name string) (
 }
 
 // Stop ends the agent (SIGINT, then SIGKILL of its group), what it started (plugins, logmon,
-// executors, tasks), the mounts under Dir and the cgroups of its allocations. It does not remove
+// engine supervisors, tasks), the mounts under Dir and the cgroups of its allocations. It does not remove
 // Dir. Stop the agent's jobs first, while it still runs, so Nomad ends their tasks.
 func (a *ExtraAgent) Stop() error {
 	if a == nil || a.p == nil {

@@ -147,7 +147,7 @@ func newStack(opts Options, dir string) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Tasks and executors may run as other users; the tree must be traversable.
+	// Tasks and their supervisors may run as other users; the tree must be traversable.
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("opening stack directory: %w", err)
 	}
