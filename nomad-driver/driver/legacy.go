@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+
+	"github.com/prometheus/procfs"
 )
 
 // legacyExecutor is what a task handle written by an older nomad-driver-llm
@@ -49,18 +51,13 @@ func endLegacyEngine(exec *legacyExecutor, enginePid int) error {
 
 // parentPid reads a process's parent from /proc/PID/stat.
 func parentPid(pid int) (int, error) {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	proc, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, err
 	}
-	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, errors.New("malformed stat")
+	st, err := proc.Stat()
+	if err != nil {
+		return 0, err
 	}
-	f := bytes.Fields(stat[i+1:])
-	if len(f) < 2 {
-		return 0, errors.New("malformed stat")
-	}
-	return strconv.Atoi(string(f[1]))
+	return st.PPID, nil
 }

@@ -3,16 +3,14 @@
 package supervisor
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/oasis-llm/oasis/internal/ctxsleep"
 	"github.com/oasis-llm/oasis/nomad-driver/supervisor/internal/wire"
@@ -32,24 +30,26 @@ type procInfo struct {
 }
 
 func readProc(pid int) (procInfo, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	proc, err := procfs.NewProc(pid)
 	if err != nil {
 		return procInfo{}, err
 	}
-	// The command name (field 2) may hold spaces and parentheses: the
-	// fields after it start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return procInfo{}, fmt.Errorf("parsing /proc/%d/stat: no command name", pid)
+	return statInfo(proc)
+}
+
+// statInfo reads a process's /proc/PID/stat.
+func statInfo(proc procfs.Proc) (procInfo, error) {
+	st, err := proc.Stat()
+	if err != nil {
+		return procInfo{}, err
 	}
-	f := strings.Fields(string(b[i+2:]))
-	if len(f) < 22 {
-		return procInfo{}, fmt.Errorf("parsing /proc/%d/stat: %d fields", pid, len(f)+2)
+	var state byte
+	if st.State != "" {
+		state = st.State[0]
 	}
-	num := func(idx int) uint64 { n, _ := strconv.ParseUint(f[idx], 10, 64); return n }
 	return procInfo{
-		pid: pid, ppid: int(num(1)), pgrp: int(num(2)), state: f[0][0],
-		utime: num(11), stime: num(12), start: num(19), rssPages: num(21),
+		pid: st.PID, ppid: st.PPID, pgrp: st.PGRP, state: state,
+		utime: uint64(st.UTime), stime: uint64(st.STime), start: st.Starttime, rssPages: uint64(max(st.RSS, 0)),
 	}, nil
 }
 
@@ -71,17 +71,13 @@ func running(pid int, start uint64) bool {
 
 // allProcs reads every process of /proc.
 func allProcs() []procInfo {
-	ents, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return nil
 	}
-	out := make([]procInfo, 0, len(ents))
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if p, err := readProc(pid); err == nil {
+	out := make([]procInfo, 0, len(procs))
+	for _, proc := range procs {
+		if p, err := statInfo(proc); err == nil {
 			out = append(out, p)
 		}
 	}
@@ -143,43 +139,34 @@ func sampleTree(pid int, start uint64) wire.Sample {
 
 // swapOf is VmSwap of /proc/PID/status in bytes.
 func swapOf(pid int) uint64 {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	proc, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmSwap:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
+	st, err := proc.NewStatus()
+	if err != nil {
+		return 0
 	}
-	return 0
+	return st.VmSwap
 }
 
 // coreMHz is the mean "cpu MHz" of /proc/cpuinfo's CPUs; 0 if unknown.
 // Nomad's TotalTicks is Percent/100 of it (its CpuStats.TicksConsumed:
 // percent of one core × the node's MHz / its cores).
 func coreMHz() float64 {
-	b, err := os.ReadFile("/proc/cpuinfo")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0
 	}
-	var sum float64
-	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if ok && strings.TrimSpace(k) == "cpu MHz" {
-			mhz, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			sum += mhz
-			n++
-		}
-	}
-	if n == 0 {
+	cpus, err := fs.CPUInfo()
+	if err != nil || len(cpus) == 0 {
 		return 0
 	}
-	return sum / float64(n)
+	var sum float64
+	for _, c := range cpus {
+		sum += c.CPUMHz
+	}
+	return sum / float64(len(cpus))
 }
 
 // groupMembers lists the live processes of process group pgid started no
