@@ -58,9 +58,29 @@ func start(t *testing.T, args ...string) *proc {
 	return startEnv(t, nil, args...)
 }
 
-// startEnv is start with more environment variables (KEY=value).
+// startEnv is start with more environment variables (KEY=value). The
+// ports testutil.FreeAddr picks come from the kernel's ephemeral range, so
+// a client's outgoing connection can take one before the process binds it:
+// a start that fails on "address already in use" is tried again on fresh
+// ports, up to three times.
 func startEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
+	var p *proc
+	for attempt := 1; ; attempt++ {
+		var err error
+		if p, err = tryStart(t, env, args); err == nil {
+			return p
+		}
+		if attempt == 3 || !strings.Contains(p.Output(), "address already in use") {
+			t.Fatalf("oasis-kvcached did not answer PING: %v", err)
+		}
+		t.Logf("oasis-kvcached lost a port to another socket (attempt %d); starting again on fresh ports", attempt)
+	}
+}
+
+// tryStart runs the binary once on fresh ports and waits until it answers
+// PING or exits.
+func tryStart(t *testing.T, env []string, args []string) (*proc, error) {
 	p := &proc{addr: testutil.FreeAddr(t), httpAddr: testutil.FreeAddr(t)}
 	full := append([]string{"--addr", p.addr, "--http-addr", p.httpAddr, "--log-level", "debug"}, args...)
 	for i, a := range full {
@@ -75,13 +95,13 @@ func startEnv(t *testing.T, env []string, args ...string) *proc {
 	p.Process = testutil.Start(t, cmd)
 	p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	t.Cleanup(func() { p.client.Close() })
-	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
+	err := wait.InitialSuccess(wait.ErrorFunc(func() error {
 		if p.Exited() {
 			return wait.ErrTimeoutExceeded
 		}
 		return p.client.Ping(context.Background()).Err()
-	}), wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
-	return p
+	}), wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)).Run()
+	return p, err
 }
 
 func (p *proc) metric(t *testing.T, name string) float64 {
