@@ -200,3 +200,38 @@ func TestLibraryLoads(t *testing.T) {
 		t.Errorf("mooncake-synthetic: %d requests, want 3993", len(reqs))
 	}
 }
+
+// A short generator trace at a high rate scale arrives in a fraction of a
+// second and drains for seconds: burst-bound. The same trace at the
+// generator's own rate, or a long one at the high rate, is not.
+func TestBurstBound(t *testing.T) {
+	run := func(spec string, scale float64) Result {
+		t.Helper()
+		reqs := gen(t, spec)
+		if err := Keys(reqs, "m", 16); err != nil {
+			t.Fatal(err)
+		}
+		r, err := Run(Config{Policy: PolicyRoundRobin, GPUs: Heterogeneous(16), RateScale: scale, Model: "m"}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s at %g: arrivals %.1f s, drain %.1f s", spec, scale, r.ArrivalSeconds(), r.DrainSeconds())
+		return r
+	}
+	for _, c := range []struct {
+		spec  string
+		scale float64
+		burst bool
+	}{
+		{"gen:diurnal:n=600", 256, true},
+		{"gen:diurnal:n=600", 1, false},
+		{"gen:diurnal:n=6000", 16, false},
+	} {
+		if got := run(c.spec, c.scale).BurstBound(); got != c.burst {
+			t.Errorf("%s at scale %g: burst-bound %v, want %v", c.spec, c.scale, got, c.burst)
+		}
+	}
+	if (Result{}).BurstBound() {
+		t.Error("a run with no rate is burst-bound")
+	}
+}

@@ -68,6 +68,10 @@ type Row struct {
 	BestApproxPeer      string
 	BestApproxHit       float64 // best event-less peer, reference rate
 	Imbalance, JPerTok  float64 // Oasis at the reference rate
+	// Burst: Oasis's or the best peer's SLO-meeting run is burst-bound
+	// (cluster.Result.BurstBound): the ratio compares how fast a burst is
+	// absorbed, not sustained rates.
+	Burst bool
 }
 
 func rate(b cluster.Bisection) float64 {
@@ -85,6 +89,7 @@ func crossRow(rep *cluster.Report) Row {
 		switch {
 		case b.Policy == cluster.PolicyOasis:
 			r.Oasis = rate(b)
+			r.Burst = r.Burst || b.Best.BurstBound()
 		case cluster.IsPeer(b.Policy):
 			r.Peers[b.Policy] = rate(b)
 			if best.Policy == "" || b.Scale > best.Scale {
@@ -93,6 +98,7 @@ func crossRow(rep *cluster.Report) Row {
 		}
 	}
 	r.BestPeer = best.Policy
+	r.Burst = r.Burst || best.Best.BurstBound()
 	r.TTFTPeer = best.Best.TTFTP90
 	if len(rep.PeerVariants) > 0 && best.Scale > 0 {
 		r.TTFTOasis = rep.PeerVariants[0].TTFTP90
@@ -128,6 +134,9 @@ func writeCrossTable(w *os.File, reps []*cluster.Report) {
 		ratio := "—"
 		if r.Peers[r.BestPeer] > 0 {
 			ratio = fmt.Sprintf("%.2f", r.Oasis/r.Peers[r.BestPeer])
+		}
+		if r.Burst {
+			ratio += " (burst-bound)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%.2f/%.2f s\t%.2f\t%.3f/%.3f (%s)\t%.2f\t%.3f\n", r.Family, r.Trace, r.Oasis, strings.Join(peers, "\t"),
 			r.BestPeer, ratio, r.TTFTOasis, r.TTFTPeer, r.HitOracle, r.ApproxHit, r.BestApproxHit, r.BestApproxPeer, r.Imbalance, r.JPerTok)
