@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -241,4 +242,20 @@ func TestPortWindowsAreDisjointAcrossProcesses(t *testing.T) {
 	must.NoError(t, err)
 	defer c.Release()
 	must.Eq(t, other.Min, c.Min)
+}
+
+// OASIS_TEST_LOCK_DIR moves the lock files: what a test that runs a process
+// with a TMPDIR of its own passes on, so that its windows stay disjoint
+// from every other process's.
+func TestLockDirEnvMovesTheLockFiles(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(LockDirEnv, dir)
+	must.Eq(t, dir, LockDir())
+	w, err := PortWindows{Name: "moved", Min: 10000, Width: 10, Count: 1}.Claim()
+	must.NoError(t, err)
+	defer w.Release()
+	_, err = os.Stat(filepath.Join(dir, "oasis-moved-0.lock"))
+	must.NoError(t, err)
+	_, err = PortWindows{Name: "moved", Min: 10000, Width: 10, Count: 1, Dir: dir}.Claim()
+	must.ErrorIs(t, err, ErrNoPortWindow)
 }
