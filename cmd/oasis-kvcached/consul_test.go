@@ -31,7 +31,7 @@ func TestPeersFromConsulCatalog(t *testing.T) {
 	ca := tlsfilestest.NewCA(t, "oasis test CA")
 	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", peer.DefaultServerName)
 	_, certB, keyB := ca.WriteFiles(t, dir, "b", peer.DefaultServerName)
-	qa, qb := freeUDP(t), freeUDP(t)
+	qa, qb := testutil.FreeAddr(t), testutil.FreeAddr(t)
 
 	common := []string{"--tls-ca", caFile, "--peer-filter-interval", "200ms", "--peer-timeout", "1s",
 		"--consul-addr", consulAddr}

@@ -35,14 +35,6 @@ func TestMain(m *testing.M) {
 	os.Exit(testutil.RunWithCommand(m, "github.com/oasis-llm/oasis/cmd/oasis-kvcached", &binary))
 }
 
-func freeUDP(t *testing.T) string {
-	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer c.Close()
-	return c.LocalAddr().String()
-}
-
 type proc struct {
 	*testutil.Process
 	addr     string
@@ -58,29 +50,9 @@ func start(t *testing.T, args ...string) *proc {
 	return startEnv(t, nil, args...)
 }
 
-// startEnv is start with more environment variables (KEY=value). The
-// ports testutil.FreeAddr picks come from the kernel's ephemeral range, so
-// a client's outgoing connection can take one before the process binds it:
-// a start that fails on "address already in use" is tried again on fresh
-// ports, up to three times.
+// startEnv is start with more environment variables (KEY=value).
 func startEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	var p *proc
-	for attempt := 1; ; attempt++ {
-		var err error
-		if p, err = tryStart(t, env, args); err == nil {
-			return p
-		}
-		if attempt == 3 || !strings.Contains(p.Output(), "address already in use") {
-			t.Fatalf("oasis-kvcached did not answer PING: %v", err)
-		}
-		t.Logf("oasis-kvcached lost a port to another socket (attempt %d); starting again on fresh ports", attempt)
-	}
-}
-
-// tryStart runs the binary once on fresh ports and waits until it answers
-// PING or exits.
-func tryStart(t *testing.T, env []string, args []string) (*proc, error) {
 	p := &proc{addr: testutil.FreeAddr(t), httpAddr: testutil.FreeAddr(t)}
 	full := append([]string{"--addr", p.addr, "--http-addr", p.httpAddr, "--log-level", "debug"}, args...)
 	for i, a := range full {
@@ -95,13 +67,13 @@ func tryStart(t *testing.T, env []string, args []string) (*proc, error) {
 	p.Process = testutil.Start(t, cmd)
 	p.client = redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1})
 	t.Cleanup(func() { p.client.Close() })
-	err := wait.InitialSuccess(wait.ErrorFunc(func() error {
+	must.Wait(t, wait.InitialSuccess(wait.ErrorFunc(func() error {
 		if p.Exited() {
 			return wait.ErrTimeoutExceeded
 		}
 		return p.client.Ping(context.Background()).Err()
-	}), wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)).Run()
-	return p, err
+	}), wait.Timeout(15*time.Second), wait.Gap(50*time.Millisecond)))
+	return p
 }
 
 func (p *proc) metric(t *testing.T, name string) float64 {
@@ -240,7 +212,7 @@ func TestPeersFetchOverQUICWithMutualTLS(t *testing.T) {
 	rogue := tlsfilestest.NewCA(t, "rogue CA")
 	_, certR, keyR := rogue.WriteFiles(t, rogueDir, "r", "oasis-kvcached")
 
-	qa, qb, qr := freeUDP(t), freeUDP(t), freeUDP(t)
+	qa, qb, qr := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 	common := []string{"--tls-ca", caFile, "--peer-filter-interval", "200ms", "--peer-timeout", "1s", "--ram-bytes", "64MiB"}
 	a := start(t, append([]string{"--quic-addr", qa, "--tls-cert", certA, "--tls-key", keyA, "--peers", qb + "," + qr}, common...)...)
 	b := start(t, append([]string{"--quic-addr", qb, "--tls-cert", certB, "--tls-key", keyB, "--peers", qa}, common...)...)

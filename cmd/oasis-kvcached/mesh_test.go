@@ -44,7 +44,7 @@ func untilFetch(t *testing.T, p *proc, next *int, want bool, start time.Time, wi
 // from another CA is refused.
 func TestMeshPeersFollowIntentions(t *testing.T) {
 	client, consulAddr := testutil.StartConsul(t)
-	qa, qb := freeUDP(t), freeUDP(t)
+	qa, qb := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	common := []string{"--mesh", "--consul-addr", consulAddr, "--peer-filter-interval", "200ms", "--peer-timeout", "1s"}
 	a := start(t, append([]string{"--quic-addr", qa, "--quic-advertise", qa}, common...)...)
 	b := start(t, append([]string{"--quic-addr", qb, "--quic-advertise", qb}, common...)...)
@@ -94,7 +94,7 @@ func TestMeshPeersFollowIntentions(t *testing.T) {
 	// A node whose certificate comes from another CA cannot fetch.
 	ca := tlsfilestest.NewCA(t, "not the mesh CA")
 	caFile, cert, key := ca.WriteFiles(t, t.TempDir(), "c", peer.DefaultServerName)
-	c := start(t, "--quic-addr", freeUDP(t), "--peers", qa, "--peer-filter-interval", "200ms", "--peer-timeout", "1s",
+	c := start(t, "--quic-addr", testutil.FreeAddr(t), "--peers", qa, "--peer-filter-interval", "200ms", "--peer-timeout", "1s",
 		"--tls-ca", caFile, "--tls-cert", cert, "--tls-key", key)
 	c.waitMore(t, `oasis_kvcached_peer_filter_exchanges_total{result="error"}`, 3, 10*time.Second) // several failed exchanges
 	must.EqOp(t, 0.0, c.metric(t, "oasis_kvcached_peers_healthy"))
@@ -127,7 +127,7 @@ func TestMeshWithTheJobsConsulPolicy(t *testing.T) {
 	testutil.SetIntentions(t, dc1.Client, "oasis-kvcached", "oasis-kvcached")
 
 	node := func() *proc {
-		q := freeUDP(t)
+		q := testutil.FreeAddr(t)
 		p := startEnv(t, []string{"CONSUL_HTTP_TOKEN=" + jobToken}, "--mesh", "--quic-addr", q, "--quic-advertise", q,
 			"--peer-filter-interval", "200ms", "--consul-addr", dc1.HTTPAddr)
 		rp, _ := strconv.Atoi(port(t, p.addr))

@@ -33,7 +33,7 @@ func TestPeersInAnotherDatacenter(t *testing.T) {
 	const rate = 256 << 10
 	const discoveryTimeout = 1500 * time.Millisecond
 	node := func(consul *testutil.ConsulAgent, extra ...string) (*proc, string) {
-		q := freeUDP(t)
+		q := testutil.FreeAddr(t)
 		args := append([]string{"--quic-addr", q, "--quic-advertise", q, "--tls-ca", caFile, "--tls-cert", cert, "--tls-key", key,
 			"--peer-filter-interval", "200ms", "--peer-timeout", "1s", "--consul-addr", consul.HTTPAddr}, extra...)
 		p := start(t, args...)
@@ -210,7 +210,7 @@ func TestRemoteDatacenterNeedsAGlobalToken(t *testing.T) {
 	ca := tlsfilestest.NewCA(t, "oasis test CA")
 	caFile, cert, key := ca.WriteFiles(t, dir, "node", peer.DefaultServerName)
 	node := func(consul *testutil.ConsulAgent, token string, extra ...string) *proc {
-		q := freeUDP(t)
+		q := testutil.FreeAddr(t)
 		args := append([]string{"--quic-addr", q, "--quic-advertise", q, "--tls-ca", caFile, "--tls-cert", cert, "--tls-key", key,
 			"--peer-filter-interval", "200ms", "--consul-addr", consul.HTTPAddr}, extra...)
 		p := startEnv(t, []string{"CONSUL_HTTP_TOKEN=" + token}, args...)

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"errors"
 	"net"
 	"strconv"
 	"sync"
@@ -15,8 +16,9 @@ import (
 // but never listening: no server can take the port meanwhile, neither one
 // of the test's own (an httptest engine, the router under test) nor another
 // process's, as any can take a port that was only free a moment ago
-// (FreeAddr), which then answers for the "dead" address. release frees the
-// port, for a test that later listens on it itself.
+// (FreeAddr), which then answers for the "dead" address. The port is one of
+// FreePort's, outside the kernel's ephemeral range, so release frees it for
+// a test that later listens on it itself.
 func RefusingAddr(t testing.TB) (addr string, release func()) {
 	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
@@ -24,8 +26,16 @@ func RefusingAddr(t testing.TB) (addr string, release func()) {
 	var once sync.Once
 	release = func() { once.Do(func() { _ = syscall.Close(fd) }) }
 	t.Cleanup(release)
-	must.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	sa, err := syscall.Getsockname(fd)
-	must.NoError(t, err)
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)), release
+	// FreePort's port can be bound by someone else before this bind: take
+	// the next one then, twice at most.
+	for attempt := 1; ; attempt++ {
+		port := FreePort(t)
+		err = syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}})
+		if err == nil {
+			return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), release
+		}
+		if attempt == 3 || !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatalf("binding a refusing socket to 127.0.0.1:%d: %v", port, err)
+		}
+	}
 }

@@ -2,11 +2,21 @@
 // commands of this module built for a test binary, real processes started
 // and stopped with a test (oasis-sim and Consul agents among them), and
 // waiting for a condition.
+//
+// Free ports (FreePorts, FreePort, FreeAddr, RefusingAddr) come
+// from 10000-19999, below the kernel's ephemeral range, so that no outgoing
+// connection on the machine takes one between the moment it is found free
+// and the moment the process it went to binds it. Each test process claims
+// a window of 100 of those ports that no other process on the machine holds
+// (PortWindows: a flock'ed lock file per window in LockDir, released when
+// the process ends) and hands them out in turn, skipping a port something
+// else has bound; only when all 100 windows are held does it fall back to
+// ephemeral ports, and it says so on standard error. The test bed's windows
+// of Nomad dynamic ports are claimed the same way (test/e2e/testbed).
 package testutil
 
 import (
 	"bytes"
-	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -17,30 +27,18 @@ import (
 	"github.com/shoenig/test/wait"
 )
 
-// FreePorts reserves n distinct free TCP ports on 127.0.0.1. The listeners
-// are closed before it returns, so a port can in principle be taken by
-// someone else before it is used; holding all n until then at least keeps
-// them distinct from each other.
+// FreePorts returns n distinct ports on 127.0.0.1 that were free for TCP
+// and UDP a moment ago, from this process's window (the package comment).
+// n is at most 100.
 func FreePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	listeners := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range listeners {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserving a free port: %w", err)
-		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	a, err := processPorts()
+	if err != nil {
+		return nil, err
 	}
-	return ports, nil
+	return a.Ports(n)
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, and
+// FreePort returns a port on 127.0.0.1 that was free a moment ago, and
 // fails the test if there is none.
 func FreePort(t testing.TB) int {
 	t.Helper()
@@ -49,7 +47,8 @@ func FreePort(t testing.TB) int {
 	return ports[0]
 }
 
-// FreeAddr returns FreePort's port as an address, 127.0.0.1:port.
+// FreeAddr returns FreePort's port as an address, 127.0.0.1:port, for a TCP
+// or a UDP (QUIC) listener.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))

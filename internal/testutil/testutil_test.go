@@ -10,17 +10,6 @@ import (
 	"github.com/shoenig/test/must"
 )
 
-func TestFreePortsAreDistinct(t *testing.T) {
-	ports, err := FreePorts(8)
-	must.NoError(t, err)
-	seen := map[int]bool{}
-	for _, p := range ports {
-		must.Positive(t, p)
-		must.False(t, seen[p])
-		seen[p] = true
-	}
-}
-
 func TestStopReportsHowTheProcessExited(t *testing.T) {
 	ok := Start(t, exec.Command("sh", "-c", "echo out; echo err >&2"))
 	Eventually(t, 5*time.Second, "sh to exit", ok.Exited)

@@ -75,7 +75,7 @@ func TestPeersServeEachOther(t *testing.T) {
 	ca := tlsfilestest.NewCA(t, "oasis test CA")
 	caFile, certA, keyA := ca.WriteFiles(t, dir, "a", peer.DefaultServerName)
 	_, certB, keyB := ca.WriteFiles(t, dir, "b", peer.DefaultServerName)
-	qa, qb := freeUDP(t), freeUDP(t)
+	qa, qb := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	peerApp := func(quic, cert, key, other string) *App {
 		a, err := New(Config{Addr: "127.0.0.1:0", RAMBytes: 64 << 20, QUICAddr: quic, TLSCA: caFile, TLSCert: cert, TLSKey: key,
 			Peers: []string{other}, PeerFilterInterval: 100 * time.Millisecond, PeerTimeout: time.Second})
@@ -96,12 +96,4 @@ func TestPeersServeEachOther(t *testing.T) {
 	testutil.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "b to fetch a's block", func() bool {
 		return cb.Get(ctx, "m@1@0@1@bfloat16kv_bytes").Val() == "from a"
 	})
-}
-
-func freeUDP(t *testing.T) string {
-	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer c.Close()
-	return c.LocalAddr().String()
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/nomad-driver/supervisor"
 )
 
@@ -108,7 +109,10 @@ func reexecUnprivileged() int {
 	if err := os.Chown(tmp, 65534, 65534); err != nil {
 		return fail("%v", err)
 	}
-	cmd.Env = append(os.Environ(), simBinEnv+"="+filepath.Join(dir, "oasis-sim"), "HOME="+tmp, "TMPDIR="+tmp)
+	// Its free ports come from a window claimed where every other test
+	// process claims them, not in its own TMPDIR.
+	cmd.Env = append(os.Environ(), simBinEnv+"="+filepath.Join(dir, "oasis-sim"), "HOME="+tmp, "TMPDIR="+tmp,
+		testutil.LockDirEnv+"="+testutil.LockDir())
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
 		var ee *exec.ExitError

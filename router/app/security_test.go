@@ -21,21 +21,12 @@ import (
 // Issue #33 (second security audit): the router's own listeners as
 // engines (item 1) and connection slots (item 6), on the real listener.
 
-// freeAddr is a loopback address nothing listens on now.
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	a := ln.Addr().String()
-	ln.Close()
-	return a
-}
-
 // Item 1 (a): engine registrations naming the router's own listener (as
 // 127.0.0.1, localhost or 0.0.0.0) are left out of the pool, counted once
 // each; the real engine serves every request.
 func TestSelfRegistrationRefused(t *testing.T) {
 	eng := newEngine(t, 1, 0)
-	self := freeAddr(t)
+	self := testutil.FreeAddr(t)
 	_, port, _ := net.SplitHostPort(self)
 	cfg := baseConfig(t, eng.URL)
 	cfg.Listen = self

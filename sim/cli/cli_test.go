@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/oasis-llm/oasis/internal/kvevents"
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/sim/engine"
 	"github.com/oasis-llm/oasis/sim/server"
 	"github.com/shoenig/test/must"
@@ -280,10 +281,7 @@ func TestServeSideChannels(t *testing.T) {
 	must.Eq(t, 200, code, must.Sprintf("%v", out))
 
 	// SGLang: a prefill-mode sim serves its bootstrap port.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := testutil.FreePort(t)
 	sp, err := Parse([]string{"m", "--port", "0", "--num-gpu-blocks", "100", "--speed", "0",
 		"--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", strconv.Itoa(port)})
 	must.NoError(t, err)

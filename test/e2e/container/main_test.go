@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
 )
 
@@ -103,12 +105,11 @@ func startPodman(dir string) (*podmanService, error) {
 		return nil, err
 	}
 	// The test's private registry (registry_test.go) serves plain HTTP.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := testutil.FreePorts(1)
 	if err != nil {
 		return nil, err
 	}
-	registryAddr = l.Addr().String()
-	l.Close()
+	registryAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	regConf := filepath.Join(dir, "registries.conf")
 	if err := os.WriteFile(regConf, []byte(fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", registryAddr)), 0o644); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shoenig/test/must"
 
+	"github.com/oasis-llm/oasis/internal/testutil"
 	"github.com/oasis-llm/oasis/internal/tinymodel"
 	"github.com/oasis-llm/oasis/router/enginestats"
 	"github.com/oasis-llm/oasis/test/e2e/testbed"
@@ -61,7 +62,7 @@ func renderedArgvs(t *testing.T) map[string][]string {
 func localize(t *testing.T, argv []string) ([]string, string) {
 	t.Helper()
 	out := append([]string(nil), argv...)
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	host := "127.0.0.1"
 	for i := 1; i < len(out)-1; i++ {
 		switch out[i] {
@@ -190,7 +191,7 @@ func argAfter(argv []string, flag string) string {
 func TestTinyModelOnOneCore(t *testing.T) {
 	st, err := os.Stat(modelPath)
 	must.NoError(t, err)
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	addr := hostPort("127.0.0.1", port)
 	start := time.Now()
 	e := startDirect(t, []string{"llama-server", "-m", modelPath, "--host", "127.0.0.1", "--port", strconv.Itoa(port),

@@ -24,7 +24,7 @@ import (
 // format. What differs on purpose is listed in sim/README.md ("Against llama-server") and
 // nowhere asserted equal here.
 func TestSimMatchesLlamaServer(t *testing.T) {
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	llama := hostPort("127.0.0.1", port)
 	e := startDirect(t, []string{"llama-server", "-m", modelPath, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"-t", "1", "-tb", "1", "-np", "1", "-c", "2048", "--alias", "tiny", "--metrics"}, llama)

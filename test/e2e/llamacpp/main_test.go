@@ -94,15 +94,6 @@ func prepare(dir, bin, src string) error {
 	return nil
 }
 
-// freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // engine is a llama-server this test started itself (not through Nomad).
 type engine struct {
 	addr    string

@@ -327,7 +327,7 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 // prompt_tokens, and a completion sent as those ids finds every one of them but the last
 // (which llama-server always evaluates again) in the slot the request left behind.
 func TestRouterTokensMatchLlamaServer(t *testing.T) {
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	addr := hostPort("127.0.0.1", port)
 	e := startDirect(t, []string{"llama-server", "-m", modelPath, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"-t", "1", "-tb", "1", "-np", "1", "-c", "4096"}, addr)

@@ -99,11 +99,11 @@ func (s *Stack) writeNomadConfig(opts Options) error {
 	s.NomadAddr = fmt.Sprintf("http://127.0.0.1:%d", http)
 	s.nomadSerf = fmt.Sprintf("127.0.0.1:%d", serf)
 	if s.ports == nil {
-		if s.ports, err = claimPortWindow(); err != nil {
-			return err
+		if s.ports, err = dynamicPortWindows().Claim(); err != nil {
+			return fmt.Errorf("claiming the Nomad client's dynamic ports: %w", err)
 		}
 	}
-	name, top, server, client, acl := "oasis-testbed", "", "", s.ports.clientConfig(), ""
+	name, top, server, client, acl := "oasis-testbed", "", "", nomadDynamicPorts(s.ports), ""
 	if s.fed != nil {
 		name = "oasis-testbed-" + s.Datacenter
 		top, server, acl = s.fed.nomadConfig()

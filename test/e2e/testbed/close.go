@@ -69,7 +69,9 @@ func (s *Stack) Close() error {
 			errs = append(errs, fmt.Errorf("removing %s: %w", s.Dir, err))
 		}
 	}
-	s.ports.release() // its tasks are gone
+	if err := s.ports.Release(); err != nil { // its tasks are gone
+		errs = append(errs, fmt.Errorf("releasing the dynamic port window: %w", err))
+	}
 	return errors.Join(errs...)
 }
 

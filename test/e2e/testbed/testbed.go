@@ -24,6 +24,7 @@ import (
 	nomadapi "github.com/hashicorp/nomad/api"
 
 	"github.com/oasis-llm/oasis/internal/gobuild"
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // Options tunes a stack. The zero value is a complete stack.
@@ -60,7 +61,7 @@ type Stack struct {
 	// Dir holds everything the stack writes: agent configs, logs, data, built binaries.
 	Dir string
 	// ports is the client's dynamic port window, held until Close.
-	ports *portWindow
+	ports *testutil.PortWindow
 	// BinDir holds the Oasis binaries built from ./cmd/... for this stack.
 	BinDir string
 	// PluginDir is Nomad's plugin_dir: the Oasis plugin binaries.
@@ -400,8 +401,9 @@ func stopProcess(p *process, grace time.Duration) error {
 }
 
 // errPortTaken is why an agent exited at start when another process bound one of the ports
-// FreePorts had just found free: another test binary's agent, or an outbound connection's
-// ephemeral port.
+// FreePorts had just found free: a program outside the tests that binds a fixed port of the
+// test ports' range, or, when every test port window is held and FreePorts falls back to
+// ephemeral ports, an outbound connection's.
 var errPortTaken = errors.New("a port it was given was taken by another process before it bound it")
 
 // exitedError is the permanentError for an agent that exited while the stack waited for it:
