@@ -33,7 +33,7 @@ func (r Result) ArrivalSeconds() float64 {
 }
 
 // DrainSeconds is how long the run went on after its last arrival.
-func (r Result) DrainSeconds() float64 { return max(0, r.Makespan-r.ArrivalSeconds()) }
+func (r Result) DrainSeconds() float64 { return max(0, r.Makespan-r.LastArrival) }
 
 // BurstBound reports whether the run spent longer draining after its last
 // arrival than its requests took to arrive: its rate then measures how fast

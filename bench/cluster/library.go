@@ -88,7 +88,7 @@ var Generators = []Generator{
 	{Name: "agent", Family: "agentic", Doc: "agentic tool loops: a session opens on a long context, then many short turns each append a tool result and the model's call",
 		Knobs: []Knob{{"context", 24, "initial context blocks (tools, instructions, repository)"}, {"steps", 16, "mean turns per session (geometric)"},
 			{"tool", 1, "tool-result blocks per turn"}, {"think", 2, "mean seconds between turns (tool latency)"}, {"rate", 0.5, "session starts per second"},
-			{"out", 96, "output tokens per turn (a tool call)"}, {"n", 5000, "requests (16-turn sessions on 12k-token contexts: 5,000 are minutes of arrivals at the rates found)"}},
+			{"out", 96, "output tokens per turn (a tool call)"}, {"n", 5000, "requests (16-turn sessions on 12k-token contexts: 5,000 arrive over 40 s or more at the rates found)"}},
 		gen: genAgent},
 	{Name: "diurnal", Family: "bursty", Doc: "multi-tenant traffic whose arrival rate follows a day curve compressed to a period, with bursts",
 		Knobs: []Knob{{"tenants", 32, "tenants (system prompts)"}, {"system", 6, "system prompt blocks"}, {"user", 2, "user blocks (uniform 1..user)"},

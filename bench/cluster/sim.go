@@ -210,10 +210,12 @@ type Result struct {
 	PrefillEnergyJ float64 `json:"prefill_energy_j"`
 	DecodeEnergyJ  float64 `json:"decode_energy_j"`
 	Makespan       float64 `json:"makespan_s"`
-	Resyncs        int64   `json:"resyncs,omitempty"`
-	Replays        int64   `json:"replays,omitempty"`
-	Preemptions    uint64  `json:"preemptions"`
-	WallSeconds    float64 `json:"wall_s"`
+	// LastArrival is when the last request arrived, s from the run's start.
+	LastArrival float64 `json:"last_arrival_s"`
+	Resyncs     int64   `json:"resyncs,omitempty"`
+	Replays     int64   `json:"replays,omitempty"`
+	Preemptions uint64  `json:"preemptions"`
+	WallSeconds float64 `json:"wall_s"`
 	// Routers as configured (0: one), and what they shared.
 	Routers       int  `json:"routers,omitempty"`
 	ShareLoads    bool `json:"share_loads,omitempty"`
@@ -1000,6 +1002,9 @@ func (s *sim) result(wall time.Duration) Result {
 		r.HitRatio = float64(s.cached) / float64(s.promptTok)
 	}
 	r.Makespan = float64(s.lastDone) / 1e9
+	if len(s.reqs) > 0 {
+		r.LastArrival = float64(s.arrivalTime(s.reqs[len(s.reqs)-1])) / 1e9
+	}
 	if r.Makespan > 0 {
 		r.Throughput = float64(s.completed) / r.Makespan
 		r.OutputTokPS = float64(s.outTok) / r.Makespan
