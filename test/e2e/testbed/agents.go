@@ -164,6 +164,10 @@ client {
     # AWS_CA_BUNDLE in this environment breaks the cloud fingerprinters (NOTES §3).
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
   }
+  # The host's disk is not the stack's: past Nomad's default of 80 percent the client garbage-collects a
+  # finished allocation, and the logs a test reads from it, the moment it ends.
+  gc_disk_usage_threshold  = 99
+  gc_inode_usage_threshold = 99
 %[14]s%[16]s}
 
 consul {
