@@ -14,9 +14,11 @@ const DefaultTTFTScale = 250 * time.Millisecond
 // three families of the cluster benchmark's trace library (agentic,
 // multi-tenant, Mooncake conversation) from 0, 1, 2, 4, 8 and 16: 8 is the
 // smallest at the best throughput at SLO on all three (agentic 45.8 → 65.4
-// req/s, multi-tenant 155.9 → 218.3, conversation 24.2 unchanged), then
-// reported on the held-out families (BENCHMARKS.md, "Routing across a trace
-// library"; router/README.md).
+// req/s, multi-tenant 155.9 → 218.3, conversation 24.2 unchanged, on the
+// generators' 600-request traces), then reported on the held-out families
+// (BENCHMARKS.md, "Routing across a trace library"; router/README.md). At
+// the generators' sustained length the same rule picks 2, which equals κ_f:
+// κ stays 8 until κ_f is re-fitted below it.
 const DefaultRecompute = 8.0
 
 // DefaultInflightRecompute is the ttft term's κ_f (see TTFTTerm): the
