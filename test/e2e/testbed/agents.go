@@ -178,6 +178,12 @@ acl {
   enabled = %[10]t
 %[15]s}
 
+# Every client of the stack, the tests' own included, comes from 127.0.0.1: Nomad's default of 100
+# concurrent HTTP connections per client address answered a log read 429 while a test polled.
+limits {
+  http_max_conns_per_client = 0
+}
+
 plugin "raw_exec" {
   config {
     enabled = true
