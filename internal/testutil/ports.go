@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 )
@@ -57,6 +58,9 @@ type PortWindows struct {
 	Min, Width, Count int
 	// Dir holds the lock files: "" is LockDir().
 	Dir string
+	// Listening finds the sockets that listen on a port from lo to hi; nil
+	// is Listeners.
+	Listening func(lo, hi int) ([]Listener, error)
 }
 
 // PortWindow is a claimed window, ports Min to Max.
@@ -89,8 +93,11 @@ func (w PortWindows) validate() error {
 	return nil
 }
 
-// Claim takes the first window no other process holds, or fails with
-// ErrNoPortWindow.
+// Claim takes the first window no other process holds and no socket
+// listens in, or fails with ErrNoPortWindow. A listener in a free window is
+// a process its last holder left behind (or a program outside the tests):
+// the window is passed over, and the ports named on standard error, so that
+// no port handed out meets it.
 func (w PortWindows) Claim() (*PortWindow, error) {
 	if err := w.validate(); err != nil {
 		return nil, err
@@ -98,6 +105,10 @@ func (w PortWindows) Claim() (*PortWindow, error) {
 	dir := w.Dir
 	if dir == "" {
 		dir = LockDir()
+	}
+	listening := w.Listening
+	if listening == nil {
+		listening = Listeners
 	}
 	var other error // why a window was not taken, other than its holder
 	for i := range w.Count {
@@ -109,7 +120,22 @@ func (w PortWindows) Claim() (*PortWindow, error) {
 			continue
 		}
 		lo := w.Min + i*w.Width
-		return &PortWindow{Min: lo, Max: lo + w.Width - 1, lock: f}, nil
+		hi := lo + w.Width - 1
+		busy, err := listening(lo, hi)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("claiming a window of ports %d-%d: %w", lo, hi, err)
+		}
+		if len(busy) > 0 {
+			f.Close()
+			fmt.Fprintf(os.Stderr, "testutil: passing over the port window %d-%d of %s, listened on at %s\n",
+				lo, hi, w.Name, strings.Join(DescribeListeners(busy), ", "))
+			if other == nil {
+				other = fmt.Errorf("ports %v of the window %d-%d are listened on", listenerPorts(busy), lo, hi)
+			}
+			continue
+		}
+		return &PortWindow{Min: lo, Max: hi, lock: f}, nil
 	}
 	if other != nil {
 		return nil, fmt.Errorf("claiming a window of ports %d-%d: %w (and: %w)", w.Min, w.Max(), ErrNoPortWindow, other)

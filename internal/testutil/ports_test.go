@@ -50,6 +50,10 @@ func TestFreePortsAreDistinctAndOutsideTheEphemeralRange(t *testing.T) {
 	}
 }
 
+// noListeners stands in for ListeningPorts where a test claims windows of
+// ports other test processes may listen on: it tests the lock files alone.
+func noListeners(int, int) ([]Listener, error) { return nil, nil }
+
 // ownWindows carves windows out of a real window this test holds, with
 // their lock files in a directory of the test's own: their ports are this
 // test's alone, whatever other test processes run.
@@ -185,14 +189,14 @@ func TestClaimHelper(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestPortWindowsAreDisjointAcrossProcesses")
 	}
-	w, err := PortWindows{Name: "cross", Min: 10000, Width: 100, Count: 3, Dir: dir}.Claim()
+	w, err := PortWindows{Name: "cross", Min: 10000, Width: 100, Count: 3, Dir: dir, Listening: noListeners}.Claim()
 	must.NoError(t, err)
 	fmt.Printf("claimed %d %d\n", w.Min, w.Max)
 	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
 func TestPortWindowsAreDisjointAcrossProcesses(t *testing.T) {
-	windows := PortWindows{Name: "cross", Min: 10000, Width: 100, Count: 3, Dir: t.TempDir()}
+	windows := PortWindows{Name: "cross", Min: 10000, Width: 100, Count: 3, Dir: t.TempDir(), Listening: noListeners}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestClaimHelper$")
 	cmd.Env = append(os.Environ(), claimHelperEnv+"="+windows.Dir)
 	stdin, err := cmd.StdinPipe()
@@ -251,11 +255,84 @@ func TestLockDirEnvMovesTheLockFiles(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(LockDirEnv, dir)
 	must.Eq(t, dir, LockDir())
-	w, err := PortWindows{Name: "moved", Min: 10000, Width: 10, Count: 1}.Claim()
+	w, err := PortWindows{Name: "moved", Min: 10000, Width: 10, Count: 1, Listening: noListeners}.Claim()
 	must.NoError(t, err)
 	defer w.Release()
 	_, err = os.Stat(filepath.Join(dir, "oasis-moved-0.lock"))
 	must.NoError(t, err)
-	_, err = PortWindows{Name: "moved", Min: 10000, Width: 10, Count: 1, Dir: dir}.Claim()
+	_, err = PortWindows{Name: "moved", Min: 10000, Width: 10, Count: 1, Dir: dir, Listening: noListeners}.Claim()
 	must.ErrorIs(t, err, ErrNoPortWindow)
+}
+
+// A window a socket listens in is passed over, whoever listens: a process
+// an earlier holder left behind would meet every port handed out there.
+func TestClaimPassesOverAWindowWithAListener(t *testing.T) {
+	w := ownWindows(t, 5, 2)
+	left, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(w.Min+2)))
+	must.NoError(t, err)
+	got, err := w.Claim()
+	must.NoError(t, err)
+	must.Eq(t, w.Min+5, got.Min)
+	must.NoError(t, got.Release())
+
+	other, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(w.Min+9)))
+	if err == nil { // IPv6 listeners count as much as IPv4 ones
+		_, err = w.Claim()
+		must.ErrorIs(t, err, ErrNoPortWindow)
+		must.ErrorContains(t, err, fmt.Sprintf("ports [%d] of the window %d-%d are listened on", w.Min+2, w.Min, w.Min+4))
+		must.NoError(t, other.Close())
+	}
+	must.NoError(t, left.Close())
+	got, err = w.Claim()
+	must.NoError(t, err)
+	must.Eq(t, w.Min, got.Min)
+	must.NoError(t, got.Release())
+}
+
+func TestListenersFindAListenerAndItsProcess(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must.NoError(t, err)
+	defer l.Close()
+	p := l.Addr().(*net.TCPAddr).Port
+	got, err := ListeningPorts(p, p)
+	must.NoError(t, err)
+	must.Eq(t, []int{p}, got)
+	ls, err := Listeners(p, p)
+	must.NoError(t, err)
+	must.Len(t, 1, ls)
+	desc := DescribeListeners(ls)
+	must.StrHasPrefix(t, fmt.Sprintf("%d (pid %d: %s", p, os.Getpid(), os.Args[0]), desc[0])
+}
+
+func TestListenersIn(t *testing.T) {
+	const header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+	for name, tc := range map[string]struct {
+		table   string
+		want    []Listener
+		wantErr string
+	}{
+		"listeners in range, others not": {table: header +
+			"   0: 0100007F:2710 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 11 1 0000000000000000 100 0 0 10 0\n" +
+			"   1: 0100007F:4E20 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 12 1 0000000000000000 20 4 0 10 -1\n" +
+			"   2: 00000000:4E21 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 13 1 0000000000000000 100 0 0 10 0\n",
+			want: []Listener{{Port: 20001, Inode: 13}}},
+		"IPv6": {table: header +
+			"   0: 00000000000000000000000001000000:4E22 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 14 1 0000000000000000 100 0 0 10 0\n",
+			want: []Listener{{Port: 20002, Inode: 14}}},
+		"header only":        {table: header},
+		"short line ignored": {table: header + "   0: 0100007F:4E20 00000000:0000 0A\n"},
+		"no port":            {table: header + "   0: 0100007F 00000000:0000 0A 0:0 0:0 0 0 0 15\n", wantErr: "has no port"},
+		"bad port":           {table: header + "   0: 0100007F:XYZ 00000000:0000 0A 0:0 0:0 0 0 0 15\n", wantErr: "XYZ"},
+		"bad inode":          {table: header + "   0: 0100007F:4E20 00000000:0000 0A 0:0 0:0 0 0 0 x\n", wantErr: "inode"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := listenersIn(strings.NewReader(tc.table), 20000, 20009)
+			if tc.wantErr != "" {
+				must.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			must.NoError(t, err)
+			must.Eq(t, tc.want, got)
+		})
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	nomadapi "github.com/hashicorp/nomad/api"
+
+	"github.com/oasis-llm/oasis/internal/testutil"
 )
 
 // Close stops every job, the Nomad agent, any task or engine supervisor process the stack started, its
@@ -69,10 +71,31 @@ func (s *Stack) Close() error {
 			errs = append(errs, fmt.Errorf("removing %s: %w", s.Dir, err))
 		}
 	}
+	if err := s.leftListening(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := s.ports.Release(); err != nil { // its tasks are gone
 		errs = append(errs, fmt.Errorf("releasing the dynamic port window: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// leftListening names what still listens in the stack's dynamic port window once everything it
+// started is ended: a process no sweep above found, which the next stack to claim the window would
+// meet on a port its Nomad hands out (testutil.PortWindows.Claim passes over such a window).
+func (s *Stack) leftListening() error {
+	if s.ports == nil {
+		return nil
+	}
+	ls, err := testutil.Listeners(s.ports.Min, s.ports.Max)
+	if err != nil {
+		return fmt.Errorf("checking the dynamic port window %d-%d: %w", s.ports.Min, s.ports.Max, err)
+	}
+	if len(ls) > 0 {
+		return fmt.Errorf("the dynamic port window %d-%d is still listened on after the stack closed: %s",
+			s.ports.Min, s.ports.Max, strings.Join(testutil.DescribeListeners(ls), ", "))
+	}
+	return nil
 }
 
 // stopAllJobs deregisters and purges every job and waits (bounded) for their allocations to stop,
