@@ -37,6 +37,10 @@ const (
 	eventsPolicy    = `{"policy":"weighted","weights":{"ttft":2,"prefix":1,"load":0.2}}`
 	simPrefillToken = "1ms"
 	hotTokens       = 2048 // a shared prefix: 128 blocks
+	// burstFollowers is the size of a hot prefix's burst (testHotPrefixBurst):
+	// past where κ_f = 2 replicates an in-flight copy (the seventh follower),
+	// short of where κ = 4 would move a follower off a holder (the sixteenth).
+	burstFollowers = 11
 )
 
 func TestEventEnginesThroughRouter(t *testing.T) {
@@ -109,8 +113,8 @@ func testRecordThenEvents(t *testing.T, bin string) {
 			must.Eq(t, 0, m.Inflight)
 		}
 	}
-	seq := c.burst(t, hot, "confirmed", 14)
-	must.Eq(t, 14, count(seq, holder), must.Sprintf("a confirmed holder keeps the burst (κ): %v", seq))
+	seq := c.burst(t, hot, "confirmed", burstFollowers)
+	must.Eq(t, burstFollowers, count(seq, holder), must.Sprintf("a confirmed holder keeps the burst (κ): %v", seq))
 
 	// A prefix computed on the other engine directly: only its events tell.
 	direct := promptOf(t, "direct", 512)
@@ -128,21 +132,25 @@ func testRecordThenEvents(t *testing.T, bin string) {
 	}
 }
 
-// (c) A burst of 14 followers, 512 new tokens each, sent while the leader's
-// 2,048-token prefill runs: charged κ_f = 2 for the in-flight copy, the
-// leader's engine keeps the early followers and, once its queue passes three
-// times the prefix, the other engine takes a copy; charged κ (the record
-// counted as confirmed) every follower piles on the leader's engine, whose
-// queue only passes (1 + κ) times the prefix after 31 followers. (With
-// the record off the first follower would go to the idle engine, as the
-// control prompt of testRecordThenEvents does.)
+// (c) A burst of burstFollowers followers, 512 new tokens each, sent while
+// the leader's 2,560-token prefill (the prefix and its own 512) runs. Charged
+// κ_f = 2 for the in-flight copy, the other engine costs the 2,560 tokens
+// plus 4,096 charged, so the leader's engine keeps the first six followers
+// and the seventh, whose wait there would pass that, takes a copy to the
+// other engine. Charged κ = 4 (the record counted as confirmed), the
+// other engine costs 2,560 plus 8,192, which the leader's queue passes only
+// after the fifteenth follower: every follower of the burst piles on the
+// leader's engine. (With the record off the first follower would go to the
+// idle engine, as the control prompt of testRecordThenEvents does.) A
+// confirmed holder, (b), is charged for its leader's suffix alone and keeps
+// some twenty.
 func testHotPrefixBurst(t *testing.T, bin string, tune func(*App), replicated bool) {
 	c := startEventCluster(t, bin, tune)
-	seq := c.burst(t, promptOf(t, "hot", hotTokens), "burst", 14)
+	seq := c.burst(t, promptOf(t, "hot", hotTokens), "burst", burstFollowers)
 	first, other := c.firstHolder, c.otherThan(c.firstHolder)
 	t.Logf("engine of each follower (the leader's: %s): %v", first, seq)
 	if !replicated {
-		must.Eq(t, 14, count(seq, first), must.Sprint("charged as confirmed, the burst piles on the leader's engine"))
+		must.Eq(t, burstFollowers, count(seq, first), must.Sprint("charged as confirmed, the burst piles on the leader's engine"))
 		return
 	}
 	must.Positive(t, count(seq, other), must.Sprint("the hot prefix is replicated to the second engine"))

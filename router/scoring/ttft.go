@@ -11,15 +11,16 @@ const DefaultTTFTScale = 250 * time.Millisecond
 // DefaultRecompute is the ttft term's κ (see TTFTTerm): a worker that would
 // recompute prompt tokens another candidate holds in cache is charged them
 // κ times more, as the prefill its choice adds to the cluster. Chosen on
-// three families of the cluster benchmark's trace library (agentic,
-// multi-tenant, Mooncake conversation) from 0, 1, 2, 4, 8 and 16: 8 is the
-// smallest at the best throughput at SLO on all three (agentic 45.8 → 65.4
-// req/s, multi-tenant 155.9 → 218.3, conversation 24.2 unchanged, on the
-// generators' 600-request traces), then reported on the held-out families
-// (BENCHMARKS.md, "Routing across a trace library"; router/README.md). At
-// the generators' sustained length the same rule picks 2, which equals κ_f:
-// κ stays 8 until κ_f is re-fitted below it.
-const DefaultRecompute = 8.0
+// three training families of the cluster benchmark's trace library
+// (agentic, multi-tenant, Mooncake conversation) at the generators'
+// sustained length, with KV events and without, from 0, 1, 2, 4, 8 and 16
+// (κ_f below κ): 4 is the smallest at the best throughput at SLO on all
+// three in both modes (with events: agentic 140.9 req/s at 2, 4 and 8,
+// multi-tenant 346.1 at 8, 362.2 at 2 and 4; without: agentic 103.8 at 2,
+// 148.3 at 4 and 8; conversation equal throughout), then reported on the
+// held-out families (BENCHMARKS.md, "Routing across a trace library";
+// router/README.md).
+const DefaultRecompute = 4.0
 
 // DefaultInflightRecompute is the ttft term's κ_f (see TTFTTerm): the
 // charge for recomputing tokens that only an in-flight copy holds (the

@@ -264,16 +264,17 @@ func (f fixedSource) Match(_ []uint64, _ prefixindex.TierWeights, out []prefixin
 // only in flight, and nothing beyond its own estimate with κ_f = 0.
 func TestTTFTTermChargesInflightCopiesLess(t *testing.T) {
 	const blocks, held = 1000, 950 // 4,000 tokens; the holder has 3,800 of them
+	const kappa, kappaF = DefaultRecompute, DefaultInflightRecompute
 	cases := []struct {
 		name      string
 		inflight  int // of the holder's 950 blocks, those only in flight
 		kappaF    float64
 		wantOther float64 // the other worker's charged tokens
 	}{
-		{"confirmed: κ", 0, 2, 4000 + 8*3800},
-		{"in flight only: κ_f", held, 2, 4000 + 2*3800},
+		{"confirmed: κ", 0, kappaF, 4000 + kappa*3800},
+		{"in flight only: κ_f", held, kappaF, 4000 + kappaF*3800},
 		{"in flight only, κ_f 0: no charge", held, 0, 4000},
-		{"partly confirmed: κ and κ_f", 200, 2, 4000 + 8*3000 + 2*800},
+		{"partly confirmed: κ and κ_f", 200, kappaF, 4000 + kappa*3000 + kappaF*800},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -281,6 +282,7 @@ func TestTTFTTermChargesInflightCopiesLess(t *testing.T) {
 			ws := []*Worker{bsWorker("holder", 0), bsWorker("other", 0)}
 			term := NewTTFTTerm(NewPrefixTerm(src))
 			must.Eq(t, DefaultRecompute, term.Recompute)
+			must.Less(t, term.Recompute, kappaF)
 			term.InflightRecompute = tc.kappaF
 			req := tokReq(prompt(1, blocks))
 			_, err := req.PromptTokens(context.Background())
