@@ -50,7 +50,7 @@ func TestFreePortsAreDistinctAndOutsideTheEphemeralRange(t *testing.T) {
 	}
 }
 
-// noListeners stands in for ListeningPorts where a test claims windows of
+// noListeners stands in for Listeners where a test claims windows of
 // ports other test processes may listen on: it tests the lock files alone.
 func noListeners(int, int) ([]Listener, error) { return nil, nil }
 
