@@ -216,10 +216,19 @@ func TestRemoteDatacenterNeedsAGlobalToken(t *testing.T) {
 		p := startEnv(t, []string{"CONSUL_HTTP_TOKEN=" + token}, args...)
 		rp, _ := strconv.Atoi(port(t, p.addr))
 		qp, _ := strconv.Atoi(port(t, q))
-		must.NoError(t, consul.Client.Agent().ServiceRegister(&consulapi.AgentServiceRegistration{
+		reg := &consulapi.AgentServiceRegistration{
 			ID: "kvcached-" + q, Name: "oasis-kvcached", Address: "127.0.0.1", Port: rp,
 			Meta: map[string]string{peer.QUICPortMeta: strconv.Itoa(qp)},
-		}))
+		}
+		// dc2's servers resolve the management token by replication from dc1, which can lag
+		// the replication status the helper waited for: a registration there may be refused
+		// (403) until they have it.
+		var err error
+		waitFor(t, 30*time.Second, "the agent to accept the registration", func() bool {
+			err = consul.Client.Agent().ServiceRegister(reg)
+			return err == nil
+		})
+		must.NoError(t, err)
 		return p
 	}
 	b := node(dc2, globalToken)

@@ -382,9 +382,11 @@ func startConsulWAN(t testing.TB, acls bool) (dc1, dc2 *ConsulAgent) {
 		})
 	}
 	if acls {
-		dc2.waitFor(t, 60*time.Second, "token replication", func() bool {
+		// Policies replicate apart from tokens: a token dc2 has whose policies it has not yet
+		// lacks every permission there.
+		dc2.waitFor(t, 60*time.Second, "policy and token replication", func() bool {
 			r, _, err := dc2.Client.ACL().Replication(nil)
-			return err == nil && r.Running && r.ReplicatedTokenIndex > 0
+			return err == nil && r.Running && r.ReplicatedIndex > 0 && r.ReplicatedTokenIndex > 0
 		})
 	}
 	return dc1, dc2
