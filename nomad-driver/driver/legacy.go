@@ -46,7 +46,12 @@ func endLegacyEngine(exec *legacyExecutor, enginePid int) error {
 		_ = syscall.Kill(-enginePid, syscall.SIGKILL)
 	}
 	_ = syscall.Kill(enginePid, syscall.SIGKILL)
-	return syscall.Kill(exec.Pid, syscall.SIGKILL)
+	// An executor whose engine just died may exit on its own first (ESRCH): gone is what this
+	// is for.
+	if err := syscall.Kill(exec.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("ending executor %d: %w", exec.Pid, err)
+	}
+	return nil
 }
 
 // parentPid reads a process's parent from /proc/PID/stat.
