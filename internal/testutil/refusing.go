@@ -26,15 +26,18 @@ func RefusingAddr(t testing.TB) (addr string, release func()) {
 	var once sync.Once
 	release = func() { once.Do(func() { _ = syscall.Close(fd) }) }
 	t.Cleanup(release)
-	// FreePort's port can be bound by someone else before this bind: take
-	// the next one then, twice at most.
+	// This bind, without SO_REUSEADDR (with it a listener could share the
+	// port), fails where FreePort's check, a listener's bind, succeeds: on a
+	// port with connections in TIME_WAIT, which a window the process has
+	// already gone round holds for a minute. Take the next port then.
+	const attempts = 32
 	for attempt := 1; ; attempt++ {
 		port := FreePort(t)
 		err = syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}})
 		if err == nil {
 			return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), release
 		}
-		if attempt == 3 || !errors.Is(err, syscall.EADDRINUSE) {
+		if attempt == attempts || !errors.Is(err, syscall.EADDRINUSE) {
 			t.Fatalf("binding a refusing socket to 127.0.0.1:%d: %v", port, err)
 		}
 	}
