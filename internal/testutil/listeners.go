@@ -46,16 +46,7 @@ func Listeners(lo, hi int) ([]Listener, error) {
 	return all, nil
 }
 
-// ListeningPorts returns, sorted and without repeats, the ports of
-// Listeners(lo, hi).
-func ListeningPorts(lo, hi int) ([]int, error) {
-	ls, err := Listeners(lo, hi)
-	if err != nil {
-		return nil, err
-	}
-	return listenerPorts(ls), nil
-}
-
+// listenerPorts returns the listeners' ports, sorted and without repeats.
 func listenerPorts(ls []Listener) []int {
 	ports := make([]int, len(ls))
 	for i, l := range ls {
