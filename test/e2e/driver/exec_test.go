@@ -40,12 +40,15 @@ func TestAllocExecSignalStats(t *testing.T) {
 	must.StrContains(t, stdout.String(), "hello from stdin\n")
 	must.EqOp(t, "oops\n", stderr.String())
 
-	// With a terminal, stdin is a tty of the size the client asked for.
+	// With a terminal, stdin is a tty of the size the client asked for. The
+	// size travels on the exec stream beside the command's start, so it can
+	// reach the terminal just after the command began: the command waits for
+	// it (5 s at most) before printing it.
 	sizes := make(chan nomadapi.TerminalSize, 1)
 	sizes <- nomadapi.TerminalSize{Height: 33, Width: 101}
 	stdout.Reset()
 	code, err = stack.Nomad.Allocations().Exec(ctx, alloc, "engine", true,
-		[]string{"/bin/sh", "-c", "test -t 0 && echo is-a-tty; stty size"},
+		[]string{"/bin/sh", "-c", `test -t 0 && echo is-a-tty; i=0; while [ "$(stty size)" = "0 0" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; stty size`},
 		strings.NewReader(""), &stdout, &stderr, sizes, nil)
 	must.NoError(t, err)
 	must.EqOp(t, 0, code)
