@@ -117,11 +117,12 @@ func BestPeer(bs []Bisection) (Bisection, bool) {
 	return best, ok
 }
 
-// WriteBisections prints each policy's highest SLO-meeting rate.
-func WriteBisections(w io.Writer, slo RoutingSLO, bs []Bisection) {
+// WriteBisections prints each policy's highest SLO-meeting rate, and its
+// share of the cluster's ceiling (c; none when c.Rate is zero).
+func WriteBisections(w io.Writer, slo RoutingSLO, c Ceiling, bs []Bisection) {
 	fmt.Fprintf(w, "\nthroughput at SLO (TTFT p90 <= %.1f s and TPOT p90 <= %.0f ms), by bisection:\n", slo.TTFTP90, slo.TPOTP90*1000)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "policy\tlearning\tscale\tfailed at\trate r/s\tdone r/s\thit\tTTFT p90\tTPOT p90 ms\tarrivals s\tdrain s\truns\t\n")
+	fmt.Fprintf(tw, "policy\tlearning\tscale\tfailed at\trate r/s\t÷ceiling\tdone r/s\thit\tTTFT p90\tTPOT p90 ms\tarrivals s\tdrain s\truns\t\n")
 	sorted := slices.Clone(bs)
 	slices.SortStableFunc(sorted, func(a, b Bisection) int {
 		switch {
@@ -138,10 +139,18 @@ func WriteBisections(w io.Writer, slo RoutingSLO, bs []Bisection) {
 		if b.Best.BurstBound() {
 			mark, burst = " *", true
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%.2f%s\t%.2f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%d\t\n", b.Policy, b.Learning, b.Scale, b.FailScale,
-			b.Best.Rate, mark, b.Best.Throughput, b.Best.HitRatio, b.Best.TTFTP90, b.Best.TPOTP90*1000, b.Best.ArrivalSeconds(), b.Best.DrainSeconds(), len(b.Runs))
+		share := "-"
+		if c.Rate > 0 && b.Scale > 0 {
+			share = fmt.Sprintf("%.2f", b.Best.Rate/c.Rate)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%.2f%s\t%s\t%.2f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\t%d\t\n", b.Policy, b.Learning, b.Scale, b.FailScale,
+			b.Best.Rate, mark, share, b.Best.Throughput, b.Best.HitRatio, b.Best.TTFTP90, b.Best.TPOTP90*1000, b.Best.ArrivalSeconds(), b.Best.DrainSeconds(), len(b.Runs))
 	}
 	tw.Flush()
+	if c.Rate > 0 {
+		fmt.Fprintf(w, "ceiling: %.2f r/s (scale %.3f) with every GPU's steps at most %.0f ms, %.2f r/s (scale %.3f) without step overhead: the oracle's hits, %.0f prompt and %.0f decode tokens a request, each GPU on the work it does best (cluster.Ceiling; TTFT, the batches' KV and the spread of hits over workers not counted)\n",
+			c.Rate, c.Scale, slo.TPOTP90*1000, c.WorkRate, c.WorkScale, c.PrefillTokens, c.DecodeTokens)
+	}
 	if burst {
 		fmt.Fprintln(w, "* burst-bound: the run drained longer after its last arrival than its requests took to arrive; the rate is how fast the cluster absorbs one burst, not a sustained rate (a longer trace tells policies apart: a generator's n knob)")
 	}

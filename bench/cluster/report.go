@@ -45,7 +45,9 @@ type Report struct {
 	// by bisection), runs of Oasis at the best peer's rate and of the
 	// approximate-learning modes at the reference rate, and the targets
 	// against the best peer.
-	SLO          RoutingSLO  `json:"slo"`
+	SLO RoutingSLO `json:"slo"`
+	// Ceiling bounds every policy's throughput at the SLO's TPOT.
+	Ceiling      Ceiling     `json:"ceiling"`
 	Bisections   []Bisection `json:"bisection,omitempty"`
 	PeerVariants []Result    `json:"peer_variants,omitempty"`
 	PeerTargets  []Target    `json:"peer_targets,omitempty"`

@@ -124,9 +124,18 @@ func outputTokens(i, n int) []int32 {
 // would serve, at the engine's block size and with the engine's rule that
 // the last prompt token is always computed.
 func OracleHitRatio(reqs []*Request, blockSize int) float64 {
+	hit, total := oracleHits(reqs, blockSize)
+	if total == 0 {
+		return 0
+	}
+	return float64(hit) / float64(total)
+}
+
+// oracleHits returns the prompt tokens an infinite shared cache would serve
+// (OracleHitRatio) and all the trace's prompt tokens.
+func oracleHits(reqs []*Request, blockSize int) (hit, total int64) {
 	// seen[h] is how many tokens of hash id h some earlier request computed.
 	seen := make(map[int64]int, len(reqs)*8)
-	var hit, total int64
 	for _, r := range reqs {
 		total += int64(r.Input)
 		maxTok := (r.Input - 1) / blockSize * blockSize
@@ -148,10 +157,7 @@ func OracleHitRatio(reqs []*Request, blockSize int) float64 {
 			}
 		}
 	}
-	if total == 0 {
-		return 0
-	}
-	return float64(hit) / float64(total)
+	return hit, total
 }
 
 // SyntheticConfig shapes a shared-prefix workload.

@@ -68,6 +68,9 @@ type Row struct {
 	BestApproxPeer      string
 	BestApproxHit       float64 // best event-less peer, reference rate
 	Imbalance, JPerTok  float64 // Oasis at the reference rate
+	// Ceiling is the cluster's ceiling at the TPOT SLO (cluster.Ceiling),
+	// req/s: what no policy can sustain much above.
+	Ceiling float64
 	// Burst: Oasis's or the best peer's SLO-meeting run is burst-bound
 	// (cluster.Result.BurstBound): the ratio compares how fast a burst is
 	// absorbed, not sustained rates.
@@ -83,7 +86,7 @@ func rate(b cluster.Bisection) float64 {
 
 // crossRow condenses one report.
 func crossRow(rep *cluster.Report) Row {
-	r := Row{Family: cluster.Family(rep.Trace), Trace: rep.Trace, Peers: map[string]float64{}}
+	r := Row{Family: cluster.Family(rep.Trace), Trace: rep.Trace, Peers: map[string]float64{}, Ceiling: rep.Ceiling.Rate}
 	var best cluster.Bisection
 	for _, b := range rep.Bisections {
 		switch {
@@ -124,7 +127,7 @@ func crossRow(rep *cluster.Report) Row {
 // writeCrossTable prints the cross-validation table, one row per report.
 func writeCrossTable(w *os.File, reps []*cluster.Report) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "family\ttrace\toasis r/s\t%s\tbest peer\t×best\tTTFT p90 oasis/peer\thit÷oracle\tno-events hit oasis/best peer\timbalance\tJ/tok\n", strings.Join(cluster.PeerPolicies, "\t"))
+	fmt.Fprintf(tw, "family\ttrace\toasis r/s\t%s\tbest peer\t×best\tceiling r/s\toasis/peer ÷ceiling\tTTFT p90 oasis/peer\thit÷oracle\tno-events hit oasis/best peer\timbalance\tJ/tok\n", strings.Join(cluster.PeerPolicies, "\t"))
 	for _, rep := range reps {
 		r := crossRow(rep)
 		var peers []string
@@ -138,8 +141,12 @@ func writeCrossTable(w *os.File, reps []*cluster.Report) {
 		if r.Burst {
 			ratio += " (burst-bound)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%.2f/%.2f s\t%.2f\t%.3f/%.3f (%s)\t%.2f\t%.3f\n", r.Family, r.Trace, r.Oasis, strings.Join(peers, "\t"),
-			r.BestPeer, ratio, r.TTFTOasis, r.TTFTPeer, r.HitOracle, r.ApproxHit, r.BestApproxHit, r.BestApproxPeer, r.Imbalance, r.JPerTok)
+		share := "—"
+		if r.Ceiling > 0 {
+			share = fmt.Sprintf("%.2f/%.2f", r.Oasis/r.Ceiling, r.Peers[r.BestPeer]/r.Ceiling)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%.2f\t%s\t%.2f/%.2f s\t%.2f\t%.3f/%.3f (%s)\t%.2f\t%.3f\n", r.Family, r.Trace, r.Oasis, strings.Join(peers, "\t"),
+			r.BestPeer, ratio, r.Ceiling, share, r.TTFTOasis, r.TTFTPeer, r.HitOracle, r.ApproxHit, r.BestApproxHit, r.BestApproxPeer, r.Imbalance, r.JPerTok)
 	}
 	tw.Flush()
 }

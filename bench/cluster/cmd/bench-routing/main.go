@@ -133,6 +133,8 @@ func bench(spec, outDir string) (*cluster.Report, error) {
 	}
 	oracle := cluster.OracleHitRatio(reqs, *blockSize)
 	fmt.Fprintf(os.Stderr, "%d requests, %.0f s at scale 1; block keys in %.1fs; oracle hit ratio %.3f\n", len(reqs), cluster.Span(reqs), time.Since(t0).Seconds(), oracle)
+	ceil := cluster.CeilingOf(reqs, gpus, *blockSize, *sloTPOT)
+	fmt.Fprintf(os.Stderr, "ceiling at TPOT %s: %.2f r/s (scale %.3f); without step overhead %.2f r/s (scale %.3f)\n", *sloTPOT, ceil.Rate, ceil.Scale, ceil.WorkRate, ceil.WorkScale)
 
 	base := cluster.Config{GPUs: gpus, Learning: *learning, EventDelay: *delay, EventLoss: *loss, EventReplay: *replay, BlockSize: *blockSize, Seed: 1, Weights: w, LoadSlack: *slack, Recompute: *recompute, InflightRecompute: *inflightRe, InflightTTL: *inflightTTL, DecodePower: *decodePower, DynamoTemperature: *dynTemp}
 	var cfgs []cluster.Config
@@ -151,7 +153,7 @@ func bench(spec, outDir string) (*cluster.Report, error) {
 		runs[i].OracleHitRatio = oracle
 	}
 	rep := &cluster.Report{Trace: name, Requests: len(reqs), Workers: *workers, Cluster: clusterName, BlockSize: *blockSize,
-		OracleHitRatio: oracle, ReferenceScale: cluster.ReferenceScale(runs), Runs: runs}
+		OracleHitRatio: oracle, ReferenceScale: cluster.ReferenceScale(runs), Runs: runs, Ceiling: ceil}
 	rep.Summaries = cluster.Summarise(runs, oracle)
 	rep.Targets = cluster.Targets(rep.Summaries, runs)
 	rep.SLO = cluster.RoutingSLO{TTFTP90: sloTTFT.Seconds(), TPOTP90: sloTPOT.Seconds()}

@@ -95,7 +95,7 @@ func writePeers(rep *cluster.Report) {
 	if len(rep.Bisections) == 0 {
 		return
 	}
-	cluster.WriteBisections(os.Stdout, rep.SLO, rep.Bisections)
+	cluster.WriteBisections(os.Stdout, rep.SLO, rep.Ceiling, rep.Bisections)
 	fmt.Println()
 	for _, r := range rep.PeerVariants {
 		fmt.Printf("variant %-10s %-6s scale %.3f: hit %.3f TTFT p90 %.3f s TPOT p90 %.1f ms\n", r.Policy, r.Learning, r.RateScale, r.HitRatio, r.TTFTP90, r.TPOTP90*1000)
